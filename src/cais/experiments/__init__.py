@@ -1,0 +1,1 @@
+"""Runnable experiments: collectives and GEMMs on a system, paper reproductions, sweeps."""

@@ -1,0 +1,103 @@
+"""Run one collective on a simulated system and report it as nccl-tests would."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from cais.hw.config import PS_PER_US, SystemConfig
+from cais.hw.machine import Conservation, Machine
+from cais.kernels.collectives import CollectiveSpec, build, shard_bounds
+
+
+def bus_factor(op: str, n: int) -> float:
+    """nccl-tests' busbw / algbw factor."""
+    return 2 * (n - 1) / n if op == "allreduce" else (n - 1) / n
+
+
+@dataclass(frozen=True)
+class CollectiveResult:
+    """Timing of one collective: nccl-tests' time, algbw and busbw, the busiest
+    link direction's wire utilisation, and simulator statistics."""
+
+    op: str
+    algo: str
+    gpus: int
+    nbytes: int
+    time_us: float
+    algbw_GBps: float
+    busbw_GBps: float
+    wire_util: float
+    events: int
+    wall_s: float
+    correct: bool | None
+    conservation: Conservation
+
+    def as_json(self) -> dict[str, object]:
+        return {"op": self.op, "algo": self.algo, "gpus": self.gpus, "bytes": self.nbytes,
+                "time_us": self.time_us, "algbw_GBps": self.algbw_GBps, "busbw_GBps": self.busbw_GBps,
+                "wire_util": self.wire_util, "events": self.events, "wall_s": self.wall_s}
+
+
+def _fill(m: Machine, spec: CollectiveSpec, rng: np.random.Generator) -> list[np.ndarray]:
+    """Random integer-valued inputs (sums are exact in float64); returns the expected
+    recv buffer of every GPU."""
+    n, count = m.n, spec.count
+    bounds = shard_bounds(count, n)
+    full = [rng.integers(-1000, 1000, size=count).astype(np.float64) for _ in range(n)]
+    total = np.sum(full, axis=0)
+    expected = []
+    for g, gpu in enumerate(m.gpus):
+        s, c = bounds[g]
+        if spec.op == "allgather":
+            gpu.memory.alloc("send", c, fill=full[g][s:s + c])
+            expected.append(np.concatenate([full[k][bounds[k][0]:sum(bounds[k])] for k in range(n)]))
+            gpu.memory.alloc("recv", count)
+        elif spec.op == "reducescatter":
+            gpu.memory.alloc("send", count, fill=full[g])
+            gpu.memory.alloc("recv", c)
+            expected.append(total[s:s + c])
+        else:
+            gpu.memory.alloc("send", count, fill=full[g])
+            gpu.memory.alloc("recv", count)
+            expected.append(total)
+        gpu.memory.alloc("ring", _ring_staging(m, spec))
+    return expected
+
+
+def _ring_staging(m: Machine, spec: CollectiveSpec) -> int:
+    cfg = m.cfg.collective
+    return cfg.ring_channels * cfg.ring_slots * max(1, cfg.ring_step_bytes // spec.elem_bytes)
+
+
+def run_collective(cfg: SystemConfig, op: str, algo: str, nbytes: int, functional: bool = False,
+                   seed: int = 0, elem_bytes: int = 2) -> CollectiveResult:
+    """Simulate ``op`` with ``algo`` on a ``nbytes`` buffer (nccl-tests size)."""
+    if nbytes <= 0 or nbytes % elem_bytes:
+        raise ValueError(f"--bytes: must be a positive multiple of {elem_bytes} (bf16 elements), got {nbytes}")
+    count = nbytes // elem_bytes
+    if op != "allreduce" and count % cfg.gpus:
+        count -= count % cfg.gpus  # nccl-tests rounds AllGather/ReduceScatter sizes to n equal shards
+        if count == 0:
+            raise ValueError(f"--bytes: {op} needs at least {cfg.gpus * elem_bytes} bytes on {cfg.gpus} GPUs")
+    spec = CollectiveSpec(op, algo, count, elem_bytes)
+    t0 = time.perf_counter()
+    m = Machine(cfg, functional=functional)
+    expected = _fill(m, spec, np.random.default_rng(seed)) if functional else None
+    kernels = build(m, spec)
+    for gpu, k in zip(m.gpus, kernels):
+        gpu.launch(k, m.launch_ps)
+    m.run()
+    end = max(k.finished_at or 0 for k in kernels)
+    wall = time.perf_counter() - t0
+    correct = None
+    if expected is not None:
+        correct = all(np.array_equal(gpu.memory.buffers["recv"], exp) for gpu, exp in zip(m.gpus, expected))
+    t_us = end / PS_PER_US
+    algbw = spec.nbytes / (end / 1e12) / 1e9
+    span = max(1, end - m.launch_ps)
+    util = max(ch.busy_ps for ch in m.fabric.channels()) / span
+    return CollectiveResult(op, algo, m.n, spec.nbytes, t_us, algbw, algbw * bus_factor(op, m.n), util,
+                            m.sim.events, wall, correct, m.conservation())

@@ -1,0 +1,172 @@
+"""System description: every hardware number a user may change, typed and validated.
+
+A *system* is GPUs + NVLink + NVSwitch chips. Presets live as JSON files in
+``cais/data/systems/`` (``cais systems`` lists them); a user can also pass a path to
+their own JSON file. Nothing in the simulator hard-codes a DGX-H100 number: it reads
+them from a :class:`SystemConfig`.
+
+Time in the simulator is integer picoseconds; the configs are written in the units
+people quote (GB/s, ns, us) and converted by the helper properties here.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+PS_PER_NS = 1_000
+PS_PER_US = 1_000_000
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PacketFormat(_Strict):
+    """NVLink packetisation: how many 16 B flits a request, a write or a response costs.
+
+    The CAIS paper states one header flit per packet of at most 128 B. NVLink's own
+    packet format also has an address-extension flit on requests and a byte-enable flit
+    on writes (see docs/fabric-model.md); ``request_extra_flits`` and
+    ``write_extra_flits`` express those and are 0 in the paper's format.
+    """
+
+    flit_bytes: int = Field(16, gt=0)
+    max_payload_bytes: int = Field(128, gt=0)
+    header_flits: int = Field(1, ge=0)
+    request_extra_flits: int = Field(0, ge=0, description="extra flits on a read/ld_reduce request")
+    write_extra_flits: int = Field(0, ge=0, description="extra flits on a write/st/red packet")
+    write_ack_flits: int = Field(0, ge=0, description="flits of a per-packet write response (0: posted writes)")
+
+
+class LinkConfig(_Strict):
+    """One NVLink: bandwidth per direction, one-way latency and input buffering."""
+
+    bandwidth_GBps: float = Field(25.0, gt=0, description="per link, per direction")
+    latency_ns: float = Field(250.0, ge=0, description="GPU<->switch, one way")
+    vcs: int = Field(8, gt=0, description="virtual channels per input port")
+    vc_depth_flits: int = Field(256, gt=0)
+
+
+class SwitchConfig(_Strict):
+    """The NVSwitch chips: how many, how each GPU's links spread over them, and the
+    in-switch compute (NVLS multicast/reduction)."""
+
+    chips: int = Field(4, gt=0)
+    links_per_gpu: list[int] = Field(default_factory=lambda: [5, 4, 4, 5],
+                                     description="NVLinks from each GPU to each chip")
+    pipeline_latency_ns: float = Field(0.0, ge=0, description="crossbar traversal added per switch hop")
+    reduce_latency_ns: float = Field(0.0, ge=0, description="extra time of an in-switch reduction")
+
+    @model_validator(mode="after")
+    def _check_links(self) -> "SwitchConfig":
+        if len(self.links_per_gpu) != self.chips:
+            raise ValueError(f"links_per_gpu has {len(self.links_per_gpu)} entries; chips is {self.chips}")
+        if any(n <= 0 for n in self.links_per_gpu):
+            raise ValueError("links_per_gpu entries must be positive")
+        return self
+
+
+class GpuConfig(_Strict):
+    """One GPU: SMs, memory and the fitted compute model it uses."""
+
+    name: str = "H100-SXM"
+    sms: int = Field(132, gt=0)
+    hbm_bandwidth_GBps: float = Field(3350.0, gt=0, description="peak; memory-bound kernels use the calibrated efficiency")
+    memory_latency_ns: float = Field(500.0, ge=0, description="time a GPU takes to serve a remote read")
+    kernel_launch_us: float = Field(3.0, ge=0)
+    sm_copy_bandwidth_GBps: float = Field(200.0, gt=0,
+                                          description="data one SM can move through its load/store path")
+    compute_model: str = Field("h200", description="name of the calibration the GEMM model is fitted to")
+
+
+class CollectiveConfig(_Strict):
+    """How NCCL-like collective kernels are launched."""
+
+    ring_channels: int = Field(16, gt=0, description="SMs (one TB each) a ring collective uses")
+    nvls_channels: int = Field(16, gt=0, description="SMs an NVLS collective uses")
+    ring_step_bytes: int = Field(512 * 1024, gt=0, description="bytes per ring step per channel (NCCL Simple slot)")
+    ring_slots: int = Field(8, gt=0, description="ring buffer slots per channel (NCCL_STEPS)")
+    outstanding_bytes_per_sm: int = Field(64 * 1024, gt=0,
+                                          description="in-flight loads (ld_reduce) one SM can keep")
+
+
+class SystemConfig(_Strict):
+    """A whole NVLink/NVSwitch system: GPUs, links, switch chips, collectives, and the
+    transfer unit the network moves."""
+
+    name: str
+    description: str = ""
+    gpus: int = Field(8, ge=2)
+    gpu: GpuConfig = GpuConfig()
+    link: LinkConfig = LinkConfig()
+    packet: PacketFormat = PacketFormat()
+    switch: SwitchConfig = SwitchConfig()
+    collective: CollectiveConfig = CollectiveConfig()
+    transfer_unit_bytes: int = Field(64 * 1024, ge=128,
+                                     description="size of the packet trains the network moves")
+
+    @model_validator(mode="after")
+    def _check_unit(self) -> "SystemConfig":
+        if self.transfer_unit_bytes % self.packet.max_payload_bytes:
+            raise ValueError("transfer_unit_bytes must be a multiple of packet.max_payload_bytes")
+        return self
+
+    # Derived quantities (integer picoseconds) used by the hardware models.
+    @property
+    def links_per_gpu(self) -> int:
+        return sum(self.switch.links_per_gpu)
+
+    def port_ps_per_byte(self, chip: int) -> float:
+        """Serialisation time of one byte on the GPU<->chip port (all its links together)."""
+        bw = self.link.bandwidth_GBps * self.switch.links_per_gpu[chip]  # GB/s == bytes/ns
+        return PS_PER_NS / bw
+
+    @property
+    def link_latency_ps(self) -> int:
+        return round(self.link.latency_ns * PS_PER_NS)
+
+    def with_overrides(self, **fields: object) -> "SystemConfig":
+        """A copy with top-level fields replaced (validated again)."""
+        data = self.model_dump()
+        data.update(fields)
+        return SystemConfig.model_validate(data)
+
+
+class ConfigError(ValueError):
+    """A user-facing configuration mistake; its message is one line."""
+
+
+def _presets_dir() -> Path:
+    return Path(str(resources.files("cais") / "data" / "systems"))
+
+
+def list_systems() -> dict[str, str]:
+    """Preset name -> description."""
+    out = {}
+    for path in sorted(_presets_dir().glob("*.json")):
+        out[path.stem] = json.loads(path.read_text()).get("description", "")
+    return out
+
+
+def load_system(name_or_path: str, **overrides: object) -> SystemConfig:
+    """Load a preset by name (``dgx-h100``) or a JSON file by path; raise ConfigError
+    with a one-line message on a bad name or an invalid field."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = _presets_dir() / f"{name_or_path}.json"
+    if not path.exists():
+        raise ConfigError(f"--system: unknown system '{name_or_path}'; valid: {', '.join(list_systems())}")
+    try:
+        data = json.loads(path.read_text())
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        return SystemConfig.model_validate(data)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"]) or "system"
+        raise ConfigError(f"{path.name}: field '{loc}': {err['msg']}") from None

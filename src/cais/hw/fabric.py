@@ -1,0 +1,78 @@
+"""The NVLink/NVSwitch fabric: for every GPU and every switch chip, an up channel
+(GPU -> chip) and a down channel (chip -> GPU) carrying that GPU's links to that chip,
+and the address hash that decides which chip a transfer crosses."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from cais.engine import Channel, Simulator, Train
+from cais.hw.config import PS_PER_NS, SystemConfig
+from cais.hw.packets import Kind, Packetizer
+from cais.hw.switch import Switch
+
+if TYPE_CHECKING:
+    from cais.hw.gpu import Gpu
+
+
+class Fabric:
+    """GPUs x switch chips, fully connected: GPU g reaches chip c over
+    ``links_per_gpu[c]`` NVLinks, modelled as one port whose bandwidth is their sum.
+
+    Routing is deterministic: the address of a transfer, cut into granules of one
+    transfer unit, is interleaved over the GPU's links (granule i -> link i mod L), and
+    the link decides the chip. The same offset in every GPU's buffer therefore meets
+    in the same chip (required for NVLS and CAIS merging), and each chip receives
+    traffic in proportion to its link count (5:4:4:5 on DGX-H100).
+    """
+
+    def __init__(self, sim: Simulator, cfg: SystemConfig, gpus: list["Gpu"], packetizer: Packetizer,
+                 record_timeline: bool = False) -> None:
+        self.sim = sim
+        self.cfg = cfg
+        self.gpus = gpus
+        self.pk = packetizer
+        self.granule = cfg.transfer_unit_bytes
+        self.link_chip = [c for c, n in enumerate(cfg.switch.links_per_gpu) for _ in range(n)]
+        lat = cfg.link_latency_ps
+        vcs = cfg.link.vcs
+        n, chips = cfg.gpus, cfg.switch.chips
+        self.up = [[Channel(sim, f"gpu{g}->sw{c}", cfg.port_ps_per_byte(c), lat, vcs, record_timeline)
+                    for c in range(chips)] for g in range(n)]
+        self.down = [[Channel(sim, f"sw{c}->gpu{g}", cfg.port_ps_per_byte(c), lat, vcs, record_timeline)
+                      for g in range(n)] for c in range(chips)]
+        pipe = round(cfg.switch.pipeline_latency_ns * PS_PER_NS)
+        red = round(cfg.switch.reduce_latency_ns * PS_PER_NS)
+        self.switches = [Switch(sim, c, self.down[c], gpus, packetizer, pipe, red) for c in range(chips)]
+        for gpu in gpus:
+            gpu.fabric = self
+        self.injected = 0  # payload bytes put on the fabric by GPUs
+
+    def chip_of(self, byte_offset: int) -> int:
+        return self.link_chip[(byte_offset // self.granule) % len(self.link_chip)]
+
+    def inject(self, train: Train, head: int | None = None, tail: int | None = None) -> None:
+        """Put a train on its source GPU's port to ``train.chip``. ``head``/``tail``
+        default to now (the data is all ready); an SM pushing data at a finite rate
+        passes later times."""
+        now = self.sim.now
+        train.head = now if head is None else head
+        train.tail = train.head if tail is None else tail
+        self.injected += train.payload
+        self.up[train.src][train.chip].send(train, self.switches[train.chip].receive)
+
+    def ack(self, gpu: int, write: Train) -> None:
+        """Send the write responses of a delivered write back to its issuer."""
+        wire = self.pk.ack_wire(write.payload)
+        ack = Train(0, wire, self.pk.fmt.write_ack_flits * self.pk.flit, kind=Kind.SYNC, src=gpu,
+                    dst=write.src, chip=write.chip, vc=write.vc)
+        self.inject(ack)
+
+    def channels(self) -> list[Channel]:
+        return [ch for row in self.up for ch in row] + [ch for row in self.down for ch in row]
+
+    def bytes_per_direction(self) -> tuple[list[int], list[int]]:
+        """Wire bytes each GPU sent (up) and received (down), summed over chips."""
+        up = [sum(ch.wire_bytes for ch in row) for row in self.up]
+        down = [sum(self.down[c][g].wire_bytes for c in range(len(self.down))) for g in range(len(self.gpus))]
+        return up, down

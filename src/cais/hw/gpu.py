@@ -1,0 +1,152 @@
+"""One GPU: its memory, its NVLink endpoint (what happens when a packet arrives), and
+its SMs with the thread-block (TB) dispatcher that places kernels' TBs on them."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from cais.engine import Process, Signal, Simulator, Train
+from cais.engine.sim import ProgramGen
+from cais.hw.memory import Memory
+from cais.hw.packets import Kind, Packetizer
+
+if TYPE_CHECKING:
+    from cais.hw.fabric import Fabric
+
+# A TB program: called with (sm index, SMs busy when it starts) it returns the
+# generator the SM runs.
+TbProgram = Callable[[int, int], ProgramGen]
+
+
+@dataclass
+class Kernel:
+    """A kernel launch: a grid of TB programs, optionally confined to a set of SMs (an
+    SM partition, as when a collective runs beside a GEMM). ``done`` fires when every
+    TB has finished."""
+
+    name: str
+    tbs: list[TbProgram]
+    sms: frozenset[int] | None = None
+    done: Signal = field(default_factory=Signal)
+    started_at: int | None = None
+    finished_at: int | None = None
+    _next: int = 0
+    _running: int = 0
+
+
+class Gpu:
+    """A GPU in the fabric.
+
+    Endpoint: writes and reductions land in memory; read requests (plain or NVLS pulls)
+    are answered after ``memory_latency_ps``; responses and deliveries call the
+    completion callback the issuer attached (``train.ctx``).
+
+    SMs: a dispatcher puts the TBs of launched kernels on free SMs, in launch order,
+    one TB per SM. A TB frees its SM when its program returns.
+    """
+
+    def __init__(self, sim: Simulator, index: int, sms: int, memory: Memory, packetizer: Packetizer,
+                 memory_latency_ps: int) -> None:
+        self.sim = sim
+        self.index = index
+        self.n_sms = sms
+        self.memory = memory
+        self.pk = packetizer
+        self.memory_latency_ps = memory_latency_ps
+        self.fabric: Fabric | None = None
+        self._free = set(range(sms))
+        self._kernels: deque[Kernel] = deque()
+        self._dispatch_pending = False
+        self.busy_sms = 0
+        self.tb_log: list[tuple[str, int, int, int]] | None = None  # (kernel, sm, start, end)
+
+    # ---- endpoint ---------------------------------------------------------------
+    def receive(self, train: Train) -> None:
+        kind = train.kind
+        if kind == Kind.WRITE:
+            self.memory.write(train.addr, train.data)
+        elif kind == Kind.RED:
+            self.memory.add(train.addr, train.data)
+        elif kind == Kind.READ_REQ or kind == Kind.MC_PULL_REQ:
+            self.sim.after(self.memory_latency_ps, self._respond, train)
+            return
+        if self.fabric is not None and self.pk.fmt.write_ack_flits and kind in (Kind.WRITE, Kind.RED):
+            self.fabric.ack(self.index, train)
+        if train.ctx is not None:
+            train.ctx(train)
+
+    def _respond(self, req: Train) -> None:
+        resp_kind = Kind.READ_RESP if req.kind == Kind.READ_REQ else Kind.MC_PULL_RESP
+        nbytes = req.addr.nbytes
+        resp = Train(nbytes, *self.pk.wire(resp_kind, nbytes), kind=resp_kind, src=self.index,
+                     dst=req.src, chip=req.chip, addr=req.addr, data=self.memory.read(req.addr),
+                     ctx=req.ctx, vc=req.vc)
+        assert self.fabric is not None
+        self.fabric.inject(resp)
+
+    # ---- SMs and the TB dispatcher ----------------------------------------------
+    def launch(self, kernel: Kernel, delay_ps: int = 0) -> Signal:
+        """Make ``kernel`` dispatchable after ``delay_ps`` (its launch overhead)."""
+        if not kernel.tbs:
+            self.sim.after(delay_ps, kernel.done.fire, self.sim)
+            return kernel.done
+        self.sim.after(delay_ps, self._enqueue, kernel)
+        return kernel.done
+
+    def _enqueue(self, kernel: Kernel) -> None:
+        self._kernels.append(kernel)
+        self._request_dispatch()
+
+    def _request_dispatch(self) -> None:
+        # Deferred to the end of the current instant, so TBs that finish together free
+        # their SMs before new ones start (wave behaviour).
+        if not self._dispatch_pending:
+            self._dispatch_pending = True
+            self.sim.after(0, self._dispatch)
+
+    def _dispatch(self) -> None:
+        self._dispatch_pending = False
+        starts: list[tuple[Kernel, int, int]] = []
+        for kernel in list(self._kernels):
+            while kernel._next < len(kernel.tbs) and self._free:
+                sm = self._pick_sm(kernel.sms)
+                if sm is None:
+                    break
+                self._free.discard(sm)
+                starts.append((kernel, sm, kernel._next))
+                kernel._next += 1
+                kernel._running += 1
+            if kernel._next == len(kernel.tbs):
+                self._kernels.remove(kernel)
+        self.busy_sms = self.n_sms - len(self._free)
+        for kernel, sm, tb_index in starts:
+            if kernel.started_at is None:
+                kernel.started_at = self.sim.now
+            program = kernel.tbs[tb_index](sm, self.busy_sms)
+            proc = Process(self.sim, program)
+            proc.done.on_fire(self._tb_finisher(kernel, sm, self.sim.now))
+
+    def _pick_sm(self, allowed: frozenset[int] | None) -> int | None:
+        if allowed is None:
+            return min(self._free)
+        usable = self._free & allowed
+        return min(usable) if usable else None
+
+    def _tb_finisher(self, kernel: Kernel, sm: int, start: int) -> Callable[[object], None]:
+        def finished(_: object) -> None:
+            self._free.add(sm)
+            self.busy_sms -= 1
+            kernel._running -= 1
+            if self.tb_log is not None:
+                self.tb_log.append((kernel.name, sm, start, self.sim.now))
+            if kernel._running == 0 and kernel._next == len(kernel.tbs):
+                kernel.finished_at = self.sim.now
+                kernel.done.fire(self.sim)
+            self._request_dispatch()
+        return finished
+
+    def free_sms(self, within: Iterable[int] | None = None) -> int:
+        return len(self._free if within is None else self._free & set(within))

@@ -1,0 +1,69 @@
+"""A whole simulated system: the simulator, the fabric, the GPUs and the ISA that
+thread-block programs use, assembled from one :class:`SystemConfig`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cais.engine import Simulator
+from cais.hw.config import PS_PER_NS, PS_PER_US, SystemConfig
+from cais.hw.fabric import Fabric
+from cais.hw.gpu import Gpu
+from cais.hw.memory import Memory
+from cais.hw.packets import Packetizer
+
+
+@dataclass(frozen=True)
+class Conservation:
+    """Fabric-wide byte balance (payload bytes)."""
+
+    injected: int
+    delivered: int
+    absorbed: int
+    created: int
+    per_channel_ok: bool
+    per_switch_ok: bool
+
+    @property
+    def ok(self) -> bool:
+        return (self.per_channel_ok and self.per_switch_ok
+                and self.injected + self.created == self.delivered + self.absorbed)
+
+
+class Machine:
+    """GPUs + NVSwitch fabric + event loop. ``functional=True`` makes every memory
+    operation carry real numpy data, so results can be checked against numpy."""
+
+    def __init__(self, cfg: SystemConfig, functional: bool = False, record_timeline: bool = False) -> None:
+        from cais.isa import Isa  # the ISA sits above the hardware
+
+        self.cfg = cfg
+        self.functional = functional
+        self.sim = Simulator()
+        self.pk = Packetizer(cfg.packet)
+        mem_lat = round(cfg.gpu.memory_latency_ns * PS_PER_NS)
+        self.gpus = [Gpu(self.sim, g, cfg.gpu.sms, Memory(functional), self.pk, mem_lat) for g in range(cfg.gpus)]
+        self.fabric = Fabric(self.sim, cfg, self.gpus, self.pk, record_timeline)
+        self.isa = Isa(self)
+        self.launch_ps = round(cfg.gpu.kernel_launch_us * PS_PER_US)
+
+    @property
+    def n(self) -> int:
+        return self.cfg.gpus
+
+    def run(self) -> int:
+        return self.sim.run()
+
+    def conservation(self) -> Conservation:
+        fab = self.fabric
+        up = [ch for row in fab.up for ch in row]
+        down = [ch for row in fab.down for ch in row]
+        chans = up + down
+        return Conservation(
+            injected=sum(ch.payload_bytes for ch in up),
+            delivered=sum(ch.delivered_payload for ch in down),
+            absorbed=sum(sw.ledger.reduction_absorbed for sw in fab.switches),
+            created=sum(sw.ledger.multicast_created for sw in fab.switches),
+            per_channel_ok=all(ch.payload_bytes == ch.delivered_payload for ch in chans),
+            per_switch_ok=all(sw.ledger.balanced() for sw in fab.switches),
+        )

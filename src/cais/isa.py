@@ -1,0 +1,179 @@
+"""The memory instructions thread blocks issue, with their timing and their data.
+
+Point-to-point (unicast, to a peer GPU's memory through a switch chip):
+  ``ld``   read a region of a home GPU's memory (request up, data back);
+  ``st``   posted write into a peer's memory;
+  ``red``  posted add-reduction into a peer's memory.
+NVLS (multimem addresses: the same buffer on every GPU, bound to a multicast object):
+  ``multimem_st``         the switch multicasts the store to every replica;
+  ``multimem_ld_reduce``  the switch reads every replica, sums, returns the sum;
+  ``multimem_red``        the switch adds the operand into every replica.
+As on real NVLS, the issuer is part of the multicast team: its own replica crosses
+NVLink too.
+
+A region larger than one transfer unit is cut at unit (address-hash granule)
+boundaries; each piece travels as one train through the chip its address hashes to.
+Completion callbacks run when the last piece is done (for stores, when the data is in
+the destination memory, which is when a flag written behind it would be seen).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from cais.engine import Train
+from cais.hw.memory import Region
+from cais.hw.packets import Kind
+
+if TYPE_CHECKING:
+    from cais.hw.machine import Machine
+
+Done = Callable[[], None]
+DoneData = Callable[[np.ndarray | None], None]
+
+
+class SmPort:
+    """The load/store path of one SM: data it stores leaves at most at
+    ``ps_per_byte`` (the SM's copy bandwidth), so a store's train has its head when
+    the SM starts pushing it and its tail when the SM has pushed all of it."""
+
+    __slots__ = ("ps_per_byte", "free_at")
+
+    def __init__(self, ps_per_byte: float) -> None:
+        self.ps_per_byte = ps_per_byte
+        self.free_at = 0
+
+    def push(self, now: int, nbytes: int) -> tuple[int, int]:
+        head = max(now, self.free_at)
+        self.free_at = head + round(nbytes * self.ps_per_byte)
+        return head, self.free_at
+
+
+class Isa:
+    """Issues ISA operations of one :class:`Machine` onto its fabric."""
+
+    def __init__(self, machine: "Machine") -> None:
+        self.m = machine
+        self.sim = machine.sim
+        self.fab = machine.fabric
+        self.pk = machine.pk
+        self.granule = machine.cfg.transfer_unit_bytes
+        self.n = machine.cfg.gpus
+        self.ops = 0
+
+    def sm_port(self) -> SmPort:
+        bw = self.m.cfg.gpu.sm_copy_bandwidth_GBps  # bytes per ns
+        return SmPort(1000.0 / bw)
+
+    # ---- helpers -----------------------------------------------------------------
+    def pieces(self, region: Region) -> list[Region]:
+        """Cut a region at transfer-unit boundaries of its byte address."""
+        eb = region.elem_bytes
+        per = self.granule // eb
+        start, end = region.start, region.start + region.count
+        out = []
+        while start < end:
+            stop = min(end, (start // per + 1) * per)
+            out.append(Region(region.buffer, start, stop - start, eb))
+            start = stop
+        return out
+
+    def _slice(self, data: np.ndarray | None, region: Region, piece: Region) -> np.ndarray | None:
+        if data is None:
+            return None
+        off = piece.start - region.start
+        return data[off:off + piece.count]
+
+    def _send(self, kind: int, src: int, dst: int, piece: Region, data: np.ndarray | None, ctx: object,
+              port: SmPort | None, vc: int, payload: int) -> None:
+        self.ops += 1
+        wire, last = self.pk.wire(kind, piece.nbytes)
+        train = Train(payload, wire, last, kind=kind, src=src, dst=dst, chip=self.fab.chip_of(piece.byte_offset),
+                      addr=piece, data=data, ctx=ctx, vc=vc)
+        if port is not None and payload:
+            head, tail = port.push(self.sim.now, payload)
+            self.fab.inject(train, head, tail)
+        else:
+            self.fab.inject(train)
+
+    @staticmethod
+    def _counter(count: int, done: Done | None) -> Callable[[object], None]:
+        left = [count]
+
+        def arrived(_: object) -> None:
+            left[0] -= 1
+            if left[0] == 0 and done is not None:
+                done()
+        return arrived
+
+    def _gather(self, region: Region, pieces: list[Region], done: DoneData) -> Callable[[Train], None]:
+        parts: dict[int, np.ndarray | None] = {}
+
+        def arrived(train: Train) -> None:
+            parts[train.addr.start] = train.data
+            if len(parts) == len(pieces):
+                if any(p is None for p in parts.values()):
+                    done(None)
+                else:
+                    done(np.concatenate([parts[p.start] for p in pieces]))
+        return arrived
+
+    def _local(self, fn: Callable[[], object], done: Callable[..., None] | None, *args: object) -> None:
+        fn()
+        if done is not None:
+            self.sim.after(0, done, *args)
+
+    # ---- point to point ----------------------------------------------------------
+    def st(self, src: int, dst: int, region: Region, data: np.ndarray | None, done: Done | None = None,
+           port: SmPort | None = None, vc: int = 0) -> None:
+        self._write(Kind.WRITE, src, dst, region, data, done, port, vc)
+
+    def red(self, src: int, dst: int, region: Region, data: np.ndarray | None, done: Done | None = None,
+            port: SmPort | None = None, vc: int = 0) -> None:
+        self._write(Kind.RED, src, dst, region, data, done, port, vc)
+
+    def _write(self, kind: int, src: int, dst: int, region: Region, data: np.ndarray | None,
+               done: Done | None, port: SmPort | None, vc: int) -> None:
+        mem = self.m.gpus[dst].memory
+        if src == dst:
+            op = mem.write if kind == Kind.WRITE else mem.add
+            self._local(lambda: op(region, data), done)
+            return
+        pieces = self.pieces(region)
+        ctx = self._counter(len(pieces), done)
+        for p in pieces:
+            self._send(kind, src, dst, p, self._slice(data, region, p), ctx, port, vc, p.nbytes)
+
+    def ld(self, src: int, home: int, region: Region, done: DoneData, vc: int = 0) -> None:
+        if src == home:
+            data = self.m.gpus[home].memory.read(region)
+            self._local(lambda: None, done, data)
+            return
+        pieces = self.pieces(region)
+        ctx = self._gather(region, pieces, done)
+        for p in pieces:
+            self._send(Kind.READ_REQ, src, home, p, None, ctx, None, vc, 0)
+
+    # ---- NVLS --------------------------------------------------------------------
+    def multimem_st(self, src: int, region: Region, data: np.ndarray | None, done: Done | None = None,
+                    port: SmPort | None = None, vc: int = 0) -> None:
+        pieces = self.pieces(region)
+        ctx = self._counter(len(pieces) * self.n, done)
+        for p in pieces:
+            self._send(Kind.MC_STORE, src, -1, p, self._slice(data, region, p), ctx, port, vc, p.nbytes)
+
+    def multimem_red(self, src: int, region: Region, data: np.ndarray | None, done: Done | None = None,
+                     port: SmPort | None = None, vc: int = 0) -> None:
+        pieces = self.pieces(region)
+        ctx = self._counter(len(pieces) * self.n, done)
+        for p in pieces:
+            self._send(Kind.MC_RED, src, -1, p, self._slice(data, region, p), ctx, port, vc, p.nbytes)
+
+    def multimem_ld_reduce(self, src: int, region: Region, done: DoneData, vc: int = 0) -> None:
+        pieces = self.pieces(region)
+        ctx = self._gather(region, pieces, done)
+        for p in pieces:
+            self._send(Kind.MC_LDRED_REQ, src, -1, p, None, (ctx, p.nbytes), None, vc, 0)

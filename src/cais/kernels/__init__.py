@@ -1,0 +1,1 @@
+"""Thread-block programs: collectives (ring, NVLS), GEMM tiles, and their helpers."""

@@ -1,0 +1,254 @@
+"""Collective kernels as thread-block programs, one kernel per GPU.
+
+NVLS (NCCL's single-node NVLink SHARP algorithms): each GPU owns 1/n of the buffer;
+its TBs (``nvls_channels`` of them) walk their part of that shard one transfer unit at
+a time:
+  AllReduce      ``multimem.ld_reduce`` the unit, then ``multimem.st`` the sum;
+  ReduceScatter  ``multimem.ld_reduce`` the unit, store the sum locally;
+  AllGather      ``multimem.st`` the unit of the GPU's own shard.
+Each TB keeps at most ``outstanding_bytes_per_sm`` of loads (and of stores not yet
+delivered) in flight.
+
+Ring (NCCL Simple-like): ``ring_channels`` TBs per GPU, each owning a slice of the
+buffer. Per iteration a channel's slice is cut into n chunks that travel the ring in
+steps (2n-2 for AllReduce, n-1 for AllGather and ReduceScatter). Each step is a P2P
+store of up to ``ring_step_bytes`` into one of ``ring_slots`` staging slots of the next
+GPU; the sender waits for a free slot (the receiver frees it once it has forwarded
+the data, and the credit takes a GPU->switch->GPU trip to come back).
+
+Buffers: ``send`` (input) and ``recv`` (output) on every GPU, elements of
+``elem_bytes`` bytes. AllGather: send holds the GPU's shard, recv the whole buffer.
+ReduceScatter: send holds the whole buffer, recv the GPU's shard. AllReduce: both
+hold the whole buffer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from cais.engine import Countdown, Signal
+from cais.engine.sim import ProgramGen
+from cais.hw.config import PS_PER_NS
+from cais.hw.gpu import Kernel, TbProgram
+from cais.hw.machine import Machine
+from cais.hw.memory import Region
+from cais.kernels.common import Window, split
+
+OPS = ("allreduce", "allgather", "reducescatter")
+ALGOS = ("ring", "nvls")
+
+
+@dataclass(frozen=True)
+class CollectiveSpec:
+    """What to run: the operation, the algorithm, and the buffer size in elements
+    (the nccl-tests 'size': the AllReduce buffer, the AllGather output, the
+    ReduceScatter input)."""
+
+    op: str
+    algo: str
+    count: int
+    elem_bytes: int = 2
+
+    @property
+    def nbytes(self) -> int:
+        return self.count * self.elem_bytes
+
+
+def shard_bounds(count: int, n: int) -> list[tuple[int, int]]:
+    """(start, count) of each GPU's shard of a ``count``-element buffer."""
+    return split(0, count, n)
+
+
+# ---- NVLS -------------------------------------------------------------------------
+def _nvls_tb(m: Machine, gpu: int, op: str, region: Region, out_base: int) -> TbProgram:
+    """One NVLS TB over ``region`` (in ``send``, or for AllGather the GPU's shard)."""
+    isa, sim = m.isa, m.sim
+    mem = m.gpus[gpu].memory
+    limit = m.cfg.collective.outstanding_bytes_per_sm
+
+    def program(sm: int, busy: int) -> ProgramGen:
+        port = isa.sm_port()
+        win = Window(sim, limit)
+        pieces = isa.pieces(region)
+        finished = Countdown(len(pieces))
+
+        def landed(piece: Region) -> Callable[[], None]:
+            def done() -> None:
+                win.release(piece.nbytes)
+                finished.arrive(sim)
+            return done
+
+        def reduced(piece: Region) -> Callable[[np.ndarray | None], None]:
+            out = Region("recv", piece.start - out_base, piece.count, piece.elem_bytes)
+
+            def got(data: np.ndarray | None) -> None:
+                if op == "allreduce":
+                    isa.multimem_st(gpu, out, data, landed(piece), port)
+                else:  # reducescatter: the sum stays on this GPU
+                    mem.write(out, data)
+                    landed(piece)()
+            return got
+
+        for piece in pieces:
+            while win.full(piece.nbytes):
+                yield win.wait()
+            win.take(piece.nbytes)
+            if op == "allgather":
+                out = Region("recv", out_base + piece.start, piece.count, piece.elem_bytes)
+                isa.multimem_st(gpu, out, mem.read(piece), landed(piece), port)
+            else:
+                isa.multimem_ld_reduce(gpu, piece, reduced(piece))
+        if pieces:
+            yield finished
+    return program
+
+
+def nvls_kernels(m: Machine, spec: CollectiveSpec) -> list[Kernel]:
+    n, eb = m.n, spec.elem_bytes
+    channels = m.cfg.collective.nvls_channels
+    bounds = shard_bounds(spec.count, n)
+    kernels = []
+    for g in range(n):
+        start, cnt = bounds[g]
+        if spec.op == "allgather":  # the GPU's own shard sits at the start of send
+            src_start, out_base = 0, start
+        elif spec.op == "reducescatter":  # the result lands at the start of recv
+            src_start, out_base = start, start
+        else:
+            src_start, out_base = start, 0
+        tbs = [_nvls_tb(m, g, spec.op, Region("send", src_start + s, c, eb), out_base)
+               for s, c in split(0, cnt, channels) if c > 0]
+        kernels.append(Kernel(f"nvls-{spec.op}", tbs))
+    return kernels
+
+
+# ---- ring -------------------------------------------------------------------------
+class _RingState:
+    """Flags of one ring: data-arrived and slot-free signals per (gpu, channel, step)."""
+
+    def __init__(self) -> None:
+        self.arrived: dict[tuple[int, int, int], Signal] = {}
+        self.credit: dict[tuple[int, int, int], Signal] = {}
+
+    @staticmethod
+    def get(table: dict[tuple[int, int, int], Signal], key: tuple[int, int, int]) -> Signal:
+        sig = table.get(key)
+        if sig is None:
+            sig = table[key] = Signal()
+        return sig
+
+
+def _ring_plan(spec: CollectiveSpec, n: int, channels: int, step: int) -> list[list[list[tuple[int, int]]]]:
+    """For each channel, for each iteration, the n chunks as (start, count) in the
+    full buffer. AllReduce cuts the buffer; AllGather/ReduceScatter cut each shard
+    alike, chunk k lying in shard k."""
+    plans: list[list[list[tuple[int, int]]]] = []
+    if spec.op == "allreduce":
+        for cs, cc in split(0, spec.count, channels):
+            iters = []
+            for it_start in range(cs, cs + cc, n * step):
+                iters.append(split(it_start, min(cs + cc, it_start + n * step), n))
+            plans.append(iters)
+        return plans
+    shards = shard_bounds(spec.count, n)
+    shard_len = shards[0][1]
+    for cs, cc in split(0, shard_len, channels):
+        iters = []
+        for it_start in range(cs, cs + cc, step):
+            cnt = min(step, cs + cc - it_start)
+            iters.append([(shards[k][0] + it_start, cnt) for k in range(n)])
+        plans.append(iters)
+    return plans
+
+
+def _ring_tb(m: Machine, spec: CollectiveSpec, gpu: int, ch: int, plan: list[list[tuple[int, int]]],
+             state: _RingState, slot_elems: int, credit_ps: int) -> TbProgram:
+    n, eb, isa, sim = m.n, spec.elem_bytes, m.isa, m.sim
+    mem = m.gpus[gpu].memory
+    nxt, prv = (gpu + 1) % n, (gpu - 1) % n
+    slots = m.cfg.collective.ring_slots
+    op = spec.op
+    steps = 2 * n - 2 if op == "allreduce" else n - 1
+    own = shard_bounds(spec.count, n)[gpu][0]
+    staging_base = ch * slots * slot_elems  # channels use distinct staging addresses
+
+    def chunk_of(j: int) -> int:
+        return (gpu - j - 1) % n if op == "reducescatter" else (gpu - j) % n
+
+    def slot(s: int, cnt: int) -> Region:
+        return Region("ring", staging_base + (s % slots) * slot_elems, cnt, eb)
+
+    def local_in(start: int, cnt: int) -> Region:  # this GPU's input for full-buffer elements
+        return Region("send", start - own if op == "allgather" else start, cnt, eb)
+
+    def out(start: int, cnt: int) -> Region:
+        return Region("recv", start - own if op == "reducescatter" else start, cnt, eb)
+
+    def program(sm: int, busy: int) -> ProgramGen:
+        port = isa.sm_port()
+        s_send = s_recv = 0  # step counters across iterations (slot sequence numbers)
+
+        def receive(j: int, start: int, cnt: int) -> ProgramGen:
+            """Wait for step ``j``'s data from the previous GPU, fold it, free the slot."""
+            nonlocal s_recv
+            yield state.get(state.arrived, (gpu, ch, s_recv))
+            data = mem.read(slot(s_recv, cnt))
+            reduce_phase = (op == "allreduce" and j < n - 1) or op == "reducescatter"
+            if reduce_phase and data is not None:
+                data = data + mem.read(local_in(start, cnt))
+            done_sig = state.get(state.credit, (prv, ch, s_recv))
+            sim.after(credit_ps, done_sig.fire, sim)
+            s_recv += 1
+            return data
+
+        for chunks in plan:
+            data = None
+            for j in range(steps):
+                start, cnt = chunks[chunk_of(j)]
+                if j == 0:
+                    data = mem.read(local_in(start, cnt))
+                    if op == "allgather":
+                        mem.write(out(start, cnt), data)
+                else:
+                    data = yield from receive(j - 1, start, cnt)
+                    if (op == "allreduce" and j >= n - 1) or op == "allgather":
+                        mem.write(out(start, cnt), data)
+                if s_send >= slots:
+                    yield state.get(state.credit, (gpu, ch, s_send - slots))
+                arrived = state.get(state.arrived, (nxt, ch, s_send))
+                if cnt:
+                    isa.st(gpu, nxt, slot(s_send, cnt), data, lambda sig=arrived: sig.fire(sim), port)
+                else:
+                    sim.after(0, arrived.fire, sim)
+                s_send += 1
+            start, cnt = chunks[chunk_of(steps)] if op != "reducescatter" else chunks[gpu]
+            data = yield from receive(steps - 1, start, cnt)
+            mem.write(out(start, cnt), data)
+    return program
+
+
+def ring_kernels(m: Machine, spec: CollectiveSpec) -> list[Kernel]:
+    n, cfg = m.n, m.cfg.collective
+    step = max(1, cfg.ring_step_bytes // spec.elem_bytes)
+    plans = _ring_plan(spec, n, cfg.ring_channels, step)
+    slot_elems = max((c for plan in plans for it in plan for _, c in it), default=1)
+    credit_ps = 2 * m.cfg.link_latency_ps + 2 * round(m.cfg.switch.pipeline_latency_ns * PS_PER_NS)
+    state = _RingState()
+    kernels = []
+    for g in range(n):
+        tbs = [_ring_tb(m, spec, g, ch, plan, state, slot_elems, credit_ps)
+               for ch, plan in enumerate(plans) if plan]
+        kernels.append(Kernel(f"ring-{spec.op}", tbs))
+    return kernels
+
+
+def build(m: Machine, spec: CollectiveSpec) -> list[Kernel]:
+    """One kernel per GPU implementing ``spec`` on machine ``m``."""
+    if spec.op not in OPS:
+        raise ValueError(f"--op: unknown collective '{spec.op}'; valid: {', '.join(OPS)}")
+    if spec.algo not in ALGOS:
+        raise ValueError(f"--algo: unknown algorithm '{spec.algo}'; valid: {', '.join(ALGOS)}")
+    return nvls_kernels(m, spec) if spec.algo == "nvls" else ring_kernels(m, spec)

@@ -1,0 +1,49 @@
+"""Helpers TB programs share: bounded in-flight windows and even splits."""
+
+from __future__ import annotations
+
+from cais.engine import Signal, Simulator
+
+
+class Window:
+    """Bounds the bytes a TB keeps in flight (outstanding loads, or stores not yet
+    delivered): the SM's memory-level parallelism and the backpressure of its port."""
+
+    __slots__ = ("sim", "limit", "used", "_waiter")
+
+    def __init__(self, sim: Simulator, limit: int) -> None:
+        self.sim = sim
+        self.limit = limit
+        self.used = 0
+        self._waiter: Signal | None = None
+
+    def full(self, nbytes: int) -> bool:
+        return self.used > 0 and self.used + nbytes > self.limit
+
+    def wait(self) -> Signal:
+        """A signal that fires at the next release."""
+        if self._waiter is None:
+            self._waiter = Signal()
+        return self._waiter
+
+    def take(self, nbytes: int) -> None:
+        self.used += nbytes
+
+    def release(self, nbytes: int) -> None:
+        self.used -= nbytes
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            waiter.fire(self.sim)
+
+
+def split(start: int, stop: int, parts: int) -> list[tuple[int, int]]:
+    """Cut [start, stop) into ``parts`` contiguous (start, count) pieces whose sizes
+    differ by at most one (the first ones are larger)."""
+    total = stop - start
+    base, extra = divmod(total, parts)
+    out, pos = [], start
+    for i in range(parts):
+        cnt = base + (1 if i < extra else 0)
+        out.append((pos, cnt))
+        pos += cnt
+    return out
