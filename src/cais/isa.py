@@ -13,6 +13,9 @@ NVLink too.
 
 A region larger than one transfer unit is cut at unit (address-hash granule)
 boundaries; each piece travels as one train through the chip its address hashes to.
+Every operation takes the unit to use (``unit``; default: the system's
+``transfer_unit_bytes``): a kernel picks one for all its GPUs, so the same address is
+always cut and routed alike.
 Completion callbacks run when the last piece is done (for stores, when the data is in
 the destination memory, which is when a flag written behind it would be seen).
 """
@@ -69,10 +72,10 @@ class Isa:
         return SmPort(1000.0 / bw)
 
     # ---- helpers -----------------------------------------------------------------
-    def pieces(self, region: Region) -> list[Region]:
+    def pieces(self, region: Region, unit: int | None = None) -> list[Region]:
         """Cut a region at transfer-unit boundaries of its byte address."""
         eb = region.elem_bytes
-        per = self.granule // eb
+        per = max(1, (unit or self.granule) // eb)
         start, end = region.start, region.start + region.count
         out = []
         while start < end:
@@ -88,10 +91,11 @@ class Isa:
         return data[off:off + piece.count]
 
     def _send(self, kind: int, src: int, dst: int, piece: Region, data: np.ndarray | None, ctx: object,
-              port: SmPort | None, vc: int, payload: int) -> None:
+              port: SmPort | None, vc: int, payload: int, unit: int | None) -> None:
         self.ops += 1
         wire, last = self.pk.wire(kind, piece.nbytes)
-        train = Train(payload, wire, last, kind=kind, src=src, dst=dst, chip=self.fab.chip_of(piece.byte_offset),
+        chip = self.fab.chip_of(piece.byte_offset, unit or self.granule)
+        train = Train(payload, wire, last, kind=kind, src=src, dst=dst, chip=chip,
                       addr=piece, data=data, ctx=ctx, vc=vc)
         if port is not None and payload:
             head, tail = port.push(self.sim.now, payload)
@@ -128,52 +132,52 @@ class Isa:
 
     # ---- point to point ----------------------------------------------------------
     def st(self, src: int, dst: int, region: Region, data: np.ndarray | None, done: Done | None = None,
-           port: SmPort | None = None, vc: int = 0) -> None:
-        self._write(Kind.WRITE, src, dst, region, data, done, port, vc)
+           port: SmPort | None = None, vc: int = 0, unit: int | None = None) -> None:
+        self._write(Kind.WRITE, src, dst, region, data, done, port, vc, unit)
 
     def red(self, src: int, dst: int, region: Region, data: np.ndarray | None, done: Done | None = None,
-            port: SmPort | None = None, vc: int = 0) -> None:
-        self._write(Kind.RED, src, dst, region, data, done, port, vc)
+            port: SmPort | None = None, vc: int = 0, unit: int | None = None) -> None:
+        self._write(Kind.RED, src, dst, region, data, done, port, vc, unit)
 
     def _write(self, kind: int, src: int, dst: int, region: Region, data: np.ndarray | None,
-               done: Done | None, port: SmPort | None, vc: int) -> None:
+               done: Done | None, port: SmPort | None, vc: int, unit: int | None) -> None:
         mem = self.m.gpus[dst].memory
         if src == dst:
             op = mem.write if kind == Kind.WRITE else mem.add
             self._local(lambda: op(region, data), done)
             return
-        pieces = self.pieces(region)
+        pieces = self.pieces(region, unit)
         ctx = self._counter(len(pieces), done)
         for p in pieces:
-            self._send(kind, src, dst, p, self._slice(data, region, p), ctx, port, vc, p.nbytes)
+            self._send(kind, src, dst, p, self._slice(data, region, p), ctx, port, vc, p.nbytes, unit)
 
-    def ld(self, src: int, home: int, region: Region, done: DoneData, vc: int = 0) -> None:
+    def ld(self, src: int, home: int, region: Region, done: DoneData, vc: int = 0, unit: int | None = None) -> None:
         if src == home:
             data = self.m.gpus[home].memory.read(region)
             self._local(lambda: None, done, data)
             return
-        pieces = self.pieces(region)
+        pieces = self.pieces(region, unit)
         ctx = self._gather(region, pieces, done)
         for p in pieces:
-            self._send(Kind.READ_REQ, src, home, p, None, ctx, None, vc, 0)
+            self._send(Kind.READ_REQ, src, home, p, None, ctx, None, vc, 0, unit)
 
     # ---- NVLS --------------------------------------------------------------------
     def multimem_st(self, src: int, region: Region, data: np.ndarray | None, done: Done | None = None,
-                    port: SmPort | None = None, vc: int = 0) -> None:
-        pieces = self.pieces(region)
+                    port: SmPort | None = None, vc: int = 0, unit: int | None = None) -> None:
+        pieces = self.pieces(region, unit)
         ctx = self._counter(len(pieces) * self.n, done)
         for p in pieces:
-            self._send(Kind.MC_STORE, src, -1, p, self._slice(data, region, p), ctx, port, vc, p.nbytes)
+            self._send(Kind.MC_STORE, src, -1, p, self._slice(data, region, p), ctx, port, vc, p.nbytes, unit)
 
     def multimem_red(self, src: int, region: Region, data: np.ndarray | None, done: Done | None = None,
-                     port: SmPort | None = None, vc: int = 0) -> None:
-        pieces = self.pieces(region)
+                     port: SmPort | None = None, vc: int = 0, unit: int | None = None) -> None:
+        pieces = self.pieces(region, unit)
         ctx = self._counter(len(pieces) * self.n, done)
         for p in pieces:
-            self._send(Kind.MC_RED, src, -1, p, self._slice(data, region, p), ctx, port, vc, p.nbytes)
+            self._send(Kind.MC_RED, src, -1, p, self._slice(data, region, p), ctx, port, vc, p.nbytes, unit)
 
-    def multimem_ld_reduce(self, src: int, region: Region, done: DoneData, vc: int = 0) -> None:
-        pieces = self.pieces(region)
+    def multimem_ld_reduce(self, src: int, region: Region, done: DoneData, vc: int = 0, unit: int | None = None) -> None:
+        pieces = self.pieces(region, unit)
         ctx = self._gather(region, pieces, done)
         for p in pieces:
-            self._send(Kind.MC_LDRED_REQ, src, -1, p, None, (ctx, p.nbytes), None, vc, 0)
+            self._send(Kind.MC_LDRED_REQ, src, -1, p, None, (ctx, p.nbytes), None, vc, 0, unit)

@@ -10,6 +10,7 @@ not one per hop, as for wormhole/virtual cut-through flit switching.
 from __future__ import annotations
 
 from collections import deque
+from heapq import heappush
 from collections.abc import Callable
 from typing import Any
 
@@ -110,11 +111,17 @@ class Channel:
             self.sim.at(self.free_at, self._arbitrate)
 
     def _start(self, train: Train, deliver: Deliver) -> None:
-        now = self.sim.now
-        start = max(self.free_at, train.head, 0)
-        ser = round(train.wire * self.ps_per_byte)
-        pkt = round(train.packet_wire * self.ps_per_byte)
-        finish = max(start + ser, train.tail + pkt)
+        sim = self.sim
+        now = sim.now
+        start = self.free_at
+        if train.head > start:
+            start = train.head
+        ppb = self.ps_per_byte
+        ser = int(train.wire * ppb + 0.5)
+        pkt = int(train.packet_wire * ppb + 0.5)
+        finish = start + ser
+        if train.tail + pkt > finish:
+            finish = train.tail + pkt
         if finish < now:  # cannot finish in the past: everything is known only from now on
             finish = now
         self.free_at = finish
@@ -127,9 +134,11 @@ class Channel:
         self.last_finish = finish
         if self.timeline is not None:
             self.timeline.append((start, finish, train.wire))
-        train.head = start + pkt + self.latency_ps
-        train.tail = finish + self.latency_ps
-        self.sim.at(train.tail, self._arrive, train, deliver)
+        lat = self.latency_ps
+        train.head = start + pkt + lat
+        train.tail = finish + lat
+        sim._seq += 1
+        heappush(sim._queue, (train.tail, sim._seq, self._arrive, (train, deliver)))
 
     def _arrive(self, train: Train, deliver: Deliver) -> None:
         self.delivered_payload += train.payload

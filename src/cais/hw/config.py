@@ -107,13 +107,28 @@ class SystemConfig(_Strict):
     switch: SwitchConfig = SwitchConfig()
     collective: CollectiveConfig = CollectiveConfig()
     transfer_unit_bytes: int = Field(64 * 1024, ge=128,
-                                     description="size of the packet trains the network moves")
+                                     description="largest packet train the network moves")
+    min_transfer_unit_bytes: int = Field(512, ge=128, description="smallest packet train")
+    units_per_stream: int = Field(16, gt=0,
+                                  description="a kernel cuts each TB's data stream into about this many units")
 
     @model_validator(mode="after")
     def _check_unit(self) -> "SystemConfig":
-        if self.transfer_unit_bytes % self.packet.max_payload_bytes:
-            raise ValueError("transfer_unit_bytes must be a multiple of packet.max_payload_bytes")
+        for field in ("transfer_unit_bytes", "min_transfer_unit_bytes"):
+            if getattr(self, field) % self.packet.max_payload_bytes:
+                raise ValueError(f"{field} must be a multiple of packet.max_payload_bytes")
+        if self.min_transfer_unit_bytes > self.transfer_unit_bytes:
+            raise ValueError("min_transfer_unit_bytes must not exceed transfer_unit_bytes")
         return self
+
+    def unit_for(self, stream_bytes: int) -> int:
+        """The transfer unit for a kernel whose TBs each stream ``stream_bytes``: about
+        ``units_per_stream`` units per stream, a power of two clamped to
+        [min_transfer_unit_bytes, transfer_unit_bytes]. Small transfers are cut finely
+        (their timing depends on it), large ones coarsely (their events are many)."""
+        want = max(1, stream_bytes // self.units_per_stream)
+        unit = 1 << (want.bit_length() - 1)
+        return max(self.min_transfer_unit_bytes, min(self.transfer_unit_bytes, unit))
 
     # Derived quantities (integer picoseconds) used by the hardware models.
     @property

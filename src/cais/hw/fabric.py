@@ -21,7 +21,8 @@ class Fabric:
 
     Routing is deterministic: the address of a transfer, cut into granules of one
     transfer unit, is interleaved over the GPU's links (granule i -> link i mod L), and
-    the link decides the chip. The same offset in every GPU's buffer therefore meets
+    the link decides the chip. The granule is the transfer unit of the kernel issuing
+    the transfer. The same offset in every GPU's buffer therefore meets
     in the same chip (required for NVLS and CAIS merging), and each chip receives
     traffic in proportion to its link count (5:4:4:5 on DGX-H100).
     """
@@ -32,7 +33,6 @@ class Fabric:
         self.cfg = cfg
         self.gpus = gpus
         self.pk = packetizer
-        self.granule = cfg.transfer_unit_bytes
         self.link_chip = [c for c, n in enumerate(cfg.switch.links_per_gpu) for _ in range(n)]
         lat = cfg.link_latency_ps
         vcs = cfg.link.vcs
@@ -48,8 +48,8 @@ class Fabric:
             gpu.fabric = self
         self.injected = 0  # payload bytes put on the fabric by GPUs
 
-    def chip_of(self, byte_offset: int) -> int:
-        return self.link_chip[(byte_offset // self.granule) % len(self.link_chip)]
+    def chip_of(self, byte_offset: int, granule: int) -> int:
+        return self.link_chip[(byte_offset // granule) % len(self.link_chip)]
 
     def inject(self, train: Train, head: int | None = None, tail: int | None = None) -> None:
         """Put a train on its source GPU's port to ``train.chip``. ``head``/``tail``

@@ -63,7 +63,7 @@ def shard_bounds(count: int, n: int) -> list[tuple[int, int]]:
 
 
 # ---- NVLS -------------------------------------------------------------------------
-def _nvls_tb(m: Machine, gpu: int, op: str, region: Region, out_base: int) -> TbProgram:
+def _nvls_tb(m: Machine, gpu: int, op: str, region: Region, out_base: int, unit: int) -> TbProgram:
     """One NVLS TB over ``region`` (in ``send``, or for AllGather the GPU's shard)."""
     isa, sim = m.isa, m.sim
     mem = m.gpus[gpu].memory
@@ -72,7 +72,7 @@ def _nvls_tb(m: Machine, gpu: int, op: str, region: Region, out_base: int) -> Tb
     def program(sm: int, busy: int) -> ProgramGen:
         port = isa.sm_port()
         win = Window(sim, limit)
-        pieces = isa.pieces(region)
+        pieces = isa.pieces(region, unit)
         finished = Countdown(len(pieces))
 
         def landed(piece: Region) -> Callable[[], None]:
@@ -86,7 +86,7 @@ def _nvls_tb(m: Machine, gpu: int, op: str, region: Region, out_base: int) -> Tb
 
             def got(data: np.ndarray | None) -> None:
                 if op == "allreduce":
-                    isa.multimem_st(gpu, out, data, landed(piece), port)
+                    isa.multimem_st(gpu, out, data, landed(piece), port, unit=unit)
                 else:  # reducescatter: the sum stays on this GPU
                     mem.write(out, data)
                     landed(piece)()
@@ -98,9 +98,9 @@ def _nvls_tb(m: Machine, gpu: int, op: str, region: Region, out_base: int) -> Tb
             win.take(piece.nbytes)
             if op == "allgather":
                 out = Region("recv", out_base + piece.start, piece.count, piece.elem_bytes)
-                isa.multimem_st(gpu, out, mem.read(piece), landed(piece), port)
+                isa.multimem_st(gpu, out, mem.read(piece), landed(piece), port, unit=unit)
             else:
-                isa.multimem_ld_reduce(gpu, piece, reduced(piece))
+                isa.multimem_ld_reduce(gpu, piece, reduced(piece), unit=unit)
         if pieces:
             yield finished
     return program
@@ -110,6 +110,7 @@ def nvls_kernels(m: Machine, spec: CollectiveSpec) -> list[Kernel]:
     n, eb = m.n, spec.elem_bytes
     channels = m.cfg.collective.nvls_channels
     bounds = shard_bounds(spec.count, n)
+    unit = m.cfg.unit_for(-(-bounds[0][1] // channels) * eb)
     kernels = []
     for g in range(n):
         start, cnt = bounds[g]
@@ -119,7 +120,7 @@ def nvls_kernels(m: Machine, spec: CollectiveSpec) -> list[Kernel]:
             src_start, out_base = start, start
         else:
             src_start, out_base = start, 0
-        tbs = [_nvls_tb(m, g, spec.op, Region("send", src_start + s, c, eb), out_base)
+        tbs = [_nvls_tb(m, g, spec.op, Region("send", src_start + s, c, eb), out_base, unit)
                for s, c in split(0, cnt, channels) if c > 0]
         kernels.append(Kernel(f"nvls-{spec.op}", tbs))
     return kernels
@@ -165,7 +166,7 @@ def _ring_plan(spec: CollectiveSpec, n: int, channels: int, step: int) -> list[l
 
 
 def _ring_tb(m: Machine, spec: CollectiveSpec, gpu: int, ch: int, plan: list[list[tuple[int, int]]],
-             state: _RingState, slot_elems: int, credit_ps: int) -> TbProgram:
+             state: _RingState, slot_elems: int, credit_ps: int, unit: int) -> TbProgram:
     n, eb, isa, sim = m.n, spec.elem_bytes, m.isa, m.sim
     mem = m.gpus[gpu].memory
     nxt, prv = (gpu + 1) % n, (gpu - 1) % n
@@ -220,7 +221,7 @@ def _ring_tb(m: Machine, spec: CollectiveSpec, gpu: int, ch: int, plan: list[lis
                     yield state.get(state.credit, (gpu, ch, s_send - slots))
                 arrived = state.get(state.arrived, (nxt, ch, s_send))
                 if cnt:
-                    isa.st(gpu, nxt, slot(s_send, cnt), data, lambda sig=arrived: sig.fire(sim), port)
+                    isa.st(gpu, nxt, slot(s_send, cnt), data, lambda sig=arrived: sig.fire(sim), port, unit=unit)
                 else:
                     sim.after(0, arrived.fire, sim)
                 s_send += 1
@@ -236,10 +237,11 @@ def ring_kernels(m: Machine, spec: CollectiveSpec) -> list[Kernel]:
     plans = _ring_plan(spec, n, cfg.ring_channels, step)
     slot_elems = max((c for plan in plans for it in plan for _, c in it), default=1)
     credit_ps = 2 * m.cfg.link_latency_ps + 2 * round(m.cfg.switch.pipeline_latency_ns * PS_PER_NS)
+    unit = m.cfg.unit_for(slot_elems * spec.elem_bytes)
     state = _RingState()
     kernels = []
     for g in range(n):
-        tbs = [_ring_tb(m, spec, g, ch, plan, state, slot_elems, credit_ps)
+        tbs = [_ring_tb(m, spec, g, ch, plan, state, slot_elems, credit_ps, unit)
                for ch, plan in enumerate(plans) if plan]
         kernels.append(Kernel(f"ring-{spec.op}", tbs))
     return kernels

@@ -1,0 +1,185 @@
+"""The ``cais`` command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from rich.console import Console
+from rich.table import Table
+
+from cais.hw.config import ConfigError, SystemConfig, list_systems, load_system
+from cais.kernels.collectives import ALGOS, OPS
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (exit code 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"cais: error: {message}\n")
+
+
+class UsageError(Exception):
+    """A user mistake: reported as one line, exit code 2."""
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _size(text: str) -> int:
+    """Bytes, with an optional K/M/G (binary) suffix: 1G = 2**30."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    mult = units.get(t[-1:], 1)
+    if mult > 1:
+        t = t[:-1]
+    try:
+        value = int(float(t) * mult)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a size like 1048576, 64K, 16M or 1G, got '{text}'") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive size, got '{text}'")
+    return value
+
+
+def _system(args: argparse.Namespace, **overrides: object) -> SystemConfig:
+    try:
+        return load_system(args.system, **overrides)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _print_table(title: str, rows: list[tuple[str, str]]) -> None:
+    table = Table(title=title, show_header=False)
+    table.add_column("quantity", style="bold")
+    table.add_column("value", justify="right")
+    for k, v in rows:
+        table.add_row(k, v)
+    Console().print(table)
+
+
+def cmd_collective(args: argparse.Namespace) -> None:
+    from cais.experiments.collective import run_collective
+
+    cfg = _system(args, gpus=args.gpus, transfer_unit_bytes=args.unit)
+    try:
+        r = run_collective(cfg, args.op, args.algo, args.bytes)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if args.json:
+        print(json.dumps(r.as_json()))
+        return
+    _print_table(f"{r.algo} {r.op}, {r.gpus} GPUs, {cfg.name}", [
+        ("size", f"{r.nbytes:,} B"), ("time", f"{r.time_us:,.2f} us"),
+        ("algbw", f"{r.algbw_GBps:,.1f} GB/s"), ("busbw", f"{r.busbw_GBps:,.1f} GB/s"),
+        ("busiest link direction, wire busy", f"{100 * r.wire_util:.1f} %"),
+        ("simulated events", f"{r.events:,}"), ("wall time", f"{r.wall_s:.2f} s")])
+
+
+def cmd_gemm(args: argparse.Namespace) -> None:
+    from cais.experiments.gemm import run_gemm
+
+    cfg = _system(args)
+    try:
+        r = run_gemm(cfg, args.m, args.n, args.k, args.sms)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if args.json:
+        print(json.dumps(r.as_json()))
+        return
+    _print_table(f"bf16 GEMM on one {cfg.gpu.name}", [
+        ("M x N x K", f"{r.m} x {r.n} x {r.k}"), ("SMs", str(r.sms)),
+        ("tile", f"{r.tile[0]} x {r.tile[1]}"), ("tiles", str(r.tiles)),
+        ("time", f"{r.time_us:,.2f} us"), ("throughput", f"{r.tflops:,.1f} TFLOP/s")])
+
+
+def cmd_systems(args: argparse.Namespace) -> None:
+    table = Table(title="systems")
+    table.add_column("name", style="bold")
+    table.add_column("description")
+    for name, desc in list_systems().items():
+        table.add_row(name, desc)
+    Console().print(table)
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    """The main job for now: NVLS and ring AllReduce, and a GEMM, on DGX-H100."""
+    from cais.experiments.collective import run_collective
+    from cais.experiments.gemm import run_gemm
+
+    cfg = _system(args)
+    table = Table(title=f"AllReduce on {cfg.name} ({cfg.gpus} GPUs), {args.bytes / 2**20:g} MiB")
+    for col in ("algorithm", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "busiest link busy", "correct"):
+        table.add_column(col, justify="right")
+    for algo in ALGOS:
+        r = run_collective(cfg, "allreduce", algo, args.bytes, functional=False)
+        f = run_collective(cfg.with_overrides(gpus=4), "allreduce", algo, 3 * 4099 * 2, functional=True)
+        table.add_row(algo, f"{r.time_us:,.1f}", f"{r.algbw_GBps:,.1f}", f"{r.busbw_GBps:,.1f}",
+                      f"{100 * r.wire_util:.1f} %", "yes" if f.correct else "NO")
+    Console().print(table)
+    g = run_gemm(cfg, 9216, 1536, 4096)
+    gt = Table(title=f"bf16 GEMM on one {cfg.gpu.name}")
+    for col in ("M x N x K", "SMs", "tile", "time (us)", "TFLOP/s"):
+        gt.add_column(col, justify="right")
+    gt.add_row(f"{g.m} x {g.n} x {g.k}", str(g.sms), f"{g.tile[0]}x{g.tile[1]}", f"{g.time_us:,.1f}",
+               f"{g.tflops:,.1f}")
+    Console().print(gt)
+    Console().print("'correct': the same algorithm on 4 GPUs in functional mode matches numpy's sum exactly.")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="cais", description="Simulate tensor-parallel LLM work on NVLink/NVSwitch systems.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def with_system(sp: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        sp.add_argument("--system", default="dgx-h100", help="preset name (see 'cais systems') or JSON file")
+        return sp
+
+    c = with_system(sub.add_parser("collective", help="time one collective"))
+    c.add_argument("--op", required=True, choices=OPS)
+    c.add_argument("--algo", required=True, choices=ALGOS)
+    c.add_argument("--bytes", required=True, type=_size, help="buffer size (nccl-tests convention)")
+    c.add_argument("--gpus", type=_positive_int, default=None)
+    c.add_argument("--unit", type=_positive_int, default=None, help="transfer unit in bytes")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(fn=cmd_collective)
+
+    g = with_system(sub.add_parser("gemm", help="time one bf16 GEMM on one GPU"))
+    g.add_argument("--m", required=True, type=_positive_int)
+    g.add_argument("--n", required=True, type=_positive_int)
+    g.add_argument("--k", required=True, type=_positive_int)
+    g.add_argument("--sms", type=_positive_int, default=None)
+    g.add_argument("--json", action="store_true")
+    g.set_defaults(fn=cmd_gemm)
+
+    s = sub.add_parser("systems", help="list system presets")
+    s.set_defaults(fn=cmd_systems)
+
+    d = with_system(sub.add_parser("demo", help="the main job: collectives and a GEMM, as tables"))
+    d.add_argument("--bytes", type=_size, default=256 << 20)
+    d.set_defaults(fn=cmd_demo)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.fn(args)
+    except UsageError as exc:
+        print(f"cais: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

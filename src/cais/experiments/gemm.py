@@ -1,0 +1,47 @@
+"""Run one GEMM on one simulated GPU through the TB dispatcher."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cais.hw.compute import ComputeModel
+from cais.hw.config import PS_PER_US, SystemConfig
+from cais.hw.machine import Machine
+from cais.kernels.gemm import gemm_kernel, gemm_shape
+
+
+@dataclass(frozen=True)
+class GemmResult:
+    """Predicted time of one bf16 GEMM on ``sms`` SMs."""
+
+    m: int
+    n: int
+    k: int
+    sms: int
+    tile: tuple[int, int]
+    tiles: int
+    time_us: float
+    tflops: float
+
+    def as_json(self) -> dict[str, object]:
+        return {"m": self.m, "n": self.n, "k": self.k, "sms": self.sms, "tile": list(self.tile),
+                "tiles": self.tiles, "time_us": self.time_us, "tflops": self.tflops}
+
+
+def run_gemm(cfg: SystemConfig, m: int, n: int, k: int, sms: int | None = None) -> GemmResult:
+    for name, v in (("--m", m), ("--n", n), ("--k", k)):
+        if v <= 0:
+            raise ValueError(f"{name}: must be a positive integer, got {v}")
+    sms = cfg.gpu.sms if sms is None else sms
+    if not 1 <= sms <= cfg.gpu.sms:
+        raise ValueError(f"--sms: must be between 1 and {cfg.gpu.sms} on {cfg.name}, got {sms}")
+    model = ComputeModel.load(cfg.gpu.compute_model, cfg.gpu.hbm_bandwidth_GBps)
+    shape = gemm_shape(model, m, n, k, sms)
+    machine = Machine(cfg.with_overrides(gpus=2))  # one GPU is used; a fabric needs two
+    kernel = gemm_kernel(model, shape, sms=frozenset(range(sms)))
+    machine.gpus[0].launch(kernel)
+    machine.run()
+    end = kernel.finished_at or 0
+    end += model.kernel_overhead_ps if hasattr(model, "kernel_overhead_ps") else 0
+    t_us = end / PS_PER_US
+    return GemmResult(m, n, k, sms, (shape.bm, shape.bn), shape.tiles, t_us, shape.flops / (t_us * 1e6))

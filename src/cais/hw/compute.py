@@ -1,0 +1,178 @@
+"""Calibrated compute-time model of one Hopper GPU: GEMM tiles, memory-bound kernels and
+attention, all in integer picoseconds.
+
+The coefficients are fitted by ``scripts/fit_compute.py`` to H200 measurements
+(``cais/data/calibration/h200/*.csv``) and shipped as ``fit.json``; docs/compute-model.md
+gives the equations, fitted values and errors.  H100 SXM has the same die and clocks
+(132 SMs, 989 TFLOP/s dense bf16) and only a slower HBM (3350 vs 4800 GB/s peak), so one
+fit serves both: pass ``hbm_bandwidth_GBps`` to :meth:`ComputeModel.load` and every
+memory-bound time is rescaled on the assumption that a kernel reaches the same *fraction*
+of peak HBM bandwidth on either GPU.  GEMM tiles (L2/SM bound) are not rescaled.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+PS_PER_NS = 1_000
+REF_TILE = (128, 256)  # the tile whose overhead `tile_overhead_ns` is quoted for
+TILE_CANDIDATES: tuple[tuple[int, int], ...] = ((128, 256), (256, 128), (128, 128))
+TILE_TIE = 1e-3  # relative time difference below which the earlier (larger) tile is kept
+ATTENTION_PASSES = ("fwd", "bwd", "fwd+bwd")
+BWD_FLOP_RATIO = 2.5  # FlashAttention backward: 5 matmuls vs the forward's 2
+BF16 = 2  # bytes
+
+
+def _positive(**values: int) -> None:
+    for name, v in values.items():
+        if v <= 0:
+            raise ValueError(f"{name} must be positive, got {v}")
+
+
+@dataclass(frozen=True)
+class ComputeModel:
+    """Compute side of one NVIDIA Hopper GPU (H200 SXM as calibrated; H100 SXM via a
+    different ``hbm_bandwidth_GBps``): per-SM GEMM tile times that slow down as more SMs
+    are busy, HBM-bound kernels, and FlashAttention-style attention."""
+
+    name: str
+    sms: int  # SMs of the calibrated GPU
+    peak_tflops: float  # dense bf16 tensor-core peak of the whole GPU
+    # GEMM tile: overhead + K * smooth-max(MMA time per k * droop(busy), L2 time per k(busy))
+    mma_efficiency: float  # mainloop MMA rate / peak, one SM busy
+    droop: float  # MMA-rate loss with all SMs busy (clock/power), linear in busy / sms
+    l2_bandwidth_GBps: float  # L2 -> SMs bandwidth shared by the busy SMs
+    roofline_exp: float  # q of the smooth max (mma^q + l2^q)^(1/q)
+    tile_overhead_ns: float  # prologue + epilogue of one 128x256 tile (scales with BM*BN)
+    gemm_overhead_ns: float  # per GEMM kernel: launch, first-wave ramp, tail
+    # memory-bound kernels
+    hbm_peak_GBps: float  # peak HBM bandwidth of the calibrated GPU
+    hbm_efficiency: float  # effective / peak, from the 2 GiB device copy
+    mem_overhead_ns: float  # per memory-bound kernel
+    mem_saturation_fraction: float  # ASSUMED: HBM saturates with this fraction of SMs
+    elementwise_bytes: dict[str, float]  # nominal bytes per element (CSV bytes_moved)
+    elementwise_traffic: dict[str, float]  # fitted effective traffic / nominal, per op
+    # attention: overhead + max(FLOPs / (efficiency * peak * SM share), bytes / HBM)
+    attn_efficiency_fwd: float
+    attn_efficiency_bwd: float
+    attn_overhead_fwd_ns: float
+    attn_overhead_bwd_ns: float
+    hbm_bandwidth_GBps: float  # peak HBM of the GPU being simulated
+
+    @classmethod
+    def load(cls, name: str = "h200", hbm_bandwidth_GBps: float | None = None) -> "ComputeModel":
+        """Read ``cais/data/calibration/<name>/fit.json``; ``hbm_bandwidth_GBps`` is the
+        simulated GPU's peak HBM bandwidth (default: the calibrated GPU's)."""
+        path = resources.files("cais") / "data" / "calibration" / name / "fit.json"
+        if not path.is_file():
+            raise ValueError(f"no compute calibration '{name}' (missing {name}/fit.json)")
+        return cls.from_fit(json.loads(path.read_text()), hbm_bandwidth_GBps)
+
+    @classmethod
+    def from_fit(cls, fit: dict[str, Any], hbm_bandwidth_GBps: float | None = None) -> "ComputeModel":
+        c = dict(fit["coefficients"])
+        c["hbm_bandwidth_GBps"] = hbm_bandwidth_GBps or c["hbm_peak_GBps"]
+        if c["hbm_bandwidth_GBps"] <= 0:
+            raise ValueError(f"hbm_bandwidth_GBps must be positive, got {hbm_bandwidth_GBps}")
+        return cls(name=fit["name"], **c)
+
+    # ---- GEMM ---------------------------------------------------------------------
+    @property
+    def kernel_overhead_ps(self) -> int:
+        """Fixed cost of one GEMM kernel, added once to the tiles' makespan."""
+        return round(self.gemm_overhead_ns * PS_PER_NS)
+
+    def tile_time_ps(self, bm: int, bn: int, k: int, busy_sms: int) -> int:
+        """Time one SM spends on one bm x bn output tile of depth k while ``busy_sms``
+        SMs run tiles.  Per step of k the SM is bound by its MMA rate (slowed by clock
+        droop as more SMs are busy) or by its share of L2 bandwidth, whichever is slower."""
+        _positive(bm=bm, bn=bn, k=k, busy_sms=busy_sms)
+        flop_per_ps = self.peak_tflops / self.sms * self.mma_efficiency  # 1e12 flop/s == 1 flop/ps
+        mma = 2 * bm * bn / flop_per_ps * (1 + self.droop * busy_sms / self.sms)
+        l2 = busy_sms * BF16 * (bm + bn) / (self.l2_bandwidth_GBps / PS_PER_NS)
+        overhead = self.tile_overhead_ns * PS_PER_NS * bm * bn / (REF_TILE[0] * REF_TILE[1])
+        q = self.roofline_exp
+        return round(overhead + k * (mma ** q + l2 ** q) ** (1 / q))
+
+    def tiled_gemm_ps(self, m: int, n: int, k: int, sms: int, bm: int, bn: int) -> int:
+        """Kernel overhead + the tiles run in waves on ``sms`` SMs (each wave's tiles take
+        tile_time_ps with busy = min(remaining tiles, sms)): exactly what a greedy
+        TB dispatcher gives, since the tiles of one wave start and end together."""
+        _positive(m=m, n=n, k=k, sms=sms)
+        tiles = math.ceil(m / bm) * math.ceil(n / bn)
+        full, rest = divmod(tiles, sms)
+        t = self.kernel_overhead_ps + full * self.tile_time_ps(bm, bn, k, sms)
+        return t + (self.tile_time_ps(bm, bn, k, rest) if rest else 0)
+
+    def tile_shape(self, m: int, n: int, k: int, sms: int) -> tuple[int, int]:
+        """The output tile a cuBLAS-like heuristic picks: of 128x256, 256x128 and 128x128
+        (in that order), the one with the smallest modeled time on ``sms`` SMs; a later
+        candidate must be faster by more than TILE_TIE so that rounding does not decide.
+        Large GEMMs get 128x256; 128x128 wins when the big tile leaves SMs idle."""
+        best, best_t = TILE_CANDIDATES[0], self.tiled_gemm_ps(m, n, k, sms, *TILE_CANDIDATES[0])
+        for tile in TILE_CANDIDATES[1:]:
+            t = self.tiled_gemm_ps(m, n, k, sms, *tile)
+            if t < best_t * (1 - TILE_TIE):
+                best, best_t = tile, t
+        return best
+
+    def gemm_time_ps(self, m: int, n: int, k: int, sms: int) -> int:
+        """C[m,n] = A[m,k] @ B[k,n] (bf16) on ``sms`` SMs."""
+        return self.tiled_gemm_ps(m, n, k, sms, *self.tile_shape(m, n, k, sms))
+
+    # ---- memory-bound kernels -----------------------------------------------------
+    def _hbm_bytes_per_ps(self, sms: int, total_sms: int) -> float:
+        _positive(sms=sms, total_sms=total_sms)
+        full = self.hbm_efficiency * self.hbm_bandwidth_GBps / PS_PER_NS
+        return full * min(1.0, sms / (total_sms * self.mem_saturation_fraction))
+
+    def memory_time_ps(self, bytes_moved: int, sms: int, total_sms: int) -> int:
+        """A streaming kernel moving ``bytes_moved`` (reads + writes) on ``sms`` of
+        ``total_sms`` SMs.  Bandwidth is the calibrated effective HBM bandwidth when at
+        least ``mem_saturation_fraction`` of the SMs take part and falls linearly below
+        (an assumption: the data have no SM sweep)."""
+        if bytes_moved < 0:
+            raise ValueError(f"bytes_moved must be >= 0, got {bytes_moved}")
+        return round(self.mem_overhead_ns * PS_PER_NS + bytes_moved / self._hbm_bytes_per_ps(sms, total_sms))
+
+    def elementwise_time_ps(self, op: str, m: int, n: int, sms: int, total_sms: int) -> int:
+        """A memory-bound op on a bf16 [m, n] tensor: layernorm, rmsnorm, gelu, add, dropout."""
+        if op not in self.elementwise_bytes:
+            raise ValueError(f"unknown elementwise op '{op}'; valid: {', '.join(self.elementwise_bytes)}")
+        _positive(m=m, n=n)
+        traffic = m * n * self.elementwise_bytes[op] * self.elementwise_traffic[op]
+        return self.memory_time_ps(round(traffic), sms, total_sms)
+
+    # ---- attention ----------------------------------------------------------------
+    def attention_time_ps(self, heads: int, kv_heads: int, head_dim: int, batch: int, seq: int,
+                          passes: str, sms: int, total_sms: int, causal: bool = True) -> int:
+        """FlashAttention-style prefill/training attention of one GPU's heads (GQA: ``kv_heads``
+        K/V heads).  Compute scales with ``sms`` SMs; HBM traffic is a floor."""
+        if passes not in ATTENTION_PASSES:
+            raise ValueError(f"unknown attention passes '{passes}'; valid: {', '.join(ATTENTION_PASSES)}")
+        _positive(heads=heads, kv_heads=kv_heads, head_dim=head_dim, batch=batch, seq=seq)
+        flops = 4 * batch * heads * seq * seq * head_dim * (0.5 if causal else 1.0)
+        flop_per_ps = self.peak_tflops * sms / self.sms
+        bw = self._hbm_bytes_per_ps(sms, total_sms)
+        qo = BF16 * batch * seq * heads * head_dim  # one Q-sized tensor
+        kv = BF16 * batch * seq * kv_heads * head_dim  # one K-sized tensor
+        t = 0.0
+        if passes in ("fwd", "fwd+bwd"):  # read Q K V, write O
+            t += self.attn_overhead_fwd_ns * PS_PER_NS + max(
+                flops / (self.attn_efficiency_fwd * flop_per_ps), (2 * qo + 2 * kv) / bw)
+        if passes in ("bwd", "fwd+bwd"):  # read Q K V O dO, write dQ dK dV
+            t += self.attn_overhead_bwd_ns * PS_PER_NS + max(
+                BWD_FLOP_RATIO * flops / (self.attn_efficiency_bwd * flop_per_ps), (4 * qo + 4 * kv) / bw)
+        return round(t)
+
+    def attention_decode_time_ps(self, heads: int, kv_heads: int, head_dim: int, batch: int,
+                                 kv_len: int, sms: int, total_sms: int) -> int:
+        """One decode step's attention: reading the K/V cache (plus Q, O) from HBM.  Not
+        measured; modeled as memory-bound with the calibrated HBM bandwidth."""
+        _positive(heads=heads, kv_heads=kv_heads, head_dim=head_dim, batch=batch, kv_len=kv_len)
+        cache = 2 * BF16 * batch * kv_len * kv_heads * head_dim
+        return self.memory_time_ps(cache + 2 * BF16 * batch * heads * head_dim, sms, total_sms)
