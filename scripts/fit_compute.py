@@ -22,7 +22,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
-from cais.hw.compute import BWD_FLOP_RATIO, REF_TILE, TILE_CANDIDATES, ComputeModel  # noqa: E402
+from cais.hw.compute import BWD_FLOP_RATIO, REF_TILE, ComputeModel  # noqa: E402
 
 DATA = ROOT / "src" / "cais" / "data" / "calibration" / "h200"
 PEAK_TFLOPS = 989.0  # H100/H200 SXM dense bf16 (datasheet)
@@ -231,6 +231,11 @@ def report(model: ComputeModel, kernels: dict[str, dict[str, float]]) -> dict[st
     return out
 
 
+def sig(v: object) -> object:
+    """Five significant digits for the JSON (more would be noise)."""
+    return float(f"{v:.5g}") if isinstance(v, float) else v
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--check", action="store_true", help="only report on the shipped fit.json")
@@ -250,12 +255,11 @@ def main() -> None:
     kernels = triton_kernels(base, tri)
     coef.update(fit_slowdown(base, tri, kernels))
     coef.update(fit_cublas(replace(base, **{k: coef[k] for k in start if k in coef}), rows("gemm_cublas.csv")))
-    coef = {k: round(v, 6) if isinstance(v, float) else v for k, v in coef.items()}
-    coef = {k: {kk: round(vv, 4) for kk, vv in v.items()} if isinstance(v, dict) else v for k, v in coef.items()}
-    kernels = {k: {kk: round(vv, 4) for kk, vv in v.items()} for k, v in kernels.items()}
+    coef = {k: {kk: sig(vv) for kk, vv in v.items()} if isinstance(v, dict) else sig(v) for k, v in coef.items()}
+    kernels = {k: {kk: sig(vv) for kk, vv in v.items()} for k, v in kernels.items()}
     fit: dict[str, object] = {
         "name": "h200", "device": device["name"], "made_by": "python scripts/fit_compute.py",
-        "tile_candidates": [list(t) for t in TILE_CANDIDATES], "coefficients": coef,
+        "coefficients": coef,
         "reference": {"triton_kernels": kernels,
                       "note": "Triton's own mainloop efficiency / tile overhead per tile (1-SM rows); "
                               "used only to fit droop, l2_bandwidth_GBps and roofline_exp"}}

@@ -41,7 +41,6 @@ def run_gemm(cfg: SystemConfig, m: int, n: int, k: int, sms: int | None = None) 
     kernel = gemm_kernel(model, shape, sms=frozenset(range(sms)))
     machine.gpus[0].launch(kernel)
     machine.run()
-    end = kernel.finished_at or 0
-    end += model.kernel_overhead_ps if hasattr(model, "kernel_overhead_ps") else 0
+    end = (kernel.finished_at or 0) + model.kernel_overhead_ps
     t_us = end / PS_PER_US
     return GemmResult(m, n, k, sms, (shape.bm, shape.bn), shape.tiles, t_us, shape.flops / (t_us * 1e6))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
@@ -54,8 +54,8 @@ class ComputeModel:
     hbm_efficiency: float  # effective / peak, from the 2 GiB device copy
     mem_overhead_ns: float  # per memory-bound kernel
     mem_saturation_fraction: float  # ASSUMED: HBM saturates with this fraction of SMs
-    elementwise_bytes: dict[str, float]  # nominal bytes per element (CSV bytes_moved)
-    elementwise_traffic: dict[str, float]  # fitted effective traffic / nominal, per op
+    elementwise_bytes: dict[str, float] = field(hash=False)  # nominal bytes/element (CSV bytes_moved)
+    elementwise_traffic: dict[str, float] = field(hash=False)  # fitted effective / nominal traffic
     # attention: overhead + max(FLOPs / (efficiency * peak * SM share), bytes / HBM)
     attn_efficiency_fwd: float
     attn_efficiency_bwd: float
@@ -75,7 +75,7 @@ class ComputeModel:
     @classmethod
     def from_fit(cls, fit: dict[str, Any], hbm_bandwidth_GBps: float | None = None) -> "ComputeModel":
         c = dict(fit["coefficients"])
-        c["hbm_bandwidth_GBps"] = hbm_bandwidth_GBps or c["hbm_peak_GBps"]
+        c["hbm_bandwidth_GBps"] = c["hbm_peak_GBps"] if hbm_bandwidth_GBps is None else hbm_bandwidth_GBps
         if c["hbm_bandwidth_GBps"] <= 0:
             raise ValueError(f"hbm_bandwidth_GBps must be positive, got {hbm_bandwidth_GBps}")
         return cls(name=fit["name"], **c)
@@ -88,8 +88,9 @@ class ComputeModel:
 
     def tile_time_ps(self, bm: int, bn: int, k: int, busy_sms: int) -> int:
         """Time one SM spends on one bm x bn output tile of depth k while ``busy_sms``
-        SMs run tiles.  Per step of k the SM is bound by its MMA rate (slowed by clock
-        droop as more SMs are busy) or by its share of L2 bandwidth, whichever is slower."""
+        SMs run tiles: a fixed prologue/epilogue plus, per step of k, a smooth max of the
+        SM's MMA time (slowed by clock droop as more SMs are busy) and the time to pull
+        its A/B slices through its 1/busy share of L2 bandwidth."""
         _positive(bm=bm, bn=bn, k=k, busy_sms=busy_sms)
         flop_per_ps = self.peak_tflops / self.sms * self.mma_efficiency  # 1e12 flop/s == 1 flop/ps
         mma = 2 * bm * bn / flop_per_ps * (1 + self.droop * busy_sms / self.sms)

@@ -1,0 +1,65 @@
+"""The `cais` command: JSON contract, one-line errors with exit code 2, presets."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from cais.cli import main
+from cais.hw.config import ConfigError, list_systems, load_system
+
+
+def _cais(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cais.cli", *args], capture_output=True, text=True)
+
+
+def test_collective_json_has_the_contract_keys(capsys) -> None:
+    assert main(["collective", "--op", "allreduce", "--algo", "nvls", "--bytes", "1M", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {"time_us", "algbw_GBps", "busbw_GBps"} <= out.keys()
+    assert out["busbw_GBps"] == pytest.approx(out["algbw_GBps"] * 2 * 7 / 8)
+
+
+def test_gemm_json_has_the_contract_keys(capsys) -> None:
+    assert main(["gemm", "--m", "4096", "--n", "4096", "--k", "4096", "--sms", "66", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["time_us"] > 0 and 50 < out["tflops"] < 989
+
+
+@pytest.mark.parametrize("args,names", [
+    (["collective", "--op", "alltoall", "--algo", "nvls", "--bytes", "1M"], "--op"),
+    (["collective", "--op", "allreduce", "--algo", "tree", "--bytes", "1M"], "--algo"),
+    (["collective", "--op", "allreduce", "--algo", "ring", "--bytes", "lots"], "--bytes"),
+    (["collective", "--op", "allreduce", "--algo", "ring", "--bytes", "3"], "--bytes"),
+    (["collective", "--op", "allreduce", "--algo", "ring", "--bytes", "1M", "--system", "dgx-a100"], "--system"),
+    (["gemm", "--m", "0", "--n", "1", "--k", "1"], "--m"),
+    (["gemm", "--m", "8", "--n", "8", "--k", "8", "--sms", "1000"], "--sms"),
+])
+def test_bad_arguments_give_one_line_and_exit_2(args, names) -> None:
+    proc = _cais(*args)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and names in lines[0] and "Traceback" not in proc.stderr
+
+
+def test_presets_load_and_nvl72_is_expressible() -> None:
+    assert {"dgx-h100", "dgx-h200", "dgx-h100-paper", "nvl72"} <= list_systems().keys()
+    nvl = load_system("nvl72")
+    assert nvl.gpus == 72 and nvl.switch.chips == 18 and nvl.links_per_gpu == 18
+    assert load_system("dgx-h100").links_per_gpu == 18
+
+
+def test_a_bad_system_file_names_the_field(tmp_path) -> None:
+    bad = tmp_path / "mine.json"
+    bad.write_text(json.dumps({"name": "mine", "switch": {"chips": 4, "links_per_gpu": [5, 4, 4]}}))
+    with pytest.raises(ConfigError, match="switch"):
+        load_system(str(bad))
+
+
+def test_nvl72_collective_runs_functionally() -> None:
+    from cais.experiments.collective import run_collective
+
+    cfg = load_system("nvl72")
+    r = run_collective(cfg, "allreduce", "nvls", 72 * 130 * 2, functional=True)
+    assert r.correct and r.conservation.ok
