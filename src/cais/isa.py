@@ -73,8 +73,12 @@ class Isa:
 
     # ---- helpers -----------------------------------------------------------------
     def pieces(self, region: Region, unit: int | None = None) -> list[Region]:
-        """Cut a region at transfer-unit boundaries of its byte address."""
+        """Cut a region at transfer-unit boundaries of its byte address (a 2-D block:
+        into groups of whole rows of at most one unit, at least one row)."""
         eb = region.elem_bytes
+        if region.rows > 1:
+            per_rows = max(1, (unit or self.granule) // (region.count * eb))
+            return [region.row_block(r, min(per_rows, region.rows - r)) for r in range(0, region.rows, per_rows)]
         per = max(1, (unit or self.granule) // eb)
         start, end = region.start, region.start + region.count
         out = []
@@ -87,6 +91,9 @@ class Isa:
     def _slice(self, data: np.ndarray | None, region: Region, piece: Region) -> np.ndarray | None:
         if data is None:
             return None
+        if region.rows > 1:
+            off = (piece.start - region.start) // region.stride
+            return data[off:off + piece.rows]
         off = piece.start - region.start
         return data[off:off + piece.count]
 
@@ -122,7 +129,7 @@ class Isa:
                 if any(p is None for p in parts.values()):
                     done(None)
                 else:
-                    done(np.concatenate([parts[p.start] for p in pieces]))
+                    done(np.concatenate([parts[p.start] for p in pieces]))  # rows or runs, in order
         return arrived
 
     def _local(self, fn: Callable[[], object], done: Callable[..., None] | None, *args: object) -> None:

@@ -63,13 +63,7 @@ def _fill(m: Machine, spec: CollectiveSpec, rng: np.random.Generator) -> list[np
             gpu.memory.alloc("send", count, fill=full[g])
             gpu.memory.alloc("recv", count)
             expected.append(total)
-        gpu.memory.alloc("ring", _ring_staging(m, spec))
     return expected
-
-
-def _ring_staging(m: Machine, spec: CollectiveSpec) -> int:
-    cfg = m.cfg.collective
-    return cfg.ring_channels * cfg.ring_slots * max(1, cfg.ring_step_bytes // spec.elem_bytes)
 
 
 def run_collective(cfg: SystemConfig, op: str, algo: str, nbytes: int, functional: bool = False,

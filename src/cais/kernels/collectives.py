@@ -16,7 +16,7 @@ store of up to ``ring_step_bytes`` into one of ``ring_slots`` staging slots of t
 GPU; the sender waits for a free slot (the receiver frees it once it has forwarded
 the data, and the credit takes a GPU->switch->GPU trip to come back).
 
-Buffers: ``send`` (input) and ``recv`` (output) on every GPU, elements of
+Buffers: ``spec.send`` (input) and ``spec.recv`` (output) on every GPU, elements of
 ``elem_bytes`` bytes. AllGather: send holds the GPU's shard, recv the whole buffer.
 ReduceScatter: send holds the whole buffer, recv the GPU's shard. AllReduce: both
 hold the whole buffer.
@@ -51,6 +51,11 @@ class CollectiveSpec:
     algo: str
     count: int
     elem_bytes: int = 2
+    send: str = "send"
+    recv: str = "recv"
+    staging: str = "ring"
+    channels: int | None = None  # TBs per GPU (default: the system's ring/nvls channels)
+    sms: frozenset[int] | None = None  # SMs the kernel may use (None: any free SM)
 
     @property
     def nbytes(self) -> int:
@@ -63,11 +68,12 @@ def shard_bounds(count: int, n: int) -> list[tuple[int, int]]:
 
 
 # ---- NVLS -------------------------------------------------------------------------
-def _nvls_tb(m: Machine, gpu: int, op: str, region: Region, out_base: int, unit: int) -> TbProgram:
+def _nvls_tb(m: Machine, gpu: int, spec: CollectiveSpec, region: Region, out_base: int, unit: int) -> TbProgram:
     """One NVLS TB over ``region`` (in ``send``, or for AllGather the GPU's shard)."""
     isa, sim = m.isa, m.sim
     mem = m.gpus[gpu].memory
     limit = m.cfg.collective.outstanding_bytes_per_sm
+    op, recv = spec.op, spec.recv
 
     def program(sm: int, busy: int) -> ProgramGen:
         port = isa.sm_port()
@@ -82,7 +88,7 @@ def _nvls_tb(m: Machine, gpu: int, op: str, region: Region, out_base: int, unit:
             return done
 
         def reduced(piece: Region) -> Callable[[np.ndarray | None], None]:
-            out = Region("recv", piece.start - out_base, piece.count, piece.elem_bytes)
+            out = Region(recv, piece.start - out_base, piece.count, piece.elem_bytes)
 
             def got(data: np.ndarray | None) -> None:
                 if op == "allreduce":
@@ -97,7 +103,7 @@ def _nvls_tb(m: Machine, gpu: int, op: str, region: Region, out_base: int, unit:
                 yield win.wait()
             win.take(piece.nbytes)
             if op == "allgather":
-                out = Region("recv", out_base + piece.start, piece.count, piece.elem_bytes)
+                out = Region(recv, out_base + piece.start, piece.count, piece.elem_bytes)
                 isa.multimem_st(gpu, out, mem.read(piece), landed(piece), port, unit=unit)
             else:
                 isa.multimem_ld_reduce(gpu, piece, reduced(piece), unit=unit)
@@ -108,7 +114,7 @@ def _nvls_tb(m: Machine, gpu: int, op: str, region: Region, out_base: int, unit:
 
 def nvls_kernels(m: Machine, spec: CollectiveSpec) -> list[Kernel]:
     n, eb = m.n, spec.elem_bytes
-    channels = m.cfg.collective.nvls_channels
+    channels = spec.channels or m.cfg.collective.nvls_channels
     bounds = shard_bounds(spec.count, n)
     unit = m.cfg.unit_for(-(-bounds[0][1] // channels) * eb)
     kernels = []
@@ -120,9 +126,9 @@ def nvls_kernels(m: Machine, spec: CollectiveSpec) -> list[Kernel]:
             src_start, out_base = start, start
         else:
             src_start, out_base = start, 0
-        tbs = [_nvls_tb(m, g, spec.op, Region("send", src_start + s, c, eb), out_base, unit)
+        tbs = [_nvls_tb(m, g, spec, Region(spec.send, src_start + s, c, eb), out_base, unit)
                for s, c in split(0, cnt, channels) if c > 0]
-        kernels.append(Kernel(f"nvls-{spec.op}", tbs))
+        kernels.append(Kernel(f"nvls-{spec.op}", tbs, spec.sms))
     return kernels
 
 
@@ -180,13 +186,13 @@ def _ring_tb(m: Machine, spec: CollectiveSpec, gpu: int, ch: int, plan: list[lis
         return (gpu - j - 1) % n if op == "reducescatter" else (gpu - j) % n
 
     def slot(s: int, cnt: int) -> Region:
-        return Region("ring", staging_base + (s % slots) * slot_elems, cnt, eb)
+        return Region(spec.staging, staging_base + (s % slots) * slot_elems, cnt, eb)
 
     def local_in(start: int, cnt: int) -> Region:  # this GPU's input for full-buffer elements
-        return Region("send", start - own if op == "allgather" else start, cnt, eb)
+        return Region(spec.send, start - own if op == "allgather" else start, cnt, eb)
 
     def out(start: int, cnt: int) -> Region:
-        return Region("recv", start - own if op == "reducescatter" else start, cnt, eb)
+        return Region(spec.recv, start - own if op == "reducescatter" else start, cnt, eb)
 
     def program(sm: int, busy: int) -> ProgramGen:
         port = isa.sm_port()
@@ -234,16 +240,19 @@ def _ring_tb(m: Machine, spec: CollectiveSpec, gpu: int, ch: int, plan: list[lis
 def ring_kernels(m: Machine, spec: CollectiveSpec) -> list[Kernel]:
     n, cfg = m.n, m.cfg.collective
     step = max(1, cfg.ring_step_bytes // spec.elem_bytes)
-    plans = _ring_plan(spec, n, cfg.ring_channels, step)
+    plans = _ring_plan(spec, n, spec.channels or cfg.ring_channels, step)
     slot_elems = max((c for plan in plans for it in plan for _, c in it), default=1)
     credit_ps = 2 * m.cfg.link_latency_ps + 2 * round(m.cfg.switch.pipeline_latency_ns * PS_PER_NS)
     unit = m.cfg.unit_for(slot_elems * spec.elem_bytes)
     state = _RingState()
     kernels = []
+    for gpu in m.gpus:  # the staging slots every channel writes into on its next GPU
+        if gpu.memory.functional and spec.staging not in gpu.memory.buffers:
+            gpu.memory.alloc(spec.staging, len(plans) * cfg.ring_slots * slot_elems)
     for g in range(n):
         tbs = [_ring_tb(m, spec, g, ch, plan, state, slot_elems, credit_ps, unit)
                for ch, plan in enumerate(plans) if plan]
-        kernels.append(Kernel(f"ring-{spec.op}", tbs))
+        kernels.append(Kernel(f"ring-{spec.op}", tbs, spec.sms))
     return kernels
 
 

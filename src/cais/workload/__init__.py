@@ -1,0 +1,1 @@
+"""Workloads: model specs and transformer layer graphs."""
