@@ -91,10 +91,14 @@ class Gpu:
     def launch(self, kernel: Kernel, delay_ps: int = 0) -> Signal:
         """Make ``kernel`` dispatchable after ``delay_ps`` (its launch overhead)."""
         if not kernel.tbs:
-            self.sim.after(delay_ps, kernel.done.fire, self.sim)
+            self.sim.after(delay_ps, self._finish_empty, kernel)
             return kernel.done
         self.sim.after(delay_ps, self._enqueue, kernel)
         return kernel.done
+
+    def _finish_empty(self, kernel: Kernel) -> None:
+        kernel.started_at = kernel.finished_at = self.sim.now
+        kernel.done.fire(self.sim)
 
     def _enqueue(self, kernel: Kernel) -> None:
         self._kernels.append(kernel)

@@ -1,14 +1,27 @@
 """A tiled GEMM as a grid of thread blocks: one TB per output tile, as CUTLASS and
 cuBLAS kernels on Hopper do. A TB's duration comes from the calibrated compute model
-and depends on how many SMs are busy when it starts."""
+and depends on how many SMs are busy when it starts; a memory floor keeps skinny
+GEMMs (decode) from running faster than HBM can stream their operands.
+
+In functional mode a TB reads its A rows and B columns from local memory when it
+finishes its mainloop and hands the tile to an *epilogue*: by default a local store
+(or add) into C; overlap schemes replace it (push the tile to its owner, reduce it
+in the switch, ...). A TB may also wait for signals before it starts (TB-level
+dependencies) and fire a signal when its epilogue has issued.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
+from cais.engine import Signal
 from cais.engine.sim import ProgramGen
 from cais.hw.compute import ComputeModel
 from cais.hw.gpu import Kernel, TbProgram
+from cais.hw.memory import Memory
 
 
 @dataclass(frozen=True)
@@ -37,18 +50,95 @@ class GemmShape:
     def flops(self) -> int:
         return 2 * self.m * self.n * self.k
 
+    def rows(self, i: int) -> tuple[int, int]:
+        r0 = i * self.bm
+        return r0, min(self.bm, self.m - r0)
+
+    def cols(self, j: int) -> tuple[int, int]:
+        c0 = j * self.bn
+        return c0, min(self.bn, self.n - c0)
+
 
 def gemm_shape(model: ComputeModel, m: int, n: int, k: int, sms: int) -> GemmShape:
     bm, bn = model.tile_shape(m, n, k, sms)
     return GemmShape(m, n, k, bm, bn)
 
 
-def gemm_kernel(model: ComputeModel, shape: GemmShape, name: str = "gemm",
-                sms: frozenset[int] | None = None) -> Kernel:
-    """A kernel with one TB per output tile, in row-major raster order."""
+@dataclass(frozen=True)
+class GemmOperands:
+    """Where a GEMM's operands live in one GPU's memory: A is ``a`` ([M,K], or [K,M]
+    if ``ta``), B is ``b`` ([K,N], or [N,K] if ``tb``), C is ``c`` ([M,N])."""
 
-    def tile(sm: int, busy: int) -> ProgramGen:
-        yield model.tile_time_ps(shape.bm, shape.bn, shape.k, busy)
+    a: str
+    b: str
+    c: str
+    ta: bool = False
+    tb: bool = False
 
-    tbs: list[TbProgram] = [tile] * shape.tiles
-    return Kernel(name, tbs, sms)
+
+Epilogue = Callable[[int, int, "np.ndarray | None"], None]
+
+
+def tile_product(mem: Memory, ops: GemmOperands, shape: GemmShape, i: int, j: int) -> np.ndarray | None:
+    """The value of output tile (i, j), computed from the operands now in ``mem``."""
+    if not mem.functional:
+        return None
+    r0, nr = shape.rows(i)
+    c0, nc = shape.cols(j)
+    a = mem.matrix(ops.a, shape.m if ops.ta else shape.k)
+    b = mem.matrix(ops.b, shape.k if ops.tb else shape.n)
+    a_blk = a[:, r0:r0 + nr].T if ops.ta else a[r0:r0 + nr, :]
+    b_blk = b[c0:c0 + nc, :].T if ops.tb else b[:, c0:c0 + nc]
+    return a_blk @ b_blk
+
+
+def store_epilogue(mem: Memory, ops: GemmOperands, shape: GemmShape, accumulate: bool = False) -> Epilogue:
+    """Write (or add) the tile into C in local memory."""
+
+    def epilogue(i: int, j: int, tile: np.ndarray | None) -> None:
+        if tile is None:
+            return
+        r0, nr = shape.rows(i)
+        c0, nc = shape.cols(j)
+        c = mem.matrix(ops.c, shape.n)
+        if accumulate:
+            c[r0:r0 + nr, c0:c0 + nc] += tile
+        else:
+            c[r0:r0 + nr, c0:c0 + nc] = tile
+    return epilogue
+
+
+def raster(shape: GemmShape, order: str = "row") -> list[tuple[int, int]]:
+    """Tile launch order: ``row`` (all N tiles of a row block, then the next) or
+    ``col``."""
+    if order == "row":
+        return [(i, j) for i in range(shape.tiles_m) for j in range(shape.tiles_n)]
+    if order == "col":
+        return [(i, j) for j in range(shape.tiles_n) for i in range(shape.tiles_m)]
+    raise ValueError(f"tile order: unknown '{order}'; valid: row, col")
+
+
+def gemm_kernel(model: ComputeModel, shape: GemmShape, name: str = "gemm", sms: frozenset[int] | None = None,
+                mem: Memory | None = None, ops: GemmOperands | None = None, epilogue: Epilogue | None = None,
+                order: Sequence[tuple[int, int]] | None = None,
+                waits: Callable[[int, int], Sequence[Signal]] | None = None,
+                floor_ps: int = 0) -> Kernel:
+    """A kernel with one TB per output tile, launched in ``order`` (default row
+    raster). ``waits(i, j)`` lists signals tile (i, j) waits for before its mainloop;
+    ``floor_ps`` is the least time one tile may take (memory bound)."""
+    tiles = list(order) if order is not None else raster(shape)
+    if mem is not None and ops is not None and epilogue is None:
+        epilogue = store_epilogue(mem, ops, shape)
+
+    def tile_tb(i: int, j: int) -> TbProgram:
+        def program(sm: int, busy: int) -> ProgramGen:
+            if waits is not None:
+                for sig in waits(i, j):
+                    yield sig
+            yield max(floor_ps, model.tile_time_ps(shape.bm, shape.bn, shape.k, busy))
+            if epilogue is not None:
+                tile = tile_product(mem, ops, shape, i, j) if (mem is not None and ops is not None) else None
+                epilogue(i, j, tile)
+        return program
+
+    return Kernel(name, [tile_tb(i, j) for i, j in tiles], sms)

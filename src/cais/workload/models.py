@@ -140,9 +140,9 @@ def list_models() -> dict[str, str]:
 
 def _one_line(exc: ValidationError, where: str) -> ModelError:
     err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"]) or "model"
-    msg = err["msg"].removeprefix("Value error, ")
-    return ModelError(f"{where}: field '{loc}': {msg}")
+    loc = ".".join(str(p) for p in err["loc"])
+    msg = err["msg"].removeprefix("Value error, ")  # cross-field checks name their fields
+    return ModelError(f"{where}: field '{loc}': {msg}" if loc else f"{where}: {msg}")
 
 
 def _is_hf(data: dict) -> bool:
@@ -155,7 +155,7 @@ def load_model(name_or_path: str, **overrides: Any) -> ModelSpec:
     ``config.json`` (file or the folder holding it). ``overrides`` replace fields (None
     values are ignored). Raises ModelError with a one-line message."""
     path = Path(name_or_path)
-    if not path.suffix and not path.exists():
+    if not path.exists():
         path = _presets_dir() / f"{name_or_path}.json"
     if path.is_dir():
         path = path / "config.json"

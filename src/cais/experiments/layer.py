@@ -1,0 +1,202 @@
+"""Run one period of a transformer layer under one scheme, and (in functional mode)
+check every GPU's tensors against the unsharded numpy layer."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from cais.hw.compute import ComputeModel
+from cais.hw.config import PS_PER_US, SystemConfig
+from cais.hw.machine import Machine
+from cais.schemes import get_scheme
+from cais.schemes.base import LayerRun
+from cais.workload import reference as ref
+from cais.workload.graph import Chain, Period, build_period
+from cais.workload.models import ModelSpec
+
+
+@dataclass
+class LayerResult:
+    """Times of one period: total, per paper sub-layer (with its lower bound), and
+    link utilisation; in functional mode, which tensors matched the reference."""
+
+    model: str
+    scheme: str
+    mode: str
+    gpus: int
+    sms: int
+    total_us: float
+    sublayers: dict[str, dict[str, float]]
+    segments: dict[str, float]
+    link_util: float
+    link_util_max: float
+    events: int
+    wall_s: float
+    mismatches: list[str] = field(default_factory=list)
+    checked: int = 0
+
+    def as_json(self) -> dict[str, object]:
+        return {"model": self.model, "scheme": self.scheme, "mode": self.mode, "gpus": self.gpus, "sms": self.sms,
+                "total_us": self.total_us, "sublayers": self.sublayers, "link_util": self.link_util,
+                "link_util_max": self.link_util_max, "segments_us": self.segments}
+
+
+def chain_bound_ps(r: LayerRun, c: Chain) -> tuple[int, int]:
+    """(compute, communication) lower bounds of a sub-layer: its kernels' calibrated
+    times on all SMs, and the least bytes a GPU must move per link direction, S = one
+    [T, h] activation (ReduceScatter with in-switch reduction: S up, S/n down;
+    AllGather with multicast: S/n up, S(n-1)/n down), over the GPU's NVLink bandwidth."""
+    cm, sms = r.cm, r.sms
+    compute = sum(cm.gemm_time_ps(g.m, g.n, g.k, sms) for g in (c.gemm1, c.gemm2))
+    compute += r.rowop_work_ps(c.rowop, c.rowop.rows, sms) + r.cm_mem_overhead_ps
+    s_bytes = r.d.tokens * r.d.hidden * r.model.dtype_bytes
+    gbps = r.m.cfg.link.bandwidth_GBps * r.m.cfg.links_per_gpu
+    return compute, round(s_bytes / gbps * 1000)
+
+
+def _shard_cols(d, g: int) -> tuple[slice, slice, slice]:
+    hd = d.head_dim
+    return (slice(g * d.q_l, (g + 1) * d.q_l), slice(g * d.kv_l * hd, (g + 1) * d.kv_l * hd),
+            slice(g * d.ffn_l, (g + 1) * d.ffn_l))
+
+
+class FunctionalCase:
+    """Inputs, weights and expected tensors of one period, sharded per GPU."""
+
+    def __init__(self, model: ModelSpec, period: Period, p_drop: float, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        d = period.dims
+        if model.kv < d.n:
+            raise ValueError("functional mode needs kv_heads >= GPUs (no replicated KV heads)")
+        self.d, self.period, self.model = d, period, model
+        self.this, self.nxt = ref.make_params(model, rng), ref.make_params(model, rng)
+        x1, q, k, v = ref.make_inputs(model, model.batch, model.seq, rng)
+        self.x1, self.q, self.k, self.v = x1, q, k, v
+        self.fwd = ref.forward_period(x1, q, k, v, self.this, self.nxt, model, p_drop, seed)
+        self.bwd = None
+        if period.mode == "train":
+            self.dqn = ref._grid(rng, self.fwd["q_next"].shape, 256)
+            self.dkn = ref._grid(rng, self.fwd["k_next"].shape, 256)
+            self.dvn = ref._grid(rng, self.fwd["v_next"].shape, 256)
+            self.dx3_res = ref._grid(rng, x1.shape, 1024)
+            self.bwd = ref.backward_period(self.fwd, x1, q, k, v, self.this, self.nxt, self.dqn, self.dkn,
+                                           self.dvn, self.dx3_res, p_drop, seed, model)
+
+    def _qkv(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, g: int) -> np.ndarray:
+        d = self.d
+        qh, kh = slice(g * d.heads_l, (g + 1) * d.heads_l), slice(g * d.kv_l, (g + 1) * d.kv_l)
+        return np.hstack([ref.to_rows(q[:, qh]), ref.to_rows(k[:, kh]), ref.to_rows(v[:, kh])])
+
+    def _wqkv(self, p: ref.LayerParams, g: int) -> np.ndarray:
+        qc, kc, _ = _shard_cols(self.d, g)
+        return np.hstack([p.wq[:, qc], p.wk[:, kc], p.wv[:, kc]])
+
+    def _fc1(self, a: np.ndarray, b: np.ndarray | None, g: int) -> np.ndarray:
+        fc = _shard_cols(self.d, g)[2]
+        return np.hstack([a[:, fc], b[:, fc]]) if b is not None else a[:, fc]
+
+    def _rows(self, x: np.ndarray, g: int) -> np.ndarray:
+        rl = self.d.rows_l
+        return x[g * rl:(g + 1) * rl] if self.d.sp else x
+
+    def inputs(self, g: int) -> dict[str, np.ndarray]:
+        t, nx_, qc = self.this, self.nxt, _shard_cols(self.d, g)[0]
+        fc = _shard_cols(self.d, g)[2]
+        buf = {"qkv": self._qkv(self.q, self.k, self.v, g), "x1": self._rows(self.x1, g), "wo": t.wo[qc],
+               "w1": self._fc1(t.w1, t.w3, g), "w2": t.w2[fc], "wqkv_next": self._wqkv(nx_, g),
+               "ln2_g": t.ln2_g, "ln1n_g": nx_.ln1_g}
+        if t.ln2_b is not None:
+            buf.update({"ln2_b": t.ln2_b, "ln1n_b": nx_.ln1_b})
+        if self.bwd is not None:
+            buf["dqkv_next"] = self._qkv(self.dqn, self.dkn, self.dvn, g)
+            buf["dx3_res"] = self._rows(self.dx3_res, g)
+        return buf
+
+    def expected(self, g: int) -> dict[str, np.ndarray]:
+        f, qc, fc = self.fwd, _shard_cols(self.d, g)[0], _shard_cols(self.d, g)[2]
+        exp = {"a": f["a"][:, qc], "x2": self._rows(f["x2"], g), "n2": self._rows(f["n2"], g),
+               "g": f["g"][:, fc], "x3": self._rows(f["x3"], g), "n1": self._rows(f["n1"], g),
+               "qkv_next": self._qkv(f["q_next"], f["k_next"], f["v_next"], g)}
+        b = self.bwd
+        if b is not None:
+            kc = _shard_cols(self.d, g)[1]
+            exp.update({"dx3": self._rows(b["dx3"], g), "dg": b["dg"][:, fc], "dx2": self._rows(b["dx2"], g),
+                        "da": b["da"][:, qc], "dqkv": self._qkv(b["dq"], b["dk"], b["dv"], g),
+                        "dwo": b["dWo"][qc], "dw2": b["dW2"][fc], "dw1": self._fc1(b["dW1"], b["dW3"], g),
+                        "dwqkv_next": np.hstack([b["dWq_next"][:, qc], b["dWk_next"][:, kc], b["dWv_next"][:, kc]])})
+        return exp
+
+    def expected_norm_grads(self) -> dict[str, np.ndarray]:
+        if self.bwd is None:
+            return {}
+        out = {"dln2_g": self.bwd["dln2_g"], "dln1n_g": self.bwd["dln1_g"]}
+        if self.bwd["dln2_b"] is not None:
+            out.update({"dln2_b": self.bwd["dln2_b"], "dln1n_b": self.bwd["dln1_b"]})
+        return out
+
+
+def _alloc(m: Machine, period: Period, case: FunctionalCase) -> None:
+    for g, gpu in enumerate(m.gpus):
+        given = case.inputs(g)
+        for name, (rows, cols) in period.buffers.items():
+            gpu.memory.alloc(name, rows * cols, fill=given[name].reshape(-1) if name in given else None)
+        for name in ("ln2_g", "ln2_b", "ln1n_g", "ln1n_b"):
+            if name in given:
+                gpu.memory.alloc(name, len(given[name]), fill=given[name])
+                gpu.memory.alloc("d" + name, len(given[name]))
+
+
+def _check(m: Machine, case: FunctionalCase) -> tuple[list[str], int]:
+    bad, checked = [], 0
+    for g, gpu in enumerate(m.gpus):
+        for name, want in case.expected(g).items():
+            checked += 1
+            got = gpu.memory.matrix(name, want.shape[1])
+            if got.shape != want.shape or not np.array_equal(got, want):
+                bad.append(f"gpu{g}:{name}")
+    for name, want in case.expected_norm_grads().items():
+        checked += 1
+        parts = [gpu.memory.buffers[name] for gpu in m.gpus]
+        got = np.sum(parts, axis=0) if case.d.sp else parts[0]
+        if not np.array_equal(got, want):
+            bad.append(f"sum:{name}")
+    return bad, checked
+
+
+def run_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: int | None = None,
+              functional: bool = False, seed: int = 0, p_drop: float = 0.1, regather: bool = True) -> LayerResult:
+    """Simulate one period of ``model`` under ``scheme`` on ``cfg`` (``sms`` per GPU)."""
+    sch = get_scheme(scheme)
+    if sms is not None:
+        if not 1 <= sms <= cfg.gpu.sms:
+            raise ValueError(f"--sms: must be between 1 and {cfg.gpu.sms} on {cfg.name}, got {sms}")
+        cfg = cfg.with_overrides(gpu={**cfg.gpu.model_dump(), "sms": sms})
+    period = build_period(model, cfg.gpus, mode, sch.sp, seed, regather)
+    t0 = time.perf_counter()
+    m = Machine(cfg, functional=functional)
+    case = FunctionalCase(model, period, p_drop, seed) if functional else None
+    if case is not None:
+        _alloc(m, period, case)
+    cm = ComputeModel.load(cfg.gpu.compute_model, cfg.gpu.hbm_bandwidth_GBps)
+    run = LayerRun(m, model, period, cm, p_drop)
+    sch.run(run)
+    m.run()
+    end = max((k.finished_at or 0) for _, _, k in run.kernels)
+    unfinished = [name for name, _, k in run.kernels if k.finished_at is None]
+    if unfinished:
+        raise RuntimeError(f"scheme {scheme}: kernels never finished (deadlock): {sorted(set(unfinished))[:5]}")
+    subs = {}
+    for c in period.chains:
+        span = run.spans[c.name]
+        comp, comm = chain_bound_ps(run, c)
+        subs[c.name] = {"time_us": (span.end - (span.start or 0)) / PS_PER_US, "bound_us": max(comp, comm) / PS_PER_US,
+                        "compute_us": comp / PS_PER_US, "comm_us": comm / PS_PER_US}
+    segs = {name: (sp.end - (sp.start or 0)) / PS_PER_US for name, sp in run.spans.items()}
+    chans = m.fabric.channels()
+    utils = [ch.busy_ps / end for ch in chans] if end else [0.0]
+    bad, checked = _check(m, case) if case is not None else ([], 0)
+    return LayerResult(model.name, scheme, mode, cfg.gpus, cfg.gpu.sms, end / PS_PER_US, subs, segs,
+                       sum(utils) / len(utils), max(utils), m.sim.events, time.perf_counter() - t0, bad, checked)

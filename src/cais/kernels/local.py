@@ -1,0 +1,41 @@
+"""GPU-local kernels of a transformer layer as TB grids: row-wise kernels (fused
+dropout + residual + norm, and its backward), activations, and attention.
+
+Their time comes from the calibrated compute model for the whole kernel; the kernel
+is cut into TBs (row blocks, or (batch, head) blocks with query blocks), and the
+kernel time minus its fixed overhead is spread evenly over its waves, so the TB grid
+on all SMs reproduces the calibrated kernel time and a TB-level schedule sees the
+same per-TB cost. In functional mode each TB computes its rows (or heads) with the
+shared numerics, so any subset of TBs gives the bits the whole kernel would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from cais.engine.sim import ProgramGen
+from cais.hw.gpu import Kernel, TbProgram
+
+ROWS_PER_TB = 64
+
+
+def even_kernel(name: str, work_ps: int, n_tbs: int, sms: int, body: Callable[[int], None] | None,
+                sm_set: frozenset[int] | None = None) -> Kernel:
+    """``n_tbs`` TBs sharing ``work_ps`` of kernel time (overhead excluded) evenly
+    per wave on ``sms`` SMs; TB ``i`` runs ``body(i)`` when it finishes."""
+    waves = -(-n_tbs // sms)
+    tb_ps = work_ps // max(1, waves)
+
+    def tb(i: int) -> TbProgram:
+        def program(sm: int, busy: int) -> ProgramGen:
+            yield tb_ps
+            if body is not None:
+                body(i)
+        return program
+
+    return Kernel(name, [tb(i) for i in range(n_tbs)], sm_set)
+
+
+def row_blocks(rows: int, per_tb: int = ROWS_PER_TB) -> list[tuple[int, int]]:
+    """(first row, row count) of each row-block TB."""
+    return [(r, min(per_tb, rows - r)) for r in range(0, rows, per_tb)]

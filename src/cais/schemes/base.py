@@ -1,0 +1,302 @@
+"""What every scheme shares: running one period of the layer graph on a machine.
+
+A :class:`LayerRun` owns the machine, the period and the compute model, and builds
+kernels for one GPU (GEMMs, row-wise ops, attention, activations, collectives) with
+their functional bodies. A :class:`Scheme` walks the period's segments and decides
+how each one runs: which kernels, on which SMs, waiting for what. The base class runs
+everything bulk-synchronously, kernel after kernel on each GPU, with NCCL-like
+collectives between the GEMMs; an overlap scheme overrides :meth:`Scheme.chain`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from cais.engine import Countdown, Signal, Simulator
+from cais.hw.compute import ComputeModel
+from cais.hw.gpu import Kernel
+from cais.hw.machine import Machine
+from cais.kernels.collectives import CollectiveSpec, build
+from cais.kernels.gemm import Epilogue, GemmShape, gemm_kernel, gemm_shape
+from cais.kernels.local import even_kernel, row_blocks
+from cais.workload import numerics as nx
+from cais.workload.graph import Chain, Gather, Gemm, Local, Period, RowOp
+from cais.workload.models import ModelSpec
+
+Deps = list[Signal]
+
+
+def all_of(sim: Simulator, sigs: Sequence[Signal]) -> Signal:
+    """A signal that fires when every one of ``sigs`` has fired."""
+    if len(sigs) == 1:
+        return sigs[0]
+    done = Countdown(len(sigs))
+    if not sigs:
+        done.fire(sim)
+    for s in sigs:
+        s.on_fire(lambda _v: done.arrive(sim))
+    return done
+
+
+@dataclass
+class Span:
+    """When a segment ran: first kernel start to last kernel end, over all GPUs."""
+
+    start: int | None = None
+    end: int = 0
+
+    def add(self, kernel: Kernel) -> None:
+        if kernel.started_at is not None:
+            self.start = kernel.started_at if self.start is None else min(self.start, kernel.started_at)
+        self.end = max(self.end, kernel.finished_at or 0)
+
+
+@dataclass
+class LayerRun:
+    """One period of a layer stack on one machine, being scheduled by a scheme."""
+
+    m: Machine
+    model: ModelSpec
+    period: Period
+    cm: ComputeModel
+    p_drop: float = 0.1
+    spans: dict[str, Span] = field(default_factory=dict)
+    kernels: list[tuple[str, int, Kernel]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.d = self.period.dims
+        self.sms = self.m.cfg.gpu.sms
+        self.barrier_ps = 2 * self.m.cfg.link_latency_ps
+
+    # ---- scheduling --------------------------------------------------------------
+    def when(self, deps: Sequence[Signal], fn: Callable[[], None]) -> None:
+        all_of(self.m.sim, list(deps)).on_fire(lambda _v: fn())
+
+    def submit(self, g: int, kernel: Kernel, deps: Sequence[Signal], delay_ps: int = 0,
+               segment: str | None = None) -> Signal:
+        """Launch ``kernel`` on GPU ``g`` once ``deps`` have fired (plus ``delay_ps``:
+        its launch overhead)."""
+        self.kernels.append((segment or kernel.name, g, kernel))
+        if segment is not None:
+            span = self.spans.setdefault(segment, Span())
+            kernel.done.on_fire(lambda _v: span.add(kernel))
+        self.when(deps, lambda: self.m.gpus[g].launch(kernel, delay_ps))
+        return kernel.done
+
+    def delayed(self, sig: Signal, delay_ps: int) -> Signal:
+        out = Signal()
+        sig.on_fire(lambda _v: self.m.sim.after(delay_ps, out.fire, self.m.sim))
+        return out
+
+    # ---- kernels -----------------------------------------------------------------
+    def shape(self, gemm: Gemm, sms: int | None = None) -> GemmShape:
+        return gemm_shape(self.cm, gemm.m, gemm.n, gemm.k, sms or self.sms)
+
+    def gemm_floor_ps(self, gemm: Gemm, shape: GemmShape, sms: int) -> int:
+        """Least time of one tile: the GEMM's operand bytes over HBM, per wave."""
+        eb = self.model.dtype_bytes
+        nbytes = eb * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n)
+        waves = -(-shape.tiles // sms)
+        return max(0, self.cm.memory_time_ps(nbytes, sms, self.sms) - self.cm_mem_overhead_ps) // waves
+
+    @property
+    def cm_mem_overhead_ps(self) -> int:
+        return self.cm.memory_time_ps(0, self.sms, self.sms)
+
+    def gemm_kernel(self, g: int, gemm: Gemm, sm_set: frozenset[int] | None = None, epilogue: Epilogue | None = None,
+                    order: Sequence[tuple[int, int]] | None = None,
+                    waits: Callable[[int, int], Sequence[Signal]] | None = None,
+                    shape: GemmShape | None = None) -> Kernel:
+        sms = len(sm_set) if sm_set else self.sms
+        shape = shape or self.shape(gemm, sms)
+        mem = self.m.gpus[g].memory
+        return gemm_kernel(self.cm, shape, gemm.name, sm_set, mem if mem.functional else None, gemm.ops,
+                           epilogue, order, waits, self.gemm_floor_ps(gemm, shape, sms))
+
+    def rowop_kernel(self, g: int, op: RowOp, sm_set: frozenset[int] | None = None,
+                     rows: Sequence[tuple[int, int]] | None = None) -> Kernel:
+        """The fused dropout + residual + norm kernel (or its backward) over this GPU's
+        rows (or the given row blocks)."""
+        blocks = list(rows) if rows is not None else row_blocks(op.rows)
+        sms = len(sm_set) if sm_set else self.sms
+        work = self.rowop_work_ps(op, sum(c for _, c in blocks), sms)
+        mem = self.m.gpus[g].memory
+        body = (lambda i: self.rowop_apply(g, op, *blocks[i])) if mem.functional else None
+        return even_kernel(op.name, work, len(blocks), sms, body, sm_set)
+
+    def rowop_work_ps(self, op: RowOp, rows: int, sms: int) -> int:
+        """Kernel time without its fixed overhead: norm + dropout + residual add."""
+        over = self.cm.memory_time_ps(0, sms, self.sms)
+        parts = (self.model.norm, "dropout", "add")
+        return sum(self.cm.elementwise_time_ps(p, rows, op.cols, sms, self.sms) - over for p in parts)
+
+    def row_offset(self, g: int) -> int:
+        """Global index of this GPU's first row of the row-wise ops."""
+        return g * self.d.rows_l if self.d.sp else 0
+
+    def rowop_apply(self, g: int, op: RowOp, r0: int, nr: int) -> None:
+        mem = self.m.gpus[g].memory
+        h = op.cols
+
+        def rows_of(name: str) -> np.ndarray:
+            return mem.matrix(name, h)[r0:r0 + nr]
+
+        grows = np.arange(r0, r0 + nr) + self.row_offset(g)
+        gamma = mem.buffers[f"{op.norm}_g"]
+        beta = mem.buffers.get(f"{op.norm}_b")
+        if op.kind == "residual_norm":
+            x = rows_of(op.inputs["x"]) + nx.dropout(rows_of(op.inputs["z"]), grows, self.p_drop, op.seed)
+            rows_of(op.outputs["x"])[:] = x
+            rows_of(op.outputs["n"])[:] = nx.norm(self.model.norm, x, gamma, beta)
+        else:
+            dx_n, dgamma, dbeta = nx.norm_bwd(self.model.norm, rows_of(op.inputs["dz"]), rows_of(op.inputs["x"]), gamma)
+            dx = rows_of(op.inputs["dres"]) + dx_n
+            rows_of(op.outputs["dx"])[:] = dx
+            rows_of(op.outputs["dzo"])[:] = nx.dropout_bwd(dx, grows, self.p_drop, op.seed)
+            mem.buffers[f"d{op.norm}_g"] += dgamma
+            if dbeta is not None:
+                mem.buffers[f"d{op.norm}_b"] += dbeta
+
+    def local_kernel(self, g: int, local: Local, sm_set: frozenset[int] | None = None) -> tuple[Kernel, int]:
+        """(kernel, its fixed overhead) for attention, activations and their backwards."""
+        d, cm, sms = self.d, self.cm, (len(sm_set) if sm_set else self.sms)
+        mem = self.m.gpus[g].memory
+        fn = mem.functional
+        over = cm.memory_time_ps(0, sms, self.sms)
+        if local.kind in ("attention", "attention_bwd"):
+            if self.period.mode == "decode":
+                t = cm.attention_decode_time_ps(d.heads_l, d.kv_l, d.head_dim, d.batch, d.kv_len, sms, self.sms)
+            else:
+                passes = "fwd" if local.kind == "attention" else "bwd"
+                t = cm.attention_time_ps(d.heads_l, d.kv_l, d.head_dim, d.batch, d.seq, passes, sms, self.sms)
+                over = round((cm.attn_overhead_fwd_ns if passes == "fwd" else cm.attn_overhead_bwd_ns) * 1000)
+            n_tbs = d.batch * d.heads_l * max(1, -(-d.seq // 128))
+            body = (lambda i: self.attention_apply(g, local.kind, i) if i < d.batch else None) if fn else None
+            return even_kernel(local.name, max(0, t - over), n_tbs, sms, body, sm_set), over
+        blocks = row_blocks(d.tokens)
+        # GELU over [T, ffn]; SwiGLU reads gate and up ([T, 2 ffn]): costed as GELU on that width.
+        t = cm.elementwise_time_ps("gelu", d.tokens, d.fc1_l, sms, self.sms) - over
+        if local.kind == "act_bwd":
+            t *= 2
+        body = (lambda i: self.act_apply(g, local.kind, *blocks[i])) if fn else None
+        return even_kernel(local.name, t, len(blocks), sms, body, sm_set), over
+
+    def act_apply(self, g: int, kind: str, r0: int, nr: int) -> None:
+        mem, d = self.m.gpus[g].memory, self.d
+        f = mem.matrix("f", d.fc1_l)[r0:r0 + nr]
+        if kind == "act":
+            out = mem.matrix("g", d.ffn_l)[r0:r0 + nr]
+            out[:] = nx.gelu(f) if not d.gated else nx.swiglu(f[:, :d.ffn_l], f[:, d.ffn_l:])
+            return
+        dg = mem.matrix("dg", d.ffn_l)[r0:r0 + nr]
+        df = mem.matrix("df", d.fc1_l)[r0:r0 + nr]
+        if d.gated:
+            dgate, dup = nx.swiglu_bwd(dg, f[:, :d.ffn_l], f[:, d.ffn_l:])
+            df[:, :d.ffn_l], df[:, d.ffn_l:] = dgate, dup
+        else:
+            df[:] = nx.gelu_bwd(dg, f)
+
+    def _heads(self, buf: np.ndarray, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """q [1, hq, s, d], k, v [1, hkv, s, d] of sequence ``b`` from a [T, qkv] buffer."""
+        d = self.d
+        rows = buf[b * d.seq:(b + 1) * d.seq]
+        hd = d.head_dim
+
+        def split(c0: int, heads: int) -> np.ndarray:
+            return rows[:, c0:c0 + heads * hd].reshape(d.seq, heads, hd).transpose(1, 0, 2)[None]
+        return split(0, d.heads_l), split(d.q_l, d.kv_l), split(d.q_l + d.kv_l * hd, d.kv_l)
+
+    def attention_apply(self, g: int, kind: str, b: int) -> None:
+        mem, d = self.m.gpus[g].memory, self.d
+        q, k, v = self._heads(mem.matrix("qkv", d.qkv_l), b)
+        rows = slice(b * d.seq, (b + 1) * d.seq)
+        if self.period.mode == "decode":
+            kc = mem.buffers["kcache"].reshape(d.batch, d.kv_l, d.kv_len, d.head_dim)[b:b + 1]
+            vc = mem.buffers["vcache"].reshape(d.batch, d.kv_l, d.kv_len, d.head_dim)[b:b + 1]
+            out = nx.attention_decode(q, kc, vc)
+        else:
+            out, _ = nx.attention(q, k, v)
+        if kind == "attention":
+            mem.matrix("a", d.q_l)[rows] = out[0].transpose(1, 0, 2).reshape(d.seq, d.q_l)
+            return
+        da = mem.matrix("da", d.q_l)[rows].reshape(d.seq, d.heads_l, d.head_dim).transpose(1, 0, 2)[None]
+        dq, dk, dv = nx.attention_bwd(da, q, k, v)
+        dqkv = mem.matrix("dqkv", d.qkv_l)[rows]
+        hd = d.head_dim
+        for c0, t, heads in ((0, dq, d.heads_l), (d.q_l, dk, d.kv_l), (d.q_l + d.kv_l * hd, dv, d.kv_l)):
+            dqkv[:, c0:c0 + heads * hd] = t[0].transpose(1, 0, 2).reshape(d.seq, heads * hd)
+
+    def collective(self, op: str, algo: str, src: str, dst: str, channels: int | None = None,
+                   sm_sets: Sequence[frozenset[int] | None] | None = None) -> list[Kernel]:
+        """One kernel per GPU for a collective over token rows of width ``hidden``."""
+        count = self.d.tokens * self.d.hidden
+        spec = CollectiveSpec(op, algo, count, self.model.dtype_bytes, src, dst, f"stage_{dst}", channels)
+        kernels = build(self.m, spec)
+        for k, sms in zip(kernels, sm_sets or []):
+            k.sms = sms
+        return kernels
+
+
+class Scheme:
+    """A way of running tensor-parallel layers: a name, whether activations are
+    sequence-parallel between GEMMs, and how each segment of the period runs. This
+    base runs everything bulk-synchronously with NVLS collectives."""
+
+    name = "base"
+    sp = True
+    algo = "nvls"
+    summary = ""
+
+    def run(self, r: LayerRun) -> None:
+        ready: Deps = [Signal() for _ in range(r.m.n)]
+        for s in ready:
+            s.fire(r.m.sim)
+        for seg in r.period.segments:
+            if isinstance(seg, Chain):
+                ready = self.chain(r, seg, ready)
+            elif isinstance(seg, Gather):
+                ready = self.gather(r, seg.name, seg.src, seg.dst, ready)
+            else:
+                ready = self.local(r, seg, ready)
+
+    # ---- building blocks, bulk synchronous ---------------------------------------
+    def local(self, r: LayerRun, seg: Local, deps: Deps) -> Deps:
+        out = []
+        for g in range(r.m.n):
+            if seg.gemm is not None:
+                k, over = r.gemm_kernel(g, seg.gemm), r.cm.kernel_overhead_ps
+            else:
+                k, over = r.local_kernel(g, seg)
+            out.append(r.submit(g, k, [deps[g]], over, seg.name))
+        return out
+
+    def collective_step(self, r: LayerRun, op: str, src: str, dst: str, deps: Deps, segment: str) -> Deps:
+        """A collective after ``deps`` on every GPU. NVLS kernels start and end with a
+        barrier over all GPUs (as NCCL's do: a GPU may not pull or push replicas its
+        peers have not produced, or use data its peers have not sent)."""
+        kernels = r.collective(op, self.algo, src, dst)
+        launch = r.m.launch_ps
+        if self.algo == "nvls":
+            start = r.delayed(all_of(r.m.sim, deps), r.barrier_ps)
+            done = [r.submit(g, k, [start], launch, segment) for g, k in enumerate(kernels)]
+            end = r.delayed(all_of(r.m.sim, done), r.barrier_ps)
+            return [end] * r.m.n
+        return [r.submit(g, k, [deps[g]], launch, segment) for g, k in enumerate(kernels)]
+
+    def gather(self, r: LayerRun, name: str, src: str, dst: str, deps: Deps) -> Deps:
+        return self.collective_step(r, "allgather", src, dst, deps, name)
+
+    def chain(self, r: LayerRun, c: Chain, deps: Deps) -> Deps:
+        """GEMM -> RS (AR without SP) -> row-wise -> AG -> GEMM, each a kernel."""
+        n, over = r.m.n, r.cm.kernel_overhead_ps
+        g1 = [r.submit(g, r.gemm_kernel(g, c.gemm1), [deps[g]], over, c.name) for g in range(n)]
+        red = self.collective_step(r, "reducescatter" if r.d.sp else "allreduce", c.gemm1.ops.c, c.reduced, g1,
+                                   c.name)
+        mem_over = r.cm_mem_overhead_ps
+        rows = [r.submit(g, r.rowop_kernel(g, c.rowop), [red[g]], mem_over, c.name) for g in range(n)]
+        if r.d.sp:
+            rows = self.collective_step(r, "allgather", c.gather_src, c.gather_dst, rows, c.name)
+        return [r.submit(g, r.gemm_kernel(g, c.gemm2), [rows[g]], over, c.name) for g in range(n)]
