@@ -20,8 +20,8 @@ class Fabric:
     ``links_per_gpu[c]`` NVLinks, modelled as one port whose bandwidth is their sum.
 
     Routing is deterministic: the address of a transfer, cut into granules of one
-    transfer unit, is interleaved over the GPU's links (granule i -> link i mod L), and
-    the link decides the chip. The granule is the transfer unit of the kernel issuing
+    transfer unit, is interleaved over the GPU's links (see ``chip_of``), and the link
+    decides the chip. The granule is the transfer unit of the kernel issuing
     the transfer. The same offset in every GPU's buffer therefore meets
     in the same chip (required for NVLS and CAIS merging), and each chip receives
     traffic in proportion to its link count (5:4:4:5 on DGX-H100).
@@ -49,7 +49,14 @@ class Fabric:
         self.injected = 0  # payload bytes put on the fabric by GPUs
 
     def chip_of(self, byte_offset: int, granule: int) -> int:
-        return self.link_chip[(byte_offset // granule) % len(self.link_chip)]
+        """The chip whose link carries this granule: granules are dealt to the L links
+        in blocks of L consecutive granules, each block rotated by a hash of its index,
+        so a contiguous run is spread evenly and strided streams do not all land on
+        the same link (as a plain ``i mod L`` would for a stride of L granules)."""
+        links = len(self.link_chip)
+        block, r = divmod(byte_offset // granule, links)
+        rot = ((block * 0x9E3779B97F4A7C15) >> 29) & 0xFFFFFFFF
+        return self.link_chip[(r + rot) % links]
 
     def inject(self, train: Train, head: int | None = None, tail: int | None = None) -> None:
         """Put a train on its source GPU's port to ``train.chip``. ``head``/``tail``

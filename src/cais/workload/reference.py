@@ -104,7 +104,8 @@ def to_rows(t):
 def to_heads(x, batch, heads):
     """[b*s, heads*d] -> [b, heads, s, d]."""
     t, w = x.shape
-    return np.ascontiguousarray(x.reshape(batch, t // batch, heads, w // heads).transpose(0, 2, 1, 3))
+    y = x.reshape(batch, t // batch, heads, w // heads)
+    return np.ascontiguousarray(y.transpose(0, 2, 1, 3))
 
 
 def _infer(p: LayerParams, q) -> Dims:
