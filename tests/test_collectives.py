@@ -98,3 +98,34 @@ def test_small_collectives_are_latency_bound(h100) -> None:
     small = run_collective(h100, "allreduce", "nvls", 512)
     assert 2.0 < small.time_us < 15.0
     assert small.busbw_GBps < 1.0
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_a_chunk_of_every_shard_moves_with_a_strided_layout(h100, algo) -> None:
+    """ReduceScatter then AllGather of chunk 1 (of 3) of each GPU's 6-row shard."""
+    n, rows, cols, chunk = 4, 24, 10, 2
+    shard = rows // n
+    m = Machine(h100.with_overrides(gpus=n), functional=True)
+    rng = np.random.default_rng(3)
+    parts = [rng.integers(-50, 50, (rows, cols)).astype(np.float64) for _ in range(n)]
+    for gpu, x in zip(m.gpus, parts):
+        gpu.memory.alloc("partial", rows * cols, fill=x.reshape(-1))
+        gpu.memory.alloc("mine", shard * cols)
+        gpu.memory.alloc("full", rows * cols)
+    common = dict(count=n * chunk * cols, full_base=chunk * cols, full_stride=shard * cols, shard_base=chunk * cols)
+    rs = build(m, CollectiveSpec("reducescatter", algo, send="partial", recv="mine", **common))
+    for gpu, k in zip(m.gpus, rs):
+        gpu.launch(k)
+    m.run()
+    for gpu, k in zip(m.gpus, build(m, CollectiveSpec("allgather", algo, send="mine", recv="full", **common))):
+        gpu.launch(k)
+    m.run()
+    total = np.sum(parts, axis=0)
+    for g, gpu in enumerate(m.gpus):
+        mine = gpu.memory.matrix("mine", cols)
+        assert np.array_equal(mine[chunk:2 * chunk], total[g * shard + chunk:g * shard + 2 * chunk])
+        assert not mine[:chunk].any() and not mine[2 * chunk:].any()
+        full = gpu.memory.matrix("full", cols)
+        for k in range(n):
+            r0 = k * shard + chunk
+            assert np.array_equal(full[r0:r0 + chunk], total[r0:r0 + chunk])

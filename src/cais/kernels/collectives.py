@@ -56,6 +56,21 @@ class CollectiveSpec:
     staging: str = "ring"
     channels: int | None = None  # TBs per GPU (default: the system's ring/nvls channels)
     sms: frozenset[int] | None = None  # SMs the kernel may use (None: any free SM)
+    # Layout of the whole-buffer side (ReduceScatter input, AllGather output): shard k
+    # starts at element full_base + k * full_stride (default: contiguous shards). The
+    # shard side (AllGather input, ReduceScatter output) starts at shard_base. This
+    # lets a collective move one chunk of every GPU's token shard.
+    full_base: int = 0
+    full_stride: int | None = None
+    shard_base: int = 0
+
+    def full(self, n: int, start: int) -> int:
+        """Element offset in the whole-buffer side of logical element ``start``."""
+        if self.full_stride is None:
+            return self.full_base + start
+        shard = self.count // n
+        k = start // shard
+        return self.full_base + k * self.full_stride + start - k * shard
 
     @property
     def nbytes(self) -> int:
@@ -68,12 +83,14 @@ def shard_bounds(count: int, n: int) -> list[tuple[int, int]]:
 
 
 # ---- NVLS -------------------------------------------------------------------------
-def _nvls_tb(m: Machine, gpu: int, spec: CollectiveSpec, region: Region, out_base: int, unit: int) -> TbProgram:
-    """One NVLS TB over ``region`` (in ``send``, or for AllGather the GPU's shard)."""
+def _nvls_tb(m: Machine, gpu: int, spec: CollectiveSpec, region: Region, out_of: Callable[[Region], Region],
+             unit: int) -> TbProgram:
+    """One NVLS TB over ``region`` (in ``send``: the GPU's shard of the input, or for
+    AllGather its own shard); ``out_of`` maps a piece to where its result goes."""
     isa, sim = m.isa, m.sim
     mem = m.gpus[gpu].memory
     limit = m.cfg.collective.outstanding_bytes_per_sm
-    op, recv = spec.op, spec.recv
+    op = spec.op
 
     def program(sm: int, busy: int) -> ProgramGen:
         port = isa.sm_port()
@@ -88,7 +105,7 @@ def _nvls_tb(m: Machine, gpu: int, spec: CollectiveSpec, region: Region, out_bas
             return done
 
         def reduced(piece: Region) -> Callable[[np.ndarray | None], None]:
-            out = Region(recv, piece.start - out_base, piece.count, piece.elem_bytes)
+            out = out_of(piece)
 
             def got(data: np.ndarray | None) -> None:
                 if op == "allreduce":
@@ -103,8 +120,7 @@ def _nvls_tb(m: Machine, gpu: int, spec: CollectiveSpec, region: Region, out_bas
                 yield win.wait()
             win.take(piece.nbytes)
             if op == "allgather":
-                out = Region(recv, out_base + piece.start, piece.count, piece.elem_bytes)
-                isa.multimem_st(gpu, out, mem.read(piece), landed(piece), port, unit=unit)
+                isa.multimem_st(gpu, out_of(piece), mem.read(piece), landed(piece), port, unit=unit)
             else:
                 isa.multimem_ld_reduce(gpu, piece, reduced(piece), unit=unit)
         if pieces:
@@ -120,13 +136,18 @@ def nvls_kernels(m: Machine, spec: CollectiveSpec) -> list[Kernel]:
     kernels = []
     for g in range(n):
         start, cnt = bounds[g]
-        if spec.op == "allgather":  # the GPU's own shard sits at the start of send
-            src_start, out_base = 0, start
-        elif spec.op == "reducescatter":  # the result lands at the start of recv
-            src_start, out_base = start, start
-        else:
-            src_start, out_base = start, 0
-        tbs = [_nvls_tb(m, g, spec, Region(spec.send, src_start + s, c, eb), out_base, unit)
+
+        def out_of(piece: Region, g: int = g, start: int = start) -> Region:
+            if spec.op == "allgather":  # own shard -> its place in every GPU's whole buffer
+                at = spec.full(n, start + piece.start - spec.shard_base)
+            elif spec.op == "reducescatter":  # whole-buffer piece -> this GPU's shard
+                at = spec.shard_base + piece.start - spec.full(n, start)
+            else:
+                at = piece.start
+            return Region(spec.recv, at, piece.count, piece.elem_bytes)
+
+        src = spec.shard_base if spec.op == "allgather" else spec.full(n, start)
+        tbs = [_nvls_tb(m, g, spec, Region(spec.send, src + s, c, eb), out_of, unit)
                for s, c in split(0, cnt, channels) if c > 0]
         kernels.append(Kernel(f"nvls-{spec.op}", tbs, spec.sms))
     return kernels
@@ -188,11 +209,13 @@ def _ring_tb(m: Machine, spec: CollectiveSpec, gpu: int, ch: int, plan: list[lis
     def slot(s: int, cnt: int) -> Region:
         return Region(spec.staging, staging_base + (s % slots) * slot_elems, cnt, eb)
 
-    def local_in(start: int, cnt: int) -> Region:  # this GPU's input for full-buffer elements
-        return Region(spec.send, start - own if op == "allgather" else start, cnt, eb)
+    def local_in(start: int, cnt: int) -> Region:  # this GPU's input for logical elements
+        at = spec.shard_base + start - own if op == "allgather" else spec.full(n, start)
+        return Region(spec.send, at, cnt, eb)
 
     def out(start: int, cnt: int) -> Region:
-        return Region(spec.recv, start - own if op == "reducescatter" else start, cnt, eb)
+        at = spec.shard_base + start - own if op == "reducescatter" else spec.full(n, start)
+        return Region(spec.recv, at, cnt, eb)
 
     def program(sm: int, busy: int) -> ProgramGen:
         port = isa.sm_port()
@@ -258,6 +281,8 @@ def ring_kernels(m: Machine, spec: CollectiveSpec) -> list[Kernel]:
 
 def build(m: Machine, spec: CollectiveSpec) -> list[Kernel]:
     """One kernel per GPU implementing ``spec`` on machine ``m``."""
+    if spec.full_stride is not None and (spec.op == "allreduce" or spec.count % m.n):
+        raise ValueError("a strided layout needs ReduceScatter or AllGather with equal shards")
     if spec.op not in OPS:
         raise ValueError(f"--op: unknown collective '{spec.op}'; valid: {', '.join(OPS)}")
     if spec.algo not in ALGOS:
