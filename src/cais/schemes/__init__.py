@@ -1,18 +1,38 @@
 """The compared systems: one module per scheme, each a :class:`Scheme` subclass that
-decides how a layer period's kernels, collectives and dependencies run."""
+decides how a layer period's kernels, collectives and dependencies run. A module
+that defines a subclass with a ``name`` is found automatically."""
 
 from __future__ import annotations
 
-from cais.schemes.base import Scheme
-from cais.schemes.sp_nvls import SpNvls
-from cais.schemes.tp_nvls import TpNvls
+import importlib
+import pkgutil
 
-SCHEMES: dict[str, type[Scheme]] = {cls.name: cls for cls in (TpNvls, SpNvls)}
+from cais.schemes.base import Scheme
+
+# The paper's order (§IV-C), then anything else alphabetically.
+PAPER_ORDER = ("tp-nvls", "sp-nvls", "coconet", "fuselib", "t3", "coconet-nvls", "fuselib-nvls", "t3-nvls", "ladm")
+
+
+def _discover() -> dict[str, type[Scheme]]:
+    found: dict[str, type[Scheme]] = {}
+    for info in pkgutil.iter_modules(__path__):
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        for obj in vars(module).values():
+            if isinstance(obj, type) and issubclass(obj, Scheme) and obj.name and obj.__module__ == module.__name__:
+                found[obj.name] = obj
+    rank = {n: i for i, n in enumerate(PAPER_ORDER)}
+    return dict(sorted(found.items(), key=lambda kv: (rank.get(kv[0], len(rank)), kv[0])))
+
+
+def schemes() -> dict[str, type[Scheme]]:
+    """Scheme name -> class, in the paper's order."""
+    return _discover()
 
 
 def get_scheme(name: str) -> Scheme:
     """A scheme by name; a one-line ValueError lists the valid names."""
-    cls = SCHEMES.get(name)
+    found = _discover()
+    cls = found.get(name)
     if cls is None:
-        raise ValueError(f"--scheme: unknown scheme '{name}'; valid: {', '.join(SCHEMES)}")
+        raise ValueError(f"--scheme: unknown scheme '{name}'; valid: {', '.join(found)}")
     return cls()

@@ -70,6 +70,7 @@ class LayerRun:
         self.d = self.period.dims
         self.sms = self.m.cfg.gpu.sms
         self.barrier_ps = 2 * self.m.cfg.link_latency_ps
+        self.collectives = 0
 
     # ---- scheduling --------------------------------------------------------------
     def when(self, deps: Sequence[Signal], fn: Callable[[], None]) -> None:
@@ -232,10 +233,20 @@ class LayerRun:
             dqkv[:, c0:c0 + heads * hd] = t[0].transpose(1, 0, 2).reshape(d.seq, heads * hd)
 
     def collective(self, op: str, algo: str, src: str, dst: str, channels: int | None = None,
-                   sm_sets: Sequence[frozenset[int] | None] | None = None) -> list[Kernel]:
-        """One kernel per GPU for a collective over token rows of width ``hidden``."""
-        count = self.d.tokens * self.d.hidden
-        spec = CollectiveSpec(op, algo, count, self.model.dtype_bytes, src, dst, f"stage_{dst}", channels)
+                   sm_sets: Sequence[frozenset[int] | None] | None = None,
+                   rows: tuple[int, int] | None = None) -> list[Kernel]:
+        """One kernel per GPU for a collective over token rows of width ``hidden``:
+        all of them, or (``rows`` = (first, count) inside each GPU's shard) one chunk
+        of every GPU's shard."""
+        h = self.d.hidden
+        self.collectives += 1
+        stage = f"stage{self.collectives}"  # ring staging slots, one set per collective
+        if rows is None:
+            spec = CollectiveSpec(op, algo, self.d.tokens * h, self.model.dtype_bytes, src, dst, stage, channels)
+        else:
+            first, cnt = rows
+            spec = CollectiveSpec(op, algo, self.m.n * cnt * h, self.model.dtype_bytes, src, dst, stage,
+                                  channels, full_base=first * h, full_stride=self.d.rows_l * h, shard_base=first * h)
         kernels = build(self.m, spec)
         for k, sms in zip(kernels, sm_sets or []):
             k.sms = sms
@@ -247,7 +258,7 @@ class Scheme:
     sequence-parallel between GEMMs, and how each segment of the period runs. This
     base runs everything bulk-synchronously with NVLS collectives."""
 
-    name = "base"
+    name = ""  # set by concrete schemes
     sp = True
     algo = "nvls"
     summary = ""
@@ -275,13 +286,16 @@ class Scheme:
             out.append(r.submit(g, k, [deps[g]], over, seg.name))
         return out
 
-    def collective_step(self, r: LayerRun, op: str, src: str, dst: str, deps: Deps, segment: str) -> Deps:
+    def collective_step(self, r: LayerRun, op: str, src: str, dst: str, deps: Deps, segment: str,
+                        sm_sets: Sequence[frozenset[int] | None] | None = None, rows: tuple[int, int] | None = None,
+                        channels: int | None = None, launch: int | None = None, algo: str | None = None) -> Deps:
         """A collective after ``deps`` on every GPU. NVLS kernels start and end with a
         barrier over all GPUs (as NCCL's do: a GPU may not pull or push replicas its
         peers have not produced, or use data its peers have not sent)."""
-        kernels = r.collective(op, self.algo, src, dst)
-        launch = r.m.launch_ps
-        if self.algo == "nvls":
+        algo = algo or self.algo
+        kernels = r.collective(op, algo, src, dst, channels, sm_sets, rows)
+        launch = r.m.launch_ps if launch is None else launch
+        if algo == "nvls":
             start = r.delayed(all_of(r.m.sim, deps), r.barrier_ps)
             done = [r.submit(g, k, [start], launch, segment) for g, k in enumerate(kernels)]
             end = r.delayed(all_of(r.m.sim, done), r.barrier_ps)
