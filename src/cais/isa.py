@@ -11,11 +11,12 @@ NVLS (multimem addresses: the same buffer on every GPU, bound to a multicast obj
 As on real NVLS, the issuer is part of the multicast team: its own replica crosses
 NVLink too.
 
-A region larger than one transfer unit is cut at unit (address-hash granule)
-boundaries; each piece travels as one train through the chip its address hashes to.
-Every operation takes the unit to use (``unit``; default: the system's
-``transfer_unit_bytes``): a kernel picks one for all its GPUs, so the same address is
-always cut and routed alike.
+A region is cut at transfer-unit boundaries of its address, and each unit is striped
+over the switch chips in proportion to their links, as NVLink's fine-grained address
+interleave spreads it (``Fabric.stripe``): one train per chip. Every operation takes
+the unit to use (``unit``; default: the system's ``transfer_unit_bytes``): a kernel
+picks one for all its GPUs, so the same address is always cut and routed alike, and
+merges and NVLS reductions of one address meet in one chip.
 Completion callbacks run when the last piece is done (for stores, when the data is in
 the destination memory, which is when a flag written behind it would be seen).
 """
@@ -88,6 +89,27 @@ class Isa:
             start = stop
         return out
 
+    def stripes(self, region: Region, unit: int | None = None) -> list[tuple[Region, int]]:
+        """(sub-region, chip) trains of a region: its units, each striped over chips."""
+        unit = unit or self.granule
+        pk = self.pk.maxp
+        out = []
+        for piece in self.pieces(region, unit):
+            if piece.rows > 1:  # a block: deal its rows
+                slots, per = piece.rows, 1
+            else:
+                per = max(1, pk // piece.elem_bytes)
+                slots = -(-piece.count // per)
+            first = 0
+            for chip, n in self.fab.stripe(piece.byte_offset // unit, slots):
+                if piece.rows > 1:
+                    out.append((piece.row_block(first, n), chip))
+                else:
+                    cnt = min(n * per, piece.count - first)
+                    out.append((Region(piece.buffer, piece.start + first, cnt, piece.elem_bytes), chip))
+                first += n * per if piece.rows == 1 else n
+        return out
+
     def _slice(self, data: np.ndarray | None, region: Region, piece: Region) -> np.ndarray | None:
         if data is None:
             return None
@@ -98,10 +120,9 @@ class Isa:
         return data[off:off + piece.count]
 
     def _send(self, kind: int, src: int, dst: int, piece: Region, data: np.ndarray | None, ctx: object,
-              port: SmPort | None, vc: int, payload: int, unit: int | None) -> None:
+              port: SmPort | None, vc: int, payload: int, chip: int) -> None:
         self.ops += 1
         wire, last = self.pk.wire(kind, piece.nbytes)
-        chip = self.fab.chip_of(piece.byte_offset, unit or self.granule)
         train = Train(payload, wire, last, kind=kind, src=src, dst=dst, chip=chip,
                       addr=piece, data=data, ctx=ctx, vc=vc)
         if port is not None and payload:
@@ -120,7 +141,7 @@ class Isa:
                 done()
         return arrived
 
-    def _gather(self, region: Region, pieces: list[Region], done: DoneData) -> Callable[[Train], None]:
+    def _gather(self, region: Region, pieces: list[tuple[Region, int]], done: DoneData) -> Callable[[Train], None]:
         parts: dict[int, np.ndarray | None] = {}
 
         def arrived(train: Train) -> None:
@@ -129,7 +150,7 @@ class Isa:
                 if any(p is None for p in parts.values()):
                     done(None)
                 else:
-                    done(np.concatenate([parts[p.start] for p in pieces]))  # rows or runs, in order
+                    done(np.concatenate([parts[p.start] for p, _ in pieces]))  # rows or runs, in order
         return arrived
 
     def _local(self, fn: Callable[[], object], done: Callable[..., None] | None, *args: object) -> None:
@@ -153,38 +174,38 @@ class Isa:
             op = mem.write if kind == Kind.WRITE else mem.add
             self._local(lambda: op(region, data), done)
             return
-        pieces = self.pieces(region, unit)
+        pieces = self.stripes(region, unit)
         ctx = self._counter(len(pieces), done)
-        for p in pieces:
-            self._send(kind, src, dst, p, self._slice(data, region, p), ctx, port, vc, p.nbytes, unit)
+        for p, chip in pieces:
+            self._send(kind, src, dst, p, self._slice(data, region, p), ctx, port, vc, p.nbytes, chip)
 
     def ld(self, src: int, home: int, region: Region, done: DoneData, vc: int = 0, unit: int | None = None) -> None:
         if src == home:
             data = self.m.gpus[home].memory.read(region)
             self._local(lambda: None, done, data)
             return
-        pieces = self.pieces(region, unit)
+        pieces = self.stripes(region, unit)
         ctx = self._gather(region, pieces, done)
-        for p in pieces:
-            self._send(Kind.READ_REQ, src, home, p, None, ctx, None, vc, 0, unit)
+        for p, chip in pieces:
+            self._send(Kind.READ_REQ, src, home, p, None, ctx, None, vc, 0, chip)
 
     # ---- NVLS --------------------------------------------------------------------
     def multimem_st(self, src: int, region: Region, data: np.ndarray | None, done: Done | None = None,
                     port: SmPort | None = None, vc: int = 0, unit: int | None = None) -> None:
-        pieces = self.pieces(region, unit)
+        pieces = self.stripes(region, unit)
         ctx = self._counter(len(pieces) * self.n, done)
-        for p in pieces:
-            self._send(Kind.MC_STORE, src, -1, p, self._slice(data, region, p), ctx, port, vc, p.nbytes, unit)
+        for p, chip in pieces:
+            self._send(Kind.MC_STORE, src, -1, p, self._slice(data, region, p), ctx, port, vc, p.nbytes, chip)
 
     def multimem_red(self, src: int, region: Region, data: np.ndarray | None, done: Done | None = None,
                      port: SmPort | None = None, vc: int = 0, unit: int | None = None) -> None:
-        pieces = self.pieces(region, unit)
+        pieces = self.stripes(region, unit)
         ctx = self._counter(len(pieces) * self.n, done)
-        for p in pieces:
-            self._send(Kind.MC_RED, src, -1, p, self._slice(data, region, p), ctx, port, vc, p.nbytes, unit)
+        for p, chip in pieces:
+            self._send(Kind.MC_RED, src, -1, p, self._slice(data, region, p), ctx, port, vc, p.nbytes, chip)
 
     def multimem_ld_reduce(self, src: int, region: Region, done: DoneData, vc: int = 0, unit: int | None = None) -> None:
-        pieces = self.pieces(region, unit)
+        pieces = self.stripes(region, unit)
         ctx = self._gather(region, pieces, done)
-        for p in pieces:
-            self._send(Kind.MC_LDRED_REQ, src, -1, p, None, (ctx, p.nbytes), None, vc, 0, unit)
+        for p, chip in pieces:
+            self._send(Kind.MC_LDRED_REQ, src, -1, p, None, (ctx, p.nbytes), None, vc, 0, chip)

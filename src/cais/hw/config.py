@@ -106,10 +106,10 @@ class SystemConfig(_Strict):
     packet: PacketFormat = PacketFormat()
     switch: SwitchConfig = SwitchConfig()
     collective: CollectiveConfig = CollectiveConfig()
-    transfer_unit_bytes: int = Field(64 * 1024, ge=128,
+    transfer_unit_bytes: int = Field(256 * 1024, ge=128,
                                      description="largest packet train the network moves")
     min_transfer_unit_bytes: int = Field(512, ge=128, description="smallest packet train")
-    units_per_stream: int = Field(16, gt=0,
+    units_per_stream: int = Field(2, gt=0,
                                   description="a kernel cuts each TB's data stream into about this many units")
 
     @model_validator(mode="after")

@@ -19,10 +19,10 @@ class Fabric:
     """GPUs x switch chips, fully connected: GPU g reaches chip c over
     ``links_per_gpu[c]`` NVLinks, modelled as one port whose bandwidth is their sum.
 
-    Routing is deterministic: the address of a transfer, cut into granules of one
-    transfer unit, is interleaved over the GPU's links (see ``chip_of``), and the link
-    decides the chip. The granule is the transfer unit of the kernel issuing
-    the transfer. The same offset in every GPU's buffer therefore meets
+    Routing is deterministic: a transfer unit's packets are interleaved over the GPU's
+    links by address (see ``stripe``), and the link decides the chip, so the same
+    bytes on every GPU meet in the same chip and each chip carries traffic in
+    proportion to its links. The same offset in every GPU's buffer therefore meets
     in the same chip (required for NVLS and CAIS merging), and each chip receives
     traffic in proportion to its link count (5:4:4:5 on DGX-H100).
     """
@@ -48,15 +48,21 @@ class Fabric:
             gpu.fabric = self
         self.injected = 0  # payload bytes put on the fabric by GPUs
 
-    def chip_of(self, byte_offset: int, granule: int) -> int:
-        """The chip whose link carries this granule: granules are dealt to the L links
-        in blocks of L consecutive granules, each block rotated by a hash of its index,
-        so a contiguous run is spread evenly and strided streams do not all land on
-        the same link (as a plain ``i mod L`` would for a stride of L granules)."""
-        links = len(self.link_chip)
-        block, r = divmod(byte_offset // granule, links)
-        rot = ((block * 0x9E3779B97F4A7C15) >> 29) & 0xFFFFFFFF
-        return self.link_chip[(r + rot) % links]
+    def stripe(self, unit_index: int, slots: int) -> list[tuple[int, int]]:
+        """How a transfer unit of ``slots`` packets (or rows) spreads over the chips:
+        (chip, slots) in the order its contiguous stripes take. Packets are dealt to
+        the L links in turn, starting at a link chosen by a hash of the unit's index
+        (so remainders do not always fall on the same links); a chip carries the
+        packets of its links as one train."""
+        links = self.link_chip
+        nl = len(links)
+        start = ((unit_index * 0x9E3779B97F4A7C15) >> 29) % nl
+        full, rem = divmod(slots, nl)
+        counts: dict[int, int] = {}
+        for i in range(nl):
+            chip = links[(start + i) % nl]
+            counts[chip] = counts.get(chip, 0) + full + (1 if i < rem else 0)
+        return [(chip, n) for chip, n in counts.items() if n]
 
     def inject(self, train: Train, head: int | None = None, tail: int | None = None) -> None:
         """Put a train on its source GPU's port to ``train.chip``. ``head``/``tail``

@@ -6,8 +6,9 @@ a time:
   AllReduce      ``multimem.ld_reduce`` the unit, then ``multimem.st`` the sum;
   ReduceScatter  ``multimem.ld_reduce`` the unit, store the sum locally;
   AllGather      ``multimem.st`` the unit of the GPU's own shard.
-Each TB keeps at most ``outstanding_bytes_per_sm`` of loads (and of stores not yet
-delivered) in flight.
+Each TB keeps at most ``outstanding_bytes_per_sm`` of loads in flight (AllGather:
+of stores not yet delivered, standing in for link backpressure); an AllReduce's
+stores are posted and do not hold the window.
 
 Ring (NCCL Simple-like): ``ring_channels`` TBs per GPU, each owning a slice of the
 buffer. Per iteration a channel's slice is cut into n chunks that travel the ring in
@@ -89,7 +90,9 @@ def _nvls_tb(m: Machine, gpu: int, spec: CollectiveSpec, region: Region, out_of:
     AllGather its own shard); ``out_of`` maps a piece to where its result goes."""
     isa, sim = m.isa, m.sim
     mem = m.gpus[gpu].memory
-    limit = m.cfg.collective.outstanding_bytes_per_sm
+    # At least two units in flight, so a TB pipelines even when a coarse unit (large
+    # transfers, where bandwidth, not latency hiding, sets the time) exceeds the window.
+    limit = max(m.cfg.collective.outstanding_bytes_per_sm, 2 * unit)
     op = spec.op
 
     def program(sm: int, busy: int) -> ProgramGen:
@@ -98,9 +101,10 @@ def _nvls_tb(m: Machine, gpu: int, spec: CollectiveSpec, region: Region, out_of:
         pieces = isa.pieces(region, unit)
         finished = Countdown(len(pieces))
 
-        def landed(piece: Region) -> Callable[[], None]:
+        def landed(piece: Region, holds_window: bool) -> Callable[[], None]:
             def done() -> None:
-                win.release(piece.nbytes)
+                if holds_window:
+                    win.release(piece.nbytes)
                 finished.arrive(sim)
             return done
 
@@ -108,11 +112,12 @@ def _nvls_tb(m: Machine, gpu: int, spec: CollectiveSpec, region: Region, out_of:
             out = out_of(piece)
 
             def got(data: np.ndarray | None) -> None:
+                win.release(piece.nbytes)  # the load is done; the store below is posted
                 if op == "allreduce":
-                    isa.multimem_st(gpu, out, data, landed(piece), port, unit=unit)
+                    isa.multimem_st(gpu, out, data, landed(piece, False), port, unit=unit)
                 else:  # reducescatter: the sum stays on this GPU
                     mem.write(out, data)
-                    landed(piece)()
+                    finished.arrive(sim)
             return got
 
         for piece in pieces:
@@ -120,7 +125,7 @@ def _nvls_tb(m: Machine, gpu: int, spec: CollectiveSpec, region: Region, out_of:
                 yield win.wait()
             win.take(piece.nbytes)
             if op == "allgather":
-                isa.multimem_st(gpu, out_of(piece), mem.read(piece), landed(piece), port, unit=unit)
+                isa.multimem_st(gpu, out_of(piece), mem.read(piece), landed(piece, True), port, unit=unit)
             else:
                 isa.multimem_ld_reduce(gpu, piece, reduced(piece), unit=unit)
         if pieces:

@@ -1,0 +1,391 @@
+"""LADM (Khairy, Nikiforov, Nellans, Rogers, MICRO'20, "Locality-Centric Data and
+Threadblock Management for Massive GPUs"): the 8 GPUs are programmed as one large
+NUMA GPU. A compiler pass analyses each kernel's index expressions, and a runtime
+places data pages and thread blocks (TBs) so that most accesses are local; whatever
+is not local is reached by the kernel's own TBs with ordinary remote loads and
+stores over NVLink, at the granularity the TB touches it. There are no collectives
+at all, and no NVLS (the CAIS paper: LADM "cannot utilize NVLS because of its
+communication-centric design"; §IV-C (d), §V-A.3).
+
+What is modelled, per sub-layer (``Chain``):
+
+* **GEMM1** (row-parallel, partial sums over the GPU's K shard): one TB per output
+  tile on all SMs, row-raster order (the ordinary TB order; LADM has no
+  communication-aware tile order). The tile's epilogue sends its partial rows to the
+  GPU that owns those token rows (GPU g owns rows g*T/n ..) with P2P ``red``
+  (remote add into the owner's ``reduced`` buffer; the owner's own rows are added
+  locally). ``red`` is the only way to combine partial sums without a collective.
+  The SM pushes the data through its store port (``sm_copy_bandwidth``) and keeps at
+  most ``outstanding_bytes_per_sm`` of reductions undelivered (per SM, across its
+  successive tiles): a tile whose epilogue finds the window full waits (store
+  backpressure). The kernel counts as finished for its consumers when its TBs have
+  ended **and** all its reductions have landed (a kernel boundary makes its writes
+  visible).
+* **Kernel boundaries are global**: in a single-GPU programming model the next kernel
+  starts when the previous one has finished on every GPU, plus ``r.barrier_ps``. This
+  applies to every kernel of the period (GEMM1 -> row-wise op -> GEMM2, and the
+  local kernels); its cost is only visible where GPUs finish at different times.
+* **Row-wise op** (dropout + residual + norm, or its backward) on the owner's shard
+  rows, a kernel on all SMs, as in SP-NVLS.
+* **GEMM2** (consumer of the gathered activation): there is no AllGather. Each TB
+  loads the A rows of its tile from their owner GPU's shard with remote ``ld``
+  (its own rows are read locally, no traffic), as a GEMM mainloop does: it walks K
+  in slices and keeps at most ``outstanding_bytes_per_sm`` (64 KiB) of loads in
+  flight, i.e. 4 K-slices of 128 x 64 bf16 elements (BM = 128) or 2 of 256 x 64
+  (BM = 256). Loads are issued ``load_slices`` (2) slices at a time, i.e. one ld of
+  BM x 128 elements (32 KiB at BM = 128), to keep the event count of a period
+  bounded. The tile's compute (``cm.tile_time_ps``, never below the GEMM's memory
+  floor) overlaps its loads: the tile finishes at max(start + compute, arrival of its
+  last slice + the compute of that last slice). In functional mode the tile is
+  computed from the loaded data (the A block is assembled from the ld results).
+* **Weight-gradient GEMMs** (training) read the same token-sharded activations
+  (n1, n2 as their TN operand A, dzf and dzo as operand B) along K = tokens: they
+  load them the same way (K-slices of 64 tokens of the tile's BM or BN columns), and
+  the Megatron re-gathers before them (``Gather`` segments) do not exist.
+
+Reuse of remote data. TBs that need the same A rows do not share what they loaded:
+a tile's mainloop streams its A block through shared memory, and a Hopper GPU does
+not keep peer (NVLink) data in its own L2 (it is cached at its home GPU), so LADM's
+proposed remote-data L2 insertion policy has nothing to act on in a DGX-H100; each
+remote row block is therefore loaded once per column tile of the GEMM. LADM's TB
+placement cannot avoid that either: in TP each GPU holds one column shard of the
+weights and must produce that shard of the output (its heads / FFN columns, which
+the next local kernel reads). Binding tiles to the owner of their A rows instead
+would make every GPU read every other GPU's weight shard once per row block (for
+FC1 of paper-llama-7b: 9 row blocks x 4096 x 11264 x 2 B ~ 0.8 GiB per GPU, vs
+6 x 7/8 x 75 MB ~ 0.4 GiB of A rows), and write its outputs remotely; so the
+locality analysis keeps the TP column placement, which is what is modelled.
+
+Choices the sources leave open, with their values: row-raster tile order on every
+GPU (all GPUs walk the same rows at the same time, so GEMM1's reductions converge
+on one owner at a time and GEMM2's loads leave from one owner at a time);
+reductions sent as 16 KiB transfer units; 64 KiB of loads / undelivered reductions
+in flight per SM (``collective.outstanding_bytes_per_sm``, as for NVLS kernels);
+K-slices of 64 elements, loaded two at a time; a global barrier of ``r.barrier_ps``
+at every kernel boundary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from cais.engine import Countdown, Signal
+from cais.engine.sim import ProgramGen
+from cais.hw.gpu import Kernel, TbProgram
+from cais.hw.memory import Region
+from cais.kernels.common import Window
+from cais.kernels.gemm import GemmShape, raster, store_epilogue, tile_product
+from cais.schemes.base import Deps, LayerRun, Scheme, all_of
+from cais.isa import SmPort
+from cais.workload.graph import Chain, Gather, Gemm, Local
+
+SLICE_K = 64  # K elements per mainloop slice (a CUTLASS Hopper stage: BK = 64 bf16)
+LOAD_SLICES = 2  # K-slices per remote ld
+RED_UNIT = 16 * 1024  # transfer unit of the epilogue's remote reductions
+
+
+@dataclass(frozen=True)
+class Sharded:
+    """A [T, cols] activation of the single-GPU program whose token rows live on their
+    owner: rows g*rows_l .. of it are rows 0.. of buffer ``shard`` on GPU g."""
+
+    shard: str
+    rows_l: int
+    cols: int
+
+    def owners(self, t0: int, nt: int) -> list[tuple[int, int, int]]:
+        """(owner, first token, count) of the pieces of tokens t0 .. t0+nt-1."""
+        out, t = [], t0
+        while t < t0 + nt:
+            owner = t // self.rows_l
+            cnt = min(t0 + nt, (owner + 1) * self.rows_l) - t
+            out.append((owner, t, cnt))
+            t += cnt
+        return out
+
+
+@dataclass(frozen=True)
+class Operand:
+    """A GEMM operand read from a :class:`Sharded` activation: ``which`` is ``a`` or
+    ``b``; ``trans`` as in GemmOperands (A stored [K, M], B stored [N, K])."""
+
+    which: str
+    src: Sharded
+    trans: bool
+
+    def side(self, shape: GemmShape) -> int:
+        return shape.bm if self.which == "a" else shape.bn
+
+    def tile_span(self, shape: GemmShape, i: int, j: int) -> tuple[int, int]:
+        """(first, count) of the tile's rows (A) or columns (B) of the operand."""
+        return shape.rows(i) if self.which == "a" else shape.cols(j)
+
+    def physical(self, shape: GemmShape, i: int, j: int, k0: int, kk: int) -> tuple[int, int, int, int]:
+        """(token0, tokens, col0, cols) of the stored [T, cols] block holding the
+        operand's part for tile (i, j) and K range k0 .. k0+kk-1."""
+        s0, sn = self.tile_span(shape, i, j)
+        outer_is_k = (self.which == "a") == self.trans  # A^T and B are stored K-major
+        return (k0, kk, s0, sn) if outer_is_k else (s0, sn, k0, kk)
+
+    def logical(self, block: np.ndarray) -> np.ndarray:
+        """The stored block as the GEMM sees it (A [M, K], B [K, N])."""
+        outer_is_k = (self.which == "a") == self.trans
+        if self.which == "a":
+            return block.T if outer_is_k else block
+        return block if outer_is_k else block.T
+
+
+@dataclass(frozen=True)
+class Load:
+    """One access of a tile's mainloop: ``region`` on GPU ``home``, placed at
+    (``row``, ``col``) of the tile's stored operand block; ``step`` is its K-step."""
+
+    op: int
+    home: int
+    region: Region
+    row: int
+    col: int
+    nrows: int
+    ncols: int
+
+
+class _Drain:
+    """Counts a kernel's remote writes still in flight; ``done`` fires once the
+    kernel has ended and all of them have landed."""
+
+    def __init__(self, r: LayerRun, kernel: Kernel) -> None:
+        self.r = r
+        self.pending = 0
+        self.closed = False
+        self.done = Signal()
+        kernel.done.on_fire(lambda _v: self._close())
+
+    def issue(self) -> None:
+        self.pending += 1
+
+    def land(self) -> None:
+        self.pending -= 1
+        if self.closed and self.pending == 0:
+            self.done.fire(self.r.m.sim)
+
+    def _close(self) -> None:
+        self.closed = True
+        if self.pending == 0:
+            self.done.fire(self.r.m.sim)
+
+
+class Ladm(Scheme):
+    """One NUMA GPU: GEMM epilogues ``red`` partial rows to their owner, GEMMs ``ld``
+    the rows they need from their owner; global barriers at kernel boundaries."""
+
+    name = "ladm"
+    sp = True
+    algo = "p2p"
+    summary = "one NUMA GPU: GEMM -> remote red to row owner | LN | GEMM with remote ld of A rows; no collectives"
+
+    # ---- period -------------------------------------------------------------------
+    def run(self, r: LayerRun) -> None:
+        self._sharded = self._sharded_activations(r)
+        super().run(r)
+
+    @staticmethod
+    def _sharded_activations(r: LayerRun) -> dict[str, Sharded]:
+        """Gathered buffer name -> where its rows live (a chain's gather_dst, a
+        re-gather's dst): the single-GPU program has one [T, h] tensor, sharded."""
+        pairs = [(c.gather_dst, c.gather_src) for c in r.period.chains]
+        pairs += [(s.dst, s.src) for s in r.period.segments if isinstance(s, Gather)]
+        return {dst: Sharded(src, r.d.rows_l, r.period.buffers[dst][1]) for dst, src in pairs if dst != src}
+
+    def _barrier(self, r: LayerRun, deps: Sequence[Signal]) -> Signal:
+        """The next kernel of the single virtual GPU may start: ``deps`` on every GPU
+        done, plus a global barrier."""
+        return r.delayed(all_of(r.m.sim, list(deps)), r.barrier_ps)
+
+    def gather(self, r: LayerRun, name: str, src: str, dst: str, deps: Deps) -> Deps:
+        """No AllGather: the weight-gradient GEMM loads the rows where they live."""
+        return deps
+
+    def local(self, r: LayerRun, seg: Local, deps: Deps) -> Deps:
+        start = self._barrier(r, deps)
+        out = []
+        for g in range(r.m.n):
+            if seg.gemm is not None:
+                ops = self._operands(seg.gemm)
+                k = self._load_gemm(r, g, seg.gemm, ops) if ops else r.gemm_kernel(g, seg.gemm)
+                over = r.cm.kernel_overhead_ps
+            else:
+                k, over = r.local_kernel(g, seg)
+            out.append(r.submit(g, k, [start], over, seg.name))
+        return out
+
+    def chain(self, r: LayerRun, c: Chain, deps: Deps) -> Deps:
+        n, over = r.m.n, r.cm.kernel_overhead_ps
+        start = self._barrier(r, deps)
+        flushed = []
+        for g in range(n):
+            k, drain = self._red_gemm(r, g, c)
+            done = r.submit(g, k, [start], over, c.name)
+            flushed.append(all_of(r.m.sim, [done, drain.done]))
+        reduced = self._barrier(r, flushed)
+        rows = [r.submit(g, r.rowop_kernel(g, c.rowop), [reduced], r.cm_mem_overhead_ps, c.name) for g in range(n)]
+        normed = self._barrier(r, rows)
+        ops = self._operands(c.gemm2)
+        return [r.submit(g, self._load_gemm(r, g, c.gemm2, ops), [normed], over, c.name) for g in range(n)]
+
+    def _operands(self, gemm: Gemm) -> list[Operand]:
+        out = []
+        if gemm.ops.a in self._sharded:
+            out.append(Operand("a", self._sharded[gemm.ops.a], gemm.ops.ta))
+        if gemm.ops.b in self._sharded:
+            out.append(Operand("b", self._sharded[gemm.ops.b], gemm.ops.tb))
+        return out
+
+    # ---- GEMM1: partial rows reduced into their owner ----------------------------
+    def _red_gemm(self, r: LayerRun, g: int, c: Chain) -> tuple[Kernel, _Drain]:
+        gemm = c.gemm1
+        shape = r.shape(gemm)
+        floor = r.gemm_floor_ps(gemm, shape, r.sms)
+        kernel = Kernel(gemm.name, [], None)
+        drain = _Drain(r, kernel)
+        limit = r.m.cfg.collective.outstanding_bytes_per_sm
+        per_sm: dict[int, tuple[Window, SmPort]] = {}  # the SM's store window and port, across its tiles
+
+        def tile_tb(i: int, j: int) -> TbProgram:
+            def program(sm: int, busy: int) -> ProgramGen:
+                sim, isa = r.m.sim, r.m.isa
+                yield max(floor, r.cm.tile_time_ps(shape.bm, shape.bn, shape.k, busy))
+                mem = r.m.gpus[g].memory
+                tile = tile_product(mem, gemm.ops, shape, i, j) if mem.functional else None
+                if sm not in per_sm:
+                    per_sm[sm] = (Window(sim, limit), isa.sm_port())
+                win, port = per_sm[sm]
+                r0, nr = shape.rows(i)
+                c0, nc = shape.cols(j)
+                for owner, t0, cnt in Sharded(c.reduced, r.d.rows_l, shape.n).owners(r0, nr):
+                    region = Region.block(c.reduced, shape.n, t0 - owner * r.d.rows_l, cnt, c0, nc,
+                                          r.model.dtype_bytes)
+                    data = tile[t0 - r0:t0 - r0 + cnt] if tile is not None else None
+                    if data is not None and region.rows == 1:  # whole rows: a contiguous run
+                        data = data.reshape(-1)
+                    if owner == g:
+                        mem.add(region, data)
+                        continue
+                    while win.full(region.nbytes):
+                        yield win.wait()
+                    win.take(region.nbytes)
+                    drain.issue()
+                    isa.red(g, owner, region, data, self._landed(win, region.nbytes, drain), port, unit=RED_UNIT)
+                if port.free_at > sim.now:  # the SM pushes the tile out before it is free
+                    yield port.free_at - sim.now
+            return program
+
+        kernel.tbs = [tile_tb(i, j) for i, j in raster(shape)]
+        return kernel, drain
+
+    @staticmethod
+    def _landed(win: Window, nbytes: int, drain: _Drain):
+        def done() -> None:
+            win.release(nbytes)
+            drain.land()
+        return done
+
+    # ---- GEMM2 and weight gradients: operands loaded from their owners -----------
+    def _load_gemm(self, r: LayerRun, g: int, gemm: Gemm, ops: list[Operand]) -> Kernel:
+        shape = r.shape(gemm)
+        floor = r.gemm_floor_ps(gemm, shape, r.sms)
+        eb = r.model.dtype_bytes
+        step = SLICE_K * LOAD_SLICES
+        unit = r.m.cfg.transfer_unit_bytes
+        limit = r.m.cfg.collective.outstanding_bytes_per_sm
+        mem = r.m.gpus[g].memory
+        store = store_epilogue(mem, gemm.ops, shape) if mem.functional else None
+
+        def plan(i: int, j: int) -> list[Load]:
+            loads = []
+            for k0 in range(0, shape.k, step):
+                kk = min(step, shape.k - k0)
+                for o, op in enumerate(ops):
+                    t0, nt, col0, ncol = op.physical(shape, i, j, k0, kk)
+                    base_t, _, base_c, _ = op.physical(shape, i, j, 0, shape.k)
+                    for owner, ft, cnt in op.src.owners(t0, nt):
+                        region = Region.block(op.src.shard, op.src.cols, ft - owner * op.src.rows_l, cnt, col0, ncol,
+                                              eb)
+                        loads.append(Load(o, owner, region, ft - base_t, col0 - base_c, cnt, ncol))
+            return loads
+
+        def tile_tb(i: int, j: int) -> TbProgram:
+            def program(sm: int, busy: int) -> ProgramGen:
+                sim, isa = r.m.sim, r.m.isa
+                start = sim.now
+                compute = max(floor, r.cm.tile_time_ps(shape.bm, shape.bn, shape.k, busy))
+                loads = plan(i, j)
+                blocks = self._blocks(shape, ops, i, j) if mem.functional else None
+                remote = [ld for ld in loads if ld.home != g]
+                arrived = Countdown(len(remote))
+                win = Window(sim, limit)
+                for ld in loads:
+                    if ld.home == g:
+                        if blocks is not None:
+                            self._place(blocks, ld, mem.read(ld.region))
+                        continue
+                    while win.full(ld.region.nbytes):
+                        yield win.wait()
+                    win.take(ld.region.nbytes)
+                    isa.ld(g, ld.home, ld.region, self._got(r, win, ld, blocks, arrived), unit=unit)
+                if remote:
+                    yield arrived
+                last = (shape.k - (shape.k - 1) // step * step) / shape.k  # share of K in the last step
+                end = max(start + compute, sim.now + round(compute * last)) if remote else start + compute
+                if end > sim.now:
+                    yield end - sim.now
+                if store is not None:
+                    store(i, j, self._tile(mem, gemm, shape, ops, blocks, i, j))
+            return program
+
+        return Kernel(gemm.name, [tile_tb(i, j) for i, j in raster(shape)], None)
+
+    @staticmethod
+    def _got(r: LayerRun, win: Window, ld: Load, blocks: list[np.ndarray] | None, arrived: Countdown):
+        def done(data: np.ndarray | None) -> None:
+            win.release(ld.region.nbytes)
+            if blocks is not None and data is not None:
+                Ladm._place(blocks, ld, data)
+            arrived.arrive(r.m.sim)
+        return done
+
+    @staticmethod
+    def _blocks(shape: GemmShape, ops: list[Operand], i: int, j: int) -> list[np.ndarray]:
+        """Empty stored blocks of each loaded operand for tile (i, j)."""
+        out = []
+        for op in ops:
+            _, nt, _, ncol = op.physical(shape, i, j, 0, shape.k)
+            out.append(np.zeros((nt, ncol)))
+        return out
+
+    @staticmethod
+    def _place(blocks: list[np.ndarray], ld: Load, data: np.ndarray) -> None:
+        blocks[ld.op][ld.row:ld.row + ld.nrows, ld.col:ld.col + ld.ncols] = data.reshape(ld.nrows, ld.ncols)
+
+    @staticmethod
+    def _tile(mem, gemm: Gemm, shape: GemmShape, ops: list[Operand], blocks: list[np.ndarray] | None,
+              i: int, j: int) -> np.ndarray | None:
+        """The tile computed from the loaded blocks (and local operands)."""
+        if blocks is None:
+            return None
+        r0, nr = shape.rows(i)
+        c0, nc = shape.cols(j)
+        got = {op.which: op.logical(blk) for op, blk in zip(ops, blocks)}
+        if "a" in got:
+            a_blk = got["a"]
+        else:
+            a = mem.matrix(gemm.ops.a, shape.m if gemm.ops.ta else shape.k)
+            a_blk = a[:, r0:r0 + nr].T if gemm.ops.ta else a[r0:r0 + nr, :]
+        if "b" in got:
+            b_blk = got["b"]
+        else:
+            b = mem.matrix(gemm.ops.b, shape.k if gemm.ops.tb else shape.n)
+            b_blk = b[c0:c0 + nc, :].T if gemm.ops.tb else b[:, c0:c0 + nc]
+        return a_blk @ b_blk
