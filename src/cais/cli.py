@@ -103,6 +103,62 @@ def cmd_gemm(args: argparse.Namespace) -> None:
         ("time", f"{r.time_us:,.2f} us"), ("throughput", f"{r.tflops:,.1f} TFLOP/s")])
 
 
+def cmd_run(args: argparse.Namespace) -> None:
+    from cais.experiments.layer import run_layer
+    from cais.workload.models import ModelError, load_model
+
+    cfg = _system(args, gpus=args.gpus)
+    try:
+        model = load_model(args.model)
+        if args.batch or args.seq:
+            model = model.with_run(batch=args.batch, seq=args.seq)
+        r = run_layer(cfg, model, args.scheme, args.mode, args.sms)
+    except (ModelError, ValueError) as exc:
+        raise UsageError(str(exc).splitlines()[0]) from None
+    if args.json:
+        print(json.dumps(r.as_json()))
+        return
+    table = Table(title=f"{model.name}, {r.scheme}, {r.mode}: one layer period on {cfg.name} "
+                        f"({r.gpus} GPUs x {r.sms} SMs)")
+    for col in ("part", "time (us)", "lower bound (us)", "bound: compute / comm (us)", "gap to bound"):
+        table.add_column(col, justify="right")
+    for name, sub in r.sublayers.items():
+        gap = sub["time_us"] / sub["bound_us"] - 1 if sub["bound_us"] else 0.0
+        table.add_row(name, f"{sub['time_us']:,.1f}", f"{sub['bound_us']:,.1f}",
+                      f"{sub['compute_us']:,.1f} / {sub['comm_us']:,.1f}", f"{100 * gap:+.0f} %")
+    table.add_row("total", f"{r.total_us:,.1f}", "", "", "", style="bold")
+    Console().print(table)
+    Console().print(f"link utilisation: mean {100 * r.link_util:.1f} %, busiest {100 * r.link_util_max:.1f} % "
+                    f"(wire busy time over the period, all GPU<->switch ports and directions); "
+                    f"{r.events:,} events in {r.wall_s:.1f} s")
+
+
+def cmd_schemes(args: argparse.Namespace) -> None:
+    from cais.schemes import schemes
+
+    table = Table(title="schemes")
+    table.add_column("name", style="bold")
+    table.add_column("what it does")
+    for name, cls in schemes().items():
+        table.add_row(name, cls.summary)
+    Console().print(table)
+
+
+def cmd_models(args: argparse.Namespace) -> None:
+    from cais.workload.models import list_models, load_model
+
+    table = Table(title="models")
+    table.add_column("name", no_wrap=True, style="bold")
+    for col in ("hidden", "ffn", "heads/kv", "layers", "seq x batch"):
+        table.add_column(col, justify="right")
+    table.add_column("mlp, norm")
+    for name in list_models():
+        m = load_model(name)
+        table.add_row(name, str(m.hidden), str(m.ffn_hidden), f"{m.heads}/{m.kv}", str(m.layers),
+                      f"{m.seq} x {m.batch}", f"{m.activation}, {m.norm}")
+    Console().print(table)
+
+
 def cmd_systems(args: argparse.Namespace) -> None:
     table = Table(title="systems")
     table.add_column("name", style="bold")
@@ -162,8 +218,21 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true")
     g.set_defaults(fn=cmd_gemm)
 
+    r = with_system(sub.add_parser("run", help="simulate one layer period of a model under a scheme"))
+    r.add_argument("--model", required=True, help="preset (see 'cais models'), model JSON or HF config.json")
+    r.add_argument("--scheme", required=True, help="see 'cais schemes'")
+    r.add_argument("--mode", required=True, choices=("train", "prefill", "decode"))
+    r.add_argument("--sms", type=_positive_int, default=None, help="SMs per GPU (the paper's scaled runs: 66)")
+    r.add_argument("--gpus", type=_positive_int, default=None)
+    r.add_argument("--batch", type=_positive_int, default=None)
+    r.add_argument("--seq", type=_positive_int, default=None)
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(fn=cmd_run)
+
     s = sub.add_parser("systems", help="list system presets")
     s.set_defaults(fn=cmd_systems)
+    sub.add_parser("schemes", help="list schemes").set_defaults(fn=cmd_schemes)
+    sub.add_parser("models", help="list model presets").set_defaults(fn=cmd_models)
 
     d = with_system(sub.add_parser("demo", help="the main job: collectives and a GEMM, as tables"))
     d.add_argument("--bytes", type=_size, default=256 << 20)

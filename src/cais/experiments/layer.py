@@ -46,12 +46,13 @@ class LayerResult:
 
 def chain_bound_ps(r: LayerRun, c: Chain) -> tuple[int, int]:
     """(compute, communication) lower bounds of a sub-layer: its kernels' calibrated
-    times on all SMs, and the least bytes a GPU must move per link direction, S = one
-    [T, h] activation (ReduceScatter with in-switch reduction: S up, S/n down;
-    AllGather with multicast: S/n up, S(n-1)/n down), over the GPU's NVLink bandwidth."""
+    work on all SMs (without launch and fixed kernel overheads), and the least bytes a
+    GPU must move per link direction, S = one [T, h] activation (ReduceScatter with
+    in-switch reduction: S up, S/n down; AllGather with multicast: S/n up, S(n-1)/n
+    down), over the GPU's NVLink bandwidth."""
     cm, sms = r.cm, r.sms
-    compute = sum(cm.gemm_time_ps(g.m, g.n, g.k, sms) for g in (c.gemm1, c.gemm2))
-    compute += r.rowop_work_ps(c.rowop, c.rowop.rows, sms) + r.cm_mem_overhead_ps
+    compute = sum(cm.gemm_time_ps(g.m, g.n, g.k, sms) - cm.kernel_overhead_ps for g in (c.gemm1, c.gemm2))
+    compute += r.rowop_work_ps(c.rowop, c.rowop.rows, sms)
     s_bytes = r.d.tokens * r.d.hidden * r.model.dtype_bytes
     gbps = r.m.cfg.link.bandwidth_GBps * r.m.cfg.links_per_gpu
     return compute, round(s_bytes / gbps * 1000)

@@ -269,10 +269,10 @@ class FuseLib(Scheme):
         """Row-wise op on row block b of this GPU's shard, then its AllGather push."""
         plan, g, c = f.plan, w.g, f.c
         first, cnt = plan.blocks[b]
-        yield self.rowop_ps(r, c, cnt)
         mem = r.m.gpus[g].memory
-        if mem.functional:
+        if mem.functional:  # reads its inputs as it starts (outputs are pushed only after its time)
             r.rowop_apply(g, c.rowop, first, cnt)
+        yield self.rowop_ps(r, c, cnt)
         data = mem.read(Region(c.gather_src, first * plan.h, cnt * plan.h, plan.eb))
         dst = Region(c.gather_dst, (g * plan.rows_l + first) * plan.h, cnt * plan.h, plan.eb)
         mem.write(dst, data)

@@ -100,9 +100,9 @@ class FuseLibNvls(FuseLib):
                 summed.arrive(sim)
             r.m.isa.multimem_ld_reduce(g, piece, got, unit=plan.unit)
         yield summed
-        yield self.rowop_ps(r, c, cnt)
-        if mem.functional:
+        if mem.functional:  # reads its inputs as it starts (outputs are pushed only after its time)
             r.rowop_apply(g, c.rowop, first, cnt)
+        yield self.rowop_ps(r, c, cnt)
         data = mem.read(Region(c.gather_src, first * plan.h, cnt * plan.h, plan.eb))
         dst = Region(c.gather_dst, rows, cnt * plan.h, plan.eb)
         for piece in unit_chunks(dst, plan.unit):
