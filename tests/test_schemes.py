@@ -20,10 +20,11 @@ def four_gpus():
     return load_system("dgx-h100").with_overrides(gpus=4)
 
 
-@pytest.mark.parametrize("mode", ["prefill", "train"])
+@pytest.mark.parametrize("mode", ["prefill", "decode", "train"])
 @pytest.mark.parametrize("scheme", list(schemes()))
 def test_scheme_reproduces_the_unsharded_layer(four_gpus, scheme, mode) -> None:
-    r = run_layer(four_gpus, GPT, scheme, mode, functional=True, seed=1)
+    model = GPT.with_run(batch=8) if mode == "decode" else GPT  # decode: one token row per sequence
+    r = run_layer(four_gpus, model, scheme, mode, functional=True, seed=1)
     assert r.checked >= (60 if mode == "train" else 25)
     assert r.mismatches == []
     assert r.total_us > 0 and set(r.sublayers) == ({"L1", "L2", "L3", "L4"} if mode == "train" else {"L1", "L2"})

@@ -74,9 +74,16 @@ class FunctionalCase:
             raise ValueError("functional mode needs kv_heads >= GPUs (no replicated KV heads)")
         self.d, self.period, self.model = d, period, model
         self.this, self.nxt = ref.make_params(model, rng), ref.make_params(model, rng)
-        x1, q, k, v = ref.make_inputs(model, model.batch, model.seq, rng)
+        if period.mode == "decode":  # one new token per sequence over a cache of kv_len
+            x1, _, kc, vc = ref.make_inputs(model, model.batch, d.kv_len, rng)
+            x1, q, k, v = ref.make_inputs(model, model.batch, 1, rng)
+            kc[:, :, -1:], vc[:, :, -1:] = k, v
+            self.kcache, self.vcache = kc, vc
+            self.fwd = ref.decode_step(x1, q, kc, vc, self.this, self.nxt, model, p_drop, seed)
+        else:
+            x1, q, k, v = ref.make_inputs(model, model.batch, model.seq, rng)
+            self.fwd = ref.forward_period(x1, q, k, v, self.this, self.nxt, model, p_drop, seed)
         self.x1, self.q, self.k, self.v = x1, q, k, v
-        self.fwd = ref.forward_period(x1, q, k, v, self.this, self.nxt, model, p_drop, seed)
         self.bwd = None
         if period.mode == "train":
             self.dqn = ref._grid(rng, self.fwd["q_next"].shape, 256)
@@ -111,6 +118,9 @@ class FunctionalCase:
                "ln2_g": t.ln2_g, "ln1n_g": nx_.ln1_g}
         if t.ln2_b is not None:
             buf.update({"ln2_b": t.ln2_b, "ln1n_b": nx_.ln1_b})
+        if self.period.mode == "decode":
+            kh = slice(g * self.d.kv_l, (g + 1) * self.d.kv_l)
+            buf["kcache"], buf["vcache"] = self.kcache[:, kh], self.vcache[:, kh]
         if self.bwd is not None:
             buf["dqkv_next"] = self._qkv(self.dqn, self.dkn, self.dvn, g)
             buf["dx3_res"] = self._rows(self.dx3_res, g)

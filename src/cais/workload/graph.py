@@ -166,6 +166,9 @@ def _forward(d: Dims, p: Period, seed: int) -> None:
                       "wo": (d.q_l, h), "w1": (h, d.fc1_l), "w2": (d.ffn_l, h), "wqkv_next": (h, d.qkv_l)})
     if d.sp:
         p.buffers.update({"n2g": (T, h), "n1g": (T, h)})
+    if p.mode == "decode":  # the KV cache (already holding the new token's k, v)
+        p.buffers.update({"kcache": (d.batch * d.kv_l * d.kv_len, d.head_dim),
+                          "vcache": (d.batch * d.kv_l * d.kv_len, d.head_dim)})
     p.segments.append(Local("attention", "attention"))
     p.segments.append(Chain(
         "L1", Gemm("out_proj", T, h, d.q_l, GemmOperands("a", "wo", "zo_p"), "fwd"), "zo",
