@@ -20,13 +20,15 @@ What is modelled, per sub-layer (GEMM1 -> RS -> row-wise op -> AG -> GEMM2), per
   AllGather push), else the next GEMM1 tile, else it waits for a row block to become
   ready. So the row-wise TBs run on the GEMM's SMs, *between* its tiles, as soon as
   their rows are reduced: no SMs are set aside and none idle while tiles remain.
-* **GEMM1 tile** (the calibrated tile time, as a GEMM TB on the SMs that are busy):
-  its epilogue pushes the tile's rows to the GPU that owns those token rows with P2P
-  ``red`` (a remote add into the owner's ``reduced`` buffer; rows this GPU owns: a
-  local add). A tile spanning two owners' shards is split at the boundary. The stores
-  leave through the SM's port (SM copy bandwidth); the worker moves on once its SM
-  has issued them (posted writes), keeping at most ``outstanding_bytes_per_sm`` of
-  undelivered stores in flight. ``reduced`` starts at zero.
+* **GEMM1 tile**: the calibrated tile time of a GEMM TB, with "busy SMs" = the
+  workers running a tile or a row block (not those waiting for work). Its epilogue
+  pushes the tile's rows to the GPU that owns those token rows with P2P ``red`` (a
+  remote add into the owner's ``reduced`` buffer; rows this GPU owns: a local add). A
+  tile spanning two owners' shards is split at the boundary. The stores leave
+  through the SM's port (SM copy bandwidth); the worker moves on once its SM has
+  issued them (posted writes), keeping at most ``outstanding_bytes_per_sm`` of
+  undelivered stores in flight, so a congested fabric backpressures the GEMM.
+  ``reduced`` is assumed zeroed beforehand (off the critical path).
 * **Tile order**: row blocks of every owner interleaved (row block b of owner
   g+1, g+2, ..., g, then row block b+1 ...; all column tiles of a tile row
   together), so every GPU reduces into every owner at once (no incast on one owner)
@@ -46,7 +48,10 @@ What is modelled, per sub-layer (GEMM1 -> RS -> row-wise op -> AG -> GEMM2), per
   GPU once its fused kernel has finished and every row of ``gather_dst`` has landed.
 
 Transfer unit: the system's largest (``transfer_unit_bytes``, 64 KiB): a tile piece
-(<= 32 KiB) is one train; a 64-row block of h = 4096 is 8 trains per destination.
+(<= 32 KiB) is one unit; a 64-row block of h = 4096 is 8 units per destination (the
+ISA stripes each unit over the switch chips).
+Not modelled: HBM contention between the row-wise TBs, the stores and the GEMM
+tiles (the compute model has no shared-HBM term).
 """
 
 from __future__ import annotations

@@ -76,15 +76,19 @@ from cais.engine import Countdown, Signal
 from cais.engine.sim import ProgramGen
 from cais.hw.gpu import Kernel, TbProgram
 from cais.hw.memory import Region
-from cais.kernels.common import Window
+from cais.kernels.common import Window, split
 from cais.kernels.gemm import GemmShape, raster, store_epilogue, tile_product
 from cais.schemes.base import Deps, LayerRun, Scheme, all_of
 from cais.isa import SmPort
 from cais.workload.graph import Chain, Gather, Gemm, Local
 
 SLICE_K = 64  # K elements per mainloop slice (a CUTLASS Hopper stage: BK = 64 bf16)
-LOAD_SLICES = 2  # K-slices per remote ld
-RED_UNIT = 16 * 1024  # transfer unit of the epilogue's remote reductions
+
+
+def tile_order(shape: GemmShape) -> list[tuple[int, int]]:
+    """CUTLASS's SM90 tile-scheduler heuristic: raster along M (column raster) if the
+    GEMM has more column tiles than row tiles, else along N (row raster)."""
+    return raster(shape, "col" if shape.tiles_n > shape.tiles_m else "row")
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,11 @@ class Operand:
     src: Sharded
     trans: bool
 
+    @property
+    def k_is_tokens(self) -> bool:
+        """Whether the GEMM's K runs over the stored rows (tokens): A^T and B."""
+        return (self.which == "a") == self.trans
+
     def side(self, shape: GemmShape) -> int:
         return shape.bm if self.which == "a" else shape.bn
 
@@ -127,15 +136,13 @@ class Operand:
         """(token0, tokens, col0, cols) of the stored [T, cols] block holding the
         operand's part for tile (i, j) and K range k0 .. k0+kk-1."""
         s0, sn = self.tile_span(shape, i, j)
-        outer_is_k = (self.which == "a") == self.trans  # A^T and B are stored K-major
-        return (k0, kk, s0, sn) if outer_is_k else (s0, sn, k0, kk)
+        return (k0, kk, s0, sn) if self.k_is_tokens else (s0, sn, k0, kk)
 
     def logical(self, block: np.ndarray) -> np.ndarray:
         """The stored block as the GEMM sees it (A [M, K], B [K, N])."""
-        outer_is_k = (self.which == "a") == self.trans
         if self.which == "a":
-            return block.T if outer_is_k else block
-        return block if outer_is_k else block.T
+            return block.T if self.k_is_tokens else block
+        return block if self.k_is_tokens else block.T
 
 
 @dataclass(frozen=True)
@@ -184,6 +191,7 @@ class Ladm(Scheme):
     name = "ladm"
     sp = True
     algo = "p2p"
+    load_bytes = 256 * 1024  # bytes of one remote ld (whole K-slices); 0: one K-slice
     summary = "one NUMA GPU: GEMM -> remote red to row owner | LN | GEMM with remote ld of A rows; no collectives"
 
     # ---- period -------------------------------------------------------------------
@@ -277,12 +285,13 @@ class Ladm(Scheme):
                         yield win.wait()
                     win.take(region.nbytes)
                     drain.issue()
-                    isa.red(g, owner, region, data, self._landed(win, region.nbytes, drain), port, unit=RED_UNIT)
+                    isa.red(g, owner, region, data, self._landed(win, region.nbytes, drain), port,
+                            unit=r.m.cfg.transfer_unit_bytes)
                 if port.free_at > sim.now:  # the SM pushes the tile out before it is free
                     yield port.free_at - sim.now
             return program
 
-        kernel.tbs = [tile_tb(i, j) for i, j in raster(shape)]
+        kernel.tbs = [tile_tb(i, j) for i, j in tile_order(shape)]
         return kernel, drain
 
     @staticmethod
@@ -297,16 +306,16 @@ class Ladm(Scheme):
         shape = r.shape(gemm)
         floor = r.gemm_floor_ps(gemm, shape, r.sms)
         eb = r.model.dtype_bytes
-        step = SLICE_K * LOAD_SLICES
-        unit = r.m.cfg.transfer_unit_bytes
+        steps = self._k_steps(shape, ops, eb)
+        biggest = max(kk for _, kk in steps) * sum(op.side(shape) for op in ops) * eb
+        unit = max(r.m.cfg.transfer_unit_bytes, 1 << (biggest - 1).bit_length())  # one ld = one unit
         limit = r.m.cfg.collective.outstanding_bytes_per_sm
         mem = r.m.gpus[g].memory
         store = store_epilogue(mem, gemm.ops, shape) if mem.functional else None
 
         def plan(i: int, j: int) -> list[Load]:
             loads = []
-            for k0 in range(0, shape.k, step):
-                kk = min(step, shape.k - k0)
+            for k0, kk in steps:
                 for o, op in enumerate(ops):
                     t0, nt, col0, ncol = op.physical(shape, i, j, k0, kk)
                     base_t, _, base_c, _ = op.physical(shape, i, j, 0, shape.k)
@@ -337,7 +346,7 @@ class Ladm(Scheme):
                     isa.ld(g, ld.home, ld.region, self._got(r, win, ld, blocks, arrived), unit=unit)
                 if remote:
                     yield arrived
-                last = (shape.k - (shape.k - 1) // step * step) / shape.k  # share of K in the last step
+                last = steps[-1][1] / shape.k  # share of K in the last step
                 end = max(start + compute, sim.now + round(compute * last)) if remote else start + compute
                 if end > sim.now:
                     yield end - sim.now
@@ -345,7 +354,22 @@ class Ladm(Scheme):
                     store(i, j, self._tile(mem, gemm, shape, ops, blocks, i, j))
             return program
 
-        return Kernel(gemm.name, [tile_tb(i, j) for i, j in raster(shape)], None)
+        return Kernel(gemm.name, [tile_tb(i, j) for i, j in tile_order(shape)], None)
+
+    def _k_steps(self, shape: GemmShape, ops: list[Operand], eb: int) -> list[tuple[int, int]]:
+        """(k0, count) of the K ranges one ld each (per owner) brings in: whole K-slices
+        of about ``load_bytes``; where K runs over tokens (weight gradients), each
+        owner's shard is cut into equal steps so that no ld straddles two owners."""
+        side = sum(op.side(shape) for op in ops) * eb  # bytes per K element of the loaded operands
+        if any(op.k_is_tokens for op in ops):
+            rows_l, steps = ops[0].src.rows_l, []
+            for s0 in range(0, shape.k, rows_l):
+                n = min(rows_l, shape.k - s0)
+                parts = max(1, round(n * side / self.load_bytes))
+                steps += [(s0 + a, c) for a, c in split(0, n, parts) if c > 0]
+            return steps
+        step = max(1, self.load_bytes // (side * SLICE_K)) * SLICE_K
+        return [(k0, min(step, shape.k - k0)) for k0 in range(0, shape.k, step)]
 
     @staticmethod
     def _got(r: LayerRun, win: Window, ld: Load, blocks: list[np.ndarray] | None, arrived: Countdown):

@@ -34,8 +34,14 @@ What is modelled (per sub-layer ``Chain``):
   issued back to back through a port of ``dma_rate`` (link-limited: the GPU's total
   NVLink bandwidth per direction, 18 x 25 = 450 GB/s on DGX-H100; T3 does not model
   its DMA engine's internals, only the links) with at most ``dma_window_bytes``
-  (1 MiB, what the NCCL NVLS kernels here keep in flight: 16 SMs x 64 KiB) not yet
-  delivered. No trigger latency beyond the flag-free local counter.
+  (4 MiB) not yet delivered (or, for pulls, returned). The window is sized so the
+  engine stays link-limited: alone on the fabric, one chunk pulled with
+  ``multimem.ld_reduce`` reaches about 275 GB/s with 1 MiB outstanding and the link
+  bound (about 316-321 GB/s: the owner's down-link carries the sums plus the pull
+  requests for its own replica) from 2-4 MiB; 4 MiB also leaves room for loaded
+  round trips. A stored chunk (``st``/``red``) moves at about 347 GB/s (the write
+  packet format's bound is 360). No trigger latency: the tracker sits at the memory
+  controller and the command is pre-programmed.
 * Row-wise op (choice): a normal kernel on all SMs, launched (kernel overhead) when
   this GPU's ReduceScatter is done (its own chunk complete) and GEMM1 finished:
   coarse-grained, after the whole RS, before the AG.
@@ -47,7 +53,8 @@ What is modelled (per sub-layer ``Chain``):
   chunk reaches the GPU before its owner.
 * GEMM2 (TB level): launched after the row-wise kernel; its tile rows wait only for
   the chunks they read (``waits``), and are ordered by when those chunks arrive on
-  this GPU: the own shard first, then g-1, g-2, ... (ring order).
+  this GPU: the own shard first, then g-1, g-2, ... (ring order); a row straddling
+  two chunks is ranked by the later one.
 * Stand-alone AllGathers (the backward re-gathers) use the same DMA ring.
 
 Not modelled: HBM contention between the DMA/NMC traffic and the GEMM (and so T3's
@@ -65,7 +72,9 @@ import numpy as np
 
 from cais.engine import Countdown, Process, Signal
 from cais.hw.config import PS_PER_NS, SystemConfig
-from cais.hw.memory import Region
+from cais.hw.gpu import Kernel
+from cais.hw.machine import Machine
+from cais.hw.memory import Memory, Region
 from cais.isa import SmPort
 from cais.kernels.common import Window
 from cais.kernels.gemm import GemmShape
@@ -102,22 +111,22 @@ class DmaEngine:
     order, cutting each into transfer units pushed through its own port, with a
     bounded number of bytes not yet delivered (or, for pulls, not yet returned)."""
 
-    def __init__(self, r: LayerRun, gpu: int, rate_GBps: float, window_bytes: int) -> None:
-        self.r = r
+    def __init__(self, m: Machine, gpu: int, rate_GBps: float, window_bytes: int) -> None:
+        self.m = m
         self.gpu = gpu
         self.port = SmPort(PS_PER_NS / rate_GBps)
-        self.window = Window(r.m.sim, window_bytes)
+        self.window = Window(m.sim, window_bytes)
         self.queue: deque[DmaCommand] = deque()
         self._wake: Signal | None = None
         self.bytes_moved = 0
-        Process(r.m.sim, self._run())
+        Process(m.sim, self._run())
 
     def push(self, cmd: DmaCommand) -> None:
         """Queue a command (the tracker's trigger)."""
         self.queue.append(cmd)
         wake, self._wake = self._wake, None
         if wake is not None:
-            self.r.m.sim.after(0, wake.fire, self.r.m.sim)
+            self.m.sim.after(0, wake.fire, self.m.sim)
 
     def on(self, trigger: Signal, cmd: DmaCommand) -> None:
         """Queue ``cmd`` when ``trigger`` fires."""
@@ -132,7 +141,7 @@ class DmaEngine:
             yield from self._issue(self.queue.popleft())
 
     def _issue(self, cmd: DmaCommand) -> Generator[Any, Any, None]:
-        m, sim, isa = self.r.m, self.r.m.sim, self.r.m.isa
+        m, sim, isa = self.m, self.m.sim, self.m.isa
         mem = m.gpus[self.gpu].memory
         cut = cmd.src if cmd.op == "ld_reduce" else cmd.dst  # cut at the routed address
         pieces = isa.pieces(cut, cmd.unit)
@@ -157,7 +166,7 @@ class DmaEngine:
                      unit=cmd.unit)
 
     def _landed(self, out: Region, release: Callable[[], None]) -> Callable[[np.ndarray | None], None]:
-        mem = self.r.m.gpus[self.gpu].memory
+        mem = self.m.gpus[self.gpu].memory
 
         def got(data: np.ndarray | None) -> None:
             mem.write(out, data)
@@ -165,7 +174,7 @@ class DmaEngine:
         return got
 
     def _release(self, nbytes: int, left: Countdown) -> Callable[[], None]:
-        sim = self.r.m.sim
+        sim = self.m.sim
 
         def release() -> None:
             self.window.release(nbytes)
@@ -231,10 +240,11 @@ class DmaScheme(Scheme):
 
     def run(self, r: LayerRun) -> None:
         rate = dma_rate_GBps(r.m.cfg)
-        self.dma = [DmaEngine(r, g, rate, self.dma_window_bytes) for g in range(r.m.n)]
+        self.dma = [DmaEngine(r.m, g, rate, self.dma_window_bytes) for g in range(r.m.n)]
         super().run(r)
 
-    def gemm2_waiting(self, r: LayerRun, c: Chain, g: int, arrived: list[Signal], rank: Callable[[int], int]):
+    def gemm2_waiting(self, r: LayerRun, c: Chain, g: int, arrived: list[Signal],
+                      rank: Callable[[int], int]) -> Kernel:
         """GEMM2 on GPU g: each tile row waits for the gathered chunks it reads, tile rows
         in ``rank`` order of those chunks."""
         if c.gemm2.ops.a != c.gather_dst or c.gemm2.ops.ta or c.gemm2.m != r.d.tokens:
@@ -314,7 +324,8 @@ class T3(DmaScheme):
             mem = r.m.gpus[g].memory
             nxt = (g + 1) % n
 
-            def epilogue(i: int, j: int, tile: np.ndarray | None, g: int = g, mem=mem, nxt: int = nxt) -> None:
+            def epilogue(i: int, j: int, tile: np.ndarray | None, g: int = g, mem: Memory = mem,
+                         nxt: int = nxt) -> None:
                 c0, nc = shape.cols(j)
                 t0 = shape.rows(i)[0]
                 for q, row, nr in pieces[i]:

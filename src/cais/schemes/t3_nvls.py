@@ -20,7 +20,7 @@ What is modelled (per sub-layer ``Chain``):
   rest of GEMM1.
 * DMA engine (shared with :mod:`cais.schemes.t3`): an ``engine.Process`` per GPU on
   no SM, FIFO of triggered whole-chunk commands cut into transfer units, at most
-  ``dma_window_bytes`` (1 MiB) of pulls outstanding, stores pushed at the link rate
+  ``dma_window_bytes`` (4 MiB) of pulls outstanding, stores pushed at the link rate
   (450 GB/s on DGX-H100).
 * Coarse-grained RS -> LN -> AG -> GEMM2 (kernel-level dependencies): the row-wise
   kernel (all SMs, launch overhead) starts when the whole ReduceScatter is done
@@ -40,7 +40,7 @@ from __future__ import annotations
 import numpy as np
 
 from cais.engine import Countdown, Signal
-from cais.kernels.gemm import store_epilogue
+from cais.kernels.gemm import Epilogue, store_epilogue
 from cais.schemes.base import Deps, LayerRun, all_of
 from cais.schemes.t3 import DmaCommand, DmaScheme, chunk_unit, pieces_by_row, pieces_per_chunk, shard, tile_order
 from cais.workload.graph import Chain
@@ -86,7 +86,8 @@ class T3Nvls(DmaScheme):
         for g in range(n):
             store = store_epilogue(r.m.gpus[g].memory, c.gemm1.ops, shape) if r.m.functional else None
 
-            def epilogue(i: int, j: int, tile: np.ndarray | None, g: int = g, store=store) -> None:
+            def epilogue(i: int, j: int, tile: np.ndarray | None, g: int = g,
+                         store: Epilogue | None = store) -> None:
                 if store is not None:
                     store(i, j, tile)
                 for q, _, _ in pieces[i]:
