@@ -10,64 +10,70 @@ communication-centric design"; §IV-C (d), §V-A.3).
 What is modelled, per sub-layer (``Chain``):
 
 * **GEMM1** (row-parallel, partial sums over the GPU's K shard): one TB per output
-  tile on all SMs, row-raster order (the ordinary TB order; LADM has no
-  communication-aware tile order). The tile's epilogue sends its partial rows to the
-  GPU that owns those token rows (GPU g owns rows g*T/n ..) with P2P ``red``
-  (remote add into the owner's ``reduced`` buffer; the owner's own rows are added
-  locally). ``red`` is the only way to combine partial sums without a collective.
-  The SM pushes the data through its store port (``sm_copy_bandwidth``) and keeps at
-  most ``outstanding_bytes_per_sm`` of reductions undelivered (per SM, across its
-  successive tiles): a tile whose epilogue finds the window full waits (store
-  backpressure). The kernel counts as finished for its consumers when its TBs have
-  ended **and** all its reductions have landed (a kernel boundary makes its writes
-  visible).
-* **Kernel boundaries are global**: in a single-GPU programming model the next kernel
-  starts when the previous one has finished on every GPU, plus ``r.barrier_ps``. This
-  applies to every kernel of the period (GEMM1 -> row-wise op -> GEMM2, and the
-  local kernels); its cost is only visible where GPUs finish at different times.
+  tile on all SMs. The tile's epilogue sends its partial rows to the GPU that owns
+  those token rows (GPU g owns rows g*T/n ..) with P2P ``red`` (remote add into the
+  owner's ``reduced`` buffer; the owner's own rows are added locally): ``red`` is
+  the only way to combine partial sums without a collective. The SM pushes the data
+  through its store port (``sm_copy_bandwidth``) and keeps at most
+  ``outstanding_bytes_per_sm`` (64 KiB) of reductions undelivered, across its
+  successive tiles: an epilogue that finds the window full waits (store
+  backpressure). For its consumers the kernel is finished when its TBs have ended
+  **and** all its reductions have landed (a kernel boundary makes writes visible).
+* **Kernel boundaries are global**: in a single-GPU programming model the next
+  kernel starts when the previous one has finished on every GPU, plus
+  ``r.barrier_ps``. This holds for every kernel of the period (GEMM1 -> row-wise op
+  -> GEMM2, and the local kernels); it costs time where GPUs finish apart.
 * **Row-wise op** (dropout + residual + norm, or its backward) on the owner's shard
-  rows, a kernel on all SMs, as in SP-NVLS.
+  rows, one kernel on all SMs, as in SP-NVLS.
 * **GEMM2** (consumer of the gathered activation): there is no AllGather. Each TB
-  loads the A rows of its tile from their owner GPU's shard with remote ``ld``
-  (its own rows are read locally, no traffic), as a GEMM mainloop does: it walks K
-  in slices and keeps at most ``outstanding_bytes_per_sm`` (64 KiB) of loads in
-  flight, i.e. 4 K-slices of 128 x 64 bf16 elements (BM = 128) or 2 of 256 x 64
-  (BM = 256). Loads are issued ``load_slices`` (2) slices at a time, i.e. one ld of
-  BM x 128 elements (32 KiB at BM = 128), to keep the event count of a period
-  bounded. The tile's compute (``cm.tile_time_ps``, never below the GEMM's memory
-  floor) overlaps its loads: the tile finishes at max(start + compute, arrival of its
-  last slice + the compute of that last slice). In functional mode the tile is
-  computed from the loaded data (the A block is assembled from the ld results).
-* **Weight-gradient GEMMs** (training) read the same token-sharded activations
-  (n1, n2 as their TN operand A, dzf and dzo as operand B) along K = tokens: they
-  load them the same way (K-slices of 64 tokens of the tile's BM or BN columns), and
-  the Megatron re-gathers before them (``Gather`` segments) do not exist.
+  loads the A rows of its tile from their owner's shard with remote ``ld`` (its own
+  rows are read locally, no traffic), as a GEMM mainloop does: it walks K in order
+  and keeps at most ``outstanding_bytes_per_sm`` of loads in flight. Nominally
+  (``load_bytes`` <= 32 KiB) that is 2-4 K-slices of BM x 64 elements (16 KiB at
+  BM = 128, 32 KiB at BM = 256). By default (``load_bytes`` = 512 KiB) one ld
+  brings 512 KiB of whole K-slices (BM x 2048 or BM x 1024) and is the only one in
+  flight, because the fine version costs ~10x the events (a LLaMA-7B training
+  period takes 160 s instead of 17 s). Measured effect of the coarse loads:
+  +1 % prefill, +7 % train with the fine ones (docs/schemes/ladm.md). The tile's
+  compute (``cm.tile_time_ps``, never below the GEMM's memory floor) overlaps its
+  loads: it finishes at max(start + compute, last load landed + the compute of one
+  64-wide K-slice). In functional mode the tile is computed from the loaded data
+  (its A block is assembled from the ld results).
+* **Weight-gradient GEMMs** (training) read the same token-sharded activations (n1,
+  n2 as their transposed A, dzf and dzo as B) with K = tokens: they load them the
+  same way, K running over each owner's shard in turn (the shard is cut into
+  ~``load_bytes`` steps that never straddle two owners). Megatron's re-gathers
+  before them (``Gather`` segments) do not exist in a single-GPU program.
 
-Reuse of remote data. TBs that need the same A rows do not share what they loaded:
-a tile's mainloop streams its A block through shared memory, and a Hopper GPU does
-not keep peer (NVLink) data in its own L2 (it is cached at its home GPU), so LADM's
-proposed remote-data L2 insertion policy has nothing to act on in a DGX-H100; each
-remote row block is therefore loaded once per column tile of the GEMM. LADM's TB
-placement cannot avoid that either: in TP each GPU holds one column shard of the
-weights and must produce that shard of the output (its heads / FFN columns, which
-the next local kernel reads). Binding tiles to the owner of their A rows instead
-would make every GPU read every other GPU's weight shard once per row block (for
-FC1 of paper-llama-7b: 9 row blocks x 4096 x 11264 x 2 B ~ 0.8 GiB per GPU, vs
-6 x 7/8 x 75 MB ~ 0.4 GiB of A rows), and write its outputs remotely; so the
-locality analysis keeps the TP column placement, which is what is modelled.
+Reuse of remote data. TBs that need the same rows do not share what they loaded:
+a tile's mainloop streams its block through shared memory, and (to our knowledge)
+a Hopper GPU caches peer memory only in the home GPU's L2, so LADM's proposed
+remote-data L2 insertion policy has nothing to act on in a DGX-H100. Each remote
+row block is therefore loaded once per column tile of the GEMM (once per row tile
+for a weight gradient's B). LADM's TB placement does not remove this either: the
+program is TP, so each GPU holds one column shard of the weights and produces that
+shard of the output, which its next local kernel (activation, attention heads)
+reads; the placement keeps tiles with their weights and outputs, as modelled.
+Binding tiles to the owner of their A rows instead would make the weights the
+remote operand: per GPU (rows_l / BM) x (n-1)/n x K x N_total x 2 B, i.e. BM/BN
+times the A-row traffic (0.5x for 256x128 tiles, 2x for 128x256), plus remote
+output writes and remote inputs for every following kernel, so it is not modelled.
 
-Choices the sources leave open, with their values: row-raster tile order on every
-GPU (all GPUs walk the same rows at the same time, so GEMM1's reductions converge
-on one owner at a time and GEMM2's loads leave from one owner at a time);
-reductions sent as 16 KiB transfer units; 64 KiB of loads / undelivered reductions
-in flight per SM (``collective.outstanding_bytes_per_sm``, as for NVLS kernels);
-K-slices of 64 elements, loaded two at a time; a global barrier of ``r.barrier_ps``
-at every kernel boundary.
+Choices the sources leave open, with their values: tile order = CUTLASS's SM90
+heuristic (row raster when the GEMM has at least as many row tiles as column
+tiles: every chain GEMM here), identical on every GPU, so all GPUs walk the same
+token rows at the same time: GEMM1's reductions converge on one owner at a time
+and GEMM2's loads leave one owner at a time (a column raster, measured as a
+sensitivity, is 2.3x faster in prefill); the weight-gradient mainloops all start
+at token 0 (owner 0); reductions cut in ``transfer_unit_bytes`` units (one per
+tile); 64 KiB of loads / undelivered reductions per SM
+(``collective.outstanding_bytes_per_sm``, as NVLS kernels); a global barrier of
+``r.barrier_ps`` at every kernel boundary.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -75,7 +81,7 @@ import numpy as np
 from cais.engine import Countdown, Signal
 from cais.engine.sim import ProgramGen
 from cais.hw.gpu import Kernel, TbProgram
-from cais.hw.memory import Region
+from cais.hw.memory import Memory, Region
 from cais.kernels.common import Window, split
 from cais.kernels.gemm import GemmShape, raster, store_epilogue, tile_product
 from cais.schemes.base import Deps, LayerRun, Scheme, all_of
@@ -85,10 +91,13 @@ from cais.workload.graph import Chain, Gather, Gemm, Local
 SLICE_K = 64  # K elements per mainloop slice (a CUTLASS Hopper stage: BK = 64 bf16)
 
 
-def tile_order(shape: GemmShape) -> list[tuple[int, int]]:
-    """CUTLASS's SM90 tile-scheduler heuristic: raster along M (column raster) if the
-    GEMM has more column tiles than row tiles, else along N (row raster)."""
-    return raster(shape, "col" if shape.tiles_n > shape.tiles_m else "row")
+def tile_order(shape: GemmShape, how: str = "heuristic") -> list[tuple[int, int]]:
+    """Tile launch order. ``heuristic``: CUTLASS's SM90 tile-scheduler rule, raster
+    along M (column raster) if the GEMM has more column tiles than row tiles, else
+    along N (row raster); or ``row`` / ``col``."""
+    if how == "heuristic":
+        how = "col" if shape.tiles_n > shape.tiles_m else "row"
+    return raster(shape, how)
 
 
 @dataclass(frozen=True)
@@ -147,8 +156,8 @@ class Operand:
 
 @dataclass(frozen=True)
 class Load:
-    """One access of a tile's mainloop: ``region`` on GPU ``home``, placed at
-    (``row``, ``col``) of the tile's stored operand block; ``step`` is its K-step."""
+    """One access of a tile's mainloop: ``region`` ([``nrows``, ``ncols``]) of operand
+    ``op`` on GPU ``home``, placed at (``row``, ``col``) of the tile's stored block."""
 
     op: int
     home: int
@@ -191,7 +200,8 @@ class Ladm(Scheme):
     name = "ladm"
     sp = True
     algo = "p2p"
-    load_bytes = 256 * 1024  # bytes of one remote ld (whole K-slices); 0: one K-slice
+    load_bytes = 512 * 1024  # about the bytes one remote ld brings (whole K-slices)
+    order = "heuristic"  # tile launch order of every GEMM (see tile_order)
     summary = "one NUMA GPU: GEMM -> remote red to row owner | LN | GEMM with remote ld of A rows; no collectives"
 
     # ---- period -------------------------------------------------------------------
@@ -221,8 +231,7 @@ class Ladm(Scheme):
         out = []
         for g in range(r.m.n):
             if seg.gemm is not None:
-                ops = self._operands(seg.gemm)
-                k = self._load_gemm(r, g, seg.gemm, ops) if ops else r.gemm_kernel(g, seg.gemm)
+                k = self._load_gemm(r, g, seg.gemm, self._operands(seg.gemm))
                 over = r.cm.kernel_overhead_ps
             else:
                 k, over = r.local_kernel(g, seg)
@@ -291,11 +300,11 @@ class Ladm(Scheme):
                     yield port.free_at - sim.now
             return program
 
-        kernel.tbs = [tile_tb(i, j) for i, j in tile_order(shape)]
+        kernel.tbs = [tile_tb(i, j) for i, j in tile_order(shape, self.order)]
         return kernel, drain
 
     @staticmethod
-    def _landed(win: Window, nbytes: int, drain: _Drain):
+    def _landed(win: Window, nbytes: int, drain: _Drain) -> Callable[[], None]:
         def done() -> None:
             win.release(nbytes)
             drain.land()
@@ -303,6 +312,8 @@ class Ladm(Scheme):
 
     # ---- GEMM2 and weight gradients: operands loaded from their owners -----------
     def _load_gemm(self, r: LayerRun, g: int, gemm: Gemm, ops: list[Operand]) -> Kernel:
+        if not ops:
+            return r.gemm_kernel(g, gemm)
         shape = r.shape(gemm)
         floor = r.gemm_floor_ps(gemm, shape, r.sms)
         eb = r.model.dtype_bytes
@@ -346,15 +357,16 @@ class Ladm(Scheme):
                     isa.ld(g, ld.home, ld.region, self._got(r, win, ld, blocks, arrived), unit=unit)
                 if remote:
                     yield arrived
-                last = steps[-1][1] / shape.k  # share of K in the last step
-                end = max(start + compute, sim.now + round(compute * last)) if remote else start + compute
+                # the mainloop computes each K-slice once it has landed: after the last
+                # load, one slice of compute remains
+                end = max(start + compute, sim.now + compute * SLICE_K // shape.k) if remote else start + compute
                 if end > sim.now:
                     yield end - sim.now
                 if store is not None:
                     store(i, j, self._tile(mem, gemm, shape, ops, blocks, i, j))
             return program
 
-        return Kernel(gemm.name, [tile_tb(i, j) for i, j in tile_order(shape)], None)
+        return Kernel(gemm.name, [tile_tb(i, j) for i, j in tile_order(shape, self.order)], None)
 
     def _k_steps(self, shape: GemmShape, ops: list[Operand], eb: int) -> list[tuple[int, int]]:
         """(k0, count) of the K ranges one ld each (per owner) brings in: whole K-slices
@@ -372,7 +384,8 @@ class Ladm(Scheme):
         return [(k0, min(step, shape.k - k0)) for k0 in range(0, shape.k, step)]
 
     @staticmethod
-    def _got(r: LayerRun, win: Window, ld: Load, blocks: list[np.ndarray] | None, arrived: Countdown):
+    def _got(r: LayerRun, win: Window, ld: Load, blocks: list[np.ndarray] | None,
+             arrived: Countdown) -> Callable[[np.ndarray | None], None]:
         def done(data: np.ndarray | None) -> None:
             win.release(ld.region.nbytes)
             if blocks is not None and data is not None:
@@ -394,7 +407,7 @@ class Ladm(Scheme):
         blocks[ld.op][ld.row:ld.row + ld.nrows, ld.col:ld.col + ld.ncols] = data.reshape(ld.nrows, ld.ncols)
 
     @staticmethod
-    def _tile(mem, gemm: Gemm, shape: GemmShape, ops: list[Operand], blocks: list[np.ndarray] | None,
+    def _tile(mem: Memory, gemm: Gemm, shape: GemmShape, ops: list[Operand], blocks: list[np.ndarray] | None,
               i: int, j: int) -> np.ndarray | None:
         """The tile computed from the loaded blocks (and local operands)."""
         if blocks is None:

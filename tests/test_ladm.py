@@ -1,0 +1,106 @@
+"""LADM: one NUMA GPU, no collectives; partial sums reach their owner by remote
+``red``, consumers ``ld`` the rows they need once per tile."""
+
+import pytest
+
+import cais.experiments.layer as layer
+from cais.experiments.layer import run_layer
+from cais.hw.compute import ComputeModel
+from cais.hw.config import load_system
+from cais.hw.machine import Machine
+from cais.schemes.base import LayerRun
+from cais.schemes.ladm import Ladm, tile_order
+from cais.workload.graph import build_period
+from cais.workload.models import ModelSpec
+
+GPT = ModelSpec(name="tiny-gpt", family="gpt", hidden=256, ffn_hidden=512, heads=4, layers=2, gated_mlp=False,
+                norm="layernorm", activation="gelu", seq=64, batch=4)
+
+
+@pytest.fixture(scope="module")
+def four_gpus():
+    return load_system("dgx-h100").with_overrides(gpus=4)
+
+
+class _FineLoads(Ladm):
+    """Small lds: several K-steps per tile and several loads in flight."""
+
+    name = ""
+    load_bytes = 8 * 1024
+
+
+class _NoDrain(Ladm):
+    """The row-wise op starts after the GPU's own GEMM1 kernel, not after every GPU's
+    reductions have landed."""
+
+    name = ""
+
+    def chain(self, r, c, deps):
+        n, over = r.m.n, r.cm.kernel_overhead_ps
+        g1 = [r.submit(g, self._red_gemm(r, g, c)[0], [deps[g]], over, c.name) for g in range(n)]
+        rows = [r.submit(g, r.rowop_kernel(g, c.rowop), [g1[g]], 0, c.name) for g in range(n)]
+        after = self._barrier(r, rows)
+        return [r.submit(g, self._load_gemm(r, g, c.gemm2, self._operands(c.gemm2)), [after], over, c.name)
+                for g in range(n)]
+
+
+class _NoBarrier(Ladm):
+    """No global barriers: each GPU's row-wise op starts once the reductions *it*
+    issued have landed, and its GEMM2 once its own row-wise op is done."""
+
+    name = ""
+
+    def chain(self, r, c, deps):
+        n, over = r.m.n, r.cm.kernel_overhead_ps
+        flushed = []
+        for g in range(n):
+            k, drain = self._red_gemm(r, g, c)
+            flushed.append(drain.done)
+            r.submit(g, k, [deps[g]], over, c.name)
+        rows = [r.submit(g, r.rowop_kernel(g, c.rowop), [flushed[g]], 0, c.name) for g in range(n)]
+        return [r.submit(g, self._load_gemm(r, g, c.gemm2, self._operands(c.gemm2)), [rows[g]], over, c.name)
+                for g in range(n)]
+
+
+def _run(monkeypatch, cfg, scheme: Ladm, mode: str):
+    monkeypatch.setattr(layer, "get_scheme", lambda name: scheme)
+    return run_layer(cfg, GPT, "ladm", mode, functional=True, seed=3)
+
+
+@pytest.mark.parametrize("mode", ["prefill", "train"])
+def test_fine_loads_assemble_the_operands_exactly(four_gpus, monkeypatch, mode) -> None:
+    r = _run(monkeypatch, four_gpus, _FineLoads(), mode)
+    assert r.checked > 0 and r.mismatches == []
+
+
+@pytest.mark.parametrize("variant", [_NoDrain, _NoBarrier])
+def test_a_missing_global_dependency_is_caught(four_gpus, monkeypatch, variant) -> None:
+    r = _run(monkeypatch, four_gpus, variant(), "prefill")
+    assert r.mismatches
+
+
+def test_traffic_is_one_red_per_partial_row_and_one_ld_per_column_tile(four_gpus) -> None:
+    """No collective; every GPU sends the partial rows it does not own once, and loads
+    the activation rows it does not own once per column tile of each consumer."""
+    period = build_period(GPT, four_gpus.gpus, "prefill", True)
+    m = Machine(four_gpus)
+    run = LayerRun(m, GPT, period, ComputeModel.load(four_gpus.gpu.compute_model))
+    Ladm().run(run)
+    m.run()
+    d, eb, n = period.dims, GPT.dtype_bytes, four_gpus.gpus
+    remote_rows = d.tokens - d.rows_l
+    want = 0
+    for c in period.chains:
+        want += remote_rows * d.hidden * eb  # reductions
+        shape = run.shape(c.gemm2)
+        want += remote_rows * d.hidden * eb * shape.tiles_n  # loads (responses carry the data)
+    assert run.collectives == 0
+    assert m.fabric.injected == n * want
+
+
+def test_tile_order_follows_the_cutlass_heuristic() -> None:
+    from cais.kernels.gemm import GemmShape
+
+    tall, wide = GemmShape(1024, 256, 64, 128, 128), GemmShape(256, 1024, 64, 128, 128)
+    assert tile_order(tall)[:2] == [(0, 0), (0, 1)]  # along N
+    assert tile_order(wide)[:2] == [(0, 0), (1, 0)]  # along M
