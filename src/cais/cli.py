@@ -169,7 +169,7 @@ def cmd_systems(args: argparse.Namespace) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
-    """The main job for now: NVLS and ring AllReduce, and a GEMM, on DGX-H100."""
+    """The main job: NVLS and ring AllReduce, a GEMM, and every scheme on a layer."""
     from cais.experiments.collective import run_collective
     from cais.experiments.gemm import run_gemm
 
@@ -191,6 +191,26 @@ def cmd_demo(args: argparse.Namespace) -> None:
                f"{g.tflops:,.1f}")
     Console().print(gt)
     Console().print("'correct': the same algorithm on 4 GPUs in functional mode matches numpy's sum exactly.")
+    _demo_layers(cfg, args.model)
+
+
+def _demo_layers(cfg: SystemConfig, model_name: str) -> None:
+    """Every scheme on one prefill period of ``model_name`` at 66 SMs (the paper's setting)."""
+    from cais.experiments.layer import run_layer
+    from cais.schemes import schemes
+    from cais.workload.models import load_model
+
+    model = load_model(model_name)
+    lt = Table(title=f"{model.name} prefill, one layer period, {cfg.gpus} GPUs x 66 SMs")
+    for col in ("scheme", "total (us)", "L1 (us)", "L2 (us)", "vs tp-nvls", "link util"):
+        lt.add_column(col, justify="right")
+    base = None
+    for name in schemes():
+        r = run_layer(cfg, model, name, "prefill", 66)
+        base = base or r.total_us
+        lt.add_row(name, f"{r.total_us:,.0f}", f"{r.sublayers['L1']['time_us']:,.0f}",
+                   f"{r.sublayers['L2']['time_us']:,.0f}", f"{r.total_us / base:.2f}x", f"{100 * r.link_util:.0f} %")
+    Console().print(lt)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -236,6 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = with_system(sub.add_parser("demo", help="the main job: collectives and a GEMM, as tables"))
     d.add_argument("--bytes", type=_size, default=256 << 20)
+    d.add_argument("--model", default="paper-llama-7b")
     d.set_defaults(fn=cmd_demo)
     return p
 
