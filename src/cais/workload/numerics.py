@@ -10,36 +10,22 @@ grid because dropout (which every sub-layer output passes through) always quanti
 Row-wise ops use only their own row; attention uses only its own head. See
 docs/layer-semantics.md.
 
-``exact_mode()`` turns quantisation off (for finite-difference gradient checks).
+Tests that need unquantised math (finite-difference gradient checks) replace
+``quantize`` by the identity for the duration of the check.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import numpy as np
 
 GRID = 2.0**-10
-_EXACT = False
 
 
 def quantize(x):
-    """Round to the Q10 grid (identity inside :func:`exact_mode`)."""
-    if _EXACT:
-        return np.asarray(x, dtype=np.float64)
+    """Round to the Q10 grid."""
     return np.round(np.asarray(x, dtype=np.float64) * 1024.0) / 1024.0
-
-
-@contextlib.contextmanager
-def exact_mode(flag: bool = True):
-    """Within the block, ``quantize`` is the identity (``exact=True``)."""
-    global _EXACT
-    old, _EXACT = _EXACT, flag
-    try:
-        yield
-    finally:
-        _EXACT = old
 
 
 # ---------------------------------------------------------------- norms (row-wise)
