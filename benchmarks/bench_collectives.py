@@ -37,7 +37,7 @@ def main() -> None:
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         table.add_row(algo, f"{r.time_us:,.1f}", f"{r.busbw_GBps:,.1f}", f"{r.events:,}", f"{wall:.2f}",
                       f"{r.events / wall:,.0f}", "< 5 s: " + ("met" if wall < 5 else "MISSED"), f"{rss:,.0f}")
-    Console().print(table)
+    Console(width=130).print(table)
 
 
 if __name__ == "__main__":

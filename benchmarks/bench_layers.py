@@ -55,7 +55,7 @@ def main() -> None:
         ok = r["wall_s"] < 30 and r["rss_mb"] < 2048
         table.add_row(name, f"{r['total_us']:,.0f}", f"{r['events']:,}", f"{r['wall_s']:.1f}",
                       f"{r['events'] / r['wall_s']:,.0f}", f"{r['rss_mb']:,.0f}", "met" if ok else "MISSED")
-    Console().print(table)
+    Console(width=130).print(table)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ not one per hop, as for wormhole/virtual cut-through flit switching.
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections import deque
 from heapq import heappush
 from collections.abc import Callable
@@ -58,7 +59,7 @@ class Channel:
     Statistics: trains, payload and wire bytes sent, and busy time, for utilisation.
     """
 
-    __slots__ = ("sim", "name", "ps_per_byte", "latency_ps", "free_at", "queues", "_rr",
+    __slots__ = ("sim", "name", "ps_per_byte", "latency_ps", "free_at", "queues", "_rr", "_active",
                  "_queued", "_wakeup", "trains", "payload_bytes", "wire_bytes", "busy_ps",
                  "delivered_payload", "first_start", "last_finish", "timeline")
 
@@ -71,6 +72,7 @@ class Channel:
         self.free_at = 0
         self.queues: list[deque[tuple[Train, Deliver]]] = [deque() for _ in range(vcs)]
         self._rr = 0
+        self._active: list[int] = []  # VCs with waiting trains, ascending
         self._queued = 0
         self._wakeup = False
         self.trains = 0
@@ -88,24 +90,30 @@ class Channel:
         if self._queued == 0 and self.free_at <= self.sim.now:
             self._start(train, deliver)
             return
-        self.queues[train.vc % len(self.queues)].append((train, deliver))
+        vc = train.vc % len(self.queues)
+        q = self.queues[vc]
+        if not q:
+            insort(self._active, vc)
+        q.append((train, deliver))
         self._queued += 1
         if not self._wakeup:
             self._wakeup = True
             self.sim.at(max(self.free_at, self.sim.now), self._arbitrate)
 
     def _arbitrate(self) -> None:
+        """The wire is free: serve the first waiting VC at or after the round-robin
+        pointer, then move the pointer past it."""
         self._wakeup = False
-        queues = self.queues
-        n = len(queues)
-        for i in range(n):
-            q = queues[(self._rr + i) % n]
-            if q:
-                self._rr = (self._rr + i + 1) % n
-                train, deliver = q.popleft()
-                self._queued -= 1
-                self._start(train, deliver)
-                break
+        active = self._active
+        i = bisect_left(active, self._rr)
+        vc = active[i] if i < len(active) else active[0]
+        q = self.queues[vc]
+        train, deliver = q.popleft()
+        if not q:
+            active.remove(vc)
+        self._rr = (vc + 1) % len(self.queues)
+        self._queued -= 1
+        self._start(train, deliver)
         if self._queued:
             self._wakeup = True
             self.sim.at(self.free_at, self._arbitrate)
