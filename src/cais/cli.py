@@ -131,6 +131,9 @@ def cmd_run(args: argparse.Namespace) -> None:
     Console().print(f"link utilisation: mean {100 * r.link_util:.1f} %, busiest {100 * r.link_util_max:.1f} % "
                     f"(wire busy time over the period, all GPU<->switch ports and directions); "
                     f"{r.events:,} events in {r.wall_s:.1f} s")
+    k = r.kernel_us
+    Console().print(f"GPU 0 kernel time: collectives {k['communication']:,.0f} us, other kernels "
+                    f"{k['computation']:,.0f} us (overlapping kernels both count)")
 
 
 def cmd_schemes(args: argparse.Namespace) -> None:

@@ -35,13 +35,14 @@ class LayerResult:
     link_util_max: float
     events: int
     wall_s: float
+    kernel_us: dict[str, float] = field(default_factory=dict)
     mismatches: list[str] = field(default_factory=list)
     checked: int = 0
 
     def as_json(self) -> dict[str, object]:
         return {"model": self.model, "scheme": self.scheme, "mode": self.mode, "gpus": self.gpus, "sms": self.sms,
                 "total_us": self.total_us, "sublayers": self.sublayers, "link_util": self.link_util,
-                "link_util_max": self.link_util_max, "segments_us": self.segments}
+                "link_util_max": self.link_util_max, "segments_us": self.segments, "kernel_us": self.kernel_us}
 
 
 def chain_bound_ps(r: LayerRun, c: Chain) -> tuple[int, int]:
@@ -210,4 +211,17 @@ def run_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: 
     utils = [ch.busy_ps / end for ch in chans] if end else [0.0]
     bad, checked = _check(m, case) if case is not None else ([], 0)
     return LayerResult(model.name, scheme, mode, cfg.gpus, cfg.gpu.sms, end / PS_PER_US, subs, segs,
-                       sum(utils) / len(utils), max(utils), m.sim.events, time.perf_counter() - t0, bad, checked)
+                       sum(utils) / len(utils), max(utils), m.sim.events, time.perf_counter() - t0,
+                       kernel_split(run), bad, checked)
+
+
+def kernel_split(run: LayerRun) -> dict[str, float]:
+    """GPU 0's kernel time (us) in collective kernels and in all other kernels, summed
+    (overlapping kernels both count): the communication / computation split of
+    the paper's Fig. 2 for bulk-synchronous schemes."""
+    out = {"communication": 0.0, "computation": 0.0}
+    for _, g, k in run.kernels:
+        if g == 0 and k.finished_at is not None and k.started_at is not None:
+            kind = "communication" if k.name.startswith(("nvls-", "ring-")) else "computation"
+            out[kind] += (k.finished_at - k.started_at) / PS_PER_US
+    return out
