@@ -63,3 +63,27 @@ def test_nvl72_collective_runs_functionally() -> None:
     cfg = load_system("nvl72")
     r = run_collective(cfg, "allreduce", "nvls", 72 * 130 * 2, functional=True)
     assert r.correct and r.conservation.ok
+
+
+def test_run_json_has_the_contract_keys(capsys) -> None:
+    assert main(["run", "--model", "paper-mega-gpt-4b", "--scheme", "sp-nvls", "--mode", "prefill", "--sms", "66",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {"total_us", "sublayers", "link_util"} <= out.keys()
+    assert set(out["sublayers"]) == {"L1", "L2"}
+    for sub in out["sublayers"].values():
+        assert 0 < sub["bound_us"] <= sub["time_us"]
+    assert out["total_us"] > sum(s["time_us"] for s in out["sublayers"].values())
+
+
+@pytest.mark.parametrize("args,names", [
+    (["run", "--model", "gpt5", "--scheme", "tp-nvls", "--mode", "train"], "--model"),
+    (["run", "--model", "llama3-8b", "--scheme", "nccl", "--mode", "train"], "--scheme"),
+    (["run", "--model", "llama3-8b", "--scheme", "tp-nvls", "--mode", "serve"], "--mode"),
+    (["run", "--model", "paper-llama-7b", "--scheme", "sp-nvls", "--mode", "decode"], "--mode decode"),
+])
+def test_run_bad_arguments_give_one_line(args, names) -> None:
+    proc = _cais(*args)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and names in lines[0] and "Traceback" not in proc.stderr

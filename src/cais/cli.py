@@ -5,14 +5,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
-from typing import NoReturn
+from collections.abc import Callable, Sequence
+from typing import NoReturn, TypeVar
 
 from rich.console import Console
 from rich.table import Table
 
 from cais.hw.config import ConfigError, SystemConfig, list_systems, load_system
 from cais.kernels.collectives import ALGOS, OPS
+
+
+T = TypeVar("T")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -59,6 +62,20 @@ def _system(args: argparse.Namespace, **overrides: object) -> SystemConfig:
         raise UsageError(str(exc)) from None
 
 
+def _checked(fn: Callable[..., T], *args: object) -> T:
+    """Call ``fn``; a ValueError (bad user input) becomes a one-line UsageError."""
+    try:
+        return fn(*args)
+    except ValueError as exc:
+        raise UsageError(str(exc).splitlines()[0]) from None
+
+
+def _printed_json(args: argparse.Namespace, result: object) -> bool:
+    if args.json:
+        print(json.dumps(result.as_json()))  # type: ignore[attr-defined]
+    return bool(args.json)
+
+
 def _print_table(title: str, rows: list[tuple[str, str]]) -> None:
     table = Table(title=title, show_header=False)
     table.add_column("quantity", style="bold")
@@ -72,12 +89,8 @@ def cmd_collective(args: argparse.Namespace) -> None:
     from cais.experiments.collective import run_collective
 
     cfg = _system(args, gpus=args.gpus, transfer_unit_bytes=args.unit)
-    try:
-        r = run_collective(cfg, args.op, args.algo, args.bytes)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    if args.json:
-        print(json.dumps(r.as_json()))
+    r = _checked(run_collective, cfg, args.op, args.algo, args.bytes)
+    if _printed_json(args, r):
         return
     _print_table(f"{r.algo} {r.op}, {r.gpus} GPUs, {cfg.name}", [
         ("size", f"{r.nbytes:,} B"), ("time", f"{r.time_us:,.2f} us"),
@@ -90,12 +103,8 @@ def cmd_gemm(args: argparse.Namespace) -> None:
     from cais.experiments.gemm import run_gemm
 
     cfg = _system(args)
-    try:
-        r = run_gemm(cfg, args.m, args.n, args.k, args.sms)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    if args.json:
-        print(json.dumps(r.as_json()))
+    r = _checked(run_gemm, cfg, args.m, args.n, args.k, args.sms)
+    if _printed_json(args, r):
         return
     _print_table(f"bf16 GEMM on one {cfg.gpu.name}", [
         ("M x N x K", f"{r.m} x {r.n} x {r.k}"), ("SMs", str(r.sms)),
@@ -105,18 +114,14 @@ def cmd_gemm(args: argparse.Namespace) -> None:
 
 def cmd_run(args: argparse.Namespace) -> None:
     from cais.experiments.layer import run_layer
-    from cais.workload.models import ModelError, load_model
+    from cais.workload.models import load_model
 
     cfg = _system(args, gpus=args.gpus)
-    try:
-        model = load_model(args.model)
-        if args.batch or args.seq:
-            model = model.with_run(batch=args.batch, seq=args.seq)
-        r = run_layer(cfg, model, args.scheme, args.mode, args.sms)
-    except (ModelError, ValueError) as exc:
-        raise UsageError(str(exc).splitlines()[0]) from None
-    if args.json:
-        print(json.dumps(r.as_json()))
+    model = _checked(load_model, args.model)
+    if args.batch or args.seq:
+        model = _checked(model.with_run, args.batch, args.seq)
+    r = _checked(run_layer, cfg, model, args.scheme, args.mode, args.sms)
+    if _printed_json(args, r):
         return
     table = Table(title=f"{model.name}, {r.scheme}, {r.mode}: one layer period on {cfg.name} "
                         f"({r.gpus} GPUs x {r.sms} SMs)")
