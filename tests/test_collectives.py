@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from cais.experiments.collective import run_collective
-from cais.hw.machine import Machine
+from cais.machine import Machine
 from cais.kernels.collectives import CollectiveSpec, build
 
 OPS = ("allreduce", "allgather", "reducescatter")

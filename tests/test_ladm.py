@@ -7,7 +7,7 @@ import cais.experiments.layer as layer
 from cais.experiments.layer import run_layer
 from cais.hw.compute import ComputeModel
 from cais.hw.config import load_system
-from cais.hw.machine import Machine
+from cais.machine import Machine
 from cais.schemes.base import LayerRun
 from cais.schemes.ladm import Ladm, tile_order
 from cais.workload.graph import build_period

@@ -8,7 +8,7 @@ import pytest
 import cais.experiments.layer as layer
 from cais.engine import Signal
 from cais.hw.compute import ComputeModel
-from cais.hw.machine import Machine
+from cais.machine import Machine
 from cais.hw.memory import Region
 from cais.kernels.gemm import GemmShape
 from cais.schemes.base import LayerRun

@@ -33,7 +33,7 @@ from cais.hw.memory import Region
 from cais.hw.packets import Kind
 
 if TYPE_CHECKING:
-    from cais.hw.machine import Machine
+    from cais.machine import Machine
 
 Done = Callable[[], None]
 DoneData = Callable[[np.ndarray | None], None]

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cais.hw.config import PS_PER_US, SystemConfig
-from cais.hw.machine import Conservation, Machine
+from cais.machine import Conservation, Machine
 from cais.kernels.collectives import CollectiveSpec, build, shard_bounds
 
 

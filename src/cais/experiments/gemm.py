@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from cais.hw.compute import ComputeModel
 from cais.hw.config import PS_PER_US, SystemConfig
-from cais.hw.machine import Machine
+from cais.machine import Machine
 from cais.kernels.gemm import gemm_kernel, gemm_shape
 
 

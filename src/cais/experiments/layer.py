@@ -10,7 +10,7 @@ import numpy as np
 
 from cais.hw.compute import ComputeModel
 from cais.hw.config import PS_PER_US, SystemConfig
-from cais.hw.machine import Machine
+from cais.machine import Machine
 from cais.schemes import get_scheme
 from cais.schemes.base import LayerRun
 from cais.workload import reference as ref

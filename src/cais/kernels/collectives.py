@@ -34,7 +34,7 @@ from cais.engine import Countdown, Signal
 from cais.engine.sim import ProgramGen
 from cais.hw.config import PS_PER_NS
 from cais.hw.gpu import Kernel, TbProgram
-from cais.hw.machine import Machine
+from cais.machine import Machine
 from cais.hw.memory import Region
 from cais.kernels.common import Window, split
 

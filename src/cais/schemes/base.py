@@ -18,7 +18,7 @@ import numpy as np
 from cais.engine import Countdown, Signal, Simulator
 from cais.hw.compute import ComputeModel
 from cais.hw.gpu import Kernel
-from cais.hw.machine import Machine
+from cais.machine import Machine
 from cais.kernels.collectives import CollectiveSpec, build
 from cais.kernels.gemm import Epilogue, GemmShape, gemm_kernel, gemm_shape
 from cais.kernels.local import even_kernel, row_blocks

@@ -73,7 +73,7 @@ import numpy as np
 from cais.engine import Countdown, Process, Signal
 from cais.hw.config import PS_PER_NS, SystemConfig
 from cais.hw.gpu import Kernel
-from cais.hw.machine import Machine
+from cais.machine import Machine
 from cais.hw.memory import Memory, Region
 from cais.isa import SmPort
 from cais.kernels.common import Window

@@ -11,6 +11,7 @@ from cais.hw.fabric import Fabric
 from cais.hw.gpu import Gpu
 from cais.hw.memory import Memory
 from cais.hw.packets import Packetizer
+from cais.isa import Isa
 
 
 @dataclass(frozen=True)
@@ -35,8 +36,6 @@ class Machine:
     operation carry real numpy data, so results can be checked against numpy."""
 
     def __init__(self, cfg: SystemConfig, functional: bool = False, record_timeline: bool = False) -> None:
-        from cais.isa import Isa  # the ISA sits above the hardware
-
         self.cfg = cfg
         self.functional = functional
         self.sim = Simulator()
