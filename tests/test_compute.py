@@ -8,20 +8,13 @@ import csv
 import heapq
 import math
 import statistics
-import sys
 from collections import defaultdict
 from dataclasses import replace
 from importlib import resources
-from pathlib import Path
 
 import pytest
 
-try:
-    import cais  # noqa: F401
-except ImportError:  # running from a checkout without `pip install -e .`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
-from cais.hw.compute import TILE_CANDIDATES, ComputeModel  # noqa: E402
+from cais.hw.compute import TILE_CANDIDATES, ComputeModel
 
 CAL = resources.files("cais") / "data" / "calibration" / "h200"
 SMS = 132

@@ -12,7 +12,8 @@ from cais.machine import Machine
 from cais.hw.memory import Region
 from cais.kernels.gemm import GemmShape
 from cais.schemes.base import LayerRun
-from cais.schemes.t3 import T3, DmaCommand, DmaEngine, dma_rate_GBps, pieces_by_row, tile_order
+from cais.kernels.dma import DmaCommand, DmaEngine, dma_rate_GBps
+from cais.schemes.t3 import T3, pieces_by_row, tile_order
 from cais.schemes.t3_nvls import T3Nvls
 from cais.workload.graph import build_period
 from cais.workload.models import ModelSpec
@@ -173,7 +174,6 @@ def test_t3_uses_no_sms_for_communication_and_overlaps_both_gemms(h100) -> None:
     assert sum(e.bytes_moved for e in spy.dma) > 0
     for c, arrived in zip(run.period.chains, spy.gathers):
         g1, g2 = _kernels(run, c.name, c.gemm1.name), _kernels(run, c.name, c.gemm2.name)
-        rows = _kernels(run, c.name, c.rowop.name)
         for g in range(h100.gpus):
             last = max(s.time for s in arrived[g])
             assert g2[g].started_at < last < g2[g].finished_at  # GEMM2 overlaps the AllGather

@@ -42,7 +42,8 @@ import numpy as np
 from cais.engine import Countdown, Signal
 from cais.kernels.gemm import Epilogue, store_epilogue
 from cais.schemes.base import Deps, LayerRun, all_of
-from cais.schemes.t3 import DmaCommand, DmaScheme, chunk_unit, pieces_by_row, pieces_per_chunk, shard, tile_order
+from cais.kernels.dma import DmaCommand
+from cais.schemes.t3 import DmaScheme, chunk_unit, pieces_by_row, pieces_per_chunk, shard, tile_order
 from cais.workload.graph import Chain
 
 

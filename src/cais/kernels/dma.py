@@ -1,0 +1,118 @@
+"""A GPU's copy (DMA) engine: an issuing agent that runs on no SM. Software (or a
+hardware tracker, as in T3) queues pre-programmed transfers of whole regions; the
+engine cuts them into transfer units and pushes them through its own port with a
+bounded number of bytes in flight."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from cais.engine import Countdown, Process, Signal
+from cais.hw.config import PS_PER_NS, SystemConfig
+from cais.hw.memory import Region
+from cais.isa import SmPort
+from cais.kernels.common import Window
+from cais.machine import Machine
+
+
+@dataclass
+class DmaCommand:
+    """One pre-programmed DMA transfer of a contiguous region.
+
+    ``op``: ``st`` / ``red`` (``src`` on this GPU -> ``dst`` on GPU ``peer``),
+    ``mc_st`` (``src`` multicast to ``dst`` on every GPU), ``ld_reduce`` (the sum of
+    ``src`` over all GPUs -> ``dst`` on this GPU). ``done`` fires when all of it
+    has landed."""
+
+    op: str
+    src: Region
+    dst: Region
+    unit: int
+    peer: int = -1
+    done: Signal | None = None
+
+
+def dma_rate_GBps(cfg: SystemConfig) -> float:
+    """The copy engine's rate: link-limited (the GPU's NVLink bandwidth per direction)."""
+    return cfg.link.bandwidth_GBps * cfg.links_per_gpu
+
+
+class DmaEngine:
+    """A GPU's DMA engine: a process on no SM that runs triggered commands in FIFO
+    order, cutting each into transfer units pushed through its own port, with a
+    bounded number of bytes not yet delivered (or, for pulls, not yet returned)."""
+
+    def __init__(self, m: Machine, gpu: int, rate_GBps: float, window_bytes: int) -> None:
+        self.m = m
+        self.gpu = gpu
+        self.port = SmPort(PS_PER_NS / rate_GBps)
+        self.window = Window(m.sim, window_bytes)
+        self.queue: deque[DmaCommand] = deque()
+        self._wake: Signal | None = None
+        self.bytes_moved = 0
+        Process(m.sim, self._run())
+
+    def push(self, cmd: DmaCommand) -> None:
+        """Queue a command (the tracker's trigger)."""
+        self.queue.append(cmd)
+        wake, self._wake = self._wake, None
+        if wake is not None:
+            self.m.sim.after(0, wake.fire, self.m.sim)
+
+    def on(self, trigger: Signal, cmd: DmaCommand) -> None:
+        """Queue ``cmd`` when ``trigger`` fires."""
+        trigger.on_fire(lambda _v: self.push(cmd))
+
+    def _run(self) -> Generator[Any, Any, None]:
+        while True:
+            if not self.queue:
+                self._wake = Signal()
+                yield self._wake
+                continue
+            yield from self._issue(self.queue.popleft())
+
+    def _issue(self, cmd: DmaCommand) -> Generator[Any, Any, None]:
+        m, sim, isa = self.m, self.m.sim, self.m.isa
+        mem = m.gpus[self.gpu].memory
+        cut = cmd.src if cmd.op == "ld_reduce" else cmd.dst  # cut at the routed address
+        pieces = isa.pieces(cut, cmd.unit)
+        left = Countdown(len(pieces))
+        if cmd.done is not None:
+            done = cmd.done
+            left.on_fire(lambda _v: done.fire(sim))
+        for p in pieces:
+            while self.window.full(p.nbytes):
+                yield self.window.wait()
+            self.window.take(p.nbytes)
+            self.bytes_moved += p.nbytes
+            release = self._release(p.nbytes, left)
+            other = (cmd.dst if cut is cmd.src else cmd.src).sub(p.start - cut.start, p.count)
+            if cmd.op == "ld_reduce":
+                isa.multimem_ld_reduce(self.gpu, p, self._landed(other, release), unit=cmd.unit)
+            elif cmd.op == "mc_st":
+                isa.multimem_st(self.gpu, p, mem.read(other), release, self.port, unit=cmd.unit)
+            else:
+                send = isa.st if cmd.op == "st" else isa.red
+                send(self.gpu, cmd.peer, p, mem.read(other), release, self.port if cmd.peer != self.gpu else None,
+                     unit=cmd.unit)
+
+    def _landed(self, out: Region, release: Callable[[], None]) -> Callable[[np.ndarray | None], None]:
+        mem = self.m.gpus[self.gpu].memory
+
+        def got(data: np.ndarray | None) -> None:
+            mem.write(out, data)
+            release()
+        return got
+
+    def _release(self, nbytes: int, left: Countdown) -> Callable[[], None]:
+        sim = self.m.sim
+
+        def release() -> None:
+            self.window.release(nbytes)
+            left.arrive(sim)
+        return release
