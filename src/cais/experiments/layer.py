@@ -201,7 +201,7 @@ def run_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: 
     if unfinished:
         raise RuntimeError(f"scheme {scheme}: kernels never finished (deadlock): {sorted(set(unfinished))[:5]}")
     subs = {}
-    for c in period.chains:
+    for c in sorted(period.chains, key=lambda c: c.name):
         span = run.spans[c.name]
         comp, comm = chain_bound_ps(run, c)
         subs[c.name] = {"time_us": (span.end - (span.start or 0)) / PS_PER_US, "bound_us": max(comp, comm) / PS_PER_US,
