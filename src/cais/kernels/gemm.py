@@ -22,6 +22,7 @@ from cais.engine.sim import ProgramGen
 from cais.hw.compute import ComputeModel
 from cais.hw.gpu import Kernel, TbProgram
 from cais.hw.memory import Memory
+from cais.workload.graph import GemmOperands
 
 
 @dataclass(frozen=True)
@@ -62,18 +63,6 @@ class GemmShape:
 def gemm_shape(model: ComputeModel, m: int, n: int, k: int, sms: int) -> GemmShape:
     bm, bn = model.tile_shape(m, n, k, sms)
     return GemmShape(m, n, k, bm, bn)
-
-
-@dataclass(frozen=True)
-class GemmOperands:
-    """Where a GEMM's operands live in one GPU's memory: A is ``a`` ([M,K], or [K,M]
-    if ``ta``), B is ``b`` ([K,N], or [N,K] if ``tb``), C is ``c`` ([M,N])."""
-
-    a: str
-    b: str
-    c: str
-    ta: bool = False
-    tb: bool = False
 
 
 Epilogue = Callable[[int, int, "np.ndarray | None"], None]

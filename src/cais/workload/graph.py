@@ -23,10 +23,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from cais.kernels.gemm import GemmOperands
 from cais.workload.models import ModelSpec
 
 MODES = ("train", "prefill", "decode")
+
+
+@dataclass(frozen=True)
+class GemmOperands:
+    """Where a GEMM's operands live in one GPU's memory: A is ``a`` ([M,K], or [K,M]
+    if ``ta``), B is ``b`` ([K,N], or [N,K] if ``tb``), C is ``c`` ([M,N])."""
+
+    a: str
+    b: str
+    c: str
+    ta: bool = False
+    tb: bool = False
 
 
 @dataclass(frozen=True)
