@@ -8,6 +8,9 @@ NVLS (multimem addresses: the same buffer on every GPU, bound to a multicast obj
   ``multimem_st``         the switch multicasts the store to every replica;
   ``multimem_ld_reduce``  the switch reads every replica, sums, returns the sum;
   ``multimem_red``        the switch adds the operand into every replica.
+Synchronisation (8 B flags, as NCCL's kernels use them):
+  ``flag``                store a flag on a peer (ring slot flags and credits);
+  ``flag_multicast``      ``multimem.red`` on a flag (an NVLS barrier's arrival).
 As on real NVLS, the issuer is part of the multicast team: its own replica crosses
 NVLink too.
 
@@ -36,6 +39,7 @@ if TYPE_CHECKING:
     from cais.machine import Machine
 
 Done = Callable[[], None]
+FLAG_BYTES = 8  # a synchronisation flag: one 64-bit word
 DoneData = Callable[[np.ndarray | None], None]
 
 
@@ -64,6 +68,7 @@ class Isa:
         self.sim = machine.sim
         self.fab = machine.fabric
         self.pk = machine.pk
+        self.vcmap = machine.vcmap
         self.granule = machine.cfg.transfer_unit_bytes
         self.n = machine.cfg.gpus
         self.ops = 0
@@ -119,12 +124,14 @@ class Isa:
         off = piece.start - region.start
         return data[off:off + piece.count]
 
-    def _send(self, kind: int, src: int, dst: int, piece: Region, data: np.ndarray | None, ctx: object,
-              port: SmPort | None, vc: int, payload: int, chip: int) -> None:
+    def _send(self, kind: int, src: int, dst: int, piece: Region, data: np.ndarray | None,
+              done: Callable[[Train], None] | None, port: SmPort | None, stream: int, payload: int, chip: int,
+              want: int = 0, fence: Callable[[Train], None] | None = None) -> None:
         self.ops += 1
         wire, last = self.pk.wire(kind, piece.nbytes)
-        train = Train(payload, wire, last, kind=kind, src=src, dst=dst, chip=chip,
-                      addr=piece, data=data, ctx=ctx, vc=vc)
+        train = Train(payload, wire, last, kind=kind, src=src, dst=dst, chip=chip, addr=piece, data=data,
+                      done=done, vc=self.vcmap.vc(kind, None, stream), want=want)
+        train.fence = fence
         if port is not None and payload:
             head, tail = port.push(self.sim.now, payload)
             self.fab.inject(train, head, tail)
@@ -132,10 +139,10 @@ class Isa:
             self.fab.inject(train)
 
     @staticmethod
-    def _counter(count: int, done: Done | None) -> Callable[[object], None]:
+    def _counter(count: int, done: Done | None) -> Callable[[Train], None]:
         left = [count]
 
-        def arrived(_: object) -> None:
+        def arrived(_: Train) -> None:
             left[0] -= 1
             if left[0] == 0 and done is not None:
                 done()
@@ -160,52 +167,91 @@ class Isa:
 
     # ---- point to point ----------------------------------------------------------
     def st(self, src: int, dst: int, region: Region, data: np.ndarray | None, done: Done | None = None,
-           port: SmPort | None = None, vc: int = 0, unit: int | None = None) -> None:
-        self._write(Kind.WRITE, src, dst, region, data, done, port, vc, unit)
+           port: SmPort | None = None, stream: int = 0, unit: int | None = None, fenced: Done | None = None) -> None:
+        """Store ``region`` on GPU ``dst``. ``done``: when the data has landed there;
+        ``fenced``: when every piece's write response is back at ``src`` (what a
+        ``fence.sc``/``__threadfence_system`` after the stores waits for)."""
+        self._write(Kind.WRITE, src, dst, region, data, done, port, stream, unit, fenced)
 
     def red(self, src: int, dst: int, region: Region, data: np.ndarray | None, done: Done | None = None,
-            port: SmPort | None = None, vc: int = 0, unit: int | None = None) -> None:
-        self._write(Kind.RED, src, dst, region, data, done, port, vc, unit)
+            port: SmPort | None = None, stream: int = 0, unit: int | None = None) -> None:
+        self._write(Kind.RED, src, dst, region, data, done, port, stream, unit, None)
 
     def _write(self, kind: int, src: int, dst: int, region: Region, data: np.ndarray | None,
-               done: Done | None, port: SmPort | None, vc: int, unit: int | None) -> None:
+               done: Done | None, port: SmPort | None, stream: int, unit: int | None, fenced: Done | None) -> None:
         mem = self.m.gpus[dst].memory
         if src == dst:
             op = mem.write if kind == Kind.WRITE else mem.add
-            self._local(lambda: op(region, data), done)
+
+            def both() -> None:
+                if done is not None:
+                    done()
+                if fenced is not None:
+                    fenced()
+            self._local(lambda: op(region, data), both)
             return
         pieces = self.stripes(region, unit)
-        ctx = self._counter(len(pieces), done)
+        landed = self._counter(len(pieces), done)
+        acked = self._counter(len(pieces), fenced) if fenced is not None else None
         for p, chip in pieces:
-            self._send(kind, src, dst, p, self._slice(data, region, p), ctx, port, vc, p.nbytes, chip)
+            self._send(kind, src, dst, p, self._slice(data, region, p), landed, port, stream, p.nbytes, chip,
+                       fence=acked)
 
-    def ld(self, src: int, home: int, region: Region, done: DoneData, vc: int = 0, unit: int | None = None) -> None:
+    def ld(self, src: int, home: int, region: Region, done: DoneData, stream: int = 0,
+           unit: int | None = None) -> None:
         if src == home:
             data = self.m.gpus[home].memory.read(region)
             self._local(lambda: None, done, data)
             return
         pieces = self.stripes(region, unit)
-        ctx = self._gather(region, pieces, done)
+        gather = self._gather(region, pieces, done)
         for p, chip in pieces:
-            self._send(Kind.READ_REQ, src, home, p, None, ctx, None, vc, 0, chip)
+            self._send(Kind.READ_REQ, src, home, p, None, gather, None, stream, 0, chip, p.nbytes)
 
     # ---- NVLS --------------------------------------------------------------------
     def multimem_st(self, src: int, region: Region, data: np.ndarray | None, done: Done | None = None,
-                    port: SmPort | None = None, vc: int = 0, unit: int | None = None) -> None:
+                    port: SmPort | None = None, stream: int = 0, unit: int | None = None) -> None:
         pieces = self.stripes(region, unit)
-        ctx = self._counter(len(pieces) * self.n, done)
+        landed = self._counter(len(pieces) * self.n, done)
         for p, chip in pieces:
-            self._send(Kind.MC_STORE, src, -1, p, self._slice(data, region, p), ctx, port, vc, p.nbytes, chip)
+            self._send(Kind.MC_STORE, src, -1, p, self._slice(data, region, p), landed, port, stream, p.nbytes, chip)
 
     def multimem_red(self, src: int, region: Region, data: np.ndarray | None, done: Done | None = None,
-                     port: SmPort | None = None, vc: int = 0, unit: int | None = None) -> None:
+                     port: SmPort | None = None, stream: int = 0, unit: int | None = None) -> None:
         pieces = self.stripes(region, unit)
-        ctx = self._counter(len(pieces) * self.n, done)
+        landed = self._counter(len(pieces) * self.n, done)
         for p, chip in pieces:
-            self._send(Kind.MC_RED, src, -1, p, self._slice(data, region, p), ctx, port, vc, p.nbytes, chip)
+            self._send(Kind.MC_RED, src, -1, p, self._slice(data, region, p), landed, port, stream, p.nbytes, chip)
 
-    def multimem_ld_reduce(self, src: int, region: Region, done: DoneData, vc: int = 0, unit: int | None = None) -> None:
+    def multimem_ld_reduce(self, src: int, region: Region, done: DoneData, stream: int = 0,
+                           unit: int | None = None) -> None:
         pieces = self.stripes(region, unit)
-        ctx = self._gather(region, pieces, done)
+        gather = self._gather(region, pieces, done)
         for p, chip in pieces:
-            self._send(Kind.MC_LDRED_REQ, src, -1, p, None, (ctx, p.nbytes), None, vc, 0, chip)
+            self._send(Kind.MC_LDRED_REQ, src, -1, p, None, gather, None, stream, 0, chip, p.nbytes)
+
+    # ---- synchronisation ---------------------------------------------------------
+    def flag(self, src: int, dst: int, key: int, landed: Callable[[], None]) -> None:
+        """Store a flag (an 8 B word, ``key`` chooses its address) on GPU ``dst``:
+        ``landed`` runs when the flag is visible there (a peer polling it sees it)."""
+        if src == dst:
+            self._local(lambda: None, landed)
+            return
+        self.ops += 1
+        kind = Kind.FLAG
+        train = Train(FLAG_BYTES, *self.pk.wire(kind, FLAG_BYTES), kind=kind, src=src, dst=dst,
+                      chip=self.flag_chip(key), done=lambda _t: landed(), vc=self.vcmap.vc(kind))
+        self.fab.inject(train)
+
+    def flag_multicast(self, src: int, key: int, landed: Callable[[int], None]) -> None:
+        """``multimem.red`` on a flag: the switch adds it into every GPU's copy of the
+        flag (the issuer's included); ``landed(gpu)`` runs as each copy lands."""
+        self.ops += 1
+        kind = Kind.MC_FLAG
+        train = Train(FLAG_BYTES, *self.pk.wire(kind, FLAG_BYTES), kind=kind, src=src, dst=-1,
+                      chip=self.flag_chip(key), done=lambda t: landed(t.dst), vc=self.vcmap.vc(kind))
+        self.fab.inject(train)
+
+    def flag_chip(self, key: int) -> int:
+        """The chip a flag's address maps to (every GPU's copy of one flag, alike)."""
+        return self.fab.stripe(key, 1)[0][0]

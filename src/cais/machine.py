@@ -10,8 +10,14 @@ from cais.hw.config import PS_PER_NS, PS_PER_US, SystemConfig
 from cais.hw.fabric import Fabric
 from cais.hw.gpu import Gpu
 from cais.hw.memory import Memory
-from cais.hw.packets import Packetizer
+from cais.hw.packets import Packetizer, VcMap
 from cais.isa import Isa
+
+
+class Stalled(RuntimeError):
+    """The simulated system can make no more progress (a deadlock, or a program
+    waiting for something that never comes); the message is one line naming what
+    is stuck."""
 
 
 @dataclass(frozen=True)
@@ -40,9 +46,11 @@ class Machine:
         self.functional = functional
         self.sim = Simulator()
         self.pk = Packetizer(cfg.packet)
+        self.vcmap = VcMap(cfg.link)
         mem_lat = round(cfg.gpu.memory_latency_ns * PS_PER_NS)
-        self.gpus = [Gpu(self.sim, g, cfg.gpu.sms, Memory(functional), self.pk, mem_lat) for g in range(cfg.gpus)]
-        self.fabric = Fabric(self.sim, cfg, self.gpus, self.pk, record_timeline)
+        self.gpus = [Gpu(self.sim, g, cfg.gpu.sms, Memory(functional), self.pk, mem_lat, self.vcmap,
+                         round(cfg.gpu.read_serve_kB * 1024), cfg.switch.chips, cfg.link.vcs) for g in range(cfg.gpus)]
+        self.fabric = Fabric(self.sim, cfg, self.gpus, self.pk, self.vcmap, record_timeline)
         self.isa = Isa(self)
         self.launch_ps = round(cfg.gpu.kernel_launch_us * PS_PER_US)
 
@@ -51,7 +59,43 @@ class Machine:
         return self.cfg.gpus
 
     def run(self) -> int:
-        return self.sim.run()
+        """Run until nothing is left to do. The forward-progress watchdog stops the
+        run with :class:`Stalled` when the event queue empties while work is still
+        pending (trains queued or held, TBs unfinished), or when
+        ``watchdog_horizon_us`` of simulated time passes with no delivery and no TB
+        finishing while work is pending."""
+        sim = self.sim
+        horizon = round(self.cfg.watchdog_horizon_us * PS_PER_US)
+        mark, since = self._progress(), sim.now
+        while (nxt := sim.next_time()) is not None:
+            sim.run(until=nxt + horizon)
+            now_mark = self._progress()
+            if now_mark != mark:
+                mark, since = now_mark, sim.now
+            elif sim.now - since >= horizon and self.pending():
+                raise Stalled(f"no progress for {self.cfg.watchdog_horizon_us:g} us of simulated time at "
+                              f"t = {sim.now / PS_PER_US:,.1f} us: " + self._stuck_line())
+        if self.pending():
+            raise Stalled(f"deadlock at t = {sim.now / PS_PER_US:,.1f} us, nothing left to happen: "
+                          + self._stuck_line())
+        return sim.now
+
+    def _progress(self) -> tuple[int, int]:
+        delivered = sum(ch.trains for ch in self.fabric.channels())
+        return delivered, sum(g.tbs_finished for g in self.gpus)
+
+    def pending(self) -> bool:
+        """Whether work is unfinished: TBs running or waiting, trains queued or held."""
+        return bool(self.fabric.stuck() or any(g.stuck() or g.busy_sms or g.queued_kernels() for g in self.gpus))
+
+    def _stuck_line(self) -> str:
+        parts = self.fabric.stuck()
+        for g in self.gpus:
+            parts.extend(g.stuck())
+            if g.busy_sms or g.queued_kernels():
+                parts.append(f"gpu{g.index}: {g.busy_sms} TB(s) waiting, kernels {', '.join(g.running_kernels()[:3])}")
+        more = f" (+{len(parts) - 4} more)" if len(parts) > 4 else ""
+        return "; ".join(parts[:4]) + more
 
     def conservation(self) -> Conservation:
         fab = self.fabric

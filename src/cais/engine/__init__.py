@@ -1,7 +1,9 @@
 """Discrete-event core: an integer-picosecond clock, an event queue, processes and
-signals, and serialising channels with virtual channels. Knows nothing of GPUs."""
+signals, serialising channels with virtual channels, and credit flow control.
+Knows nothing of GPUs."""
 
 from cais.engine.channel import Channel, Train
+from cais.engine.credits import Credits
 from cais.engine.sim import Countdown, Process, Signal, Simulator
 
-__all__ = ["Channel", "Countdown", "Process", "Signal", "Simulator", "Train"]
+__all__ = ["Channel", "Countdown", "Credits", "Process", "Signal", "Simulator", "Train"]

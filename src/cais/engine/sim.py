@@ -33,6 +33,10 @@ class Simulator:
     def after(self, delay: int, fn: Callable[..., None], *args: Any) -> None:
         self.at(self.now + delay, fn, *args)
 
+    def next_time(self) -> int | None:
+        """Time of the next event, None when nothing is scheduled."""
+        return self._queue[0][0] if self._queue else None
+
     def run(self, until: int | None = None) -> int:
         """Process events until the queue is empty (or past ``until``); return now."""
         queue = self._queue

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from importlib import resources
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -43,12 +44,23 @@ class PacketFormat(_Strict):
 
 
 class LinkConfig(_Strict):
-    """One NVLink: bandwidth per direction, one-way latency and input buffering."""
+    """One NVLink: bandwidth per direction, one-way latency, and the input buffers at
+    its receiving end with their credit flow control (docs/fabric-model.md, "Flow
+    control": why the default depth is 1024 flits)."""
 
     bandwidth_GBps: float = Field(25.0, gt=0, description="per link, per direction")
     latency_ns: float = Field(250.0, ge=0, description="GPU<->switch, one way")
-    vcs: int = Field(8, gt=0, description="virtual channels per input port")
-    vc_depth_flits: int = Field(256, gt=0)
+    vcs: int = Field(8, ge=2, description="virtual channels per input port (half for requests, half for responses)")
+    vc_depth_flits: int = Field(1024, gt=0, description="input buffer per VC per link (per port if buffer_scope=port)")
+    buffer_scope: Literal["link", "port"] = Field(
+        "link", description="link: every NVLink has its own buffers (a port holds links x depth); "
+                            "port: one buffer per port of vc_depth_flits")
+    vc_policy: Literal["class", "one", "shared"] = Field(
+        "class", description="class: a VC per traffic class (load, store, reduction, sync) within the request "
+                             "and response sets; one: one request VC and one response VC; shared: everything "
+                             "on VC 0 (can deadlock)")
+    credit_latency_ns: float | None = Field(None, ge=0, description="one-way time of a credit return "
+                                                                     "(default: latency_ns)")
 
 
 class SwitchConfig(_Strict):
@@ -58,6 +70,7 @@ class SwitchConfig(_Strict):
     chips: int = Field(4, gt=0)
     links_per_gpu: list[int] = Field(default_factory=lambda: [5, 4, 4, 5],
                                      description="NVLinks from each GPU to each chip")
+    model: str = Field("nvls", description="switch chip model (see hw/switches.py): nvls")
     pipeline_latency_ns: float = Field(0.0, ge=0, description="crossbar traversal added per switch hop")
     reduce_latency_ns: float = Field(0.0, ge=0, description="extra time of an in-switch reduction")
 
@@ -77,6 +90,11 @@ class GpuConfig(_Strict):
     sms: int = Field(132, gt=0)
     hbm_bandwidth_GBps: float = Field(3350.0, gt=0, description="peak; memory-bound kernels use the calibrated efficiency")
     memory_latency_ns: float = Field(500.0, ge=0, description="time a GPU takes to serve a remote read")
+    read_serve_kB: float = Field(65536.0, gt=0, description="bytes of remote reads a GPU serves at once (memory "
+                                                            "access, then the response waiting for the link); "
+                                                            "more wait in its input buffer. Large by default: "
+                                                            "coarse transfer units put up to 64 MiB of NVLS pulls "
+                                                            "in flight per GPU (docs/fabric-model.md)")
     kernel_launch_us: float = Field(3.0, ge=0)
     sm_copy_bandwidth_GBps: float = Field(200.0, gt=0,
                                           description="data one SM can move through its load/store path")
@@ -111,6 +129,8 @@ class SystemConfig(_Strict):
     min_transfer_unit_bytes: int = Field(512, ge=128, description="smallest packet train")
     units_per_stream: int = Field(2, gt=0,
                                   description="a kernel cuts each TB's data stream into about this many units")
+    watchdog_horizon_us: float = Field(100_000.0, gt=0, description="stop a run when this much simulated time "
+                                                                    "passes with no delivery and no TB finishing")
 
     @model_validator(mode="after")
     def _check_unit(self) -> "SystemConfig":
@@ -143,6 +163,16 @@ class SystemConfig(_Strict):
     @property
     def link_latency_ps(self) -> int:
         return round(self.link.latency_ns * PS_PER_NS)
+
+    @property
+    def credit_latency_ps(self) -> int:
+        lat = self.link.latency_ns if self.link.credit_latency_ns is None else self.link.credit_latency_ns
+        return round(lat * PS_PER_NS)
+
+    def vc_capacity_bytes(self, chip: int) -> int:
+        """Input-buffer bytes of one VC of a GPU<->chip port."""
+        per = self.link.vc_depth_flits * self.packet.flit_bytes
+        return per * (self.switch.links_per_gpu[chip] if self.link.buffer_scope == "link" else 1)
 
     def with_overrides(self, **fields: object) -> "SystemConfig":
         """A copy with top-level fields replaced (validated again)."""

@@ -1,15 +1,18 @@
 """The NVLink/NVSwitch fabric: for every GPU and every switch chip, an up channel
 (GPU -> chip) and a down channel (chip -> GPU) carrying that GPU's links to that chip,
-and the address hash that decides which chip a transfer crosses."""
+each with credits for the input buffer at its far end; the switch chips (of the
+model the config names); and the address hash that decides which chip a transfer
+crosses."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from cais.engine import Channel, Simulator, Train
+from cais.engine import Channel, Credits, Simulator, Train
+from cais.engine.channel import OnStart
 from cais.hw.config import PS_PER_NS, SystemConfig
-from cais.hw.packets import Kind, Packetizer
-from cais.hw.switch import Switch
+from cais.hw.packets import Kind, Packetizer, VcMap
+from cais.hw.switches import switch_model
 
 if TYPE_CHECKING:
     from cais.hw.gpu import Gpu
@@ -28,22 +31,37 @@ class Fabric:
     """
 
     def __init__(self, sim: Simulator, cfg: SystemConfig, gpus: list["Gpu"], packetizer: Packetizer,
-                 record_timeline: bool = False) -> None:
+                 vcmap: VcMap, record_timeline: bool = False) -> None:
         self.sim = sim
         self.cfg = cfg
         self.gpus = gpus
         self.pk = packetizer
+        self.vcmap = vcmap
         self.link_chip = [c for c, n in enumerate(cfg.switch.links_per_gpu) for _ in range(n)]
         lat = cfg.link_latency_ps
         vcs = cfg.link.vcs
         n, chips = cfg.gpus, cfg.switch.chips
-        self.up = [[Channel(sim, f"gpu{g}->sw{c}", cfg.port_ps_per_byte(c), lat, vcs, record_timeline)
-                    for c in range(chips)] for g in range(n)]
-        self.down = [[Channel(sim, f"sw{c}->gpu{g}", cfg.port_ps_per_byte(c), lat, vcs, record_timeline)
-                      for g in range(n)] for c in range(chips)]
         pipe = round(cfg.switch.pipeline_latency_ns * PS_PER_NS)
         red = round(cfg.switch.reduce_latency_ns * PS_PER_NS)
-        self.switches = [Switch(sim, c, self.down[c], gpus, packetizer, pipe, red) for c in range(chips)]
+        back = cfg.credit_latency_ps
+        # The credit loop of an input buffer: a byte crosses the link, (in a switch)
+        # the pipeline, and its credit comes back.
+        rtt_up, rtt_down = lat + pipe + back, lat + back
+
+        model = switch_model(cfg.switch.model)
+
+        def channel(name: str, chip: int, buffer: str, rtt: int, drains: bool) -> Channel:
+            credits = Credits(buffer, vcs, cfg.vc_capacity_bytes(chip), back, drains, model.absorbs)
+            return Channel(sim, name, cfg.port_ps_per_byte(chip), lat, vcs, record_timeline, credits, rtt)
+
+        # Switch input buffers hold a train until its outputs take it (but for the
+        # kinds a switch unit absorbs); GPU endpoints drain as trains arrive (and hold
+        # only reads they cannot serve yet).
+        self.up = [[channel(f"gpu{g}->sw{c}", c, f"sw{c}.in{g}", rtt_up, False) for c in range(chips)]
+                   for g in range(n)]
+        self.down = [[channel(f"sw{c}->gpu{g}", c, f"gpu{g}.in{c}", rtt_down, True) for g in range(n)]
+                     for c in range(chips)]
+        self.switches = [model(sim, c, self.down[c], gpus, packetizer, vcmap, vcs, pipe, red) for c in range(chips)]
         for gpu in gpus:
             gpu.fabric = self
         self.injected = 0  # payload bytes put on the fabric by GPUs
@@ -64,22 +82,36 @@ class Fabric:
             counts[chip] = counts.get(chip, 0) + full + (1 if i < rem else 0)
         return [(chip, n) for chip, n in counts.items() if n]
 
-    def inject(self, train: Train, head: int | None = None, tail: int | None = None) -> None:
+    def inject(self, train: Train, head: int | None = None, tail: int | None = None,
+               on_start: OnStart | None = None) -> None:
         """Put a train on its source GPU's port to ``train.chip``. ``head``/``tail``
         default to now (the data is all ready); an SM pushing data at a finite rate
-        passes later times."""
+        passes later times. ``on_start`` runs when it goes on the wire."""
         now = self.sim.now
         train.head = now if head is None else head
         train.tail = train.head if tail is None else tail
         self.injected += train.payload
-        self.up[train.src][train.chip].send(train, self.switches[train.chip].receive)
+        self.up[train.src][train.chip].send(train, self.switches[train.chip].receive, on_start)
 
     def ack(self, gpu: int, write: Train) -> None:
-        """Send the write responses of a delivered write back to its issuer."""
-        wire = self.pk.ack_wire(write.payload)
-        ack = Train(0, wire, self.pk.fmt.write_ack_flits * self.pk.flit, kind=Kind.SYNC, src=gpu,
-                    dst=write.src, chip=write.chip, vc=write.vc)
+        """Send the write response of a delivered write back to its issuer (it calls
+        the write's ``fence`` there)."""
+        kind = Kind.WRITE_ACK
+        ack = Train(0, *self.pk.wire(kind, write.payload), kind=kind, src=gpu, dst=write.src, chip=write.chip,
+                    done=write.fence, vc=self.vcmap.vc(kind))
         self.inject(ack)
+
+    def stuck(self) -> list[str]:
+        """What holds trains: channels with trains queued (and whether they wait for
+        credits) and switch input buffers, for the forward-progress watchdog."""
+        out = []
+        for ch in self.channels():
+            for vc, count, credit in ch.waiting():
+                out.append(f"{ch.name} VC {vc}: {count} train(s) queued"
+                           + (" waiting for credits" if credit else ""))
+        for sw in self.switches:
+            out.extend(sw.stuck())
+        return out
 
     def channels(self) -> list[Channel]:
         return [ch for row in self.up for ch in row] + [ch for row in self.down for ch in row]

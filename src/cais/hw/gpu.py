@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from cais.engine import Process, Signal, Simulator, Train
 from cais.engine.sim import ProgramGen
 from cais.hw.memory import Memory
-from cais.hw.packets import Kind, Packetizer
+from cais.hw.packets import Kind, Packetizer, VcMap
 
 if TYPE_CHECKING:
     from cais.hw.fabric import Fabric
@@ -40,52 +40,117 @@ class Kernel:
 class Gpu:
     """A GPU in the fabric.
 
-    Endpoint: writes and reductions land in memory; read requests (plain or NVLS pulls)
-    are answered after ``memory_latency_ps``; responses and deliveries call the
-    completion callback the issuer attached (``train.ctx``).
+    Endpoint: an NVLink input buffer per switch chip and VC, drained as packets
+    arrive: writes and reductions land in memory; read requests (plain or NVLS pulls)
+    are answered after ``memory_latency_ps``, at most ``serve_bytes`` at once (a
+    request beyond that waits in its buffer, holding its credits); responses,
+    deliveries and flags call the issuer's completion (``train.done``).
 
     SMs: a dispatcher puts the TBs of launched kernels on free SMs, in launch order,
     one TB per SM. A TB frees its SM when its program returns.
     """
 
     def __init__(self, sim: Simulator, index: int, sms: int, memory: Memory, packetizer: Packetizer,
-                 memory_latency_ps: int) -> None:
+                 memory_latency_ps: int, vcmap: VcMap, serve_bytes: int, chips: int, vcs: int) -> None:
         self.sim = sim
         self.index = index
         self.n_sms = sms
         self.memory = memory
         self.pk = packetizer
+        self.vcmap = vcmap
         self.memory_latency_ps = memory_latency_ps
+        self.serve_bytes = serve_bytes
+        self.serving = 0  # bytes of reads being served
         self.fabric: Fabric | None = None
+        self._held: list[list[deque[Train]]] = [[deque() for _ in range(vcs)] for _ in range(chips)]
+        self._holding = 0
+        self.handlers: dict[int, Callable[[Train], bool]] = {
+            Kind.WRITE: self._write, Kind.RED: self._write, Kind.READ_REQ: self._read,
+            Kind.MC_PULL_REQ: self._read,
+        }
         self._free = set(range(sms))
         self._kernels: deque[Kernel] = deque()
         self._dispatch_pending = False
         self.busy_sms = 0
+        self.tbs_finished = 0
+        self._running: list[Kernel] = []
         self.tb_log: list[tuple[str, int, int, int]] | None = None  # (kernel, sm, start, end)
 
     # ---- endpoint ---------------------------------------------------------------
     def receive(self, train: Train) -> None:
-        kind = train.kind
-        if kind == Kind.WRITE:
+        """A train's tail has arrived from chip ``train.chip``. The buffer drains as
+        trains arrive (its sender already scheduled their credits' return); a train
+        that cannot be taken yet is held, and so is every train behind it."""
+        held = self._held[train.chip][train.vc]
+        if held or not self._consume(train):
+            cr = train.credits
+            if cr is not None:
+                cr.hold(train.vc, train.fp, self.sim.now)
+            held.append(train)
+            self._holding += 1
+
+    def _consume(self, train: Train) -> bool:
+        """Take ``train`` out of the input buffer (False: it cannot be taken yet)."""
+        handler = self.handlers.get(train.kind)
+        if handler is not None:
+            return handler(train)
+        if train.done is not None:  # responses, flags, acks: the issuer's completion
+            train.done(train)
+        return True
+
+    def _write(self, train: Train) -> bool:
+        if train.kind == Kind.WRITE:
             self.memory.write(train.addr, train.data)
-        elif kind == Kind.RED:
+        else:
             self.memory.add(train.addr, train.data)
-        elif kind == Kind.READ_REQ or kind == Kind.MC_PULL_REQ:
-            self.sim.after(self.memory_latency_ps, self._respond, train)
-            return
-        if self.fabric is not None and self.pk.fmt.write_ack_flits and kind in (Kind.WRITE, Kind.RED):
+        if self.fabric is not None and (train.fence is not None or self.pk.fmt.write_ack_flits):
             self.fabric.ack(self.index, train)
-        if train.ctx is not None:
-            train.ctx(train)
+        if train.done is not None:
+            train.done(train)
+        return True
+
+    def _read(self, req: Train) -> bool:
+        if self.serving and self.serving + req.want > self.serve_bytes:
+            return False
+        self.serving += req.want
+        self.sim.after(self.memory_latency_ps, self._respond, req)
+        return True
 
     def _respond(self, req: Train) -> None:
-        resp_kind = Kind.READ_RESP if req.kind == Kind.READ_REQ else Kind.MC_PULL_RESP
+        kind = Kind.READ_RESP if req.kind == Kind.READ_REQ else Kind.MC_PULL_RESP
         nbytes = req.addr.nbytes
-        resp = Train(nbytes, *self.pk.wire(resp_kind, nbytes), kind=resp_kind, src=self.index,
-                     dst=req.src, chip=req.chip, addr=req.addr, data=self.memory.read(req.addr),
-                     ctx=req.ctx, vc=req.vc)
+        resp = Train(nbytes, *self.pk.wire(kind, nbytes), kind=kind, src=self.index, dst=req.src, chip=req.chip,
+                     addr=req.addr, data=self.memory.read(req.addr), done=req.done, vc=self.vcmap.vc(kind),
+                     want=req.want, tag=req.tag)
         assert self.fabric is not None
-        self.fabric.inject(resp)
+        self.fabric.inject(resp, on_start=self._served)
+
+    def _served(self, resp: Train, start: int, finish: int) -> None:
+        """A response is on the wire: its bytes stop counting; held requests may go."""
+        self.serving -= resp.want
+        if self._holding:
+            self.sim.after(0, self._drain_held)
+
+    def _drain_held(self) -> None:
+        now = self.sim.now
+        for per_chip in self._held:
+            for held in per_chip:
+                while held and self._consume(held[0]):
+                    train = held.popleft()
+                    self._holding -= 1
+                    cr = train.credits
+                    if cr is not None:
+                        cr.give_back(train.vc, train.fp, now, now)
+
+    def stuck(self) -> list[str]:
+        """Input buffers holding requests it cannot serve yet (for the watchdog)."""
+        out = []
+        for c, per_chip in enumerate(self._held):
+            for vc, held in enumerate(per_chip):
+                if held:
+                    out.append(f"gpu{self.index} input from sw{c} VC {vc}: {len(held)} train(s) held "
+                               f"({self.serving}/{self.serve_bytes} read bytes being served)")
+        return out
 
     # ---- SMs and the TB dispatcher ----------------------------------------------
     def launch(self, kernel: Kernel, delay_ps: int = 0) -> Signal:
@@ -102,6 +167,7 @@ class Gpu:
 
     def _enqueue(self, kernel: Kernel) -> None:
         self._kernels.append(kernel)
+        self._running.append(kernel)
         self._request_dispatch()
 
     def _request_dispatch(self) -> None:
@@ -141,6 +207,7 @@ class Gpu:
 
     def _tb_finisher(self, kernel: Kernel, sm: int, start: int) -> Callable[[object], None]:
         def finished(_: object) -> None:
+            self.tbs_finished += 1
             self._free.add(sm)
             self.busy_sms -= 1
             kernel._running -= 1
@@ -151,6 +218,15 @@ class Gpu:
                 kernel.done.fire(self.sim)
             self._request_dispatch()
         return finished
+
+    def queued_kernels(self) -> int:
+        """Kernels with TBs not yet placed on an SM."""
+        return len(self._kernels)
+
+    def running_kernels(self) -> list[str]:
+        """Names of launched kernels that have not finished."""
+        self._running = [k for k in self._running if k.finished_at is None]
+        return [k.name for k in self._running]
 
     def free_sms(self, within: Iterable[int] | None = None) -> int:
         return len(self._free if within is None else self._free & set(within))

@@ -1,15 +1,22 @@
-"""NVLink packetisation: how many wire bytes a transfer of a given kind costs.
+"""NVLink packets: the kinds of packet the hardware knows, their wire size, their
+traffic class and which virtual channel (VC) they travel on.
 
 A transfer of ``payload`` bytes is cut into packets of at most ``max_payload_bytes``;
 each packet carries whole 16 B data flits plus a header flit and, depending on its
 kind, extra flits (address extension on requests, byte enables on writes).
+
+Every packet kind is described once, by a :class:`PacketKind` in :data:`KINDS`: its
+name, whether it is a request or a response (the two never share a VC), its traffic
+class, and the overhead rule of its wire size. A new kind (a CAIS mergeable load,
+say) is one more entry here, plus handlers in the switch or GPU that receive it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import IntEnum
 
-from cais.hw.config import PacketFormat
+from cais.hw.config import LinkConfig, PacketFormat
 
 
 class Kind(IntEnum):
@@ -25,11 +32,86 @@ class Kind(IntEnum):
     MC_PULL_RESP = 7    # replica -> switch: data for an ld_reduce
     MC_LDRED_RESP = 8   # switch -> issuer: the reduced data
     MC_RED = 9          # multimem.red: reduction into every replica
-    SYNC = 10           # empty control packet (flags, barriers, TB-group sync)
+    WRITE_ACK = 10      # write response: a fenced write has landed (back to its issuer)
+    FLAG = 11           # st of a synchronisation flag (ring slot flags, credits)
+    MC_FLAG = 12        # multimem.red on a flag: the switch multicasts it as FLAGs (NVLS barrier)
 
 
-REQUEST_KINDS = frozenset({Kind.READ_REQ, Kind.MC_LDRED_REQ, Kind.MC_PULL_REQ})
-WRITE_KINDS = frozenset({Kind.WRITE, Kind.RED, Kind.MC_STORE, Kind.MC_RED})
+class Traffic(IntEnum):
+    """Traffic classes: what the VC policy ``class`` separates."""
+
+    LOAD = 0
+    STORE = 1
+    REDUCTION = 2
+    SYNC = 3
+
+
+@dataclass(frozen=True)
+class PacketKind:
+    """One kind of packet: ``response`` (travels on response VCs), ``traffic`` (its
+    class), ``overhead`` (``request``: header + address extension, no data;
+    ``write``: header + byte enables + data; ``response``: header + data; ``ack``:
+    the per-packet write-response flits, or one header flit for a whole train when
+    writes are posted), and a short description."""
+
+    kind: Kind
+    response: bool
+    traffic: Traffic
+    overhead: str
+    description: str
+
+
+KINDS: dict[int, PacketKind] = {k.kind: k for k in (
+    PacketKind(Kind.READ_REQ, False, Traffic.LOAD, "request", "ld: read request to a home GPU"),
+    PacketKind(Kind.READ_RESP, True, Traffic.LOAD, "response", "data for a READ_REQ"),
+    PacketKind(Kind.WRITE, False, Traffic.STORE, "write", "st: posted write"),
+    PacketKind(Kind.RED, False, Traffic.REDUCTION, "write", "red: posted add into the destination"),
+    PacketKind(Kind.MC_STORE, False, Traffic.STORE, "write", "multimem.st: multicast store"),
+    PacketKind(Kind.MC_LDRED_REQ, False, Traffic.LOAD, "request", "multimem.ld_reduce request to the switch"),
+    PacketKind(Kind.MC_PULL_REQ, False, Traffic.LOAD, "request", "switch -> replica read for an ld_reduce"),
+    PacketKind(Kind.MC_PULL_RESP, True, Traffic.LOAD, "response", "replica -> switch data for an ld_reduce"),
+    PacketKind(Kind.MC_LDRED_RESP, True, Traffic.LOAD, "response", "switch -> issuer: the reduced data"),
+    PacketKind(Kind.MC_RED, False, Traffic.REDUCTION, "write", "multimem.red: reduction into every replica"),
+    PacketKind(Kind.WRITE_ACK, True, Traffic.SYNC, "ack", "write response of a fenced write"),
+    PacketKind(Kind.FLAG, False, Traffic.SYNC, "write", "flag store (ring flags and credits)"),
+    PacketKind(Kind.MC_FLAG, False, Traffic.SYNC, "write", "multimem.red on a flag (NVLS barrier)"),
+)}
+
+VC_POLICIES = ("class", "one", "shared")
+
+
+class VcMap:
+    """Which VC a packet takes. Requests use VCs ``[0, vcs/2)``, responses
+    ``[vcs/2, vcs)`` (so a full request buffer never blocks the responses that
+    would drain it), except under ``shared``, which puts everything on VC 0 (for
+    experiments: it can deadlock). Within a set, ``class`` gives each traffic class
+    its own VC (load, store, reduction, sync), ``one`` puts all on the set's first.
+    A ``stream`` (an issuing kernel's number) shifts the VC inside the class's share
+    when the set has more VCs than classes."""
+
+    __slots__ = ("policy", "half", "_table")
+
+    def __init__(self, link: LinkConfig) -> None:
+        self.policy = link.vc_policy
+        self.half = max(1, link.vcs // 2)
+        self._table: dict[tuple[int, int], int] = {}
+
+    def vc(self, kind: int, traffic: int | None = None, stream: int = 0) -> int:
+        key = (kind, traffic if traffic is not None else -1)
+        base = self._table.get(key)
+        if base is None:
+            spec = KINDS[kind]
+            cls = spec.traffic if traffic is None else traffic
+            if self.policy == "shared":
+                base = 0
+            else:
+                off = int(cls) % self.half if self.policy == "class" else 0
+                base = (self.half if spec.response else 0) + off
+            self._table[key] = base
+        if stream and self.policy == "class" and self.half > len(Traffic):
+            spare = self.half // len(Traffic)
+            base += len(Traffic) * (stream % spare)
+        return base
 
 
 class Packetizer:
@@ -46,25 +128,30 @@ class Packetizer:
     def packets(self, nbytes: int) -> int:
         return max(1, -(-nbytes // self.maxp))
 
-    def _overhead_flits(self, kind: int) -> int:
+    def _overhead_flits(self, rule: str) -> int:
         fmt = self.fmt
-        if kind in REQUEST_KINDS:
+        if rule == "request":
             return fmt.header_flits + fmt.request_extra_flits
-        if kind in WRITE_KINDS:
+        if rule == "write":
             return fmt.header_flits + fmt.write_extra_flits
         return fmt.header_flits
 
     def wire(self, kind: int, nbytes: int) -> tuple[int, int]:
         """(wire bytes of the whole train, wire bytes of its last packet) for a transfer
-        of ``nbytes`` of data (for a request: the bytes it asks for)."""
+        of ``nbytes`` of data (for a request or an acknowledgement: the bytes it asks
+        for or acknowledges)."""
         key = (kind, nbytes)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
         flit, maxp = self.flit, self.maxp
         npk = self.packets(nbytes)
-        over = self._overhead_flits(kind)
-        if kind in REQUEST_KINDS or kind == Kind.SYNC:
+        rule = KINDS[kind].overhead
+        over = self._overhead_flits(rule)
+        if rule == "ack":  # per-packet write responses, or (posted writes) one fence response
+            per = self.fmt.write_ack_flits
+            total, last = (npk * per * flit, per * flit) if per else (over * flit, over * flit)
+        elif rule == "request":
             total, last = npk * over * flit, over * flit
         else:
             full, rem = divmod(nbytes, maxp)
@@ -74,7 +161,3 @@ class Packetizer:
             last = (-(-last_data // flit) + over) * flit
         self._cache[key] = (total, last)
         return total, last
-
-    def ack_wire(self, nbytes: int) -> int:
-        """Wire bytes of the write responses for a write of ``nbytes`` (0 if posted)."""
-        return self.packets(nbytes) * self.fmt.write_ack_flits * self.flit
