@@ -40,13 +40,14 @@ class _NoDrain(Ladm):
         g1 = [r.submit(g, self._red_gemm(r, g, c)[0], [deps[g]], over, c.name) for g in range(n)]
         rows = [r.submit(g, r.rowop_kernel(g, c.rowop), [g1[g]], 0, c.name) for g in range(n)]
         after = self._barrier(r, rows)
-        return [r.submit(g, self._load_gemm(r, g, c.gemm2, self._operands(c.gemm2)), [after], over, c.name)
+        return [r.submit(g, self._load_gemm(r, g, c.gemm2, self._operands(c.gemm2)), [after[g]], over, c.name)
                 for g in range(n)]
 
 
 class _NoBarrier(Ladm):
     """No global barriers: each GPU's row-wise op starts once the reductions *it*
-    issued have landed, and its GEMM2 once its own row-wise op is done."""
+    issued are fenced, and its GEMM2 once its own row-wise op is done. GPU 0 starts
+    50 us late, so that its peers' row-wise ops run before its reductions arrive."""
 
     name = ""
 
@@ -56,7 +57,7 @@ class _NoBarrier(Ladm):
         for g in range(n):
             k, drain = self._red_gemm(r, g, c)
             flushed.append(drain.done)
-            r.submit(g, k, [deps[g]], over, c.name)
+            r.submit(g, k, [deps[g]], over + (50_000_000 if g == 0 else 0), c.name)
         rows = [r.submit(g, r.rowop_kernel(g, c.rowop), [flushed[g]], 0, c.name) for g in range(n)]
         return [r.submit(g, self._load_gemm(r, g, c.gemm2, self._operands(c.gemm2)), [rows[g]], over, c.name)
                 for g in range(n)]

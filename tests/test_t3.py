@@ -93,7 +93,7 @@ class _RowOpBeforeRs(T3Nvls):
 
     def gemm_rs(self, r, c, deps):
         _, g1 = super().gemm_rs(r, c, deps)
-        return g1[0], g1
+        return [g1[0]] * r.m.n, g1
 
 
 class _Gemm2BeforeAg(T3Nvls):
@@ -101,7 +101,7 @@ class _Gemm2BeforeAg(T3Nvls):
 
     def nvls_allgather(self, r, src, dst, deps):
         super().nvls_allgather(r, src, dst, deps)
-        return deps[0]
+        return [deps[0]] * r.m.n
 
 
 @pytest.mark.parametrize("mode", ["prefill", "train"])
@@ -191,5 +191,5 @@ def test_t3_nvls_keeps_rs_ln_ag_gemm_coarse(h100) -> None:
         first_pull = min(t for ts in pushed for t, op in ts if op == "ld_reduce" and t >= g1[0].started_at)
         assert first_pull < min(k.finished_at for k in g1)  # the NVLS RS starts while GEMM1 runs
         for g in range(h100.gpus):
-            assert rows[g].started_at >= rs_end.time
-            assert g2[g].started_at >= ag_end.time > rows[g].finished_at
+            assert rows[g].started_at >= rs_end[g].time
+            assert g2[g].started_at >= ag_end[g].time > rows[g].finished_at

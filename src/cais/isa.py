@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from cais.machine import Machine
 
 Done = Callable[[], None]
-FLAG_BYTES = 8  # a synchronisation flag: one 64-bit word
+FLAG_BYTES = 8  # a synchronisation flag: one 64-bit word (on the wire; not counted as payload data)
 DoneData = Callable[[np.ndarray | None], None]
 
 
@@ -169,13 +169,16 @@ class Isa:
     def st(self, src: int, dst: int, region: Region, data: np.ndarray | None, done: Done | None = None,
            port: SmPort | None = None, stream: int = 0, unit: int | None = None, fenced: Done | None = None) -> None:
         """Store ``region`` on GPU ``dst``. ``done``: when the data has landed there;
-        ``fenced``: when every piece's write response is back at ``src`` (what a
-        ``fence.sc``/``__threadfence_system`` after the stores waits for)."""
+        ``fenced``: when the stores' write responses are back at ``src`` (what a
+        ``__threadfence_system`` after the stores waits for). The pieces that cross
+        one chip travel in order on one VC, so the last of them carries the only
+        response that chip's path needs (one header flit when writes are posted)."""
         self._write(Kind.WRITE, src, dst, region, data, done, port, stream, unit, fenced)
 
     def red(self, src: int, dst: int, region: Region, data: np.ndarray | None, done: Done | None = None,
-            port: SmPort | None = None, stream: int = 0, unit: int | None = None) -> None:
-        self._write(Kind.RED, src, dst, region, data, done, port, stream, unit, None)
+            port: SmPort | None = None, stream: int = 0, unit: int | None = None, fenced: Done | None = None) -> None:
+        """Add ``region`` into GPU ``dst``'s memory; ``done``/``fenced`` as for :meth:`st`."""
+        self._write(Kind.RED, src, dst, region, data, done, port, stream, unit, fenced)
 
     def _write(self, kind: int, src: int, dst: int, region: Region, data: np.ndarray | None,
                done: Done | None, port: SmPort | None, stream: int, unit: int | None, fenced: Done | None) -> None:
@@ -192,10 +195,13 @@ class Isa:
             return
         pieces = self.stripes(region, unit)
         landed = self._counter(len(pieces), done)
-        acked = self._counter(len(pieces), fenced) if fenced is not None else None
-        for p, chip in pieces:
+        last: dict[int, int] = {}  # chip -> index of its last piece: it carries the fence
+        if fenced is not None:
+            last = {chip: i for i, (_, chip) in enumerate(pieces)}
+        acked = self._counter(len(last), fenced) if fenced is not None else None
+        for i, (p, chip) in enumerate(pieces):
             self._send(kind, src, dst, p, self._slice(data, region, p), landed, port, stream, p.nbytes, chip,
-                       fence=acked)
+                       fence=acked if last.get(chip) == i else None)
 
     def ld(self, src: int, home: int, region: Region, done: DoneData, stream: int = 0,
            unit: int | None = None) -> None:
@@ -239,7 +245,7 @@ class Isa:
             return
         self.ops += 1
         kind = Kind.FLAG
-        train = Train(FLAG_BYTES, *self.pk.wire(kind, FLAG_BYTES), kind=kind, src=src, dst=dst,
+        train = Train(0, *self.pk.wire(kind, FLAG_BYTES), kind=kind, src=src, dst=dst,
                       chip=self.flag_chip(key), done=lambda _t: landed(), vc=self.vcmap.vc(kind))
         self.fab.inject(train)
 
@@ -248,7 +254,7 @@ class Isa:
         flag (the issuer's included); ``landed(gpu)`` runs as each copy lands."""
         self.ops += 1
         kind = Kind.MC_FLAG
-        train = Train(FLAG_BYTES, *self.pk.wire(kind, FLAG_BYTES), kind=kind, src=src, dst=-1,
+        train = Train(0, *self.pk.wire(kind, FLAG_BYTES), kind=kind, src=src, dst=-1,
                       chip=self.flag_chip(key), done=lambda t: landed(t.dst), vc=self.vcmap.vc(kind))
         self.fab.inject(train)
 

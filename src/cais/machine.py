@@ -53,10 +53,22 @@ class Machine:
         self.fabric = Fabric(self.sim, cfg, self.gpus, self.pk, self.vcmap, record_timeline)
         self.isa = Isa(self)
         self.launch_ps = round(cfg.gpu.kernel_launch_us * PS_PER_US)
+        self._flags = 0
+        self.recorder = None
 
     @property
     def n(self) -> int:
         return self.cfg.gpus
+
+    def flag_key(self) -> int:
+        """A new synchronisation flag's key (it decides the flag's address and chip)."""
+        self._flags += 1
+        return self._flags
+
+    def mark(self, gpu: int, track: str, name: str, start_ps: int, end_ps: int) -> None:
+        """Note a span (a collective phase, a synchronisation) for the recorder."""
+        if self.recorder is not None:
+            self.recorder.mark(gpu, track, name, start_ps, end_ps)
 
     def run(self) -> int:
         """Run until nothing is left to do. The forward-progress watchdog stops the

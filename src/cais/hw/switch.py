@@ -170,7 +170,9 @@ class NvlsSwitch(Switch):
         n = len(self.gpus)
         self.ledger.multicast_created += (n - 1) * train.payload
         kind = self._COPY[train.kind]
-        wire, last = self.pk.wire(kind, train.payload)
+        wire, last = train.wire, train.packet_wire
+        if kind != Kind.FLAG:
+            wire, last = self.pk.wire(kind, train.payload)
         for g in range(n):
             copy = Train(train.payload, wire, last, kind=kind, src=train.src, dst=g, chip=self.chip,
                          addr=train.addr, data=train.data, done=train.done, vc=train.vc, cls=train.cls)

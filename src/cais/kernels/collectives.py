@@ -14,8 +14,10 @@ Ring (NCCL Simple-like): ``ring_channels`` TBs per GPU, each owning a slice of t
 buffer. Per iteration a channel's slice is cut into n chunks that travel the ring in
 steps (2n-2 for AllReduce, n-1 for AllGather and ReduceScatter). Each step is a P2P
 store of up to ``ring_step_bytes`` into one of ``ring_slots`` staging slots of the next
-GPU; the sender waits for a free slot (the receiver frees it once it has forwarded
-the data, and the credit takes a GPU->switch->GPU trip to come back).
+GPU, then (once the stores' write responses are back: a fence) a flag store that
+tells the next GPU the slot is full; the receiver, once it has used the slot, stores
+a credit flag back to the sender, which waits for a free slot before reusing it
+(kernels/sync.py; every flag is a packet on the wire).
 
 Buffers: ``spec.send`` (input) and ``spec.recv`` (output) on every GPU, elements of
 ``elem_bytes`` bytes. AllGather: send holds the GPU's shard, recv the whole buffer.
@@ -32,7 +34,6 @@ import numpy as np
 
 from cais.engine import Countdown, Signal
 from cais.engine.sim import ProgramGen
-from cais.hw.config import PS_PER_NS
 from cais.hw.gpu import Kernel, TbProgram
 from cais.machine import Machine
 from cais.hw.memory import Region
@@ -198,7 +199,7 @@ def _ring_plan(spec: CollectiveSpec, n: int, channels: int, step: int) -> list[l
 
 
 def _ring_tb(m: Machine, spec: CollectiveSpec, gpu: int, ch: int, plan: list[list[tuple[int, int]]],
-             state: _RingState, slot_elems: int, credit_ps: int, unit: int) -> TbProgram:
+             state: _RingState, slot_elems: int, unit: int, key: int) -> TbProgram:
     n, eb, isa, sim = m.n, spec.elem_bytes, m.isa, m.sim
     mem = m.gpus[gpu].memory
     nxt, prv = (gpu + 1) % n, (gpu - 1) % n
@@ -234,8 +235,8 @@ def _ring_tb(m: Machine, spec: CollectiveSpec, gpu: int, ch: int, plan: list[lis
             reduce_phase = (op == "allreduce" and j < n - 1) or op == "reducescatter"
             if reduce_phase and data is not None:
                 data = data + mem.read(local_in(start, cnt))
-            done_sig = state.get(state.credit, (prv, ch, s_recv))
-            sim.after(credit_ps, done_sig.fire, sim)
+            freed = state.get(state.credit, (prv, ch, s_recv))
+            isa.flag(gpu, prv, key + ch * slots + s_recv % slots, lambda sig=freed: sig.fire(sim))
             s_recv += 1
             return data
 
@@ -254,10 +255,14 @@ def _ring_tb(m: Machine, spec: CollectiveSpec, gpu: int, ch: int, plan: list[lis
                 if s_send >= slots:
                     yield state.get(state.credit, (gpu, ch, s_send - slots))
                 arrived = state.get(state.arrived, (nxt, ch, s_send))
+                flag_key = key + ch * slots + s_send % slots
+
+                def post(sig: Signal = arrived, k: int = flag_key) -> None:
+                    isa.flag(gpu, nxt, k, lambda: sig.fire(sim))
                 if cnt:
-                    isa.st(gpu, nxt, slot(s_send, cnt), data, lambda sig=arrived: sig.fire(sim), port, unit=unit)
+                    isa.st(gpu, nxt, slot(s_send, cnt), data, None, port, unit=unit, fenced=post)
                 else:
-                    sim.after(0, arrived.fire, sim)
+                    post()
                 s_send += 1
             start, cnt = chunks[chunk_of(steps)] if op != "reducescatter" else chunks[gpu]
             data = yield from receive(steps - 1, start, cnt)
@@ -270,15 +275,15 @@ def ring_kernels(m: Machine, spec: CollectiveSpec) -> list[Kernel]:
     step = max(1, cfg.ring_step_bytes // spec.elem_bytes)
     plans = _ring_plan(spec, n, spec.channels or cfg.ring_channels, step)
     slot_elems = max((c for plan in plans for it in plan for _, c in it), default=1)
-    credit_ps = 2 * m.cfg.link_latency_ps + 2 * round(m.cfg.switch.pipeline_latency_ns * PS_PER_NS)
     unit = m.cfg.unit_for(slot_elems * spec.elem_bytes)
+    key = m.flag_key() * 1_000_003  # the flags of this collective: one per channel and slot
     state = _RingState()
     kernels = []
     for gpu in m.gpus:  # the staging slots every channel writes into on its next GPU
         if gpu.memory.functional and spec.staging not in gpu.memory.buffers:
             gpu.memory.alloc(spec.staging, len(plans) * cfg.ring_slots * slot_elems)
     for g in range(n):
-        tbs = [_ring_tb(m, spec, g, ch, plan, state, slot_elems, credit_ps, unit)
+        tbs = [_ring_tb(m, spec, g, ch, plan, state, slot_elems, unit, key)
                for ch, plan in enumerate(plans) if plan]
         kernels.append(Kernel(f"ring-{spec.op}", tbs, spec.sms))
     return kernels

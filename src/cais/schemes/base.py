@@ -19,6 +19,7 @@ from cais.engine import Countdown, Signal, Simulator
 from cais.hw.compute import ComputeModel
 from cais.hw.gpu import Kernel
 from cais.machine import Machine
+from cais.kernels import sync
 from cais.kernels.collectives import CollectiveSpec, build
 from cais.kernels.gemm import Epilogue, GemmShape, gemm_kernel, gemm_shape
 from cais.kernels.local import even_kernel, row_blocks
@@ -69,7 +70,6 @@ class LayerRun:
     def __post_init__(self) -> None:
         self.d = self.period.dims
         self.sms = self.m.cfg.gpu.sms
-        self.barrier_ps = 2 * self.m.cfg.link_latency_ps
         self.collectives = 0
 
     # ---- scheduling --------------------------------------------------------------
@@ -87,10 +87,10 @@ class LayerRun:
         self.when(deps, lambda: self.m.gpus[g].launch(kernel, delay_ps))
         return kernel.done
 
-    def delayed(self, sig: Signal, delay_ps: int) -> Signal:
-        out = Signal()
-        sig.on_fire(lambda _v: self.m.sim.after(delay_ps, out.fire, self.m.sim))
-        return out
+    def barrier(self, arrive: Sequence[Signal], name: str = "barrier") -> list[Signal]:
+        """An NVLS barrier on the wire (kernels/sync.py): GPU g arrives when
+        ``arrive[g]`` fires and passes (its signal) once it has seen every GPU."""
+        return sync.barrier(self.m, arrive, name)
 
     # ---- kernels -----------------------------------------------------------------
     def shape(self, gemm: Gemm, sms: int | None = None) -> GemmShape:
@@ -291,15 +291,14 @@ class Scheme:
                         channels: int | None = None, launch: int | None = None, algo: str | None = None) -> Deps:
         """A collective after ``deps`` on every GPU. NVLS kernels start and end with a
         barrier over all GPUs (as NCCL's do: a GPU may not pull or push replicas its
-        peers have not produced, or use data its peers have not sent)."""
+        peers have not produced, or use data its peers have not sent), on the wire."""
         algo = algo or self.algo
         kernels = r.collective(op, algo, src, dst, channels, sm_sets, rows)
         launch = r.m.launch_ps if launch is None else launch
         if algo == "nvls":
-            start = r.delayed(all_of(r.m.sim, deps), r.barrier_ps)
-            done = [r.submit(g, k, [start], launch, segment) for g, k in enumerate(kernels)]
-            end = r.delayed(all_of(r.m.sim, done), r.barrier_ps)
-            return [end] * r.m.n
+            start = r.barrier(deps, f"{segment} {op} start")
+            done = [r.submit(g, k, [start[g]], launch, segment) for g, k in enumerate(kernels)]
+            return r.barrier(done, f"{segment} {op} end")
         return [r.submit(g, k, [deps[g]], launch, segment) for g, k in enumerate(kernels)]
 
     def gather(self, r: LayerRun, name: str, src: str, dst: str, deps: Deps) -> Deps:

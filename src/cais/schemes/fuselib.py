@@ -202,6 +202,7 @@ class Fused:
     queues: list[WorkQueue]
     gathered: list[Signal]
     arrivals: list[list[Countdown]] = field(default_factory=list)  # per owner, per row block
+    tiles_done: list[list[list[Countdown]]] = field(default_factory=list)  # per GPU, owner, row block
 
 
 class FuseLib(Scheme):

@@ -10,9 +10,10 @@ and ready row blocks, ready row blocks first), with the data movement replaced:
   [T, h] output, as a plain GEMM would): nothing crosses NVLink yet.
 * **Cross-GPU readiness** (TB-level): ``multimem.ld_reduce`` reads every GPU's
   replica, so a row block (``ROWS_PER_TB`` = 64 rows of its owner's shard) can be
-  reduced only once every tile touching it is done on *all* GPUs. Each GPU's tile
-  epilogue bumps the block's completion counter on the owner; the owner sees the last
-  one ``barrier_ps`` (a GPU -> switch -> GPU flag round trip) after the last tile.
+  reduced only once every tile touching it is done on *all* GPUs. Each GPU counts
+  its own tiles per block and, when its last one is done, stores a completion flag
+  on the owner (a packet on the wire, kernels/sync.py); the block is ready when the
+  owner has seen all n flags.
 * **Reduction** (a TB of the fused kernel, on the owner): ``multimem.ld_reduce`` of
   the block's rows through the switch (the sum lands in the owner's ``reduced``),
   cut into transfer units, at most ``outstanding_bytes_per_sm`` of loads in flight.
@@ -36,6 +37,7 @@ import numpy as np
 from cais.engine import Countdown, Signal
 from cais.engine.sim import ProgramGen
 from cais.hw.memory import Region
+from cais.kernels import sync
 from cais.kernels.gemm import store_epilogue
 from cais.schemes.base import LayerRun
 from cais.schemes.fuselib import Fused, FuseLib, Plan, Worker, unit_chunks
@@ -63,12 +65,14 @@ class FuseLibNvls(FuseLib):
         return [done] * r.m.n
 
     def wire(self, r: LayerRun, f: Fused) -> None:
-        """Row block b of owner o is ready ``barrier_ps`` after its last tile on any GPU."""
+        """Row block b of owner o is ready once every GPU's completion flag for it
+        (stored when the GPU's last tile touching it is done) has reached o."""
         n = r.m.n
-        f.arrivals = [[Countdown(e) for e in f.plan.expected[o]] for o in range(n)]
+        f.tiles_done = [[[Countdown(e // n) for e in f.plan.expected[o]] for o in range(n)] for _ in range(n)]
         for o in range(n):
-            for b, cd in enumerate(f.arrivals[o]):
-                r.delayed(cd, r.barrier_ps).on_fire(lambda _v, o=o, b=b: f.queues[o].block_ready(r, b))
+            for b in range(len(f.plan.expected[o])):
+                done = sync.notify(r.m, [f.tiles_done[g][o][b] for g in range(n)], o)
+                done.on_fire(lambda _v, o=o, b=b: f.queues[o].block_ready(r, b))
 
     def tile_epilogue(self, r: LayerRun, f: Fused, w: Worker, i: int, j: int,
                       tile: np.ndarray | None) -> ProgramGen:
@@ -78,7 +82,7 @@ class FuseLibNvls(FuseLib):
             store_epilogue(mem, f.c.gemm1.ops, f.plan.shape)(i, j, tile)
         for p in f.plan.pieces[i]:
             for b in p.blocks:
-                f.arrivals[p.owner][b].arrive(r.m.sim)
+                f.tiles_done[w.g][p.owner][b].arrive(r.m.sim)
         yield from ()
 
     def block_task(self, r: LayerRun, f: Fused, w: Worker, b: int) -> ProgramGen:

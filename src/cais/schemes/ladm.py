@@ -21,7 +21,7 @@ What is modelled, per sub-layer (``Chain``):
   **and** all its reductions have landed (a kernel boundary makes writes visible).
 * **Kernel boundaries are global**: in a single-GPU programming model the next
   kernel starts when the previous one has finished on every GPU, plus
-  ``r.barrier_ps``. This holds for every kernel of the period (GEMM1 -> row-wise op
+  an NVLS barrier (kernels/sync.py). This holds for every kernel of the period (GEMM1 -> row-wise op
   -> GEMM2, and the local kernels); it costs time where GPUs finish apart.
 * **Row-wise op** (dropout + residual + norm, or its backward) on the owner's shard
   rows, one kernel on all SMs, as in SP-NVLS.
@@ -67,8 +67,9 @@ and GEMM2's loads leave one owner at a time (a column raster, measured as a
 sensitivity, is 2.3x faster in prefill); the weight-gradient mainloops all start
 at token 0 (owner 0); reductions cut in ``transfer_unit_bytes`` units (one per
 tile); 64 KiB of loads / undelivered reductions per SM
-(``collective.outstanding_bytes_per_sm``, as NVLS kernels); a global barrier of
-``r.barrier_ps`` at every kernel boundary.
+(``collective.outstanding_bytes_per_sm``, as NVLS kernels); a GPU arrives at a
+kernel boundary once its remote reductions are fenced, and an NVLS barrier on the
+wire separates every kernel.
 """
 
 from __future__ import annotations
@@ -169,8 +170,8 @@ class Load:
 
 
 class _Drain:
-    """Counts a kernel's remote writes still in flight; ``done`` fires once the
-    kernel has ended and all of them have landed."""
+    """Counts a kernel's remote writes not yet fenced; ``done`` fires once the
+    kernel has ended and all of their write responses are back (its fence)."""
 
     def __init__(self, r: LayerRun, kernel: Kernel) -> None:
         self.r = r
@@ -217,10 +218,10 @@ class Ladm(Scheme):
         pairs += [(s.dst, s.src) for s in r.period.segments if isinstance(s, Gather)]
         return {dst: Sharded(src, r.d.rows_l, r.period.buffers[dst][1]) for dst, src in pairs if dst != src}
 
-    def _barrier(self, r: LayerRun, deps: Sequence[Signal]) -> Signal:
-        """The next kernel of the single virtual GPU may start: ``deps`` on every GPU
-        done, plus a global barrier."""
-        return r.delayed(all_of(r.m.sim, list(deps)), r.barrier_ps)
+    def _barrier(self, r: LayerRun, deps: Sequence[Signal]) -> list[Signal]:
+        """The next kernel of the single virtual GPU may start on each GPU: ``deps``
+        done on every GPU, through an NVLS barrier (kernels/sync.py)."""
+        return r.barrier(deps)
 
     def gather(self, r: LayerRun, name: str, src: str, dst: str, deps: Deps) -> Deps:
         """No AllGather: the weight-gradient GEMM loads the rows where they live."""
@@ -235,7 +236,7 @@ class Ladm(Scheme):
                 over = r.cm.kernel_overhead_ps
             else:
                 k, over = r.local_kernel(g, seg)
-            out.append(r.submit(g, k, [start], over, seg.name))
+            out.append(r.submit(g, k, [start[g]], over, seg.name))
         return out
 
     def chain(self, r: LayerRun, c: Chain, deps: Deps) -> Deps:
@@ -244,13 +245,14 @@ class Ladm(Scheme):
         flushed = []
         for g in range(n):
             k, drain = self._red_gemm(r, g, c)
-            done = r.submit(g, k, [start], over, c.name)
+            done = r.submit(g, k, [start[g]], over, c.name)
             flushed.append(all_of(r.m.sim, [done, drain.done]))
         reduced = self._barrier(r, flushed)
-        rows = [r.submit(g, r.rowop_kernel(g, c.rowop), [reduced], r.cm_mem_overhead_ps, c.name) for g in range(n)]
+        rows = [r.submit(g, r.rowop_kernel(g, c.rowop), [reduced[g]], r.cm_mem_overhead_ps, c.name)
+                for g in range(n)]
         normed = self._barrier(r, rows)
         ops = self._operands(c.gemm2)
-        return [r.submit(g, self._load_gemm(r, g, c.gemm2, ops), [normed], over, c.name) for g in range(n)]
+        return [r.submit(g, self._load_gemm(r, g, c.gemm2, ops), [normed[g]], over, c.name) for g in range(n)]
 
     def _operands(self, gemm: Gemm) -> list[Operand]:
         out = []
@@ -294,8 +296,8 @@ class Ladm(Scheme):
                         yield win.wait()
                     win.take(region.nbytes)
                     drain.issue()
-                    isa.red(g, owner, region, data, self._landed(win, region.nbytes, drain), port,
-                            unit=r.m.cfg.transfer_unit_bytes)
+                    isa.red(g, owner, region, data, self._landed(win, region.nbytes), port,
+                            unit=r.m.cfg.transfer_unit_bytes, fenced=drain.land)
                 if port.free_at > sim.now:  # the SM pushes the tile out before it is free
                     yield port.free_at - sim.now
             return program
@@ -304,10 +306,9 @@ class Ladm(Scheme):
         return kernel, drain
 
     @staticmethod
-    def _landed(win: Window, nbytes: int, drain: _Drain) -> Callable[[], None]:
+    def _landed(win: Window, nbytes: int) -> Callable[[], None]:
         def done() -> None:
             win.release(nbytes)
-            drain.land()
         return done
 
     # ---- GEMM2 and weight gradients: operands loaded from their owners -----------
