@@ -133,8 +133,8 @@ def cmd_run(args: argparse.Namespace) -> None:
                       f"{sub['compute_us']:,.1f} / {sub['comm_us']:,.1f}", f"{100 * gap:+.0f} %")
     table.add_row("total", f"{r.total_us:,.1f}", "", "", "", style="bold")
     Console().print(table)
-    Console().print(f"link utilisation: mean {100 * r.link_util:.1f} %, busiest {100 * r.link_util_max:.1f} % "
-                    f"(wire busy time over the period, all GPU<->switch ports and directions); "
+    Console().print(f"link utilisation: mean {100 * r.link_util.mean:.1f} % (GPU directions), busiest port "
+                    f"direction {100 * r.link_util.max:.1f} % ({r.link_util.busiest}), over the period; "
                     f"{r.events:,} events in {r.wall_s:.1f} s")
     k = r.kernel_us
     Console().print(f"GPU 0 kernel time: collectives {k['communication']:,.0f} us, other kernels "
@@ -217,7 +217,7 @@ def _demo_layers(cfg: SystemConfig, model_name: str) -> None:
         r = run_layer(cfg, model, name, "prefill", 66)
         base = base or r.total_us
         lt.add_row(name, f"{r.total_us:,.0f}", f"{r.sublayers['L1']['time_us']:,.0f}",
-                   f"{r.sublayers['L2']['time_us']:,.0f}", f"{r.total_us / base:.2f}x", f"{100 * r.link_util:.0f} %")
+                   f"{r.sublayers['L2']['time_us']:,.0f}", f"{r.total_us / base:.2f}x", f"{100 * r.link_util.mean:.0f} %")
     Console().print(lt)
 
 

@@ -4,6 +4,7 @@ thread-block programs use, assembled from one :class:`SystemConfig`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from cais.engine import Simulator
 from cais.hw.config import PS_PER_NS, PS_PER_US, SystemConfig
@@ -12,6 +13,15 @@ from cais.hw.gpu import Gpu
 from cais.hw.memory import Memory
 from cais.hw.packets import Packetizer
 from cais.isa import Isa
+
+
+class Observer(Protocol):
+    """What a machine needs from a recorder (``cais.results.Recorder``): it is attached
+    once the machine is built, and receives the marks (named spans) code reports."""
+
+    def attach(self, machine: "Machine") -> None: ...
+
+    def mark(self, gpu: int, track: str, name: str, start_ps: int, end_ps: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -33,18 +43,25 @@ class Conservation:
 
 class Machine:
     """GPUs + NVSwitch fabric + event loop. ``functional=True`` makes every memory
-    operation carry real numpy data, so results can be checked against numpy."""
+    operation carry real numpy data, so results can be checked against numpy.
 
-    def __init__(self, cfg: SystemConfig, functional: bool = False, record_timeline: bool = False) -> None:
+    ``recorder`` (optional, e.g. ``cais.results.Recorder``) is attached once the
+    machine is built and records what happens over time; without one, nothing is
+    recorded and nothing is spent on it."""
+
+    def __init__(self, cfg: SystemConfig, functional: bool = False, recorder: Observer | None = None) -> None:
         self.cfg = cfg
         self.functional = functional
         self.sim = Simulator()
         self.pk = Packetizer(cfg.packet)
         mem_lat = round(cfg.gpu.memory_latency_ns * PS_PER_NS)
         self.gpus = [Gpu(self.sim, g, cfg.gpu.sms, Memory(functional), self.pk, mem_lat) for g in range(cfg.gpus)]
-        self.fabric = Fabric(self.sim, cfg, self.gpus, self.pk, record_timeline)
+        self.fabric = Fabric(self.sim, cfg, self.gpus, self.pk)
         self.isa = Isa(self)
         self.launch_ps = round(cfg.gpu.kernel_launch_us * PS_PER_US)
+        self.recorder = recorder
+        if recorder is not None:
+            recorder.attach(self)
 
     @property
     def n(self) -> int:
@@ -52,6 +69,12 @@ class Machine:
 
     def run(self) -> int:
         return self.sim.run()
+
+    def mark(self, gpu: int, track: str, name: str, start_ps: int, end_ps: int) -> None:
+        """Report a named span on GPU ``gpu`` (a collective phase, a barrier wait) on the
+        timeline track ``track``; kept by the recorder if one is attached, else dropped."""
+        if self.recorder is not None:
+            self.recorder.mark(gpu, track, name, start_ps, end_ps)
 
     def conservation(self) -> Conservation:
         fab = self.fabric
