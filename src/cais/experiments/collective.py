@@ -10,7 +10,7 @@ import numpy as np
 from cais.hw.config import PS_PER_US, SystemConfig
 from cais.machine import Conservation, Machine
 from cais.kernels.collectives import CollectiveSpec, build, shard_bounds
-from cais.results import Recorder, RunMetrics, run_metrics
+from cais.results import LinkUtil, Recorder, RunMetrics, run_metrics
 
 
 def bus_factor(op: str, n: int) -> float:
@@ -36,6 +36,10 @@ class CollectiveResult:
     wall_s: float
     correct: bool | None
     conservation: Conservation
+
+    @property
+    def link_util(self) -> LinkUtil:
+        return self.metrics.link_util
 
     @property
     def wire_util(self) -> float:
