@@ -77,7 +77,9 @@ class Recorder:
 
     def horizon_ps(self) -> int:
         """The last time anything recorded happened."""
-        return max([self.m.sim.now] + [mk.end_ps for mk in self.marks])
+        times = [self.m.sim.now] + [mk.end_ps for mk in self.marks]
+        times += [max(t for t, _, _ in log) for _, _, log in self._credit_logs() if log]
+        return max(times)
 
     def n_bins(self) -> int:
         return bins_to_cover(self.horizon_ps(), self.bin_ps)
