@@ -47,11 +47,11 @@ def cases(cfg: SystemConfig) -> dict[str, Run]:
             "LLaMA-7B prefill, tp-nvls, 66 SMs": layer}
 
 
-def timed(fn: Callable[[], object]) -> float:
+def timed(run: Run, rec: Recorder | None) -> tuple[float, tuple[float, int]]:
     gc.collect()
     t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
+    out = run(rec)
+    return time.perf_counter() - t0, out
 
 
 def main() -> None:
@@ -66,13 +66,13 @@ def main() -> None:
         table.add_column(col, justify="right")
     for name, run in cases(cfg).items():
         off, on = [], []
-        sim_us, events = 0.0, 0
-        rec = Recorder()
         for _ in range(args.repeat):
-            off.append(timed(lambda: run(None)))
+            wall, (sim_us, events) = timed(run, None)
+            off.append(wall)
             rec = Recorder()
-            on.append(timed(lambda: run(rec)))
-        sim_us, events = run(None)
+            wall, on_result = timed(run, rec)
+            on.append(wall)
+            assert on_result == (sim_us, events), "recording changed the run"
         t0 = time.perf_counter()
         trace = build_trace(rec)
         build = time.perf_counter() - t0

@@ -134,6 +134,7 @@ def _write_outputs(args: argparse.Namespace, cfg: SystemConfig, rec: Recorder | 
     if args.trace:
         from cais.report.trace import write_trace
 
+        _for_flag("--trace-bin-us", rec.n_bins)
         events = _for_flag("--trace", write_trace, args.trace, rec, args.trace_tb_limit)
         if not args.json:
             Console().print(f"trace: {args.trace} ({events:,} events; open in ui.perfetto.dev)")

@@ -22,12 +22,16 @@ from bisect import bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cais.hw.gpu import Kernel
+import numpy as np
+
 from cais.results.metrics import BYTES_PER_KB
 from cais.results.ports import port_direction
 from cais.results.recorder import Recorder
+
+if TYPE_CHECKING:
+    from cais.hw.gpu import Kernel
 
 DEFAULT_TB_LIMIT = 20_000
 PS_PER_US = 1e6
@@ -173,20 +177,19 @@ def _tb_events(rec: Recorder, threads: _Threads, tb_limit: int) -> tuple[list[Ev
     return events, group
 
 
-def _counter_events(pid: int, name: str, series: dict[str, list[float]], bin_ps: int) -> list[Event]:
-    """A counter track: one event per bin where any series changed, and a closing one."""
-    events: list[Event] = []
-    last: tuple[float, ...] | None = None
-    n = len(next(iter(series.values()), []))
-    for b in range(n):
-        values = tuple(s[b] for s in series.values())
-        if values != last:
-            events.append({"name": name, "ph": "C", "pid": pid, "tid": 0, "ts": _us(b * bin_ps),
-                           "args": dict(zip(series, values))})
-            last = values
-    if n:
-        events.append({"name": name, "ph": "C", "pid": pid, "tid": 0, "ts": _us(n * bin_ps),
-                       "args": {k: 0.0 for k in series}})
+def _counter_events(pid: int, name: str, series: dict[str, np.ndarray], bin_ps: int) -> list[Event]:
+    """A counter track: one event per bin where any series changed, and a closing 0."""
+    keys = list(series)
+    values = np.vstack([series[k] for k in keys])  # series x bins
+    n = values.shape[1]
+    if n == 0:
+        return []
+    changed = np.flatnonzero(np.any(np.diff(values, axis=1) != 0, axis=0)) + 1
+    bins = np.concatenate([[0], changed])
+    events: list[Event] = [{"name": name, "ph": "C", "pid": pid, "tid": 0, "ts": _us(int(b) * bin_ps),
+                            "args": dict(zip(keys, values[:, b].tolist()))} for b in bins]
+    events.append({"name": name, "ph": "C", "pid": pid, "tid": 0, "ts": _us(n * bin_ps),
+                   "args": {k: 0.0 for k in keys}})
     return events
 
 
@@ -209,11 +212,9 @@ def _switch_events(rec: Recorder) -> tuple[list[Event], list[Event]]:
         return 1 + m.n + port.chip
 
     for name, util in rec.link_util_bins().items():
-        values = [round(float(u), 6) for u in util]
-        events += _counter_events(pid_of(name), f"{name} busy", {"util": values}, rec.bin_ps)
+        events += _counter_events(pid_of(name), f"{name} busy", {"util": np.round(util, 6)}, rec.bin_ps)
     for name, per_vc in rec.buffer_peak_bins().items():
-        series = {f"vc{v}": [round(float(x) / BYTES_PER_KB, 3) for x in peaks]
-                  for v, peaks in enumerate(per_vc) if peaks.any()}
+        series = {f"vc{v}": np.round(peaks / BYTES_PER_KB, 3) for v, peaks in enumerate(per_vc) if peaks.any()}
         if series:
             events += _counter_events(pid_of(name), f"{name} buffer kB", series, rec.bin_ps)
     if used_other:

@@ -12,6 +12,7 @@ from cais.results.occupancy import Occupancy, level_steps, peak_per_bin, vc_occu
 from cais.results.timeline import bins_to_cover, busy_per_bin
 
 DEFAULT_BIN_PS = 1_000_000  # 1 us
+MAX_BINS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,12 @@ class Recorder:
         return max(times)
 
     def n_bins(self) -> int:
-        return bins_to_cover(self.horizon_ps(), self.bin_ps)
+        """Bins of ``bin_ps`` covering the run; ValueError past ``MAX_BINS``."""
+        n = bins_to_cover(self.horizon_ps(), self.bin_ps)
+        if n > MAX_BINS:
+            raise ValueError(f"a bin of {self.bin_ps} ps cuts this run into {n:,} bins (at most {MAX_BINS:,}); "
+                             "choose a wider bin")
+        return n
 
     def kernels(self, gpu: int) -> list[Kernel]:
         return list(self.m.gpus[gpu].kernel_log or [])
