@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 from rich.console import Console
@@ -107,8 +108,6 @@ def _positive_float(text: str) -> float:
 
 def _check_outputs(args: argparse.Namespace) -> None:
     """Refuse bad --trace / --out paths before spending time on the run."""
-    from pathlib import Path
-
     from cais.results.table import table_format
 
     if args.out:
@@ -134,6 +133,7 @@ def _write_outputs(args: argparse.Namespace, cfg: SystemConfig, rec: Recorder | 
     if args.trace:
         from cais.report.trace import write_trace
 
+        assert rec is not None
         _for_flag("--trace-bin-us", rec.n_bins)
         events = _for_flag("--trace", write_trace, args.trace, rec, args.trace_tb_limit)
         if not args.json:
