@@ -69,7 +69,11 @@ def test_run_json_has_the_contract_keys(capsys) -> None:
     assert main(["run", "--model", "paper-mega-gpt-4b", "--scheme", "sp-nvls", "--mode", "prefill", "--sms", "66",
                  "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert {"total_us", "sublayers", "link_util"} <= out.keys()
+    assert {"total_us", "sublayers", "link_util", "wire_bytes", "buffer_peak_kB"} <= out.keys()
+    lu = out["link_util"]
+    assert set(lu) == {"mean", "max", "per_gpu"} and set(lu["per_gpu"]) == {str(g) for g in range(8)}
+    assert 0 < lu["mean"] <= lu["max"] <= 1
+    assert all(set(d) == {"up", "down"} for d in out["wire_bytes"].values())
     assert set(out["sublayers"]) == {"L1", "L2"}
     for sub in out["sublayers"].values():
         assert 0 < sub["bound_us"] <= sub["time_us"]
@@ -87,3 +91,70 @@ def test_run_bad_arguments_give_one_line(args, names) -> None:
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and names in lines[0] and "Traceback" not in proc.stderr
+
+
+def test_collective_json_has_link_util_wire_bytes_and_buffer_peaks(capsys) -> None:
+    assert main(["collective", "--op", "allreduce", "--algo", "ring", "--bytes", "1M", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    lu = out["link_util"]
+    assert out["wire_util"] == lu["max"] and 0 < lu["mean"] <= lu["max"] <= 1
+    assert set(lu["per_gpu"]) == set(out["wire_bytes"]) == {str(g) for g in range(8)}
+    span_ps = out["time_us"] * 1e6 - 3e6  # from launch (3 us) to the end
+    for g, d in out["wire_bytes"].items():
+        for direction in ("up", "down"):
+            assert lu["per_gpu"][g][direction] == pytest.approx(d[direction] / (450e-3 * span_ps), rel=1e-6)
+    peaks = out["buffer_peak_kB"]  # every port direction has credit-controlled input buffers
+    assert len(peaks) == 2 * 8 * 4
+    cap_kB = {c: 1024 * 16 * n / 1000 for c, n in enumerate([5, 4, 4, 5])}  # one VC: depth x flit x links
+    for port, peak in peaks.items():
+        chip = int(port.split("sw")[1].split("-")[0])
+        assert 0 < peak <= cap_kB[chip]
+    assert out["bytes"] == 1 << 20
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".csv"])
+def test_out_appends_one_row_per_run(tmp_path, suffix, capsys) -> None:
+    import pandas as pd
+
+    path = tmp_path / f"runs{suffix}"
+    for algo in ("nvls", "ring"):
+        assert main(["collective", "--op", "allreduce", "--algo", algo, "--bytes", "64K", "--out", str(path)]) == 0
+    assert main(["run", "--model", "paper-mega-gpt-4b", "--scheme", "tp-nvls", "--mode", "decode", "--sms", "66",
+                 "--gpus", "4", "--out", str(path)]) == 0
+    capsys.readouterr()
+    df = pd.read_parquet(path) if suffix == ".parquet" else pd.read_csv(path)
+    assert len(df) == 3
+    assert {"link.bandwidth_GBps", "switch.chips", "gpu.sms", "command", "op", "algo", "bytes", "time_us",
+            "link_util.mean", "link_util.max", "link_util.per_gpu.0.up", "wire_bytes.7.down",
+            "model", "scheme", "mode", "total_us", "sublayers.L1.time_us"} <= set(df.columns)
+    assert df["algo"].tolist()[:2] == ["nvls", "ring"] and df["command"].tolist() == ["collective"] * 2 + ["run"]
+    assert df["gpus"].tolist() == [8, 8, 4] and df["link.bandwidth_GBps"].tolist() == [25.0] * 3
+    assert (df["link_util.mean"] > 0).all()
+
+
+def test_bad_out_suffix_is_one_line_and_writes_nothing(tmp_path) -> None:
+    path = tmp_path / "runs.xlsx"
+    proc = _cais("collective", "--op", "allreduce", "--algo", "nvls", "--bytes", "64K", "--out", str(path))
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--out" in lines[0] and ".parquet" in lines[0] and ".csv" in lines[0]
+    assert not path.exists()
+
+
+def test_a_bad_existing_table_is_left_as_it_was(tmp_path, capsys) -> None:
+    path = tmp_path / "runs.parquet"
+    path.write_bytes(b"not parquet")
+    assert main(["collective", "--op", "allreduce", "--algo", "nvls", "--bytes", "64K", "--out", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--out" in err[0]
+    assert path.read_bytes() == b"not parquet"
+
+
+def test_trace_option_writes_a_trace(tmp_path, capsys) -> None:
+    path = tmp_path / "t.json"
+    assert main(["collective", "--op", "allreduce", "--algo", "nvls", "--bytes", "64K", "--trace", str(path),
+                 "--trace-tb-limit", "10", "--trace-bin-us", "0.5", "--json"]) == 0
+    json.loads(capsys.readouterr().out)  # stdout stays one JSON object
+    trace = json.loads(path.read_text())
+    assert trace["displayTimeUnit"] == "ns" and trace["otherData"]["bin_us"] == 0.5
+    assert sum(e["args"]["tbs"] for e in trace["traceEvents"] if e.get("cat") == "tb") == 8 * 16

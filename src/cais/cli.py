@@ -6,13 +6,21 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 from rich.console import Console
 from rich.table import Table
 
-from cais.hw.config import ConfigError, SystemConfig, list_systems, load_system
+from cais.hw.config import PS_PER_US, ConfigError, SystemConfig, list_systems, load_system
 from cais.kernels.collectives import ALGOS, OPS
+from cais.report.trace import DEFAULT_TB_LIMIT
+from cais.results.recorder import DEFAULT_BIN_PS, Recorder
+
+if TYPE_CHECKING:
+    from cais.experiments.collective import CollectiveResult
+    from cais.experiments.layer import LayerResult
+    from cais.workload.models import ModelSpec
 
 
 T = TypeVar("T")
@@ -62,12 +70,80 @@ def _system(args: argparse.Namespace, **overrides: object) -> SystemConfig:
         raise UsageError(str(exc)) from None
 
 
-def _checked(fn: Callable[..., T], *args: object) -> T:
+def _checked(fn: Callable[..., T], *args: object, **kwargs: object) -> T:
     """Call ``fn``; a ValueError (bad user input) becomes a one-line UsageError."""
+    try:
+        return fn(*args, **kwargs)
+    except ValueError as exc:
+        raise UsageError(str(exc).splitlines()[0]) from None
+
+
+def _for_flag(flag: str, fn: Callable[..., T], *args: object) -> T:
+    """Call ``fn``; a ValueError becomes a one-line UsageError naming ``flag``."""
     try:
         return fn(*args)
     except ValueError as exc:
-        raise UsageError(str(exc).splitlines()[0]) from None
+        raise UsageError(f"{flag}: {str(exc).splitlines()[0]}") from None
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got '{text}'") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got '{text}'") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    return value
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Refuse bad --trace / --out paths before spending time on the run."""
+    from cais.results.table import table_format
+
+    if args.out:
+        _for_flag("--out", table_format, args.out)
+    for flag, path in (("--trace", args.trace), ("--out", args.out)):
+        if path and not Path(path).parent.is_dir():
+            raise UsageError(f"{flag}: no directory {Path(path).parent} for '{path}'")
+
+
+def _recorder(args: argparse.Namespace) -> Recorder | None:
+    """A full recorder for --trace; a cheap one (buffer credit logs, kernels) for
+    --json / --out, whose buffer peaks need it; none otherwise."""
+    if args.trace:
+        return Recorder(bin_ps=max(1, round(args.trace_bin_us * PS_PER_US)))
+    if args.json or args.out:
+        return Recorder(links=False, tbs=False)
+    return None
+
+
+def _write_outputs(args: argparse.Namespace, cfg: SystemConfig, rec: Recorder | None,
+                   arguments: dict[str, object], result: CollectiveResult | LayerResult) -> None:
+    """The --trace timeline and the --out row of a finished run."""
+    if args.trace:
+        from cais.report.trace import write_trace
+
+        assert rec is not None
+        _for_flag("--trace-bin-us", rec.n_bins)
+        events = _for_flag("--trace", write_trace, args.trace, rec, args.trace_tb_limit)
+        if not args.json:
+            Console().print(f"trace: {args.trace} ({events:,} events; open in ui.perfetto.dev)")
+    if args.out:
+        from cais.results.table import append_row, run_row
+
+        rows = _for_flag("--out", append_row, args.out, run_row(cfg, arguments, result.as_json()))
+        if not args.json:
+            Console().print(f"results: row {rows} of {args.out}")
 
 
 def _printed_json(args: argparse.Namespace, result: object) -> bool:
@@ -89,13 +165,20 @@ def cmd_collective(args: argparse.Namespace) -> None:
     from cais.experiments.collective import run_collective
 
     cfg = _system(args, gpus=args.gpus, transfer_unit_bytes=args.unit)
-    r = _checked(run_collective, cfg, args.op, args.algo, args.bytes)
-    if _printed_json(args, r):
-        return
+    _check_outputs(args)
+    rec = _recorder(args)
+    r = _checked(run_collective, cfg, args.op, args.algo, args.bytes, recorder=rec)
+    if not _printed_json(args, r):
+        _print_collective(cfg, r)
+    _write_outputs(args, cfg, rec, {"command": "collective", "system": args.system, "unit": args.unit}, r)
+
+
+def _print_collective(cfg: SystemConfig, r: CollectiveResult) -> None:
     _print_table(f"{r.algo} {r.op}, {r.gpus} GPUs, {cfg.name}", [
         ("size", f"{r.nbytes:,} B"), ("time", f"{r.time_us:,.2f} us"),
         ("algbw", f"{r.algbw_GBps:,.1f} GB/s"), ("busbw", f"{r.busbw_GBps:,.1f} GB/s"),
-        ("busiest link direction, wire busy", f"{100 * r.wire_util:.1f} %"),
+        ("link utilisation, mean of GPU directions", f"{100 * r.link_util.mean:.1f} %"),
+        ("busiest port direction, wire busy", f"{100 * r.wire_util:.1f} % ({r.link_util.busiest})"),
         ("simulated events", f"{r.events:,}"), ("wall time", f"{r.wall_s:.2f} s")])
 
 
@@ -120,9 +203,16 @@ def cmd_run(args: argparse.Namespace) -> None:
     model = _checked(load_model, args.model)
     if args.batch or args.seq:
         model = _checked(model.with_run, args.batch, args.seq)
-    r = _checked(run_layer, cfg, model, args.scheme, args.mode, args.sms)
-    if _printed_json(args, r):
-        return
+    _check_outputs(args)
+    rec = _recorder(args)
+    r = _checked(run_layer, cfg, model, args.scheme, args.mode, args.sms, recorder=rec)
+    if not _printed_json(args, r):
+        _print_layer(cfg, model, r)
+    _write_outputs(args, cfg, rec, {"command": "run", "system": args.system, "batch": model.batch,
+                                    "seq": model.seq}, r)
+
+
+def _print_layer(cfg: SystemConfig, model: ModelSpec, r: LayerResult) -> None:
     table = Table(title=f"{model.name}, {r.scheme}, {r.mode}: one layer period on {cfg.name} "
                         f"({r.gpus} GPUs x {r.sms} SMs)")
     for col in ("part", "time (us)", "lower bound (us)", "bound: compute / comm (us)", "gap to bound"):
@@ -133,8 +223,8 @@ def cmd_run(args: argparse.Namespace) -> None:
                       f"{sub['compute_us']:,.1f} / {sub['comm_us']:,.1f}", f"{100 * gap:+.0f} %")
     table.add_row("total", f"{r.total_us:,.1f}", "", "", "", style="bold")
     Console().print(table)
-    Console().print(f"link utilisation: mean {100 * r.link_util:.1f} %, busiest {100 * r.link_util_max:.1f} % "
-                    f"(wire busy time over the period, all GPU<->switch ports and directions); "
+    Console().print(f"link utilisation: mean {100 * r.link_util.mean:.1f} % (GPU directions), busiest port "
+                    f"direction {100 * r.link_util.max:.1f} % ({r.link_util.busiest}), over the period; "
                     f"{r.events:,} events in {r.wall_s:.1f} s")
     k = r.kernel_us
     Console().print(f"GPU 0 kernel time: collectives {k['communication']:,.0f} us, other kernels "
@@ -217,8 +307,24 @@ def _demo_layers(cfg: SystemConfig, model_name: str) -> None:
         r = run_layer(cfg, model, name, "prefill", 66)
         base = base or r.total_us
         lt.add_row(name, f"{r.total_us:,.0f}", f"{r.sublayers['L1']['time_us']:,.0f}",
-                   f"{r.sublayers['L2']['time_us']:,.0f}", f"{r.total_us / base:.2f}x", f"{100 * r.link_util:.0f} %")
+                   f"{r.sublayers['L2']['time_us']:,.0f}", f"{r.total_us / base:.2f}x", f"{100 * r.link_util.mean:.0f} %")
     Console().print(lt)
+
+
+def _output_options(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--trace", metavar="FILE.json", default=None,
+                    help="write a timeline (Chrome Trace Event Format; open in ui.perfetto.dev or chrome://tracing): "
+                         "per GPU its kernels, marks and TBs per SM; per switch chip link utilisation per port "
+                         "and direction, and buffer occupancy where ports have credits")
+    sp.add_argument("--trace-tb-limit", type=_count, default=DEFAULT_TB_LIMIT, metavar="N",
+                    help=f"most TB spans written one by one (default {DEFAULT_TB_LIMIT}); past it each kernel's "
+                         "TBs are merged into one span per group of SMs (1, 2, 4, ... SMs, the smallest group "
+                         "that fits), with the TB count and summed TB time as arguments")
+    sp.add_argument("--trace-bin-us", type=_positive_float, default=DEFAULT_BIN_PS / PS_PER_US, metavar="US",
+                    help="bin width of the trace's link and buffer counters, in us (default %(default)g)")
+    sp.add_argument("--out", metavar="FILE.parquet|FILE.csv", default=None,
+                    help="append one row for this run (every config field, the arguments and every metric, "
+                         "nested keys dotted) to a Parquet or CSV table, chosen by the suffix")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -236,6 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--gpus", type=_positive_int, default=None)
     c.add_argument("--unit", type=_positive_int, default=None, help="transfer unit in bytes")
     c.add_argument("--json", action="store_true")
+    _output_options(c)
     c.set_defaults(fn=cmd_collective)
 
     g = with_system(sub.add_parser("gemm", help="time one bf16 GEMM on one GPU"))
@@ -255,6 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--batch", type=_positive_int, default=None)
     r.add_argument("--seq", type=_positive_int, default=None)
     r.add_argument("--json", action="store_true")
+    _output_options(r)
     r.set_defaults(fn=cmd_run)
 
     s = sub.add_parser("systems", help="list system presets")

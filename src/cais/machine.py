@@ -4,6 +4,7 @@ thread-block programs use, assembled from one :class:`SystemConfig`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from cais.engine import Simulator
 from cais.hw.config import PS_PER_NS, PS_PER_US, SystemConfig
@@ -18,6 +19,15 @@ class Stalled(RuntimeError):
     """The simulated system can make no more progress (a deadlock, or a program
     waiting for something that never comes); the message is one line naming what
     is stuck."""
+
+
+class Observer(Protocol):
+    """What a machine needs from a recorder (``cais.results.Recorder``): it is attached
+    once the machine is built, and receives the marks (named spans) code reports."""
+
+    def attach(self, machine: "Machine") -> None: ...
+
+    def mark(self, gpu: int, track: str, name: str, start_ps: int, end_ps: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -39,9 +49,13 @@ class Conservation:
 
 class Machine:
     """GPUs + NVSwitch fabric + event loop. ``functional=True`` makes every memory
-    operation carry real numpy data, so results can be checked against numpy."""
+    operation carry real numpy data, so results can be checked against numpy.
 
-    def __init__(self, cfg: SystemConfig, functional: bool = False, record_timeline: bool = False) -> None:
+    ``recorder`` (optional, e.g. ``cais.results.Recorder``) is attached once the
+    machine is built and records what happens over time; without one, nothing is
+    recorded and nothing is spent on it."""
+
+    def __init__(self, cfg: SystemConfig, functional: bool = False, recorder: Observer | None = None) -> None:
         self.cfg = cfg
         self.functional = functional
         self.sim = Simulator()
@@ -50,11 +64,13 @@ class Machine:
         mem_lat = round(cfg.gpu.memory_latency_ns * PS_PER_NS)
         self.gpus = [Gpu(self.sim, g, cfg.gpu.sms, Memory(functional), self.pk, mem_lat, self.vcmap,
                          round(cfg.gpu.read_serve_kB * 1024), cfg.switch.chips, cfg.link.vcs) for g in range(cfg.gpus)]
-        self.fabric = Fabric(self.sim, cfg, self.gpus, self.pk, self.vcmap, record_timeline)
+        self.fabric = Fabric(self.sim, cfg, self.gpus, self.pk, self.vcmap)
         self.isa = Isa(self)
         self.launch_ps = round(cfg.gpu.kernel_launch_us * PS_PER_US)
         self._flags = 0
-        self.recorder = None
+        self.recorder = recorder
+        if recorder is not None:
+            recorder.attach(self)
 
     @property
     def n(self) -> int:
@@ -64,11 +80,6 @@ class Machine:
         """A new synchronisation flag's key (it decides the flag's address and chip)."""
         self._flags += 1
         return self._flags
-
-    def mark(self, gpu: int, track: str, name: str, start_ps: int, end_ps: int) -> None:
-        """Note a span (a collective phase, a synchronisation) for the recorder."""
-        if self.recorder is not None:
-            self.recorder.mark(gpu, track, name, start_ps, end_ps)
 
     def run(self) -> int:
         """Run until nothing is left to do. The forward-progress watchdog stops the
@@ -108,6 +119,12 @@ class Machine:
                 parts.append(f"gpu{g.index}: {g.busy_sms} TB(s) waiting, kernels {', '.join(g.running_kernels()[:3])}")
         more = f" (+{len(parts) - 4} more)" if len(parts) > 4 else ""
         return "; ".join(parts[:4]) + more
+
+    def mark(self, gpu: int, track: str, name: str, start_ps: int, end_ps: int) -> None:
+        """Report a named span on GPU ``gpu`` (a collective phase, a barrier wait) on the
+        timeline track ``track``; kept by the recorder if one is attached, else dropped."""
+        if self.recorder is not None:
+            self.recorder.mark(gpu, track, name, start_ps, end_ps)
 
     def conservation(self) -> Conservation:
         fab = self.fabric

@@ -10,6 +10,7 @@ import numpy as np
 from cais.hw.config import PS_PER_US, SystemConfig
 from cais.machine import Conservation, Machine
 from cais.kernels.collectives import CollectiveSpec, build, shard_bounds
+from cais.results import LinkUtil, Recorder, RunMetrics, run_metrics
 
 
 def bus_factor(op: str, n: int) -> float:
@@ -19,8 +20,9 @@ def bus_factor(op: str, n: int) -> float:
 
 @dataclass(frozen=True)
 class CollectiveResult:
-    """Timing of one collective: nccl-tests' time, algbw and busbw, the busiest
-    link direction's wire utilisation, and simulator statistics."""
+    """Timing of one collective: nccl-tests' time, algbw and busbw, the fabric metrics
+    over the interval from its launch to its end (link utilisation, wire bytes, buffer
+    peaks), and simulator statistics."""
 
     op: str
     algo: str
@@ -29,16 +31,25 @@ class CollectiveResult:
     time_us: float
     algbw_GBps: float
     busbw_GBps: float
-    wire_util: float
+    metrics: RunMetrics
     events: int
     wall_s: float
     correct: bool | None
     conservation: Conservation
 
+    @property
+    def link_util(self) -> LinkUtil:
+        return self.metrics.link_util
+
+    @property
+    def wire_util(self) -> float:
+        """The busiest port direction's wire-busy time over the span (``link_util.max``)."""
+        return self.metrics.link_util.max
+
     def as_json(self) -> dict[str, object]:
         return {"op": self.op, "algo": self.algo, "gpus": self.gpus, "bytes": self.nbytes,
                 "time_us": self.time_us, "algbw_GBps": self.algbw_GBps, "busbw_GBps": self.busbw_GBps,
-                "wire_util": self.wire_util, "events": self.events, "wall_s": self.wall_s}
+                "wire_util": self.wire_util, **self.metrics.as_json(), "events": self.events, "wall_s": self.wall_s}
 
 
 def _fill(m: Machine, spec: CollectiveSpec, rng: np.random.Generator) -> list[np.ndarray]:
@@ -67,8 +78,10 @@ def _fill(m: Machine, spec: CollectiveSpec, rng: np.random.Generator) -> list[np
 
 
 def run_collective(cfg: SystemConfig, op: str, algo: str, nbytes: int, functional: bool = False,
-                   seed: int = 0, elem_bytes: int = 2) -> CollectiveResult:
-    """Simulate ``op`` with ``algo`` on a ``nbytes`` buffer (nccl-tests size)."""
+                   seed: int = 0, elem_bytes: int = 2, recorder: Recorder | None = None) -> CollectiveResult:
+    """Simulate ``op`` with ``algo`` on a ``nbytes`` buffer (nccl-tests size); a
+    ``recorder``, if given, records the run (the collective kernel on each GPU is
+    marked on its ``collective`` track)."""
     if nbytes <= 0 or nbytes % elem_bytes:
         raise ValueError(f"--bytes: must be a positive multiple of {elem_bytes} (bf16 elements), got {nbytes}")
     count = nbytes // elem_bytes
@@ -78,7 +91,7 @@ def run_collective(cfg: SystemConfig, op: str, algo: str, nbytes: int, functiona
             raise ValueError(f"--bytes: {op} needs at least {cfg.gpus * elem_bytes} bytes on {cfg.gpus} GPUs")
     spec = CollectiveSpec(op, algo, count, elem_bytes)
     t0 = time.perf_counter()
-    m = Machine(cfg, functional=functional)
+    m = Machine(cfg, functional=functional, recorder=recorder)
     expected = _fill(m, spec, np.random.default_rng(seed)) if functional else None
     kernels = build(m, spec)
     for gpu, k in zip(m.gpus, kernels):
@@ -86,12 +99,15 @@ def run_collective(cfg: SystemConfig, op: str, algo: str, nbytes: int, functiona
     m.run()
     end = max(k.finished_at or 0 for k in kernels)
     wall = time.perf_counter() - t0
+    for g, k in enumerate(kernels):
+        if k.started_at is not None and k.finished_at is not None:
+            m.mark(g, "collective", "launch", 0, m.launch_ps)
+            m.mark(g, "collective", f"{algo} {op}", k.started_at, k.finished_at)
     correct = None
     if expected is not None:
         correct = all(np.array_equal(gpu.memory.buffers["recv"], exp) for gpu, exp in zip(m.gpus, expected))
     t_us = end / PS_PER_US
     algbw = spec.nbytes / (end / 1e12) / 1e9
-    span = max(1, end - m.launch_ps)
-    util = max(ch.busy_ps for ch in m.fabric.channels()) / span
-    return CollectiveResult(op, algo, m.n, spec.nbytes, t_us, algbw, algbw * bus_factor(op, m.n), util,
+    metrics = run_metrics(m, max(1, end - m.launch_ps))
+    return CollectiveResult(op, algo, m.n, spec.nbytes, t_us, algbw, algbw * bus_factor(op, m.n), metrics,
                             m.sim.events, wall, correct, m.conservation())

@@ -11,6 +11,7 @@ import numpy as np
 from cais.hw.compute import ComputeModel
 from cais.hw.config import PS_PER_US, SystemConfig
 from cais.machine import Machine
+from cais.results import LinkUtil, Recorder, RunMetrics, run_metrics
 from cais.schemes import get_scheme
 from cais.schemes.base import LayerRun
 from cais.workload import reference as ref
@@ -20,8 +21,9 @@ from cais.workload.models import ModelSpec
 
 @dataclass
 class LayerResult:
-    """Times of one period: total, per paper sub-layer (with its lower bound), and
-    link utilisation; in functional mode, which tensors matched the reference."""
+    """Times of one period: total, per paper sub-layer (with its lower bound), and the
+    fabric metrics over the period (link utilisation, wire bytes, buffer peaks); in
+    functional mode, which tensors matched the reference."""
 
     model: str
     scheme: str
@@ -31,18 +33,21 @@ class LayerResult:
     total_us: float
     sublayers: dict[str, dict[str, float]]
     segments: dict[str, float]
-    link_util: float
-    link_util_max: float
+    metrics: RunMetrics
     events: int
     wall_s: float
     kernel_us: dict[str, float] = field(default_factory=dict)
     mismatches: list[str] = field(default_factory=list)
     checked: int = 0
 
+    @property
+    def link_util(self) -> LinkUtil:
+        return self.metrics.link_util
+
     def as_json(self) -> dict[str, object]:
         return {"model": self.model, "scheme": self.scheme, "mode": self.mode, "gpus": self.gpus, "sms": self.sms,
-                "total_us": self.total_us, "sublayers": self.sublayers, "link_util": self.link_util,
-                "link_util_max": self.link_util_max, "segments_us": self.segments, "kernel_us": self.kernel_us}
+                "total_us": self.total_us, "sublayers": self.sublayers, **self.metrics.as_json(),
+                "segments_us": self.segments, "kernel_us": self.kernel_us}
 
 
 def chain_bound_ps(r: LayerRun, c: Chain) -> tuple[int, int]:
@@ -179,8 +184,11 @@ def _check(m: Machine, case: FunctionalCase) -> tuple[list[str], int]:
 
 
 def run_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: int | None = None,
-              functional: bool = False, seed: int = 0, p_drop: float = 0.1, regather: bool = True) -> LayerResult:
-    """Simulate one period of ``model`` under ``scheme`` on ``cfg`` (``sms`` per GPU)."""
+              functional: bool = False, seed: int = 0, p_drop: float = 0.1, regather: bool = True,
+              recorder: Recorder | None = None) -> LayerResult:
+    """Simulate one period of ``model`` under ``scheme`` on ``cfg`` (``sms`` per GPU); a
+    ``recorder``, if given, records the run (each GPU's part of every segment is marked
+    on its ``segments`` track)."""
     sch = get_scheme(scheme)
     if sms is not None:
         if not 1 <= sms <= cfg.gpu.sms:
@@ -188,7 +196,7 @@ def run_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: 
         cfg = cfg.with_overrides(gpu={**cfg.gpu.model_dump(), "sms": sms})
     period = build_period(model, cfg.gpus, mode, sch.sp, seed, regather)
     t0 = time.perf_counter()
-    m = Machine(cfg, functional=functional)
+    m = Machine(cfg, functional=functional, recorder=recorder)
     case = FunctionalCase(model, period, p_drop, seed) if functional else None
     if case is not None:
         _alloc(m, period, case)
@@ -207,12 +215,24 @@ def run_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: 
         subs[c.name] = {"time_us": (span.end - (span.start or 0)) / PS_PER_US, "bound_us": max(comp, comm) / PS_PER_US,
                         "compute_us": comp / PS_PER_US, "comm_us": comm / PS_PER_US}
     segs = {name: (sp.end - (sp.start or 0)) / PS_PER_US for name, sp in run.spans.items()}
-    chans = m.fabric.channels()
-    utils = [ch.busy_ps / end for ch in chans] if end else [0.0]
+    if m.recorder is not None:
+        _mark_segments(run)
     bad, checked = _check(m, case) if case is not None else ([], 0)
     return LayerResult(model.name, scheme, mode, cfg.gpus, cfg.gpu.sms, end / PS_PER_US, subs, segs,
-                       sum(utils) / len(utils), max(utils), m.sim.events, time.perf_counter() - t0,
+                       run_metrics(m, end), m.sim.events, time.perf_counter() - t0,
                        kernel_split(run), bad, checked)
+
+
+def _mark_segments(run: LayerRun) -> None:
+    """Mark each GPU's part of every segment: its first kernel start to last kernel end."""
+    spans: dict[tuple[int, str], tuple[int, int]] = {}
+    for segment, g, k in run.kernels:
+        if k.started_at is None or k.finished_at is None or segment not in run.spans:
+            continue
+        s, e = spans.get((g, segment), (k.started_at, k.finished_at))
+        spans[(g, segment)] = (min(s, k.started_at), max(e, k.finished_at))
+    for (g, segment), (s, e) in sorted(spans.items(), key=lambda kv: (kv[0][0], kv[1][0])):
+        run.m.mark(g, "segments", segment, s, e)
 
 
 def kernel_split(run: LayerRun) -> dict[str, float]:
@@ -222,6 +242,6 @@ def kernel_split(run: LayerRun) -> dict[str, float]:
     out = {"communication": 0.0, "computation": 0.0}
     for _, g, k in run.kernels:
         if g == 0 and k.finished_at is not None and k.started_at is not None:
-            kind = "communication" if k.name.startswith(("nvls-", "ring-")) else "computation"
-            out[kind] += (k.finished_at - k.started_at) / PS_PER_US
+            out["communication" if k.role == "communication" else "computation"] += \
+                (k.finished_at - k.started_at) / PS_PER_US
     return out

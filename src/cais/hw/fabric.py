@@ -31,7 +31,7 @@ class Fabric:
     """
 
     def __init__(self, sim: Simulator, cfg: SystemConfig, gpus: list["Gpu"], packetizer: Packetizer,
-                 vcmap: VcMap, record_timeline: bool = False) -> None:
+                 vcmap: VcMap) -> None:
         self.sim = sim
         self.cfg = cfg
         self.gpus = gpus
@@ -52,7 +52,7 @@ class Fabric:
 
         def channel(name: str, chip: int, buffer: str, rtt: int, drains: bool) -> Channel:
             credits = Credits(buffer, vcs, cfg.vc_capacity_bytes(chip), back, drains, model.absorbs)
-            return Channel(sim, name, cfg.port_ps_per_byte(chip), lat, vcs, record_timeline, credits, rtt)
+            return Channel(sim, name, cfg.port_ps_per_byte(chip), lat, vcs, False, credits, rtt)
 
         # Switch input buffers hold a train until its outputs take it (but for the
         # kinds a switch unit absorbs); GPU endpoints drain as trains arrive (and hold

@@ -25,11 +25,13 @@ TbProgram = Callable[[int, int], ProgramGen]
 class Kernel:
     """A kernel launch: a grid of TB programs, optionally confined to a set of SMs (an
     SM partition, as when a collective runs beside a GEMM). ``done`` fires when every
-    TB has finished."""
+    TB has finished. ``role`` says what the kernel is for: ``"communication"`` for
+    collective kernels, ``"compute"`` for everything else (fused kernels included)."""
 
     name: str
     tbs: list[TbProgram]
     sms: frozenset[int] | None = None
+    role: str = "compute"
     done: Signal = field(default_factory=Signal)
     started_at: int | None = None
     finished_at: int | None = None
@@ -75,6 +77,7 @@ class Gpu:
         self.tbs_finished = 0
         self._running: list[Kernel] = []
         self.tb_log: list[tuple[str, int, int, int]] | None = None  # (kernel, sm, start, end)
+        self.kernel_log: list[Kernel] | None = None  # every kernel launched, when not None
 
     # ---- endpoint ---------------------------------------------------------------
     def receive(self, train: Train) -> None:
@@ -155,6 +158,8 @@ class Gpu:
     # ---- SMs and the TB dispatcher ----------------------------------------------
     def launch(self, kernel: Kernel, delay_ps: int = 0) -> Signal:
         """Make ``kernel`` dispatchable after ``delay_ps`` (its launch overhead)."""
+        if self.kernel_log is not None:
+            self.kernel_log.append(kernel)
         if not kernel.tbs:
             self.sim.after(delay_ps, self._finish_empty, kernel)
             return kernel.done

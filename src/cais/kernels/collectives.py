@@ -155,7 +155,7 @@ def nvls_kernels(m: Machine, spec: CollectiveSpec) -> list[Kernel]:
         src = spec.shard_base if spec.op == "allgather" else spec.full(n, start)
         tbs = [_nvls_tb(m, g, spec, Region(spec.send, src + s, c, eb), out_of, unit)
                for s, c in split(0, cnt, channels) if c > 0]
-        kernels.append(Kernel(f"nvls-{spec.op}", tbs, spec.sms))
+        kernels.append(Kernel(f"nvls-{spec.op}", tbs, spec.sms, role="communication"))
     return kernels
 
 
@@ -285,7 +285,7 @@ def ring_kernels(m: Machine, spec: CollectiveSpec) -> list[Kernel]:
     for g in range(n):
         tbs = [_ring_tb(m, spec, g, ch, plan, state, slot_elems, unit, key)
                for ch, plan in enumerate(plans) if plan]
-        kernels.append(Kernel(f"ring-{spec.op}", tbs, spec.sms))
+        kernels.append(Kernel(f"ring-{spec.op}", tbs, spec.sms, role="communication"))
     return kernels
 
 

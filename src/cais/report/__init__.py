@@ -1,0 +1,1 @@
+"""Reports of recorded runs: timelines (Chrome Trace Event Format, for Perfetto)."""

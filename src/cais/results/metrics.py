@@ -1,0 +1,105 @@
+"""Link and buffer metrics of a finished run, from counters every channel keeps (no
+recorder needed), and the one definition of link utilisation every report uses
+(docs/fabric-model.md, "Link utilisation")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from cais.machine import Machine
+from cais.results.occupancy import level_steps
+from cais.results.ports import port_direction
+
+DIRECTIONS = ("up", "down")
+BYTES_PER_KB = 1000
+
+
+@dataclass(frozen=True)
+class LinkUtil:
+    """Link utilisation over a run span.
+
+    ``per_gpu[g][d]``: wire bytes GPU ``g`` carried in direction ``d`` (``up``: GPU ->
+    switches, ``down``: switches -> GPU) over its total NVLink bandwidth per direction
+    x span (a link-count-weighted mean over its ports); ``mean``: the mean of all GPU
+    directions; ``max``: the busiest single port direction's wire-busy time / span
+    (``busiest`` names it)."""
+
+    mean: float
+    max: float
+    busiest: str
+    per_gpu: dict[int, dict[str, float]]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"mean": self.mean, "max": self.max,
+                "per_gpu": {str(g): dict(d) for g, d in sorted(self.per_gpu.items())}}
+
+
+def wire_bytes_per_gpu(m: Machine) -> dict[int, dict[str, int]]:
+    """Wire bytes (payload plus headers) each GPU sent (``up``) and received (``down``)."""
+    out = {g: {d: 0 for d in DIRECTIONS} for g in range(m.n)}
+    for ch in m.fabric.channels():
+        port = port_direction(ch.name)
+        if port is not None:
+            out[port.gpu][port.direction] += ch.wire_bytes
+    return out
+
+
+def gpu_bandwidth_bytes_per_ps(m: Machine) -> float:
+    """A GPU's total NVLink bandwidth per direction, bytes per picosecond."""
+    return m.cfg.link.bandwidth_GBps * m.cfg.links_per_gpu / 1000  # GB/s == bytes/ns
+
+
+def link_utilisation(m: Machine, span_ps: int) -> LinkUtil:
+    """THE link utilisation of a run whose measured interval lasted ``span_ps`` (a
+    collective: from its launch to its end; a layer: the period)."""
+    chans = m.fabric.channels()
+    if span_ps <= 0 or not chans:
+        return LinkUtil(0.0, 0.0, "", {g: {d: 0.0 for d in DIRECTIONS} for g in range(m.n)})
+    capacity = gpu_bandwidth_bytes_per_ps(m) * span_ps
+    per_gpu = {g: {d: b / capacity for d, b in dirs.items()} for g, dirs in wire_bytes_per_gpu(m).items()}
+    values = [u for dirs in per_gpu.values() for u in dirs.values()]
+    busiest = max(chans, key=lambda ch: ch.busy_ps)
+    return LinkUtil(sum(values) / len(values), busiest.busy_ps / span_ps, busiest.name, per_gpu)
+
+
+def buffer_peaks_kB(m: Machine) -> dict[str, float]:
+    """Peak input-buffer occupancy (kB = 1000 bytes; the fullest virtual channel) of every
+    port direction with credit flow control: from the credit counter's own ``peak``
+    (one entry per VC) when it keeps one, else from its ``log`` when a recorder set
+    one. Ports without credits (or with neither) are left out."""
+    out: dict[str, float] = {}
+    for ch in m.fabric.channels():
+        credits = getattr(ch, "credits", None)
+        if credits is None:
+            continue
+        peak = getattr(credits, "peak", None)
+        if peak is not None:
+            out[ch.name] = max(peak, default=0) / BYTES_PER_KB
+            continue
+        log = getattr(credits, "log", None)
+        if log is not None:
+            levels = [level_steps(log, vc)[1] for vc in range(credits.vcs)]
+            out[ch.name] = max((max(0, int(lv.max())) for lv in levels if len(lv)), default=0) / BYTES_PER_KB
+    return out
+
+
+@dataclass(frozen=True)
+class RunMetrics:
+    """The fabric metrics every run reports: link utilisation, wire bytes per GPU and
+    direction, and peak buffer occupancy per port (only ports with credits)."""
+
+    link_util: LinkUtil
+    wire_bytes: dict[int, dict[str, int]]
+    buffer_peak_kB: dict[str, float]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"link_util": self.link_util.as_json(),
+                "wire_bytes": {str(g): dict(d) for g, d in sorted(self.wire_bytes.items())},
+                "buffer_peak_kB": dict(self.buffer_peak_kB)}
+
+
+def run_metrics(m: Machine, span_ps: int) -> RunMetrics:
+    """:class:`RunMetrics` of machine ``m`` after a run whose measured interval lasted
+    ``span_ps``."""
+    return RunMetrics(link_utilisation(m, span_ps), wire_bytes_per_gpu(m), buffer_peaks_kB(m))
