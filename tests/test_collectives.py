@@ -18,7 +18,8 @@ ALGOS = ("nvls", "ring")
 def test_every_gpu_gets_the_numpy_result(h100, algo, op, gpus) -> None:
     # 1 KiB units and a size that is not a multiple of the unit, of the channel
     # count or of the ring step.
-    cfg = h100.with_overrides(gpus=gpus, transfer_unit_bytes=1024, min_transfer_unit_bytes=1024)
+    cfg = h100.with_overrides(gpus=gpus, transfer_unit_bytes=1024, min_transfer_unit_bytes=1024,
+                              collective_unit_bytes=1024)
     nbytes = 2 * (gpus * 4099 + (3 if op == "allreduce" else 0))
     r = run_collective(cfg, op, algo, nbytes, functional=True, seed=gpus)
     assert r.correct is True
@@ -80,7 +81,7 @@ def test_same_inputs_same_results(h100) -> None:
 @pytest.mark.parametrize("algo", ALGOS)
 @pytest.mark.parametrize("op", OPS)
 def test_default_unit_is_within_3_percent_of_128_byte_packets(h100, op, algo) -> None:
-    fine = h100.with_overrides(transfer_unit_bytes=128, min_transfer_unit_bytes=128)
+    fine = h100.with_overrides(transfer_unit_bytes=128, min_transfer_unit_bytes=128, collective_unit_bytes=128)
     coarse = run_collective(h100, op, algo, 1 << 20).time_us
     exact = run_collective(fine, op, algo, 1 << 20).time_us
     assert abs(coarse / exact - 1) < 0.03

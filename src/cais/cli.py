@@ -164,7 +164,7 @@ def _print_table(title: str, rows: list[tuple[str, str]]) -> None:
 def cmd_collective(args: argparse.Namespace) -> None:
     from cais.experiments.collective import run_collective
 
-    cfg = _system(args, gpus=args.gpus, transfer_unit_bytes=args.unit)
+    cfg = _system(args, gpus=args.gpus, transfer_unit_bytes=args.unit, collective_unit_bytes=args.unit)
     _check_outputs(args)
     rec = _recorder(args)
     r = _checked(run_collective, cfg, args.op, args.algo, args.bytes, recorder=rec)

@@ -259,5 +259,7 @@ class Isa:
         self.fab.inject(train)
 
     def flag_chip(self, key: int) -> int:
-        """The chip a flag's address maps to (every GPU's copy of one flag, alike)."""
-        return self.fab.stripe(key, 1)[0][0]
+        """The chip a flag's address maps to (every GPU's copy of one flag, alike): a
+        link chosen by a hash of the key, so flags spread over chips like data."""
+        links = self.fab.link_chip
+        return links[((key * 0x9E3779B97F4A7C15) >> 29) % len(links)]

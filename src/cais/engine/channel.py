@@ -91,7 +91,7 @@ class Channel:
 
     __slots__ = ("sim", "name", "ps_per_byte", "latency_ps", "free_at", "queues", "_rr", "_active",
                  "_queued", "_gen", "_armed_at", "trains", "payload_bytes", "wire_bytes", "busy_ps",
-                 "delivered_payload", "first_start", "last_finish", "timeline", "credits", "credit_rtt_ps", "_ready", "_ser_ps_per_byte")
+                 "delivered_payload", "timeline", "credits", "credit_rtt_ps", "_ready", "_ser_ps_per_byte")
 
     def __init__(self, sim: Simulator, name: str, ps_per_byte: float, latency_ps: int, vcs: int = 1,
                  record_timeline: bool = False, credits: Credits | None = None, credit_rtt_ps: int = 0) -> None:
@@ -111,8 +111,6 @@ class Channel:
         self.wire_bytes = 0
         self.busy_ps = 0
         self.delivered_payload = 0
-        self.first_start: int | None = None
-        self.last_finish = 0
         self.timeline: list[tuple[int, int, int]] | None = [] if record_timeline else None
         self.credits = credits
         self.credit_rtt_ps = credit_rtt_ps
@@ -282,9 +280,6 @@ class Channel:
         self.payload_bytes += train.payload
         self.wire_bytes += train.wire
         self.busy_ps += ser
-        if self.first_start is None:
-            self.first_start = start
-        self.last_finish = finish
         if self.timeline is not None:
             self.timeline.append((start, finish, train.wire))
         if on_start is not None:
@@ -292,10 +287,12 @@ class Channel:
         lat = self.latency_ps
         cr = self.credits
         if cr is not None:
-            fp = cr.footprint(train.wire)
-            cr.take(train.vc, fp, start + lat)
+            wire = train.wire
+            fp = wire if wire < cr.capacity else cr.capacity
             if cr.drains or train.kind in cr.drain_kinds:  # consumed as it arrives: schedule the return now
-                cr.give_back(train.vc, fp, start + pkt + lat, finish + lat, False)
+                cr.stream(train.vc, fp, start + lat, finish + lat)
+            else:
+                cr.take(train.vc, fp, start + lat)
             train.fp = fp
             train.credits = cr
         else:

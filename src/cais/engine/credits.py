@@ -75,40 +75,62 @@ class Credits:
         free = self.free[vc]
         if free + self.ramped[vc] < fp:
             return None
-        if self._returned(vc, now) >= fp or self._covered(vc, now, fp, ser_ps):
-            return now
-        lo, hi = now, max(r[1] for r in ramps)
-        while hi - lo > 1:  # covered() is monotone in the start time
-            mid = (lo + hi) // 2
-            if self._covered(vc, mid, fp, ser_ps):
-                hi = mid
-            else:
-                lo = mid
-        return hi
+        return self._solve(vc, fp, ser_ps, now)
 
-    def _returned(self, vc: int, t: int) -> float:
-        """Credits free at time ``t``: the free count plus the ramps' returns by t."""
-        total = float(self.free[vc])
-        for a, b, n in self.ramps[vc]:
-            if t >= b:
-                total += n
-            elif t > a:
-                total += n * (t - a) / (b - a)
-        return total
-
-    def _covered(self, vc: int, s: int, fp: int, ser_ps: int) -> bool:
-        end = s + ser_ps
-        points = [s, end]
-        for a, b, _ in self.ramps[vc]:
-            if s < a < end:
-                points.append(a)
-            if s < b < end:
-                points.append(b)
-        for t in points:
-            need = fp if t >= end else fp * (t - s) / ser_ps
-            if self._returned(vc, t) < need:
-                return False
-        return True
+    def _solve(self, vc: int, fp: int, ser: int, lower: int) -> int:
+        """Closed form of the earliest covered start. With A(t) the credits returned
+        by t (non-decreasing, piecewise linear) and T the first time A reaches ``fp``,
+        the train needs A(t) >= fp (t - s) / ser on its window, which holds wherever
+        t >= T and otherwise reads s >= h(t) = t - A(t) ser / fp. So the start is
+        max(lower, T - ser, max of h over [lower, T)), and h, piecewise linear, peaks
+        at a breakpoint of A."""
+        ramps = self.ramps[vc]
+        free = self.free[vc]
+        k = ser / fp if fp else 0.0
+        if len(ramps) == 1:  # the common case, in closed form
+            a, b, n = ramps[0]
+            level = free + (n if lower >= b else n * (lower - a) / (b - a) if lower > a else 0)
+            if level >= fp:
+                return lower
+            reach = a + (fp - free) * (b - a) / n
+            start = max(float(lower), reach - ser, lower - level * k, a - free * k if a > lower else lower)
+            return int(start) + (start > int(start))
+        level = float(free)  # A(lower)
+        for a, b, n in ramps:
+            if lower >= b:
+                level += n
+            elif lower > a:
+                level += n * (lower - a) / (b - a)
+        if level >= fp:
+            return lower
+        slope = 0.0  # dA/dt just after lower
+        changes: list[tuple[int, float]] = []  # (time, slope change) after lower
+        for a, b, n in ramps:
+            if lower < b:
+                rate = n / (b - a)
+                if lower > a:
+                    slope += rate
+                else:
+                    changes.append((a, rate))
+                changes.append((b, -rate))
+        best = lower - level * k  # h(lower)
+        changes.sort()
+        t = lower
+        reach = None
+        for when, delta in changes:
+            if slope > 0 and level + slope * (when - t) >= fp:
+                reach = t + (fp - level) / slope  # T: A(T) = fp inside this segment
+                break
+            level += slope * (when - t)
+            t = when
+            h = t - level * k
+            if h > best:
+                best = h
+            slope += delta
+        if reach is None:  # reached at the last breakpoint (every ramp has ended)
+            reach = float(t)
+        start = max(float(lower), reach - ser, best)
+        return int(start) + (start > int(start))  # integer picoseconds, rounded up
 
     def _fold(self, vc: int, now: int) -> None:
         """Move ramps that have fully returned by ``now`` into the free count. Ramps
@@ -132,6 +154,24 @@ class Credits:
             self.peak[vc] = held
         if self.log is not None:
             self.log.append((arrive_ps, vc, fp))
+
+    def stream(self, vc: int, fp: int, head_ps: int, tail_ps: int) -> None:
+        """A train of footprint ``fp`` starts towards a receiver that drains it as it
+        arrives (head at ``head_ps``, tail at ``tail_ps``): take its credits and
+        schedule their return at once (``take`` + ``give_back`` in one step)."""
+        held = self.held[vc] + fp
+        if held > self.peak[vc]:
+            self.peak[vc] = held
+        self.free[vc] -= fp
+        if self.log is not None:
+            self.log.append((head_ps, vc, fp))
+            self.log.append((tail_ps, vc, -fp))
+        ret = self.return_ps
+        ramps = self.ramps[vc]
+        ramps.append((head_ps + ret, max(tail_ps + ret, head_ps + ret + 1), fp))
+        self.ramped[vc] += fp
+        if len(ramps) > 4 and ramps[0][1] <= head_ps:
+            self._fold(vc, head_ps)
 
     # ---- receiver side -----------------------------------------------------------
     def hold(self, vc: int, fp: int, now: int) -> None:

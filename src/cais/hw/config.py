@@ -127,6 +127,9 @@ class SystemConfig(_Strict):
     transfer_unit_bytes: int = Field(256 * 1024, ge=128,
                                      description="largest packet train the network moves")
     min_transfer_unit_bytes: int = Field(512, ge=128, description="smallest packet train")
+    collective_unit_bytes: int = Field(1024 * 1024, ge=128,
+                                       description="largest unit a kernel that streams a whole shard (collectives, "
+                                                   "DMA chunks) cuts it into (docs/fabric-model.md, granularity)")
     units_per_stream: int = Field(2, gt=0,
                                   description="a kernel cuts each TB's data stream into about this many units")
     watchdog_horizon_us: float = Field(100_000.0, gt=0, description="stop a run when this much simulated time "
@@ -134,21 +137,21 @@ class SystemConfig(_Strict):
 
     @model_validator(mode="after")
     def _check_unit(self) -> "SystemConfig":
-        for field in ("transfer_unit_bytes", "min_transfer_unit_bytes"):
+        for field in ("transfer_unit_bytes", "min_transfer_unit_bytes", "collective_unit_bytes"):
             if getattr(self, field) % self.packet.max_payload_bytes:
                 raise ValueError(f"{field} must be a multiple of packet.max_payload_bytes")
-        if self.min_transfer_unit_bytes > self.transfer_unit_bytes:
-            raise ValueError("min_transfer_unit_bytes must not exceed transfer_unit_bytes")
+        if self.min_transfer_unit_bytes > min(self.transfer_unit_bytes, self.collective_unit_bytes):
+            raise ValueError("min_transfer_unit_bytes must not exceed transfer_unit_bytes or collective_unit_bytes")
         return self
 
     def unit_for(self, stream_bytes: int) -> int:
         """The transfer unit for a kernel whose TBs each stream ``stream_bytes``: about
         ``units_per_stream`` units per stream, a power of two clamped to
-        [min_transfer_unit_bytes, transfer_unit_bytes]. Small transfers are cut finely
+        [min_transfer_unit_bytes, collective_unit_bytes]. Small transfers are cut finely
         (their timing depends on it), large ones coarsely (their events are many)."""
         want = max(1, stream_bytes // self.units_per_stream)
         unit = 1 << (want.bit_length() - 1)
-        return max(self.min_transfer_unit_bytes, min(self.transfer_unit_bytes, unit))
+        return max(self.min_transfer_unit_bytes, min(self.collective_unit_bytes, unit))
 
     # Derived quantities (integer picoseconds) used by the hardware models.
     @property
