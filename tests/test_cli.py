@@ -158,3 +158,21 @@ def test_trace_option_writes_a_trace(tmp_path, capsys) -> None:
     trace = json.loads(path.read_text())
     assert trace["displayTimeUnit"] == "ns" and trace["otherData"]["bin_us"] == 0.5
     assert sum(e["args"]["tbs"] for e in trace["traceEvents"] if e.get("cat") == "tb") == 8 * 16
+
+
+def test_a_deadlocking_system_stops_with_one_line_and_exit_code_3(tmp_path) -> None:
+    """Requests and responses on one VC, 64 B buffers, one read served at a time: the
+    NVLS pulls deadlock and the watchdog names what is stuck."""
+    from cais.hw.config import load_system
+    data = load_system("dgx-h100").model_dump()
+    data["name"] = "deadlock"
+    data["link"].update(vc_policy="shared", vc_depth_flits=4, buffer_scope="port")
+    data["gpu"]["read_serve_kB"] = 0.5
+    path = tmp_path / "deadlock.json"
+    path.write_text(json.dumps(data))
+    proc = _cais("collective", "--op", "allreduce", "--algo", "nvls", "--bytes", "1M", "--system", str(path))
+    assert proc.returncode == 3
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr
+    assert lines[0].startswith("cais: stalled: deadlock") and "waiting for credits" in lines[0]
+    assert "TB(s) waiting in nvls-allreduce" in lines[0]

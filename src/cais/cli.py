@@ -14,6 +14,7 @@ from rich.table import Table
 
 from cais.hw.config import PS_PER_US, ConfigError, SystemConfig, list_systems, load_system
 from cais.kernels.collectives import ALGOS, OPS
+from cais.machine import Stalled
 from cais.report.trace import DEFAULT_TB_LIMIT
 from cais.results.recorder import DEFAULT_BIN_PS, Recorder
 
@@ -384,6 +385,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"cais: error: {exc}", file=sys.stderr)
         return 2
+    except Stalled as exc:  # the simulated system stopped making progress: a result, not a crash
+        print(f"cais: stalled: {exc}", file=sys.stderr)
+        return 3
     return 0
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from cais.engine import Simulator
+from cais.engine import Channel, Simulator
 from cais.hw.config import PS_PER_NS, PS_PER_US, SystemConfig
 from cais.hw.fabric import Fabric
 from cais.hw.gpu import Gpu
@@ -19,6 +19,11 @@ class Stalled(RuntimeError):
     """The simulated system can make no more progress (a deadlock, or a program
     waiting for something that never comes); the message is one line naming what
     is stuck."""
+
+
+def _waiting(ch: Channel) -> list[str]:
+    return [f"{ch.name} VC {vc}: {count} train(s) queued" + (" waiting for credits" if credit else "")
+            for vc, count, credit in ch.waiting()]
 
 
 class Observer(Protocol):
@@ -112,13 +117,17 @@ class Machine:
         return bool(self.fabric.stuck() or any(g.stuck() or g.busy_sms or g.queued_kernels() for g in self.gpus))
 
     def _stuck_line(self) -> str:
-        parts = self.fabric.stuck()
-        for g in self.gpus:
-            parts.extend(g.stuck())
-            if g.busy_sms or g.queued_kernels():
-                parts.append(f"gpu{g.index}: {g.busy_sms} TB(s) waiting, kernels {', '.join(g.running_kernels()[:3])}")
-        more = f" (+{len(parts) - 4} more)" if len(parts) > 4 else ""
-        return "; ".join(parts[:4]) + more
+        """One line: the first stuck item of each kind (queued port, switch buffer,
+        held endpoint, waiting TBs), then how many more there are."""
+        fab = self.fabric
+        groups = [[line for ch in fab.channels() for line in _waiting(ch)],
+                  [line for sw in fab.switches for line in sw.stuck()],
+                  [line for g in self.gpus for line in g.stuck()],
+                  [f"gpu{g.index}: {g.busy_sms} TB(s) waiting in {', '.join(g.running_kernels()[:3]) or 'no kernel'}"
+                   for g in self.gpus if g.busy_sms or g.queued_kernels()]]
+        shown = [grp[0] for grp in groups if grp]
+        more = sum(len(grp) for grp in groups) - len(shown)
+        return "; ".join(shown) + (f" (+{more} more)" if more else "")
 
     def mark(self, gpu: int, track: str, name: str, start_ps: int, end_ps: int) -> None:
         """Report a named span on GPU ``gpu`` (a collective phase, a barrier wait) on the

@@ -10,7 +10,7 @@ import numpy as np
 
 from cais.hw.compute import ComputeModel
 from cais.hw.config import PS_PER_US, SystemConfig
-from cais.machine import Machine
+from cais.machine import Machine, Stalled
 from cais.results import LinkUtil, Recorder, RunMetrics, run_metrics
 from cais.schemes import get_scheme
 from cais.schemes.base import LayerRun
@@ -206,8 +206,9 @@ def run_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: 
     m.run()
     end = max((k.finished_at or 0) for _, _, k in run.kernels)
     unfinished = [name for name, _, k in run.kernels if k.finished_at is None]
-    if unfinished:
-        raise RuntimeError(f"scheme {scheme}: kernels never finished (deadlock): {sorted(set(unfinished))[:5]}")
+    if unfinished:  # never launched: their dependencies never fired
+        raise Stalled(f"scheme {scheme}: kernels never launched, their dependencies never came: "
+                      f"{', '.join(sorted(set(unfinished))[:5])}")
     subs = {}
     for c in sorted(period.chains, key=lambda c: c.name):
         span = run.spans[c.name]

@@ -102,13 +102,9 @@ class Fabric:
         self.inject(ack)
 
     def stuck(self) -> list[str]:
-        """What holds trains: channels with trains queued (and whether they wait for
-        credits) and switch input buffers, for the forward-progress watchdog."""
-        out = []
-        for ch in self.channels():
-            for vc, count, credit in ch.waiting():
-                out.append(f"{ch.name} VC {vc}: {count} train(s) queued"
-                           + (" waiting for credits" if credit else ""))
+        """What holds trains: channels with trains queued and switch input buffers
+        with trains waiting for an output (for the forward-progress watchdog)."""
+        out = [f"{ch.name} VC {vc}" for ch in self.channels() for vc, _, _ in ch.waiting()]
         for sw in self.switches:
             out.extend(sw.stuck())
         return out
