@@ -26,7 +26,7 @@ the destination memory, which is when a flag written behind it would be seen).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -257,6 +257,25 @@ class Isa:
         train = Train(0, *self.pk.wire(kind, FLAG_BYTES), kind=kind, src=src, dst=-1,
                       chip=self.flag_chip(key), done=lambda t: landed(t.dst), vc=self.vcmap.vc(kind))
         self.fab.inject(train)
+
+    def fence(self, src: int, dsts: Iterable[int], traffic: int, done: Done) -> None:
+        """``__threadfence_system`` after remote writes of class ``traffic`` to
+        ``dsts``: a zero-payload probe follows the writes down every chip's path to
+        every destination, on their VC (so it lands after them), and ``done`` runs
+        when every probe's write response is back."""
+        paths = [(d, c) for d in sorted(set(dsts)) if d != src for c in range(len(self.fab.switches))]
+        if not paths:
+            self._local(lambda: None, done)
+            return
+        acked = self._counter(len(paths), done)
+        kind = Kind.FLAG
+        wire, last = self.pk.wire(kind, FLAG_BYTES)
+        vc = self.vcmap.vc(kind, traffic)
+        for d, c in paths:
+            self.ops += 1
+            probe = Train(0, wire, last, kind=kind, src=src, dst=d, chip=c, vc=vc, cls=traffic)
+            probe.fence = acked
+            self.fab.inject(probe)
 
     def flag_chip(self, key: int) -> int:
         """The chip a flag's address maps to (every GPU's copy of one flag, alike): a

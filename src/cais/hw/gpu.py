@@ -68,7 +68,7 @@ class Gpu:
         self._holding = 0
         self.handlers: dict[int, Callable[[Train], bool]] = {
             Kind.WRITE: self._write, Kind.RED: self._write, Kind.READ_REQ: self._read,
-            Kind.MC_PULL_REQ: self._read,
+            Kind.MC_PULL_REQ: self._read, Kind.FLAG: self._flag,
         }
         self._free = set(range(sms))
         self._kernels: deque[Kernel] = deque()
@@ -107,6 +107,14 @@ class Gpu:
         else:
             self.memory.add(train.addr, train.data)
         if self.fabric is not None and (train.fence is not None or self.pk.fmt.write_ack_flits):
+            self.fabric.ack(self.index, train)
+        if train.done is not None:
+            train.done(train)
+        return True
+
+    def _flag(self, train: Train) -> bool:
+        """A flag lands (the peer polling it sees it); a fence probe is answered."""
+        if train.fence is not None and self.fabric is not None:
             self.fabric.ack(self.index, train)
         if train.done is not None:
             train.done(train)

@@ -83,6 +83,7 @@ from cais.engine import Countdown, Signal
 from cais.engine.sim import ProgramGen
 from cais.hw.gpu import Kernel, TbProgram
 from cais.hw.memory import Memory, Region
+from cais.hw.packets import Traffic
 from cais.kernels.common import Window, split
 from cais.kernels.gemm import GemmShape, raster, store_epilogue, tile_product
 from cais.schemes.base import Deps, LayerRun, Scheme, all_of
@@ -170,28 +171,22 @@ class Load:
 
 
 class _Drain:
-    """Counts a kernel's remote writes not yet fenced; ``done`` fires once the
-    kernel has ended and all of their write responses are back (its fence)."""
+    """A kernel's remote reductions and its closing fence: ``done`` fires once the
+    kernel has ended and a fence behind its last reductions (a probe down every path
+    they took, and its write response back) has completed."""
 
-    def __init__(self, r: LayerRun, kernel: Kernel) -> None:
+    def __init__(self, r: LayerRun, g: int, kernel: Kernel) -> None:
         self.r = r
-        self.pending = 0
-        self.closed = False
+        self.g = g
+        self.owners: set[int] = set()
         self.done = Signal()
         kernel.done.on_fire(lambda _v: self._close())
 
-    def issue(self) -> None:
-        self.pending += 1
-
-    def land(self) -> None:
-        self.pending -= 1
-        if self.closed and self.pending == 0:
-            self.done.fire(self.r.m.sim)
+    def issue(self, owner: int) -> None:
+        self.owners.add(owner)
 
     def _close(self) -> None:
-        self.closed = True
-        if self.pending == 0:
-            self.done.fire(self.r.m.sim)
+        self.r.m.isa.fence(self.g, self.owners, Traffic.REDUCTION, lambda: self.done.fire(self.r.m.sim))
 
 
 class Ladm(Scheme):
@@ -268,7 +263,7 @@ class Ladm(Scheme):
         shape = r.shape(gemm)
         floor = r.gemm_floor_ps(gemm, shape, r.sms)
         kernel = Kernel(gemm.name, [], None)
-        drain = _Drain(r, kernel)
+        drain = _Drain(r, g, kernel)
         limit = r.m.cfg.collective.outstanding_bytes_per_sm
         per_sm: dict[int, tuple[Window, SmPort]] = {}  # the SM's store window and port, across its tiles
 
@@ -295,9 +290,9 @@ class Ladm(Scheme):
                     while win.full(region.nbytes):
                         yield win.wait()
                     win.take(region.nbytes)
-                    drain.issue()
+                    drain.issue(owner)
                     isa.red(g, owner, region, data, self._landed(win, region.nbytes), port,
-                            unit=r.m.cfg.transfer_unit_bytes, fenced=drain.land)
+                            unit=r.m.cfg.transfer_unit_bytes)
                 if port.free_at > sim.now:  # the SM pushes the tile out before it is free
                     yield port.free_at - sim.now
             return program
