@@ -4,7 +4,10 @@
 
 Prints a markdown table for docs/validation.md: AllReduce busbw for 1-16 GiB with
 NVLS and ring, AllGather/ReduceScatter at 1 GiB, and the same on the paper's literal
-packet format (dgx-h100-paper).
+parameters (dgx-h100-paper), once with its literal buffers and once with the
+default's deeper ones (to isolate the packet format).
+
+    .venv/bin/python scripts/validate_fabric.py --systems dgx-h100-paper:deep --quick
 """
 
 from __future__ import annotations
@@ -22,10 +25,17 @@ REFERENCE = {("allreduce", "nvls"): 475.0, ("allreduce", "ring"): 367.5,
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="1 and 2 GiB only")
+    ap.add_argument("--systems", nargs="+", default=["dgx-h100", "dgx-h100-paper", "dgx-h100-paper:deep"],
+                    help="presets; NAME:deep gives NAME the default's buffers (1024 flits per VC per link)")
     args = ap.parse_args()
     sizes = [1, 2] if args.quick else [1, 2, 4, 8, 16]
-    for system in ("dgx-h100", "dgx-h100-paper"):
-        cfg = load_system(system)
+    for system in args.systems:
+        name, _, variant = system.partition(":")
+        cfg = load_system(name)
+        if variant == "deep":
+            deep = load_system("dgx-h100").link
+            cfg = cfg.with_overrides(link={**cfg.link.model_dump(), "vc_depth_flits": deep.vc_depth_flits,
+                                           "buffer_scope": deep.buffer_scope})
         print(f"\n### {system}\n")
         print("| op | algo | size | time (us) | algbw (GB/s) | busbw (GB/s) | published busbw | error |")
         print("|---|---|---|---|---|---|---|---|")

@@ -107,16 +107,18 @@ def test_traffic_sharing_a_vc_is_blocked_head_of_line_and_separate_vcs_are_not()
 
 
 # ---- VCs and packet kinds ------------------------------------------------------------
-@pytest.mark.parametrize("policy", ["class", "one"])
+@pytest.mark.parametrize("policy", ["class", "kernel", "one"])
 def test_requests_and_responses_never_share_a_vc(policy) -> None:
     link = _system(policy=policy).link
     vcs = VcMap(link)
-    req = {vcs.vc(k) for k, spec in KINDS.items() if not spec.response}
-    resp = {vcs.vc(k) for k, spec in KINDS.items() if spec.response}
+    req = {vcs.vc(k, None, s) for k, spec in KINDS.items() if not spec.response for s in range(6)}
+    resp = {vcs.vc(k, None, s) for k, spec in KINDS.items() if spec.response for s in range(6)}
     assert req and resp and not req & resp
     assert all(0 <= v < link.vcs for v in req | resp)
     if policy == "class":  # loads, stores, reductions and flags apart
         assert len({vcs.vc(k) for k in (Kind.READ_REQ, Kind.WRITE, Kind.RED, Kind.FLAG)}) == 4
+    if policy == "kernel":  # each kernel's traffic on its own VC, whatever its class
+        assert vcs.vc(Kind.WRITE, None, 1) == vcs.vc(Kind.RED, None, 1) != vcs.vc(Kind.WRITE, None, 2)
 
 
 def test_every_kind_is_registered_once() -> None:

@@ -177,13 +177,7 @@ class Credits:
     def hold(self, vc: int, fp: int, now: int) -> None:
         """A draining receiver keeps a train after all (from ``now``): take back the
         credits its sender scheduled to return (they come back with ``give_back``)."""
-        self.free[vc] -= fp
-        held = self.held[vc] + fp
-        self.held[vc] = held
-        if held > self.peak[vc]:
-            self.peak[vc] = held
-        if self.log is not None:
-            self.log.append((now, vc, fp))
+        self.take(vc, fp, now)
 
     def give_back(self, vc: int, fp: int, t0: int, t1: int, notify: bool = True) -> None:
         """The train holding ``fp`` bytes of VC ``vc`` left the buffer between ``t0``

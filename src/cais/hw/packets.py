@@ -77,7 +77,6 @@ KINDS: dict[int, PacketKind] = {k.kind: k for k in (
     PacketKind(Kind.MC_FLAG, False, Traffic.SYNC, "write", "multimem.red on a flag (NVLS barrier)"),
 )}
 
-VC_POLICIES = ("class", "one", "shared")
 
 
 class VcMap:
@@ -85,9 +84,10 @@ class VcMap:
     ``[vcs/2, vcs)`` (so a full request buffer never blocks the responses that
     would drain it), except under ``shared``, which puts everything on VC 0 (for
     experiments: it can deadlock). Within a set, ``class`` gives each traffic class
-    its own VC (load, store, reduction, sync), ``one`` puts all on the set's first.
-    A ``stream`` (an issuing kernel's number) shifts the VC inside the class's share
-    when the set has more VCs than classes."""
+    its own VC (load, store, reduction, sync), ``one`` puts all on the set's first,
+    ``kernel`` picks the VC by the issuing kernel's ``stream`` number (untagged
+    traffic is stream 0). Under ``class``, a stream shifts the VC inside the class's
+    share when the set has more VCs than classes."""
 
     __slots__ = ("policy", "half", "_table")
 
@@ -108,9 +108,11 @@ class VcMap:
                 off = int(cls) % self.half if self.policy == "class" else 0
                 base = (self.half if spec.response else 0) + off
             self._table[key] = base
-        if stream and self.policy == "class" and self.half > len(Traffic):
-            spare = self.half // len(Traffic)
-            base += len(Traffic) * (stream % spare)
+        if stream:
+            if self.policy == "kernel":
+                return base + stream % self.half
+            if self.policy == "class" and self.half > len(Traffic):
+                base += len(Traffic) * (stream % (self.half // len(Traffic)))
         return base
 
 

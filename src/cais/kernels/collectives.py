@@ -57,6 +57,7 @@ class CollectiveSpec:
     recv: str = "recv"
     staging: str = "ring"
     channels: int | None = None  # TBs per GPU (default: the system's ring/nvls channels)
+    stream: int = 0  # tags this collective's traffic (VC policy "kernel")
     sms: frozenset[int] | None = None  # SMs the kernel may use (None: any free SM)
     # Layout of the whole-buffer side (ReduceScatter input, AllGather output): shard k
     # starts at element full_base + k * full_stride (default: contiguous shards). The
@@ -115,7 +116,7 @@ def _nvls_tb(m: Machine, gpu: int, spec: CollectiveSpec, region: Region, out_of:
             def got(data: np.ndarray | None) -> None:
                 win.release(piece.nbytes)  # the load is done; the store below is posted
                 if op == "allreduce":
-                    isa.multimem_st(gpu, out, data, landed(piece, False), port, unit=unit)
+                    isa.multimem_st(gpu, out, data, landed(piece, False), port, spec.stream, unit)
                 else:  # reducescatter: the sum stays on this GPU
                     mem.write(out, data)
                     finished.arrive(sim)
@@ -126,9 +127,9 @@ def _nvls_tb(m: Machine, gpu: int, spec: CollectiveSpec, region: Region, out_of:
                 yield win.wait()
             win.take(piece.nbytes)
             if op == "allgather":
-                isa.multimem_st(gpu, out_of(piece), mem.read(piece), landed(piece, True), port, unit=unit)
+                isa.multimem_st(gpu, out_of(piece), mem.read(piece), landed(piece, True), port, spec.stream, unit)
             else:
-                isa.multimem_ld_reduce(gpu, piece, reduced(piece), unit=unit)
+                isa.multimem_ld_reduce(gpu, piece, reduced(piece), spec.stream, unit)
         if pieces:
             yield finished
     return program
@@ -260,7 +261,7 @@ def _ring_tb(m: Machine, spec: CollectiveSpec, gpu: int, ch: int, plan: list[lis
                 def post(sig: Signal = arrived, k: int = flag_key) -> None:
                     isa.flag(gpu, nxt, k, lambda: sig.fire(sim))
                 if cnt:
-                    isa.st(gpu, nxt, slot(s_send, cnt), data, None, port, unit=unit, fenced=post)
+                    isa.st(gpu, nxt, slot(s_send, cnt), data, None, port, spec.stream, unit, fenced=post)
                 else:
                     post()
                 s_send += 1

@@ -242,11 +242,13 @@ class LayerRun:
         self.collectives += 1
         stage = f"stage{self.collectives}"  # ring staging slots, one set per collective
         if rows is None:
-            spec = CollectiveSpec(op, algo, self.d.tokens * h, self.model.dtype_bytes, src, dst, stage, channels)
+            spec = CollectiveSpec(op, algo, self.d.tokens * h, self.model.dtype_bytes, src, dst, stage, channels,
+                                  stream=self.collectives)
         else:
             first, cnt = rows
             spec = CollectiveSpec(op, algo, self.m.n * cnt * h, self.model.dtype_bytes, src, dst, stage,
-                                  channels, full_base=first * h, full_stride=self.d.rows_l * h, shard_base=first * h)
+                                  channels, stream=self.collectives, full_base=first * h,
+                                  full_stride=self.d.rows_l * h, shard_base=first * h)
         kernels = build(self.m, spec)
         for k, sms in zip(kernels, sm_sets or []):
             k.sms = sms
