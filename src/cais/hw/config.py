@@ -90,11 +90,12 @@ class GpuConfig(_Strict):
     sms: int = Field(132, gt=0)
     hbm_bandwidth_GBps: float = Field(3350.0, gt=0, description="peak; memory-bound kernels use the calibrated efficiency")
     memory_latency_ns: float = Field(500.0, ge=0, description="time a GPU takes to serve a remote read")
-    read_serve_kB: float = Field(65536.0, gt=0, description="bytes of remote reads a GPU serves at once (memory "
-                                                            "access, then the response waiting for the link); "
-                                                            "more wait in its input buffer. Large by default: "
-                                                            "coarse transfer units put up to 64 MiB of NVLS pulls "
-                                                            "in flight per GPU (docs/fabric-model.md)")
+    read_serve_kB: float = Field(1048576.0, gt=0, description="bytes of remote reads a GPU serves at once "
+                                                              "(memory access, then the response waiting for the "
+                                                              "link); more wait in its input buffer. 1 GiB by "
+                                                              "default, never binding: coarse units put up to "
+                                                              "256 MiB of NVLS pulls in flight per GPU "
+                                                              "(docs/fabric-model.md)")
     kernel_launch_us: float = Field(3.0, ge=0)
     sm_copy_bandwidth_GBps: float = Field(200.0, gt=0,
                                           description="data one SM can move through its load/store path")
