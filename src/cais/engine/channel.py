@@ -173,9 +173,12 @@ class Channel:
         known = self._ready[vc]
         if known != _UNKNOWN and known <= free_at:
             return  # it goes when the wire is free; more credits change nothing
+        now = self.sim.now
+        if 0 <= self._armed_at <= (free_at if free_at > now else now):
+            self._ready[vc] = _UNKNOWN  # an arbitration is due when the wire frees: it will look
+            return
         t = self._when_ready(vc, q[0])
         if t < _BLOCKED:
-            now = self.sim.now
             t = t if t > free_at else free_at
             self._arm(t if t > now else now)
 
@@ -263,44 +266,44 @@ class Channel:
         """Put the train on the wire: at the earliest when the wire is free, its head
         is there and (``not_before``) its credits allow."""
         sim = self.sim
-        now = sim.now
         start = self.free_at
-        if train.head > start:
-            start = train.head
+        head = train.head
+        if head > start:
+            start = head
         if not_before > start:
             start = not_before
         pkt = int(train.packet_wire * self.ps_per_byte + 0.5)
         finish = start + ser
-        if train.tail + pkt > finish:
-            finish = train.tail + pkt
-        if finish < now:  # cannot finish in the past: everything is known only from now on
-            finish = now
+        tail = train.tail + pkt
+        if tail > finish:
+            finish = tail
+        if finish < sim.now:  # cannot finish in the past: everything is known only from now on
+            finish = sim.now
         self.free_at = finish
+        wire = train.wire
         self.trains += 1
         self.payload_bytes += train.payload
-        self.wire_bytes += train.wire
+        self.wire_bytes += wire
         self.busy_ps += ser
         if self.timeline is not None:
-            self.timeline.append((start, finish, train.wire))
+            self.timeline.append((start, finish, wire))
         if on_start is not None:
             on_start(train, start, finish)  # before the train's buffer fields change hands
         lat = self.latency_ps
         cr = self.credits
         if cr is not None:
-            wire = train.wire
             fp = wire if wire < cr.capacity else cr.capacity
             if cr.drains or train.kind in cr.drain_kinds:  # consumed as it arrives: schedule the return now
                 cr.stream(train.vc, fp, start + lat, finish + lat)
             else:
                 cr.take(train.vc, fp, start + lat)
             train.fp = fp
-            train.credits = cr
-        else:
-            train.credits = None
+        train.credits = cr
         train.head = start + pkt + lat
-        train.tail = finish + lat
+        arrive = finish + lat
+        train.tail = arrive
         sim._seq += 1
-        heappush(sim._queue, (train.tail, sim._seq, self._arrive, (train, deliver)))
+        heappush(sim._queue, (arrive, sim._seq, self._arrive, (train, deliver)))
 
     def _arrive(self, train: Train, deliver: Deliver) -> None:
         self.delivered_payload += train.payload

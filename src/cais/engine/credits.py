@@ -159,16 +159,17 @@ class Credits:
         """A train of footprint ``fp`` starts towards a receiver that drains it as it
         arrives (head at ``head_ps``, tail at ``tail_ps``): take its credits and
         schedule their return at once (``take`` + ``give_back`` in one step)."""
-        held = self.held[vc] + fp
-        if held > self.peak[vc]:
-            self.peak[vc] = held
+        if fp > self.peak[vc]:  # it is held on its own: what is held drains as it comes
+            self.peak[vc] = fp
         self.free[vc] -= fp
         if self.log is not None:
             self.log.append((head_ps, vc, fp))
             self.log.append((tail_ps, vc, -fp))
         ret = self.return_ps
+        a = head_ps + ret
+        b = tail_ps + ret
         ramps = self.ramps[vc]
-        ramps.append((head_ps + ret, max(tail_ps + ret, head_ps + ret + 1), fp))
+        ramps.append((a, b if b > a else a + 1, fp))
         self.ramped[vc] += fp
         if len(ramps) > 4 and ramps[0][1] <= head_ps:
             self._fold(vc, head_ps)

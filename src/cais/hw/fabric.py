@@ -65,6 +65,7 @@ class Fabric:
         for gpu in gpus:
             gpu.fabric = self
         self.injected = 0  # payload bytes put on the fabric by GPUs
+        self._stripes: dict[tuple[int, int], list[tuple[int, int]]] = {}  # (first link, slots) -> stripes
 
     def stripe(self, unit_index: int, slots: int) -> list[tuple[int, int]]:
         """How a transfer unit of ``slots`` packets (or rows) spreads over the chips:
@@ -75,12 +76,18 @@ class Fabric:
         links = self.link_chip
         nl = len(links)
         start = ((unit_index * 0x9E3779B97F4A7C15) >> 29) % nl
+        key = (start, slots)
+        hit = self._stripes.get(key)
+        if hit is not None:
+            return hit
         full, rem = divmod(slots, nl)
         counts: dict[int, int] = {}
         for i in range(nl):
             chip = links[(start + i) % nl]
             counts[chip] = counts.get(chip, 0) + full + (1 if i < rem else 0)
-        return [(chip, n) for chip, n in counts.items() if n]
+        out = [(chip, n) for chip, n in counts.items() if n]
+        self._stripes[key] = out
+        return out
 
     def inject(self, train: Train, head: int | None = None, tail: int | None = None,
                on_start: OnStart | None = None) -> None:
