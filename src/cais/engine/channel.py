@@ -211,13 +211,16 @@ class Channel:
             self._arm(self.free_at)
             return
         active = self._active
-        i = bisect_left(active, self._rr)
         ready = self._ready
         pick = -1
         credit_t = 0
         n_active = len(active)
-        for k in range(n_active):
-            vc = active[(i + k) % n_active]
+        if n_active == 1:
+            order = active
+        else:
+            i = bisect_left(active, self._rr)
+            order = active[i:] + active[:i]
+        for vc in order:
             if self.credits is None:
                 pick = vc
                 break
