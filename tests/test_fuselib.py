@@ -34,15 +34,13 @@ class _EarlyCount(Countdown):
 
 
 class _Early(FuseLib):
-    """FuseLib whose owners start a row block after half of its tile pieces."""
+    """FuseLib whose owners start a row block after half of the GPUs' flags for it."""
 
     name = ""
 
-    def wire(self, r, f):
-        f.arrivals = [[_EarlyCount(max(1, e // 2)) for e in f.plan.expected[o]] for o in range(r.m.n)]
-        for o in range(r.m.n):
-            for b, cd in enumerate(f.arrivals[o]):
-                cd.on_fire(lambda _v, o=o, b=b: f.queues[o].block_ready(r, b))
+    @staticmethod
+    def block_flags(n):
+        return _EarlyCount(n // 2)
 
 
 def test_a_row_block_started_early_is_caught(four_gpus, monkeypatch) -> None:

@@ -258,6 +258,43 @@ class Isa:
                       chip=self.flag_chip(key), done=lambda t: landed(t.dst), vc=self.vcmap.vc(kind))
         self.fab.inject(train)
 
+    def release_flag(self, src: int, dst: int, traffic: int, landed: Done) -> None:
+        """A flag stored on ``dst`` behind this GPU's earlier writes of class
+        ``traffic`` to it (``st.release``/``red.release`` of a counter): one flag down
+        every chip's path, on the writes' VC, so each lands after them; ``landed`` runs
+        on ``dst`` when all have (the peer polling the flag then sees the data)."""
+        if src == dst:
+            self._local(lambda: None, landed)
+            return
+        chips = len(self.fab.switches)
+        arrived = self._counter(chips, landed)
+        kind = Kind.FLAG
+        wire, last = self.pk.wire(kind, FLAG_BYTES)
+        vc = self.vcmap.vc(kind, traffic)
+        for c in range(chips):
+            self.ops += 1
+            self.fab.inject(Train(0, wire, last, kind=kind, src=src, dst=dst, chip=c, vc=vc, cls=traffic,
+                                  done=arrived))
+
+    def release_flag_multicast(self, src: int, traffic: int, landed: Callable[[int], None]) -> None:
+        """``multimem.red.release`` of a flag behind this GPU's earlier multicast
+        writes of class ``traffic``: one flag down every chip's path, multicast by the
+        switch; ``landed(gpu)`` runs on each GPU once all chips' copies are there."""
+        chips = len(self.fab.switches)
+        seen = [0] * self.n
+
+        def arrived(train: Train) -> None:
+            seen[train.dst] += 1
+            if seen[train.dst] == chips:
+                landed(train.dst)
+        kind = Kind.MC_FLAG
+        wire, last = self.pk.wire(kind, FLAG_BYTES)
+        vc = self.vcmap.vc(kind, traffic)
+        for c in range(chips):
+            self.ops += 1
+            self.fab.inject(Train(0, wire, last, kind=kind, src=src, dst=-1, chip=c, vc=vc, cls=traffic,
+                                  done=arrived))
+
     def fence(self, src: int, dsts: Iterable[int], traffic: int, done: Done) -> None:
         """``__threadfence_system`` after remote writes of class ``traffic`` to
         ``dsts``: a zero-payload probe follows the writes down every chip's path to

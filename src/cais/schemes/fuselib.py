@@ -66,6 +66,7 @@ from cais.engine import Countdown, Signal
 from cais.engine.sim import ProgramGen
 from cais.hw.gpu import Kernel, TbProgram
 from cais.hw.memory import Region
+from cais.hw.packets import Traffic
 from cais.isa import SmPort
 from cais.kernels.common import Window
 from cais.kernels.gemm import GemmShape, tile_product
@@ -249,12 +250,24 @@ class FuseLib(Scheme):
         return [Countdown(r.d.tokens * plan.h) for _ in range(r.m.n)]
 
     def wire(self, r: LayerRun, f: Fused) -> None:
-        """Row block b of owner o is ready when all its tile pieces have been added
-        into o's ``reduced`` buffer."""
-        f.arrivals = [[Countdown(e) for e in f.plan.expected[o]] for o in range(r.m.n)]
-        for o in range(r.m.n):
-            for b, cd in enumerate(f.arrivals[o]):
-                cd.on_fire(lambda _v, o=o, b=b: f.queues[o].block_ready(r, b))
+        """Row block b of owner o is ready when every GPU's flag for it has landed on
+        o: a GPU counts its own tile pieces of the block and, once it has issued the
+        last one's reductions, stores a release flag behind them (``release_flag``)."""
+        n, sim = r.m.n, r.m.sim
+        f.tiles_done = [[[Countdown(e // n) for e in f.plan.expected[o]] for o in range(n)] for _ in range(n)]
+        f.arrivals = [[self.block_flags(n) for _ in f.plan.expected[o]] for o in range(n)]
+        for o in range(n):
+            for b, flags in enumerate(f.arrivals[o]):
+                flags.on_fire(lambda _v, o=o, b=b: f.queues[o].block_ready(r, b))
+                for g in range(n):
+                    f.tiles_done[g][o][b].on_fire(
+                        lambda _v, g=g, o=o, flags=flags: r.m.isa.release_flag(
+                            g, o, Traffic.REDUCTION, lambda: flags.arrive(sim)))
+
+    @staticmethod
+    def block_flags(n: int) -> Countdown:
+        """What an owner counts a row block's flags with: all n GPUs'."""
+        return Countdown(n)
 
     def tile_epilogue(self, r: LayerRun, f: Fused, w: Worker, i: int, j: int,
                       tile: np.ndarray | None) -> ProgramGen:
@@ -266,10 +279,9 @@ class FuseLib(Scheme):
             data = None if tile is None else tile[p.tile_first:p.tile_first + p.count]
             yield from w.issue(region.nbytes)
 
-            def landed(p: Piece = p) -> None:
-                for b in p.blocks:
-                    f.arrivals[p.owner][b].arrive(sim)
-            r.m.isa.red(w.g, p.owner, region, data, w.released(region.nbytes, landed), w.port, unit=plan.unit)
+            r.m.isa.red(w.g, p.owner, region, data, w.released(region.nbytes), w.port, unit=plan.unit)
+            for b in p.blocks:
+                f.tiles_done[w.g][p.owner][b].arrive(sim)
 
     def block_task(self, r: LayerRun, f: Fused, w: Worker, b: int) -> ProgramGen:
         """Row-wise op on row block b of this GPU's shard, then its AllGather push."""
@@ -289,8 +301,9 @@ class FuseLib(Scheme):
             for piece in unit_chunks(dst, plan.unit):
                 yield from w.issue(piece.nbytes)
                 part = None if data is None else data[piece.start - dst.start:piece.start - dst.start + piece.count]
-                arrived = (lambda peer=peer, cnt=piece.count: f.gathered[peer].arrive(r.m.sim, cnt))
-                r.m.isa.st(g, peer, piece, part, w.released(piece.nbytes, arrived), w.port, unit=plan.unit)
+                r.m.isa.st(g, peer, piece, part, w.released(piece.nbytes), w.port, unit=plan.unit)
+            arrived = (lambda peer=peer, cnt=dst.count: f.gathered[peer].arrive(r.m.sim, cnt))
+            r.m.isa.release_flag(g, peer, Traffic.STORE, arrived)
 
     # ---- the persistent kernel ------------------------------------------------------
     @staticmethod

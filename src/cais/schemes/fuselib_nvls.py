@@ -37,6 +37,7 @@ import numpy as np
 from cais.engine import Countdown, Signal
 from cais.engine.sim import ProgramGen
 from cais.hw.memory import Region
+from cais.hw.packets import Traffic
 from cais.kernels import sync
 from cais.kernels.gemm import store_epilogue
 from cais.schemes.base import LayerRun
@@ -60,9 +61,8 @@ class FuseLibNvls(FuseLib):
         return [(i, j) for i in sorted(range(plan.shape.tiles_m), key=key) for j in range(plan.shape.tiles_n)]
 
     def gather_signals(self, r: LayerRun, plan: Plan) -> list[Signal]:
-        """Every block's multicast has landed on every GPU (one counter for all)."""
-        done = Countdown(r.d.tokens * plan.h)
-        return [done] * r.m.n
+        """Per GPU: every block's release flag has landed there (behind its data)."""
+        return [Countdown(r.d.tokens * plan.h) for _ in range(r.m.n)]
 
     def wire(self, r: LayerRun, f: Fused) -> None:
         """Row block b of owner o is ready once every GPU's completion flag for it
@@ -112,5 +112,5 @@ class FuseLibNvls(FuseLib):
         for piece in unit_chunks(dst, plan.unit):
             yield from w.issue(piece.nbytes)
             part = None if data is None else data[piece.start - dst.start:piece.start - dst.start + piece.count]
-            landed = (lambda k=piece.count: f.gathered[g].arrive(sim, k))
-            r.m.isa.multimem_st(g, piece, part, w.released(piece.nbytes, landed), w.port, unit=plan.unit)
+            r.m.isa.multimem_st(g, piece, part, w.released(piece.nbytes), w.port, unit=plan.unit)
+        r.m.isa.release_flag_multicast(g, Traffic.STORE, lambda h, k=dst.count: f.gathered[h].arrive(sim, k))
