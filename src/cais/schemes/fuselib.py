@@ -33,10 +33,12 @@ What is modelled, per sub-layer (GEMM1 -> RS -> row-wise op -> AG -> GEMM2), per
   g+1, g+2, ..., g, then row block b+1 ...; all column tiles of a tile row
   together), so every GPU reduces into every owner at once (no incast on one owner)
   and each owner's shard completes progressively from its first rows.
-* **Reduction completion** (TB-level): the owner counts arrivals per row block of
-  ``ROWS_PER_TB`` (64) rows: every tile piece touching it, from all n GPUs (its own
-  local adds included) and all column tiles. A ``red``'s arrival is when its data is
-  in the owner's memory (when a flag written behind it would be seen).
+* **Reduction completion** (TB-level), per row block of ``ROWS_PER_TB`` (64) rows:
+  each GPU counts its own tile pieces touching the block (all column tiles) and,
+  once it has issued the last one's ``red``s, stores a release flag on the owner
+  behind them (``Isa.release_flag``: one flag down every chip's path, on the
+  reductions' VC, so it lands after them); the owner starts the block when all n
+  GPUs' flags have landed.
 * **Row-wise op + AllGather** (TB-level): the worker runs the row block's dropout +
   residual + norm (or its backward) for the memory-bound time of those rows on one
   SM, writes its own copy of the output rows into ``gather_dst``, and pushes them to

@@ -25,8 +25,8 @@ and ready row blocks, ready row blocks first), with the data movement replaced:
   blocks become ready one after another; since the switch pulls every GPU's partial,
   no owner sees incast, so FuseLib's per-GPU rotation would only delay readiness.
 * **GEMM2** (kernel-level): a separate GEMM kernel after the fused kernel, once
-  every GPU's multicast of every block has landed (a flag multicast behind the data
-  is seen when its data is).
+  every block's release flag (``multimem.red.release`` behind its multicast, down
+  every chip's path) has landed on this GPU.
 * **Standalone AllGather** (backward re-gather): NCCL's NVLS AllGather.
 """
 
