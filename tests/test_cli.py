@@ -176,3 +176,13 @@ def test_a_deadlocking_system_stops_with_one_line_and_exit_code_3(tmp_path) -> N
     assert len(lines) == 1 and "Traceback" not in proc.stderr
     assert lines[0].startswith("cais: stalled: deadlock") and "waiting for credits" in lines[0]
     assert "TB(s) waiting in nvls-allreduce" in lines[0]
+
+
+def test_ctrl_c_is_one_line_and_exit_code_130(monkeypatch, capsys) -> None:
+    import cais.cli as cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "cmd_systems", interrupted)
+    assert main(["systems"]) == 130
+    assert capsys.readouterr().err == "cais: interrupted\n"

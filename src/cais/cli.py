@@ -388,6 +388,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Stalled as exc:  # the simulated system stopped making progress: a result, not a crash
         print(f"cais: stalled: {exc}", file=sys.stderr)
         return 3
+    except KeyboardInterrupt:
+        print("cais: interrupted", file=sys.stderr)
+        return 130
     return 0
 
 
