@@ -194,6 +194,8 @@ def run_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: 
         if not 1 <= sms <= cfg.gpu.sms:
             raise ValueError(f"--sms: must be between 1 and {cfg.gpu.sms} on {cfg.name}, got {sms}")
         cfg = cfg.with_overrides(gpu={**cfg.gpu.model_dump(), "sms": sms})
+    if cfg.switch.model == "auto":
+        cfg = cfg.with_overrides(switch={**cfg.switch.model_dump(), "model": sch.switch})
     period = build_period(model, cfg.gpus, mode, sch.sp, seed, regather)
     t0 = time.perf_counter()
     m = Machine(cfg, functional=functional, recorder=recorder)

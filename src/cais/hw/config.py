@@ -63,16 +63,32 @@ class LinkConfig(_Strict):
                                                                      "(default: latency_ns)")
 
 
+class MergeConfig(_Strict):
+    """The CAIS merge unit of one switch port (paper §III-A.2, §IV-A): a merging table
+    of ``entries`` lines of ``line_bytes`` (320 x 128 B = 40 KB per port), looked up by
+    a CAM on (address, type). The paper gives no idle timeout and no lookup latency;
+    docs/cais.md gives the reasons for the defaults."""
+
+    entries: int = Field(320, ge=0, description="merging-table lines per switch port (0: every request bypasses)")
+    line_bytes: int = Field(128, gt=0, description="data bytes one entry holds (one NVLink packet's payload)")
+    timeout_us: float = Field(20.0, gt=0, description="an entry idle this long is flushed (Reduction: its partial sum "
+                                                      "goes home; Load-Ready: dropped)")
+    latency_ns: float = Field(0.0, ge=0, description="CAM lookup and merge time added to a merged response or sum")
+
+
 class SwitchConfig(_Strict):
     """The NVSwitch chips: how many, how each GPU's links spread over them, and the
-    in-switch compute (NVLS multicast/reduction)."""
+    in-switch compute (NVLS multicast/reduction, and the CAIS merge unit)."""
 
     chips: int = Field(4, gt=0)
     links_per_gpu: list[int] = Field(default_factory=lambda: [5, 4, 4, 5],
                                      description="NVLinks from each GPU to each chip")
-    model: str = Field("nvls", description="switch chip model (see hw/switches.py): nvls")
+    model: str = Field("auto", description="switch chip model (see hw/switches.py): nvls (NVLS only), cais (NVLS "
+                                           "plus a merge unit per port), auto (cais for schemes that issue "
+                                           "ld.cais/red.cais, else nvls)")
     pipeline_latency_ns: float = Field(0.0, ge=0, description="crossbar traversal added per switch hop")
     reduce_latency_ns: float = Field(0.0, ge=0, description="extra time of an in-switch reduction")
+    merge: MergeConfig = MergeConfig()
 
     @model_validator(mode="after")
     def _check_links(self) -> "SwitchConfig":

@@ -69,7 +69,10 @@ class Gpu:
         self.handlers: dict[int, Callable[[Train], bool]] = {
             Kind.WRITE: self._write, Kind.RED: self._write, Kind.READ_REQ: self._read,
             Kind.MC_PULL_REQ: self._read, Kind.FLAG: self._flag,
+            Kind.LD_CAIS_REQ: self._read, Kind.RED_CAIS: self._write,
         }
+        self.signals: dict[int, int] = {}  # signal words: key -> value
+        self._signal_waits: dict[int, list[tuple[int, Callable[[], None]]]] = {}
         self._free = set(range(sms))
         self._kernels: deque[Kernel] = deque()
         self._dispatch_pending = False
@@ -106,7 +109,9 @@ class Gpu:
             self.memory.write(train.addr, train.data)
         else:
             self.memory.add(train.addr, train.data)
-        if self.fabric is not None and (train.fence is not None or self.pk.fmt.write_ack_flits):
+        if train.kind == Kind.RED_CAIS and train.tag >= 0:  # after its data: the contributions it sums
+            self.signal(train.tag, train.count * train.payload)
+        if self.fabric is not None and train.src >= 0 and (train.fence is not None or self.pk.fmt.write_ack_flits):
             self.fabric.ack(self.index, train)
         if train.done is not None:
             train.done(train)
@@ -127,8 +132,11 @@ class Gpu:
         self.sim.after(self.memory_latency_ps, self._respond, req)
         return True
 
+    _RESPONSE = {Kind.READ_REQ: Kind.READ_RESP, Kind.MC_PULL_REQ: Kind.MC_PULL_RESP,
+                 Kind.LD_CAIS_REQ: Kind.LD_CAIS_RESP}
+
     def _respond(self, req: Train) -> None:
-        kind = Kind.READ_RESP if req.kind == Kind.READ_REQ else Kind.MC_PULL_RESP
+        kind = self._RESPONSE[req.kind]
         nbytes = req.addr.nbytes
         resp = Train(nbytes, *self.pk.wire(kind, nbytes), kind=kind, src=self.index, dst=req.src, chip=req.chip,
                      addr=req.addr, data=self.memory.read(req.addr), done=req.done, vc=self.vcmap.vc(kind),
@@ -152,6 +160,27 @@ class Gpu:
                     cr = train.credits
                     if cr is not None:
                         cr.give_back(train.vc, train.fp, now, now)
+
+    # ---- signal words ---------------------------------------------------------------
+    def signal(self, key: int, amount: int) -> None:
+        """Add ``amount`` to signal word ``key`` in this GPU's memory (as a reduction
+        carrying a signal does once its data has landed, cf. NVSHMEM's put-with-signal)."""
+        value = self.signals.get(key, 0) + amount
+        self.signals[key] = value
+        waits = self._signal_waits.get(key)
+        if waits:
+            ready = [fn for target, fn in waits if value >= target]
+            if ready:
+                self._signal_waits[key] = [(t, fn) for t, fn in waits if value < t]
+                for fn in ready:
+                    fn()
+
+    def wait_signal(self, key: int, target: int, fn: Callable[[], None]) -> None:
+        """Run ``fn`` once signal word ``key`` reaches ``target`` (a kernel polling it)."""
+        if self.signals.get(key, 0) >= target:
+            self.sim.after(0, fn)
+        else:
+            self._signal_waits.setdefault(key, []).append((target, fn))
 
     def stuck(self) -> list[str]:
         """Input buffers holding requests it cannot serve yet (for the watchdog)."""

@@ -35,6 +35,9 @@ class Kind(IntEnum):
     WRITE_ACK = 10      # write response: a fenced write has landed (back to its issuer)
     FLAG = 11           # st of a synchronisation flag (ring slot flags, credits)
     MC_FLAG = 12        # multimem.red on a flag: the switch multicasts it as FLAGs (NVLS barrier)
+    LD_CAIS_REQ = 13    # ld.cais: mergeable read request to a home GPU (the CAIS bit set)
+    LD_CAIS_RESP = 14   # data for an LD_CAIS_REQ (from the home, or from a merge unit)
+    RED_CAIS = 15       # red.cais: mergeable reduction into a home GPU (a sum of ``count`` contributions)
 
 
 class Traffic(IntEnum):
@@ -75,6 +78,9 @@ KINDS: dict[int, PacketKind] = {k.kind: k for k in (
     PacketKind(Kind.WRITE_ACK, True, Traffic.SYNC, "ack", "write response of a fenced write"),
     PacketKind(Kind.FLAG, False, Traffic.SYNC, "write", "flag store (ring flags and credits)"),
     PacketKind(Kind.MC_FLAG, False, Traffic.SYNC, "write", "multimem.red on a flag (NVLS barrier)"),
+    PacketKind(Kind.LD_CAIS_REQ, False, Traffic.LOAD, "request", "ld.cais: mergeable read request to a home GPU"),
+    PacketKind(Kind.LD_CAIS_RESP, True, Traffic.LOAD, "response", "data for an ld.cais (home or merge unit)"),
+    PacketKind(Kind.RED_CAIS, False, Traffic.REDUCTION, "write", "red.cais: mergeable reduction into a home GPU"),
 )}
 
 

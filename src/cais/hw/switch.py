@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from cais.engine import Channel, Credits, Simulator, Train
+from cais.hw.config import MergeConfig
 from cais.hw.packets import Kind, Packetizer, VcMap
 
 if TYPE_CHECKING:
@@ -53,7 +54,8 @@ class Switch:
     absorbs: frozenset[int] = frozenset()
 
     def __init__(self, sim: Simulator, chip: int, down: list[Channel], gpus: list["Gpu"],
-                 packetizer: Packetizer, vcmap: VcMap, vcs: int, pipeline_ps: int, reduce_ps: int) -> None:
+                 packetizer: Packetizer, vcmap: VcMap, vcs: int, pipeline_ps: int, reduce_ps: int,
+                 merge: MergeConfig | None = None) -> None:
         self.sim = sim
         self.chip = chip
         self.down = down
@@ -65,6 +67,7 @@ class Switch:
         self.ledger = SwitchLedger()
         self.held: list[list[int]] = [[0] * vcs for _ in gpus]  # trains in each input buffer
         self.handlers: dict[int, Callable[[Train], None]] = {}
+        self.merge_cfg = merge or MergeConfig()
 
     # ---- input buffers -----------------------------------------------------------
     def receive(self, train: Train) -> None:
@@ -83,15 +86,17 @@ class Switch:
             if train.left == 0:
                 self.retire(train, train.dep0, train.dep1, credits, fp)
 
-    def emit(self, out: Train, dst: int, entry: Train | None) -> None:
+    def emit(self, out: Train, dst: int, entry: Train | None,
+             on_start: Callable[[Train, int, int], None] | None = None) -> None:
         """Send ``out`` to GPU ``dst``; ``entry`` is the input train it comes from (it
         leaves its buffer once all its outputs are on the wire), None for a train the
-        switch made itself (a reduction's result)."""
+        switch made itself (a reduction's result; ``on_start`` runs when it goes on
+        the wire)."""
         self.ledger.bytes_out += out.payload
         out.head += self.pipeline_ps
         out.tail += self.pipeline_ps
         if entry is None:
-            self.down[dst].send(out, self.gpus[dst].receive)
+            self.down[dst].send(out, self.gpus[dst].receive, on_start)
             return
         entry.left += 1
         if out is not entry:
@@ -114,6 +119,12 @@ class Switch:
         if credits is not None:
             credits.give_back(entry.vc, fp, t0, t1)
         self.held[entry.src][entry.vc] -= 1
+
+    def consume(self, entry: Train) -> None:
+        """``entry`` is taken off its input buffer by a unit of the switch as it
+        arrives (it streamed through the buffer): its credits go back now."""
+        entry.left = 0
+        self.retire(entry, entry.head, max(entry.tail, self.sim.now), entry.credits, entry.fp)
 
     def absorb(self, entry: Train) -> None:
         """``entry`` (of a kind in ``absorbs``: its sender already scheduled its

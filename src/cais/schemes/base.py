@@ -264,6 +264,7 @@ class Scheme:
     sp = True
     algo = "nvls"
     summary = ""
+    switch = "nvls"  # the switch model it needs when the system's is "auto" (cais: with merge units)
 
     def run(self, r: LayerRun) -> None:
         ready: Deps = [Signal() for _ in range(r.m.n)]

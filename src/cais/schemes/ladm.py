@@ -263,18 +263,18 @@ class Ladm(Scheme):
         shape = r.shape(gemm)
         floor = r.gemm_floor_ps(gemm, shape, r.sms)
         kernel = Kernel(gemm.name, [], None)
-        drain = _Drain(r, g, kernel)
+        drain = self._drain(r, g, kernel)
         limit = r.m.cfg.collective.outstanding_bytes_per_sm
         per_sm: dict[int, tuple[Window, SmPort]] = {}  # the SM's store window and port, across its tiles
 
         def tile_tb(i: int, j: int) -> TbProgram:
             def program(sm: int, busy: int) -> ProgramGen:
-                sim, isa = r.m.sim, r.m.isa
+                sim = r.m.sim
                 yield max(floor, r.cm.tile_time_ps(shape.bm, shape.bn, shape.k, busy))
                 mem = r.m.gpus[g].memory
                 tile = tile_product(mem, gemm.ops, shape, i, j) if mem.functional else None
                 if sm not in per_sm:
-                    per_sm[sm] = (Window(sim, limit), isa.sm_port())
+                    per_sm[sm] = (Window(sim, limit), r.m.isa.sm_port())
                 win, port = per_sm[sm]
                 r0, nr = shape.rows(i)
                 c0, nc = shape.cols(j)
@@ -290,15 +290,28 @@ class Ladm(Scheme):
                     while win.full(region.nbytes):
                         yield win.wait()
                     win.take(region.nbytes)
-                    drain.issue(owner)
-                    isa.red(g, owner, region, data, self._landed(win, region.nbytes), port,
-                            unit=r.m.cfg.transfer_unit_bytes)
+                    self._reduce(r, g, c, owner, region, data, self._landed(win, region.nbytes), port, drain)
                 if port.free_at > sim.now:  # the SM pushes the tile out before it is free
                     yield port.free_at - sim.now
             return program
 
         kernel.tbs = [tile_tb(i, j) for i, j in tile_order(shape, self.order)]
         return kernel, drain
+
+    def _drain(self, r: LayerRun, g: int, kernel: Kernel) -> _Drain:
+        """What closes GEMM1 on GPU ``g``: a fence behind its remote reductions."""
+        return _Drain(r, g, kernel)
+
+    def _reduce(self, r: LayerRun, g: int, c: Chain, owner: int, region: Region, data: np.ndarray | None,
+                done: Callable[[], None], port: SmPort, drain: _Drain) -> None:
+        """One epilogue's partial rows into their owner: a plain remote ``red``."""
+        drain.issue(owner)
+        r.m.isa.red(g, owner, region, data, done, port, unit=r.m.cfg.transfer_unit_bytes)
+
+    def _load(self, r: LayerRun, g: int, home: int, region: Region, done: Callable[[np.ndarray | None], None],
+              unit: int) -> None:
+        """One mainloop load of remote operand rows: a plain remote ``ld``."""
+        r.m.isa.ld(g, home, region, done, unit=unit)
 
     @staticmethod
     def _landed(win: Window, nbytes: int) -> Callable[[], None]:
@@ -334,7 +347,7 @@ class Ladm(Scheme):
 
         def tile_tb(i: int, j: int) -> TbProgram:
             def program(sm: int, busy: int) -> ProgramGen:
-                sim, isa = r.m.sim, r.m.isa
+                sim = r.m.sim
                 start = sim.now
                 compute = max(floor, r.cm.tile_time_ps(shape.bm, shape.bn, shape.k, busy))
                 loads = plan(i, j)
@@ -350,7 +363,7 @@ class Ladm(Scheme):
                     while win.full(ld.region.nbytes):
                         yield win.wait()
                     win.take(ld.region.nbytes)
-                    isa.ld(g, ld.home, ld.region, self._got(r, win, ld, blocks, arrived), unit=unit)
+                    self._load(r, g, ld.home, ld.region, self._got(r, win, ld, blocks, arrived), unit)
                 if remote:
                     yield arrived
                 # the mainloop computes each K-slice once it has landed: after the last

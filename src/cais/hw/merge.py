@@ -1,0 +1,314 @@
+"""The CAIS merge unit (paper §III-A.2-4): one per switch port, in the data path of
+the requests whose home GPU is behind that port.
+
+A CAM looks requests up by (address, type). Each hit or miss is a *session* in the
+merging table, whose entries are 128 B lines (320 x 128 B = 40 KB per port by
+default); the content array keeps the waiting requesters' metadata and the cached
+load data. A session is ``Load-Wait`` (the first load went to the home GPU and its
+data is not back), ``Load-Ready`` (the data is cached; later loads are answered from
+it) or ``Reduction`` (partial sums being accumulated), and counts the requests
+merged into it.
+
+* Loads: the first ``ld.cais`` misses, allocates ``Load-Wait, Count = 1`` and goes to
+  the home GPU; later ones wait (deferred response) or, once ``Load-Ready``, are
+  answered from the cache. The session ends when ``Count`` reaches the number of
+  requesters it expects (every GPU but the home: the home reads its own memory).
+* Reductions: ``red.cais`` contributions are summed in the table; when all expected
+  contributions are in, one reduction carrying their count goes to the home GPU.
+* Eviction (LRU) when a new session needs lines and the table is full: a
+  ``Load-Ready`` session is dropped; a ``Reduction`` session sends its partial sum
+  home (the home accumulates: the write is an add); a ``Load-Wait`` session cannot
+  go before its data is back, so it is released once the data has been handed out,
+  and the arriving request bypasses the unit unmerged (no further eviction: no
+  thrashing, no deadlock).
+* Idle timeout: a session not accessed for ``timeout_us`` is flushed like an
+  eviction, so a session whose other requesters never come (they merged into an
+  earlier, evicted session) still completes.
+
+Requests move as trains of whole packets (a transfer unit's share of one chip): a
+session covers one train's address range and holds one line per 128 B of it; a
+request merges with requests for exactly the same range (the ISA cuts every GPU's
+accesses to one address alike). The table never holds more lines than it has: what
+does not fit travels on unmerged through the switch's buffers and links, under
+their credits.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Protocol
+
+from cais.engine import Simulator, Train
+from cais.hw.config import PS_PER_NS, PS_PER_US, MergeConfig
+
+LOAD_WAIT = "Load-Wait"
+LOAD_READY = "Load-Ready"
+REDUCTION = "Reduction"
+_LOAD, _RED = 0, 1  # the CAM's request types
+
+
+class MergeHost(Protocol):
+    """What a merge unit needs from the switch chip it sits in."""
+
+    sim: Simulator
+
+    def forward(self, train: Train) -> None:
+        """Send ``train`` on to its destination port unmerged (it keeps its input buffer
+        until it leaves)."""
+
+    def take(self, train: Train, absorbed: int) -> None:
+        """``train`` is taken into the merge unit as it arrives: its input buffer frees
+        now; ``absorbed`` payload bytes stay in the table."""
+
+    def answer(self, reqs: list[Train], data: Any, head: int, tail: int, source: Train | None) -> None:
+        """Send load data to each requester of ``reqs``: copies of the home's response
+        ``source``, or (None) responses made from the cached data."""
+
+    def write_home(self, home: int, session: "Session", head: int, on_start: Any) -> None:
+        """Send a session's (partial) sum to its home GPU as one reduction."""
+
+
+class Session:
+    """One merging-table entry group: a CAM key, its state, its merge count and the
+    content-array data (deferred requesters, cached load data or partial sum)."""
+
+    __slots__ = ("id", "key", "state", "count", "expect", "lines", "waiters", "data", "addr", "signal", "cls",
+                 "vc", "first", "last", "head", "touched", "doomed")
+
+    def __init__(self, sid: int, key: tuple[int, Any], state: str, first: Train, lines: int, now: int,
+                 expect: int) -> None:
+        self.id = sid
+        self.key = key
+        self.state = state
+        self.count = first.count
+        self.expect = expect
+        self.lines = lines
+        self.waiters: list[Train] = []
+        self.data: Any = None
+        self.addr = first.addr
+        self.signal = first.tag
+        self.cls = first.cls
+        self.vc = first.vc
+        self.first = self.last = self.touched = now
+        self.head = first.head
+        self.doomed = False
+
+
+class MergeStats:
+    """What one merge unit did: requests merged into a session another opened, requests
+    that bypassed it, sessions evicted by LRU and flushed by the idle timer, lines in
+    use (peak, and the integral over time), and the arrival skew of merged sessions
+    (first to last request)."""
+
+    __slots__ = ("merged", "bypassed", "evicted", "timed_out", "sessions", "peak_lines", "line_ps",
+                 "skew_n", "skew_sum_ps", "skew_max_ps")
+
+    def __init__(self) -> None:
+        self.merged = self.bypassed = self.evicted = self.timed_out = self.sessions = 0
+        self.peak_lines = 0
+        self.line_ps = 0
+        self.skew_n = self.skew_sum_ps = self.skew_max_ps = 0
+
+
+class MergeUnit:
+    """The merge unit of switch port ``port``: it merges the mergeable requests whose
+    home GPU is ``port`` and that the address hash sends to this chip."""
+
+    def __init__(self, host: MergeHost, port: int, cfg: MergeConfig, gpus: int) -> None:
+        self.host = host
+        self.sim = host.sim
+        self.port = port
+        self.capacity = cfg.entries
+        self.line_bytes = cfg.line_bytes
+        self.timeout_ps = round(cfg.timeout_us * PS_PER_US)
+        self.latency_ps = round(cfg.latency_ns * PS_PER_NS)
+        self.default_expect = gpus - 1
+        self.table: OrderedDict[tuple[int, Any], Session] = OrderedDict()  # the CAM, in LRU order
+        self.by_id: dict[int, Session] = {}
+        self.used = 0  # lines held (sessions, and sums waiting to leave)
+        self._since = 0
+        self._next = 0
+        self._timer = False
+        self.stats = MergeStats()
+        self.log: list[tuple[int, int]] | None = None  # (time, lines) at each change, when recording
+
+    # ---- loads -------------------------------------------------------------------
+    def load(self, req: Train) -> None:
+        """An ``ld.cais`` request for ``req.want`` bytes of the home's memory arrives."""
+        now = self.sim.now
+        key = (_LOAD, req.addr)
+        s = self.table.get(key)
+        if s is None:
+            s = self._open(key, LOAD_WAIT, req, self._lines(req.want))
+            if s is None:
+                return
+            s.waiters.append(req)
+            req.tag = s.id
+            self.host.forward(req)  # the standard routing path to the home GPU
+            self._touch(s)
+            return
+        self._hit(s, req)
+        self.host.take(req, 0)
+        if s.state == LOAD_WAIT:
+            s.waiters.append(req)  # deferred response
+        else:
+            t = now + self.latency_ps
+            self.host.answer([req], s.data, t, t, None)
+            if s.count >= s.expect:
+                self._close(s)
+                return
+        self._touch(s)
+
+    def load_data(self, resp: Train) -> bool:
+        """The home GPU's data for session ``resp.tag`` arrives: answer every waiting
+        requester, then cache it (or end the session). False: no such session (the
+        response is not the unit's)."""
+        s = self.by_id.get(resp.tag)
+        if s is None or s.state != LOAD_WAIT:
+            return False
+        s.state = LOAD_READY
+        s.data = resp.data
+        waiters, s.waiters = s.waiters, []
+        self.host.answer(waiters, resp.data, resp.head + self.latency_ps, resp.tail + self.latency_ps, resp)
+        if s.count >= s.expect or s.doomed:
+            self._close(s)
+        else:
+            self._touch(s)
+        return True
+
+    # ---- reductions --------------------------------------------------------------
+    def reduce(self, red: Train) -> None:
+        """A ``red.cais`` contribution (or a sum of ``red.count``) arrives."""
+        key = (_RED, red.addr)
+        s = self.table.get(key)
+        if s is None:
+            s = self._open(key, REDUCTION, red, self._lines(red.payload))
+            if s is None:
+                return
+            s.data = None if red.data is None else red.data.copy()
+        else:
+            self._hit(s, red)
+            s.count += red.count - 1
+            if red.data is not None:
+                s.data = red.data.copy() if s.data is None else s.data + red.data
+        s.head = max(s.head, red.head)
+        self.host.take(red, red.payload)
+        if red.done is not None:  # accepted: the contributor's store window frees
+            red.done(red)
+        if s.count >= s.expect:
+            self._flush(s)
+        else:
+            self._touch(s)
+
+    # ---- the table -----------------------------------------------------------------
+    def _lines(self, nbytes: int) -> int:
+        return max(1, -(-nbytes // self.line_bytes))
+
+    def _open(self, key: tuple[int, Any], state: str, first: Train, lines: int) -> Session | None:
+        """A new session for ``first`` (a CAM miss), making room by LRU eviction; None
+        (and ``first`` forwarded unmerged) when it cannot have the lines."""
+        if not self._make_room(lines):
+            self.stats.bypassed += 1
+            self.host.forward(first)
+            return None
+        sid = self._next
+        self._next += 1
+        s = Session(sid, key, state, first, lines, self.sim.now, first.expect or self.default_expect)
+        self.table[key] = s
+        self.by_id[sid] = s
+        self.stats.sessions += 1
+        self._occupy(lines)
+        return s
+
+    def _make_room(self, lines: int) -> bool:
+        if lines > self.capacity:
+            return False
+        while self.capacity - self.used < lines:
+            victim = next(iter(self.table.values()), None)
+            if victim is None:  # the lines are held by sums waiting to leave
+                return False
+            if victim.state == LOAD_WAIT:  # released once its data is out; this request bypasses
+                victim.doomed = True
+                return False
+            self.stats.evicted += 1
+            self._flush(victim)
+        return True
+
+    def _hit(self, s: Session, req: Train) -> None:
+        s.count += 1
+        s.last = self.sim.now
+        self.stats.merged += 1
+
+    def _flush(self, s: Session) -> None:
+        """End a session: a Reduction sends its (partial) sum home, its lines free when
+        that leaves; a load session just frees its lines."""
+        if s.state != REDUCTION:
+            self._close(s)
+            return
+        self._forget(s)
+        self.host.write_home(self.port, s, s.head + self.latency_ps, lambda *_a: self._occupy(-s.lines))
+
+    def _close(self, s: Session) -> None:
+        self._forget(s)
+        self._occupy(-s.lines)
+
+    def _forget(self, s: Session) -> None:
+        del self.table[s.key]
+        del self.by_id[s.id]
+        if s.count > 1:
+            st = self.stats
+            skew = s.last - s.first
+            st.skew_n += 1
+            st.skew_sum_ps += skew
+            st.skew_max_ps = max(st.skew_max_ps, skew)
+
+    def _occupy(self, lines: int) -> None:
+        now = self.sim.now
+        st = self.stats
+        st.line_ps += self.used * (now - self._since)
+        self._since = now
+        self.used += lines
+        st.peak_lines = max(st.peak_lines, self.used)
+        if self.log is not None:
+            self.log.append((now, self.used))
+
+    # ---- idle timeout ----------------------------------------------------------------
+    def _touch(self, s: Session) -> None:
+        """An access: ``s`` becomes the most recently used (the CAM's LRU order is the
+        order of last access, so the idle timer need only look at the front)."""
+        s.touched = self.sim.now
+        self.table.move_to_end(s.key)
+        if not self._timer:
+            self._timer = True
+            self.sim.after(self.timeout_ps, self._expire)
+
+    def _expire(self) -> None:
+        """The unit's idle timer: flush every session idle for ``timeout_us`` (a
+        Load-Wait session waits for its data, which touches it), then re-arm for the
+        next one due."""
+        self._timer = False
+        now, limit = self.sim.now, self.timeout_ps
+        due = []
+        for s in self.table.values():
+            if s.touched + limit > now:
+                break
+            if s.state != LOAD_WAIT:
+                due.append(s)
+        for s in due:
+            self.stats.timed_out += 1
+            self._flush(s)
+        nxt = next((s.touched + limit for s in self.table.values() if s.state != LOAD_WAIT), None)
+        if nxt is not None:
+            self._timer = True
+            self.sim.at(max(nxt, now), self._expire)
+
+    def line_ps_until(self, end: int) -> int:
+        """The integral of lines in use over [0, ``end``] (line-picoseconds)."""
+        return self.stats.line_ps + self.used * max(0, end - self._since)
+
+    def stuck(self) -> list[str]:
+        """Sessions still open (for the forward-progress watchdog)."""
+        waiting = sum(1 for s in self.table.values() if s.state == LOAD_WAIT)
+        if not waiting:
+            return []
+        return [f"merge unit port {self.port}: {waiting} Load-Wait session(s) waiting for home data"]
