@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, NoReturn, TypeVar
 from rich.console import Console
 from rich.table import Table
 
-from cais.hw.config import PS_PER_US, ConfigError, SystemConfig, list_systems, load_system
+from cais.hw.config import (PS_PER_US, ConfigError, SystemConfig, apply_overrides, config_values, list_systems,
+                             load_system)
 from cais.kernels.collectives import ALGOS, OPS
 from cais.machine import Stalled
 from cais.report.trace import DEFAULT_TB_LIMIT
@@ -69,6 +70,25 @@ def _system(args: argparse.Namespace, **overrides: object) -> SystemConfig:
         return load_system(args.system, **overrides)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    """``KEY=VALUE`` (split at the first ``=``) for --set."""
+    key, eq, value = text.partition("=")
+    if not eq or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE (e.g. link.bandwidth_GBps=50), got '{text}'")
+    return key.strip(), value
+
+
+def _overridden(cfg: SystemConfig, args: argparse.Namespace) -> tuple[SystemConfig, dict[str, object]]:
+    """``cfg`` with the --set pairs applied (the last of a repeated key wins) and the
+    values they set, for the outputs."""
+    pairs = dict(args.set)
+    try:
+        cfg = apply_overrides(cfg, pairs)
+    except ConfigError as exc:
+        raise UsageError(f"--set: {exc}") from None
+    return cfg, config_values(cfg, pairs)
 
 
 def _checked(fn: Callable[..., T], *args: object, **kwargs: object) -> T:
@@ -147,10 +167,18 @@ def _write_outputs(args: argparse.Namespace, cfg: SystemConfig, rec: Recorder | 
             Console().print(f"results: row {rows} of {args.out}")
 
 
-def _printed_json(args: argparse.Namespace, result: object) -> bool:
+def _printed_json(args: argparse.Namespace, result: object, **extra: object) -> bool:
+    """Print ``result.as_json()`` (plus ``extra`` keys) as one JSON object if --json."""
     if args.json:
-        print(json.dumps(result.as_json()))  # type: ignore[attr-defined]
+        print(json.dumps({**result.as_json(), **extra}))  # type: ignore[attr-defined]
     return bool(args.json)
+
+
+def _system_label(cfg: SystemConfig, overrides: dict[str, object]) -> str:
+    """The system's name, with the --set values that changed it."""
+    if not overrides:
+        return cfg.name
+    return f"{cfg.name} with " + ", ".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in overrides.items())
 
 
 def _print_table(title: str, rows: list[tuple[str, str]]) -> None:
@@ -166,16 +194,18 @@ def cmd_collective(args: argparse.Namespace) -> None:
     from cais.experiments.collective import run_collective
 
     cfg = _system(args, gpus=args.gpus, transfer_unit_bytes=args.unit, collective_unit_bytes=args.unit)
+    cfg, overrides = _overridden(cfg, args)
     _check_outputs(args)
     rec = _recorder(args)
     r = _checked(run_collective, cfg, args.op, args.algo, args.bytes, recorder=rec)
-    if not _printed_json(args, r):
-        _print_collective(cfg, r)
-    _write_outputs(args, cfg, rec, {"command": "collective", "system": args.system, "unit": args.unit}, r)
+    if not _printed_json(args, r, overrides=overrides):
+        _print_collective(_system_label(cfg, overrides), r)
+    _write_outputs(args, cfg, rec, {"command": "collective", "system": args.system, "unit": args.unit,
+                                    "overrides": json.dumps(overrides)}, r)
 
 
-def _print_collective(cfg: SystemConfig, r: CollectiveResult) -> None:
-    _print_table(f"{r.algo} {r.op}, {r.gpus} GPUs, {cfg.name}", [
+def _print_collective(system: str, r: CollectiveResult) -> None:
+    _print_table(f"{r.algo} {r.op}, {r.gpus} GPUs, {system}", [
         ("size", f"{r.nbytes:,} B"), ("time", f"{r.time_us:,.2f} us"),
         ("algbw", f"{r.algbw_GBps:,.1f} GB/s"), ("busbw", f"{r.busbw_GBps:,.1f} GB/s"),
         ("link utilisation, mean of GPU directions", f"{100 * r.link_util.mean:.1f} %"),
@@ -200,21 +230,21 @@ def cmd_run(args: argparse.Namespace) -> None:
     from cais.experiments.layer import run_layer
     from cais.workload.models import load_model
 
-    cfg = _system(args, gpus=args.gpus)
+    cfg, overrides = _overridden(_system(args, gpus=args.gpus), args)
     model = _checked(load_model, args.model)
     if args.batch or args.seq:
         model = _checked(model.with_run, args.batch, args.seq)
     _check_outputs(args)
     rec = _recorder(args)
     r = _checked(run_layer, cfg, model, args.scheme, args.mode, args.sms, recorder=rec)
-    if not _printed_json(args, r):
-        _print_layer(cfg, model, r)
+    if not _printed_json(args, r, overrides=overrides):
+        _print_layer(_system_label(cfg, overrides), model, r)
     _write_outputs(args, cfg, rec, {"command": "run", "system": args.system, "batch": model.batch,
-                                    "seq": model.seq}, r)
+                                    "seq": model.seq, "overrides": json.dumps(overrides)}, r)
 
 
-def _print_layer(cfg: SystemConfig, model: ModelSpec, r: LayerResult) -> None:
-    table = Table(title=f"{model.name}, {r.scheme}, {r.mode}: one layer period on {cfg.name} "
+def _print_layer(system: str, model: ModelSpec, r: LayerResult) -> None:
+    table = Table(title=f"{model.name}, {r.scheme}, {r.mode}: one layer period on {system} "
                         f"({r.gpus} GPUs x {r.sms} SMs)")
     for col in ("part", "time (us)", "lower bound (us)", "bound: compute / comm (us)", "gap to bound"):
         table.add_column(col, justify="right")
@@ -312,6 +342,15 @@ def _demo_layers(cfg: SystemConfig, model_name: str) -> None:
     Console().print(lt)
 
 
+def _set_option(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--set", action="append", type=_key_value, default=[], metavar="KEY=VALUE",
+                    help="set a system config field by its dotted path (e.g. link.bandwidth_GBps=50, "
+                         "switch.links_per_gpu=[9,9], switch.model=nvls); repeatable. VALUE is read as JSON "
+                         "where it parses, else as text, and validated like a system file. Applied last: after "
+                         "--system and the flags that set config (--gpus, --unit), so --set wins; a repeated key "
+                         "takes its last value. --json records them under 'overrides'")
+
+
 def _output_options(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--trace", metavar="FILE.json", default=None,
                     help="write a timeline (Chrome Trace Event Format; open in ui.perfetto.dev or chrome://tracing): "
@@ -343,6 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--gpus", type=_positive_int, default=None)
     c.add_argument("--unit", type=_positive_int, default=None, help="transfer unit in bytes")
     c.add_argument("--json", action="store_true")
+    _set_option(c)
     _output_options(c)
     c.set_defaults(fn=cmd_collective)
 
@@ -363,6 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--batch", type=_positive_int, default=None)
     r.add_argument("--seq", type=_positive_int, default=None)
     r.add_argument("--json", action="store_true")
+    _set_option(r)
     _output_options(r)
     r.set_defaults(fn=cmd_run)
 

@@ -14,9 +14,11 @@ from __future__ import annotations
 import json
 from importlib import resources
 from pathlib import Path
-from typing import Literal
+from collections.abc import Iterable, Mapping
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic.fields import FieldInfo
 
 PS_PER_NS = 1_000
 PS_PER_US = 1_000_000
@@ -235,3 +237,114 @@ def load_system(name_or_path: str, **overrides: object) -> SystemConfig:
         err = exc.errors()[0]
         loc = ".".join(str(p) for p in err["loc"]) or "system"
         raise ConfigError(f"{path.name}: field '{loc}': {err['msg']}") from None
+
+
+# Dotted overrides ("link.bandwidth_GBps" -> "50") on a loaded system.
+
+def _submodel(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model a field holds (also inside ``X | None``), else None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _submodel(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _field_at(key: str) -> FieldInfo:
+    """The field a dotted key names in :class:`SystemConfig`; ConfigError naming the
+    key and the valid keys at the level where it went wrong."""
+    model: type[BaseModel] | None = SystemConfig
+    parts = key.split(".")
+    field: FieldInfo | None = None
+    for depth, part in enumerate(parts):
+        where = ".".join(parts[:depth])
+        if model is None:
+            raise ConfigError(f"unknown key '{key}': '{where}' is a value, not a section with keys")
+        field = model.model_fields.get(part)
+        if field is None:
+            level = f"under '{where}'" if where else "at the top level"
+            raise ConfigError(f"unknown key '{key}'; valid keys {level}: {', '.join(model.model_fields)}")
+        model = _submodel(field.annotation)
+    assert field is not None
+    return field
+
+
+def parse_value(text: str) -> Any:
+    """A value as written after ``=``: JSON where it parses (numbers, true/false, null,
+    lists, objects), else the text itself (``nvls``)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def _first_error(exc: ValidationError, prefix: str = "") -> tuple[str, str]:
+    """(dotted location under ``prefix``, message) of a validation error's first entry."""
+    err = exc.errors()[0]
+    where = ".".join([prefix, *(str(p) for p in err["loc"])] if prefix else [str(p) for p in err["loc"]])
+    return where, err["msg"].removeprefix("Value error, ")
+
+
+def _checked_value(key: str, text: str) -> Any:
+    """The value for ``key``: the JSON reading of ``text`` if the field accepts it, else
+    the plain text if the field accepts that (a string field given ``5``); ConfigError
+    naming the key and what it allows otherwise."""
+    field = _field_at(key)
+    adapter: TypeAdapter[Any] = TypeAdapter(Annotated[field.annotation, field])
+    candidates = [parse_value(text)]
+    if candidates[0] != text:
+        candidates.append(text)
+    first: ValidationError | None = None
+    for value in candidates:
+        try:
+            adapter.validate_python(value)
+            return value
+        except ValidationError as exc:
+            first = first or exc
+    assert first is not None
+    where, msg = _first_error(first, key)
+    raise ConfigError(f"invalid value '{text}' for '{where}': {msg}")
+
+
+def _put(data: dict[str, Any], key: str, value: Any) -> None:
+    """Set ``data[a][b]... = value`` for ``key`` ``a.b...`` (a missing or null section
+    becomes a dict)."""
+    *sections, leaf = key.split(".")
+    for part in sections:
+        if not isinstance(data.get(part), dict):
+            data[part] = {}
+        data = data[part]
+    data[leaf] = value
+
+
+def apply_overrides(cfg: SystemConfig, pairs: Mapping[str, str]) -> SystemConfig:
+    """A copy of ``cfg`` with dotted keys (``link.bandwidth_GBps``, ``switch.chips``,
+    any nested field) set from their text values (see :func:`parse_value`), in order,
+    then validated as a whole like a system file. Raises ConfigError with a one-line
+    message naming the key: an unknown key (listing the valid keys at that level), a
+    value the field does not allow, or a combination the system rejects."""
+    if not pairs:
+        return cfg
+    data = cfg.model_dump()
+    for key, text in pairs.items():
+        _put(data, key, _checked_value(key, text))
+    try:
+        return SystemConfig.model_validate(data)
+    except ValidationError as exc:
+        where, msg = _first_error(exc)
+        field = f"field '{where}': " if where else ""
+        raise ConfigError(f"after setting {', '.join(pairs)}: {field}{msg}") from None
+
+
+def config_values(cfg: SystemConfig, keys: Iterable[str]) -> dict[str, Any]:
+    """The values (JSON types) of dotted ``keys`` in ``cfg``: what overrides set."""
+    data = cfg.model_dump(mode="json")
+    out: dict[str, Any] = {}
+    for key in keys:
+        value: Any = data
+        for part in key.split("."):
+            value = value[part]
+        out[key] = value
+    return out
