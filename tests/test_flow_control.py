@@ -247,7 +247,7 @@ def test_the_switch_model_comes_from_the_config(h100, monkeypatch) -> None:
 
 def test_an_unknown_switch_model_is_a_one_line_config_error(h100) -> None:
     cfg = h100.model_copy(update={"switch": h100.switch.model_copy(update={"model": "nosuch"})})
-    with pytest.raises(ConfigError, match="switch.model.*nosuch.*valid: nvls"):
+    with pytest.raises(ConfigError, match="switch.model.*nosuch.*valid: auto, nvls, cais"):
         Machine(cfg)
 
 

@@ -118,6 +118,10 @@ class GpuConfig(_Strict):
     sm_copy_bandwidth_GBps: float = Field(200.0, gt=0,
                                           description="data one SM can move through its load/store path")
     compute_model: str = Field("h200", description="name of the calibration the GEMM model is fitted to")
+    l2_keeps_peer_reads: bool = Field(False, description="the requesting GPU's L2 keeps lines its TBs read from "
+                                                         "peers, so the TBs of one kernel that read the same remote "
+                                                         "lines fetch them once (LADM and CAIS loads; "
+                                                         "docs/cais.md)")
 
 
 class CollectiveConfig(_Strict):

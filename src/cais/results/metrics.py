@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cais.machine import Machine
+from cais.results.merging import MergeMetrics, merge_metrics
 from cais.results.occupancy import level_steps
 from cais.results.ports import port_direction
 
@@ -87,19 +88,25 @@ def buffer_peaks_kB(m: Machine) -> dict[str, float]:
 @dataclass(frozen=True)
 class RunMetrics:
     """The fabric metrics every run reports: link utilisation, wire bytes per GPU and
-    direction, and peak buffer occupancy per port (only ports with credits)."""
+    direction, peak buffer occupancy per port (only ports with credits), and on CAIS
+    switches the merge units' metrics (``merge``; None otherwise)."""
 
     link_util: LinkUtil
     wire_bytes: dict[int, dict[str, int]]
     buffer_peak_kB: dict[str, float]
+    merge: MergeMetrics | None = None
 
     def as_json(self) -> dict[str, Any]:
-        return {"link_util": self.link_util.as_json(),
-                "wire_bytes": {str(g): dict(d) for g, d in sorted(self.wire_bytes.items())},
-                "buffer_peak_kB": dict(self.buffer_peak_kB)}
+        out = {"link_util": self.link_util.as_json(),
+               "wire_bytes": {str(g): dict(d) for g, d in sorted(self.wire_bytes.items())},
+               "buffer_peak_kB": dict(self.buffer_peak_kB)}
+        if self.merge is not None:
+            out.update(self.merge.as_json())
+        return out
 
 
 def run_metrics(m: Machine, span_ps: int) -> RunMetrics:
     """:class:`RunMetrics` of machine ``m`` after a run whose measured interval lasted
     ``span_ps``."""
-    return RunMetrics(link_utilisation(m, span_ps), wire_bytes_per_gpu(m), buffer_peaks_kB(m))
+    return RunMetrics(link_utilisation(m, span_ps), wire_bytes_per_gpu(m), buffer_peaks_kB(m),
+                      merge_metrics(m, span_ps))

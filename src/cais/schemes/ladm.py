@@ -332,6 +332,9 @@ class Ladm(Scheme):
         limit = r.m.cfg.collective.outstanding_bytes_per_sm
         mem = r.m.gpus[g].memory
         store = store_epilogue(mem, gemm.ops, shape) if mem.functional else None
+        # with l2_keeps_peer_reads: remote lines already fetched (or on their way) for
+        # this kernel, shared by its TBs
+        kept: dict[Region, Signal] | None = {} if r.m.cfg.gpu.l2_keeps_peer_reads else None
 
         def plan(i: int, j: int) -> list[Load]:
             loads = []
@@ -360,10 +363,18 @@ class Ladm(Scheme):
                         if blocks is not None:
                             self._place(blocks, ld, mem.read(ld.region))
                         continue
+                    line = kept.get(ld.region) if kept is not None else None
+                    if line is not None:  # an L2 hit (or a miss already in flight)
+                        line.on_fire(self._hit(r, ld, blocks, arrived))
+                        continue
                     while win.full(ld.region.nbytes):
                         yield win.wait()
                     win.take(ld.region.nbytes)
-                    self._load(r, g, ld.home, ld.region, self._got(r, win, ld, blocks, arrived), unit)
+                    got = self._got(r, win, ld, blocks, arrived)
+                    if kept is not None:
+                        kept[ld.region] = line = Signal()
+                        got = self._keep(r, got, line)
+                    self._load(r, g, ld.home, ld.region, got, unit)
                 if remote:
                     yield arrived
                 # the mainloop computes each K-slice once it has landed: after the last
@@ -397,6 +408,24 @@ class Ladm(Scheme):
              arrived: Countdown) -> Callable[[np.ndarray | None], None]:
         def done(data: np.ndarray | None) -> None:
             win.release(ld.region.nbytes)
+            if blocks is not None and data is not None:
+                Ladm._place(blocks, ld, data)
+            arrived.arrive(r.m.sim)
+        return done
+
+    @staticmethod
+    def _keep(r: LayerRun, got: Callable[[np.ndarray | None], None],
+              line: Signal) -> Callable[[np.ndarray | None], None]:
+        """A load whose data the L2 keeps: ``line`` fires with it for later readers."""
+        def done(data: np.ndarray | None) -> None:
+            got(data)
+            line.fire(r.m.sim, data)
+        return done
+
+    @staticmethod
+    def _hit(r: LayerRun, ld: Load, blocks: list[np.ndarray] | None,
+             arrived: Countdown) -> Callable[[np.ndarray | None], None]:
+        def done(data: np.ndarray | None) -> None:
             if blocks is not None and data is not None:
                 Ladm._place(blocks, ld, data)
             arrived.arrive(r.m.sim)

@@ -1,0 +1,62 @@
+"""Merge-unit metrics of a finished run (CAIS switches only): how full the merging
+tables got, how long requests for one address took to all arrive, and what became
+of the mergeable requests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from cais.hw.config import PS_PER_US
+from cais.machine import Machine
+
+BYTES_PER_KB = 1000
+
+
+@dataclass(frozen=True)
+class MergeMetrics:
+    """``peak_kB`` / ``mean_kB``: per port (``sw<chip>.port<gpu>``), the most table data
+    held at once and its time average over the run span (lines x line bytes, kB =
+    1000 B); ``skew_us``: first-to-last arrival of the requests merged into one
+    session (mean and max over sessions of two or more); ``counts``: requests that
+    merged into a session another had opened (``merged``), that went unmerged
+    (``bypassed``), and sessions ended early by LRU eviction (``evicted``) or by the
+    idle timer (``timed_out``)."""
+
+    peak_kB: dict[str, float]
+    mean_kB: dict[str, float]
+    skew_mean_us: float
+    skew_max_us: float
+    counts: dict[str, int]
+    sessions: int
+
+    def as_json(self) -> dict[str, Any]:
+        return {"merge_table_peak_kB": {"max": max(self.peak_kB.values(), default=0.0), "per_port": self.peak_kB},
+                "merge_table_mean_kB": {"max": max(self.mean_kB.values(), default=0.0),
+                                        "mean": sum(self.mean_kB.values()) / max(1, len(self.mean_kB)),
+                                        "per_port": self.mean_kB},
+                "arrival_skew_us": {"mean": self.skew_mean_us, "max": self.skew_max_us},
+                "merge": dict(self.counts), "merge_sessions": self.sessions}
+
+
+def merge_metrics(m: Machine, span_ps: int) -> MergeMetrics | None:
+    """:class:`MergeMetrics` of ``m`` over [0, ``span_ps``], None when its switches have
+    no merge units."""
+    units = [(f"sw{sw.chip}.port{u.port}", u) for sw in m.fabric.switches for u in getattr(sw, "units", [])]
+    if not units:
+        return None
+    peak, mean = {}, {}
+    counts = {"merged": 0, "bypassed": 0, "evicted": 0, "timed_out": 0}
+    skew_n = skew_sum = skew_max = sessions = 0
+    for name, u in units:
+        st = u.stats
+        peak[name] = st.peak_lines * u.line_bytes / BYTES_PER_KB
+        mean[name] = u.line_ps_until(span_ps) / span_ps * u.line_bytes / BYTES_PER_KB if span_ps > 0 else 0.0
+        for key in counts:
+            counts[key] += getattr(st, key)
+        skew_n += st.skew_n
+        skew_sum += st.skew_sum_ps
+        skew_max = max(skew_max, st.skew_max_ps)
+        sessions += st.sessions
+    return MergeMetrics(peak, mean, skew_sum / skew_n / PS_PER_US if skew_n else 0.0, skew_max / PS_PER_US, counts,
+                        sessions)
