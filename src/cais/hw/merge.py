@@ -73,7 +73,7 @@ class Session:
     content-array data (deferred requesters, cached load data or partial sum)."""
 
     __slots__ = ("id", "key", "state", "count", "expect", "lines", "waiters", "data", "addr", "signal", "cls",
-                 "vc", "first", "last", "head", "touched", "doomed")
+                 "vc", "head", "touched", "doomed")
 
     def __init__(self, sid: int, key: tuple[int, Any], state: str, first: Train, lines: int, now: int,
                  expect: int) -> None:
@@ -89,7 +89,7 @@ class Session:
         self.signal = first.tag
         self.cls = first.cls
         self.vc = first.vc
-        self.first = self.last = self.touched = now
+        self.touched = now
         self.head = first.head
         self.doomed = False
 
@@ -97,8 +97,8 @@ class Session:
 class MergeStats:
     """What one merge unit did: requests merged into a session another opened, requests
     that bypassed it, sessions evicted by LRU and flushed by the idle timer, lines in
-    use (peak, and the integral over time), and the arrival skew of merged sessions
-    (first to last request)."""
+    use (peak, and the integral over time), and the arrival skew per address: first
+    to last of the requests one access expects (merged or not)."""
 
     __slots__ = ("merged", "bypassed", "evicted", "timed_out", "sessions", "peak_lines", "line_ps",
                  "skew_n", "skew_sum_ps", "skew_max_ps")
@@ -129,14 +129,34 @@ class MergeUnit:
         self._since = 0
         self._next = 0
         self._timer = False
+        self._arrivals: dict[tuple[int, Any], list[int]] = {}  # address -> [first arrival, requests so far]
         self.stats = MergeStats()
         self.log: list[tuple[int, int]] | None = None  # (time, lines) at each change, when recording
+
+    # ---- arrival skew ------------------------------------------------------------
+    def _arrive(self, key: tuple[int, Any], req: Train) -> None:
+        """Count a request's arrival for its address, merged or not: once all the
+        requesters it expects have come, record first-to-last arrival (the paper's
+        waiting time, Fig. 13(b))."""
+        now = self.sim.now
+        seen = self._arrivals.get(key)
+        if seen is None:
+            seen = self._arrivals[key] = [now, 0]
+        seen[1] += req.count
+        if seen[1] >= (req.expect or self.default_expect):
+            del self._arrivals[key]
+            st = self.stats
+            skew = now - seen[0]
+            st.skew_n += 1
+            st.skew_sum_ps += skew
+            st.skew_max_ps = max(st.skew_max_ps, skew)
 
     # ---- loads -------------------------------------------------------------------
     def load(self, req: Train) -> None:
         """An ``ld.cais`` request for ``req.want`` bytes of the home's memory arrives."""
         now = self.sim.now
         key = (_LOAD, req.addr)
+        self._arrive(key, req)
         s = self.table.get(key)
         if s is None:
             s = self._open(key, LOAD_WAIT, req, self._lines(req.want))
@@ -180,6 +200,7 @@ class MergeUnit:
     def reduce(self, red: Train) -> None:
         """A ``red.cais`` contribution (or a sum of ``red.count``) arrives."""
         key = (_RED, red.addr)
+        self._arrive(key, red)
         s = self.table.get(key)
         if s is None:
             s = self._open(key, REDUCTION, red, self._lines(red.payload))
@@ -236,7 +257,6 @@ class MergeUnit:
 
     def _hit(self, s: Session, req: Train) -> None:
         s.count += 1
-        s.last = self.sim.now
         self.stats.merged += 1
 
     def _flush(self, s: Session) -> None:
@@ -255,12 +275,6 @@ class MergeUnit:
     def _forget(self, s: Session) -> None:
         del self.table[s.key]
         del self.by_id[s.id]
-        if s.count > 1:
-            st = self.stats
-            skew = s.last - s.first
-            st.skew_n += 1
-            st.skew_sum_ps += skew
-            st.skew_max_ps = max(st.skew_max_ps, skew)
 
     def _occupy(self, lines: int) -> None:
         now = self.sim.now

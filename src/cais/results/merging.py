@@ -17,8 +17,8 @@ BYTES_PER_KB = 1000
 class MergeMetrics:
     """``peak_kB`` / ``mean_kB``: per port (``sw<chip>.port<gpu>``), the most table data
     held at once and its time average over the run span (lines x line bytes, kB =
-    1000 B); ``skew_us``: first-to-last arrival of the requests merged into one
-    session (mean and max over sessions of two or more); ``counts``: requests that
+    1000 B); ``skew_us``: per address, first-to-last arrival of the requests that one
+    access expects from the GPUs (merged or not; mean and max); ``counts``: requests that
     merged into a session another had opened (``merged``), that went unmerged
     (``bypassed``), and sessions ended early by LRU eviction (``evicted``) or by the
     idle timer (``timed_out``)."""
