@@ -1,8 +1,14 @@
 """Simulator speed and memory for a whole layer: one LLaMA-7B (paper Table I)
-training period on 8 GPUs x 66 SMs under every scheme, each in its own process so
-its peak memory is its own.
+training period on 8 GPUs x 66 SMs under every scheme (cais-base included: every
+scheme ``cais.schemes.schemes()`` finds), each in its own process so its peak memory
+is its own.
 
-    .venv/bin/python benchmarks/bench_layers.py [--model paper-llama-7b] [--mode train]
+    .venv/bin/python benchmarks/bench_layers.py [--model paper-llama-7b] [--mode train [prefill ...]]
+        [--scheme cais-base [tp-nvls ...]]
+
+``--mode`` takes one or more modes (one row per scheme and mode); ``--scheme`` runs
+only the schemes named, e.g. ``--scheme cais-base --mode prefill train`` for CAIS-Base
+alone.
 
 Target (issue 3): under 30 s of wall time and under 2 GB of peak memory per scheme
 on a 2-core machine.
@@ -36,25 +42,34 @@ def one(model: str, scheme: str, mode: str, sms: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="paper-llama-7b")
-    ap.add_argument("--mode", default="train")
+    ap.add_argument("--mode", nargs="+", default=["train"], choices=["train", "prefill", "decode"])
+    ap.add_argument("--scheme", nargs="+", default=None, help="only these schemes (default: all)")
     ap.add_argument("--sms", type=int, default=66)
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
-        one(args.model, args.one, args.mode, args.sms)
+        one(args.model, args.one, args.mode[0], args.sms)
         return
     from cais.schemes import schemes
 
-    table = Table(title=f"{args.model} {args.mode} period, 8 GPUs x {args.sms} SMs: simulator cost per scheme")
-    for col in ("scheme", "simulated (us)", "events", "wall (s)", "events/s", "peak RSS (MB)", "target"):
+    names = list(schemes())
+    unknown = [n for n in args.scheme or [] if n not in names]
+    if unknown:
+        ap.error(f"--scheme: unknown {', '.join(unknown)}; valid: {', '.join(names)}")
+    if args.scheme:
+        names = [n for n in names if n in args.scheme]
+    table = Table(title=f"{args.model} {'/'.join(args.mode)} period, 8 GPUs x {args.sms} SMs: "
+                        "simulator cost per scheme")
+    for col in ("scheme", "mode", "simulated (us)", "events", "wall (s)", "events/s", "peak RSS (MB)", "target"):
         table.add_column(col, justify="right")
-    for name in schemes():
-        out = subprocess.run([sys.executable, __file__, "--one", name, "--model", args.model, "--mode", args.mode,
-                              "--sms", str(args.sms)], capture_output=True, text=True, check=True)
-        r = json.loads(out.stdout.strip().splitlines()[-1])
-        ok = r["wall_s"] < 30 and r["rss_mb"] < 2048
-        table.add_row(name, f"{r['total_us']:,.0f}", f"{r['events']:,}", f"{r['wall_s']:.1f}",
-                      f"{r['events'] / r['wall_s']:,.0f}", f"{r['rss_mb']:,.0f}", "met" if ok else "MISSED")
+    for name in names:
+        for mode in args.mode:
+            out = subprocess.run([sys.executable, __file__, "--one", name, "--model", args.model, "--mode", mode,
+                                  "--sms", str(args.sms)], capture_output=True, text=True, check=True)
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            ok = r["wall_s"] < 30 and r["rss_mb"] < 2048
+            table.add_row(name, mode, f"{r['total_us']:,.0f}", f"{r['events']:,}", f"{r['wall_s']:.1f}",
+                          f"{r['events'] / r['wall_s']:,.0f}", f"{r['rss_mb']:,.0f}", "met" if ok else "MISSED")
     Console(width=130).print(table)
 
 

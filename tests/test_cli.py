@@ -160,6 +160,20 @@ def test_trace_option_writes_a_trace(tmp_path, capsys) -> None:
     assert sum(e["args"]["tbs"] for e in trace["traceEvents"] if e.get("cat") == "tb") == 8 * 16
 
 
+def test_run_trace_of_cais_base_has_merge_table_tracks(tmp_path, capsys) -> None:
+    path = tmp_path / "cais.json"
+    assert main(["run", "--model", "paper-mega-gpt-4b", "--scheme", "cais-base", "--mode", "prefill", "--gpus", "4",
+                 "--batch", "1", "--seq", "256", "--sms", "8", "--trace", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    tracks: dict[str, float] = {}
+    for e in json.loads(path.read_text())["traceEvents"]:
+        if e["ph"] == "C" and e["name"].endswith(" merge table"):
+            tracks[e["name"]] = max(tracks.get(e["name"], 0.0), e["args"]["kB"])
+    peaks = out["merge_table_peak_kB"]["per_port"]
+    assert tracks and max(tracks.values()) > 0
+    assert tracks == pytest.approx({f"{port} merge table": kB for port, kB in peaks.items() if kB > 0})
+
+
 def test_a_deadlocking_system_stops_with_one_line_and_exit_code_3(tmp_path) -> None:
     """Requests and responses on one VC, 64 B buffers, one read served at a time: the
     NVLS pulls deadlock and the watchdog names what is stuck."""

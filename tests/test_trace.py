@@ -135,3 +135,64 @@ def test_layer_trace_marks_segments(h100) -> None:
     assert {"L1", "L2"} <= segments
     cats = {e["cat"] for e in events if e["ph"] == "X" and e["pid"] == 1}
     assert {"compute", "communication", "tb", "mark"} <= cats
+
+
+def merge_tracks(events: list[dict]) -> dict[str, list[dict]]:
+    """Merge-table counter events by track name."""
+    out = defaultdict(list)
+    for e in events:
+        if e["ph"] == "C" and e["name"].endswith(" merge table"):
+            out[e["name"]].append(e)
+    return out
+
+
+@pytest.fixture(scope="module")
+def cais_trace(h100, tmp_path_factory):
+    rec = Recorder(bin_ps=100_000)
+    r = run_layer(h100.with_overrides(gpus=4), TINY, "cais-base", "prefill", recorder=rec)
+    path = tmp_path_factory.mktemp("trace") / "cais.json"
+    write_trace(path, rec)
+    return r, rec, json.loads(path.read_text())
+
+
+def test_merge_table_tracks_peak_at_the_run_metric(cais_trace) -> None:
+    r, rec, trace = cais_trace
+    events = check_format(trace)
+    peaks = r.as_json()["merge_table_peak_kB"]["per_port"]
+    tracks = merge_tracks(events)
+    assert tracks and any(v > 0 for evs in tracks.values() for e in evs for v in e["args"].values())
+    # one track per port whose table held anything, on its chip's process
+    assert set(tracks) == {f"{port} merge table" for port, kB in peaks.items() if kB > 0}
+    for port, kB in peaks.items():
+        if kB == 0:
+            continue
+        evs = tracks[f"{port} merge table"]
+        chip = int(port[2:port.index(".")])
+        assert {e["pid"] for e in evs} == {1 + rec.m.n + chip}
+        assert max(e["args"]["kB"] for e in evs) == pytest.approx(kB, abs=1e-9)
+        assert evs[-1]["args"]["kB"] == 0  # the closing 0
+
+
+def test_recorder_merge_occupancy_is_the_units_lines(cais_trace) -> None:
+    r, rec, _ = cais_trace
+    occ = rec.merge_occupancy()
+    peaks = r.as_json()["merge_table_peak_kB"]["per_port"]
+    assert set(occ) == set(peaks)
+    for port, (times, lines, line_bytes) in occ.items():
+        assert list(times) == sorted(times) and (lines >= 0).all()
+        assert (lines.max(initial=0) * line_bytes / 1000) == pytest.approx(peaks[port])
+        assert len(lines) == 0 or lines[-1] == 0  # every table empties by the end
+    bins = rec.merge_peak_bins()
+    assert all(len(b) == rec.n_bins() for b in bins.values())
+    assert {p: b.max(initial=0) / 1000 for p, b in bins.items()} == pytest.approx(peaks)
+
+
+def test_merge_logs_only_where_asked_and_on_cais_switches(h100) -> None:
+    off = Recorder(bin_ps=100_000, merge=False)
+    run_layer(h100.with_overrides(gpus=4), TINY, "cais-base", "prefill", recorder=off)
+    assert off.merge_occupancy() == {} and not merge_tracks(build_trace(off)["traceEvents"])
+    assert all(u.log is None for sw in off.m.fabric.switches for u in sw.units)
+    nvls = Recorder(bin_ps=100_000)
+    r = run_layer(h100.with_overrides(gpus=4), TINY, "sp-nvls", "prefill", recorder=nvls)
+    assert "merge_table_peak_kB" not in r.as_json()
+    assert nvls.merge_occupancy() == {} and not merge_tracks(check_format(build_trace(nvls)))

@@ -140,11 +140,12 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
 def _recorder(args: argparse.Namespace) -> Recorder | None:
     """A full recorder for --trace; a cheap one (buffer credit logs, kernels) for
-    --json / --out, whose buffer peaks need it; none otherwise."""
+    --json / --out, whose buffer peaks need it (merge-table metrics need no log);
+    none otherwise."""
     if args.trace:
         return Recorder(bin_ps=max(1, round(args.trace_bin_us * PS_PER_US)))
     if args.json or args.out:
-        return Recorder(links=False, tbs=False)
+        return Recorder(links=False, tbs=False, merge=False)
     return None
 
 
@@ -355,13 +356,14 @@ def _output_options(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--trace", metavar="FILE.json", default=None,
                     help="write a timeline (Chrome Trace Event Format; open in ui.perfetto.dev or chrome://tracing): "
                          "per GPU its kernels, marks and TBs per SM; per switch chip link utilisation per port "
-                         "and direction, and buffer occupancy where ports have credits")
+                         "and direction, buffer occupancy where ports have credits, and on CAIS switches the "
+                         "data held in each port's merging table")
     sp.add_argument("--trace-tb-limit", type=_count, default=DEFAULT_TB_LIMIT, metavar="N",
                     help=f"most TB spans written one by one (default {DEFAULT_TB_LIMIT}); past it each kernel's "
                          "TBs are merged into one span per group of SMs (1, 2, 4, ... SMs, the smallest group "
                          "that fits), with the TB count and summed TB time as arguments")
     sp.add_argument("--trace-bin-us", type=_positive_float, default=DEFAULT_BIN_PS / PS_PER_US, metavar="US",
-                    help="bin width of the trace's link and buffer counters, in us (default %(default)g)")
+                    help="bin width of the trace's link, buffer and merge-table counters, in us (default %(default)g)")
     sp.add_argument("--out", metavar="FILE.parquet|FILE.csv", default=None,
                     help="append one row for this run (every config field, the arguments and every metric, "
                          "nested keys dotted) to a Parquet or CSV table, chosen by the suffix")

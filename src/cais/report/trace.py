@@ -5,7 +5,9 @@ Layout: one process per GPU, with tracks (threads) for its kernels, for the mark
 code reported (one track per mark track name, e.g. ``collective``, ``segments``) and
 for its SMs' thread blocks; one process per switch chip, with counter tracks for
 the utilisation of each of its ports per direction (per bin) and, where the port has
-credit flow control, the peak occupancy of its input buffer per VC (per bin).
+credit flow control, the peak occupancy of its input buffer per VC (per bin), and
+on CAIS switches the peak data held in each port's merging table (per bin; ports
+whose table never held anything are left out).
 Overlapping spans on one track are put on extra lanes (``kernels #2``), since the
 format's slices on one thread must nest. Timestamps are microseconds.
 
@@ -217,6 +219,11 @@ def _switch_events(rec: Recorder) -> tuple[list[Event], list[Event]]:
         series = {f"vc{v}": np.round(peaks / BYTES_PER_KB, 3) for v, peaks in enumerate(per_vc) if peaks.any()}
         if series:
             events += _counter_events(pid_of(name), f"{name} buffer kB", series, rec.bin_ps)
+    for name, peaks in rec.merge_peak_bins().items():  # name: sw<chip>.port<gpu>
+        if peaks.any():
+            chip = int(name[2:name.index(".")])
+            events += _counter_events(1 + m.n + chip, f"{name} merge table",
+                                      {"kB": np.round(peaks / BYTES_PER_KB, 3)}, rec.bin_ps)
     if used_other:
         meta += _process(other_pid, "fabric")
     return events, meta

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cais.hw.gpu import Kernel
+from cais.hw.merge import MergeUnit
 from cais.machine import Machine
 from cais.results.occupancy import Occupancy, level_steps, peak_per_bin, vc_occupancy
 from cais.results.timeline import bins_to_cover, busy_per_bin
@@ -30,22 +31,25 @@ class Mark:
 class Recorder:
     """A flight recorder for one machine: it switches on the logs the hardware models
     keep when asked (busy intervals of every link direction, credit changes of every
-    input buffer with flow control, every kernel and TB of every GPU), keeps the marks
-    code reports, and turns them into series after the run.
+    input buffer with flow control, every kernel and TB of every GPU, the lines in use
+    of every merge unit of a CAIS switch), keeps the marks code reports, and turns
+    them into series after the run.
 
-    ``bin_ps``: width of the bins link utilisation and buffer occupancy are reported
-    in over time. ``links``, ``tbs``, ``buffers``: which logs to switch on (kernels
-    and marks are always kept; they are few).
+    ``bin_ps``: width of the bins link utilisation, buffer and merge-table occupancy
+    are reported in over time. ``links``, ``tbs``, ``buffers``, ``merge``: which logs
+    to switch on (kernels and marks are always kept; they are few; ``merge`` does
+    nothing on switches without merge units).
     """
 
     def __init__(self, bin_ps: int = DEFAULT_BIN_PS, links: bool = True, tbs: bool = True,
-                 buffers: bool = True) -> None:
+                 buffers: bool = True, merge: bool = True) -> None:
         if bin_ps <= 0:
             raise ValueError(f"bin width must be positive, got {bin_ps} ps")
         self.bin_ps = bin_ps
         self.links = links
         self.tbs = tbs
         self.buffers = buffers
+        self.merge = merge
         self.machine: Machine | None = None
         self.marks: list[Mark] = []
 
@@ -65,6 +69,9 @@ class Recorder:
             gpu.kernel_log = []
             if self.tbs:
                 gpu.tb_log = []
+        if self.merge:
+            for unit in self._merge_units():
+                unit.log = []
 
     def mark(self, gpu: int, track: str, name: str, start_ps: int, end_ps: int) -> None:
         self.marks.append(Mark(gpu, track, name, start_ps, end_ps))
@@ -80,6 +87,7 @@ class Recorder:
         """The last time anything recorded happened."""
         times = [self.m.sim.now] + [mk.end_ps for mk in self.marks]
         times += [max(t for t, _, _ in log) for _, _, log in self._credit_logs() if log]
+        times += [u.log[-1][0] for u in self._merge_units() if u.log]
         return max(times)
 
     def n_bins(self) -> int:
@@ -126,3 +134,30 @@ class Recorder:
         n = self.n_bins()
         return {name: [peak_per_bin(*level_steps(log, vc), self.bin_ps, n) for vc in range(vcs)]
                 for name, vcs, log in self._credit_logs()}
+
+    def _merge_units(self) -> list[MergeUnit]:
+        return [u for sw in self.m.fabric.switches for u in getattr(sw, "units", [])]
+
+    def merge_occupancy(self) -> dict[str, tuple[np.ndarray, np.ndarray, int]]:
+        """Per merge unit that logged (``sw<chip>.port<gpu>``, as the end-of-run merge
+        metrics name them): the lines it held as a step function, the times it
+        changed (ascending) and the lines in use from each of them on (0 before the
+        first), and the unit's line size in bytes. Several changes in one picosecond
+        are all kept, in the order they happened (the last is the level from then on),
+        so the highest level is the unit's ``stats.peak_lines``. Empty when the
+        machine has no merge units or ``merge`` was off."""
+        out = {}
+        for sw in self.m.fabric.switches:
+            for u in getattr(sw, "units", []):
+                if u.log is None:
+                    continue
+                arr = np.asarray(u.log, dtype=np.int64).reshape(-1, 2)
+                out[f"sw{sw.chip}.port{u.port}"] = (arr[:, 0], arr[:, 1], u.line_bytes)
+        return out
+
+    def merge_peak_bins(self) -> dict[str, np.ndarray]:
+        """Per merge unit that logged: the most merging-table bytes (lines x line bytes)
+        it held in each bin, including levels it held for less than a picosecond."""
+        n = self.n_bins()
+        return {name: peak_per_bin(times, lines, self.bin_ps, n) * line_bytes
+                for name, (times, lines, line_bytes) in self.merge_occupancy().items()}
