@@ -102,7 +102,7 @@ def test_gemm_rs_reductions_go_up_once_and_come_down_once_as_the_sum(n: int) -> 
     total = n * (n + 1) / 2
     for h, gpu in enumerate(m.gpus):
         assert np.array_equal(gpu.memory.buffers["y"][h * SHARD:(h + 1) * SHARD], np.full(SHARD, total))
-        assert gpu.signals[1] == (n - 1) * s  # every other GPU's contribution, counted by the sums
+        assert gpu.signals[1] == n * s  # every GPU's contribution (its own added locally), counted by the sums
     assert m.conservation().ok
 
 
@@ -117,7 +117,7 @@ def test_with_a_zero_entry_table_every_request_goes_unmerged() -> None:
     reduce_scatter_by_reductions(m2)
     assert payload(m2) == ([(n - 1) * s] * n, [(n - 1) * s] * n)
     assert merge_counts(m)["bypassed"] > 0 and merge_counts(m)["sessions"] == 0
-    assert m2.gpus[0].signals[1] == (n - 1) * s and m2.conservation().ok
+    assert m2.gpus[0].signals[1] == n * s and m2.conservation().ok
 
 
 def test_wire_bytes_are_the_payload_plus_the_packets_headers() -> None:

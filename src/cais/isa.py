@@ -6,7 +6,8 @@ Point-to-point (unicast, to a peer GPU's memory through a switch chip):
   ``red``  posted add-reduction into a peer's memory.
 CAIS (paper §III-A.1: ordinary addresses of the home GPU, with the mergeable bit set):
   ``ld_cais``   a load the switch may merge with other GPUs' loads of the address;
-  ``red_cais``  a reduction the switch may sum with other GPUs' reductions first.
+  ``red_cais``  a reduction the switch may sum with other GPUs' reductions first;
+  ``group_sync``  a TB's registration with its TB group (merging-aware coordination).
 NVLS (multimem addresses: the same buffer on every GPU, bound to a multicast object):
   ``multimem_st``         the switch multicasts the store to every replica;
   ``multimem_ld_reduce``  the switch reads every replica, sums, returns the sum;
@@ -130,11 +131,11 @@ class Isa:
     def _send(self, kind: int, src: int, dst: int, piece: Region, data: np.ndarray | None,
               done: Callable[[Train], None] | None, port: SmPort | None, stream: int, payload: int, chip: int,
               want: int = 0, fence: Callable[[Train], None] | None = None, tag: int = -1,
-              expect: int = 0) -> None:
+              expect: int = 0, quorum: int = 0) -> None:
         self.ops += 1
         wire, last = self.pk.wire(kind, piece.nbytes)
         train = Train(payload, wire, last, kind=kind, src=src, dst=dst, chip=chip, addr=piece, data=data,
-                      done=done, vc=self.vcmap.vc(kind, None, stream), want=want, tag=tag, expect=expect)
+                      done=done, vc=self.vcmap.vc(kind, None, stream), want=want, tag=tag, expect=expect, quorum=quorum)
         train.fence = fence
         if port is not None and payload:
             head, tail = port.push(self.sim.now, payload)
@@ -220,37 +221,56 @@ class Isa:
 
     # ---- CAIS: mergeable loads and reductions ---------------------------------------
     def ld_cais(self, src: int, home: int, region: Region, done: DoneData, stream: int = 0,
-                unit: int | None = None, expect: int = 0) -> None:
+                unit: int | None = None, expect: int = 0, quorum: int = 0) -> None:
         """``ld.cais``: ``ld`` from the home GPU with the CAIS bit set. The switch may
         merge it with the other GPUs' loads of the same address (hw/merge.py): one
         read of the home serves them all. ``expect``: requesters the access is shared
-        by (0: every GPU but the home)."""
+        by (0: every GPU but the home); ``quorum``: TB-aware throttling, the data is
+        handed back once that many of them have asked (0: at once)."""
         if src == home:
             self.ld(src, home, region, done, stream, unit)
             return
         pieces = self.stripes(region, unit)
         gather = self._gather(region, pieces, done)
         for p, chip in pieces:
-            self._send(Kind.LD_CAIS_REQ, src, home, p, None, gather, None, stream, 0, chip, p.nbytes, expect=expect)
+            self._send(Kind.LD_CAIS_REQ, src, home, p, None, gather, None, stream, 0, chip, p.nbytes, expect=expect,
+                       quorum=quorum)
 
     def red_cais(self, src: int, home: int, region: Region, data: np.ndarray | None, signal: int,
                  done: Done | None = None, port: SmPort | None = None, stream: int = 0, unit: int | None = None,
-                 expect: int = 0) -> None:
+                 expect: int = 0, quorum: int = 0) -> None:
         """``red.cais``: ``red`` into the home GPU with the CAIS bit set. The switch may
         sum it with the other GPUs' contributions to the same address and write the
         sum home once. Every reduction that lands adds (contributions it sums) x
         (its bytes) to the home's signal word ``signal``, after its data, so the home
-        knows when all have arrived. ``done``: when the switch has taken it (merged,
-        or landed at the home if it went unmerged). The home's own partial is not
-        sent: the issuer adds it locally (``src == home``) and it is not signalled."""
+        knows when all have arrived; the home's own partial (``src == home``) is
+        added locally and signalled the same way. ``done``: when the switch has taken
+        it (merged, or landed at the home if it went unmerged); with ``quorum``, once
+        that many contributions to its address have reached the switch."""
         if src == home:
-            self._local(lambda: self.m.gpus[home].memory.add(region, data), done)
+            gpu = self.m.gpus[home]
+
+            def add() -> None:
+                gpu.memory.add(region, data)
+                gpu.signal(signal, region.nbytes)
+            self._local(add, done)
             return
         pieces = self.stripes(region, unit)
         taken = self._counter(len(pieces), done)
         for p, chip in pieces:
             self._send(Kind.RED_CAIS, src, home, p, self._slice(data, region, p), taken, port, stream, p.nbytes,
-                       chip, tag=signal, expect=expect)
+                       chip, tag=signal, expect=expect, quorum=quorum)
+
+    def group_sync(self, src: int, group: int, members: int, released: Done) -> None:
+        """A TB registers with TB group ``group`` (``members`` GPUs) at the Group Sync
+        Table of the chip the group's key maps to (one empty packet up); ``released``
+        runs when the switch's release has come back (one empty packet down), i.e.
+        once every member has registered."""
+        self.ops += 1
+        kind = Kind.GROUP_SYNC
+        train = Train(0, *self.pk.wire(kind, 0), kind=kind, src=src, dst=-1, chip=self.flag_chip(group),
+                      done=lambda _t: released(), vc=self.vcmap.vc(kind), tag=group, expect=members)
+        self.fab.inject(train)
 
     # ---- NVLS --------------------------------------------------------------------
     def multimem_st(self, src: int, region: Region, data: np.ndarray | None, done: Done | None = None,

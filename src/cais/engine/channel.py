@@ -36,18 +36,19 @@ class Train:
     acknowledgement is back at its issuer), ``want`` (bytes a request asks for),
     ``tag`` (an id the hardware that created it uses), ``parent`` (the train it
     was copied from in a switch), ``count`` (how many requests it stands for: a
-    merged reduction carries the number it sums) and ``expect`` (how many requests
-    a mergeable access expects to merge with).
+    merged reduction carries the number it sums), ``expect`` (how many requests
+    a mergeable access expects to merge with) and ``quorum`` (TB-aware throttling:
+    how many of them must have arrived before it is acknowledged; 0: at once).
     """
 
     __slots__ = ("payload", "wire", "packet_wire", "head", "tail", "vc", "fp", "credits",
                  "kind", "cls", "src", "dst", "chip", "addr", "data", "done", "fence", "want", "tag",
-                 "parent", "left", "dep0", "dep1", "count", "expect")
+                 "parent", "left", "dep0", "dep1", "count", "expect", "quorum")
 
     def __init__(self, payload: int, wire: int, packet_wire: int, kind: int, src: int, dst: int,
                  chip: int = -1, addr: Any = None, data: Any = None, done: Callable[["Train"], None] | None = None,
                  vc: int = 0, cls: int = 0, want: int = 0, tag: int = -1, count: int = 1,
-                 expect: int = 0) -> None:
+                 expect: int = 0, quorum: int = 0) -> None:
         self.payload = payload
         self.wire = wire
         self.packet_wire = packet_wire
@@ -70,6 +71,7 @@ class Train:
         self.parent: Train | None = None
         self.count = count
         self.expect = expect
+        self.quorum = quorum
 
 
 Deliver = Callable[[Train], None]

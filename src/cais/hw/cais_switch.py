@@ -10,20 +10,24 @@ from __future__ import annotations
 from typing import Any
 
 from cais.engine import Train
+from cais.hw.group_sync import GroupSyncTable
 from cais.hw.merge import MergeUnit, Session
 from cais.hw.packets import Kind
 from cais.hw.switch import NvlsSwitch
 
 
 class CaisSwitch(NvlsSwitch):
-    """NVSwitch chip with NVLS and the CAIS merge units (one per port)."""
+    """NVSwitch chip with NVLS, the CAIS merge units (one per port) and the Group
+    Sync Table of merging-aware TB coordination."""
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         n = len(self.gpus)
         self.units = [MergeUnit(self, h, self.merge_cfg, n) for h in range(n)]
+        self.sync = GroupSyncTable(self, self.sync_entries)
         self.handlers.update({
             Kind.LD_CAIS_REQ: self._ld_cais, Kind.LD_CAIS_RESP: self._ld_cais_data, Kind.RED_CAIS: self._red_cais,
+            Kind.GROUP_SYNC: self.sync.register,
         })
 
     # ---- handlers ------------------------------------------------------------------
@@ -67,8 +71,17 @@ class CaisSwitch(NvlsSwitch):
         self.ledger.reduction_absorbed -= nbytes  # the sum leaves the table
         self.emit(out, home, None, on_start)
 
+    def release(self, group: int, members: list[Train]) -> None:
+        kind = Kind.GROUP_RELEASE
+        wire, last = self.pk.wire(kind, 0)
+        for req in members:
+            out = Train(0, wire, last, kind=kind, src=-1, dst=req.src, chip=self.chip, vc=self.vcmap.vc(kind),
+                        tag=group, done=req.done)
+            out.head = out.tail = self.sim.now
+            self.emit(out, req.src, None)
+
     def stuck(self) -> list[str]:
-        out = super().stuck()
+        out = super().stuck() + self.sync.stuck()
         for unit in self.units:
             out.extend(unit.stuck())
         return out

@@ -135,6 +135,23 @@ class CollectiveConfig(_Strict):
                                           description="in-flight loads (ld_reduce) one SM can keep")
 
 
+class CaisConfig(_Strict):
+    """What CAIS's coordination and dataflow optimizer use that the paper leaves open
+    (paper §III-B, §III-C; docs/cais-coordination.md gives the reasons)."""
+
+    sync_entries: int = Field(256, gt=0, description="Group Sync Table entries per switch chip (TB groups being "
+                                                      "synchronised at once); a sync request that finds it full "
+                                                      "waits in its input buffer")
+    throttle_quorum: float = Field(1.0, ge=0, le=1, description="TB-aware throttling: a mergeable request is "
+                                                                "acknowledged to its TB once this fraction of its "
+                                                                "session's expected requesters has arrived (0: off)")
+    outstanding_kB: float = Field(32.0, gt=0, description="mergeable request bytes a coordinated TB keeps "
+                                                          "unacknowledged")
+    split: Literal["work"] | float = Field("work", description="asymmetric kernel overlap: the share of SMs for the "
+                                                              "GEMM-RS group; work = in proportion to the two GEMMs' "
+                                                              "FLOPs, or a fraction in (0, 1)")
+
+
 class SystemConfig(_Strict):
     """A whole NVLink/NVSwitch system: GPUs, links, switch chips, collectives, and the
     transfer unit the network moves."""
@@ -147,6 +164,7 @@ class SystemConfig(_Strict):
     packet: PacketFormat = PacketFormat()
     switch: SwitchConfig = SwitchConfig()
     collective: CollectiveConfig = CollectiveConfig()
+    cais: CaisConfig = CaisConfig()
     transfer_unit_bytes: int = Field(256 * 1024, ge=128,
                                      description="largest packet train the network moves")
     min_transfer_unit_bytes: int = Field(512, ge=128, description="smallest packet train")

@@ -61,7 +61,8 @@ class Fabric:
                    for g in range(n)]
         self.down = [[channel(f"sw{c}->gpu{g}", c, f"gpu{g}.in{c}", rtt_down, True) for g in range(n)]
                      for c in range(chips)]
-        self.switches = [model(sim, c, self.down[c], gpus, packetizer, vcmap, vcs, pipe, red, merge=cfg.switch.merge)
+        self.switches = [model(sim, c, self.down[c], gpus, packetizer, vcmap, vcs, pipe, red, merge=cfg.switch.merge,
+                               sync_entries=cfg.cais.sync_entries)
                          for c in range(chips)]
         for gpu in gpus:
             gpu.fabric = self

@@ -72,8 +72,8 @@ class Session:
     """One merging-table entry group: a CAM key, its state, its merge count and the
     content-array data (deferred requesters, cached load data or partial sum)."""
 
-    __slots__ = ("id", "key", "state", "count", "expect", "lines", "waiters", "data", "addr", "signal", "cls",
-                 "vc", "head", "touched", "doomed")
+    __slots__ = ("id", "key", "state", "count", "expect", "quorum", "lines", "waiters", "held", "data", "addr",
+                 "signal", "cls", "vc", "head", "touched", "doomed")
 
     def __init__(self, sid: int, key: tuple[int, Any], state: str, first: Train, lines: int, now: int,
                  expect: int) -> None:
@@ -82,8 +82,10 @@ class Session:
         self.state = state
         self.count = first.count
         self.expect = expect
+        self.quorum = min(first.quorum, expect)
         self.lines = lines
-        self.waiters: list[Train] = []
+        self.waiters: list[Train] = []  # loads waiting for the home's data
+        self.held: list[Train] = []  # requests whose acknowledgement throttling holds back
         self.data: Any = None
         self.addr = first.addr
         self.signal = first.tag
@@ -172,8 +174,9 @@ class MergeUnit:
         if s.state == LOAD_WAIT:
             s.waiters.append(req)  # deferred response
         else:
-            t = now + self.latency_ps
-            self.host.answer([req], s.data, t, t, None)
+            s.held.append(req)
+            if s.count >= s.quorum:
+                self._answer_held(s, now)
             if s.count >= s.expect:
                 self._close(s)
                 return
@@ -189,7 +192,11 @@ class MergeUnit:
         s.state = LOAD_READY
         s.data = resp.data
         waiters, s.waiters = s.waiters, []
-        self.host.answer(waiters, resp.data, resp.head + self.latency_ps, resp.tail + self.latency_ps, resp)
+        if s.count >= s.quorum or s.doomed:
+            self.host.answer(waiters, resp.data, resp.head + self.latency_ps, resp.tail + self.latency_ps, resp)
+        else:  # throttled: the early requesters wait for their peers (answered from the cache)
+            s.held.extend(waiters)
+            self.host.take(resp, resp.payload)
         if s.count >= s.expect or s.doomed:
             self._close(s)
         else:
@@ -214,8 +221,9 @@ class MergeUnit:
                 s.data = red.data.copy() if s.data is None else s.data + red.data
         s.head = max(s.head, red.head)
         self.host.take(red, red.payload)
-        if red.done is not None:  # accepted: the contributor's store window frees
-            red.done(red)
+        s.held.append(red)  # accepted: the contributor's store window frees (throttled: once peers are in)
+        if s.count >= s.quorum:
+            self._ack_held(s)
         if s.count >= s.expect:
             self._flush(s)
         else:
@@ -259,16 +267,32 @@ class MergeUnit:
         s.count += 1
         self.stats.merged += 1
 
+    def _answer_held(self, s: Session, now: int) -> None:
+        held, s.held = s.held, []
+        if held:
+            t = now + self.latency_ps
+            self.host.answer(held, s.data, t, t, None)
+
+    @staticmethod
+    def _ack_held(s: Session) -> None:
+        held, s.held = s.held, []
+        for red in held:
+            if red.done is not None:
+                red.done(red)
+
     def _flush(self, s: Session) -> None:
         """End a session: a Reduction sends its (partial) sum home, its lines free when
-        that leaves; a load session just frees its lines."""
+        that leaves; a load session just frees its lines. Requests throttling held
+        back are acknowledged."""
         if s.state != REDUCTION:
             self._close(s)
             return
+        self._ack_held(s)
         self._forget(s)
         self.host.write_home(self.port, s, s.head + self.latency_ps, lambda *_a: self._occupy(-s.lines))
 
     def _close(self, s: Session) -> None:
+        self._answer_held(s, self.sim.now)
         self._forget(s)
         self._occupy(-s.lines)
 

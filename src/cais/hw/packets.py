@@ -38,6 +38,8 @@ class Kind(IntEnum):
     LD_CAIS_REQ = 13    # ld.cais: mergeable read request to a home GPU (the CAIS bit set)
     LD_CAIS_RESP = 14   # data for an LD_CAIS_REQ (from the home, or from a merge unit)
     RED_CAIS = 15       # red.cais: mergeable reduction into a home GPU (a sum of ``count`` contributions)
+    GROUP_SYNC = 16     # a TB's registration with its group at the switch's Group Sync Table (empty packet)
+    GROUP_RELEASE = 17  # the switch -> every GPU of the group: all have registered (empty packet)
 
 
 class Traffic(IntEnum):
@@ -81,6 +83,8 @@ KINDS: dict[int, PacketKind] = {k.kind: k for k in (
     PacketKind(Kind.LD_CAIS_REQ, False, Traffic.LOAD, "request", "ld.cais: mergeable read request to a home GPU"),
     PacketKind(Kind.LD_CAIS_RESP, True, Traffic.LOAD, "response", "data for an ld.cais (home or merge unit)"),
     PacketKind(Kind.RED_CAIS, False, Traffic.REDUCTION, "write", "red.cais: mergeable reduction into a home GPU"),
+    PacketKind(Kind.GROUP_SYNC, False, Traffic.SYNC, "request", "a TB registers with its TB group (CAIS sync)"),
+    PacketKind(Kind.GROUP_RELEASE, True, Traffic.SYNC, "response", "switch -> GPU: the TB group may go"),
 )}
 
 

@@ -55,7 +55,7 @@ class Switch:
 
     def __init__(self, sim: Simulator, chip: int, down: list[Channel], gpus: list["Gpu"],
                  packetizer: Packetizer, vcmap: VcMap, vcs: int, pipeline_ps: int, reduce_ps: int,
-                 merge: MergeConfig | None = None) -> None:
+                 merge: MergeConfig | None = None, sync_entries: int = 256) -> None:
         self.sim = sim
         self.chip = chip
         self.down = down
@@ -68,6 +68,7 @@ class Switch:
         self.held: list[list[int]] = [[0] * vcs for _ in gpus]  # trains in each input buffer
         self.handlers: dict[int, Callable[[Train], None]] = {}
         self.merge_cfg = merge or MergeConfig()
+        self.sync_entries = sync_entries
 
     # ---- input buffers -----------------------------------------------------------
     def receive(self, train: Train) -> None:
@@ -124,7 +125,9 @@ class Switch:
         """``entry`` is taken off its input buffer by a unit of the switch as it
         arrives (it streamed through the buffer): its credits go back now."""
         entry.left = 0
-        self.retire(entry, entry.head, max(entry.tail, self.sim.now), entry.credits, entry.fp)
+        now = self.sim.now
+        t0, t1 = (entry.head, entry.tail) if entry.tail >= now else (now, now)  # held a while: leaves now
+        self.retire(entry, t0, t1, entry.credits, entry.fp)
 
     def absorb(self, entry: Train) -> None:
         """``entry`` (of a kind in ``absorbs``: its sender already scheduled its

@@ -8,9 +8,9 @@ collective kernels: the GEMMs communicate themselves.
   owner's own rows are added locally). The merge unit of the owner's switch port
   sums the N-1 contributions and writes the sum home once.
 * **Row-wise op** on the owner: it starts when its GEMM1 has finished and its signal
-  word says that every other GPU's contribution to its rows has landed (each
-  reduction that lands adds contributions x bytes to it, after its data): no
-  global barrier, no fence.
+  word says that every GPU's contribution to its rows has landed (each reduction
+  that lands adds contributions x bytes to it, after its data; the owner's own
+  partials count as they are added): no global barrier, no fence.
 * **AG-GEMM** (GEMM2, and the weight gradients that read token-sharded activations):
   each TB loads its tile's A rows from their owner with ``ld.cais``, walking K as its
   mainloop does; the merge unit fetches each address from the owner once and
@@ -60,7 +60,7 @@ class CaisBase(Ladm):
     def chain(self, r: LayerRun, c: Chain, deps: Deps) -> Deps:
         n, over, sim = r.m.n, r.cm.kernel_overhead_ps, r.m.sim
         key = self._signals[c.name] = r.m.flag_key()
-        expected = (n - 1) * r.d.rows_l * c.gemm1.n * r.model.dtype_bytes  # every other GPU's partial rows
+        expected = n * r.d.rows_l * c.gemm1.n * r.model.dtype_bytes  # every GPU's partial rows, its own too
         rows = []
         for g in range(n):
             kernel, _ = self._red_gemm(r, g, c)
@@ -93,6 +93,9 @@ class CaisBase(Ladm):
     def _reduce(self, r: LayerRun, g: int, c: Chain, owner: int, region: Region, data: np.ndarray | None,
                 done: Callable[[], None], port: SmPort, drain: object) -> None:
         r.m.isa.red_cais(g, owner, region, data, self._signals[c.name], done, port, unit=self.unit)
+
+    def _add_own(self, r: LayerRun, g: int, c: Chain, region: Region, data: np.ndarray | None) -> None:
+        r.m.isa.red_cais(g, g, region, data, self._signals[c.name])  # a local add that signals
 
     def _load(self, r: LayerRun, g: int, home: int, region: Region, done: Callable[[np.ndarray | None], None],
               unit: int) -> None:

@@ -258,19 +258,23 @@ class Ladm(Scheme):
         return out
 
     # ---- GEMM1: partial rows reduced into their owner ----------------------------
-    def _red_gemm(self, r: LayerRun, g: int, c: Chain) -> tuple[Kernel, _Drain]:
+    def _red_gemm(self, r: LayerRun, g: int, c: Chain,
+                  sm_set: frozenset[int] | None = None) -> tuple[Kernel, _Drain]:
         gemm = c.gemm1
-        shape = r.shape(gemm)
-        floor = r.gemm_floor_ps(gemm, shape, r.sms)
-        kernel = Kernel(gemm.name, [], None)
+        sms = len(sm_set) if sm_set else r.sms
+        shape = r.shape(gemm, sms)
+        floor = r.gemm_floor_ps(gemm, shape, sms)
+        kernel = Kernel(gemm.name, [], sm_set)
         drain = self._drain(r, g, kernel)
         limit = r.m.cfg.collective.outstanding_bytes_per_sm
         per_sm: dict[int, tuple[Window, SmPort]] = {}  # the SM's store window and port, across its tiles
 
-        def tile_tb(i: int, j: int) -> TbProgram:
+        def tile_tb(t: int, i: int, j: int) -> TbProgram:
             def program(sm: int, busy: int) -> ProgramGen:
                 sim = r.m.sim
+                yield from self._tb_start(r, g, gemm, t)
                 yield max(floor, r.cm.tile_time_ps(shape.bm, shape.bn, shape.k, busy))
+                yield from self._first_access(r, g, gemm, t)
                 mem = r.m.gpus[g].memory
                 tile = tile_product(mem, gemm.ops, shape, i, j) if mem.functional else None
                 if sm not in per_sm:
@@ -285,7 +289,7 @@ class Ladm(Scheme):
                     if data is not None and region.rows == 1:  # whole rows: a contiguous run
                         data = data.reshape(-1)
                     if owner == g:
-                        mem.add(region, data)
+                        self._add_own(r, g, c, region, data)
                         continue
                     while win.full(region.nbytes):
                         yield win.wait()
@@ -295,12 +299,30 @@ class Ladm(Scheme):
                     yield port.free_at - sim.now
             return program
 
-        kernel.tbs = [tile_tb(i, j) for i, j in tile_order(shape, self.order)]
+        kernel.tbs = [tile_tb(t, i, j) for t, (i, j) in enumerate(tile_order(shape, self.order))]
         return kernel, drain
+
+    # ---- hooks a scheme built on these kernels may fill in -------------------------
+    def _tb_start(self, r: LayerRun, g: int, gemm: Gemm, t: int) -> ProgramGen:
+        """What TB ``t`` (in launch order) of ``gemm`` does before its work: nothing."""
+        yield from ()
+
+    def _first_access(self, r: LayerRun, g: int, gemm: Gemm, t: int) -> ProgramGen:
+        """What TB ``t`` does before its first remote access: nothing."""
+        yield from ()
+
+    def _operands_ready(self, r: LayerRun, g: int, gemm: Gemm, shape: GemmShape, i: int) -> list[Signal]:
+        """Signals a tile of row tile ``i`` waits for before loading its operands: none
+        (a kernel boundary already orders them)."""
+        return []
 
     def _drain(self, r: LayerRun, g: int, kernel: Kernel) -> _Drain:
         """What closes GEMM1 on GPU ``g``: a fence behind its remote reductions."""
         return _Drain(r, g, kernel)
+
+    def _add_own(self, r: LayerRun, g: int, c: Chain, region: Region, data: np.ndarray | None) -> None:
+        """The owner's own partial rows: added to its memory in place."""
+        r.m.gpus[g].memory.add(region, data)
 
     def _reduce(self, r: LayerRun, g: int, c: Chain, owner: int, region: Region, data: np.ndarray | None,
                 done: Callable[[], None], port: SmPort, drain: _Drain) -> None:
@@ -320,11 +342,13 @@ class Ladm(Scheme):
         return done
 
     # ---- GEMM2 and weight gradients: operands loaded from their owners -----------
-    def _load_gemm(self, r: LayerRun, g: int, gemm: Gemm, ops: list[Operand]) -> Kernel:
+    def _load_gemm(self, r: LayerRun, g: int, gemm: Gemm, ops: list[Operand],
+                   sm_set: frozenset[int] | None = None) -> Kernel:
         if not ops:
-            return r.gemm_kernel(g, gemm)
-        shape = r.shape(gemm)
-        floor = r.gemm_floor_ps(gemm, shape, r.sms)
+            return r.gemm_kernel(g, gemm, sm_set)
+        sms = len(sm_set) if sm_set else r.sms
+        shape = r.shape(gemm, sms)
+        floor = r.gemm_floor_ps(gemm, shape, sms)
         eb = r.model.dtype_bytes
         steps = self._k_steps(shape, ops, eb)
         biggest = max(kk for _, kk in steps) * sum(op.side(shape) for op in ops) * eb
@@ -348,12 +372,17 @@ class Ladm(Scheme):
                         loads.append(Load(o, owner, region, ft - base_t, col0 - base_c, cnt, ncol))
             return loads
 
-        def tile_tb(i: int, j: int) -> TbProgram:
+        def tile_tb(t: int, i: int, j: int) -> TbProgram:
             def program(sm: int, busy: int) -> ProgramGen:
                 sim = r.m.sim
+                yield from self._tb_start(r, g, gemm, t)
+                for ready in self._operands_ready(r, g, gemm, shape, i):
+                    yield ready
                 start = sim.now
                 compute = max(floor, r.cm.tile_time_ps(shape.bm, shape.bn, shape.k, busy))
                 loads = plan(i, j)
+                if any(ld.home != g for ld in loads):
+                    yield from self._first_access(r, g, gemm, t)
                 blocks = self._blocks(shape, ops, i, j) if mem.functional else None
                 remote = [ld for ld in loads if ld.home != g]
                 arrived = Countdown(len(remote))
@@ -386,7 +415,8 @@ class Ladm(Scheme):
                     store(i, j, self._tile(mem, gemm, shape, ops, blocks, i, j))
             return program
 
-        return Kernel(gemm.name, [tile_tb(i, j) for i, j in tile_order(shape, self.order)], None)
+        return Kernel(gemm.name, [tile_tb(t, i, j) for t, (i, j) in enumerate(tile_order(shape, self.order))],
+                      sm_set)
 
     def _k_steps(self, shape: GemmShape, ops: list[Operand], eb: int) -> list[tuple[int, int]]:
         """(k0, count) of the K ranges one ld each (per owner) brings in: whole K-slices
