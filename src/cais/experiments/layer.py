@@ -196,6 +196,8 @@ def run_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: 
         cfg = cfg.with_overrides(gpu={**cfg.gpu.model_dump(), "sms": sms})
     if cfg.switch.model == "auto":
         cfg = cfg.with_overrides(switch={**cfg.switch.model_dump(), "model": sch.switch})
+    if sch.vc_policy is not None:
+        cfg = cfg.with_overrides(link={**cfg.link.model_dump(), "vc_policy": sch.vc_policy})
     period = build_period(model, cfg.gpus, mode, sch.sp, seed, regather)
     t0 = time.perf_counter()
     m = Machine(cfg, functional=functional, recorder=recorder)

@@ -265,6 +265,7 @@ class Scheme:
     algo = "nvls"
     summary = ""
     switch = "nvls"  # the switch model it needs when the system's is "auto" (cais: with merge units)
+    vc_policy: str | None = None  # a VC policy the scheme is defined with (None: the system's)
 
     def run(self, r: LayerRun) -> None:
         ready: Deps = [Signal() for _ in range(r.m.n)]

@@ -266,7 +266,7 @@ class Ladm(Scheme):
         floor = r.gemm_floor_ps(gemm, shape, sms)
         kernel = Kernel(gemm.name, [], sm_set)
         drain = self._drain(r, g, kernel)
-        limit = r.m.cfg.collective.outstanding_bytes_per_sm
+        limit = self._window(r)
         per_sm: dict[int, tuple[Window, SmPort]] = {}  # the SM's store window and port, across its tiles
 
         def tile_tb(t: int, i: int, j: int) -> TbProgram:
@@ -303,6 +303,10 @@ class Ladm(Scheme):
         return kernel, drain
 
     # ---- hooks a scheme built on these kernels may fill in -------------------------
+    def _window(self, r: LayerRun) -> int:
+        """Bytes of remote loads, or of reductions not yet taken, an SM keeps in flight."""
+        return r.m.cfg.collective.outstanding_bytes_per_sm
+
     def _tb_start(self, r: LayerRun, g: int, gemm: Gemm, t: int) -> ProgramGen:
         """What TB ``t`` (in launch order) of ``gemm`` does before its work: nothing."""
         yield from ()
@@ -353,7 +357,7 @@ class Ladm(Scheme):
         steps = self._k_steps(shape, ops, eb)
         biggest = max(kk for _, kk in steps) * sum(op.side(shape) for op in ops) * eb
         unit = max(r.m.cfg.transfer_unit_bytes, 1 << (biggest - 1).bit_length())  # one ld = one unit
-        limit = r.m.cfg.collective.outstanding_bytes_per_sm
+        limit = self._window(r)
         mem = r.m.gpus[g].memory
         store = store_epilogue(mem, gemm.ops, shape) if mem.functional else None
         # with l2_keeps_peer_reads: remote lines already fetched (or on their way) for
@@ -381,8 +385,7 @@ class Ladm(Scheme):
                 start = sim.now
                 compute = max(floor, r.cm.tile_time_ps(shape.bm, shape.bn, shape.k, busy))
                 loads = plan(i, j)
-                if any(ld.home != g for ld in loads):
-                    yield from self._first_access(r, g, gemm, t)
+                yield from self._first_access(r, g, gemm, t)
                 blocks = self._blocks(shape, ops, i, j) if mem.functional else None
                 remote = [ld for ld in loads if ld.home != g]
                 arrived = Countdown(len(remote))

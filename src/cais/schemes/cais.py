@@ -1,0 +1,224 @@
+"""CAIS (paper §III) and its ablations: the mergeable ISA and merge unit of
+``cais-base`` plus
+
+* **the graph-level dataflow optimizer** (§III-C), on each sub-layer GEMM-RS -> LN ->
+  AG-GEMM:
+  - *deep fusion*: the three kernels are launched together as one pipeline; nothing
+    waits for a kernel boundary;
+  - *TB-level dependencies*: an LN row-block TB starts when every GPU's
+    contributions to its rows have landed (its signal word), and announces its rows
+    with a multicast flag; an AG-GEMM tile loads a row block as soon as its owner's
+    flag for it is in;
+  - *asymmetric kernel overlap*: GEMM-RS (up-link heavy) runs on one SM group and
+    LN + AG-GEMM (down-link heavy) on the other, at the same time, so both link
+    directions carry traffic (``cais.split``);
+  - *traffic control*: loads and reductions on separate virtual channels, served
+    round-robin (the ``class`` VC policy); without it (``cais-partial``) every
+    request shares one VC (``one``).
+* **merging-aware TB coordination** (§III-B): the TBs with the same index on every
+  GPU form a TB group; each TB registers with the switch's Group Sync Table before
+  it starts (pre-launch sync) and again before its first ``*.cais`` access
+  (pre-access sync), two empty packets each way; and TB-aware throttling: a
+  mergeable request is acknowledged only once ``cais.throttle_quorum`` of its
+  session's requesters have reached the switch, with ``cais.outstanding_kB`` of
+  unacknowledged requests per TB.
+
+Variants (§IV-C): ``cais`` (everything), ``cais-partial`` (no traffic control),
+``cais-wo-coord`` (no TB coordination). Attention, activations and weight gradients
+run as in ``cais-base``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from cais.engine import Signal
+from cais.engine.sim import ProgramGen
+from cais.hw.gpu import Kernel, TbProgram
+from cais.hw.memory import Region
+from cais.isa import SmPort
+from cais.kernels.gemm import GemmShape
+from cais.kernels.local import row_blocks
+from cais.schemes.base import Deps, LayerRun
+from cais.schemes.cais_base import CaisBase
+from cais.workload.graph import Chain, Gemm
+
+_PHASES = 2  # sync points per TB: pre-launch, pre-access
+
+
+class Cais(CaisBase):
+    """CAIS: merge unit + TB coordination + graph-level dataflow optimizer."""
+
+    name = "cais"
+    coord = True
+    traffic_control = True
+    summary = "CAIS: merge unit + TB coordination (group sync, throttling) + fused GEMM-RS/LN/AG-GEMM pipeline"
+
+    def run(self, r: LayerRun) -> None:
+        self._ln_blocks = row_blocks(r.d.rows_l)  # LN row blocks of every owner's shard
+        self._block_keys: dict[str, list[int]] = {}  # chain -> signal word per LN block
+        self._ready: dict[str, list[dict[tuple[int, int], Signal]]] = {}  # gemm2 -> per GPU (owner, block)
+        self._groups: dict[str, int] = {}  # kernel name -> first TB-group key
+        super().run(r)
+
+    # ---- the fused sub-layer --------------------------------------------------------
+    def chain(self, r: LayerRun, c: Chain, deps: Deps) -> Deps:
+        n, over = r.m.n, r.cm.kernel_overhead_ps
+        self._block_keys[c.name] = [r.m.flag_key() for _ in self._ln_blocks]
+        ready = [{(o, b): Signal() for o in range(n) for b in range(len(self._ln_blocks))} for _ in range(n)]
+        self._ready[c.gemm2.name] = ready
+        flags = [r.m.flag_key() for _ in self._ln_blocks]
+        for gemm in (c.gemm1, c.gemm2):
+            self._groups[gemm.name] = r.m.flag_key() << 24
+        rs_sms, ag_sms = self._split(r, c)
+        ops = self._operands(c.gemm2)
+        out = []
+        for g in range(n):
+            k1, _ = self._red_gemm(r, g, c, rs_sms)
+            ln = self._ln_kernel(r, g, c, flags, ready, ag_sms)
+            k2 = self._load_gemm(r, g, c.gemm2, ops, ag_sms)
+            for k in (k1, ln):
+                r.submit(g, k, [deps[g]], over, c.name)
+            out.append(r.submit(g, k2, [deps[g]], over, c.name))
+        return out
+
+    def _split(self, r: LayerRun, c: Chain) -> tuple[frozenset[int], frozenset[int]]:
+        """The two SM groups of asymmetric kernel overlap: GEMM-RS on the first
+        ``split`` share, LN + AG-GEMM on the rest (``work``: in proportion to the two
+        GEMMs' FLOPs, so both finish together)."""
+        sms = r.sms
+        split = r.m.cfg.cais.split
+        if split == "work":
+            f1, f2 = (gm.m * gm.n * gm.k for gm in (c.gemm1, c.gemm2))
+            share = f1 / (f1 + f2)
+        else:
+            share = float(split)
+        first = min(sms - 1, max(1, round(sms * share)))
+        return frozenset(range(first)), frozenset(range(first, sms))
+
+    def _ln_kernel(self, r: LayerRun, g: int, c: Chain, flags: list[int],
+                   ready: list[dict[tuple[int, int], Signal]], sm_set: frozenset[int]) -> Kernel:
+        """The row-wise op as row-block TBs: each waits for its rows' signal word,
+        normalises them, and multicasts a flag that they are ready."""
+        m, op = r.m, c.rowop
+        sms = len(sm_set)
+        waves = -(-len(self._ln_blocks) // sms)
+        tb_ps = r.rowop_work_ps(op, op.rows, sms) // max(1, waves)
+        per_row = m.n * c.gemm1.n * r.model.dtype_bytes  # every GPU's partial of a row
+        keys = self._block_keys[c.name]
+        functional = m.gpus[g].memory.functional
+
+        def tb(b: int) -> TbProgram:
+            r0, nr = self._ln_blocks[b]
+
+            def program(sm: int, busy: int) -> ProgramGen:
+                landed = Signal()
+                m.gpus[g].wait_signal(keys[b], per_row * nr, lambda: landed.fire(m.sim))
+                yield landed
+                yield tb_ps
+                if functional:
+                    r.rowop_apply(g, op, r0, nr)
+                m.isa.flag_multicast(g, flags[b], lambda gpu: ready[gpu][(g, b)].fire(m.sim))
+            return program
+
+        return Kernel(op.name, [tb(b) for b in range(len(self._ln_blocks))], sm_set)
+
+    # ---- TB-level dependencies of the AG-GEMM ----------------------------------------
+    def _operands_ready(self, r: LayerRun, g: int, gemm: Gemm, shape: GemmShape, i: int) -> list[Signal]:
+        ready = self._ready.get(gemm.name)
+        if ready is None:
+            return []
+        rows_l, per = r.d.rows_l, self._ln_blocks[0][1]
+        r0, nr = shape.rows(i)
+        needed = {(t // rows_l, t % rows_l // per) for t in range(r0, r0 + nr)}
+        return [ready[g][key] for key in sorted(needed)]
+
+    # ---- the GEMM-RS epilogue: one red.cais per LN row block -------------------------
+    def _reduce(self, r: LayerRun, g: int, c: Chain, owner: int, region: Region, data: np.ndarray | None,
+                done: Callable[[], None], port: SmPort, drain: object) -> None:
+        pieces = self._by_block(c, region, data)
+        left = [len(pieces)]
+
+        def one() -> None:
+            left[0] -= 1
+            if left[0] == 0:
+                done()
+        keys = self._block_keys[c.name]
+        for b, sub, part in pieces:
+            r.m.isa.red_cais(g, owner, sub, part, keys[b], one, port, unit=self.unit, quorum=self._quorum(r))
+
+    def _add_own(self, r: LayerRun, g: int, c: Chain, region: Region, data: np.ndarray | None) -> None:
+        keys = self._block_keys[c.name]
+        for b, sub, part in self._by_block(c, region, data):
+            r.m.isa.red_cais(g, g, sub, part, keys[b])
+
+    def _by_block(self, c: Chain, region: Region, data: np.ndarray | None
+                  ) -> list[tuple[int, Region, np.ndarray | None]]:
+        """Cut an epilogue's block of owner-local rows at LN row-block boundaries:
+        (block, sub-region, its data)."""
+        width = c.gemm1.n
+        r0, c0 = divmod(region.start, width)
+        rows, cols = (region.rows, region.count) if region.rows > 1 else (region.count // width, width)
+        mat = None if data is None else data.reshape(rows, cols)
+        per = self._ln_blocks[0][1]
+        out = []
+        t = r0
+        while t < r0 + rows:
+            stop = min(r0 + rows, (t // per + 1) * per)
+            sub = Region.block(region.buffer, width, t, stop - t, c0, cols, region.elem_bytes)
+            part = None
+            if mat is not None:
+                part = mat[t - r0:stop - r0]
+                if sub.rows == 1:
+                    part = part.reshape(-1)
+            out.append((t // per, sub, part))
+            t = stop
+        return out
+
+    # ---- merging-aware TB coordination -----------------------------------------------
+    def _quorum(self, r: LayerRun) -> int:
+        q = r.m.cfg.cais.throttle_quorum
+        return max(1, round(q * (r.m.n - 1))) if self.coord and q > 0 else 0
+
+    def _window(self, r: LayerRun) -> int:
+        if self.coord:
+            return round(r.m.cfg.cais.outstanding_kB * 1024)
+        return super()._window(r)
+
+    def _load(self, r: LayerRun, g: int, home: int, region: Region, done: Callable[[np.ndarray | None], None],
+              unit: int) -> None:
+        r.m.isa.ld_cais(g, home, region, done, unit=self.unit, quorum=self._quorum(r))
+
+    def _tb_start(self, r: LayerRun, g: int, gemm: Gemm, t: int) -> ProgramGen:
+        yield from self._sync(r, g, gemm, t, 0)
+
+    def _first_access(self, r: LayerRun, g: int, gemm: Gemm, t: int) -> ProgramGen:
+        yield from self._sync(r, g, gemm, t, 1)
+
+    def _sync(self, r: LayerRun, g: int, gemm: Gemm, t: int, phase: int) -> ProgramGen:
+        """Register TB ``t`` with its TB group at the switch and wait for the release."""
+        base = self._groups.get(gemm.name)
+        if not self.coord or base is None:
+            return
+        released = Signal()
+        r.m.isa.group_sync(g, base + t * _PHASES + phase, r.m.n, lambda: released.fire(r.m.sim))
+        yield released
+
+
+class CaisPartial(Cais):
+    """CAIS without traffic control: loads and reductions share one request VC."""
+
+    name = "cais-partial"
+    traffic_control = False
+    vc_policy = "one"
+    summary = "CAIS without traffic control (loads and reductions share one VC)"
+
+
+class CaisWoCoord(Cais):
+    """CAIS without merging-aware TB coordination (no group sync, no throttling)."""
+
+    name = "cais-wo-coord"
+    coord = False
+    summary = "CAIS without TB coordination: merge unit + fused pipeline + traffic control"
