@@ -149,7 +149,7 @@ class CaisConfig(_Strict):
                                                           "unacknowledged")
     split: Literal["work"] | float = Field("work", description="asymmetric kernel overlap: the share of SMs for the "
                                                               "GEMM-RS group; work = in proportion to the two GEMMs' "
-                                                              "FLOPs, or a fraction in (0, 1)")
+                                                              "calibrated times, or a fraction in (0, 1)")
 
 
 class SystemConfig(_Strict):

@@ -87,12 +87,13 @@ class Cais(CaisBase):
     def _split(self, r: LayerRun, c: Chain) -> tuple[frozenset[int], frozenset[int]]:
         """The two SM groups of asymmetric kernel overlap: GEMM-RS on the first
         ``split`` share, LN + AG-GEMM on the rest (``work``: in proportion to the two
-        GEMMs' FLOPs, so both finish together)."""
+        GEMMs' calibrated times on all SMs, so both finish together; FLOPs would
+        starve a short-K GEMM-RS, whose time per FLOP is several times higher)."""
         sms = r.sms
         split = r.m.cfg.cais.split
         if split == "work":
-            f1, f2 = (gm.m * gm.n * gm.k for gm in (c.gemm1, c.gemm2))
-            share = f1 / (f1 + f2)
+            t1, t2 = (r.cm.gemm_time_ps(gm.m, gm.n, gm.k, sms) for gm in (c.gemm1, c.gemm2))
+            share = t1 / (t1 + t2)
         else:
             share = float(split)
         first = min(sms - 1, max(1, round(sms * share)))
