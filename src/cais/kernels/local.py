@@ -1,5 +1,6 @@
-"""GPU-local kernels of a transformer layer as TB grids: row-wise kernels (fused
-dropout + residual + norm, and its backward), activations, and attention.
+"""Helpers of the GPU-local kernels of a transformer layer (the row-wise kernel,
+``rowop.py``; attention, ``attention.py``; activations, ``activation.py``): a kernel
+as an even TB grid, and row blocks.
 
 Their time comes from the calibrated compute model for the whole kernel; the kernel
 is cut into TBs (row blocks, or (batch, head) blocks with query blocks), and the

@@ -1,11 +1,12 @@
 """What every scheme shares: running one period of the layer graph on a machine.
 
 A :class:`LayerRun` owns the machine, the period and the compute model, and builds
-kernels for one GPU (GEMMs, row-wise ops, attention, activations, collectives) with
-their functional bodies. A :class:`Scheme` walks the period's segments and decides
-how each one runs: which kernels, on which SMs, waiting for what. The base class runs
-everything bulk-synchronously, kernel after kernel on each GPU, with NCCL-like
-collectives between the GEMMs; an overlap scheme overrides :meth:`Scheme.chain`.
+kernels for one GPU (GEMMs, row-wise ops, attention, activations, collectives) by
+handing what they need to the kernel builders in ``cais.kernels``. A :class:`Scheme`
+walks the period's segments and decides how each one runs: which kernels, on which
+SMs, waiting for what. The base class runs everything bulk-synchronously, kernel
+after kernel on each GPU, with NCCL-like collectives between the GEMMs; an overlap
+scheme overrides :meth:`Scheme.chain`.
 """
 
 from __future__ import annotations
@@ -13,17 +14,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from cais.engine import Countdown, Signal, Simulator
 from cais.hw.compute import ComputeModel
 from cais.hw.gpu import Kernel
 from cais.machine import Machine
-from cais.kernels import sync
+from cais.kernels import activation, attention, rowop, sync
 from cais.kernels.collectives import CollectiveSpec, build
 from cais.kernels.gemm import Epilogue, GemmShape, gemm_kernel, gemm_shape
-from cais.kernels.local import even_kernel, row_blocks
-from cais.workload import numerics as nx
 from cais.workload.graph import Chain, Gather, Gemm, Local, Period, RowOp
 from cais.workload.models import ModelSpec
 
@@ -120,117 +117,30 @@ class LayerRun:
     def rowop_kernel(self, g: int, op: RowOp, sm_set: frozenset[int] | None = None,
                      rows: Sequence[tuple[int, int]] | None = None) -> Kernel:
         """The fused dropout + residual + norm kernel (or its backward) over this GPU's
-        rows (or the given row blocks)."""
-        blocks = list(rows) if rows is not None else row_blocks(op.rows)
-        sms = len(sm_set) if sm_set else self.sms
-        work = self.rowop_work_ps(op, sum(c for _, c in blocks), sms)
-        mem = self.m.gpus[g].memory
-        body = (lambda i: self.rowop_apply(g, op, *blocks[i])) if mem.functional else None
-        return even_kernel(op.name, work, len(blocks), sms, body, sm_set)
+        rows (or the given row blocks): kernels/rowop.py."""
+        return rowop.rowop_kernel(self.cm, self.m.gpus[g].memory, op, self.model.dtype_bytes, self.model.norm,
+                                  self.p_drop, self.row_offset(g), self.sms, sm_set, rows)
 
     def rowop_work_ps(self, op: RowOp, rows: int, sms: int) -> int:
-        """Kernel time without its fixed overhead. The kernel is fused (as Megatron's
-        bias-dropout-add and LayerNorm kernels are): memory bound on the rows it reads
-        and writes (forward: x, z in; x, n out; backward: dres, dz, x in; dx, dzo out)."""
-        tensors = len(op.inputs) + len(op.outputs)
-        nbytes = tensors * rows * op.cols * self.model.dtype_bytes
-        return self.cm.memory_time_ps(nbytes, sms, self.sms) - self.cm.memory_time_ps(0, sms, self.sms)
+        """Row-wise kernel time without its fixed overhead (kernels/rowop.py)."""
+        return rowop.rowop_work_ps(self.cm, op, self.model.dtype_bytes, rows, sms, self.sms)
 
     def row_offset(self, g: int) -> int:
         """Global index of this GPU's first row of the row-wise ops."""
-        return g * self.d.rows_l if self.d.sp else 0
+        return rowop.row_offset(self.d, g)
 
     def rowop_apply(self, g: int, op: RowOp, r0: int, nr: int) -> None:
-        mem = self.m.gpus[g].memory
-        h = op.cols
-
-        def rows_of(name: str) -> np.ndarray:
-            return mem.matrix(name, h)[r0:r0 + nr]
-
-        grows = np.arange(r0, r0 + nr) + self.row_offset(g)
-        gamma = mem.buffers[f"{op.norm}_g"]
-        beta = mem.buffers.get(f"{op.norm}_b")
-        if op.kind == "residual_norm":
-            x = rows_of(op.inputs["x"]) + nx.dropout(rows_of(op.inputs["z"]), grows, self.p_drop, op.seed)
-            rows_of(op.outputs["x"])[:] = x
-            rows_of(op.outputs["n"])[:] = nx.norm(self.model.norm, x, gamma, beta)
-        else:
-            dx_n, dgamma, dbeta = nx.norm_bwd(self.model.norm, rows_of(op.inputs["dz"]), rows_of(op.inputs["x"]), gamma)
-            dx = rows_of(op.inputs["dres"]) + dx_n
-            rows_of(op.outputs["dx"])[:] = dx
-            rows_of(op.outputs["dzo"])[:] = nx.dropout_bwd(dx, grows, self.p_drop, op.seed)
-            mem.buffers[f"d{op.norm}_g"] += dgamma
-            if dbeta is not None:
-                mem.buffers[f"d{op.norm}_b"] += dbeta
+        """Rows [r0, r0 + nr) of the row-wise op on GPU ``g``'s memory (kernels/rowop.py)."""
+        rowop.rowop_apply(self.m.gpus[g].memory, op, r0, nr, self.model.norm, self.p_drop, self.row_offset(g))
 
     def local_kernel(self, g: int, local: Local, sm_set: frozenset[int] | None = None) -> tuple[Kernel, int]:
-        """(kernel, its fixed overhead) for attention, activations and their backwards."""
-        d, cm, sms = self.d, self.cm, (len(sm_set) if sm_set else self.sms)
+        """(kernel, its fixed overhead) for attention, activations and their backwards
+        (kernels/attention.py, kernels/activation.py)."""
         mem = self.m.gpus[g].memory
-        fn = mem.functional
-        over = cm.memory_time_ps(0, sms, self.sms)
-        if local.kind in ("attention", "attention_bwd"):
-            if self.period.mode == "decode":
-                t = cm.attention_decode_time_ps(d.heads_l, d.kv_l, d.head_dim, d.batch, d.kv_len, sms, self.sms)
-            else:
-                passes = "fwd" if local.kind == "attention" else "bwd"
-                t = cm.attention_time_ps(d.heads_l, d.kv_l, d.head_dim, d.batch, d.seq, passes, sms, self.sms)
-                over = round((cm.attn_overhead_fwd_ns if passes == "fwd" else cm.attn_overhead_bwd_ns) * 1000)
-            n_tbs = d.batch * d.heads_l * max(1, -(-d.seq // 128))
-            body = (lambda i: self.attention_apply(g, local.kind, i) if i < d.batch else None) if fn else None
-            return even_kernel(local.name, max(0, t - over), n_tbs, sms, body, sm_set), over
-        blocks = row_blocks(d.tokens)
-        # GELU over [T, ffn]; SwiGLU reads gate and up ([T, 2 ffn]): costed as GELU on that width.
-        t = cm.elementwise_time_ps("gelu", d.tokens, d.fc1_l, sms, self.sms) - over
-        if local.kind == "act_bwd":
-            t *= 2
-        body = (lambda i: self.act_apply(g, local.kind, *blocks[i])) if fn else None
-        return even_kernel(local.name, t, len(blocks), sms, body, sm_set), over
-
-    def act_apply(self, g: int, kind: str, r0: int, nr: int) -> None:
-        mem, d = self.m.gpus[g].memory, self.d
-        f = mem.matrix("f", d.fc1_l)[r0:r0 + nr]
-        if kind == "act":
-            out = mem.matrix("g", d.ffn_l)[r0:r0 + nr]
-            out[:] = nx.gelu(f) if not d.gated else nx.swiglu(f[:, :d.ffn_l], f[:, d.ffn_l:])
-            return
-        dg = mem.matrix("dg", d.ffn_l)[r0:r0 + nr]
-        df = mem.matrix("df", d.fc1_l)[r0:r0 + nr]
-        if d.gated:
-            dgate, dup = nx.swiglu_bwd(dg, f[:, :d.ffn_l], f[:, d.ffn_l:])
-            df[:, :d.ffn_l], df[:, d.ffn_l:] = dgate, dup
-        else:
-            df[:] = nx.gelu_bwd(dg, f)
-
-    def _heads(self, buf: np.ndarray, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """q [1, hq, s, d], k, v [1, hkv, s, d] of sequence ``b`` from a [T, qkv] buffer."""
-        d = self.d
-        rows = buf[b * d.seq:(b + 1) * d.seq]
-        hd = d.head_dim
-
-        def split(c0: int, heads: int) -> np.ndarray:
-            return rows[:, c0:c0 + heads * hd].reshape(d.seq, heads, hd).transpose(1, 0, 2)[None]
-        return split(0, d.heads_l), split(d.q_l, d.kv_l), split(d.q_l + d.kv_l * hd, d.kv_l)
-
-    def attention_apply(self, g: int, kind: str, b: int) -> None:
-        mem, d = self.m.gpus[g].memory, self.d
-        q, k, v = self._heads(mem.matrix("qkv", d.qkv_l), b)
-        rows = slice(b * d.seq, (b + 1) * d.seq)
-        if self.period.mode == "decode":
-            kc = mem.buffers["kcache"].reshape(d.batch, d.kv_l, d.kv_len, d.head_dim)[b:b + 1]
-            vc = mem.buffers["vcache"].reshape(d.batch, d.kv_l, d.kv_len, d.head_dim)[b:b + 1]
-            out = nx.attention_decode(q, kc, vc)
-        else:
-            out, _ = nx.attention(q, k, v)
-        if kind == "attention":
-            mem.matrix("a", d.q_l)[rows] = out[0].transpose(1, 0, 2).reshape(d.seq, d.q_l)
-            return
-        da = mem.matrix("da", d.q_l)[rows].reshape(d.seq, d.heads_l, d.head_dim).transpose(1, 0, 2)[None]
-        dq, dk, dv = nx.attention_bwd(da, q, k, v)
-        dqkv = mem.matrix("dqkv", d.qkv_l)[rows]
-        hd = d.head_dim
-        for c0, t, heads in ((0, dq, d.heads_l), (d.q_l, dk, d.kv_l), (d.q_l + d.kv_l * hd, dv, d.kv_l)):
-            dqkv[:, c0:c0 + heads * hd] = t[0].transpose(1, 0, 2).reshape(d.seq, heads * hd)
+        if local.kind in attention.KINDS:
+            return attention.attention_kernel(self.cm, mem, local.name, local.kind, self.d, self.period.mode,
+                                              self.sms, sm_set)
+        return activation.activation_kernel(self.cm, mem, local.name, local.kind, self.d, self.sms, sm_set)
 
     def collective(self, op: str, algo: str, src: str, dst: str, channels: int | None = None,
                    sm_sets: Sequence[frozenset[int] | None] | None = None,
