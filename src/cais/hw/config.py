@@ -142,10 +142,10 @@ class CaisConfig(_Strict):
     sync_entries: int = Field(256, gt=0, description="Group Sync Table entries per switch chip (TB groups being "
                                                       "synchronised at once); a sync request that finds it full "
                                                       "waits in its input buffer")
-    throttle_quorum: float = Field(1.0, ge=0, le=1, description="TB-aware throttling: a mergeable request is "
+    throttle_quorum: float = Field(0.5, ge=0, le=1, description="TB-aware throttling: a mergeable request is "
                                                                 "acknowledged to its TB once this fraction of its "
                                                                 "session's expected requesters has arrived (0: off)")
-    outstanding_kB: float = Field(32.0, gt=0, description="mergeable request bytes a coordinated TB keeps "
+    outstanding_kB: float = Field(64.0, gt=0, description="mergeable request bytes a coordinated TB keeps "
                                                           "unacknowledged")
     split: Literal["work"] | float = Field("work", description="asymmetric kernel overlap: the share of SMs for the "
                                                               "GEMM-RS group; work = in proportion to the two GEMMs' "
