@@ -162,3 +162,65 @@ def test_cais_base_merges_and_is_deterministic() -> None:
     b = run_layer(cfg, GPT, "cais-base", "prefill", functional=True, seed=1)
     assert a.mismatches == [] and a.total_us == b.total_us and _counts(a) == _counts(b)
     assert _counts(a)["merged"] > 0 and a.as_json()["arrival_skew_us"]["max"] > 0
+
+
+# ---- CAIS with coordination and the dataflow optimizer (issue 8) ----------------------
+
+def _four(**sets: str):
+    return apply_overrides(load_system("dgx-h100"), {"gpus": "4", **sets})
+
+
+@pytest.mark.parametrize("sets", [
+    {"cais.throttle_quorum": "0"},
+    {"cais.throttle_quorum": "1"},
+    {"switch.merge.entries": "40", "switch.merge.timeout_us": "0.3"},
+    {"gpu.l2_keeps_peer_reads": "true"},
+], ids=["no-throttle", "full-throttle", "tiny-table", "l2-keeps"])
+@pytest.mark.parametrize("scheme", ["cais", "cais-wo-coord"])
+def test_cais_is_exact_with_coordination_throttling_and_table_variants(scheme: str, sets: dict) -> None:
+    r = run_layer(_four(**sets), GPT, scheme, "train", functional=True, seed=4)
+    assert r.checked >= 60 and r.mismatches == []
+    assert _counts(r)["merged"] > 0
+
+
+def test_coordination_cuts_the_arrival_skew_and_sync_travels_on_the_wire() -> None:
+    coord = run_layer(_four(), GPT, "cais", "prefill", functional=True, seed=1)
+    free = run_layer(_four(), GPT, "cais-wo-coord", "prefill", functional=True, seed=1)
+    assert coord.mismatches == [] and free.mismatches == []
+    assert coord.as_json()["arrival_skew_us"]["mean"] < free.as_json()["arrival_skew_us"]["mean"]
+
+
+def test_cais_partial_runs_with_one_request_vc_and_cais_with_a_vc_per_class() -> None:
+    part = run_layer(_four(), GPT, "cais-partial", "prefill")
+    full = run_layer(_four(), GPT, "cais", "prefill")
+    assert (part.vc_policy, full.vc_policy) == ("one", "class")
+    assert part.switch == full.switch == "cais" and part.total_us != full.total_us
+
+
+def test_a_slow_gpu_under_coordination_completes_and_slows_everyone() -> None:
+    fast = run_layer(_four(), GPT, "cais", "prefill", functional=True, seed=1)
+    slow_cfg = _four().model_copy(update={"gpu_slowdown": {2: 3.0}})
+    slow = run_layer(slow_cfg, GPT, "cais", "prefill", functional=True, seed=1)
+    assert slow.mismatches == [] and slow.total_us > fast.total_us * 1.3
+
+
+def test_a_broken_group_size_ends_in_the_watchdogs_one_line_error(monkeypatch) -> None:
+    from cais.isa import Isa
+    from cais.machine import Stalled
+
+    real = Isa.group_sync
+    monkeypatch.setattr(Isa, "group_sync", lambda self, src, group, members, released:
+                        real(self, src, group, members + 1, released))
+    with pytest.raises(Stalled) as err:
+        run_layer(_four(), GPT, "cais", "prefill")
+    line = str(err.value)
+    assert "\n" not in line and "group sync table" in line and "of 5 registered" in line
+
+
+@pytest.mark.parametrize("scheme", ["ladm", "cais-base"])
+def test_keeping_peer_reads_in_the_l2_is_exact_and_cuts_traffic(scheme: str) -> None:
+    keep = run_layer(_four(**{"gpu.l2_keeps_peer_reads": "true"}), GPT, scheme, "prefill", functional=True, seed=4)
+    plain = run_layer(_four(), GPT, scheme, "prefill", functional=True, seed=4)
+    assert keep.mismatches == [] and plain.mismatches == []
+    down = [sum(r.as_json()["wire_bytes"][str(g)]["down"] for g in range(4)) for r in (keep, plain)]
+    assert down[0] < down[1]

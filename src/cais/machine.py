@@ -69,6 +69,8 @@ class Machine:
         mem_lat = round(cfg.gpu.memory_latency_ns * PS_PER_NS)
         self.gpus = [Gpu(self.sim, g, cfg.gpu.sms, Memory(functional), self.pk, mem_lat, self.vcmap,
                          round(cfg.gpu.read_serve_kB * 1024), cfg.switch.chips, cfg.link.vcs) for g in range(cfg.gpus)]
+        for g, factor in cfg.gpu_slowdown.items():
+            self.gpus[g].slowdown = factor
         self.fabric = Fabric(self.sim, cfg, self.gpus, self.pk, self.vcmap)
         self.isa = Isa(self)
         self.launch_ps = round(cfg.gpu.kernel_launch_us * PS_PER_US)

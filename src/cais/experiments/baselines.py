@@ -12,7 +12,7 @@ import os
 from concurrent.futures import ProcessPoolExecutor
 
 from cais.experiments.layer import run_layer
-from cais.hw.config import load_system
+from cais.hw.config import apply_overrides, load_system
 
 TABLE1 = ("paper-mega-gpt-4b", "paper-mega-gpt-8b", "paper-llama-7b")
 
@@ -30,19 +30,27 @@ def paper_ratio(scheme: str, mode: str) -> float:
     return PAPER_CAIS_SPEEDUP[scheme][i] / PAPER_CAIS_SPEEDUP["tp-nvls"][i]
 
 
-def _one(job: tuple[str, str, str, int, str]) -> dict[str, object]:
-    model_name, scheme, mode, sms, system = job
+def _one(job: tuple[str, str, str, int, str, tuple[tuple[str, str], ...]]) -> dict[str, object]:
+    model_name, scheme, mode, sms, system, sets = job
     from cais.workload.models import load_model
 
-    r = run_layer(load_system(system), load_model(model_name), scheme, mode, sms)
+    cfg = apply_overrides(load_system(system), dict(sets)) if sets else load_system(system)
+    r = run_layer(cfg, load_model(model_name), scheme, mode, sms)
+    j = r.as_json()
     return {"model": model_name, "scheme": scheme, "mode": mode, "total_us": r.total_us,
-            "sublayers": {k: v["time_us"] for k, v in r.sublayers.items()}, "wall_s": r.wall_s}
+            "sublayers": {k: v["time_us"] for k, v in r.sublayers.items()},
+            "bounds": {k: v["bound_us"] for k, v in r.sublayers.items()}, "wall_s": r.wall_s,
+            "link_util": r.link_util.mean, "merge": j.get("merge"),
+            "table_peak_kB": j.get("merge_table_peak_kB", {}).get("max"), "skew_us": j.get("arrival_skew_us")}
 
 
 def run_grid(models: tuple[str, ...] = TABLE1, schemes: tuple[str, ...] = tuple(PAPER_CAIS_SPEEDUP),
              modes: tuple[str, ...] = ("prefill", "train"), sms: int = 66, system: str = "dgx-h100",
-             workers: int | None = None) -> list[dict[str, object]]:
-    jobs = [(m, s, mode, sms, system) for m in models for s in schemes for mode in modes]
+             workers: int | None = None, sets: dict[str, str] | None = None) -> list[dict[str, object]]:
+    """Every (model, scheme, mode) on ``system`` with the ``--set``-style overrides
+    ``sets``, in a pool of local processes."""
+    frozen = tuple(sorted((sets or {}).items()))
+    jobs = [(m, s, mode, sms, system, frozen) for m in models for s in schemes for mode in modes]
     with ProcessPoolExecutor(max_workers=workers or os.cpu_count()) as pool:
         return list(pool.map(_one, jobs))
 

@@ -39,6 +39,8 @@ class LayerResult:
     kernel_us: dict[str, float] = field(default_factory=dict)
     mismatches: list[str] = field(default_factory=list)
     checked: int = 0
+    switch: str = ""
+    vc_policy: str = ""
 
     @property
     def link_util(self) -> LinkUtil:
@@ -46,6 +48,7 @@ class LayerResult:
 
     def as_json(self) -> dict[str, object]:
         return {"model": self.model, "scheme": self.scheme, "mode": self.mode, "gpus": self.gpus, "sms": self.sms,
+                "switch": self.switch, "vc_policy": self.vc_policy,
                 "total_us": self.total_us, "sublayers": self.sublayers, **self.metrics.as_json(),
                 "segments_us": self.segments, "kernel_us": self.kernel_us}
 
@@ -225,7 +228,7 @@ def run_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: 
     bad, checked = _check(m, case) if case is not None else ([], 0)
     return LayerResult(model.name, scheme, mode, cfg.gpus, cfg.gpu.sms, end / PS_PER_US, subs, segs,
                        run_metrics(m, end), m.sim.events, time.perf_counter() - t0,
-                       kernel_split(run), bad, checked)
+                       kernel_split(run), bad, checked, cfg.switch.model, cfg.link.vc_policy)
 
 
 def _mark_segments(run: LayerRun) -> None:

@@ -165,6 +165,9 @@ class SystemConfig(_Strict):
     switch: SwitchConfig = SwitchConfig()
     collective: CollectiveConfig = CollectiveConfig()
     cais: CaisConfig = CaisConfig()
+    gpu_slowdown: dict[int, float] = Field(default_factory=dict,
+                                           description="GPU index -> factor on the time its TBs compute (a "
+                                                       "straggler, for experiments); absent GPUs run at 1")
     transfer_unit_bytes: int = Field(256 * 1024, ge=128,
                                      description="largest packet train the network moves")
     min_transfer_unit_bytes: int = Field(512, ge=128, description="smallest packet train")
@@ -183,6 +186,9 @@ class SystemConfig(_Strict):
                 raise ValueError(f"{field} must be a multiple of packet.max_payload_bytes")
         if self.min_transfer_unit_bytes > min(self.transfer_unit_bytes, self.collective_unit_bytes):
             raise ValueError("min_transfer_unit_bytes must not exceed transfer_unit_bytes or collective_unit_bytes")
+        for g, factor in self.gpu_slowdown.items():
+            if not 0 <= g < self.gpus or factor <= 0:
+                raise ValueError(f"gpu_slowdown: GPU indices must be in 0..{self.gpus - 1} and factors > 0")
         return self
 
     def unit_for(self, stream_bytes: int) -> int:

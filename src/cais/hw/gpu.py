@@ -80,6 +80,7 @@ class Gpu:
         self.tbs_finished = 0
         self._running: list[Kernel] = []
         self.tb_log: list[tuple[str, int, int, int]] | None = None  # (kernel, sm, start, end)
+        self.slowdown = 1.0  # factor on the time its TBs compute (a straggler)
         self.kernel_log: list[Kernel] | None = None  # every kernel launched, when not None
 
     # ---- endpoint ---------------------------------------------------------------
@@ -238,6 +239,8 @@ class Gpu:
             if kernel.started_at is None:
                 kernel.started_at = self.sim.now
             program = kernel.tbs[tb_index](sm, self.busy_sms)
+            if self.slowdown != 1.0:
+                program = _slowed(program, self.slowdown)
             proc = Process(self.sim, program)
             proc.done.on_fire(self._tb_finisher(kernel, sm, self.sim.now))
 
@@ -272,3 +275,15 @@ class Gpu:
 
     def free_sms(self, within: Iterable[int] | None = None) -> int:
         return len(self._free if within is None else self._free & set(within))
+
+
+def _slowed(program: ProgramGen, factor: float) -> ProgramGen:
+    """``program`` with every compute delay it yields stretched by ``factor`` (what it
+    waits for, signals, is unchanged)."""
+    value = None
+    while True:
+        try:
+            item = program.send(value)
+        except StopIteration:
+            return
+        value = yield (round(item * factor) if isinstance(item, int) else item)

@@ -361,8 +361,8 @@ class Ladm(Scheme):
         mem = r.m.gpus[g].memory
         store = store_epilogue(mem, gemm.ops, shape) if mem.functional else None
         # with l2_keeps_peer_reads: remote lines already fetched (or on their way) for
-        # this kernel, shared by its TBs
-        kept: dict[Region, Signal] | None = {} if r.m.cfg.gpu.l2_keeps_peer_reads else None
+        # this kernel, shared by its TBs; keyed by (home GPU, region of its buffer)
+        kept: dict[tuple[int, Region], Signal] | None = {} if r.m.cfg.gpu.l2_keeps_peer_reads else None
 
         def plan(i: int, j: int) -> list[Load]:
             loads = []
@@ -395,7 +395,7 @@ class Ladm(Scheme):
                         if blocks is not None:
                             self._place(blocks, ld, mem.read(ld.region))
                         continue
-                    line = kept.get(ld.region) if kept is not None else None
+                    line = kept.get((ld.home, ld.region)) if kept is not None else None
                     if line is not None:  # an L2 hit (or a miss already in flight)
                         line.on_fire(self._hit(r, ld, blocks, arrived))
                         continue
@@ -404,7 +404,7 @@ class Ladm(Scheme):
                     win.take(ld.region.nbytes)
                     got = self._got(r, win, ld, blocks, arrived)
                     if kept is not None:
-                        kept[ld.region] = line = Signal()
+                        kept[(ld.home, ld.region)] = line = Signal()
                         got = self._keep(r, got, line)
                     self._load(r, g, ld.home, ld.region, got, unit)
                 if remote:
