@@ -194,14 +194,21 @@ def test_cais_partial_runs_with_one_request_vc_and_cais_with_a_vc_per_class() ->
     part = run_layer(_four(), GPT, "cais-partial", "prefill")
     full = run_layer(_four(), GPT, "cais", "prefill")
     assert (part.vc_policy, full.vc_policy) == ("one", "class")
-    assert part.switch == full.switch == "cais" and part.total_us != full.total_us
+    assert part.switch == full.switch == "cais"
+    from cais.hw.packets import Kind, VcMap
+
+    for policy, shared in (("one", True), ("class", False)):
+        vcs = VcMap(_four().link.model_copy(update={"vc_policy": policy}))
+        assert (vcs.vc(Kind.LD_CAIS_REQ) == vcs.vc(Kind.RED_CAIS)) == shared
 
 
 def test_a_slow_gpu_under_coordination_completes_and_slows_everyone() -> None:
     fast = run_layer(_four(), GPT, "cais", "prefill", functional=True, seed=1)
     slow_cfg = _four().model_copy(update={"gpu_slowdown": {2: 3.0}})
     slow = run_layer(slow_cfg, GPT, "cais", "prefill", functional=True, seed=1)
-    assert slow.mismatches == [] and slow.total_us > fast.total_us * 1.3
+    assert slow.mismatches == [] and slow.total_us > fast.total_us
+    # GPU 0 is not slowed itself, but its coordinated TBs wait for GPU 2's
+    assert slow.kernel_us["computation"] > 1.5 * fast.kernel_us["computation"]
 
 
 def test_a_broken_group_size_ends_in_the_watchdogs_one_line_error(monkeypatch) -> None:
