@@ -325,7 +325,8 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 
 def _demo_layers(cfg: SystemConfig, model_name: str) -> None:
-    """Every scheme on one prefill period of ``model_name`` at 66 SMs (the paper's setting)."""
+    """Every scheme but the ablations on one prefill period of ``model_name`` at 66 SMs
+    (the paper's setting)."""
     from cais.experiments.layer import run_layer
     from cais.schemes import schemes
     from cais.workload.models import load_model
@@ -335,7 +336,9 @@ def _demo_layers(cfg: SystemConfig, model_name: str) -> None:
     for col in ("scheme", "total (us)", "L1 (us)", "L2 (us)", "vs tp-nvls", "link util"):
         lt.add_column(col, justify="right")
     base = None
-    for name in schemes():
+    for name, cls in schemes().items():
+        if cls.ablation:
+            continue
         r = run_layer(cfg, model, name, "prefill", 66)
         base = base or r.total_us
         lt.add_row(name, f"{r.total_us:,.0f}", f"{r.sublayers['L1']['time_us']:,.0f}",

@@ -137,7 +137,7 @@ class CollectiveConfig(_Strict):
 
 class CaisConfig(_Strict):
     """What CAIS's coordination and dataflow optimizer use that the paper leaves open
-    (paper §III-B, §III-C; docs/cais-coordination.md gives the reasons)."""
+    (paper §III-B, §III-C; docs/cais.md, part 2, gives the reasons)."""
 
     sync_entries: int = Field(256, gt=0, description="Group Sync Table entries per switch chip (TB groups being "
                                                       "synchronised at once); a sync request that finds it full "

@@ -176,6 +176,7 @@ class Scheme:
     summary = ""
     switch = "nvls"  # the switch model it needs when the system's is "auto" (cais: with merge units)
     vc_policy: str | None = None  # a VC policy the scheme is defined with (None: the system's)
+    ablation = False  # an ablation of another scheme (the demo leaves it out)
 
     def run(self, r: LayerRun) -> None:
         ready: Deps = [Signal() for _ in range(r.m.n)]

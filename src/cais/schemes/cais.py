@@ -52,6 +52,7 @@ class Cais(CaisBase):
     """CAIS: merge unit + TB coordination + graph-level dataflow optimizer."""
 
     name = "cais"
+    ablation = False
     coord = True
     traffic_control = True
     summary = "CAIS: merge unit + TB coordination (group sync, throttling) + fused GEMM-RS/LN/AG-GEMM pipeline"
@@ -212,6 +213,7 @@ class CaisPartial(Cais):
     """CAIS without traffic control: loads and reductions share one request VC."""
 
     name = "cais-partial"
+    ablation = True
     traffic_control = False
     vc_policy = "one"
     summary = "CAIS without traffic control (loads and reductions share one VC)"
@@ -221,5 +223,6 @@ class CaisWoCoord(Cais):
     """CAIS without merging-aware TB coordination (no group sync, no throttling)."""
 
     name = "cais-wo-coord"
+    ablation = True
     coord = False
     summary = "CAIS without TB coordination: merge unit + fused pipeline + traffic control"

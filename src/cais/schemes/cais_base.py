@@ -48,6 +48,7 @@ class CaisBase(Ladm):
 
     name = "cais-base"
     switch = "cais"
+    ablation = True
     unit = 32 * 1024
     load_bytes = 32 * 1024
     summary = "CAIS ISA + switch merge unit only: GEMM -> red.cais | LN | GEMM with ld.cais; no TB coordination"
