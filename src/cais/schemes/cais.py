@@ -8,7 +8,8 @@
   - *TB-level dependencies*: an LN row-block TB starts when every GPU's
     contributions to its rows have landed (its signal word), and announces its rows
     with a multicast flag; an AG-GEMM tile loads a row block as soon as its owner's
-    flag for it is in;
+    flag for it is in (which tile rows feed which block, and which blocks a tile
+    reads, come from the pass ``cais.opt.tb_dependencies`` over the layer graph);
   - *asymmetric kernel overlap*: GEMM-RS (up-link heavy) runs on one SM group and
     LN + AG-GEMM (down-link heavy) on the other, at the same time, so both link
     directions carry traffic (``cais.split``);
@@ -40,7 +41,8 @@ from cais.hw.gpu import Kernel, TbProgram
 from cais.hw.memory import Region
 from cais.isa import SmPort
 from cais.kernels.gemm import GemmShape
-from cais.kernels.local import row_blocks
+from cais.kernels.local import ROWS_PER_TB
+from cais.opt.tb_dependencies import TbDependencies, tb_dependencies
 from cais.schemes.base import Deps, LayerRun
 from cais.schemes.cais_base import CaisBase
 from cais.workload.graph import Chain, Gemm
@@ -58,7 +60,8 @@ class Cais(CaisBase):
     summary = "CAIS: merge unit + TB coordination (group sync, throttling) + fused GEMM-RS/LN/AG-GEMM pipeline"
 
     def run(self, r: LayerRun) -> None:
-        self._ln_blocks = row_blocks(r.d.rows_l)  # LN row blocks of every owner's shard
+        self._deps: dict[str, TbDependencies] = {}  # chain -> its TB-level dependencies
+        self._deps_of: dict[str, TbDependencies] = {}  # GEMM2 -> the same
         self._block_keys: dict[str, list[int]] = {}  # chain -> signal word per LN block
         self._ready: dict[str, list[dict[tuple[int, int], Signal]]] = {}  # gemm2 -> per GPU (owner, block)
         self._groups: dict[str, int] = {}  # kernel name -> first TB-group key
@@ -67,13 +70,15 @@ class Cais(CaisBase):
     # ---- the fused sub-layer --------------------------------------------------------
     def chain(self, r: LayerRun, c: Chain, deps: Deps) -> Deps:
         n, over = r.m.n, r.cm.kernel_overhead_ps
-        self._block_keys[c.name] = [r.m.flag_key() for _ in self._ln_blocks]
-        ready = [{(o, b): Signal() for o in range(n) for b in range(len(self._ln_blocks))} for _ in range(n)]
+        rs_sms, ag_sms = self._split(r, c)
+        tbd = self._deps[c.name] = self._deps_of[c.gemm2.name] = self._tb_dependencies(r, c, rs_sms, ag_sms)
+        blocks = tbd.blocks
+        self._block_keys[c.name] = [r.m.flag_key() for _ in blocks]
+        ready = [{(o, b): Signal() for o in range(n) for b in range(len(blocks))} for _ in range(n)]
         self._ready[c.gemm2.name] = ready
-        flags = [r.m.flag_key() for _ in self._ln_blocks]
+        flags = [r.m.flag_key() for _ in blocks]
         for gemm in (c.gemm1, c.gemm2):
             self._groups[gemm.name] = r.m.flag_key() << 24
-        rs_sms, ag_sms = self._split(r, c)
         ops = self._operands(c.gemm2)
         out = []
         for g in range(n):
@@ -84,6 +89,17 @@ class Cais(CaisBase):
                 r.submit(g, k, [deps[g]], over, c.name)
             out.append(r.submit(g, k2, [deps[g]], over, c.name))
         return out
+
+    @staticmethod
+    def _tb_dependencies(r: LayerRun, c: Chain, rs_sms: frozenset[int], ag_sms: frozenset[int]) -> TbDependencies:
+        """The pass over the layer graph: which GEMM1 tile rows feed each LN row block,
+        which LN row blocks each GEMM2 row tile reads (GEMM1 on ``rs_sms``, GEMM2 on
+        ``ag_sms``: their tile shapes)."""
+        graph = r.period.graph
+        if graph is None:
+            raise ValueError(f"{c.name}: the period has no dataflow graph to derive TB dependencies from")
+        return tb_dependencies(graph, graph.chain(c.name), r.shape(c.gemm1, len(rs_sms)), r.shape(c.gemm2, len(ag_sms)),
+                               ROWS_PER_TB, r.m.n)
 
     def _split(self, r: LayerRun, c: Chain) -> tuple[frozenset[int], frozenset[int]]:
         """The two SM groups of asymmetric kernel overlap: GEMM-RS on the first
@@ -105,19 +121,20 @@ class Cais(CaisBase):
         """The row-wise op as row-block TBs: each waits for its rows' signal word,
         normalises them, and multicasts a flag that they are ready."""
         m, op = r.m, c.rowop
+        deps = self._deps[c.name]
         sms = len(sm_set)
-        waves = -(-len(self._ln_blocks) // sms)
+        waves = -(-len(deps.blocks) // sms)
         tb_ps = r.rowop_work_ps(op, op.rows, sms) // max(1, waves)
-        per_row = m.n * c.gemm1.n * r.model.dtype_bytes  # every GPU's partial of a row
         keys = self._block_keys[c.name]
         functional = m.gpus[g].memory.functional
 
         def tb(b: int) -> TbProgram:
-            r0, nr = self._ln_blocks[b]
+            r0, nr = deps.blocks[b]
+            expected = deps.signal_bytes(g, b, r.model.dtype_bytes)  # every GPU's partial of the rows fed to it
 
             def program(sm: int, busy: int) -> ProgramGen:
                 landed = Signal()
-                m.gpus[g].wait_signal(keys[b], per_row * nr, lambda: landed.fire(m.sim))
+                m.gpus[g].wait_signal(keys[b], expected, lambda: landed.fire(m.sim))
                 yield landed
                 yield tb_ps
                 if functional:
@@ -125,22 +142,22 @@ class Cais(CaisBase):
                 m.isa.flag_multicast(g, flags[b], lambda gpu: ready[gpu][(g, b)].fire(m.sim))
             return program
 
-        return Kernel(op.name, [tb(b) for b in range(len(self._ln_blocks))], sm_set)
+        return Kernel(op.name, [tb(b) for b in range(len(deps.blocks))], sm_set)
 
     # ---- TB-level dependencies of the AG-GEMM ----------------------------------------
     def _operands_ready(self, r: LayerRun, g: int, gemm: Gemm, shape: GemmShape, i: int) -> list[Signal]:
         ready = self._ready.get(gemm.name)
         if ready is None:
             return []
-        rows_l, per = r.d.rows_l, self._ln_blocks[0][1]
-        r0, nr = shape.rows(i)
-        needed = {(t // rows_l, t % rows_l // per) for t in range(r0, r0 + nr)}
-        return [ready[g][key] for key in sorted(needed)]
+        deps = self._deps_of[gemm.name]
+        if shape != deps.gemm2:
+            raise ValueError(f"{gemm.name}: tiled {shape}, its TB dependencies were derived for {deps.gemm2}")
+        return [ready[g][key] for key in deps.waits(i)]
 
     # ---- the GEMM-RS epilogue: one red.cais per LN row block -------------------------
     def _reduce(self, r: LayerRun, g: int, c: Chain, owner: int, region: Region, data: np.ndarray | None,
                 done: Callable[[], None], port: SmPort, drain: object) -> None:
-        pieces = self._by_block(c, region, data)
+        pieces = self._by_block(c, owner, region, data)
         left = [len(pieces)]
 
         def one() -> None:
@@ -153,30 +170,26 @@ class Cais(CaisBase):
 
     def _add_own(self, r: LayerRun, g: int, c: Chain, region: Region, data: np.ndarray | None) -> None:
         keys = self._block_keys[c.name]
-        for b, sub, part in self._by_block(c, region, data):
+        for b, sub, part in self._by_block(c, g, region, data):
             r.m.isa.red_cais(g, g, sub, part, keys[b])
 
-    def _by_block(self, c: Chain, region: Region, data: np.ndarray | None
+    def _by_block(self, c: Chain, owner: int, region: Region, data: np.ndarray | None
                   ) -> list[tuple[int, Region, np.ndarray | None]]:
-        """Cut an epilogue's block of owner-local rows at LN row-block boundaries:
-        (block, sub-region, its data)."""
+        """Cut an epilogue's block of ``owner``'s rows at LN row-block boundaries (the
+        pass's cut): (block, sub-region, its data)."""
         width = c.gemm1.n
         r0, c0 = divmod(region.start, width)
         rows, cols = (region.rows, region.count) if region.rows > 1 else (region.count // width, width)
         mat = None if data is None else data.reshape(rows, cols)
-        per = self._ln_blocks[0][1]
         out = []
-        t = r0
-        while t < r0 + rows:
-            stop = min(r0 + rows, (t // per + 1) * per)
-            sub = Region.block(region.buffer, width, t, stop - t, c0, cols, region.elem_bytes)
+        for b, t, cnt in self._deps[c.name].cut(owner, r0, rows):
+            sub = Region.block(region.buffer, width, t, cnt, c0, cols, region.elem_bytes)
             part = None
             if mat is not None:
-                part = mat[t - r0:stop - r0]
+                part = mat[t - r0:t - r0 + cnt]
                 if sub.rows == 1:
                     part = part.reshape(-1)
-            out.append((t // per, sub, part))
-            t = stop
+            out.append((b, sub, part))
         return out
 
     # ---- merging-aware TB coordination -----------------------------------------------

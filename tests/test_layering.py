@@ -1,0 +1,32 @@
+"""Lower layers never import upper ones (design.md §2): workload/ imports only
+workload/; opt/ (the CAIS passes) imports workload/ and the GEMM tile shapes of
+kernels/gemm.py, never schemes/."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "cais"
+ALLOWED = {"workload": ("cais.workload",), "opt": ("cais.workload", "cais.opt", "cais.kernels.gemm")}
+
+
+def _imports(path: Path) -> list[str]:
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            out.append(node.module)
+        elif isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+    return [m for m in out if m == "cais" or m.startswith("cais.")]
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_package_imports_only_what_is_below_it(package: str) -> None:
+    files = sorted((SRC / package).glob("*.py"))
+    assert files
+    bad = [f"{f.name}: {m}" for f in files for m in _imports(f)
+           if not any(m == a or m.startswith(a + ".") for a in ALLOWED[package])]
+    assert bad == []
