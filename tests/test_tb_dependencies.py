@@ -101,3 +101,18 @@ def test_rejects_what_it_does_not_model() -> None:
         tb_dependencies(g, g.chain("L1"), s1, s2, 64, 4)
     with pytest.raises(ValueError, match="tiles a"):
         tb_dependencies(g, g.chain("L1"), s2, s2, 64, 2)
+
+
+def test_fusion_absorbs_the_collectives_and_the_split_follows_the_gemm_times() -> None:
+    from cais.opt.fusion import asymmetric_split, fuse
+    from cais.workload.graph import build_period
+    from cais.workload.models import load_model
+
+    period = build_period(load_model("paper-llama-7b"), 8, "prefill", True, 0, True)
+    plan = fuse(period.graph.chain("L1"))
+    assert [op.kind for op in plan.kernels] == ["gemm", "rowop", "gemm"]
+    assert [op.kind for op in plan.absorbed] == ["reduce", "gather"]
+    rs, ag = asymmetric_split(100, 300, 66, "work")
+    assert (len(rs), len(ag)) == (16, 50) and not rs & ag  # 66 x 1/4 = 16.5 -> 16
+    assert len(asymmetric_split(1, 10**9, 66, "work")[0]) == 1  # each group keeps an SM
+    assert len(asymmetric_split(5, 5, 66, 0.25)[0]) == 16

@@ -42,6 +42,7 @@ from cais.hw.memory import Region
 from cais.isa import SmPort
 from cais.kernels.gemm import GemmShape
 from cais.kernels.local import ROWS_PER_TB
+from cais.opt.fusion import asymmetric_split, fuse
 from cais.opt.tb_dependencies import TbDependencies, tb_dependencies
 from cais.schemes.base import Deps, LayerRun
 from cais.schemes.cais_base import CaisBase
@@ -80,6 +81,8 @@ class Cais(CaisBase):
         for gemm in (c.gemm1, c.gemm2):
             self._groups[gemm.name] = r.m.flag_key() << 24
         ops = self._operands(c.gemm2)
+        plan = fuse(r.period.graph.chain(c.name))  # GEMM-RS, LN, AG-GEMM launched together
+        assert [op.name for op in plan.kernels] == [c.gemm1.name, c.rowop.name, c.gemm2.name]
         out = []
         for g in range(n):
             k1, _ = self._red_gemm(r, g, c, rs_sms)
@@ -101,20 +104,11 @@ class Cais(CaisBase):
         return tb_dependencies(graph, graph.chain(c.name), r.shape(c.gemm1, len(rs_sms)), r.shape(c.gemm2, len(ag_sms)),
                                ROWS_PER_TB, r.m.n)
 
-    def _split(self, r: LayerRun, c: Chain) -> tuple[frozenset[int], frozenset[int]]:
-        """The two SM groups of asymmetric kernel overlap: GEMM-RS on the first
-        ``split`` share, LN + AG-GEMM on the rest (``work``: in proportion to the two
-        GEMMs' calibrated times on all SMs, so both finish together; FLOPs would
-        starve a short-K GEMM-RS, whose time per FLOP is several times higher)."""
-        sms = r.sms
-        split = r.m.cfg.cais.split
-        if split == "work":
-            t1, t2 = (r.cm.gemm_time_ps(gm.m, gm.n, gm.k, sms) for gm in (c.gemm1, c.gemm2))
-            share = t1 / (t1 + t2)
-        else:
-            share = float(split)
-        first = min(sms - 1, max(1, round(sms * share)))
-        return frozenset(range(first)), frozenset(range(first, sms))
+    @staticmethod
+    def _split(r: LayerRun, c: Chain) -> tuple[frozenset[int], frozenset[int]]:
+        """The two SM groups of asymmetric kernel overlap (``opt.fusion``)."""
+        t1, t2 = (r.cm.gemm_time_ps(gm.m, gm.n, gm.k, r.sms) for gm in (c.gemm1, c.gemm2))
+        return asymmetric_split(t1, t2, r.sms, r.m.cfg.cais.split)
 
     def _ln_kernel(self, r: LayerRun, g: int, c: Chain, flags: list[int],
                    ready: list[dict[tuple[int, int], Signal]], sm_set: frozenset[int]) -> Kernel:
