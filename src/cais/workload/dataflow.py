@@ -17,6 +17,7 @@ Tensor names are the per-GPU buffer names of the period (``PeriodBuffers``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from cais.workload.dims import MODES, Dims, dims_for
@@ -281,6 +282,16 @@ def _widths(model: ModelSpec) -> _Widths:
                    2 * ffn if model.gated_mlp else ffn)
 
 
+def _context(g: LayerGraph, model: ModelSpec) -> tuple[Dims, _Widths, int, int, int, str, Callable[[str], str]]:
+    """What the forward and backward builders share: dims, widths, tokens, hidden,
+    rows per GPU, the sharding of activations between GEMMs, and the name of a
+    gathered activation."""
+    d = g.dims
+    act = "rows" if d.sp else "replicated"
+    gath: Callable[[str], str] = (lambda s: s + "g") if d.sp else (lambda s: s)
+    return d, _widths(model), d.tokens, d.hidden, d.rows_l, act, gath
+
+
 def _sublayer(g: LayerGraph, name: str, gemm1: Op, reduced: str, rowop: Op, feed: str, gemm2: Op) -> None:
     """GEMM1 -> reduce (RS, or AR without SP) -> row-wise op -> gather (SP) -> GEMM2."""
     sp = g.dims.sp
@@ -294,10 +305,7 @@ def _sublayer(g: LayerGraph, name: str, gemm1: Op, reduced: str, rowop: Op, feed
 
 
 def _forward(g: LayerGraph, model: ModelSpec, seed: int) -> None:
-    d, w = g.dims, _widths(model)
-    T, h, rl = d.tokens, d.hidden, d.rows_l
-    act = "rows" if d.sp else "replicated"
-    gath = (lambda s: s + "g") if d.sp else (lambda s: s)
+    d, w, T, h, rl, act, gath = _context(g, model)
     for name, shape, sharding, local in [
             ("qkv", (T, w.qkv), "cols", (T, d.qkv_l)), ("x1", (T, h), act, (rl, h)),
             ("a", (T, w.q), "cols", (T, d.q_l)), ("zo_p", (T, h), "partial", (T, h)), ("zo", (T, h), act, (rl, h)), ("x2", (T, h), act, (rl, h)),
@@ -329,10 +337,7 @@ def _forward(g: LayerGraph, model: ModelSpec, seed: int) -> None:
 
 
 def _backward(g: LayerGraph, model: ModelSpec, seed: int, regather: bool) -> None:
-    d, w = g.dims, _widths(model)
-    T, h, rl = d.tokens, d.hidden, d.rows_l
-    act = "rows" if d.sp else "replicated"
-    gath = (lambda s: s + "g") if d.sp else (lambda s: s)
+    d, w, T, h, rl, act, gath = _context(g, model)
     for name, shape, sharding, local in [
             ("dqkv_next", (T, w.qkv), "cols", (T, d.qkv_l)), ("dx3_res", (T, h), act, (rl, h)),
             ("dn1_p", (T, h), "partial", (T, h)), ("dn1", (T, h), act, (rl, h)), ("dx3", (T, h), act, (rl, h)),
