@@ -18,6 +18,7 @@ from cais.kernels.collectives import ALGOS, OPS
 from cais.machine import Stalled
 from cais.report.trace import DEFAULT_TB_LIMIT
 from cais.results.recorder import DEFAULT_BIN_PS, Recorder
+from cais.workload.graph import SUBLAYERS
 
 if TYPE_CHECKING:
     from cais.experiments.collective import CollectiveResult
@@ -253,14 +254,23 @@ def _print_layer(system: str, model: ModelSpec, r: LayerResult) -> None:
         gap = sub["time_us"] / sub["bound_us"] - 1 if sub["bound_us"] else 0.0
         table.add_row(name, f"{sub['time_us']:,.1f}", f"{sub['bound_us']:,.1f}",
                       f"{sub['compute_us']:,.1f} / {sub['comm_us']:,.1f}", f"{100 * gap:+.0f} %")
+    in_sublayers = sum(sub["time_us"] for sub in r.sublayers.values())
+    rest = [name for name in r.segments if name not in r.sublayers]
+    table.add_row("rest", f"{max(0.0, r.total_us - in_sublayers):,.1f}", "", "", "")
     table.add_row("total", f"{r.total_us:,.1f}", "", "", "", style="bold")
     Console().print(table)
+    for name in r.sublayers:
+        Console().print(f"{name}: {SUBLAYERS.get(name, '')}")
+    Console().print(f"rest: the period outside L1-L4 ({', '.join(rest) or 'nothing'}); overlapping schemes run "
+                    "some of it inside the sub-layers' spans. gap to bound: time / max(compute, comm) - 1.")
     Console().print(f"link utilisation: mean {100 * r.link_util.mean:.1f} % (GPU directions), busiest port "
                     f"direction {100 * r.link_util.max:.1f} % ({r.link_util.busiest}), over the period; "
                     f"{r.events:,} events in {r.wall_s:.1f} s")
     k = r.kernel_us
     Console().print(f"GPU 0 kernel time: collectives {k['communication']:,.0f} us, other kernels "
                     f"{k['computation']:,.0f} us (overlapping kernels both count)")
+    Console().print(f"next: --json for every metric, --trace FILE.json for the timeline, or compare "
+                    f"'--scheme {'cais' if r.scheme != 'cais' else 'tp-nvls'}'")
 
 
 def cmd_schemes(args: argparse.Namespace) -> None:
@@ -333,7 +343,7 @@ def _demo_layers(cfg: SystemConfig, model_name: str) -> None:
 
     model = load_model(model_name)
     lt = Table(title=f"{model.name} prefill, one layer period, {cfg.gpus} GPUs x 66 SMs")
-    for col in ("scheme", "total (us)", "L1 (us)", "L2 (us)", "vs tp-nvls", "link util"):
+    for col in ("scheme", "total (us)", "L1 (us)", "L2 (us)", "speedup vs tp-nvls (>1: faster)", "link util"):
         lt.add_column(col, justify="right")
     base = None
     for name, cls in schemes().items():
@@ -342,8 +352,12 @@ def _demo_layers(cfg: SystemConfig, model_name: str) -> None:
         r = run_layer(cfg, model, name, "prefill", 66)
         base = base or r.total_us
         lt.add_row(name, f"{r.total_us:,.0f}", f"{r.sublayers['L1']['time_us']:,.0f}",
-                   f"{r.sublayers['L2']['time_us']:,.0f}", f"{r.total_us / base:.2f}x", f"{100 * r.link_util.mean:.0f} %")
+                   f"{r.sublayers['L2']['time_us']:,.0f}", f"{base / r.total_us:.2f}x", f"{100 * r.link_util.mean:.0f} %")
     Console().print(lt)
+    for name in ("L1", "L2"):
+        Console().print(f"{name}: {SUBLAYERS[name]}")
+    Console().print("next: 'cais run --model paper-llama-7b --scheme cais --mode train --sms 66' for one scheme in "
+                    "detail; 'cais schemes' lists the CAIS ablations; docs/validation.md compares with the paper")
 
 
 def _set_option(sp: argparse.ArgumentParser) -> None:

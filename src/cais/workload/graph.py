@@ -35,6 +35,14 @@ from cais.workload.models import ModelSpec
 __all__ = ["MODES", "Chain", "Dims", "Gather", "Gemm", "GemmOperands", "Local", "Period", "RowOp", "Segment",
            "build_period", "dims_for", "period_of"]
 
+# The paper's communication-intensive sub-layers (§V-A.2), each GEMM-RS -> LN -> AG-GEMM.
+SUBLAYERS = {
+    "L1": "forward: output projection -> reduce -> dropout+residual+LayerNorm -> gather -> first FFN GEMM",
+    "L2": "forward: second FFN GEMM -> reduce -> dropout+residual+LayerNorm -> gather -> next layer's QKV",
+    "L3": "backward: first FFN dgrad -> reduce -> LayerNorm bwd -> gather -> output-projection dgrad",
+    "L4": "backward: QKV dgrad -> reduce -> LayerNorm bwd -> gather -> second FFN dgrad",
+}
+
 
 @dataclass(frozen=True)
 class Gemm:
