@@ -200,3 +200,18 @@ def test_ctrl_c_is_one_line_and_exit_code_130(monkeypatch, capsys) -> None:
     monkeypatch.setattr(cli, "cmd_systems", interrupted)
     assert main(["systems"]) == 130
     assert capsys.readouterr().err == "cais: interrupted\n"
+
+
+def test_every_option_of_every_command_has_help_text() -> None:
+    import argparse
+
+    from cais.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    checked = 0
+    for name, parser in sub.choices.items():
+        for action in parser._actions:
+            if action.option_strings and action.dest != "help":
+                checked += 1
+                assert action.help, f"cais {name} {action.option_strings[0]} has no help"
+    assert checked >= 25

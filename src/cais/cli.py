@@ -391,37 +391,42 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def with_system(sp: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        sp.add_argument("--system", default="dgx-h100", help="preset name (see 'cais systems') or JSON file")
+        sp.add_argument("--system", default="dgx-h100",
+                        help="preset name (see 'cais systems') or JSON file (default: %(default)s)")
         return sp
 
     c = with_system(sub.add_parser("collective", help="time one collective"))
-    c.add_argument("--op", required=True, choices=OPS)
-    c.add_argument("--algo", required=True, choices=ALGOS)
-    c.add_argument("--bytes", required=True, type=_size, help="buffer size (nccl-tests convention)")
-    c.add_argument("--gpus", type=_positive_int, default=None)
-    c.add_argument("--unit", type=_positive_int, default=None, help="transfer unit in bytes")
-    c.add_argument("--json", action="store_true")
+    c.add_argument("--op", required=True, choices=OPS, help="the collective")
+    c.add_argument("--algo", required=True, choices=ALGOS, help="ring: NCCL-style ring on SMs; nvls: NVLink SHARP")
+    c.add_argument("--bytes", required=True, type=_size,
+                   help="buffer size, e.g. 1G or 256M (nccl-tests convention: the full buffer)")
+    c.add_argument("--gpus", type=_positive_int, default=None, help="GPUs taking part (default: the system's)")
+    c.add_argument("--unit", type=_positive_int, default=None,
+                   help="transfer unit in bytes (default: the system's transfer_unit_bytes)")
+    c.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
     _set_option(c)
     _output_options(c)
     c.set_defaults(fn=cmd_collective)
 
     g = with_system(sub.add_parser("gemm", help="time one bf16 GEMM on one GPU"))
-    g.add_argument("--m", required=True, type=_positive_int)
-    g.add_argument("--n", required=True, type=_positive_int)
-    g.add_argument("--k", required=True, type=_positive_int)
-    g.add_argument("--sms", type=_positive_int, default=None)
-    g.add_argument("--json", action="store_true")
+    g.add_argument("--m", required=True, type=_positive_int, help="rows of A and C")
+    g.add_argument("--n", required=True, type=_positive_int, help="columns of B and C")
+    g.add_argument("--k", required=True, type=_positive_int, help="the reduction dimension")
+    g.add_argument("--sms", type=_positive_int, default=None, help="SMs to use (default: all of the GPU's)")
+    g.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
     g.set_defaults(fn=cmd_gemm)
 
     r = with_system(sub.add_parser("run", help="simulate one layer period of a model under a scheme"))
     r.add_argument("--model", required=True, help="preset (see 'cais models'), model JSON or HF config.json")
     r.add_argument("--scheme", required=True, help="see 'cais schemes'")
-    r.add_argument("--mode", required=True, choices=("train", "prefill", "decode"))
-    r.add_argument("--sms", type=_positive_int, default=None, help="SMs per GPU (the paper's scaled runs: 66)")
-    r.add_argument("--gpus", type=_positive_int, default=None)
-    r.add_argument("--batch", type=_positive_int, default=None)
-    r.add_argument("--seq", type=_positive_int, default=None)
-    r.add_argument("--json", action="store_true")
+    r.add_argument("--mode", required=True, choices=("train", "prefill", "decode"),
+                   help="train: forward + backward; prefill: forward over the prompt; decode: one token per sequence")
+    r.add_argument("--sms", type=_positive_int, default=None,
+                   help="SMs per GPU (default: all of the system's; the paper's scaled runs use 66)")
+    r.add_argument("--gpus", type=_positive_int, default=None, help="TP degree (default: the system's GPU count)")
+    r.add_argument("--batch", type=_positive_int, default=None, help="sequences (default: the model preset's)")
+    r.add_argument("--seq", type=_positive_int, default=None, help="tokens per sequence (default: the model preset's)")
+    r.add_argument("--json", action="store_true", help="print the result (every metric) as JSON instead of a table")
     _set_option(r)
     _output_options(r)
     r.set_defaults(fn=cmd_run)
@@ -431,9 +436,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("schemes", help="list schemes").set_defaults(fn=cmd_schemes)
     sub.add_parser("models", help="list model presets").set_defaults(fn=cmd_models)
 
-    d = with_system(sub.add_parser("demo", help="the main job: collectives and a GEMM, as tables"))
-    d.add_argument("--bytes", type=_size, default=256 << 20)
-    d.add_argument("--model", default="paper-llama-7b")
+    d = with_system(sub.add_parser(
+        "demo", help="the main job: NVLS and ring AllReduce, a GEMM, and every scheme (CAIS and the nine "
+                     "baselines; not the ablations) on one prefill period of a model, as tables",
+        description="The main job: NVLS and ring AllReduce checked in functional mode, a GEMM, and the scheme "
+                    "comparison (CAIS and the nine baselines) on one prefill period at 66 SMs, as tables."))
+    d.add_argument("--bytes", type=_size, default=256 << 20, help="AllReduce buffer size (default: 256M)")
+    d.add_argument("--model", default="paper-llama-7b", help="model of the scheme comparison (default: %(default)s)")
     d.set_defaults(fn=cmd_demo)
     return p
 
