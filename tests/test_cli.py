@@ -84,7 +84,6 @@ def test_run_json_has_the_contract_keys(capsys) -> None:
     (["run", "--model", "gpt5", "--scheme", "tp-nvls", "--mode", "train"], "--model"),
     (["run", "--model", "llama3-8b", "--scheme", "nccl", "--mode", "train"], "--scheme"),
     (["run", "--model", "llama3-8b", "--scheme", "tp-nvls", "--mode", "serve"], "--mode"),
-    (["run", "--model", "paper-llama-7b", "--scheme", "sp-nvls", "--mode", "decode"], "--mode decode"),
 ])
 def test_run_bad_arguments_give_one_line(args, names) -> None:
     proc = _cais(*args)

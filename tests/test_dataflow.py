@@ -34,7 +34,7 @@ def test_period_from_the_graph_is_the_hand_built_one(case: tuple[ModelSpec, int]
         for kv_len in ([None, 96] if mode == "decode" else [None]):
             try:
                 want = legacy_period(model, n, mode, sp, seed=5, regather=regather, kv_len=kv_len)
-            except ValueError as e:  # e.g. a decode batch that does not split over n with SP
+            except ValueError as e:  # a layer the legacy builder could not split
                 with pytest.raises(ValueError, match=str(e)[:30]):
                     build_period(model, n, mode, sp, seed=5, regather=regather, kv_len=kv_len)
                 continue

@@ -246,8 +246,9 @@ def cmd_run(args: argparse.Namespace) -> None:
 
 
 def _print_layer(system: str, model: ModelSpec, r: LayerResult) -> None:
+    padded = f", {r.tokens} token rows padded to {r.padded_tokens}" if r.padding else ""
     table = Table(title=f"{model.name}, {r.scheme}, {r.mode}: one layer period on {system} "
-                        f"({r.gpus} GPUs x {r.sms} SMs)")
+                        f"({r.gpus} GPUs x {r.sms} SMs{padded})")
     for col in ("part", "time (us)", "lower bound (us)", "bound: compute / comm (us)", "gap to bound"):
         table.add_column(col, justify="right")
     for name, sub in r.sublayers.items():

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from cais.engine import Train
-from cais.hw.memory import Region
+from cais.hw.memory import Region, as_run
 from cais.hw.packets import Kind
 
 if TYPE_CHECKING:
@@ -126,7 +126,7 @@ class Isa:
             off = (piece.start - region.start) // region.stride
             return data[off:off + piece.rows]
         off = piece.start - region.start
-        return data[off:off + piece.count]
+        return as_run(region, data)[off:off + piece.count]
 
     def _send(self, kind: int, src: int, dst: int, piece: Region, data: np.ndarray | None,
               done: Callable[[Train], None] | None, port: SmPort | None, stream: int, payload: int, chip: int,

@@ -23,7 +23,9 @@ from cais.workload.models import ModelSpec
 class LayerResult:
     """Times of one period: total, per paper sub-layer (with its lower bound), and the
     fabric metrics over the period (link utilisation, wire bytes, buffer peaks); in
-    functional mode, which tensors matched the reference."""
+    functional mode, which tensors matched the reference. ``tokens`` are the real
+    token rows, ``padded_tokens`` the rows the activations between the GEMMs carry
+    (with sequence parallelism padded up to a multiple of ``gpus``; else equal)."""
 
     model: str
     scheme: str
@@ -41,6 +43,13 @@ class LayerResult:
     checked: int = 0
     switch: str = ""
     vc_policy: str = ""
+    tokens: int = 0
+    padded_tokens: int = 0
+
+    @property
+    def padding(self) -> int:
+        """Zero token rows added so that the rows split over the GPUs."""
+        return self.padded_tokens - self.tokens
 
     @property
     def link_util(self) -> LinkUtil:
@@ -49,6 +58,7 @@ class LayerResult:
     def as_json(self) -> dict[str, object]:
         return {"model": self.model, "scheme": self.scheme, "mode": self.mode, "gpus": self.gpus, "sms": self.sms,
                 "switch": self.switch, "vc_policy": self.vc_policy,
+                "tokens": self.tokens, "padded_tokens": self.padded_tokens,
                 "total_us": self.total_us, "sublayers": self.sublayers, **self.metrics.as_json(),
                 "segments_us": self.segments, "kernel_us": self.kernel_us}
 
@@ -56,9 +66,9 @@ class LayerResult:
 def chain_bound_ps(r: LayerRun, c: Chain) -> tuple[int, int]:
     """(compute, communication) lower bounds of a sub-layer: its kernels' calibrated
     work on all SMs (without launch and fixed kernel overheads), and the least bytes a
-    GPU must move per link direction, S = one [T, h] activation (ReduceScatter with
-    in-switch reduction: S up, S/n down; AllGather with multicast: S/n up, S(n-1)/n
-    down), over the GPU's NVLink bandwidth."""
+    GPU must move per link direction, S = one [T, h] activation, T with its padding
+    (ReduceScatter with in-switch reduction: S up, S/n down; AllGather with
+    multicast: S/n up, S(n-1)/n down), over the GPU's NVLink bandwidth."""
     cm, sms = r.cm, r.sms
     compute = sum(cm.gemm_time_ps(g.m, g.n, g.k, sms) - cm.kernel_overhead_ps for g in (c.gemm1, c.gemm2))
     compute += r.rowop_work_ps(c.rowop, c.rowop.rows, sms)
@@ -74,7 +84,12 @@ def _shard_cols(d, g: int) -> tuple[slice, slice, slice]:
 
 
 class FunctionalCase:
-    """Inputs, weights and expected tensors of one period, sharded per GPU."""
+    """Inputs, weights and expected tensors of one period, sharded per GPU.
+
+    With padded token rows (``Dims.pad``, sequence parallelism) the inputs get zero
+    rows after the real ones, and the expected activations get NaN rows there: the
+    checker compares the real rows exactly and requires the padded ones to be finite
+    (zero in gradients), so nothing of theirs can have leaked into real rows."""
 
     def __init__(self, model: ModelSpec, period: Period, p_drop: float, seed: int) -> None:
         rng = np.random.default_rng(seed)
@@ -115,14 +130,21 @@ class FunctionalCase:
         fc = _shard_cols(self.d, g)[2]
         return np.hstack([a[:, fc], b[:, fc]]) if b is not None else a[:, fc]
 
-    def _rows(self, x: np.ndarray, g: int) -> np.ndarray:
-        rl = self.d.rows_l
+    def _pad(self, x: np.ndarray, fill: float = 0.0) -> np.ndarray:
+        """``x`` [real tokens, cols] with the padded rows (``fill``) appended."""
+        pad = self.d.pad
+        return np.vstack([x, np.full((pad, x.shape[1]), fill)]) if pad else x
+
+    def _rows(self, x: np.ndarray, g: int, fill: float = 0.0) -> np.ndarray:
+        """GPU ``g``'s rows of a token-row activation (its shard with SP), padded."""
+        rl, x = self.d.rows_l, self._pad(x, fill)
         return x[g * rl:(g + 1) * rl] if self.d.sp else x
 
     def inputs(self, g: int) -> dict[str, np.ndarray]:
         t, nx_, qc = self.this, self.nxt, _shard_cols(self.d, g)[0]
         fc = _shard_cols(self.d, g)[2]
-        buf = {"qkv": self._qkv(self.q, self.k, self.v, g), "x1": self._rows(self.x1, g), "wo": t.wo[qc],
+        buf = {"qkv": self._pad(self._qkv(self.q, self.k, self.v, g)), "x1": self._rows(self.x1, g),
+               "wo": t.wo[qc],
                "w1": self._fc1(t.w1, t.w3, g), "w2": t.w2[fc], "wqkv_next": self._wqkv(nx_, g),
                "ln2_g": t.ln2_g, "ln1n_g": nx_.ln1_g}
         if t.ln2_b is not None:
@@ -131,20 +153,28 @@ class FunctionalCase:
             kh = slice(g * self.d.kv_l, (g + 1) * self.d.kv_l)
             buf["kcache"], buf["vcache"] = self.kcache[:, kh], self.vcache[:, kh]
         if self.bwd is not None:
-            buf["dqkv_next"] = self._qkv(self.dqn, self.dkn, self.dvn, g)
+            buf["dqkv_next"] = self._pad(self._qkv(self.dqn, self.dkn, self.dvn, g))
             buf["dx3_res"] = self._rows(self.dx3_res, g)
         return buf
 
     def expected(self, g: int) -> dict[str, np.ndarray]:
+        """GPU ``g``'s expected tensors; padded token rows are NaN (not compared)."""
         f, qc, fc = self.fwd, _shard_cols(self.d, g)[0], _shard_cols(self.d, g)[2]
-        exp = {"a": f["a"][:, qc], "x2": self._rows(f["x2"], g), "n2": self._rows(f["n2"], g),
-               "g": f["g"][:, fc], "x3": self._rows(f["x3"], g), "n1": self._rows(f["n1"], g),
-               "qkv_next": self._qkv(f["q_next"], f["k_next"], f["v_next"], g)}
+        nan = np.nan
+
+        def rows(x: np.ndarray) -> np.ndarray:
+            return self._rows(x, g, nan)
+
+        def full(x: np.ndarray) -> np.ndarray:
+            return self._pad(x, nan)
+        exp = {"a": full(f["a"][:, qc]), "x2": rows(f["x2"]), "n2": rows(f["n2"]),
+               "g": full(f["g"][:, fc]), "x3": rows(f["x3"]), "n1": rows(f["n1"]),
+               "qkv_next": full(self._qkv(f["q_next"], f["k_next"], f["v_next"], g))}
         b = self.bwd
         if b is not None:
             kc = _shard_cols(self.d, g)[1]
-            exp.update({"dx3": self._rows(b["dx3"], g), "dg": b["dg"][:, fc], "dx2": self._rows(b["dx2"], g),
-                        "da": b["da"][:, qc], "dqkv": self._qkv(b["dq"], b["dk"], b["dv"], g),
+            exp.update({"dx3": rows(b["dx3"]), "dg": full(b["dg"][:, fc]), "dx2": rows(b["dx2"]),
+                        "da": full(b["da"][:, qc]), "dqkv": full(self._qkv(b["dq"], b["dk"], b["dv"], g)),
                         "dwo": b["dWo"][qc], "dw2": b["dW2"][fc], "dw1": self._fc1(b["dW1"], b["dW3"], g),
                         "dwqkv_next": np.hstack([b["dWq_next"][:, qc], b["dWk_next"][:, kc], b["dWv_next"][:, kc]])})
         return exp
@@ -169,13 +199,23 @@ def _alloc(m: Machine, period: Period, case: FunctionalCase) -> None:
                 gpu.memory.alloc("d" + name, len(given[name]))
 
 
+def _matches(name: str, got: np.ndarray, want: np.ndarray) -> bool:
+    """Real rows equal bit for bit; padded rows (NaN in ``want``) finite, and zero in
+    a gradient (``d*``: nothing flows back from a padded row)."""
+    if got.shape != want.shape:
+        return False
+    pad = np.isnan(want).all(axis=1)
+    if not np.array_equal(got[~pad], want[~pad]):
+        return False
+    return bool(np.all(got[pad] == 0) if name.startswith("d") else np.isfinite(got[pad]).all())
+
+
 def _check(m: Machine, case: FunctionalCase) -> tuple[list[str], int]:
     bad, checked = [], 0
     for g, gpu in enumerate(m.gpus):
         for name, want in case.expected(g).items():
             checked += 1
-            got = gpu.memory.matrix(name, want.shape[1])
-            if got.shape != want.shape or not np.array_equal(got, want):
+            if not _matches(name, gpu.memory.matrix(name, want.shape[1]), want):
                 bad.append(f"gpu{g}:{name}")
     for name, want in case.expected_norm_grads().items():
         checked += 1
@@ -228,7 +268,8 @@ def run_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: 
     bad, checked = _check(m, case) if case is not None else ([], 0)
     return LayerResult(model.name, scheme, mode, cfg.gpus, cfg.gpu.sms, end / PS_PER_US, subs, segs,
                        run_metrics(m, end), m.sim.events, time.perf_counter() - t0,
-                       kernel_split(run), bad, checked, cfg.switch.model, cfg.link.vc_policy)
+                       kernel_split(run), bad, checked, cfg.switch.model, cfg.link.vc_policy,
+                       period.dims.real_tokens, period.dims.tokens)
 
 
 def _mark_segments(run: LayerRun) -> None:

@@ -48,6 +48,13 @@ class Region:
         return Region(buffer, r0 * row_len + c0, ncols, elem_bytes, nrows, row_len)
 
 
+def as_run(r: Region, data: np.ndarray | None) -> np.ndarray | None:
+    """``data`` for region ``r`` as its accesses take it: 1-D for a run (``rows == 1``;
+    a block one row high, e.g. a GEMM tile's row for a one-row shard, may come as
+    [1, count]), as given for a block."""
+    return np.reshape(data, -1) if data is not None and r.rows == 1 else data
+
+
 class Memory:
     """HBM of one GPU as named arrays. With ``functional=False`` it holds nothing and
     every access returns None: timing runs carry no data."""
@@ -77,11 +84,11 @@ class Memory:
 
     def write(self, r: Region, data: np.ndarray | None) -> None:
         if self.functional:
-            self.buffers[r.buffer][self._index(r)] = data
+            self.buffers[r.buffer][self._index(r)] = as_run(r, data)
 
     def add(self, r: Region, data: np.ndarray | None) -> None:
         if self.functional:
-            self.buffers[r.buffer][self._index(r)] += data
+            self.buffers[r.buffer][self._index(r)] += as_run(r, data)
 
     def matrix(self, name: str, cols: int) -> np.ndarray:
         """A buffer seen as a row-major matrix with ``cols`` columns (a view)."""

@@ -173,7 +173,12 @@ class Cais(CaisBase):
         pass's cut): (block, sub-region, its data)."""
         width = c.gemm1.n
         r0, c0 = divmod(region.start, width)
-        rows, cols = (region.rows, region.count) if region.rows > 1 else (region.count // width, width)
+        if region.rows > 1:
+            rows, cols = region.rows, region.count
+        elif c0 == 0 and region.count % width == 0:  # whole rows: a contiguous run
+            rows, cols = region.count // width, width
+        else:  # part of one row (a tile one row high: an owner's shard of one row)
+            rows, cols = 1, region.count
         mat = None if data is None else data.reshape(rows, cols)
         out = []
         for b, t, cnt in self._deps[c.name].cut(owner, r0, rows):

@@ -137,7 +137,9 @@ class Operand:
         return (self.which == "a") == self.trans
 
     def side(self, shape: GemmShape) -> int:
-        return shape.bm if self.which == "a" else shape.bn
+        """Rows (A) or columns (B) of the operand a tile loads: the tile's extent, or
+        the whole GEMM's where it is smaller (a decode GEMM of a few token rows)."""
+        return min(shape.bm, shape.m) if self.which == "a" else min(shape.bn, shape.n)
 
     def tile_span(self, shape: GemmShape, i: int, j: int) -> tuple[int, int]:
         """(first, count) of the tile's rows (A) or columns (B) of the operand."""

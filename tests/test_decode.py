@@ -1,0 +1,111 @@
+"""Decode (and any run whose token rows do not split over the GPUs) with sequence
+parallelism: the token rows are padded up to a multiple of the GPU count, the padding
+is costed like real rows, and the real rows stay exact (docs/layer-semantics.md)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from cais.cli import main
+from cais.experiments.layer import _matches, run_layer
+from cais.hw.config import load_system
+from cais.schemes import get_scheme, schemes
+from cais.workload import numerics as nx
+from cais.workload.dims import dims_for
+from cais.workload.models import list_models, load_model
+from test_schemes import GPT, LLAMA
+
+SMS = 66  # the paper's scaled runs: the same kernels, half the TBs to simulate
+SP_SCHEMES = [s for s in schemes() if get_scheme(s).sp]
+
+
+@pytest.fixture(scope="module")
+def four_gpus():
+    return load_system("dgx-h100").with_overrides(gpus=4)
+
+
+@pytest.mark.parametrize("scheme", list(schemes()))
+@pytest.mark.parametrize("name", list(list_models()))
+def test_decode_runs_for_every_scheme_and_preset(h100, name, scheme) -> None:
+    model = load_model(name)  # its default batch: 1, 3, 12 or 16 sequences over 8 GPUs
+    r = run_layer(h100, model, scheme, "decode", SMS)
+    assert r.total_us > 0 and set(r.sublayers) == {"L1", "L2"}
+    assert r.tokens == model.batch
+    assert r.padded_tokens % r.gpus == 0 if get_scheme(scheme).sp else r.padded_tokens == model.batch
+    assert r.padded_tokens - r.tokens < r.gpus
+    out = r.as_json()
+    assert (out["tokens"], out["padded_tokens"]) == (r.tokens, r.padded_tokens)
+
+
+def test_dims_pad_token_rows_only_with_sp() -> None:
+    m = load_model("paper-llama-7b")  # batch 3, seq 3072
+    d = dims_for(m, 8, "decode", sp=True)
+    assert (d.tokens, d.real_tokens, d.pad, d.rows_l, d.batch, d.seq) == (8, 3, 5, 1, 3, 1)
+    d = dims_for(m, 8, "decode", sp=False)
+    assert (d.tokens, d.pad, d.rows_l) == (3, 0, 3)
+    d = dims_for(m.with_run(seq=1001), 8, "train", sp=True)  # training pads the same way
+    assert (d.real_tokens, d.tokens, d.rows_l) == (3003, 3008, 376)
+    assert dims_for(m, 8, "prefill", sp=True).pad == 0
+
+
+@pytest.mark.parametrize("scheme", SP_SCHEMES)
+def test_padded_rows_cost_what_real_rows_cost(h100, scheme) -> None:
+    """Batch 3 padded to 8 moves and computes what batch 8 does between the GEMMs
+    (the same sub-layer times, the same bytes on every wire); only attention, which
+    runs on the real sequences, is cheaper."""
+    model = load_model("paper-llama-7b")
+    padded, full = (run_layer(h100, model.with_run(batch=b), scheme, "decode", SMS) for b in (3, 8))
+    assert padded.padded_tokens == full.padded_tokens == 8
+    assert padded.sublayers == full.sublayers
+    assert padded.metrics.as_json()["wire_bytes"] == full.metrics.as_json()["wire_bytes"]
+    assert padded.segments["attention"] < full.segments["attention"]
+
+
+@pytest.mark.parametrize("scheme", list(schemes()))
+def test_decode_with_a_batch_that_does_not_split_is_exact(four_gpus, scheme) -> None:
+    for model in (GPT.with_run(batch=6), LLAMA.with_run(batch=3)):  # 6 -> 8 rows; 3 -> 4 (one row per GPU)
+        r = run_layer(four_gpus, model, scheme, "decode", functional=True, seed=3)
+        assert r.checked >= 28 and r.mismatches == [], (model.name, r.mismatches)
+        assert r.tokens == model.batch
+        assert r.padded_tokens == ({6: 8, 3: 4}[model.batch] if get_scheme(scheme).sp else model.batch)
+
+
+@pytest.mark.parametrize("scheme", list(schemes()))
+def test_train_with_tokens_that_do_not_split_is_exact(four_gpus, scheme) -> None:
+    model = GPT.with_run(batch=1, seq=15)  # 15 token rows -> 16
+    r = run_layer(four_gpus, model, scheme, "train", functional=True, seed=4)
+    assert r.checked >= 60 and r.mismatches == [], r.mismatches
+    assert (r.tokens, r.padded_tokens) == (15, 16 if get_scheme(scheme).sp else 15)
+
+
+def test_norms_of_a_zero_row_are_finite() -> None:
+    """A padded row enters the first norm as zeros: eps keeps it finite (LayerNorm
+    gives beta, RMSNorm zero), and its backward with a zero gradient is zero."""
+    h = 64
+    zero, gamma, beta = np.zeros((1, h)), np.full(h, 1.03125), np.full(h, 0.0625)
+    assert np.array_equal(nx.layernorm(zero, gamma, beta), beta[None])
+    assert np.array_equal(nx.rmsnorm(zero, gamma), zero)
+    for kind in ("layernorm", "rmsnorm"):
+        dx, dg, db = nx.norm_bwd(kind, zero, zero, gamma)
+        assert not dx.any() and not dg.any() and (db is None or not db.any())
+
+
+def test_the_checker_skips_padded_rows_but_guards_them() -> None:
+    want = np.array([[1.0, 2.0], [np.nan, np.nan]])  # row 1 is padding
+    assert _matches("x3", np.array([[1.0, 2.0], [7.0, -3.0]]), want)
+    assert not _matches("x3", np.array([[1.0, 2.5], [7.0, -3.0]]), want)  # a real row differs
+    assert not _matches("x3", np.array([[1.0, 2.0], [np.inf, 0.0]]), want)  # padding not finite
+    assert not _matches("dx3", np.array([[1.0, 2.0], [0.0, 1.0]]), want)  # a gradient of padding not zero
+    assert _matches("dx3", np.array([[1.0, 2.0], [0.0, 0.0]]), want)
+
+
+def test_cli_decode_of_a_preset_reports_the_padding(capsys) -> None:
+    args = ["run", "--model", "paper-llama-7b", "--scheme", "sp-nvls", "--mode", "decode", "--sms", str(SMS)]
+    assert main(args) == 0
+    assert "3 token rows padded to 8" in " ".join(capsys.readouterr().out.split())  # the title, maybe wrapped
+    assert main(args + ["--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["tokens"], out["padded_tokens"]) == (3, 8)
+    assert main(["run", "--model", "paper-llama-7b", "--scheme", "tp-nvls", "--mode", "decode", "--sms", str(SMS)]) == 0
+    assert "padded" not in capsys.readouterr().out  # basic TP needs no padding
