@@ -52,7 +52,7 @@ def test_presets_load_and_nvl72_is_expressible() -> None:
 
 def test_a_bad_system_file_names_the_field(tmp_path) -> None:
     bad = tmp_path / "mine.json"
-    bad.write_text(json.dumps({"name": "mine", "switch": {"chips": 4, "links_per_gpu": [5, 4, 4]}}))
+    bad.write_text(json.dumps({"base": "dgx-h100", "name": "mine", "switch": {"chips": 4, "links_per_gpu": [5, 4, 4]}}))
     with pytest.raises(ConfigError, match="switch"):
         load_system(str(bad))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -12,8 +13,9 @@ from typing import TYPE_CHECKING, NoReturn, TypeVar
 from rich.console import Console
 from rich.table import Table
 
-from cais.hw.config import (PS_PER_US, ConfigError, SystemConfig, apply_overrides, config_values, list_systems,
-                             load_system)
+from cais.errors import UserError
+from cais.hw.config import (PS_PER_US, ConfigError, SystemConfig, apply_overrides, check_gpus, config_values,
+                             list_systems, load_system)
 from cais.kernels.collectives import ALGOS, OPS
 from cais.machine import Stalled
 from cais.report.trace import DEFAULT_TB_LIMIT
@@ -36,13 +38,22 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"cais: error: {message}\n")
 
 
-class UsageError(Exception):
-    """A user mistake: reported as one line, exit code 2."""
+class UsageError(UserError):
+    """A mistake in the command-line arguments: reported as one line, exit code 2."""
+
+
+def _int(text: str) -> int:
+    """A whole number: decimal (leading zeros allowed) or 0x / 0o / 0b."""
+    text = text.strip().replace("_", "")
+    try:
+        return int(text, 10)
+    except ValueError:
+        return int(text, 0)
 
 
 def _positive_int(text: str) -> int:
     try:
-        value = int(text, 0)
+        value = _int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'") from None
     if value <= 0:
@@ -59,7 +70,7 @@ def _size(text: str) -> int:
         t = t[:-1]
     try:
         value = int(float(t) * mult)
-    except ValueError:
+    except (ValueError, OverflowError):  # not a number; inf, nan
         raise argparse.ArgumentTypeError(f"expected a size like 1048576, 64K, 16M or 1G, got '{text}'") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive size, got '{text}'")
@@ -67,10 +78,7 @@ def _size(text: str) -> int:
 
 
 def _system(args: argparse.Namespace, **overrides: object) -> SystemConfig:
-    try:
-        return load_system(args.system, **overrides)
-    except ConfigError as exc:
-        raise UsageError(str(exc)) from None
+    return load_system(args.system, **overrides)
 
 
 def _key_value(text: str) -> tuple[str, str]:
@@ -85,32 +93,27 @@ def _overridden(cfg: SystemConfig, args: argparse.Namespace) -> tuple[SystemConf
     """``cfg`` with the --set pairs applied (the last of a repeated key wins) and the
     values they set, for the outputs."""
     pairs = dict(args.set)
+    before = cfg
     try:
         cfg = apply_overrides(cfg, pairs)
     except ConfigError as exc:
         raise UsageError(f"--set: {exc}") from None
+    if "gpus" in pairs:
+        check_gpus(before, cfg.gpus, "--set gpus=")
     return cfg, config_values(cfg, pairs)
 
 
-def _checked(fn: Callable[..., T], *args: object, **kwargs: object) -> T:
-    """Call ``fn``; a ValueError (bad user input) becomes a one-line UsageError."""
-    try:
-        return fn(*args, **kwargs)
-    except ValueError as exc:
-        raise UsageError(str(exc).splitlines()[0]) from None
-
-
 def _for_flag(flag: str, fn: Callable[..., T], *args: object) -> T:
-    """Call ``fn``; a ValueError becomes a one-line UsageError naming ``flag``."""
+    """Call ``fn``; a UserError becomes one naming ``flag``."""
     try:
         return fn(*args)
-    except ValueError as exc:
-        raise UsageError(f"{flag}: {str(exc).splitlines()[0]}") from None
+    except UserError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
 
 
 def _count(text: str) -> int:
     try:
-        value = int(text, 0)
+        value = _int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got '{text}'") from None
     if value < 0:
@@ -123,20 +126,37 @@ def _positive_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive number, got '{text}'") from None
-    if not value > 0:
+    if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
     return value
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
-    """Refuse bad --trace / --out paths before spending time on the run."""
+    """Refuse bad --trace / --out paths and trace options without --trace before
+    spending time on the run; fill in the trace options' defaults."""
     from cais.results.table import table_format
 
+    for flag, value in (("--trace-tb-limit", args.trace_tb_limit), ("--trace-bin-us", args.trace_bin_us)):
+        if value is not None and not args.trace:
+            raise UsageError(f"{flag}: sets how --trace writes its timeline; give --trace FILE.json too")
+    if args.trace_tb_limit is None:
+        args.trace_tb_limit = DEFAULT_TB_LIMIT
+    if args.trace_bin_us is None:
+        args.trace_bin_us = DEFAULT_BIN_PS / PS_PER_US
     if args.out:
         _for_flag("--out", table_format, args.out)
+    if args.trace and Path(args.trace).suffix.lower() != ".json":
+        raise UsageError(f"--trace: the timeline is a JSON file; its name must end in .json, got '{args.trace}'")
     for flag, path in (("--trace", args.trace), ("--out", args.out)):
-        if path and not Path(path).parent.is_dir():
-            raise UsageError(f"{flag}: no directory {Path(path).parent} for '{path}'")
+        if not path:
+            continue
+        parent = Path(path).parent
+        if not parent.is_dir():
+            raise UsageError(f"{flag}: no directory {parent} for '{path}'")
+        if Path(path).is_dir():
+            raise UsageError(f"{flag}: '{path}' is a directory; give a file name")
+        if not os.access(parent, os.W_OK):
+            raise UsageError(f"{flag}: cannot write in directory {parent}")
 
 
 def _recorder(args: argparse.Namespace) -> Recorder | None:
@@ -151,22 +171,38 @@ def _recorder(args: argparse.Namespace) -> Recorder | None:
 
 
 def _write_outputs(args: argparse.Namespace, cfg: SystemConfig, rec: Recorder | None,
-                   arguments: dict[str, object], result: CollectiveResult | LayerResult) -> None:
-    """The --trace timeline and the --out row of a finished run."""
-    if args.trace:
-        from cais.report.trace import write_trace
+                   arguments: dict[str, object], result: CollectiveResult | LayerResult) -> list[str]:
+    """Write the --trace timeline and the --out row of a finished run, both or neither:
+    each goes to a temporary file first, and they replace their targets only once
+    both are written. Returns the lines that say what was written."""
+    staged: list[tuple[Path, str]] = []
+    notes = []
+    try:
+        if args.trace:
+            from cais.report.trace import stage_trace
 
-        assert rec is not None
-        _for_flag("--trace-bin-us", rec.n_bins)
-        events = _for_flag("--trace", write_trace, args.trace, rec, args.trace_tb_limit)
-        if not args.json:
-            Console().print(f"trace: {args.trace} ({events:,} events; open in ui.perfetto.dev)")
-    if args.out:
-        from cais.results.table import append_row, run_row
+            assert rec is not None
+            _for_flag("--trace-bin-us", rec.n_bins)
+            tmp, events = _for_flag("--trace", stage_trace, args.trace, rec, args.trace_tb_limit)
+            staged.append((tmp, args.trace))
+            notes.append(f"trace: {args.trace} ({events:,} events; open in ui.perfetto.dev)")
+        if args.out:
+            from cais.results.table import run_row, stage_row
 
-        rows = _for_flag("--out", append_row, args.out, run_row(cfg, arguments, result.as_json()))
-        if not args.json:
-            Console().print(f"results: row {rows} of {args.out}")
+            tmp, rows = _for_flag("--out", stage_row, args.out, run_row(cfg, arguments, result.as_json()))
+            staged.append((tmp, args.out))
+            notes.append(f"results: row {rows} of {args.out}")
+        while staged:
+            tmp, path = staged[0]
+            try:
+                os.replace(tmp, path)
+            except OSError as exc:
+                raise UsageError(f"cannot write {path}: {exc.strerror}") from None
+            staged.pop(0)
+    finally:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+    return notes
 
 
 def _printed_json(args: argparse.Namespace, result: object, **extra: object) -> bool:
@@ -181,6 +217,11 @@ def _system_label(cfg: SystemConfig, overrides: dict[str, object]) -> str:
     if not overrides:
         return cfg.name
     return f"{cfg.name} with " + ", ".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in overrides.items())
+
+
+def _print_notes(notes: list[str]) -> None:
+    for line in notes:
+        Console().print(line)
 
 
 def _print_table(title: str, rows: list[tuple[str, str]]) -> None:
@@ -199,11 +240,12 @@ def cmd_collective(args: argparse.Namespace) -> None:
     cfg, overrides = _overridden(cfg, args)
     _check_outputs(args)
     rec = _recorder(args)
-    r = _checked(run_collective, cfg, args.op, args.algo, args.bytes, recorder=rec)
+    r = run_collective(cfg, args.op, args.algo, args.bytes, recorder=rec)
+    notes = _write_outputs(args, cfg, rec, {"command": "collective", "system": args.system, "unit": args.unit,
+                                            "overrides": json.dumps(overrides)}, r)
     if not _printed_json(args, r, overrides=overrides):
         _print_collective(_system_label(cfg, overrides), r)
-    _write_outputs(args, cfg, rec, {"command": "collective", "system": args.system, "unit": args.unit,
-                                    "overrides": json.dumps(overrides)}, r)
+        _print_notes(notes)
 
 
 def _print_collective(system: str, r: CollectiveResult) -> None:
@@ -219,7 +261,7 @@ def cmd_gemm(args: argparse.Namespace) -> None:
     from cais.experiments.gemm import run_gemm
 
     cfg = _system(args)
-    r = _checked(run_gemm, cfg, args.m, args.n, args.k, args.sms)
+    r = run_gemm(cfg, args.m, args.n, args.k, args.sms)
     if _printed_json(args, r):
         return
     _print_table(f"bf16 GEMM on one {cfg.gpu.name}", [
@@ -233,16 +275,17 @@ def cmd_run(args: argparse.Namespace) -> None:
     from cais.workload.models import load_model
 
     cfg, overrides = _overridden(_system(args, gpus=args.gpus), args)
-    model = _checked(load_model, args.model)
+    model = load_model(args.model)
     if args.batch or args.seq:
-        model = _checked(model.with_run, args.batch, args.seq)
+        model = model.with_run(args.batch, args.seq)
     _check_outputs(args)
     rec = _recorder(args)
-    r = _checked(run_layer, cfg, model, args.scheme, args.mode, args.sms, recorder=rec)
+    r = run_layer(cfg, model, args.scheme, args.mode, args.sms, recorder=rec)
+    notes = _write_outputs(args, cfg, rec, {"command": "run", "system": args.system, "batch": model.batch,
+                                            "seq": model.seq, "overrides": json.dumps(overrides)}, r)
     if not _printed_json(args, r, overrides=overrides):
         _print_layer(_system_label(cfg, overrides), model, r)
-    _write_outputs(args, cfg, rec, {"command": "run", "system": args.system, "batch": model.batch,
-                                    "seq": model.seq, "overrides": json.dumps(overrides)}, r)
+        _print_notes(notes)
 
 
 def _print_layer(system: str, model: ModelSpec, r: LayerResult) -> None:
@@ -311,10 +354,22 @@ def cmd_systems(args: argparse.Namespace) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> None:
     """The main job: NVLS and ring AllReduce, a GEMM, and every scheme on a layer."""
-    from cais.experiments.collective import run_collective
+    from cais.experiments.collective import check_collective, run_collective
     from cais.experiments.gemm import run_gemm
+    from cais.experiments.layer import check_layer
+    from cais.schemes import schemes
+    from cais.workload.models import load_model
 
     cfg = _system(args)
+    model = load_model(args.model)  # every argument is checked before anything runs or prints
+    if cfg.gpu.sms < 66:
+        raise UsageError(f"--system: the demo runs layers on the paper's 66 SMs per GPU; {cfg.name} has "
+                         f"{cfg.gpu.sms}")
+    for algo in ALGOS:
+        check_collective(cfg, "allreduce", algo, args.bytes)
+    for name, cls in schemes().items():
+        if not cls.ablation:
+            check_layer(cfg, model, name, "prefill", 66)
     table = Table(title=f"AllReduce on {cfg.name} ({cfg.gpus} GPUs), {args.bytes / 2**20:g} MiB")
     for col in ("algorithm", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "busiest link busy", "correct"):
         table.add_column(col, justify="right")
@@ -332,17 +387,15 @@ def cmd_demo(args: argparse.Namespace) -> None:
                f"{g.tflops:,.1f}")
     Console().print(gt)
     Console().print("'correct': the same algorithm on 4 GPUs in functional mode matches numpy's sum exactly.")
-    _demo_layers(cfg, args.model)
+    _demo_layers(cfg, model)
 
 
-def _demo_layers(cfg: SystemConfig, model_name: str) -> None:
-    """Every scheme but the ablations on one prefill period of ``model_name`` at 66 SMs
+def _demo_layers(cfg: SystemConfig, model: ModelSpec) -> None:
+    """Every scheme but the ablations on one prefill period of ``model`` at 66 SMs
     (the paper's setting)."""
     from cais.experiments.layer import run_layer
     from cais.schemes import schemes
-    from cais.workload.models import load_model
 
-    model = load_model(model_name)
     lt = Table(title=f"{model.name} prefill, one layer period, {cfg.gpus} GPUs x 66 SMs")
     for col in ("scheme", "total (us)", "L1 (us)", "L2 (us)", "speedup vs tp-nvls (>1: faster)", "link util"):
         lt.add_column(col, justify="right")
@@ -376,12 +429,13 @@ def _output_options(sp: argparse.ArgumentParser) -> None:
                          "per GPU its kernels, marks and TBs per SM; per switch chip link utilisation per port "
                          "and direction, buffer occupancy where ports have credits, and on CAIS switches the "
                          "data held in each port's merging table")
-    sp.add_argument("--trace-tb-limit", type=_count, default=DEFAULT_TB_LIMIT, metavar="N",
+    sp.add_argument("--trace-tb-limit", type=_count, default=None, metavar="N",
                     help=f"most TB spans written one by one (default {DEFAULT_TB_LIMIT}); past it each kernel's "
                          "TBs are merged into one span per group of SMs (1, 2, 4, ... SMs, the smallest group "
                          "that fits), with the TB count and summed TB time as arguments")
-    sp.add_argument("--trace-bin-us", type=_positive_float, default=DEFAULT_BIN_PS / PS_PER_US, metavar="US",
-                    help="bin width of the trace's link, buffer and merge-table counters, in us (default %(default)g)")
+    sp.add_argument("--trace-bin-us", type=_positive_float, default=None, metavar="US",
+                    help="bin width of the trace's link, buffer and merge-table counters, in us "
+                         f"(default {DEFAULT_BIN_PS / PS_PER_US:g})")
     sp.add_argument("--out", metavar="FILE.parquet|FILE.csv", default=None,
                     help="append one row for this run (every config field, the arguments and every metric, "
                          "nested keys dotted) to a Parquet or CSV table, chosen by the suffix")
@@ -448,19 +502,37 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _one_line(text: str) -> str:
+    return " ".join(text.split()) or "(no message)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command; the exit code: 0 done, 2 a user's mistake (one line
+    ``cais: error: ...``), 3 the simulated system stalled, 1 a bug in the simulator
+    (one line ``cais: internal error: ...``; ``CAIS_DEBUG=1`` raises it with its
+    traceback instead), 130 interrupted, 141 stdout closed early. On a user's mistake
+    nothing is printed on stdout and no result file is written. docs/errors.md."""
     args = build_parser().parse_args(argv)
     try:
         args.fn(args)
-    except UsageError as exc:
-        print(f"cais: error: {exc}", file=sys.stderr)
+    except UserError as exc:
+        print(f"cais: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     except Stalled as exc:  # the simulated system stopped making progress: a result, not a crash
-        print(f"cais: stalled: {exc}", file=sys.stderr)
+        print(f"cais: stalled: {_one_line(str(exc))}", file=sys.stderr)
         return 3
     except KeyboardInterrupt:
         print("cais: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # stdout closed early (``cais models | head -1``): stop quietly, as on SIGPIPE
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the final flush goes nowhere
+        return 141
+    except Exception as exc:  # noqa: BLE001 - anything else is a bug; say so in one line
+        if os.environ.get("CAIS_DEBUG"):
+            raise
+        print(f"cais: internal error: {type(exc).__name__}: {_one_line(str(exc))} (please report this with the "
+              "command you ran; CAIS_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return 1
     return 0
 
 

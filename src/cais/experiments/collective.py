@@ -7,9 +7,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cais.errors import UserError
 from cais.hw.config import PS_PER_US, SystemConfig
 from cais.machine import Conservation, Machine
-from cais.kernels.collectives import CollectiveSpec, build, shard_bounds
+from cais.kernels.collectives import ALGOS, OPS, CollectiveSpec, build, shard_bounds
+from cais.limits import check_events, check_machine, collective_events, max_events, size_text
 from cais.results import LinkUtil, Recorder, RunMetrics, run_metrics
 
 
@@ -77,18 +79,37 @@ def _fill(m: Machine, spec: CollectiveSpec, rng: np.random.Generator) -> list[np
     return expected
 
 
+def check_collective(cfg: SystemConfig, op: str, algo: str, nbytes: int, elem_bytes: int = 2) -> int:
+    """The element count of a collective of ``nbytes`` (nccl-tests size); UserError
+    (one line) for an unknown op or algorithm, a size that is not whole elements or
+    too small to shard, or a run too big to simulate (cais.limits)."""
+    if op not in OPS:
+        raise UserError(f"--op: unknown collective '{op}'; valid: {', '.join(OPS)}")
+    if algo not in ALGOS:
+        raise UserError(f"--algo: unknown algorithm '{algo}'; valid: {', '.join(ALGOS)}")
+    if nbytes <= 0 or nbytes % elem_bytes:
+        raise UserError(f"--bytes: must be a positive multiple of {elem_bytes} (bf16 elements), got {nbytes}")
+    count = nbytes // elem_bytes
+    if op != "allreduce" and count % cfg.gpus:
+        count -= count % cfg.gpus  # nccl-tests rounds AllGather/ReduceScatter sizes to n equal shards
+        if count == 0:
+            raise UserError(f"--bytes: {op} needs at least {cfg.gpus * elem_bytes} bytes on {cfg.gpus} GPUs")
+    check_machine(cfg)
+    estimate = collective_events(cfg, op, algo, count * elem_bytes)
+    fixed = collective_events(cfg, op, algo, 0)  # the TBs alone, whatever the size
+    hint = ("its TBs alone come near the limit: use fewer GPUs or channels (collective.*_channels)"
+            if 2 * fixed > max_events() else
+            f"use --bytes of at most about {size_text(nbytes * (max_events() - fixed) / (estimate - fixed))}")
+    check_events(estimate, f"--bytes {nbytes:,}: a {algo} {op} on {cfg.gpus} GPUs", hint)
+    return count
+
+
 def run_collective(cfg: SystemConfig, op: str, algo: str, nbytes: int, functional: bool = False,
                    seed: int = 0, elem_bytes: int = 2, recorder: Recorder | None = None) -> CollectiveResult:
     """Simulate ``op`` with ``algo`` on a ``nbytes`` buffer (nccl-tests size); a
     ``recorder``, if given, records the run (the collective kernel on each GPU is
     marked on its ``collective`` track)."""
-    if nbytes <= 0 or nbytes % elem_bytes:
-        raise ValueError(f"--bytes: must be a positive multiple of {elem_bytes} (bf16 elements), got {nbytes}")
-    count = nbytes // elem_bytes
-    if op != "allreduce" and count % cfg.gpus:
-        count -= count % cfg.gpus  # nccl-tests rounds AllGather/ReduceScatter sizes to n equal shards
-        if count == 0:
-            raise ValueError(f"--bytes: {op} needs at least {cfg.gpus * elem_bytes} bytes on {cfg.gpus} GPUs")
+    count = check_collective(cfg, op, algo, nbytes, elem_bytes)
     spec = CollectiveSpec(op, algo, count, elem_bytes)
     t0 = time.perf_counter()
     m = Machine(cfg, functional=functional, recorder=recorder)

@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cais.hw.compute import ComputeModel
+from cais.errors import UserError
 from cais.hw.config import PS_PER_US, SystemConfig
+from cais.limits import check_events, check_machine, period_events
 from cais.machine import Machine, Stalled
 from cais.results import LinkUtil, Recorder, RunMetrics, run_metrics
 from cais.schemes import get_scheme
@@ -95,7 +97,7 @@ class FunctionalCase:
         rng = np.random.default_rng(seed)
         d = period.dims
         if model.kv < d.n:
-            raise ValueError("functional mode needs kv_heads >= GPUs (no replicated KV heads)")
+            raise UserError("functional mode needs kv_heads >= GPUs (no replicated KV heads)")
         self.d, self.period, self.model = d, period, model
         self.this, self.nxt = ref.make_params(model, rng), ref.make_params(model, rng)
         if period.mode == "decode":  # one new token per sequence over a cache of kv_len
@@ -226,6 +228,29 @@ def _check(m: Machine, case: FunctionalCase) -> tuple[list[str], int]:
     return bad, checked
 
 
+def _check_sms(cfg: SystemConfig, sms: int | None) -> None:
+    if sms is not None and not 1 <= sms <= cfg.gpu.sms:
+        raise UserError(f"--sms: must be between 1 and {cfg.gpu.sms} on {cfg.name}, got {sms}")
+
+
+def _check_size(cfg: SystemConfig, model: ModelSpec, scheme: str, switch: str, mode: str, period: Period) -> None:
+    """UserError (one line) if the period is estimated beyond what the simulator can
+    finish (cais.limits)."""
+    check_machine(cfg)
+    check_events(period_events(cfg, period, model.dtype_bytes, switch),
+                 f"{model.name} {mode} under {scheme} with --batch {model.batch} --seq {model.seq} on {cfg.gpus} GPUs",
+                 "use a smaller --batch or --seq")
+
+
+def check_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: int | None = None) -> None:
+    """Raise the UserError :func:`run_layer` would raise before simulating anything (an
+    unknown scheme or mode, a bad ``sms``, a model that does not split over the GPUs,
+    a period too big to simulate), without running it."""
+    sch = get_scheme(scheme)
+    _check_sms(cfg, sms)
+    _check_size(cfg, model, scheme, sch.switch, mode, build_period(model, cfg.gpus, mode, sch.sp))
+
+
 def run_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: int | None = None,
               functional: bool = False, seed: int = 0, p_drop: float = 0.1, regather: bool = True,
               recorder: Recorder | None = None) -> LayerResult:
@@ -233,15 +258,15 @@ def run_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: 
     ``recorder``, if given, records the run (each GPU's part of every segment is marked
     on its ``segments`` track)."""
     sch = get_scheme(scheme)
+    _check_sms(cfg, sms)
     if sms is not None:
-        if not 1 <= sms <= cfg.gpu.sms:
-            raise ValueError(f"--sms: must be between 1 and {cfg.gpu.sms} on {cfg.name}, got {sms}")
         cfg = cfg.with_overrides(gpu={**cfg.gpu.model_dump(), "sms": sms})
     if cfg.switch.model == "auto":
         cfg = cfg.with_overrides(switch={**cfg.switch.model_dump(), "model": sch.switch})
     if sch.vc_policy is not None:
         cfg = cfg.with_overrides(link={**cfg.link.model_dump(), "vc_policy": sch.vc_policy})
     period = build_period(model, cfg.gpus, mode, sch.sp, seed, regather)
+    _check_size(cfg, model, scheme, sch.switch, mode, period)
     t0 = time.perf_counter()
     m = Machine(cfg, functional=functional, recorder=recorder)
     case = FunctionalCase(model, period, p_drop, seed) if functional else None

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
+from cais.errors import UserError
+
 PS_PER_NS = 1_000
 REF_TILE = (128, 256)  # the tile whose overhead `tile_overhead_ns` is quoted for
 TILE_CANDIDATES: tuple[tuple[int, int], ...] = ((128, 256), (256, 128), (128, 128))
@@ -69,7 +71,7 @@ class ComputeModel:
         simulated GPU's peak HBM bandwidth (default: the calibrated GPU's)."""
         path = resources.files("cais") / "data" / "calibration" / name / "fit.json"
         if not path.is_file():
-            raise ValueError(f"no compute calibration '{name}' (missing {name}/fit.json)")
+            raise UserError(f"field 'gpu.compute_model': no compute calibration '{name}' (missing {name}/fit.json)")
         return cls.from_fit(json.loads(path.read_text()), hbm_bandwidth_GBps)
 
     @classmethod

@@ -2,8 +2,10 @@
 
 A *system* is GPUs + NVLink + NVSwitch chips. Presets live as JSON files in
 ``cais/data/systems/`` (``cais systems`` lists them); a user can also pass a path to
-their own JSON file. Nothing in the simulator hard-codes a DGX-H100 number: it reads
-them from a :class:`SystemConfig`.
+their own JSON file, which gives every field or names the preset it inherits the rest
+from (``"base": "dgx-h100"``; docs/errors.md). Nothing in the simulator hard-codes a
+DGX-H100 number: it reads them from a :class:`SystemConfig`. The field defaults below
+serve code that builds a ``SystemConfig`` directly; files never fall back on them.
 
 Time in the simulator is integer picoseconds; the configs are written in the units
 people quote (GB/s, ns, us) and converted by the helper properties here.
@@ -19,6 +21,8 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 from pydantic.fields import FieldInfo
+
+from cais.errors import UserError, looks_like_path
 
 PS_PER_NS = 1_000
 PS_PER_US = 1_000_000
@@ -159,6 +163,9 @@ class SystemConfig(_Strict):
     name: str
     description: str = ""
     gpus: int = Field(8, ge=2)
+    scalable: bool = Field(False, description="the system is a template of any size: --gpus may set any GPU "
+                                              "count; otherwise --gpus may use at most its own gpus (a subset "
+                                              "of its GPUs on the same fabric)")
     gpu: GpuConfig = GpuConfig()
     link: LinkConfig = LinkConfig()
     packet: PacketFormat = PacketFormat()
@@ -231,7 +238,7 @@ class SystemConfig(_Strict):
         return SystemConfig.model_validate(data)
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A user-facing configuration mistake; its message is one line."""
 
 
@@ -247,24 +254,151 @@ def list_systems() -> dict[str, str]:
     return out
 
 
-def load_system(name_or_path: str, **overrides: object) -> SystemConfig:
-    """Load a preset by name (``dgx-h100``) or a JSON file by path; raise ConfigError
-    with a one-line message on a bad name or an invalid field."""
-    path = Path(name_or_path)
-    if not path.suffix:
-        path = _presets_dir() / f"{name_or_path}.json"
-    if not path.exists():
-        raise ConfigError(f"--system: unknown system '{name_or_path}'; valid: {', '.join(list_systems())}")
+def _system_path(name_or_path: str) -> Path:
+    """The file of a preset name or a path; ConfigError (one line) if there is none."""
+    if looks_like_path(name_or_path):
+        path = Path(name_or_path)
+        if not path.exists():
+            hint = ""
+            if Path(name_or_path).stem in list_systems() and "/" not in name_or_path:
+                hint = f" (the preset is named '{Path(name_or_path).stem}', without .json)"
+            raise ConfigError(f"--system: file not found: {name_or_path}{hint}")
+        if path.is_dir():
+            raise ConfigError(f"--system: {name_or_path} is a directory, not a system JSON file")
+        return path
+    preset = _presets_dir() / f"{name_or_path}.json"
+    if preset.is_file():
+        return preset
+    if Path(name_or_path).is_file():  # a file without a suffix in the working directory
+        return Path(name_or_path)
+    raise ConfigError(f"--system: unknown system '{name_or_path}'; valid: {', '.join(list_systems())} "
+                      "(or a JSON file)")
+
+
+def _read_object(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path``; ConfigError (one line) if it is unreadable, not
+    JSON, or not an object."""
     try:
         data = json.loads(path.read_text())
-        data.update({k: v for k, v in overrides.items() if v is not None})
-        return SystemConfig.model_validate(data)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise ConfigError(f"{path}: cannot read it ({why})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object with the fields of a system, got a JSON "
+                          f"{_json_type(data)}")
+    return data
+
+
+def _json_type(value: Any) -> str:
+    return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(value), "number")
+
+
+def _unknown_key(data: dict[str, Any], model: type[BaseModel], where: str = "") -> str | None:
+    """The first key of ``data`` (recursively through sections) that ``model`` lacks,
+    with a note of the valid keys at its level; None if every key is known."""
+    for key, value in data.items():
+        field = model.model_fields.get(key)
+        dotted = f"{where}.{key}" if where else key
+        if field is None:
+            level = f"under '{where}'" if where else "at the top level"
+            return f"unknown field '{dotted}'; valid fields {level}: {', '.join(model.model_fields)}"
+        sub = _submodel(field.annotation)
+        if sub is not None and isinstance(value, dict):
+            found = _unknown_key(value, sub, dotted)
+            if found:
+                return found
+    return None
+
+
+def missing_field(data: dict[str, Any], model: type[BaseModel] | None = None, where: str = "") -> str | None:
+    """The first field of ``model`` (default SystemConfig; recursively through the
+    sections ``data`` gives as objects) that ``data`` does not give; None if complete."""
+    model = model or SystemConfig
+    for key, field in model.model_fields.items():
+        dotted = f"{where}.{key}" if where else key
+        if key not in data:
+            return dotted
+        sub = _submodel(field.annotation)
+        if sub is not None and isinstance(data[key], dict):
+            found = missing_field(data[key], sub, dotted)
+            if found:
+                return found
+    return None
+
+
+def _merged(base: dict[str, Any], data: dict[str, Any], model: type[BaseModel]) -> dict[str, Any]:
+    """``base`` with ``data``'s values; sections given as objects merge field by field."""
+    out = dict(base)
+    for key, value in data.items():
+        field = model.model_fields.get(key)
+        sub = _submodel(field.annotation) if field is not None else None
+        if sub is not None and isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merged(out[key], value, sub)
+        else:
+            out[key] = value
+    return out
+
+
+def _system_data(path: Path) -> dict[str, Any]:
+    """The complete field values of the system file at ``path``: every field given, or
+    ``"base": "<preset>"`` and the fields that differ from that preset."""
+    data = _read_object(path)
+    base = data.pop("base", None)
+    unknown = _unknown_key(data, SystemConfig)
+    if unknown:
+        raise ConfigError(f"{path.name}: {unknown}")
+    if base is None:
+        missing = missing_field(data)
+        if missing:
+            raise ConfigError(f"{path.name}: missing field '{missing}'; a system file gives every field, or "
+                              f"names a preset it inherits the rest from, e.g. \"base\": \"dgx-h100\"")
+        return data
+    presets = list_systems()
+    if not isinstance(base, str) or base not in presets:
+        raise ConfigError(f"{path.name}: field 'base': expected a preset name, one of {', '.join(presets)}; "
+                          f"got {json.dumps(base)}")
+    data.setdefault("name", path.stem)
+    data.setdefault("description", f"{base} with the fields set in {path.name}")
+    return _merged(_system_data(_presets_dir() / f"{base}.json"), data, SystemConfig)
+
+
+def check_gpus(cfg: SystemConfig, gpus: int | None, flag: str = "--gpus ") -> None:
+    """ConfigError if ``gpus`` asks more GPUs of ``cfg`` than it has and it is not a
+    scalable template (using fewer of a machine's GPUs is allowed: a smaller TP group
+    on the same fabric)."""
+    if gpus is None or gpus <= cfg.gpus or cfg.scalable:
+        return
+    scalable = [name for name, data in ((n, _read_object(_presets_dir() / f"{n}.json")) for n in list_systems())
+                if data.get("scalable")]
+    where = f"the scalable preset {', '.join(scalable)} or " if scalable else ""
+    raise ConfigError(f"{flag}{gpus}: system '{cfg.name}' has {cfg.gpus} GPUs and is not scalable; for more GPUs "
+                      f"use {where}a system file with \"base\": \"{cfg.name}\" and \"gpus\": {gpus}")
+
+
+def load_system(name_or_path: str, **overrides: object) -> SystemConfig:
+    """Load a preset by name (``dgx-h100``) or a JSON file by path; raise ConfigError
+    with a one-line message on a bad name, a missing file, an incomplete file, an
+    invalid field, or a ``gpus`` override beyond a system that does not scale. A file
+    gives every field, or ``"base": "<preset>"`` and the fields that differ."""
+    path = _system_path(name_or_path)
+    data = _system_data(path)
+    try:
+        cfg = SystemConfig.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"]) or "system"
-        raise ConfigError(f"{path.name}: field '{loc}': {err['msg']}") from None
+        where, msg = _first_error(exc)
+        raise ConfigError(f"{path.name}: field '{where or 'system'}': {msg}") from None
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    if not overrides:
+        return cfg
+    check_gpus(cfg, overrides.get("gpus"))  # type: ignore[arg-type]
+    try:
+        return SystemConfig.model_validate({**data, **overrides})
+    except ValidationError as exc:
+        where, msg = _first_error(exc)
+        given = ", ".join(f"{k}={v}" for k, v in overrides.items())
+        raise ConfigError(f"{path.name} with {given}: field '{where or 'system'}': {msg}") from None
 
 
 # Dotted overrides ("link.bandwidth_GBps" -> "50") on a loaded system.

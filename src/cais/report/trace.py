@@ -20,6 +20,7 @@ time as arguments.
 from __future__ import annotations
 
 import json
+import os
 from bisect import bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from cais.errors import UserError
 from cais.results.metrics import BYTES_PER_KB
 from cais.results.ports import port_direction
 from cais.results.recorder import Recorder
@@ -232,7 +234,7 @@ def _switch_events(rec: Recorder) -> tuple[list[Event], list[Event]]:
 def build_trace(rec: Recorder, tb_limit: int = DEFAULT_TB_LIMIT) -> dict[str, Any]:
     """The trace of a recorded run, as a JSON-ready object."""
     if tb_limit < 0:
-        raise ValueError(f"TB span limit must be >= 0, got {tb_limit}")
+        raise UserError(f"TB span limit must be >= 0, got {tb_limit}")
     m = rec.m
     threads = _Threads()
     meta: list[Event] = []
@@ -260,11 +262,30 @@ def build_trace(rec: Recorder, tb_limit: int = DEFAULT_TB_LIMIT) -> dict[str, An
 
 
 def write_trace(path: str | Path, rec: Recorder, tb_limit: int = DEFAULT_TB_LIMIT) -> int:
-    """Write the trace of a recorded run to ``path``; return the number of events."""
-    trace = build_trace(rec, tb_limit)
+    """Write the trace of a recorded run to ``path``; return the number of events. The
+    file appears whole or not at all."""
+    tmp, events = stage_trace(path, rec, tb_limit)
     try:
-        with open(path, "w") as f:
-            json.dump(trace, f, separators=(",", ":"))
+        os.replace(tmp, path)
     except OSError as exc:
-        raise ValueError(f"cannot write {path}: {exc.strerror}") from None
-    return len(trace["traceEvents"])
+        tmp.unlink(missing_ok=True)
+        raise UserError(f"cannot write {path}: {exc.strerror}") from None
+    return events
+
+
+def stage_trace(path: str | Path, rec: Recorder, tb_limit: int = DEFAULT_TB_LIMIT) -> tuple[Path, int]:
+    """The trace of a recorded run written to a temporary file next to ``path``: (that
+    file, the number of events). The caller moves it over ``path`` (``os.replace``)
+    or deletes it. UserError (one line) if it cannot be written."""
+    trace = build_trace(rec, tb_limit)
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w") as f:
+            json.dump(trace, f, separators=(",", ":"))
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise UserError(f"cannot write {path}: {exc.strerror}") from None
+        raise
+    return tmp, len(trace["traceEvents"])

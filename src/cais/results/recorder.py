@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cais.errors import UserError
 from cais.hw.gpu import Kernel
 from cais.hw.merge import MergeUnit
 from cais.machine import Machine
@@ -91,11 +92,11 @@ class Recorder:
         return max(times)
 
     def n_bins(self) -> int:
-        """Bins of ``bin_ps`` covering the run; ValueError past ``MAX_BINS``."""
+        """Bins of ``bin_ps`` covering the run; UserError past ``MAX_BINS``."""
         n = bins_to_cover(self.horizon_ps(), self.bin_ps)
         if n > MAX_BINS:
-            raise ValueError(f"a bin of {self.bin_ps} ps cuts this run into {n:,} bins (at most {MAX_BINS:,}); "
-                             "choose a wider bin")
+            raise UserError(f"a bin of {self.bin_ps} ps cuts this run into {n:,} bins (at most {MAX_BINS:,}); "
+                            "choose a wider bin")
         return n
 
     def kernels(self, gpu: int) -> list[Kernel]:

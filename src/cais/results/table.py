@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from cais.errors import UserError
 from cais.hw.config import SystemConfig
 
 TABLE_SUFFIXES = (".parquet", ".csv")
@@ -40,10 +41,10 @@ def run_row(cfg: SystemConfig, arguments: Mapping[str, Any], metrics: Mapping[st
 
 
 def table_format(path: str | Path) -> str:
-    """``parquet`` or ``csv``, from the file's suffix; ValueError for any other."""
+    """``parquet`` or ``csv``, from the file's suffix; UserError for any other."""
     suffix = Path(path).suffix.lower()
     if suffix not in TABLE_SUFFIXES:
-        raise ValueError(f"results table must end in {' or '.join(TABLE_SUFFIXES)}, got '{path}'")
+        raise UserError(f"results table must end in {' or '.join(TABLE_SUFFIXES)}, got '{path}'")
     return suffix[1:]
 
 
@@ -51,18 +52,32 @@ def append_row(path: str | Path, row: Mapping[str, Scalar]) -> int:
     """Append ``row`` to the table at ``path`` (created if absent; columns are the union
     of the old and new ones); return the number of rows now in it. The file is
     rewritten whole and replaced atomically, so earlier rows survive any failure."""
+    tmp, rows = stage_row(path, row)
+    try:
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise UserError(f"cannot write {path}: {exc.strerror}") from None
+    return rows
+
+
+def stage_row(path: str | Path, row: Mapping[str, Scalar]) -> tuple[Path, int]:
+    """The table at ``path`` with ``row`` appended, written to a temporary file next to
+    it: (that file, the number of rows). The caller moves it over ``path``
+    (``os.replace``) or deletes it; ``path`` itself is not touched. UserError (one
+    line) if the table cannot be read or written."""
     import pandas as pd
 
     fmt = table_format(path)
     path = Path(path)
     if not path.parent.is_dir():
-        raise ValueError(f"cannot write {path}: no directory {path.parent}")
+        raise UserError(f"cannot write {path}: no directory {path.parent}")
     table = pd.DataFrame([dict(row)])
     if path.exists():
         try:
             old = pd.read_parquet(path) if fmt == "parquet" else pd.read_csv(path)
         except Exception as exc:  # noqa: BLE001 - any reader failure means "not a table we can extend"
-            raise ValueError(f"cannot append to {path}: not a readable {fmt} table ({type(exc).__name__})") from None
+            raise UserError(f"cannot append to {path}: not a readable {fmt} table ({type(exc).__name__})") from None
         table = pd.concat([old, table], ignore_index=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
@@ -72,9 +87,10 @@ def append_row(path: str | Path, row: Mapping[str, Scalar]) -> int:
             table.to_csv(tmp, index=False)
         if path.exists():
             shutil.copymode(path, tmp)
-        os.replace(tmp, path)
-    except Exception as exc:  # noqa: BLE001 - the old table stays as it was
+    except BaseException as exc:  # the old table stays as it was; no temporary file stays behind
         tmp.unlink(missing_ok=True)
+        if not isinstance(exc, Exception):
+            raise
         why = exc.strerror if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
-        raise ValueError(f"cannot write {path}: {str(why).splitlines()[0]}") from None
-    return len(table)
+        raise UserError(f"cannot write {path}: {str(why).splitlines()[0]}") from None
+    return tmp, len(table)

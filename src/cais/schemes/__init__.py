@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
+from cais.errors import UserError
 from cais.schemes.base import Scheme
 
 # The paper's order (§IV-C), then anything else alphabetically.
@@ -30,9 +31,9 @@ def schemes() -> dict[str, type[Scheme]]:
 
 
 def get_scheme(name: str) -> Scheme:
-    """A scheme by name; a one-line ValueError lists the valid names."""
+    """A scheme by name; a one-line UserError lists the valid names."""
     found = _discover()
     cls = found.get(name)
     if cls is None:
-        raise ValueError(f"--scheme: unknown scheme '{name}'; valid: {', '.join(found)}")
+        raise UserError(f"--scheme: unknown scheme '{name}'; valid: {', '.join(found)}")
     return cls()

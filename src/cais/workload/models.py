@@ -14,8 +14,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from cais.errors import UserError, looks_like_path
 
-class ModelError(ValueError):
+
+class ModelError(UserError):
     """A user-facing model mistake; its message is one line."""
 
 
@@ -90,14 +92,14 @@ class ModelSpec(BaseModel):
         return attn + mlp
 
     def check_tp(self, n: int) -> str:
-        """Raise ValueError (one line) if the layer cannot be split over ``n`` TP ranks.
+        """Raise ModelError (one line) if the layer cannot be split over ``n`` TP ranks.
 
         KV heads fewer than ``n`` are allowed when ``n % kv_heads == 0``: each KV head is
         then replicated on ``n // kv_heads`` ranks; the returned note says so ("" if no
         note). The token rows need not divide: sequence-parallel runs pad them
         (``cais.workload.dims``)."""
         if n <= 0:
-            raise ValueError(f"{self.name}: TP degree must be positive, got {n}")
+            raise ModelError(f"{self.name}: TP degree must be positive, got {n}")
         bad = []
         if self.heads % n:
             bad.append(f"heads {self.heads}")
@@ -109,7 +111,7 @@ class ModelSpec(BaseModel):
         if self.ffn_hidden % n:
             bad.append(f"ffn_hidden {self.ffn_hidden}")
         if bad:
-            raise ValueError(f"{self.name}: TP={n} does not divide {', '.join(bad)}")
+            raise ModelError(f"{self.name}: TP={n} does not divide {', '.join(bad)}")
         if self.kv < n:
             return f"{self.name}: {self.kv} KV heads over TP={n}: each KV head replicated on {n // self.kv} ranks"
         return ""
@@ -121,7 +123,10 @@ class ModelSpec(BaseModel):
             data["batch"] = batch
         if seq is not None:
             data["seq"] = seq
-        return ModelSpec.model_validate(data)
+        try:
+            return ModelSpec.model_validate(data)
+        except ValidationError as exc:
+            raise _one_line(exc, f"{self.name} with batch={batch}, seq={seq}") from None
 
 
 # ---------------------------------------------------------------------------------------
@@ -155,20 +160,27 @@ def load_model(name_or_path: str, **overrides: Any) -> ModelSpec:
     values are ignored). Raises ModelError with a one-line message."""
     path = Path(name_or_path)
     if not path.exists():
+        if looks_like_path(name_or_path):
+            raise ModelError(f"--model: file not found: {name_or_path}")
         path = _presets_dir() / f"{name_or_path}.json"
     if path.is_dir():
         path = path / "config.json"
+        if not path.is_file():
+            raise ModelError(f"--model: {name_or_path} is a directory without a config.json")
     if not path.is_file():
-        raise ModelError(f"--model: unknown model '{name_or_path}'; valid: {', '.join(list_models())}")
+        raise ModelError(f"--model: unknown model '{name_or_path}'; valid: {', '.join(list_models())} "
+                         "(or a model JSON or Hugging Face config.json file)")
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ModelError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModelError(f"{path}: cannot read it ({getattr(exc, 'strerror', None) or 'not UTF-8 text'})") from None
     if not isinstance(data, dict):
-        raise ModelError(f"{path}: expected a JSON object")
+        raise ModelError(f"{path}: expected a JSON object (a model or a Hugging Face config.json)")
     overrides = {k: v for k, v in overrides.items() if v is not None}
     if _is_hf(data):
-        spec = from_hf_config(data, name=overrides.pop("name", None) or _hf_name(data, path))
+        spec = from_hf_config(data, name=overrides.pop("name", None) or _hf_name(data, path), where=str(path))
         data = spec.model_dump()
     data.update(overrides)
     try:
@@ -194,7 +206,7 @@ def _hf_name(cfg: dict, path: Path | None) -> str:
 
 
 def from_hf_config(path_or_dict: str | Path | dict, name: str | None = None,
-                   seq: int = 2048, batch: int = 1) -> ModelSpec:
+                   seq: int = 2048, batch: int = 1, where: str | None = None) -> ModelSpec:
     """Build a ModelSpec from a Hugging Face ``config.json`` (path, folder or dict).
 
     Supports LLaMA/Mistral/Qwen-style keys (``hidden_size``, ``intermediate_size``,
@@ -203,11 +215,12 @@ def from_hf_config(path_or_dict: str | Path | dict, name: str | None = None,
     4*n_embd; GELU + LayerNorm) and GPT-NeoX/OPT (``intermediate_size`` / ``ffn_dim``).
     Non-gated activations other than GELU (e.g. OPT's relu) are modelled as ``gelu``
     (same cost). ``max_position_embeddings`` is not used: ``seq`` is the run shape.
+    ``where`` names the config in error messages (default: its path, or "hf config").
     """
     path: Path | None = None
     if isinstance(path_or_dict, dict):
         cfg = path_or_dict
-        where = "hf config"
+        where = where or "hf config"
     else:
         path = Path(path_or_dict)
         if path.is_dir():
