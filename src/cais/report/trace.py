@@ -33,6 +33,7 @@ from cais.errors import UserError
 from cais.results.metrics import BYTES_PER_KB
 from cais.results.ports import port_direction
 from cais.results.recorder import Recorder
+from cais.results.table import publish
 
 if TYPE_CHECKING:
     from cais.hw.gpu import Kernel
@@ -265,11 +266,7 @@ def write_trace(path: str | Path, rec: Recorder, tb_limit: int = DEFAULT_TB_LIMI
     """Write the trace of a recorded run to ``path``; return the number of events. The
     file appears whole or not at all."""
     tmp, events = stage_trace(path, rec, tb_limit)
-    try:
-        os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise UserError(f"cannot write {path}: {exc.strerror}") from None
+    publish(tmp, path)
     return events
 
 

@@ -53,12 +53,18 @@ def append_row(path: str | Path, row: Mapping[str, Scalar]) -> int:
     of the old and new ones); return the number of rows now in it. The file is
     rewritten whole and replaced atomically, so earlier rows survive any failure."""
     tmp, rows = stage_row(path, row)
+    publish(tmp, path)
+    return rows
+
+
+def publish(tmp: Path, path: str | Path) -> None:
+    """Move a staged file ``tmp`` onto ``path`` atomically (it appears whole or not at
+    all); a failure removes ``tmp`` and is a one-line user error."""
     try:
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise UserError(f"cannot write {path}: {exc.strerror}") from None
-    return rows
 
 
 def stage_row(path: str | Path, row: Mapping[str, Scalar]) -> tuple[Path, int]:
