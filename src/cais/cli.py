@@ -25,6 +25,7 @@ from cais.workload.graph import SUBLAYERS
 if TYPE_CHECKING:
     from cais.experiments.collective import CollectiveResult
     from cais.experiments.layer import LayerResult
+    from cais.progress import RunProgress
     from cais.workload.models import ModelSpec
 
 
@@ -233,6 +234,15 @@ def _print_table(title: str, rows: list[tuple[str, str]]) -> None:
     Console().print(table)
 
 
+def _progress(args: argparse.Namespace) -> RunProgress:
+    """The run's progress report on stderr: the bar where stderr is a terminal and
+    --json is not given, or when --progress asks; never with --no-progress."""
+    from cais.progress import RunProgress
+
+    show = args.progress if args.progress is not None else (sys.stderr.isatty() and not args.json)
+    return RunProgress(show=show)
+
+
 def cmd_collective(args: argparse.Namespace) -> None:
     from cais.experiments.collective import run_collective
 
@@ -240,7 +250,8 @@ def cmd_collective(args: argparse.Namespace) -> None:
     cfg, overrides = _overridden(cfg, args)
     _check_outputs(args)
     rec = _recorder(args)
-    r = run_collective(cfg, args.op, args.algo, args.bytes, recorder=rec)
+    with _progress(args) as progress:
+        r = run_collective(cfg, args.op, args.algo, args.bytes, recorder=rec, progress=progress)
     notes = _write_outputs(args, cfg, rec, {"command": "collective", "system": args.system, "unit": args.unit,
                                             "overrides": json.dumps(overrides)}, r)
     if not _printed_json(args, r, overrides=overrides):
@@ -280,7 +291,8 @@ def cmd_run(args: argparse.Namespace) -> None:
         model = model.with_run(args.batch, args.seq)
     _check_outputs(args)
     rec = _recorder(args)
-    r = run_layer(cfg, model, args.scheme, args.mode, args.sms, recorder=rec)
+    with _progress(args) as progress:
+        r = run_layer(cfg, model, args.scheme, args.mode, args.sms, recorder=rec, progress=progress)
     notes = _write_outputs(args, cfg, rec, {"command": "run", "system": args.system, "batch": model.batch,
                                             "seq": model.seq, "overrides": json.dumps(overrides)}, r)
     if not _printed_json(args, r, overrides=overrides):
@@ -441,6 +453,12 @@ def _output_options(sp: argparse.ArgumentParser) -> None:
                          "nested keys dotted) to a Parquet or CSV table, chosen by the suffix")
 
 
+def _progress_option(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                    help="a progress bar on stderr (simulated time, events, ETA) once a run passes 2 s; default: "
+                         "shown when stderr is a terminal and --json is not given")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="cais", description="Simulate tensor-parallel LLM work on NVLink/NVSwitch systems.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -461,6 +479,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
     _set_option(c)
     _output_options(c)
+    _progress_option(c)
     c.set_defaults(fn=cmd_collective)
 
     g = with_system(sub.add_parser("gemm", help="time one bf16 GEMM on one GPU"))
@@ -484,6 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true", help="print the result (every metric) as JSON instead of a table")
     _set_option(r)
     _output_options(r)
+    _progress_option(r)
     r.set_defaults(fn=cmd_run)
 
     s = sub.add_parser("systems", help="list system presets")

@@ -52,6 +52,12 @@ class Conservation:
                 and self.injected + self.created == self.delivered + self.absorbed)
 
 
+class Ticker(Protocol):
+    """What a machine needs from a progress report (``cais.progress.RunProgress``)."""
+
+    def tick(self, now_ps: int, events: int) -> None: ...
+
+
 class Machine:
     """GPUs + NVSwitch fabric + event loop. ``functional=True`` makes every memory
     operation carry real numpy data, so results can be checked against numpy.
@@ -60,10 +66,13 @@ class Machine:
     machine is built and records what happens over time; without one, nothing is
     recorded and nothing is spent on it."""
 
-    def __init__(self, cfg: SystemConfig, functional: bool = False, recorder: Observer | None = None) -> None:
+    def __init__(self, cfg: SystemConfig, functional: bool = False, recorder: Observer | None = None,
+                 progress: Ticker | None = None) -> None:
         self.cfg = cfg
         self.functional = functional
         self.sim = Simulator()
+        if progress is not None:  # told every few thousand events (cais.progress)
+            self.sim.tick = progress.tick
         self.pk = Packetizer(cfg.packet)
         self.vcmap = VcMap(cfg.link)
         mem_lat = round(cfg.gpu.memory_latency_ns * PS_PER_NS)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -13,6 +14,9 @@ from cais.machine import Conservation, Machine
 from cais.kernels.collectives import ALGOS, OPS, CollectiveSpec, build, shard_bounds
 from cais.limits import check_events, check_machine, collective_events, max_events, size_text
 from cais.results import LinkUtil, Recorder, RunMetrics, run_metrics
+
+if TYPE_CHECKING:
+    from cais.progress import RunProgress
 
 
 def bus_factor(op: str, n: int) -> float:
@@ -105,14 +109,18 @@ def check_collective(cfg: SystemConfig, op: str, algo: str, nbytes: int, elem_by
 
 
 def run_collective(cfg: SystemConfig, op: str, algo: str, nbytes: int, functional: bool = False,
-                   seed: int = 0, elem_bytes: int = 2, recorder: Recorder | None = None) -> CollectiveResult:
+                   seed: int = 0, elem_bytes: int = 2, recorder: Recorder | None = None,
+                   progress: RunProgress | None = None) -> CollectiveResult:
     """Simulate ``op`` with ``algo`` on a ``nbytes`` buffer (nccl-tests size); a
     ``recorder``, if given, records the run (the collective kernel on each GPU is
     marked on its ``collective`` track)."""
     count = check_collective(cfg, op, algo, nbytes, elem_bytes)
     spec = CollectiveSpec(op, algo, count, elem_bytes)
+    if progress is not None:
+        progress.begin(collective_events(cfg, op, algo, count * elem_bytes),
+                       f"{algo} {op} of {size_text(count * elem_bytes)} on {cfg.gpus} GPUs")
     t0 = time.perf_counter()
-    m = Machine(cfg, functional=functional, recorder=recorder)
+    m = Machine(cfg, functional=functional, recorder=recorder, progress=progress)
     expected = _fill(m, spec, np.random.default_rng(seed)) if functional else None
     kernels = build(m, spec)
     for gpu, k in zip(m.gpus, kernels):

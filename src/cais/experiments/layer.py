@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -19,6 +20,9 @@ from cais.schemes.base import LayerRun
 from cais.workload import reference as ref
 from cais.workload.graph import Chain, Period, build_period
 from cais.workload.models import ModelSpec
+
+if TYPE_CHECKING:
+    from cais.progress import RunProgress
 
 
 @dataclass
@@ -253,7 +257,7 @@ def check_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms
 
 def run_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: int | None = None,
               functional: bool = False, seed: int = 0, p_drop: float = 0.1, regather: bool = True,
-              recorder: Recorder | None = None) -> LayerResult:
+              recorder: Recorder | None = None, progress: RunProgress | None = None) -> LayerResult:
     """Simulate one period of ``model`` under ``scheme`` on ``cfg`` (``sms`` per GPU); a
     ``recorder``, if given, records the run (each GPU's part of every segment is marked
     on its ``segments`` track)."""
@@ -267,8 +271,11 @@ def run_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: 
         cfg = cfg.with_overrides(link={**cfg.link.model_dump(), "vc_policy": sch.vc_policy})
     period = build_period(model, cfg.gpus, mode, sch.sp, seed, regather)
     _check_size(cfg, model, scheme, sch.switch, mode, period)
+    if progress is not None:
+        progress.begin(period_events(cfg, period, model.dtype_bytes, sch.switch),
+                       f"{model.name} {mode} under {scheme} on {cfg.gpus} GPUs")
     t0 = time.perf_counter()
-    m = Machine(cfg, functional=functional, recorder=recorder)
+    m = Machine(cfg, functional=functional, recorder=recorder, progress=progress)
     case = FunctionalCase(model, period, p_drop, seed) if functional else None
     if case is not None:
         _alloc(m, period, case)
