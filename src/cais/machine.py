@@ -67,7 +67,7 @@ class Machine:
     recorded and nothing is spent on it."""
 
     def __init__(self, cfg: SystemConfig, functional: bool = False, recorder: Observer | None = None,
-                 progress: Ticker | None = None) -> None:
+                 progress: Ticker | None = None, mirror: bool = False) -> None:
         self.cfg = cfg
         self.functional = functional
         self.sim = Simulator()
@@ -80,7 +80,7 @@ class Machine:
                          round(cfg.gpu.read_serve_kB * 1024), cfg.switch.chips, cfg.link.vcs) for g in range(cfg.gpus)]
         for g, factor in cfg.gpu_slowdown.items():
             self.gpus[g].slowdown = factor
-        self.fabric = Fabric(self.sim, cfg, self.gpus, self.pk, self.vcmap)
+        self.fabric = Fabric(self.sim, cfg, self.gpus, self.pk, self.vcmap, mirror)
         self.isa = Isa(self)
         self.launch_ps = round(cfg.gpu.kernel_launch_us * PS_PER_US)
         self._flags = 0

@@ -31,7 +31,7 @@ class Fabric:
     """
 
     def __init__(self, sim: Simulator, cfg: SystemConfig, gpus: list["Gpu"], packetizer: Packetizer,
-                 vcmap: VcMap) -> None:
+                 vcmap: VcMap, mirror: bool = False) -> None:
         self.sim = sim
         self.cfg = cfg
         self.gpus = gpus
@@ -64,6 +64,12 @@ class Fabric:
         self.switches = [model(sim, c, self.down[c], gpus, packetizer, vcmap, vcs, pipe, red, merge=cfg.switch.merge,
                                sync_entries=cfg.cais.sync_entries)
                          for c in range(chips)]
+        # Mirror mode: only GPU 0 runs a program; every switch output goes to GPU 0
+        # (a train for GPU g stands for its image, the one GPU -g sends to GPU 0).
+        # Exact only for a workload that every GPU runs alike, shifted by its index.
+        self.mirror = mirror
+        for sw in self.switches:
+            sw.mirror = mirror
         for gpu in gpus:
             gpu.fabric = self
         self.injected = 0  # payload bytes put on the fabric by GPUs
