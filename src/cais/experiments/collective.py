@@ -115,12 +115,10 @@ def check_collective(cfg: SystemConfig, op: str, algo: str, nbytes: int, elem_by
 SIM_MODES = ("full", "mirror")
 
 
-def mirror_misfit(cfg: SystemConfig, op: str, algo: str, functional: bool = False) -> str:
+def mirror_misfit(cfg: SystemConfig, functional: bool = False) -> str:
     """Why a collective cannot be simulated in mirror mode ("" if it can): every GPU
     must run the same program shifted by its index, on GPUs and ports that are alike.
     Detected from the run, not assumed."""
-    if algo != "nvls":
-        return f"the {algo} algorithm's flags wait on the previous GPU's program (mirror covers nvls)"
     # Shards may differ by one element (nccl-tests sizes): GPU 0, the one simulated,
     # holds the largest, so its image is the slowest GPU.
     if cfg.gpu_slowdown:
@@ -151,7 +149,7 @@ def run_collective(cfg: SystemConfig, op: str, algo: str, nbytes: int, functiona
     if sim not in SIM_MODES:
         raise UserError(f"--sim: unknown mode '{sim}'; valid: {', '.join(SIM_MODES)}")
     mirror = sim == "mirror"
-    misfit = mirror_misfit(cfg, op, algo, functional) if mirror else ""
+    misfit = mirror_misfit(cfg, functional) if mirror else ""
     if misfit:
         raise UserError(f"--sim mirror: this collective is not symmetric: {misfit}; use --sim full")
     count = check_collective(cfg, op, algo, nbytes, elem_bytes, mirror)
