@@ -1,0 +1,74 @@
+"""Mirror mode (the fast path for large systems): GPU 0 simulated, the other GPUs
+as its images. Checked against the full model, refused where GPUs differ, and
+named in every result."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cais.cli import main
+from cais.errors import UserError
+from cais.experiments.collective import run_collective
+from cais.hw.config import load_system
+
+MIB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def h100():
+    return load_system("dgx-h100")
+
+
+@pytest.mark.parametrize("op", ["allreduce", "allgather", "reducescatter"])
+def test_ring_mirror_equals_full(h100, op) -> None:
+    full = run_collective(h100, op, "ring", MIB)
+    mirror = run_collective(h100, op, "ring", MIB, sim="mirror")
+    assert (full.sim, mirror.sim) == ("full", "mirror")
+    assert mirror.time_us == full.time_us
+    assert mirror.events * 7 < full.events  # only GPU 0's programs and ports ran
+    assert mirror.conservation.ok
+
+
+@pytest.mark.parametrize("op", ["allreduce", "allgather", "reducescatter"])
+def test_nvls_mirror_within_tolerance_of_full(h100, op) -> None:
+    full = run_collective(h100, op, "nvls", MIB)
+    mirror = run_collective(h100, op, "nvls", MIB, sim="mirror")
+    assert abs(mirror.time_us / full.time_us - 1) < 0.015
+    assert mirror.events * 7 < full.events
+    assert mirror.conservation.ok
+    # GPU 0's port metrics stand for every GPU's
+    assert set(mirror.metrics.wire_bytes) == set(range(8))
+    assert mirror.metrics.wire_bytes[5] == mirror.metrics.wire_bytes[0] == full.metrics.wire_bytes[0]
+
+
+def test_mirror_on_many_gpus_is_cheap_and_close() -> None:
+    cfg = load_system("nvl72").with_overrides(gpus=16)
+    full = run_collective(cfg, "allreduce", "nvls", 256 << 10)
+    mirror = run_collective(cfg, "allreduce", "nvls", 256 << 10, sim="mirror")
+    assert abs(mirror.time_us / full.time_us - 1) < 0.03
+    assert mirror.events * 12 < full.events
+
+
+def test_mirror_refused_where_gpus_differ(h100) -> None:
+    slow = h100.with_overrides(gpu_slowdown={3: 2.0})
+    with pytest.raises(UserError, match="not symmetric: gpu_slowdown"):
+        run_collective(slow, "allreduce", "nvls", MIB, sim="mirror")
+    with pytest.raises(UserError, match="functional mode"):
+        run_collective(h100, "allreduce", "nvls", MIB, functional=True, sim="mirror")
+    with pytest.raises(UserError, match="unknown mode"):
+        run_collective(h100, "allreduce", "nvls", MIB, sim="flows")
+
+
+def test_cli_names_the_mode(capsys) -> None:
+    assert main(["collective", "--op", "allreduce", "--algo", "ring", "--bytes", "64K", "--sim", "mirror",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["sim"] == "mirror"
+    assert main(["collective", "--op", "allreduce", "--algo", "ring", "--bytes", "64K", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["sim"] == "full"
+    assert main(["collective", "--op", "allreduce", "--algo", "nvls", "--bytes", "64K", "--sim", "mirror"]) == 0
+    assert "mirror (GPU 0 simulated" in capsys.readouterr().out
+    assert main(["collective", "--op", "allreduce", "--algo", "nvls", "--bytes", "64K", "--sim", "mirror",
+                 "--set", "gpu_slowdown={\"1\": 1.5}"]) == 2
+    assert capsys.readouterr().err.startswith("cais: error: --sim mirror: this collective is not symmetric")
