@@ -294,9 +294,9 @@ def cmd_run(args: argparse.Namespace) -> None:
     _check_outputs(args)
     rec = _recorder(args)
     with _progress(args) as progress:
-        r = run_layer(cfg, model, args.scheme, args.mode, args.sms, recorder=rec, progress=progress)
+        r = run_layer(cfg, model, args.scheme, args.mode, args.sms, recorder=rec, progress=progress, sim=args.sim)
     notes = _write_outputs(args, cfg, rec, {"command": "run", "system": args.system, "batch": model.batch,
-                                            "seq": model.seq, "overrides": json.dumps(overrides)}, r)
+                                            "seq": model.seq, "sim": r.sim, "overrides": json.dumps(overrides)}, r)
     if not _printed_json(args, r, overrides=overrides):
         _print_layer(_system_label(cfg, overrides), model, r)
         _print_notes(notes)
@@ -323,7 +323,9 @@ def _print_layer(system: str, model: ModelSpec, r: LayerResult) -> None:
                     "some of it inside the sub-layers' spans. gap to bound: time / max(compute, comm) - 1.")
     Console().print(f"link utilisation: mean {100 * r.link_util.mean:.1f} % (GPU directions), busiest port "
                     f"direction {100 * r.link_util.max:.1f} % ({r.link_util.busiest}), over the period; "
-                    f"{r.events:,} events in {r.wall_s:.1f} s")
+                    f"{r.events:,} events in {r.wall_s:.1f} s; simulation: "
+                    + ("mirror (GPU 0 simulated, the others its images; --sim)" if r.sim == "mirror"
+                       else "full (every GPU)"))
     k = r.kernel_us
     Console().print(f"GPU 0 kernel time: collectives {k['communication']:,.0f} us, other kernels "
                     f"{k['computation']:,.0f} us (overlapping kernels both count)")
@@ -455,6 +457,14 @@ def _output_options(sp: argparse.ArgumentParser) -> None:
                          "nested keys dotted) to a Parquet or CSV table, chosen by the suffix")
 
 
+def _sim_option(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--sim", choices=("full", "mirror"), default="full",
+                    help="full: simulate every GPU (default); mirror: simulate GPU 0 only, the others as its "
+                         "images, about GPUs x fewer events; only where every GPU runs GPU 0's program "
+                         "(collectives; tp-nvls, sp-nvls), refused otherwise; within 0.5 %% of full on the "
+                         "checked cases (docs/validation.md section 10)")
+
+
 def _progress_option(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                     help="a progress bar on stderr (simulated time, events, ETA) once a run passes 2 s; default: "
@@ -479,10 +489,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--unit", type=_positive_int, default=None,
                    help="transfer unit in bytes (default: the system's transfer_unit_bytes)")
     c.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
-    c.add_argument("--sim", choices=("full", "mirror"), default="full",
-                   help="full: simulate every GPU (default); mirror: simulate GPU 0 only, the others as its "
-                        "images (every GPU runs the same program shifted by its index; refused where GPUs "
-                        "differ), about GPUs x fewer events, within 0.5 %% of full (docs/validation.md section 10)")
+    _sim_option(c)
     _set_option(c)
     _output_options(c)
     _progress_option(c)
@@ -507,6 +514,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--batch", type=_positive_int, default=None, help="sequences (default: the model preset's)")
     r.add_argument("--seq", type=_positive_int, default=None, help="tokens per sequence (default: the model preset's)")
     r.add_argument("--json", action="store_true", help="print the result (every metric) as JSON instead of a table")
+    _sim_option(r)
     _set_option(r)
     _output_options(r)
     _progress_option(r)

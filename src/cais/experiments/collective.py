@@ -14,6 +14,7 @@ from cais.machine import Conservation, Machine
 from cais.kernels.collectives import ALGOS, OPS, CollectiveSpec, build, shard_bounds
 from cais.limits import check_events, check_machine, collective_events, max_events, size_text
 from cais.results import LinkUtil, Recorder, RunMetrics, run_metrics
+from cais.results.metrics import mirrored
 
 if TYPE_CHECKING:
     from cais.progress import RunProgress
@@ -130,16 +131,6 @@ def mirror_misfit(cfg: SystemConfig, functional: bool = False) -> str:
     return ""
 
 
-def _mirrored(metrics: RunMetrics, n: int) -> RunMetrics:
-    """GPU 0's metrics stand for every GPU's (mirror mode: the others are its images)."""
-    lu = metrics.link_util
-    per_gpu = {g: dict(lu.per_gpu[0]) for g in range(n)}
-    mean = sum(per_gpu[0].values()) / len(per_gpu[0])
-    wire = {g: dict(metrics.wire_bytes[0]) for g in range(n)}
-    peaks = {k: v for k, v in metrics.buffer_peak_kB.items() if k.startswith("gpu0->") or k.endswith("->gpu0")}
-    return RunMetrics(LinkUtil(mean, lu.max, lu.busiest, per_gpu), wire, peaks, metrics.merge)
-
-
 def run_collective(cfg: SystemConfig, op: str, algo: str, nbytes: int, functional: bool = False,
                    seed: int = 0, elem_bytes: int = 2, recorder: Recorder | None = None,
                    progress: RunProgress | None = None, sim: str = "full") -> CollectiveResult:
@@ -179,6 +170,6 @@ def run_collective(cfg: SystemConfig, op: str, algo: str, nbytes: int, functiona
     algbw = spec.nbytes / (end / 1e12) / 1e9
     metrics = run_metrics(m, max(1, end - m.launch_ps))
     if mirror:
-        metrics = _mirrored(metrics, m.n)
+        metrics = mirrored(metrics, m.n)
     return CollectiveResult(op, algo, m.n, spec.nbytes, t_us, algbw, algbw * bus_factor(op, m.n), metrics,
                             m.sim.events, wall, correct, m.conservation(), sim)

@@ -100,8 +100,8 @@ class Switch:
         self.ledger.bytes_out += out.payload
         out.head += self.pipeline_ps
         out.tail += self.pipeline_ps
-        if self.mirror:
-            dst = 0
+        if self.mirror:  # the image: the train another GPU sends to GPU 0
+            dst = out.dst = 0
         if entry is None:
             self.down[dst].send(out, self.gpus[dst].receive, on_start)
             return
