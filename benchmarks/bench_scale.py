@@ -7,7 +7,7 @@ run; their estimate is printed.
 
     PYTHONPATH=src .venv/bin/python benchmarks/bench_scale.py \\
         [--system nvl72] [--gpus 8,16,32,72] [--bytes 1M,1G] [--algos nvls,ring] \\
-        [--max-events 2e7] [--json FILE]
+        [--sim full|mirror] [--max-events 2e7] [--json FILE]
 
 The 8-GPU rows can also be taken on dgx-h100 (``--system dgx-h100 --gpus 8``).
 docs/validation.md section 10 has the measured table.
@@ -26,13 +26,13 @@ from rich.console import Console
 from rich.table import Table
 
 
-def _one(system: str, gpus: int, algo: str, nbytes: int, out: Any) -> None:
+def _one(system: str, gpus: int, algo: str, nbytes: int, sim: str, out: Any) -> None:
     from cais.experiments.collective import run_collective
     from cais.hw.config import load_system
 
     cfg = load_system(system).with_overrides(gpus=gpus) if gpus != load_system(system).gpus else load_system(system)
     w0, c0 = time.perf_counter(), time.process_time()
-    r = run_collective(cfg, "allreduce", algo, nbytes)
+    r = run_collective(cfg, "allreduce", algo, nbytes, sim=sim)
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     out.put({"time_us": r.time_us, "busbw": r.busbw_GBps, "events": r.events, "wall_s": wall, "cpu_s": cpu,
@@ -51,6 +51,7 @@ def main() -> None:
     ap.add_argument("--gpus", default="8,16,32,72")
     ap.add_argument("--bytes", default="1G")
     ap.add_argument("--algos", default="nvls,ring")
+    ap.add_argument("--sim", default="full", choices=("full", "mirror"), help="simulation mode (cais collective --sim)")
     ap.add_argument("--max-events", type=float, default=2e7, help="skip cases estimated beyond this")
     ap.add_argument("--json", default=None, help="also write the rows to this JSON file")
     args = ap.parse_args()
@@ -58,7 +59,7 @@ def main() -> None:
     from cais.hw.config import load_system
     from cais.limits import collective_events
 
-    table = Table(title=f"AllReduce simulation cost on {args.system}")
+    table = Table(title=f"AllReduce simulation cost on {args.system}, --sim {args.sim}")
     for col in ("algo", "GPUs", "bytes", "GPUs x GiB", "sim time (us)", "busbw (GB/s)", "events", "estimate",
                 "wall (s)", "CPU (s)", "events/CPU s", "peak RSS (MiB)"):
         table.add_column(col, justify="right")
@@ -69,11 +70,11 @@ def main() -> None:
             for gpus in (int(g) for g in args.gpus.split(",")):
                 base = load_system(args.system)
                 cfg = base.with_overrides(gpus=gpus) if gpus != base.gpus else base
-                est = collective_events(cfg, "allreduce", algo, nbytes)
-                row: dict[str, Any] = {"algo": algo, "gpus": gpus, "bytes": nbytes, "estimate": est}
+                est = collective_events(cfg, "allreduce", algo, nbytes) / (gpus if args.sim == "mirror" else 1)
+                row: dict[str, Any] = {"algo": algo, "gpus": gpus, "bytes": nbytes, "sim": args.sim, "estimate": est}
                 if est <= args.max_events:
                     q = ctx.Queue()
-                    p = ctx.Process(target=_one, args=(args.system, gpus, algo, nbytes, q))
+                    p = ctx.Process(target=_one, args=(args.system, gpus, algo, nbytes, args.sim, q))
                     p.start()
                     row.update(q.get())
                     p.join()
