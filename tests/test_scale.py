@@ -72,3 +72,27 @@ def test_cli_names_the_mode(capsys) -> None:
     assert main(["collective", "--op", "allreduce", "--algo", "nvls", "--bytes", "64K", "--sim", "mirror",
                  "--set", "gpu_slowdown={\"1\": 1.5}"]) == 2
     assert capsys.readouterr().err.startswith("cais: error: --sim mirror: this collective is not symmetric")
+
+
+@pytest.mark.parametrize("scheme, mode", [("tp-nvls", "prefill"), ("sp-nvls", "train")])
+def test_layer_mirror_close_to_full(h100, scheme, mode) -> None:
+    from cais.experiments.layer import run_layer
+    from cais.workload.models import load_model
+
+    model = load_model("paper-llama-7b").with_run(1, 256)
+    full = run_layer(h100, model, scheme, mode, 66)
+    mirror = run_layer(h100, model, scheme, mode, 66, sim="mirror")
+    assert (full.sim, mirror.sim) == ("full", "mirror") and mirror.as_json()["sim"] == "mirror"
+    assert abs(mirror.total_us / full.total_us - 1) < 0.005
+    for name, sub in full.sublayers.items():
+        assert abs(mirror.sublayers[name]["time_us"] / sub["time_us"] - 1) < 0.01
+    assert mirror.events * 6 < full.events
+
+
+@pytest.mark.parametrize("scheme", ["cais", "t3-nvls", "ladm"])
+def test_layer_mirror_refused_for_asymmetric_schemes(h100, scheme) -> None:
+    from cais.experiments.layer import run_layer
+    from cais.workload.models import load_model
+
+    with pytest.raises(UserError, match="--sim mirror: this run is not symmetric"):
+        run_layer(h100, load_model("paper-llama-7b").with_run(1, 256), scheme, "prefill", 66, sim="mirror")
