@@ -14,7 +14,7 @@ from cais.errors import UserError
 from cais.hw.config import PS_PER_US, SystemConfig
 from cais.limits import check_events, check_machine, period_events
 from cais.machine import Machine, Stalled
-from cais.experiments.collective import SIM_MODES, mirror_misfit
+from cais.experiments.collective import SIM_MODES, check_mirror, mirror_misfit
 from cais.results import LinkUtil, Recorder, RunMetrics, run_metrics
 from cais.results.metrics import mirrored
 from cais.schemes import get_scheme
@@ -309,6 +309,7 @@ def run_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: 
     run = LayerRun(m, model, period, cm, p_drop)
     sch.run(run)
     m.run()
+    check_mirror(m)
     end = max((k.finished_at or 0) for _, _, k in run.kernels)
     unfinished = [name for name, _, k in run.kernels if k.finished_at is None]
     if unfinished:  # never launched: their dependencies never fired

@@ -68,6 +68,10 @@ class Fabric:
         # (a train for GPU g stands for its image, the one GPU -g sends to GPU 0).
         # Exact only for a workload that every GPU runs alike, shifted by its index.
         self.mirror = mirror
+        # Units of fewer packets than links, striped in mirror mode: each GPU's go to
+        # other chips (the start link hashes the address), so GPU 0's image does not
+        # stand for the others' chip loads (docs/validation.md section 10).
+        self.uneven_units = 0
         for sw in self.switches:
             sw.mirror = mirror
         for gpu in gpus:
@@ -83,6 +87,8 @@ class Fabric:
         packets of its links as one train."""
         links = self.link_chip
         nl = len(links)
+        if slots < nl and self.mirror:
+            self.uneven_units += 1
         start = ((unit_index * 0x9E3779B97F4A7C15) >> 29) % nl
         key = (start, slots)
         hit = self._stripes.get(key)
