@@ -105,3 +105,12 @@ def test_mirror_refused_for_units_below_one_packet_per_link() -> None:
     with pytest.raises(UserError, match="smaller than one packet per link \\(18 links x 128 B\\)"):
         run_collective(cfg, "allreduce", "nvls", MIB, sim="mirror")
     run_collective(load_system("dgx-h100"), "allreduce", "nvls", 64 << 10)  # full: no such check
+
+
+def test_cli_run_names_the_mode_and_refuses_cais(capsys) -> None:
+    run = ["run", "--model", "paper-llama-7b", "--mode", "prefill", "--batch", "1", "--seq", "256", "--sms", "66"]
+    assert main([*run, "--scheme", "tp-nvls", "--sim", "mirror", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["sim"] == "mirror"
+    assert main([*run, "--scheme", "cais", "--sim", "mirror"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "switch model 'cais' is not the NVLS switch" in err
