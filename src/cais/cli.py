@@ -461,7 +461,7 @@ def _sim_option(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--sim", choices=("full", "mirror"), default="full",
                     help="full: simulate every GPU (default); mirror: simulate GPU 0 only, the others as its "
                          "images, about GPUs x fewer events; only where every GPU runs GPU 0's program "
-                         "(collectives; tp-nvls, sp-nvls), refused otherwise; within 0.5 %% of full on the "
+                         "(collectives; tp-nvls, sp-nvls), refused otherwise; within 1.2 %% of full on the "
                          "checked cases (docs/validation.md section 10)")
 
 
