@@ -19,7 +19,7 @@ import pandas as pd
 from cais.errors import UserError
 from cais.results.table import flatten
 from cais.sweep.grid import Point, point_id
-from cais.sweep.store import META_COLUMNS, ResultStore
+from cais.sweep.store import META_COLUMNS, ResultStore, read_table
 
 DEFAULT_FN = "cais.sweep.point:run_point"
 
@@ -177,7 +177,7 @@ def run_sweep(points: list[Point], out: str | Path, *, fn: str = DEFAULT_FN, wor
                 store.add(batch)
                 failed += sum(r["status"] != "ok" for r in batch)
                 bar.update(task, advance=len(batch), failed=failed)
-        return store.table.reset_index(drop=True)
+    return read_table(out)  # as written: the same dtypes as pandas.read_parquet(out)
 
 
 def summary(table: pd.DataFrame, points: Sequence[Point]) -> tuple[int, int]:
