@@ -4,6 +4,7 @@ after a partial run and after kill -9, Ray against local, and real simulation po
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -216,6 +217,7 @@ def test_ray_cluster_gives_the_same_rows_as_local_processes(tmp_path) -> None:
             pass
         head.wait()
         log.close()
+        shutil.rmtree(temp, ignore_errors=True)
     local = run_sweep(points, tmp_path / "local.parquet", workers=1, progress=False)
     assert list(remote["status"]) == ["ok"] * 4
     cols = ["time_us", "busbw_GBps", "events", "link.bandwidth_GBps"]

@@ -7,7 +7,9 @@ from __future__ import annotations
 import importlib
 import multiprocessing
 import os
+import signal
 import time
+from contextlib import closing
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -76,22 +78,35 @@ def _local(fn: str, points: Sequence[Point], workers: int) -> Iterator[list[dict
             yield [call_point(fn, p)]
         return
     ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        pending: dict[Future[dict[str, Any]], Point] = {pool.submit(call_point, fn, p): p for p in points}
-        try:
-            while pending:
-                done, _ = wait(pending, return_when=FIRST_COMPLETED)
-                batch = []
-                for fut in done:
-                    point = pending.pop(fut)
-                    try:
-                        batch.append(fut.result())
-                    except Exception as exc:  # noqa: BLE001 - the worker process died (BrokenProcessPool)
-                        batch.append(_failed(point, exc))
-                yield batch
-        finally:
-            for fut in pending:
-                fut.cancel()
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_ignore_sigint)
+    pending: dict[Future[dict[str, Any]], Point] = {pool.submit(call_point, fn, p): p for p in points}
+    try:
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            batch = []
+            for fut in done:
+                point = pending.pop(fut)
+                try:
+                    batch.append(fut.result())
+                except Exception as exc:  # noqa: BLE001 - the worker process died (BrokenProcessPool)
+                    batch.append(_failed(point, exc))
+            yield batch
+    except BaseException:  # Ctrl-C or the caller stopped: end the workers now, not after their points
+        workers_now = list(getattr(pool, "_processes", None) or {})
+        pool.shutdown(wait=False, cancel_futures=True)
+        for pid in workers_now:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        raise
+    pool.shutdown()
+
+
+def _ignore_sigint() -> None:
+    """Workers leave Ctrl-C to the driver, which ends them (a point stopped half-way
+    has no row and runs again on resume)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _failed(point: Point, exc: BaseException) -> dict[str, Any]:
@@ -130,6 +145,8 @@ def _ray(fn: str, points: Sequence[Point], address: str) -> Iterator[list[dict[s
                     batch.append(_failed(point, exc))
             yield batch
     finally:
+        for ref in pending:  # left when interrupted
+            ray.cancel(ref, force=True)
         if owned:
             ray.shutdown()
 
@@ -172,7 +189,7 @@ def run_sweep(points: list[Point], out: str | Path, *, fn: str = DEFAULT_FN, wor
         failed = 0
         batches = (_ray(fn, todo, ray_address) if ray_address else
                    _local(fn, todo, min(workers or os.cpu_count() or 1, max(1, len(todo)))))
-        with bar:
+        with bar, closing(batches):
             for batch in batches:
                 store.add(batch)
                 failed += sum(r["status"] != "ok" for r in batch)
