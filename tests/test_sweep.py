@@ -128,6 +128,29 @@ def test_failed_points_rerun_unless_keep_errors(tmp_path) -> None:
     assert _calls(calls) == ["x0", "x1", "x1"] and len(table) == 2 and table["point_id"].is_unique
 
 
+def test_a_dying_worker_is_an_error_row_not_the_end_of_the_sweep(tmp_path) -> None:
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    points = expand({"fixed": {"calls": str(calls), "die": 0}, "grid": {"x": [0, 1, 2]}}, validate=False)
+    table = run_sweep(points, tmp_path / "r.parquet", fn=HELPER, workers=2, progress=False).set_index("point.x")
+    assert table.loc[0, "status"] == "error" and table.loc[0, "error"].startswith("worker failed: ")
+    assert len(table) == 3 and set(table["status"]) <= {"ok", "error"}
+
+
+def test_a_table_being_written_by_another_sweep_is_refused(tmp_path) -> None:
+    from cais.sweep.store import ResultStore
+
+    out = tmp_path / "r.parquet"
+    with ResultStore(out):
+        with pytest.raises(UserError, match="another sweep is writing"):
+            run_sweep([{"x": 1}], out, fn=HELPER, workers=1, progress=False)
+    assert not list(tmp_path.glob(".*lock"))  # removed when the sweep ends
+    with pytest.raises(UserError, match="must end in .parquet"):
+        run_sweep([{"x": 1}], tmp_path / "r.csv", fn=HELPER, workers=1, progress=False)
+    with pytest.raises(UserError, match="--ray: no Ray cluster answers|--ray: Ray is not installed"):
+        run_sweep([{"x": 1}], out, fn=HELPER, ray_address=f"127.0.0.1:{_free_port()}", progress=False)
+
+
 def test_kill_9_loses_no_finished_point_and_the_rerun_completes_the_same_table(tmp_path) -> None:
     spec = tmp_path / "spec.yaml"
     spec.write_text("fixed: {kind: collective, op: allreduce, algo: ring, gpus: 4}\n"

@@ -8,6 +8,7 @@ import importlib
 import multiprocessing
 import os
 import signal
+import socket
 import time
 from contextlib import closing
 import traceback
@@ -124,6 +125,7 @@ def _ray(fn: str, points: Sequence[Point], address: str) -> Iterator[list[dict[s
         raise UserError("--ray: Ray is not installed; pip install 'cais-sim[cluster]'") from None
     owned = not ray.is_initialized()
     if owned:
+        _reachable(address)
         try:
             local = {"include_dashboard": False} if address == "local" else {}  # a new one-machine Ray
             ray.init(address=address, log_to_driver=False, logging_level="warning", **local)
@@ -149,6 +151,18 @@ def _ray(fn: str, points: Sequence[Point], address: str) -> Iterator[list[dict[s
             ray.cancel(ref, force=True)
         if owned:
             ray.shutdown()
+
+
+def _reachable(address: str) -> None:
+    """UserError at once if ``host:port`` takes no TCP connection (Ray itself retries
+    for minutes); other forms (``local``, ``auto``, ``ray://...``) are left to Ray."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "/" in address:
+        return
+    try:
+        socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=5).close()
+    except OSError as exc:
+        raise UserError(f"--ray: no Ray cluster answers at {address}: {exc.strerror or exc}") from None
 
 
 def _progress(enabled: bool, desc: str, total: int, skipped: int) -> Any:

@@ -6,8 +6,8 @@ included, the file is the table after some complete append: a finished point is 
 lost once :meth:`ResultStore.add` returned, and the file is never half written. The
 cost is one table write per batch of finished points (milliseconds for hundreds of
 rows; simulation points take seconds). One sweep writes a table at a time: a lock
-file (``.<name>.lock``, ``flock``, released by the kernel even on ``kill -9``) refuses
-a second sweep on the same table.
+file (``.<name>.lock``, ``flock``, released by the kernel even on ``kill -9``; removed
+when the sweep ends) refuses a second sweep on the same table.
 """
 
 from __future__ import annotations
@@ -85,13 +85,15 @@ class ResultStore:
         self._lock: int | None = None
 
     def __enter__(self) -> ResultStore:
-        lock = self.path.with_name(f".{self.path.name}.lock")
+        lock = self._lock_path()
         try:
             fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
             raise UserError(f"--out: cannot write in {self.path.parent}: {exc.strerror}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.fstat(fd).st_ino != os.stat(lock).st_ino:  # its holder removed it as we opened it
+                raise BlockingIOError
         except OSError:
             os.close(fd)
             raise UserError(f"--out: another sweep is writing {self.path}; wait for it or use another file") from None
@@ -104,9 +106,13 @@ class ResultStore:
 
     def __exit__(self, *exc: object) -> None:
         if self._lock is not None:
+            self._lock_path().unlink(missing_ok=True)  # while still held: a waiting opener sees a new file
             fcntl.flock(self._lock, fcntl.LOCK_UN)
             os.close(self._lock)
             self._lock = None
+
+    def _lock_path(self) -> Path:
+        return self.path.with_name(f".{self.path.name}.lock")
 
     def finished(self, keep_errors: bool = False) -> set[str]:
         """Point ids that need no rerun: those with status ok (and with ``keep_errors``,
