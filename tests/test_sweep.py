@@ -205,6 +205,16 @@ def test_run_point_rows_match_running_the_layer_and_the_collective_directly(tmp_
     assert table.loc["layer", "link.bandwidth_GBps"] == cfg.link.bandwidth_GBps  # config fields are columns
 
 
+def test_set_fields_nested_or_dotted_are_the_same_run_and_mixed_types_are_stored(tmp_path) -> None:
+    points = expand({"fixed": SMALL_ALLREDUCE, "points": [
+        {"set.link.bandwidth_GBps": 50}, {"set": {"link.bandwidth_GBps": 50}}, {"bytes": 65536}]})
+    table = run_sweep(points, tmp_path / "r.parquet", workers=1, progress=False)
+    assert list(table["status"]) == ["ok"] * 3 and list(table["link.bandwidth_GBps"]) == [50, 50, 25]
+    assert table.loc[0, "busbw_GBps"] == table.loc[1, "busbw_GBps"] != table.loc[2, "busbw_GBps"]
+    assert list(table["point.bytes"]) == ["64K", "64K", "65536"]  # 64K and 65536 in one column: text
+    assert table["point_id"].is_unique and table.loc[2, "bytes"] == 65536
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -214,6 +224,8 @@ def _free_port() -> int:
 def test_ray_cluster_gives_the_same_rows_as_local_processes(tmp_path) -> None:
     pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[cluster]')")
     ray_bin = Path(sys.executable).with_name("ray")
+    if not ray_bin.exists():
+        ray_bin = Path(shutil.which("ray") or "ray")
     points = expand({"fixed": SMALL_ALLREDUCE, "grid": {"algo": ["nvls", "ring"], "set.link.bandwidth_GBps": [25, 50]}})
     port = _free_port()
     temp = tempfile.mkdtemp(prefix="ray")  # short: Ray's socket paths live under it
