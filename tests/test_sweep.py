@@ -4,6 +4,7 @@ after a partial run and after kill -9, Ray against local, and real simulation po
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -19,7 +20,7 @@ import pytest
 import cais
 from cais.cli import main
 from cais.errors import UserError
-from cais.sweep.grid import expand, point_id
+from cais.sweep.grid import expand, load_spec, point_id
 from cais.sweep.runner import run_sweep
 
 SRC = str(Path(cais.__file__).resolve().parents[1])
@@ -222,24 +223,34 @@ def _free_port() -> int:
 
 
 def test_ray_cluster_gives_the_same_rows_as_local_processes(tmp_path) -> None:
+    """A Ray head started here (its own process group, token auth with a fresh token,
+    stopped in the end), and `cais sweep --ray` against it in a subprocess (no Ray
+    state in the test process)."""
     pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[cluster]')")
     ray_bin = Path(sys.executable).with_name("ray")
     if not ray_bin.exists():
         ray_bin = Path(shutil.which("ray") or "ray")
-    points = expand({"fixed": SMALL_ALLREDUCE, "grid": {"algo": ["nvls", "ring"], "set.link.bandwidth_GBps": [25, 50]}})
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("fixed: {kind: collective, op: allreduce, bytes: 64K, gpus: 4}\n"
+                    "grid: {algo: [nvls, ring], set.link.bandwidth_GBps: [25, 50]}\n")
     port = _free_port()
     temp = tempfile.mkdtemp(prefix="ray")  # short: Ray's socket paths live under it
+    env = {**_env(), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32),
+           "RAY_USAGE_STATS_ENABLED": "0"}
     log = open(tmp_path / "ray.log", "w")
     head = subprocess.Popen([str(ray_bin), "start", "--head", "--block", f"--port={port}", "--num-cpus=1",
                              "--include-dashboard=false", "--object-store-memory=100000000", "--disable-usage-stats",
-                             f"--temp-dir={temp}"], env=_env(), stdout=log, stderr=subprocess.STDOUT,
+                             f"--temp-dir={temp}"], env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)  # its own process group: stopped below, and only it
     try:
         deadline = time.monotonic() + 90
         while "Ray runtime started" not in (tmp_path / "ray.log").read_text():
             assert head.poll() is None and time.monotonic() < deadline, (tmp_path / "ray.log").read_text()[-2000:]
             time.sleep(0.5)
-        remote = run_sweep(points, tmp_path / "ray.parquet", ray_address=f"127.0.0.1:{port}", progress=False)
+        proc = subprocess.run([sys.executable, "-m", "cais", "sweep", str(spec), "--out", str(tmp_path / "ray.parquet"),
+                               "--ray", f"127.0.0.1:{port}"], env=env, capture_output=True, text=True, timeout=180)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert "4 ok, 0 failed" in proc.stdout
     finally:
         os.killpg(head.pid, signal.SIGTERM)
         try:
@@ -253,7 +264,8 @@ def test_ray_cluster_gives_the_same_rows_as_local_processes(tmp_path) -> None:
         head.wait()
         log.close()
         shutil.rmtree(temp, ignore_errors=True)
-    local = run_sweep(points, tmp_path / "local.parquet", workers=1, progress=False)
+    remote = pd.read_parquet(tmp_path / "ray.parquet")
+    local = run_sweep(expand(load_spec(spec)), tmp_path / "local.parquet", workers=1, progress=False)
     assert list(remote["status"]) == ["ok"] * 4
     cols = ["time_us", "busbw_GBps", "events", "link.bandwidth_GBps"]
     pd.testing.assert_frame_equal(remote.set_index("point_id").sort_index()[cols],

@@ -112,7 +112,7 @@ def _ignore_sigint() -> None:
 
 def _failed(point: Point, exc: BaseException) -> dict[str, Any]:
     """The row of a point whose worker died before it could return one."""
-    return {"point_id": point_id(point), "status": "error", "error": f"worker failed: {one_line(exc)}",
+    return {"point_id": point_id(point), "status": "error", "error": f"worker failed: {one_line(exc)[:300]}",
             "wall_s": None, **flatten(point, "point.")}
 
 
@@ -131,13 +131,13 @@ def _ray(fn: str, points: Sequence[Point], address: str) -> Iterator[list[dict[s
             ray.init(address=address, log_to_driver=False, logging_level="warning", **local)
         except (ConnectionError, ValueError, RuntimeError) as exc:
             raise UserError(f"--ray: cannot connect to a Ray cluster at '{address}': {one_line(exc)}") from None
+    pending: dict[Any, Point] = {}
     try:
         task = ray.remote(num_cpus=1, max_retries=1)(call_point)
         pending = {task.remote(fn, p): p for p in points}
         while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1)
-            more, _ = ray.wait([r for r in pending if r not in ready], num_returns=len(pending) - len(ready),
-                               timeout=0) if len(pending) > len(ready) else ([], [])
+            ready, rest = ray.wait(list(pending), num_returns=1)
+            more, _ = ray.wait(rest, num_returns=len(rest), timeout=0) if rest else ([], [])
             batch = []
             for ref in [*ready, *more]:
                 point = pending.pop(ref)
@@ -148,7 +148,10 @@ def _ray(fn: str, points: Sequence[Point], address: str) -> Iterator[list[dict[s
             yield batch
     finally:
         for ref in pending:  # left when interrupted
-            ray.cancel(ref, force=True)
+            try:
+                ray.cancel(ref, force=True)
+            except Exception:  # noqa: BLE001 - finished or gone meanwhile
+                pass
         if owned:
             ray.shutdown()
 
