@@ -198,6 +198,8 @@ def run_sweep(points: list[Point], out: str | Path, *, fn: str = DEFAULT_FN, wor
     and new ones, one row per point id (a rerun point's row replaces its old one)."""
     if workers is not None and workers < 1:
         raise UserError(f"--workers: expected a positive number, got {workers}")
+    if workers is not None and ray_address:
+        raise UserError("--workers: sets local processes; with --ray the cluster's CPUs run the points")
     resolve(fn)  # a bad name fails here, once, not in every worker
     with ResultStore(out) as store:
         finished = store.finished(keep_errors)
