@@ -27,9 +27,13 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cais.errors import UserError
+
+if TYPE_CHECKING:
+    from cais.hw.config import SystemConfig
+    from cais.workload.models import ModelSpec
 
 COMMON_KEYS = ("kind", "system", "gpus")
 LAYER_KEYS = ("model", "scheme", "mode", "sms", "batch", "seq")
@@ -46,7 +50,7 @@ class Prepared:
     the values those fields got, and the remaining run options."""
 
     kind: str
-    cfg: Any  # SystemConfig
+    cfg: SystemConfig
     overrides: dict[str, Any]
     options: dict[str, Any]
 
@@ -149,7 +153,7 @@ def prepare(point: Mapping[str, Any]) -> Prepared:
     return Prepared(kind, cfg, config_values(cfg, sets), options)
 
 
-def _model(options: Mapping[str, Any]) -> Any:
+def _model(options: Mapping[str, Any]) -> ModelSpec:
     from cais.workload.models import load_model
 
     model = load_model(options["model"])
