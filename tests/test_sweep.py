@@ -159,7 +159,8 @@ def test_kill_9_loses_no_finished_point_and_the_rerun_completes_the_same_table(t
 
     def sweep(out: Path) -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "-m", "cais", "sweep", str(spec), "--out", str(out), "--workers", "1",
-                                 "--no-progress"], env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                 "--no-progress"], env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
 
     out = tmp_path / "killed.parquet"
     proc = sweep(out)

@@ -497,7 +497,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("spec", metavar="SPEC.yaml", help="the sweep: fixed, grid and points (docs/sweeps.md)")
     w.add_argument("--out", required=True, metavar="FILE.parquet",
                    help="results table: a row per point, appended as points finish; rerun to resume")
-    w.add_argument("--workers", type=_positive_int, default=None, help="local processes (default: CPUs; 1: in-process)")
+    w.add_argument("--workers", type=_positive_int, default=None, metavar="N",
+                   help="local processes (default: CPUs; 1: in-process)")
     w.add_argument("--ray", metavar="ADDRESS", default=None, help="run on the Ray cluster at ADDRESS (host:port)")
     w.add_argument("--keep-errors", action="store_true", help="do not rerun points that failed before")
     w.add_argument("--no-progress", action="store_true", help="no progress bar")
