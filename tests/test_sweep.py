@@ -209,12 +209,12 @@ def test_run_point_rows_match_running_the_layer_and_the_collective_directly(tmp_
 
 def test_set_fields_nested_or_dotted_are_the_same_run_and_mixed_types_are_stored(tmp_path) -> None:
     points = expand({"fixed": SMALL_ALLREDUCE, "points": [
-        {"set.link.bandwidth_GBps": 50}, {"set": {"link.bandwidth_GBps": 50}}, {"bytes": 65536}]})
+        {"set.link.bandwidth_GBps": 50}, {"set": {"link.bandwidth_GBps": 50}}, {"bytes": 65536, "tag.figure": "f1"}]})
     table = run_sweep(points, tmp_path / "r.parquet", workers=1, progress=False)
     assert list(table["status"]) == ["ok"] * 3 and list(table["link.bandwidth_GBps"]) == [50, 50, 25]
     assert table.loc[0, "busbw_GBps"] == table.loc[1, "busbw_GBps"] != table.loc[2, "busbw_GBps"]
     assert list(table["point.bytes"]) == ["64K", "64K", "65536"]  # 64K and 65536 in one column: text
-    assert table["point_id"].is_unique and table.loc[2, "bytes"] == 65536
+    assert table["point_id"].is_unique and table.loc[2, "bytes"] == 65536 and table.loc[2, "point.tag.figure"] == "f1"
 
 
 def _free_port() -> int:

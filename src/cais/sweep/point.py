@@ -18,6 +18,8 @@ key                meaning (as the ``cais run`` / ``cais collective`` option)
 ``unit``           collective: transfer unit in bytes
 ``set.<key>``      any system config field by its dotted path, as ``--set``
                    (also written nested: ``set: {link.bandwidth_GBps: 50}``)
+``tag``/``tag.*``  any value, not used by the run: labels a point (``tag.figure:
+                   fig11``); part of its id and its ``point.*`` columns
 =================  =============================================================
 """
 
@@ -111,9 +113,9 @@ def prepare(point: Mapping[str, Any]) -> Prepared:
     kind = _choice("kind", kind_of(point), KINDS)
     allowed = (*COMMON_KEYS, *(LAYER_KEYS if kind == "layer" else COLLECTIVE_KEYS))
     for key in point:
-        if key not in allowed and key != "set" and not key.startswith("set."):
+        if key not in allowed and key not in ("set", "tag") and not key.startswith(("set.", "tag.")):
             raise UserError(f"unknown key '{key}' for kind {kind}; allowed: {', '.join(allowed)}, "
-                            "set.<config key> (e.g. set.link.bandwidth_GBps)")
+                            "set.<config key> (e.g. set.link.bandwidth_GBps), tag, tag.<name>")
     for key in REQUIRED[kind]:
         if point.get(key) is None:
             raise UserError(f"key '{key}' is required for kind {kind}")
