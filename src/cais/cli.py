@@ -333,6 +333,13 @@ def _print_layer(system: str, model: ModelSpec, r: LayerResult) -> None:
                     f"'--scheme {'cais' if r.scheme != 'cais' else 'tp-nvls'}'")
 
 
+def cmd_sweep(args: argparse.Namespace) -> None:
+    """Run a grid of points (docs/sweeps.md); failed points are rows, not an exit code."""
+    from cais.sweep.command import sweep_command
+
+    sweep_command(args.spec, args.out, args.workers, args.ray, args.keep_errors, not args.no_progress)
+
+
 def cmd_schemes(args: argparse.Namespace) -> None:
     from cais.schemes import schemes
 
@@ -519,6 +526,17 @@ def build_parser() -> argparse.ArgumentParser:
     _output_options(r)
     _progress_option(r)
     r.set_defaults(fn=cmd_run)
+
+    w = sub.add_parser("sweep", help="run a grid of layer or collective points (docs/sweeps.md)")
+    w.add_argument("spec", metavar="SPEC.yaml", help="the sweep: fixed, grid and points (docs/sweeps.md)")
+    w.add_argument("--out", required=True, metavar="FILE.parquet",
+                   help="results table: a row per point, appended as points finish; rerun to resume")
+    w.add_argument("--workers", type=_positive_int, default=None, metavar="N",
+                   help="local processes (default: CPUs; 1: in-process)")
+    w.add_argument("--ray", metavar="ADDRESS", default=None, help="run on the Ray cluster at ADDRESS (host:port)")
+    w.add_argument("--keep-errors", action="store_true", help="do not rerun points that failed before")
+    w.add_argument("--no-progress", action="store_true", help="no progress bar")
+    w.set_defaults(fn=cmd_sweep)
 
     s = sub.add_parser("systems", help="list system presets")
     s.set_defaults(fn=cmd_systems)

@@ -1,0 +1,225 @@
+"""One sweep point: a layer period (``cais run``) or a collective (``cais collective``)
+given as a flat dict of run options and ``set.<dotted.config.key>`` fields.
+
+=================  =============================================================
+key                meaning (as the ``cais run`` / ``cais collective`` option)
+=================  =============================================================
+``kind``           ``layer`` or ``collective`` (default: ``collective`` if the
+                   point has ``op``, else ``layer``)
+``system``         preset or system JSON file (default ``dgx-h100``)
+``gpus``           GPUs taking part (default: the system's)
+``model``          layer: preset, model JSON or HF ``config.json`` (required)
+``scheme``         layer: see ``cais schemes`` (required)
+``mode``           layer: ``train``, ``prefill`` or ``decode`` (required)
+``sms``            layer: SMs per GPU
+``batch``/``seq``  layer: run shape (default: the model's)
+``op``/``algo``    collective: ``allreduce|allgather|reducescatter``, ``ring|nvls``
+``bytes``          collective: buffer size, a number or ``64K`` / ``16M`` / ``1G``
+``unit``           collective: transfer unit in bytes
+``set.<key>``      any system config field by its dotted path, as ``--set``
+                   (also written nested: ``set: {link.bandwidth_GBps: 50}``)
+``tag``/``tag.*``  any value, not used by the run: labels a point (``tag.figure:
+                   fig11``); part of its id and its ``point.*`` columns
+=================  =============================================================
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from cais.errors import UserError
+
+if TYPE_CHECKING:
+    from cais.hw.config import SystemConfig
+    from cais.workload.models import ModelSpec
+
+COMMON_KEYS = ("kind", "system", "gpus")
+LAYER_KEYS = ("model", "scheme", "mode", "sms", "batch", "seq")
+COLLECTIVE_KEYS = ("op", "algo", "bytes", "unit")
+KINDS = ("layer", "collective")
+MODES = ("train", "prefill", "decode")
+REQUIRED = {"layer": ("model", "scheme", "mode"), "collective": ("op", "algo", "bytes")}
+_SIZE_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+@dataclass
+class Prepared:
+    """A point made ready to run: its kind, system (with the ``set.*`` fields applied),
+    the values those fields got, and the remaining run options."""
+
+    kind: str
+    cfg: SystemConfig
+    overrides: dict[str, Any]
+    options: dict[str, Any]
+
+
+def kind_of(point: Mapping[str, Any]) -> str:
+    """The point's ``kind``, or the default: ``collective`` if it has ``op``, else ``layer``."""
+    return str(point.get("kind", "collective" if "op" in point else "layer"))
+
+
+def config_sets(point: Mapping[str, Any]) -> dict[str, str]:
+    """The point's ``set.*`` fields as ``--set`` text pairs (dotted key -> text; values
+    that are not text are written as JSON)."""
+    pairs: dict[str, Any] = {k[4:]: v for k, v in point.items() if k.startswith("set.")}
+    nested = point.get("set") or {}
+    if not isinstance(nested, Mapping):
+        raise UserError(f"key 'set': expected a mapping of config key: value, got {json.dumps(nested)}")
+    from cais.results.table import flatten
+
+    pairs.update(flatten({k: v for k, v in nested.items()}))
+    return {k: v if isinstance(v, str) else json.dumps(v) for k, v in pairs.items()}
+
+
+def parse_bytes(value: Any) -> int:
+    """A collective's size: a positive whole number, or text like ``64K``, ``16M``, ``1G``."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    if isinstance(value, str):
+        t = value.strip().upper().removesuffix("IB").removesuffix("B")
+        mult = _SIZE_UNITS.get(t[-1:], 1)
+        try:
+            n = int(float(t[:-1] if mult > 1 else t) * mult)
+        except (ValueError, OverflowError):
+            n = 0
+        if n > 0:
+            return n
+    raise UserError(f"key 'bytes': expected a positive size like 65536, 64K, 16M or 1G, got {json.dumps(value)}")
+
+
+def _positive(key: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    raise UserError(f"key '{key}': expected a positive whole number, got {json.dumps(value)}")
+
+
+def _choice(key: str, value: Any, allowed: Sequence[str]) -> str:
+    if value not in allowed:
+        raise UserError(f"key '{key}': unknown value {json.dumps(value)}; allowed: {', '.join(allowed)}")
+    return str(value)
+
+
+def prepare(point: Mapping[str, Any]) -> Prepared:
+    """Check the point's keys and values and build its system; UserError (one line,
+    naming the key and what is allowed) on any mistake. Runs nothing."""
+    from cais.hw.config import ConfigError, apply_overrides, check_gpus, config_values, load_system
+
+    kind = _choice("kind", kind_of(point), KINDS)
+    allowed = (*COMMON_KEYS, *(LAYER_KEYS if kind == "layer" else COLLECTIVE_KEYS))
+    for key in point:
+        if key not in allowed and key not in ("set", "tag") and not key.startswith(("set.", "tag.")):
+            raise UserError(f"unknown key '{key}' for kind {kind}; allowed: {', '.join(allowed)}, "
+                            "set.<config key> (e.g. set.link.bandwidth_GBps), tag, tag.<name>")
+    for key in REQUIRED[kind]:
+        if point.get(key) is None:
+            raise UserError(f"key '{key}' is required for kind {kind}")
+    system = point.get("system", "dgx-h100")
+    if not isinstance(system, str):
+        raise UserError(f"key 'system': expected a preset name or a JSON file, got {json.dumps(system)}")
+    gpus = _positive("gpus", point.get("gpus"))
+    options: dict[str, Any] = {"system": system}
+    if kind == "layer":
+        from cais.schemes import schemes
+
+        options["scheme"] = _choice("scheme", point["scheme"], tuple(schemes()))
+        options["mode"] = _choice("mode", point["mode"], MODES)
+        if not isinstance(point["model"], str):
+            raise UserError(f"key 'model': expected a preset name or a file, got {json.dumps(point['model'])}")
+        options["model"] = point["model"]
+        for key in ("sms", "batch", "seq"):
+            options[key] = _positive(key, point.get(key))
+        cfg = load_system(system, gpus=gpus)
+    else:
+        from cais.kernels.collectives import ALGOS, OPS
+
+        options["op"] = _choice("op", point["op"], OPS)
+        options["algo"] = _choice("algo", point["algo"], ALGOS)
+        options["bytes"] = parse_bytes(point["bytes"])
+        options["unit"] = _positive("unit", point.get("unit"))
+        cfg = load_system(system, gpus=gpus, transfer_unit_bytes=options["unit"],
+                          collective_unit_bytes=options["unit"])
+    sets = config_sets(point)
+    before = cfg
+    try:
+        cfg = apply_overrides(cfg, sets)
+    except ConfigError as exc:
+        raise UserError(f"set.*: {exc}") from None
+    if "gpus" in sets:
+        check_gpus(before, cfg.gpus, "set.gpus=")
+    return Prepared(kind, cfg, config_values(cfg, sets), options)
+
+
+def _model(options: Mapping[str, Any]) -> ModelSpec:
+    from cais.workload.models import load_model
+
+    model = load_model(options["model"])
+    if options["batch"] or options["seq"]:
+        model = model.with_run(options["batch"], options["seq"])
+    return model
+
+
+def check_point(point: Mapping[str, Any]) -> None:
+    """Everything :func:`run_point` would refuse, without simulating: the keys and
+    values, the system, the model, whether the layer splits over the GPUs and whether
+    the run is small enough (UserError)."""
+    p = prepare(point)
+    if p.kind == "layer":
+        from cais.experiments.layer import check_layer
+
+        check_layer(p.cfg, _model(p.options), p.options["scheme"], p.options["mode"], p.options["sms"])
+    else:
+        from cais.experiments.collective import check_collective
+
+        check_collective(p.cfg, p.options["op"], p.options["algo"], p.options["bytes"])
+
+
+def _label(point: Mapping[str, Any], limit: int = 120) -> str:
+    text = ", ".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in point.items())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _unflagged(message: str) -> str:
+    """A library message without its command-line flag prefix (``--scheme: ...``)."""
+    return re.sub(r"^--([a-z-]+)[: ]\s*", r"\1: ", " ".join(message.split()))
+
+
+def check_points(points: Sequence[Mapping[str, Any]]) -> None:
+    """:func:`check_point` on every point, before any runs; the first mistake is a
+    one-line UserError saying which point (number and keys) and what is wrong."""
+    for i, point in enumerate(points):
+        try:
+            check_point(point)
+        except UserError as exc:
+            raise UserError(f"point {i + 1} of {len(points)} ({_label(point)}): {_unflagged(str(exc))}") from None
+
+
+def run_point(point: Mapping[str, Any]) -> dict[str, Any]:
+    """Simulate one point and return its row, the same row ``cais run --out`` /
+    ``cais collective --out`` append: every config field, the run's arguments and
+    every metric of ``--json``, nested keys dotted (:func:`cais.results.table.run_row`)."""
+    from cais.results.recorder import Recorder
+    from cais.results.table import run_row
+
+    p = prepare(point)
+    rec = Recorder(links=False, tbs=False, merge=False)  # as the CLI's --out: buffer peaks filled in
+    o = p.options
+    if p.kind == "layer":
+        from cais.experiments.layer import run_layer
+
+        model = _model(o)
+        r = run_layer(p.cfg, model, o["scheme"], o["mode"], o["sms"], recorder=rec)
+        arguments = {"command": "run", "system": o["system"], "batch": model.batch, "seq": model.seq,
+                     "overrides": json.dumps(p.overrides)}
+    else:
+        from cais.experiments.collective import run_collective
+
+        r = run_collective(p.cfg, o["op"], o["algo"], o["bytes"], recorder=rec)
+        arguments = {"command": "collective", "system": o["system"], "unit": o["unit"],
+                     "overrides": json.dumps(p.overrides)}
+    return run_row(p.cfg, arguments, r.as_json())

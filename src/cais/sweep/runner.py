@@ -1,0 +1,224 @@
+"""Run a sweep's points in local processes or on a Ray cluster; each finished point's
+row is appended to the results table at once (:mod:`cais.sweep.store`), so an
+interrupted sweep resumes where it stopped."""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing
+import os
+import signal
+import socket
+import time
+from contextlib import closing
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from cais.errors import UserError
+from cais.results.table import flatten
+from cais.sweep.grid import Point, point_id
+from cais.sweep.store import META_COLUMNS, ResultStore, read_table
+
+DEFAULT_FN = "cais.sweep.point:run_point"
+
+
+def resolve(fn: str) -> Callable[[Point], Mapping[str, Any]]:
+    """The function a ``module:function`` name stands for; UserError if there is none."""
+    module, sep, name = fn.partition(":")
+    if not sep or not module or not name:
+        raise UserError(f"fn: expected 'module:function', got '{fn}'")
+    try:
+        obj = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise UserError(f"fn: cannot load '{fn}': {exc}") from None
+    if not callable(obj):
+        raise UserError(f"fn: '{fn}' is not a function")
+    return obj  # type: ignore[no-any-return]
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one line: ``Type: message`` (whitespace collapsed)."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def call_point(fn: str, point: Point) -> dict[str, Any]:
+    """Run ``fn`` on ``point`` and return the point's row: ``point_id``, ``status``,
+    ``error`` (None when ok), ``wall_s``, the point's keys as ``point.<key>``, then the
+    function's columns. Never raises for the point's own failure: any exception
+    becomes status ``error`` with its one-line message (``CAIS_DEBUG=1`` also prints
+    the traceback on stderr). This is what local workers and Ray tasks execute."""
+    t0 = time.perf_counter()
+    status, error, out = "ok", None, {}
+    try:
+        result = resolve(fn)(point)
+        if not isinstance(result, Mapping):
+            raise TypeError(f"{fn} returned {type(result).__name__}, not a dict")
+        out = flatten(result)
+    except Exception as exc:  # noqa: BLE001 - a failing point is a result, not the sweep's end
+        if os.environ.get("CAIS_DEBUG"):
+            traceback.print_exc()
+        status, error = "error", one_line(exc)
+    row: dict[str, Any] = {"point_id": point_id(point), "status": status, "error": error,
+                           "wall_s": time.perf_counter() - t0}
+    row.update(flatten(point, "point."))
+    row.update({k: v for k, v in out.items() if k not in META_COLUMNS and k not in row})
+    return row
+
+
+def _local(fn: str, points: Sequence[Point], workers: int) -> Iterator[list[dict[str, Any]]]:
+    """Rows of ``points`` in batches, as they finish: in this process for one worker,
+    else in a pool of ``workers`` processes (spawned: no state inherited)."""
+    if workers == 1:
+        for p in points:
+            yield [call_point(fn, p)]
+        return
+    ctx = multiprocessing.get_context("spawn")
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_ignore_sigint)
+    pending: dict[Future[dict[str, Any]], Point] = {pool.submit(call_point, fn, p): p for p in points}
+    try:
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            batch = []
+            for fut in done:
+                point = pending.pop(fut)
+                try:
+                    batch.append(fut.result())
+                except Exception as exc:  # noqa: BLE001 - the worker process died (BrokenProcessPool)
+                    batch.append(_failed(point, exc))
+            yield batch
+    except BaseException:  # Ctrl-C or the caller stopped: end the workers now, not after their points
+        workers_now = list(getattr(pool, "_processes", None) or {})
+        pool.shutdown(wait=False, cancel_futures=True)
+        for pid in workers_now:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        raise
+    pool.shutdown()
+
+
+def _ignore_sigint() -> None:
+    """Workers leave Ctrl-C to the driver, which ends them (a point stopped half-way
+    has no row and runs again on resume)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _failed(point: Point, exc: BaseException) -> dict[str, Any]:
+    """The row of a point whose worker died before it could return one."""
+    return {"point_id": point_id(point), "status": "error", "error": f"worker failed: {one_line(exc)[:300]}",
+            "wall_s": None, **flatten(point, "point.")}
+
+
+def _ray(fn: str, points: Sequence[Point], address: str) -> Iterator[list[dict[str, Any]]]:
+    """Rows of ``points`` in batches as they finish, each point a Ray task on the
+    cluster at ``address`` (``cais`` and ``fn``'s module must be importable there)."""
+    try:
+        import ray
+    except ImportError:
+        raise UserError("--ray: Ray is not installed; pip install 'cais-sim[cluster]'") from None
+    owned = not ray.is_initialized()
+    if owned:
+        _reachable(address)
+        try:
+            local = {"include_dashboard": False} if address == "local" else {}  # a new one-machine Ray
+            ray.init(address=address, log_to_driver=False, logging_level="warning", **local)
+        except (ConnectionError, ValueError, RuntimeError) as exc:
+            raise UserError(f"--ray: cannot connect to a Ray cluster at '{address}': {one_line(exc)}") from None
+    pending: dict[Any, Point] = {}
+    try:
+        task = ray.remote(num_cpus=1, max_retries=1)(call_point)
+        pending = {task.remote(fn, p): p for p in points}
+        while pending:
+            ready, rest = ray.wait(list(pending), num_returns=1)
+            more, _ = ray.wait(rest, num_returns=len(rest), timeout=0) if rest else ([], [])
+            batch = []
+            for ref in [*ready, *more]:
+                point = pending.pop(ref)
+                try:
+                    batch.append(ray.get(ref))
+                except Exception as exc:  # noqa: BLE001 - the task's worker died (a Ray error)
+                    batch.append(_failed(point, exc))
+            yield batch
+    finally:
+        for ref in pending:  # left when interrupted
+            try:
+                ray.cancel(ref, force=True)
+            except Exception:  # noqa: BLE001 - finished or gone meanwhile
+                pass
+        if owned:
+            ray.shutdown()
+
+
+def _reachable(address: str) -> None:
+    """UserError at once if ``host:port`` takes no TCP connection (Ray itself retries
+    for minutes); other forms (``local``, ``auto``, ``ray://...``) are left to Ray."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "/" in address:
+        return
+    try:
+        socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=5).close()
+    except OSError as exc:
+        raise UserError(f"--ray: no Ray cluster answers at {address}: {exc.strerror or exc}") from None
+
+
+def _progress(enabled: bool, desc: str, total: int, skipped: int) -> Any:
+    """A rich progress bar on stderr (done/total, failures, elapsed, ETA); disabled when
+    asked or when stderr is not a terminal."""
+    from rich.console import Console
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
+
+    console = Console(stderr=True)
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[failed]} failed"), TimeElapsedColumn(), TextColumn("ETA"),
+                        TimeRemainingColumn(), console=console, disable=not (enabled and console.is_terminal))
+    label = f"{desc} ({skipped} done before)" if skipped else desc
+    return progress, progress.add_task(label, total=total, failed=0)
+
+
+def run_sweep(points: list[Point], out: str | Path, *, fn: str = DEFAULT_FN, workers: int | None = None,
+              ray_address: str | None = None, progress: bool = True, desc: str = "sweep",
+              keep_errors: bool = False) -> pd.DataFrame:
+    """Run every point of ``points`` not already finished in the table ``out`` (a
+    ``.parquet`` file) through ``fn`` (``module:function``, taking a point and
+    returning a flat or nested dict) and append each row to ``out`` as it finishes.
+
+    Points whose id has a row with status ``ok`` are skipped; failed ones run again
+    unless ``keep_errors``. Local processes by default (``workers``: default
+    ``os.cpu_count()``; 1 runs in this process), or Ray tasks on the cluster at
+    ``ray_address``. A point that raises becomes a row with status ``error`` and
+    its one-line message; the others go on. Returns the whole table: earlier rows
+    and new ones, one row per point id (a rerun point's row replaces its old one)."""
+    if workers is not None and workers < 1:
+        raise UserError(f"--workers: expected a positive number, got {workers}")
+    if workers is not None and ray_address:
+        raise UserError("--workers: sets local processes; with --ray the cluster's CPUs run the points")
+    resolve(fn)  # a bad name fails here, once, not in every worker
+    with ResultStore(out) as store:
+        finished = store.finished(keep_errors)
+        todo = [p for p in points if point_id(p) not in finished]
+        bar, task = _progress(progress, desc, len(todo), len(points) - len(todo))
+        failed = 0
+        batches = (_ray(fn, todo, ray_address) if ray_address else
+                   _local(fn, todo, min(workers or os.cpu_count() or 1, max(1, len(todo)))))
+        with bar, closing(batches):
+            for batch in batches:
+                store.add(batch)
+                failed += sum(r["status"] != "ok" for r in batch)
+                bar.update(task, advance=len(batch), failed=failed)
+    return read_table(out)  # as written: the same dtypes as pandas.read_parquet(out)
+
+
+def summary(table: pd.DataFrame, points: Sequence[Point]) -> tuple[int, int]:
+    """(points ok, points failed) among ``points`` in ``table``."""
+    ids = {point_id(p) for p in points}
+    mine = table[table["point_id"].isin(ids)]
+    return int((mine["status"] == "ok").sum()), int((mine["status"] != "ok").sum())
+

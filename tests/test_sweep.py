@@ -1,0 +1,273 @@
+"""Sweeps (docs/sweeps.md): spec expansion and validation, failing points, resume
+after a partial run and after kill -9, Ray against local, and real simulation points."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import cais
+from cais.cli import main
+from cais.errors import UserError
+from cais.sweep.grid import expand, load_spec, point_id
+from cais.sweep.runner import run_sweep
+
+SRC = str(Path(cais.__file__).resolve().parents[1])
+HELPER = "sweep_helpers:square"
+TINY_LAYER = {"kind": "layer", "model": "paper-mega-gpt-4b", "batch": 1, "seq": 64, "mode": "prefill", "gpus": 4,
+              "scheme": "tp-nvls"}
+SMALL_ALLREDUCE = {"kind": "collective", "op": "allreduce", "algo": "nvls", "bytes": "64K", "gpus": 4}
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def _calls(path: Path) -> list[str]:
+    return sorted(p.name.split("-")[0] for p in path.iterdir())
+
+
+# --- the spec -------------------------------------------------------------------------
+
+def test_expand_takes_the_cartesian_product_over_fixed_then_the_explicit_points() -> None:
+    spec = {"fixed": {"a": 1, "b": 0}, "grid": {"b": [1, 2], "c": ["x", "y", "z"]}, "points": [{"d": 4}, {"b": 9}]}
+    points = expand(spec, validate=False)
+    assert len(points) == 2 * 3 + 2
+    assert points[0] == {"a": 1, "b": 1, "c": "x"} and points[1] == {"a": 1, "b": 1, "c": "y"}  # first key slowest
+    assert points[6] == {"a": 1, "b": 0, "d": 4} and points[7] == {"a": 1, "b": 9}
+    assert all(p["a"] == 1 for p in points)
+    assert expand({"fixed": {"a": 1}}, validate=False) == [{"a": 1}]
+    assert len(expand({"grid": {"a": [1, 1, 2]}}, validate=False)) == 2  # a repeated point runs once
+
+
+def test_point_ids_are_stable_and_independent_of_key_order() -> None:
+    assert point_id({"a": 1, "b": [1, 2]}) == point_id({"b": [1, 2], "a": 1})
+    assert point_id({"a": 1}) != point_id({"a": 2}) != point_id({"a": "1"})
+    assert len(point_id({})) == 16
+
+
+@pytest.mark.parametrize("spec,names", [
+    ({"fixed": {**TINY_LAYER, "colour": "red"}}, "'colour'"),
+    ({"fixed": TINY_LAYER, "grid": {"scheme": ["tp-nvls", "nope"]}}, "tp-nvls, sp-nvls"),
+    ({"fixed": TINY_LAYER, "grid": {"mode": ["serve"]}}, "train, prefill, decode"),
+    ({"fixed": TINY_LAYER, "grid": {"set.link.speed": [1]}}, "link.speed"),
+    ({"fixed": TINY_LAYER, "grid": {"set.link.bandwidth_GBps": ["fast"]}}, "link.bandwidth_GBps"),
+    ({"fixed": TINY_LAYER, "grid": {"sms": [0]}}, "'sms'"),
+    ({"fixed": {**SMALL_ALLREDUCE, "scheme": "cais"}}, "'scheme'"),
+    ({"fixed": {**SMALL_ALLREDUCE, "algo": "tree"}}, "ring, nvls"),
+    ({"fixed": TINY_LAYER, "grid": {"scheme": "cais"}}, "grid.scheme"),
+    ({"fixed": TINY_LAYER, "gird": {"scheme": ["cais"]}}, "'gird'"),
+])
+def test_a_bad_spec_is_one_line_naming_the_key(spec, names) -> None:
+    with pytest.raises(UserError) as err:
+        expand(spec)
+    assert names in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_bad_spec_exits_2_before_running_anything(tmp_path, capsys) -> None:
+    spec = tmp_path / "bad.yaml"
+    spec.write_text("fixed: {kind: layer, model: paper-mega-gpt-4b, mode: prefill}\n"
+                    "grid: {scheme: [tp-nvls, nope]}\n")
+    out = tmp_path / "r.parquet"
+    assert main(["sweep", str(spec), "--out", str(out)]) == 2
+    err = capsys.readouterr()
+    assert err.out == "" and err.err.startswith("cais: error: point 2 of 2") and err.err.count("\n") == 1
+    assert not out.exists()
+
+
+# --- failures, resume ---------------------------------------------------------------
+
+def test_a_point_that_raises_is_an_error_row_and_the_others_finish(tmp_path) -> None:
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    points = expand({"fixed": {"calls": str(calls), "fail": 2}, "grid": {"x": [1, 2, 3, 4]}}, validate=False)
+    table = run_sweep(points, tmp_path / "r.parquet", fn=HELPER, workers=2, progress=False)
+    by_x = table.set_index("point.x")
+    assert list(by_x.loc[[1, 3, 4], "status"]) == ["ok"] * 3 and list(by_x.loc[[1, 3, 4], "y"]) == [1, 9, 16]
+    assert by_x.loc[2, "status"] == "error" and by_x.loc[2, "error"] == "ValueError: x=2 is bad"
+    assert pd.isna(by_x.loc[1, "error"]) and pd.isna(by_x.loc[2, "y"])
+    assert set(table["nested.pid"].dropna()) and os.getpid() not in set(table["nested.pid"].dropna())  # workers
+    assert pd.read_parquet(tmp_path / "r.parquet").equals(table)
+
+
+def test_resume_runs_only_the_missing_points_and_the_table_has_one_row_each(tmp_path) -> None:
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    points = expand({"fixed": {"calls": str(calls)}, "grid": {"x": list(range(6))}}, validate=False)
+    out = tmp_path / "r.parquet"
+    first = run_sweep(points[:3], out, fn=HELPER, workers=1, progress=False)
+    assert _calls(calls) == ["x0", "x1", "x2"]
+    full = run_sweep(points, out, fn=HELPER, workers=2, progress=False)
+    assert _calls(calls) == [f"x{i}" for i in range(6)]  # each point ran exactly once
+    assert sorted(full["point_id"]) == sorted(point_id(p) for p in points) and full["point_id"].is_unique
+    kept = full.set_index("point_id").loc[first["point_id"], first.columns.drop("point_id")]
+    pd.testing.assert_frame_equal(kept.reset_index(), first, check_dtype=False)  # earlier rows unchanged
+    again = run_sweep(points, out, fn=HELPER, workers=2, progress=False)
+    assert len(_calls(calls)) == 6 and again.equals(full)
+
+
+def test_failed_points_rerun_unless_keep_errors(tmp_path) -> None:
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    points = expand({"fixed": {"calls": str(calls), "fail": 1}, "grid": {"x": [0, 1]}}, validate=False)
+    out = tmp_path / "r.parquet"
+    run_sweep(points, out, fn=HELPER, workers=1, progress=False)
+    run_sweep(points, out, fn=HELPER, workers=1, progress=False, keep_errors=True)
+    assert _calls(calls) == ["x0", "x1"]
+    table = run_sweep(points, out, fn=HELPER, workers=1, progress=False)
+    assert _calls(calls) == ["x0", "x1", "x1"] and len(table) == 2 and table["point_id"].is_unique
+
+
+def test_a_dying_worker_is_an_error_row_not_the_end_of_the_sweep(tmp_path) -> None:
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    points = expand({"fixed": {"calls": str(calls), "die": 0}, "grid": {"x": [0, 1, 2]}}, validate=False)
+    table = run_sweep(points, tmp_path / "r.parquet", fn=HELPER, workers=2, progress=False).set_index("point.x")
+    assert table.loc[0, "status"] == "error" and table.loc[0, "error"].startswith("worker failed: ")
+    assert len(table) == 3 and set(table["status"]) <= {"ok", "error"}
+
+
+def test_a_table_being_written_by_another_sweep_is_refused(tmp_path) -> None:
+    from cais.sweep.store import ResultStore
+
+    out = tmp_path / "r.parquet"
+    with ResultStore(out):
+        with pytest.raises(UserError, match="another sweep is writing"):
+            run_sweep([{"x": 1}], out, fn=HELPER, workers=1, progress=False)
+    assert not list(tmp_path.glob(".*lock"))  # removed when the sweep ends
+    with pytest.raises(UserError, match="must end in .parquet"):
+        run_sweep([{"x": 1}], tmp_path / "r.csv", fn=HELPER, workers=1, progress=False)
+    with pytest.raises(UserError, match="--ray: no Ray cluster answers|--ray: Ray is not installed"):
+        run_sweep([{"x": 1}], out, fn=HELPER, ray_address=f"127.0.0.1:{_free_port()}", progress=False)
+
+
+def test_kill_9_loses_no_finished_point_and_the_rerun_completes_the_same_table(tmp_path) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("fixed: {kind: collective, op: allreduce, algo: ring, gpus: 4}\n"
+                    "grid: {bytes: [256K, 320K, 384K, 448K, 512K, 576K]}\n")
+
+    def sweep(out: Path) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "cais", "sweep", str(spec), "--out", str(out), "--workers", "1",
+                                 "--no-progress"], env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+
+    out = tmp_path / "killed.parquet"
+    proc = sweep(out)
+    deadline = time.monotonic() + 120
+    while not out.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.kill()  # SIGKILL, the moment the first point is in the table
+    proc.wait()
+    before = pd.read_parquet(out)
+    assert 1 <= len(before) < 6, "the sweep must be killed half-way (points too fast?)"
+    rerun = sweep(out)
+    stdout, stderr = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, stderr
+    assert "6 ok, 0 failed" in stdout and str(out) in stdout
+    clean_proc = sweep(tmp_path / "clean.parquet")
+    assert clean_proc.wait(timeout=300) == 0
+    final, clean = pd.read_parquet(out), pd.read_parquet(tmp_path / "clean.parquet")
+    assert final["point_id"].is_unique and set(final["point_id"]) == set(clean["point_id"])
+    pd.testing.assert_frame_equal(final.set_index("point_id").loc[before["point_id"]].reset_index(), before)
+    metrics = ["time_us", "busbw_GBps", "events"]
+    pd.testing.assert_frame_equal(final.set_index("point_id").sort_index()[metrics],
+                                  clean.set_index("point_id").sort_index()[metrics])
+    assert not list(tmp_path.glob(".killed.parquet.sweep-*.tmp"))  # a killed write's leftover is cleaned
+
+
+# --- real points, Ray -----------------------------------------------------------------
+
+def test_run_point_rows_match_running_the_layer_and_the_collective_directly(tmp_path) -> None:
+    from cais.experiments.collective import run_collective
+    from cais.experiments.layer import run_layer
+    from cais.hw.config import load_system
+    from cais.workload.models import load_model
+
+    points = expand({"points": [TINY_LAYER, SMALL_ALLREDUCE]})
+    table = run_sweep(points, tmp_path / "r.parquet", workers=1, progress=False).set_index("point.kind")
+    assert list(table["status"]) == ["ok", "ok"]
+    cfg = load_system("dgx-h100", gpus=4)
+    layer = run_layer(cfg, load_model("paper-mega-gpt-4b").with_run(1, 64), "tp-nvls", "prefill")
+    coll = run_collective(cfg, "allreduce", "nvls", 64 << 10)
+    assert table.loc["layer", "total_us"] == pytest.approx(layer.total_us) and layer.total_us > 0
+    assert table.loc["layer", "sublayers.L1.time_us"] == pytest.approx(layer.sublayers["L1"]["time_us"])
+    assert table.loc["collective", "busbw_GBps"] == pytest.approx(coll.busbw_GBps) and coll.busbw_GBps > 0
+    assert table.loc["collective", "time_us"] == pytest.approx(coll.time_us)
+    assert table.loc["layer", "link.bandwidth_GBps"] == cfg.link.bandwidth_GBps  # config fields are columns
+
+
+def test_set_fields_nested_or_dotted_are_the_same_run_and_mixed_types_are_stored(tmp_path) -> None:
+    points = expand({"fixed": SMALL_ALLREDUCE, "points": [
+        {"set.link.bandwidth_GBps": 50}, {"set": {"link.bandwidth_GBps": 50}}, {"bytes": 65536, "tag.figure": "f1"}]})
+    table = run_sweep(points, tmp_path / "r.parquet", workers=1, progress=False)
+    assert list(table["status"]) == ["ok"] * 3 and list(table["link.bandwidth_GBps"]) == [50, 50, 25]
+    assert table.loc[0, "busbw_GBps"] == table.loc[1, "busbw_GBps"] != table.loc[2, "busbw_GBps"]
+    assert list(table["point.bytes"]) == ["64K", "64K", "65536"]  # 64K and 65536 in one column: text
+    assert table["point_id"].is_unique and table.loc[2, "bytes"] == 65536 and table.loc[2, "point.tag.figure"] == "f1"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ray_cluster_gives_the_same_rows_as_local_processes(tmp_path) -> None:
+    """A Ray head started here (its own process group, token auth with a fresh token,
+    stopped in the end), and `cais sweep --ray` against it in a subprocess (no Ray
+    state in the test process)."""
+    pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[cluster]')")
+    ray_bin = Path(sys.executable).with_name("ray")
+    if not ray_bin.exists():
+        ray_bin = Path(shutil.which("ray") or "ray")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("fixed: {kind: collective, op: allreduce, bytes: 64K, gpus: 4}\n"
+                    "grid: {algo: [nvls, ring], set.link.bandwidth_GBps: [25, 50]}\n")
+    port = _free_port()
+    temp = tempfile.mkdtemp(prefix="ray")  # short: Ray's socket paths live under it
+    env = {**_env(), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32),
+           "RAY_USAGE_STATS_ENABLED": "0"}
+    log = open(tmp_path / "ray.log", "w")
+    head = subprocess.Popen([str(ray_bin), "start", "--head", "--block", f"--port={port}", "--num-cpus=1",
+                             "--include-dashboard=false", "--object-store-memory=100000000", "--disable-usage-stats",
+                             f"--temp-dir={temp}"], env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)  # its own process group: stopped below, and only it
+    try:
+        deadline = time.monotonic() + 90
+        while "Ray runtime started" not in (tmp_path / "ray.log").read_text():
+            assert head.poll() is None and time.monotonic() < deadline, (tmp_path / "ray.log").read_text()[-2000:]
+            time.sleep(0.5)
+        proc = subprocess.run([sys.executable, "-m", "cais", "sweep", str(spec), "--out", str(tmp_path / "ray.parquet"),
+                               "--ray", f"127.0.0.1:{port}"], env=env, capture_output=True, text=True, timeout=180)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert "4 ok, 0 failed" in proc.stdout
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)
+        try:
+            head.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(head.pid, signal.SIGKILL)  # what SIGTERM left of the group (ray start leaves some)
+        except ProcessLookupError:
+            pass
+        head.wait()
+        log.close()
+        shutil.rmtree(temp, ignore_errors=True)
+    remote = pd.read_parquet(tmp_path / "ray.parquet")
+    local = run_sweep(expand(load_spec(spec)), tmp_path / "local.parquet", workers=1, progress=False)
+    assert list(remote["status"]) == ["ok"] * 4
+    cols = ["time_us", "busbw_GBps", "events", "link.bandwidth_GBps"]
+    pd.testing.assert_frame_equal(remote.set_index("point_id").sort_index()[cols],
+                                  local.set_index("point_id").sort_index()[cols])
