@@ -32,7 +32,11 @@ def _one(system: str, gpus: int, algo: str, nbytes: int, sim: str, out: Any) -> 
 
     cfg = load_system(system).with_overrides(gpus=gpus) if gpus != load_system(system).gpus else load_system(system)
     w0, c0 = time.perf_counter(), time.process_time()
-    r = run_collective(cfg, "allreduce", algo, nbytes, sim=sim)
+    try:
+        r = run_collective(cfg, "allreduce", algo, nbytes, sim=sim)
+    except Exception as exc:  # noqa: BLE001 - reported in the table, the parent must not wait forever
+        out.put({"error": f"{type(exc).__name__}: {exc}"})
+        return
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     out.put({"time_us": r.time_us, "busbw": r.busbw_GBps, "events": r.events, "wall_s": wall, "cpu_s": cpu,
@@ -80,7 +84,10 @@ def main() -> None:
                     p.join()
                 rows.append(row)
                 work = gpus * nbytes / 2**30
-                if "events" in row:
+                if "error" in row:
+                    table.add_row(algo, str(gpus), f"{nbytes:,}", f"{work:g}", "", "", row["error"][:60], "", "", "",
+                                  "", "")
+                elif "events" in row:
                     table.add_row(algo, str(gpus), f"{nbytes:,}", f"{work:g}", f"{row['time_us']:,.1f}",
                                   f"{row['busbw']:,.1f}", f"{row['events']:,}", f"{est:,.3g}", f"{row['wall_s']:.1f}",
                                   f"{row['cpu_s']:.1f}", f"{row['events'] / row['cpu_s']:,.0f}",

@@ -72,6 +72,8 @@ class Fabric:
         # other chips (the start link hashes the address), so GPU 0's image does not
         # stand for the others' chip loads (docs/validation.md section 10).
         self.uneven_units = 0
+        self.uneven_packets = 0
+        self.mirror_packets = 0  # the packets of all units striped in mirror mode
         for sw in self.switches:
             sw.mirror = mirror
         for gpu in gpus:
@@ -87,8 +89,11 @@ class Fabric:
         packets of its links as one train."""
         links = self.link_chip
         nl = len(links)
-        if slots < nl and self.mirror:
-            self.uneven_units += 1
+        if self.mirror:
+            self.mirror_packets += slots
+            if slots < nl:
+                self.uneven_units += 1
+                self.uneven_packets += slots
         start = ((unit_index * 0x9E3779B97F4A7C15) >> 29) % nl
         key = (start, slots)
         hit = self._stripes.get(key)
