@@ -5,7 +5,7 @@ import pytest
 from cais.workload.models import ModelError, ModelSpec, from_hf_config, list_models, load_model
 
 PRESETS = ["paper-mega-gpt-4b", "paper-mega-gpt-8b", "paper-llama-7b", "paper-full", "paper-half",
-           "gpt3-175b", "llama2-70b", "llama3-8b", "llama3-70b", "llama3-405b"]
+           "gpt3-175b", "llama2-70b", "llama3-8b", "llama3-70b", "llama3-405b", "llama3-405b-tp72"]
 
 
 def test_zoo_is_exactly_the_presets():
@@ -167,3 +167,23 @@ def test_spec_is_frozen():
     with pytest.raises(Exception):
         m.hidden = 1
     assert isinstance(m, ModelSpec)
+
+
+@pytest.mark.parametrize("name, degrees", [
+    ("llama3-405b", [16, 32, 64]), ("llama3-70b", [16, 32, 64]), ("paper-full", [16, 32, 64]),
+    ("llama3-405b-tp72", [16, 24, 48, 72])])
+def test_large_tp_splits(name, degrees):
+    m = load_model(name)
+    for n in degrees:
+        note = m.check_tp(n)
+        assert ("replicated" in note) == (m.kv < n)
+    assert set(degrees) <= set(m.tp_degrees())
+
+
+def test_large_tp_error_names_the_constraint_and_the_allowed_degrees():
+    with pytest.raises(ModelError) as exc:
+        load_model("llama3-405b").check_tp(72)
+    msg = str(exc.value)
+    assert "\n" not in msg
+    assert msg == ("llama3-405b: TP=72 does not divide heads 128, ffn_hidden 53248; "
+                   "the TP degrees it allows: 1, 2, 4, 8, 16, 32, 64, 128")

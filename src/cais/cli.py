@@ -25,6 +25,7 @@ from cais.workload.graph import SUBLAYERS
 if TYPE_CHECKING:
     from cais.experiments.collective import CollectiveResult
     from cais.experiments.layer import LayerResult
+    from cais.progress import RunProgress
     from cais.workload.models import ModelSpec
 
 
@@ -233,6 +234,15 @@ def _print_table(title: str, rows: list[tuple[str, str]]) -> None:
     Console().print(table)
 
 
+def _progress(args: argparse.Namespace) -> RunProgress:
+    """The run's progress report on stderr: the bar where stderr is a terminal and
+    --json is not given, or when --progress asks; never with --no-progress."""
+    from cais.progress import RunProgress
+
+    show = args.progress if args.progress is not None else (sys.stderr.isatty() and not args.json)
+    return RunProgress(show=show)
+
+
 def cmd_collective(args: argparse.Namespace) -> None:
     from cais.experiments.collective import run_collective
 
@@ -240,9 +250,10 @@ def cmd_collective(args: argparse.Namespace) -> None:
     cfg, overrides = _overridden(cfg, args)
     _check_outputs(args)
     rec = _recorder(args)
-    r = run_collective(cfg, args.op, args.algo, args.bytes, recorder=rec)
+    with _progress(args) as progress:
+        r = run_collective(cfg, args.op, args.algo, args.bytes, recorder=rec, progress=progress, sim=args.sim)
     notes = _write_outputs(args, cfg, rec, {"command": "collective", "system": args.system, "unit": args.unit,
-                                            "overrides": json.dumps(overrides)}, r)
+                                            "sim": r.sim, "overrides": json.dumps(overrides)}, r)
     if not _printed_json(args, r, overrides=overrides):
         _print_collective(_system_label(cfg, overrides), r)
         _print_notes(notes)
@@ -254,7 +265,9 @@ def _print_collective(system: str, r: CollectiveResult) -> None:
         ("algbw", f"{r.algbw_GBps:,.1f} GB/s"), ("busbw", f"{r.busbw_GBps:,.1f} GB/s"),
         ("link utilisation, mean of GPU directions", f"{100 * r.link_util.mean:.1f} %"),
         ("busiest port direction, wire busy", f"{100 * r.wire_util:.1f} % ({r.link_util.busiest})"),
-        ("simulated events", f"{r.events:,}"), ("wall time", f"{r.wall_s:.2f} s")])
+        ("simulated events", f"{r.events:,}"), ("wall time", f"{r.wall_s:.2f} s"),
+        ("simulation", "mirror (GPU 0 simulated, the others its images; --sim)" if r.sim == "mirror"
+         else "full (every GPU)")])
 
 
 def cmd_gemm(args: argparse.Namespace) -> None:
@@ -280,9 +293,10 @@ def cmd_run(args: argparse.Namespace) -> None:
         model = model.with_run(args.batch, args.seq)
     _check_outputs(args)
     rec = _recorder(args)
-    r = run_layer(cfg, model, args.scheme, args.mode, args.sms, recorder=rec)
+    with _progress(args) as progress:
+        r = run_layer(cfg, model, args.scheme, args.mode, args.sms, recorder=rec, progress=progress, sim=args.sim)
     notes = _write_outputs(args, cfg, rec, {"command": "run", "system": args.system, "batch": model.batch,
-                                            "seq": model.seq, "overrides": json.dumps(overrides)}, r)
+                                            "seq": model.seq, "sim": r.sim, "overrides": json.dumps(overrides)}, r)
     if not _printed_json(args, r, overrides=overrides):
         _print_layer(_system_label(cfg, overrides), model, r)
         _print_notes(notes)
@@ -309,7 +323,9 @@ def _print_layer(system: str, model: ModelSpec, r: LayerResult) -> None:
                     "some of it inside the sub-layers' spans. gap to bound: time / max(compute, comm) - 1.")
     Console().print(f"link utilisation: mean {100 * r.link_util.mean:.1f} % (GPU directions), busiest port "
                     f"direction {100 * r.link_util.max:.1f} % ({r.link_util.busiest}), over the period; "
-                    f"{r.events:,} events in {r.wall_s:.1f} s")
+                    f"{r.events:,} events in {r.wall_s:.1f} s; simulation: "
+                    + ("mirror (GPU 0 simulated, the others its images; --sim)" if r.sim == "mirror"
+                       else "full (every GPU)"))
     k = r.kernel_us
     Console().print(f"GPU 0 kernel time: collectives {k['communication']:,.0f} us, other kernels "
                     f"{k['computation']:,.0f} us (overlapping kernels both count)")
@@ -448,6 +464,20 @@ def _output_options(sp: argparse.ArgumentParser) -> None:
                          "nested keys dotted) to a Parquet or CSV table, chosen by the suffix")
 
 
+def _sim_option(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--sim", choices=("full", "mirror"), default="full",
+                    help="full: simulate every GPU (default); mirror: simulate GPU 0 only, the others as its "
+                         "images, about GPUs x fewer events; only where every GPU runs GPU 0's program "
+                         "(collectives; tp-nvls, sp-nvls), refused otherwise; within 1.2 %% of full on the "
+                         "checked cases (docs/validation.md section 10)")
+
+
+def _progress_option(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                    help="a progress bar on stderr (simulated time, events, ETA) once a run passes 2 s; default: "
+                         "shown when stderr is a terminal and --json is not given")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="cais", description="Simulate tensor-parallel LLM work on NVLink/NVSwitch systems.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -466,8 +496,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--unit", type=_positive_int, default=None,
                    help="transfer unit in bytes (default: the system's transfer_unit_bytes)")
     c.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
+    _sim_option(c)
     _set_option(c)
     _output_options(c)
+    _progress_option(c)
     c.set_defaults(fn=cmd_collective)
 
     g = with_system(sub.add_parser("gemm", help="time one bf16 GEMM on one GPU"))
@@ -489,8 +521,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--batch", type=_positive_int, default=None, help="sequences (default: the model preset's)")
     r.add_argument("--seq", type=_positive_int, default=None, help="tokens per sequence (default: the model preset's)")
     r.add_argument("--json", action="store_true", help="print the result (every metric) as JSON instead of a table")
+    _sim_option(r)
     _set_option(r)
     _output_options(r)
+    _progress_option(r)
     r.set_defaults(fn=cmd_run)
 
     w = sub.add_parser("sweep", help="run a grid of layer or collective points (docs/sweeps.md)")

@@ -52,6 +52,12 @@ class Conservation:
                 and self.injected + self.created == self.delivered + self.absorbed)
 
 
+class Ticker(Protocol):
+    """What a machine needs from a progress report (``cais.progress.RunProgress``)."""
+
+    def tick(self, now_ps: int, events: int) -> None: ...
+
+
 class Machine:
     """GPUs + NVSwitch fabric + event loop. ``functional=True`` makes every memory
     operation carry real numpy data, so results can be checked against numpy.
@@ -60,10 +66,13 @@ class Machine:
     machine is built and records what happens over time; without one, nothing is
     recorded and nothing is spent on it."""
 
-    def __init__(self, cfg: SystemConfig, functional: bool = False, recorder: Observer | None = None) -> None:
+    def __init__(self, cfg: SystemConfig, functional: bool = False, recorder: Observer | None = None,
+                 progress: Ticker | None = None, mirror: bool = False) -> None:
         self.cfg = cfg
         self.functional = functional
         self.sim = Simulator()
+        if progress is not None:  # told every few thousand events (cais.progress)
+            self.sim.tick = progress.tick
         self.pk = Packetizer(cfg.packet)
         self.vcmap = VcMap(cfg.link)
         mem_lat = round(cfg.gpu.memory_latency_ns * PS_PER_NS)
@@ -71,7 +80,7 @@ class Machine:
                          round(cfg.gpu.read_serve_kB * 1024), cfg.switch.chips, cfg.link.vcs) for g in range(cfg.gpus)]
         for g, factor in cfg.gpu_slowdown.items():
             self.gpus[g].slowdown = factor
-        self.fabric = Fabric(self.sim, cfg, self.gpus, self.pk, self.vcmap)
+        self.fabric = Fabric(self.sim, cfg, self.gpus, self.pk, self.vcmap, mirror)
         self.isa = Isa(self)
         self.launch_ps = round(cfg.gpu.kernel_launch_us * PS_PER_US)
         self._flags = 0

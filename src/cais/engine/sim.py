@@ -15,13 +15,19 @@ class Simulator:
     run is deterministic.
     """
 
-    __slots__ = ("now", "_queue", "_seq", "events")
+    __slots__ = ("now", "_queue", "_seq", "events", "tick", "tick_every")
+
+    TICK_EVERY = 4096
 
     def __init__(self) -> None:
         self.now: int = 0
         self._queue: list[tuple[int, int, Callable[..., None], tuple]] = []
         self._seq = 0
         self.events = 0
+        # Called as tick(now, events) every ``tick_every`` events (a progress report);
+        # None: the loop does not look.
+        self.tick: Callable[[int, int], None] | None = None
+        self.tick_every = self.TICK_EVERY
 
     def at(self, time: int, fn: Callable[..., None], *args: Any) -> None:
         """Run ``fn(*args)`` at absolute time ``time`` (not before now)."""
@@ -42,13 +48,30 @@ class Simulator:
         queue = self._queue
         pop = heapq.heappop
         count = 0
-        while queue:
-            if until is not None and queue[0][0] > until:
-                break
-            time, _, fn, args = pop(queue)
-            self.now = time
-            fn(*args)
-            count += 1
+        tick = self.tick
+        if tick is None:
+            while queue:
+                if until is not None and queue[0][0] > until:
+                    break
+                time, _, fn, args = pop(queue)
+                self.now = time
+                fn(*args)
+                count += 1
+        else:
+            every = self.tick_every
+            try:
+                while queue:
+                    if until is not None and queue[0][0] > until:
+                        break
+                    time, _, fn, args = pop(queue)
+                    self.now = time
+                    fn(*args)
+                    count += 1
+                    if count % every == 0:
+                        tick(time, self.events + count)
+            finally:
+                self.events += count
+            return self.now
         self.events += count
         return self.now
 

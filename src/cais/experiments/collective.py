@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -13,6 +14,10 @@ from cais.machine import Conservation, Machine
 from cais.kernels.collectives import ALGOS, OPS, CollectiveSpec, build, shard_bounds
 from cais.limits import check_events, check_machine, collective_events, max_events, size_text
 from cais.results import LinkUtil, Recorder, RunMetrics, run_metrics
+from cais.results.metrics import mirrored
+
+if TYPE_CHECKING:
+    from cais.progress import RunProgress
 
 
 def bus_factor(op: str, n: int) -> float:
@@ -38,6 +43,7 @@ class CollectiveResult:
     wall_s: float
     correct: bool | None
     conservation: Conservation
+    sim: str = "full"  # "full": every GPU simulated; "mirror": GPU 0 only (SIM_MODES)
 
     @property
     def link_util(self) -> LinkUtil:
@@ -51,7 +57,8 @@ class CollectiveResult:
     def as_json(self) -> dict[str, object]:
         return {"op": self.op, "algo": self.algo, "gpus": self.gpus, "bytes": self.nbytes,
                 "time_us": self.time_us, "algbw_GBps": self.algbw_GBps, "busbw_GBps": self.busbw_GBps,
-                "wire_util": self.wire_util, **self.metrics.as_json(), "events": self.events, "wall_s": self.wall_s}
+                "wire_util": self.wire_util, **self.metrics.as_json(), "events": self.events, "wall_s": self.wall_s,
+                "sim": self.sim}
 
 
 def _fill(m: Machine, spec: CollectiveSpec, rng: np.random.Generator) -> list[np.ndarray]:
@@ -79,7 +86,8 @@ def _fill(m: Machine, spec: CollectiveSpec, rng: np.random.Generator) -> list[np
     return expected
 
 
-def check_collective(cfg: SystemConfig, op: str, algo: str, nbytes: int, elem_bytes: int = 2) -> int:
+def check_collective(cfg: SystemConfig, op: str, algo: str, nbytes: int, elem_bytes: int = 2,
+                     mirror: bool = False) -> int:
     """The element count of a collective of ``nbytes`` (nccl-tests size); UserError
     (one line) for an unknown op or algorithm, a size that is not whole elements or
     too small to shard, or a run too big to simulate (cais.limits)."""
@@ -95,8 +103,9 @@ def check_collective(cfg: SystemConfig, op: str, algo: str, nbytes: int, elem_by
         if count == 0:
             raise UserError(f"--bytes: {op} needs at least {cfg.gpus * elem_bytes} bytes on {cfg.gpus} GPUs")
     check_machine(cfg)
-    estimate = collective_events(cfg, op, algo, count * elem_bytes)
-    fixed = collective_events(cfg, op, algo, 0)  # the TBs alone, whatever the size
+    per = cfg.gpus if mirror else 1  # mirror mode simulates one GPU's share
+    estimate = collective_events(cfg, op, algo, count * elem_bytes) / per
+    fixed = collective_events(cfg, op, algo, 0) / per  # the TBs alone, whatever the size
     hint = ("its TBs alone come near the limit: use fewer GPUs or channels (collective.*_channels)"
             if 2 * fixed > max_events() else
             f"use --bytes of at most about {size_text(nbytes * (max_events() - fixed) / (estimate - fixed))}")
@@ -104,20 +113,72 @@ def check_collective(cfg: SystemConfig, op: str, algo: str, nbytes: int, elem_by
     return count
 
 
+SIM_MODES = ("full", "mirror")
+
+
+def mirror_misfit(cfg: SystemConfig, functional: bool = False) -> str:
+    """Why a collective cannot be simulated in mirror mode ("" if it can): every GPU
+    must run the same program shifted by its index, on GPUs and ports that are alike.
+    Detected from the run, not assumed."""
+    # Shards may differ by one element (nccl-tests sizes): GPU 0, the one simulated,
+    # holds the largest, so its image is the slowest GPU.
+    if cfg.gpu_slowdown:
+        return "gpu_slowdown makes GPUs unlike"
+    if cfg.switch.model not in ("auto", "nvls"):
+        return f"switch model '{cfg.switch.model}' is not the NVLS switch"
+    if functional:
+        return "functional mode needs every GPU's data"
+    return ""
+
+
+# Mirror mode holds while at most this fraction of the packets striped travel in
+# units smaller than one packet per link (a shard's remainder tail does; a small
+# message's all do).
+MIRROR_UNEVEN_SHARE = 0.01
+
+
+def check_mirror(m: Machine) -> None:
+    """UserError (one line) if more than 1 % of a mirror-mode run's packets went in
+    units too small to reach every link: then GPUs load the switch chips unlike (by address),
+    GPU 0's image does not stand for them, and the error against the full model grew
+    to 3 % in the checks (docs/validation.md section 10)."""
+    fab = m.fabric
+    if fab.mirror and fab.uneven_packets > MIRROR_UNEVEN_SHARE * fab.mirror_packets:
+        links = len(fab.link_chip)
+        share = 100 * fab.uneven_packets / fab.mirror_packets
+        raise UserError(f"--sim mirror: {share:.0f} % of the packets went in transfer units smaller than one packet "
+                        f"per link ({links} links x {m.cfg.packet.max_payload_bytes} B), where GPUs "
+                        "load the switch chips unlike and mirror mode does not hold; use --sim full (small "
+                        "messages are cheap in full)")
+
+
 def run_collective(cfg: SystemConfig, op: str, algo: str, nbytes: int, functional: bool = False,
-                   seed: int = 0, elem_bytes: int = 2, recorder: Recorder | None = None) -> CollectiveResult:
+                   seed: int = 0, elem_bytes: int = 2, recorder: Recorder | None = None,
+                   progress: RunProgress | None = None, sim: str = "full") -> CollectiveResult:
     """Simulate ``op`` with ``algo`` on a ``nbytes`` buffer (nccl-tests size); a
     ``recorder``, if given, records the run (the collective kernel on each GPU is
     marked on its ``collective`` track)."""
-    count = check_collective(cfg, op, algo, nbytes, elem_bytes)
+    if sim not in SIM_MODES:
+        raise UserError(f"--sim: unknown mode '{sim}'; valid: {', '.join(SIM_MODES)}")
+    mirror = sim == "mirror"
+    misfit = mirror_misfit(cfg, functional) if mirror else ""
+    if misfit:
+        raise UserError(f"--sim mirror: this collective is not symmetric: {misfit}; use --sim full")
+    count = check_collective(cfg, op, algo, nbytes, elem_bytes, mirror)
     spec = CollectiveSpec(op, algo, count, elem_bytes)
+    if progress is not None:
+        estimate = collective_events(cfg, op, algo, count * elem_bytes) / (cfg.gpus if mirror else 1)
+        progress.begin(estimate, f"{algo} {op} of {size_text(count * elem_bytes)} on {cfg.gpus} GPUs")
     t0 = time.perf_counter()
-    m = Machine(cfg, functional=functional, recorder=recorder)
+    m = Machine(cfg, functional=functional, recorder=recorder, progress=progress, mirror=mirror)
     expected = _fill(m, spec, np.random.default_rng(seed)) if functional else None
     kernels = build(m, spec)
+    if mirror:  # GPU 0 alone; the others are its images
+        kernels = kernels[:1]
     for gpu, k in zip(m.gpus, kernels):
         gpu.launch(k, m.launch_ps)
     m.run()
+    check_mirror(m)
     end = max(k.finished_at or 0 for k in kernels)
     wall = time.perf_counter() - t0
     for g, k in enumerate(kernels):
@@ -130,5 +191,7 @@ def run_collective(cfg: SystemConfig, op: str, algo: str, nbytes: int, functiona
     t_us = end / PS_PER_US
     algbw = spec.nbytes / (end / 1e12) / 1e9
     metrics = run_metrics(m, max(1, end - m.launch_ps))
+    if mirror:
+        metrics = mirrored(metrics, m.n)
     return CollectiveResult(op, algo, m.n, spec.nbytes, t_us, algbw, algbw * bus_factor(op, m.n), metrics,
-                            m.sim.events, wall, correct, m.conservation())
+                            m.sim.events, wall, correct, m.conservation(), sim)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -13,12 +14,17 @@ from cais.errors import UserError
 from cais.hw.config import PS_PER_US, SystemConfig
 from cais.limits import check_events, check_machine, period_events
 from cais.machine import Machine, Stalled
+from cais.experiments.collective import SIM_MODES, check_mirror, mirror_misfit
 from cais.results import LinkUtil, Recorder, RunMetrics, run_metrics
+from cais.results.metrics import mirrored
 from cais.schemes import get_scheme
 from cais.schemes.base import LayerRun
 from cais.workload import reference as ref
 from cais.workload.graph import Chain, Period, build_period
 from cais.workload.models import ModelSpec
+
+if TYPE_CHECKING:
+    from cais.progress import RunProgress
 
 
 @dataclass
@@ -47,6 +53,7 @@ class LayerResult:
     vc_policy: str = ""
     tokens: int = 0
     padded_tokens: int = 0
+    sim: str = "full"  # "full": every GPU simulated; "mirror": GPU 0 only (cais.experiments.collective)
 
     @property
     def padding(self) -> int:
@@ -62,7 +69,7 @@ class LayerResult:
                 "switch": self.switch, "vc_policy": self.vc_policy,
                 "tokens": self.tokens, "padded_tokens": self.padded_tokens,
                 "total_us": self.total_us, "sublayers": self.sublayers, **self.metrics.as_json(),
-                "segments_us": self.segments, "kernel_us": self.kernel_us}
+                "segments_us": self.segments, "kernel_us": self.kernel_us, "sim": self.sim}
 
 
 def chain_bound_ps(r: LayerRun, c: Chain) -> tuple[int, int]:
@@ -233,11 +240,32 @@ def _check_sms(cfg: SystemConfig, sms: int | None) -> None:
         raise UserError(f"--sms: must be between 1 and {cfg.gpu.sms} on {cfg.name}, got {sms}")
 
 
-def _check_size(cfg: SystemConfig, model: ModelSpec, scheme: str, switch: str, mode: str, period: Period) -> None:
+# Schemes whose every GPU runs GPU 0's program shifted by its index, checked against
+# the full model (docs/validation.md section 10); the others (CAIS's merge unit pairs
+# requests of different GPUs, owner-based flags) need every GPU.
+MIRROR_SCHEMES = ("tp-nvls", "sp-nvls")
+
+
+def _mirror_mode(cfg: SystemConfig, scheme: str, sim: str, functional: bool) -> bool:
+    """Whether to run in mirror mode; UserError (one line) if asked where it does not hold."""
+    if sim not in SIM_MODES:
+        raise UserError(f"--sim: unknown mode '{sim}'; valid: {', '.join(SIM_MODES)}")
+    if sim != "mirror":
+        return False
+    why = mirror_misfit(cfg, functional)
+    if not why and scheme not in MIRROR_SCHEMES:
+        why = f"scheme {scheme} is not one whose GPUs all run GPU 0's program ({', '.join(MIRROR_SCHEMES)})"
+    if why:
+        raise UserError(f"--sim mirror: this run is not symmetric: {why}; use --sim full")
+    return True
+
+
+def _check_size(cfg: SystemConfig, model: ModelSpec, scheme: str, switch: str, mode: str, period: Period,
+                mirror: bool = False) -> None:
     """UserError (one line) if the period is estimated beyond what the simulator can
-    finish (cais.limits)."""
+    finish (cais.limits; mirror mode simulates one GPU's share)."""
     check_machine(cfg)
-    check_events(period_events(cfg, period, model.dtype_bytes, switch),
+    check_events(period_events(cfg, period, model.dtype_bytes, switch) / (cfg.gpus if mirror else 1),
                  f"{model.name} {mode} under {scheme} with --batch {model.batch} --seq {model.seq} on {cfg.gpus} GPUs",
                  "use a smaller --batch or --seq")
 
@@ -253,7 +281,8 @@ def check_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms
 
 def run_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: int | None = None,
               functional: bool = False, seed: int = 0, p_drop: float = 0.1, regather: bool = True,
-              recorder: Recorder | None = None) -> LayerResult:
+              recorder: Recorder | None = None, progress: RunProgress | None = None,
+              sim: str = "full") -> LayerResult:
     """Simulate one period of ``model`` under ``scheme`` on ``cfg`` (``sms`` per GPU); a
     ``recorder``, if given, records the run (each GPU's part of every segment is marked
     on its ``segments`` track)."""
@@ -265,10 +294,14 @@ def run_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: 
         cfg = cfg.with_overrides(switch={**cfg.switch.model_dump(), "model": sch.switch})
     if sch.vc_policy is not None:
         cfg = cfg.with_overrides(link={**cfg.link.model_dump(), "vc_policy": sch.vc_policy})
+    mirror = _mirror_mode(cfg, scheme, sim, functional)
     period = build_period(model, cfg.gpus, mode, sch.sp, seed, regather)
-    _check_size(cfg, model, scheme, sch.switch, mode, period)
+    _check_size(cfg, model, scheme, sch.switch, mode, period, mirror)
+    if progress is not None:
+        progress.begin(period_events(cfg, period, model.dtype_bytes, sch.switch) / (cfg.gpus if mirror else 1),
+                       f"{model.name} {mode} under {scheme} on {cfg.gpus} GPUs")
     t0 = time.perf_counter()
-    m = Machine(cfg, functional=functional, recorder=recorder)
+    m = Machine(cfg, functional=functional, recorder=recorder, progress=progress, mirror=mirror)
     case = FunctionalCase(model, period, p_drop, seed) if functional else None
     if case is not None:
         _alloc(m, period, case)
@@ -276,6 +309,7 @@ def run_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: 
     run = LayerRun(m, model, period, cm, p_drop)
     sch.run(run)
     m.run()
+    check_mirror(m)
     end = max((k.finished_at or 0) for _, _, k in run.kernels)
     unfinished = [name for name, _, k in run.kernels if k.finished_at is None]
     if unfinished:  # never launched: their dependencies never fired
@@ -291,10 +325,11 @@ def run_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: 
     if m.recorder is not None:
         _mark_segments(run)
     bad, checked = _check(m, case) if case is not None else ([], 0)
+    metrics = run_metrics(m, end)
     return LayerResult(model.name, scheme, mode, cfg.gpus, cfg.gpu.sms, end / PS_PER_US, subs, segs,
-                       run_metrics(m, end), m.sim.events, time.perf_counter() - t0,
+                       mirrored(metrics, m.n) if mirror else metrics, m.sim.events, time.perf_counter() - t0,
                        kernel_split(run), bad, checked, cfg.switch.model, cfg.link.vc_policy,
-                       period.dims.real_tokens, period.dims.tokens)
+                       period.dims.real_tokens, period.dims.tokens, sim)
 
 
 def _mark_segments(run: LayerRun) -> None:

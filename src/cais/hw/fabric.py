@@ -31,7 +31,7 @@ class Fabric:
     """
 
     def __init__(self, sim: Simulator, cfg: SystemConfig, gpus: list["Gpu"], packetizer: Packetizer,
-                 vcmap: VcMap) -> None:
+                 vcmap: VcMap, mirror: bool = False) -> None:
         self.sim = sim
         self.cfg = cfg
         self.gpus = gpus
@@ -64,6 +64,18 @@ class Fabric:
         self.switches = [model(sim, c, self.down[c], gpus, packetizer, vcmap, vcs, pipe, red, merge=cfg.switch.merge,
                                sync_entries=cfg.cais.sync_entries)
                          for c in range(chips)]
+        # Mirror mode: only GPU 0 runs a program; every switch output goes to GPU 0
+        # (a train for GPU g stands for its image, the one GPU -g sends to GPU 0).
+        # Exact only for a workload that every GPU runs alike, shifted by its index.
+        self.mirror = mirror
+        # Units of fewer packets than links, striped in mirror mode: each GPU's go to
+        # other chips (the start link hashes the address), so GPU 0's image does not
+        # stand for the others' chip loads (docs/validation.md section 10).
+        self.uneven_units = 0
+        self.uneven_packets = 0
+        self.mirror_packets = 0  # the packets of all units striped in mirror mode
+        for sw in self.switches:
+            sw.mirror = mirror
         for gpu in gpus:
             gpu.fabric = self
         self.injected = 0  # payload bytes put on the fabric by GPUs
@@ -77,6 +89,11 @@ class Fabric:
         packets of its links as one train."""
         links = self.link_chip
         nl = len(links)
+        if self.mirror:
+            self.mirror_packets += slots
+            if slots < nl:
+                self.uneven_units += 1
+                self.uneven_packets += slots
         start = ((unit_index * 0x9E3779B97F4A7C15) >> 29) % nl
         key = (start, slots)
         hit = self._stripes.get(key)

@@ -69,6 +69,10 @@ class Switch:
         self.handlers: dict[int, Callable[[Train], None]] = {}
         self.merge_cfg = merge or MergeConfig()
         self.sync_entries = sync_entries
+        # Mirror mode (``Fabric``'s ``mirror``): only GPU 0 runs; a train for GPU g
+        # stands for the train GPU -g sends to GPU 0 (its image under the GPUs'
+        # rotation), so every output goes to GPU 0's port.
+        self.mirror = False
 
     # ---- input buffers -----------------------------------------------------------
     def receive(self, train: Train) -> None:
@@ -96,6 +100,8 @@ class Switch:
         self.ledger.bytes_out += out.payload
         out.head += self.pipeline_ps
         out.tail += self.pipeline_ps
+        if self.mirror:  # the image: the train another GPU sends to GPU 0
+            dst = out.dst = 0
         if entry is None:
             self.down[dst].send(out, self.gpus[dst].receive, on_start)
             return

@@ -165,12 +165,14 @@ def nvls_kernels(m: Machine, spec: CollectiveSpec) -> list[Kernel]:
 class _RingState:
     """Flags of one ring: data-arrived and slot-free signals per (gpu, channel, step)."""
 
-    def __init__(self) -> None:
+    def __init__(self, mirror: bool = False) -> None:
         self.arrived: dict[tuple[int, int, int], Signal] = {}
         self.credit: dict[tuple[int, int, int], Signal] = {}
+        self.mirror = mirror  # mirror mode: every GPU is GPU 0's image, so are its flags
 
-    @staticmethod
-    def get(table: dict[tuple[int, int, int], Signal], key: tuple[int, int, int]) -> Signal:
+    def get(self, table: dict[tuple[int, int, int], Signal], key: tuple[int, int, int]) -> Signal:
+        if self.mirror:
+            key = (0, key[1], key[2])
         sig = table.get(key)
         if sig is None:
             sig = table[key] = Signal()
@@ -279,7 +281,7 @@ def ring_kernels(m: Machine, spec: CollectiveSpec) -> list[Kernel]:
     slot_elems = max((c for plan in plans for it in plan for _, c in it), default=1)
     unit = m.cfg.unit_for(slot_elems * spec.elem_bytes)
     key = m.flag_key() * 1_000_003  # the flags of this collective: one per channel and slot
-    state = _RingState()
+    state = _RingState(m.fabric.mirror)
     kernels = []
     for gpu in m.gpus:  # the staging slots every channel writes into on its next GPU
         if gpu.memory.functional and spec.staging not in gpu.memory.buffers:

@@ -42,7 +42,9 @@ def barrier(m: Machine, arrive: Sequence[Signal], name: str = "barrier") -> list
             first[0] = sim.now
         m.isa.flag_multicast(g, key, landed)
 
-    for g, sig in enumerate(arrive):
+    # Mirror mode: GPU 0 alone arrives; the copies of its flag that land on it stand
+    # for every GPU's flag.
+    for g, sig in enumerate(arrive[:1] if m.fabric.mirror else arrive):
         sig.on_fire(lambda _v, g=g: go(g))
     return list(seen)
 

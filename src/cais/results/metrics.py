@@ -110,3 +110,14 @@ def run_metrics(m: Machine, span_ps: int) -> RunMetrics:
     ``span_ps``."""
     return RunMetrics(link_utilisation(m, span_ps), wire_bytes_per_gpu(m), buffer_peaks_kB(m),
                       merge_metrics(m, span_ps))
+
+
+def mirrored(metrics: RunMetrics, n: int) -> RunMetrics:
+    """A mirror-mode run's metrics (only GPU 0 simulated, the other GPUs its images):
+    GPU 0's stand for every GPU's; buffer peaks of GPU 0's ports only."""
+    lu = metrics.link_util
+    per_gpu = {g: dict(lu.per_gpu[0]) for g in range(n)}
+    mean = sum(per_gpu[0].values()) / len(per_gpu[0])
+    wire = {g: dict(metrics.wire_bytes[0]) for g in range(n)}
+    peaks = {k: v for k, v in metrics.buffer_peak_kB.items() if k.startswith("gpu0->") or k.endswith("->gpu0")}
+    return RunMetrics(LinkUtil(mean, lu.max, lu.busiest, per_gpu), wire, peaks, metrics.merge)

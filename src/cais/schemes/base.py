@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from cais.errors import UserError
 from cais.engine import Countdown, Signal, Simulator
 from cais.hw.compute import ComputeModel
 from cais.hw.gpu import Kernel
@@ -37,6 +38,10 @@ def all_of(sim: Simulator, sigs: Sequence[Signal]) -> Signal:
     for s in sigs:
         s.on_fire(lambda _v: done.arrive(sim))
     return done
+
+
+class AsymmetricRun(UserError):
+    """Mirror mode was asked for a run whose GPUs do not all run GPU 0's program."""
 
 
 @dataclass
@@ -68,6 +73,10 @@ class LayerRun:
         self.d = self.period.dims
         self.sms = self.m.cfg.gpu.sms
         self.collectives = 0
+        # Mirror mode: GPU 0's kernels run; GPU g's k-th kernel of a name is the
+        # image of GPU 0's k-th kernel of that name (its done signal stands for it).
+        self._images: dict[str, list[Kernel]] = {}
+        self._image_seen: dict[tuple[int, str], int] = {}
 
     # ---- scheduling --------------------------------------------------------------
     def when(self, deps: Sequence[Signal], fn: Callable[[], None]) -> None:
@@ -77,12 +86,28 @@ class LayerRun:
                segment: str | None = None) -> Signal:
         """Launch ``kernel`` on GPU ``g`` once ``deps`` have fired (plus ``delay_ps``:
         its launch overhead)."""
+        if self.m.fabric.mirror:
+            if g == 0:
+                self._images.setdefault(kernel.name, []).append(kernel)
+            else:
+                return self._image(g, kernel)
         self.kernels.append((segment or kernel.name, g, kernel))
         if segment is not None:
             span = self.spans.setdefault(segment, Span())
             kernel.done.on_fire(lambda _v: span.add(kernel))
         self.when(deps, lambda: self.m.gpus[g].launch(kernel, delay_ps))
         return kernel.done
+
+    def _image(self, g: int, kernel: Kernel) -> Signal:
+        """Mirror mode: the done signal of GPU 0's kernel that ``kernel`` (on GPU
+        ``g``) is the image of; AsymmetricRun if GPU g's program is not GPU 0's."""
+        k = self._image_seen.get((g, kernel.name), 0)
+        self._image_seen[(g, kernel.name)] = k + 1
+        mine = self._images.get(kernel.name, [])
+        if k >= len(mine) or len(mine[k].tbs) != len(kernel.tbs):
+            raise AsymmetricRun(f"GPU {g}'s kernel '{kernel.name}' #{k + 1} ({len(kernel.tbs)} TBs) has no "
+                                "counterpart on GPU 0")
+        return mine[k].done
 
     def barrier(self, arrive: Sequence[Signal], name: str = "barrier") -> list[Signal]:
         """An NVLS barrier on the wire (kernels/sync.py): GPU g arrives when

@@ -100,6 +100,22 @@ class ModelSpec(BaseModel):
         (``cais.workload.dims``)."""
         if n <= 0:
             raise ModelError(f"{self.name}: TP degree must be positive, got {n}")
+        bad = self._tp_misfit(n)
+        if bad:
+            allowed = ", ".join(str(k) for k in self.tp_degrees())
+            raise ModelError(f"{self.name}: TP={n} does not divide {', '.join(bad)}; the TP degrees it allows: "
+                             f"{allowed}")
+        if self.kv < n:
+            return f"{self.name}: {self.kv} KV heads over TP={n}: each KV head replicated on {n // self.kv} ranks"
+        return ""
+
+    def tp_degrees(self) -> list[int]:
+        """Every TP degree the layer splits over (the divisors of ``heads`` that
+        also fit ``kv_heads`` and ``ffn_hidden``)."""
+        return [k for k in range(1, self.heads + 1) if not self._tp_misfit(k)]
+
+    def _tp_misfit(self, n: int) -> list[str]:
+        """The dimensions ``n`` ranks cannot split (empty: it fits)."""
         bad = []
         if self.heads % n:
             bad.append(f"heads {self.heads}")
@@ -110,11 +126,7 @@ class ModelSpec(BaseModel):
             bad.append(f"kv_heads {self.kv}")
         if self.ffn_hidden % n:
             bad.append(f"ffn_hidden {self.ffn_hidden}")
-        if bad:
-            raise ModelError(f"{self.name}: TP={n} does not divide {', '.join(bad)}")
-        if self.kv < n:
-            return f"{self.name}: {self.kv} KV heads over TP={n}: each KV head replicated on {n // self.kv} ranks"
-        return ""
+        return bad
 
     def with_run(self, batch: int | None = None, seq: int | None = None) -> "ModelSpec":
         """A copy with a different run shape (validated again)."""

@@ -1,0 +1,67 @@
+"""Long runs talk: the simulator's progress hook, the bar's log lines, the estimate
+notice, and Ctrl-C as one line with exit code 130."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from cais.engine import Simulator
+from cais.experiments.collective import run_collective
+from cais.hw.config import load_system
+from cais.progress import RunProgress
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_tick_every_n_events_and_no_change_to_results() -> None:
+    calls: list[tuple[int, int]] = []
+    sim = Simulator()
+    sim.tick, sim.tick_every = (lambda now, ev: calls.append((now, ev))), 10
+    for t in range(35):
+        sim.at(t, lambda: None)
+    sim.run()
+    assert [ev for _, ev in calls] == [10, 20, 30] and sim.events == 35
+
+    cfg = load_system("dgx-h100")
+    plain = run_collective(cfg, "allreduce", "nvls", 1 << 20)
+    p = RunProgress(show=False)
+    watched = run_collective(cfg, "allreduce", "nvls", 1 << 20, progress=p)
+    assert p.ticks == plain.events // Simulator.TICK_EVERY > 0
+    assert (watched.time_us, watched.events) == (plain.time_us, plain.events)
+
+
+def test_log_lines_when_not_a_terminal_and_notice_for_long_runs() -> None:
+    out = io.StringIO()
+    p = RunProgress(show=True, after_s=0.0, stream=out)
+    p.begin(1e9, "a big run")  # about 4.6 h at the assumed rate: announced
+    p.tick(5_000_000, 4096)
+    p.end()
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("cais: a big run is estimated at 1e+09 events, about ") and "Ctrl-C" in lines[0]
+    assert lines[1].startswith("cais: progress: a big run: sim 5.0 us | 4,096 events")
+    quiet = io.StringIO()
+    q = RunProgress(show=False, stream=quiet)
+    q.begin(1e3, "a small run")
+    q.tick(1, 4096)
+    assert quiet.getvalue() == ""
+
+
+def test_ctrl_c_is_one_line_and_exit_130() -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    proc = subprocess.Popen([sys.executable, "-m", "cais", "collective", "--system", "nvl72", "--gpus", "16",
+                             "--op", "allreduce", "--algo", "nvls", "--bytes", "64M", "--progress"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    first = proc.stderr.readline()  # the first progress line: the event loop is running
+    assert first.startswith("cais: progress: nvls allreduce of 64M on 16 GPUs"), first
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    assert out == ""
+    lines = [line for line in err.splitlines() if not line.startswith("cais: progress:")]
+    assert lines == ["cais: interrupted"], err
