@@ -105,6 +105,18 @@ class SwitchConfig(_Strict):
         return self
 
 
+class InterferenceConfig(_Strict):
+    """What co-running work on one GPU costs each other (docs/compute-model.md,
+    "Interference"). SM sharing needs no switch: the TB dispatcher always places the
+    TBs of co-running kernels on distinct SMs."""
+
+    hbm: bool = Field(True, description="share the GPU's achievable HBM bandwidth among the kernel phases running "
+                                        "on its SMs and the traffic its NVLink endpoint and copy engines move "
+                                        "(false: every kernel has the HBM to itself, the behaviour before issue 9)")
+    window_ns: float = Field(5000.0, gt=0, description="window over which fabric-side HBM traffic is turned into "
+                                                       "a rate")
+
+
 class GpuConfig(_Strict):
     """One GPU: SMs, memory and the fitted compute model it uses."""
 
@@ -126,6 +138,7 @@ class GpuConfig(_Strict):
                                                          "peers, so the TBs of one kernel that read the same remote "
                                                          "lines fetch them once (LADM and CAIS loads; "
                                                          "docs/cais.md)")
+    interference: InterferenceConfig = InterferenceConfig()
 
 
 class CollectiveConfig(_Strict):
