@@ -83,3 +83,17 @@ def test_sharing_off_restores_the_times_before_issue_9() -> None:
 def test_interference_changes_time_only(scheme: str) -> None:
     r = run_layer(_system(True, gpus=4), GPT, scheme, "train", functional=True, seed=3)
     assert r.mismatches == [] and r.checked >= 60
+
+
+@pytest.mark.parametrize("streams_yield, expected", [(False, 1500), (True, 1000)])
+def test_compute_first_arbitration_hides_streams_from_kernels(streams_yield: bool, expected: int) -> None:
+    """0.7 B/ps of fabric traffic in the last window plus a 0.8 B/ps phase: shared,
+    the phase takes 1.5x; with T3's compute-first arbitration it takes its time alone."""
+    sim = Simulator()
+    share = HbmShare(bytes_per_ps=1.0, window_ps=1000, streams_yield=streams_yield)
+    share.stream(0, 700.0)
+    sim.after(1000, lambda: None)
+    sim.run()
+    phase = share.request(sim, 1000, 800.0)
+    sim.run()
+    assert phase.value == expected

@@ -54,13 +54,14 @@ class Conservation:
                 and self.injected + self.created == self.delivered + self.absorbed)
 
 
-def hbm_share_args(cfg: SystemConfig) -> tuple[float, int, bool]:
-    """(achievable bytes per ps, stream window in ps, enabled) of each GPU's HBM: the
+def hbm_share_args(cfg: SystemConfig) -> tuple[float, int, bool, bool]:
+    """(achievable bytes per ps, stream window in ps, enabled, streams yield) of each GPU's HBM: the
     compute model's calibrated effective bandwidth (its ``hbm_efficiency`` of the
     configured peak), as memory-bound kernels see it."""
     cm = ComputeModel.load(cfg.gpu.compute_model, cfg.gpu.hbm_bandwidth_GBps)
     inter = cfg.gpu.interference
-    return cm.hbm_efficiency * cm.hbm_bandwidth_GBps / PS_PER_NS, round(inter.window_ns * PS_PER_NS), inter.hbm
+    return cm.hbm_efficiency * cm.hbm_bandwidth_GBps / PS_PER_NS, round(inter.window_ns * PS_PER_NS), inter.hbm, \
+        inter.mc_policy == "compute-first"
 
 
 class Machine:

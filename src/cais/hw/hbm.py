@@ -47,14 +47,17 @@ class HbmShare:
     effective figure), shared proportionally when the users together ask for more.
     ``enabled=False`` turns the sharing off (every phase takes its time alone), the
     behaviour before interference was modelled. ``window_ps`` is the window over
-    which stream traffic is turned into a rate."""
+    which stream traffic is turned into a rate. ``streams_yield``: the memory
+    controller serves the SMs first (T3's MCA), so kernel phases do not see streams."""
 
-    def __init__(self, bytes_per_ps: float, window_ps: int, enabled: bool = True) -> None:
+    def __init__(self, bytes_per_ps: float, window_ps: int, enabled: bool = True,
+                 streams_yield: bool = False) -> None:
         if bytes_per_ps <= 0 or window_ps <= 0:
             raise ValueError("HBM bandwidth and window must be positive")
         self.supply = bytes_per_ps
         self.window = window_ps
         self.enabled = enabled
+        self.streams_yield = streams_yield  # compute-first arbitration: phases do not see streams
         self._ends: list[tuple[int, int, float]] = []  # (end, seq, rate) of running kernel phases
         self._seq = 0
         self._kernel_rate = 0.0
@@ -112,7 +115,8 @@ class HbmShare:
     def _resolve(self, sim: Simulator) -> None:
         now, batch, self._pending = sim.now, self._pending, []
         rates = [nbytes / ps if ps > 0 else 0.0 for ps, nbytes, _ in batch]
-        demand = sum(rates) + self.kernel_rate(now) + self.stream_rate(now)
+        streams = 0.0 if self.streams_yield else self.stream_rate(now)
+        demand = sum(rates) + self.kernel_rate(now) + streams
         factor = demand / self.supply
         for (ps, _, sig), rate in zip(batch, rates):
             out = round(ps * factor) if factor > 1.0 else ps
