@@ -97,3 +97,37 @@ def test_compute_first_arbitration_hides_streams_from_kernels(streams_yield: boo
     phase = share.request(sim, 1000, 800.0)
     sim.run()
     assert phase.value == expected
+
+
+@pytest.mark.parametrize("comm_first", [True, False])
+def test_sms_held_by_communication_give_a_gemm_a_tail(comm_first: bool) -> None:
+    """The forum case: a 132-tile GEMM on a 132-SM GPU where a 24-TB communication
+    kernel already holds 24 SMs runs 108 tiles, then 24 (two waves, the second with
+    24 + 24 SMs busy). Launched first, the GEMM takes every SM and runs one wave."""
+    cfg = _system(True)
+    m = Machine(cfg)
+    cm = ComputeModel.load(cfg.gpu.compute_model, cfg.gpu.hbm_bandwidth_GBps)
+    comm = even_kernel("comm", 10 ** 9, 24, 24, None)  # 24 TBs holding an SM each for 1 ms
+    comm.role = "communication"
+    gemm = gemm_kernel(cm, GemmShape(1536, 2816, 4096, 128, 256), "gemm")  # 12 x 11 = 132 tiles
+    first, second = (comm, gemm) if comm_first else (gemm, comm)
+    m.gpus[0].launch(first)
+    m.gpus[0].launch(second, 1000)
+    m.run()
+    took = gemm.finished_at - gemm.started_at
+    t = lambda busy: cm.tile_time_ps(128, 256, 4096, busy)  # noqa: E731
+    assert took == (t(132) + t(48) if comm_first else t(132))
+    if comm_first:
+        assert took > 1.8 * t(132)
+
+
+def test_ring_bus_bandwidth_grows_with_size() -> None:
+    """The ring's fixed costs (a chain of n-1 steps whose flags and fences travel the
+    wire, pipeline fill over the staging slots) weigh more on small buffers: busbw at
+    32 MB is measurably below its 256 MB value (validation.md §9)."""
+    from cais.experiments.collective import run_collective
+
+    cfg = load_system("dgx-h100")
+    small = run_collective(cfg, "reducescatter", "ring", 32 << 20).busbw_GBps
+    large = run_collective(cfg, "reducescatter", "ring", 256 << 20).busbw_GBps
+    assert small < 0.9 * large
