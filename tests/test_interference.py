@@ -131,3 +131,16 @@ def test_ring_bus_bandwidth_grows_with_size() -> None:
     small = run_collective(cfg, "reducescatter", "ring", 32 << 20).busbw_GBps
     large = run_collective(cfg, "reducescatter", "ring", 256 << 20).busbw_GBps
     assert small < 0.9 * large
+
+
+def test_a_memory_bound_kernel_alone_is_not_stretched() -> None:
+    """130 row-block TBs on 66 SMs (two waves, the second partial) asking for exactly
+    the achievable bandwidth: alone, the kernel takes its calibrated time."""
+    cfg = _system(True)
+    m = Machine(cfg)
+    supply = m.gpus[0].hbm.supply
+    work = 50_000_000
+    k = even_kernel("rows", work, 130, 66, None, frozenset(range(66)), hbm_bytes=work * supply)
+    m.gpus[0].launch(k)
+    m.run()
+    assert k.finished_at == work // 2 * 2 and m.gpus[0].hbm.stretched == 0

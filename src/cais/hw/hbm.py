@@ -33,6 +33,9 @@ from dataclasses import dataclass
 from cais.engine import Signal, Simulator
 
 
+_SLACK = 1e-6  # relative: float sums of rates that equal the supply do not count as over it
+
+
 @dataclass(frozen=True, slots=True)
 class HbmPhase:
     """What a TB yields for a compute phase that also streams HBM: ``ps`` is its time
@@ -119,7 +122,7 @@ class HbmShare:
         demand = sum(rates) + self.kernel_rate(now) + streams
         factor = demand / self.supply
         for (ps, _, sig), rate in zip(batch, rates):
-            out = round(ps * factor) if factor > 1.0 else ps
+            out = round(ps * factor) if factor > 1.0 + _SLACK else ps
             if rate > 0.0:
                 self._seq += 1
                 heapq.heappush(self._ends, (now + out, self._seq, rate))

@@ -25,10 +25,12 @@ def even_kernel(name: str, work_ps: int, n_tbs: int, sms: int, body: Callable[[i
                 sm_set: frozenset[int] | None = None, hbm_bytes: float = 0.0) -> Kernel:
     """``n_tbs`` TBs sharing ``work_ps`` of kernel time (overhead excluded) evenly
     per wave on ``sms`` SMs; TB ``i`` runs ``body(i)`` when it finishes. The kernel
-    moves ``hbm_bytes`` through HBM, an equal share per TB (an HBM phase each)."""
+    moves ``hbm_bytes`` through HBM: each wave its 1/waves share, each TB of a full
+    wave an equal part of that (an HBM phase each), so a full wave streams at the
+    kernel's own rate, hbm_bytes / work_ps, as the calibrated time assumes."""
     waves = -(-n_tbs // sms)
     tb_ps = work_ps // max(1, waves)
-    tb_bytes = hbm_bytes / max(1, n_tbs)
+    tb_bytes = hbm_bytes / max(1, waves) / max(1, min(n_tbs, sms))
 
     def tb(i: int) -> TbProgram:
         def program(sm: int, busy: int) -> ProgramGen:
