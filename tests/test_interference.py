@@ -144,3 +144,23 @@ def test_a_memory_bound_kernel_alone_is_not_stretched() -> None:
     m.gpus[0].launch(k)
     m.run()
     assert k.finished_at == work // 2 * 2 and m.gpus[0].hbm.stretched == 0
+
+
+@pytest.mark.parametrize("priority", [0, 1])
+def test_a_high_priority_collective_takes_sms_as_tiles_finish(priority: int) -> None:
+    """A 264-tile GEMM launched first fills all 132 SMs; a 24-TB collective launched
+    after it waits. At equal priority the GEMM's second wave takes every SM (two
+    waves); with the collective on a higher-priority stream it gets 24 SMs as the
+    first wave ends, and the GEMM needs a third wave of 24 tiles."""
+    cfg = _system(True)
+    m = Machine(cfg)
+    cm = ComputeModel.load(cfg.gpu.compute_model, cfg.gpu.hbm_bandwidth_GBps)
+    gemm = gemm_kernel(cm, GemmShape(3072, 2816, 4096, 128, 256), "gemm")  # 24 x 11 = 264 tiles
+    comm = even_kernel("comm", 10 ** 9, 24, 24, None)
+    comm.priority = priority
+    m.gpus[0].launch(gemm)
+    m.gpus[0].launch(comm, 1000)
+    m.run()
+    t = lambda busy: cm.tile_time_ps(128, 256, 4096, busy)  # noqa: E731
+    expected = 2 * t(132) if priority == 0 else 2 * t(132) + t(48)
+    assert gemm.finished_at - gemm.started_at == expected

@@ -29,13 +29,15 @@ class Kernel:
     TB has finished. ``role`` says what the kernel is for: ``"communication"`` for
     collective kernels, ``"compute"`` for everything else (fused kernels included).
     ``hbm_phases``: its TBs yield :class:`~cais.hw.hbm.HbmPhase` compute phases, which
-    the GPU times against its shared HBM (hw/hbm.py)."""
+    the GPU times against its shared HBM (hw/hbm.py). ``priority``: a higher value is
+    served first when SMs free up (a CUDA stream priority); equal ones in launch order."""
 
     name: str
     tbs: list[TbProgram]
     sms: frozenset[int] | None = None
     role: str = "compute"
     hbm_phases: bool = False
+    priority: int = 0
     done: Signal = field(default_factory=Signal)
     started_at: int | None = None
     finished_at: int | None = None
@@ -90,6 +92,7 @@ class Gpu:
         self._free = set(range(sms))
         self._kernels: deque[Kernel] = deque()
         self._dispatch_pending = False
+        self._prioritised = False  # some kernel has a non-zero priority: sort before dispatching
         self.busy_sms = 0
         self.tbs_finished = 0
         self._running: list[Kernel] = []
@@ -227,6 +230,8 @@ class Gpu:
 
     def _enqueue(self, kernel: Kernel) -> None:
         self._kernels.append(kernel)
+        if kernel.priority:
+            self._prioritised = True
         self._running.append(kernel)
         self._request_dispatch()
 
@@ -240,7 +245,8 @@ class Gpu:
     def _dispatch(self) -> None:
         self._dispatch_pending = False
         starts: list[tuple[Kernel, int, int]] = []
-        for kernel in list(self._kernels):
+        order = sorted(self._kernels, key=_by_priority) if self._prioritised else list(self._kernels)
+        for kernel in order:
             while kernel._next < len(kernel.tbs) and self._free:
                 sm = self._pick_sm(kernel.sms)
                 if sm is None:
@@ -294,6 +300,10 @@ class Gpu:
 
     def free_sms(self, within: Iterable[int] | None = None) -> int:
         return len(self._free if within is None else self._free & set(within))
+
+
+def _by_priority(kernel: Kernel) -> int:
+    return -kernel.priority  # sorted() is stable: launch order among equal priorities
 
 
 def _phased(program: ProgramGen, sim: Simulator, hbm: HbmShare) -> ProgramGen:
