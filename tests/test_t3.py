@@ -12,7 +12,7 @@ from cais.machine import Machine
 from cais.hw.memory import Region
 from cais.kernels.gemm import GemmShape
 from cais.schemes.base import LayerRun
-from cais.kernels.dma import DmaCommand, DmaEngine, dma_rate_GBps
+from cais.kernels.dma import DmaCommand, DmaEngine, dma_rate_GBps, dma_window_bytes
 from cais.schemes.t3 import T3, pieces_by_row, tile_order
 from cais.schemes.t3_nvls import T3Nvls
 from cais.workload.graph import build_period
@@ -27,7 +27,7 @@ MID = ModelSpec(name="mid-gpt", family="gpt", hidden=2048, ffn_hidden=8192, head
 # ---- the DMA engine --------------------------------------------------------------------
 def _engines(cfg, functional: bool) -> tuple[Machine, list[DmaEngine]]:
     m = Machine(cfg, functional=functional)
-    return m, [DmaEngine(m, g, dma_rate_GBps(cfg), T3.dma_window_bytes) for g in range(m.n)]
+    return m, [DmaEngine(m, g, dma_rate_GBps(cfg), dma_window_bytes(cfg)) for g in range(m.n)]
 
 
 def test_dma_store_of_a_chunk_is_link_limited(h100) -> None:
@@ -39,6 +39,21 @@ def test_dma_store_of_a_chunk_is_link_limited(h100) -> None:
     m.run()
     rate = nbytes / done.time * 1000  # GB/s
     assert 300 < rate < h100.link.bandwidth_GBps * h100.links_per_gpu
+
+
+def test_copy_engine_rate_is_a_config_field(h100) -> None:
+    """gpu.copy_engine.rate_GBps = 100 caps a chunk store at 100 GB/s (the links would
+    give about 347)."""
+    from cais.hw.config import apply_overrides
+
+    cfg = apply_overrides(h100, {"gpu.copy_engine.rate_GBps": "100"})
+    m, dma = _engines(cfg, functional=False)
+    nbytes = 8 << 20
+    done = Signal()
+    region = Region("x", 0, nbytes // 2)
+    dma[0].push(DmaCommand("st", region, region, m.cfg.unit_for(nbytes), peer=1, done=done))
+    m.run()
+    assert 90 < nbytes / done.time * 1000 <= 100
 
 
 def test_dma_pull_and_multicast_move_the_data(h100) -> None:

@@ -43,6 +43,8 @@ if TYPE_CHECKING:
     from cais.machine import Machine
 
 Done = Callable[[], None]
+# Kinds whose payload the issuing GPU reads from its HBM to send (hw/hbm.py counts it).
+_READS_AT_SOURCE = frozenset({Kind.WRITE, Kind.RED, Kind.MC_STORE, Kind.MC_RED, Kind.RED_CAIS})
 FLAG_BYTES = 8  # a synchronisation flag: one 64-bit word (on the wire; not counted as payload data)
 DoneData = Callable[[np.ndarray | None], None]
 
@@ -133,6 +135,8 @@ class Isa:
               want: int = 0, fence: Callable[[Train], None] | None = None, tag: int = -1,
               expect: int = 0, quorum: int = 0) -> None:
         self.ops += 1
+        if payload and kind in _READS_AT_SOURCE:  # the data is read from the issuer's HBM
+            self.m.gpus[src].hbm.stream(self.sim.now, payload)
         wire, last = self.pk.wire(kind, piece.nbytes)
         train = Train(payload, wire, last, kind=kind, src=src, dst=dst, chip=chip, addr=piece, data=data,
                       done=done, vc=self.vcmap.vc(kind, None, stream), want=want, tag=tag, expect=expect, quorum=quorum)

@@ -7,9 +7,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from cais.engine import Channel, Simulator
+from cais.hw.compute import ComputeModel
 from cais.hw.config import PS_PER_NS, PS_PER_US, SystemConfig
 from cais.hw.fabric import Fabric
 from cais.hw.gpu import Gpu
+from cais.hw.hbm import HbmShare
 from cais.hw.memory import Memory
 from cais.hw.packets import Packetizer, VcMap
 from cais.isa import Isa
@@ -58,6 +60,16 @@ class Ticker(Protocol):
     def tick(self, now_ps: int, events: int) -> None: ...
 
 
+def hbm_share_args(cfg: SystemConfig) -> tuple[float, int, bool, bool]:
+    """(achievable bytes per ps, stream window in ps, enabled, streams yield) of each GPU's HBM: the
+    compute model's calibrated effective bandwidth (its ``hbm_efficiency`` of the
+    configured peak), as memory-bound kernels see it."""
+    cm = ComputeModel.load(cfg.gpu.compute_model, cfg.gpu.hbm_bandwidth_GBps)
+    inter = cfg.gpu.interference
+    return cm.hbm_efficiency * cm.hbm_bandwidth_GBps / PS_PER_NS, round(inter.window_ns * PS_PER_NS), inter.hbm, \
+        inter.mc_policy == "compute-first"
+
+
 class Machine:
     """GPUs + NVSwitch fabric + event loop. ``functional=True`` makes every memory
     operation carry real numpy data, so results can be checked against numpy.
@@ -76,8 +88,10 @@ class Machine:
         self.pk = Packetizer(cfg.packet)
         self.vcmap = VcMap(cfg.link)
         mem_lat = round(cfg.gpu.memory_latency_ns * PS_PER_NS)
+        hbm = hbm_share_args(cfg)
         self.gpus = [Gpu(self.sim, g, cfg.gpu.sms, Memory(functional), self.pk, mem_lat, self.vcmap,
-                         round(cfg.gpu.read_serve_kB * 1024), cfg.switch.chips, cfg.link.vcs) for g in range(cfg.gpus)]
+                         round(cfg.gpu.read_serve_kB * 1024), cfg.switch.chips, cfg.link.vcs, HbmShare(*hbm))
+                     for g in range(cfg.gpus)]
         for g, factor in cfg.gpu_slowdown.items():
             self.gpus[g].slowdown = factor
         self.fabric = Fabric(self.sim, cfg, self.gpus, self.pk, self.vcmap, mirror)

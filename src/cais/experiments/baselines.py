@@ -24,8 +24,16 @@ PAPER_CAIS_SPEEDUP = {
 }
 
 
+# The paper's baselines, then the plain Megatron ones (NCCL ring, no overlap), which
+# the paper does not compare against.
+BASELINES = tuple(PAPER_CAIS_SPEEDUP) + ("tp-ring", "sp-ring")
+
+
 def paper_ratio(scheme: str, mode: str) -> float:
-    """Time of ``scheme`` over time of TP-NVLS implied by the paper's speedups."""
+    """Time of ``scheme`` over time of TP-NVLS implied by the paper's speedups (nan
+    for a scheme the paper does not compare against)."""
+    if scheme not in PAPER_CAIS_SPEEDUP:
+        return float("nan")
     i = 1 if mode == "train" else 0
     return PAPER_CAIS_SPEEDUP[scheme][i] / PAPER_CAIS_SPEEDUP["tp-nvls"][i]
 
@@ -44,7 +52,7 @@ def _one(job: tuple[str, str, str, int, str, tuple[tuple[str, str], ...]]) -> di
             "table_peak_kB": j.get("merge_table_peak_kB", {}).get("max"), "skew_us": j.get("arrival_skew_us")}
 
 
-def run_grid(models: tuple[str, ...] = TABLE1, schemes: tuple[str, ...] = tuple(PAPER_CAIS_SPEEDUP),
+def run_grid(models: tuple[str, ...] = TABLE1, schemes: tuple[str, ...] = BASELINES,
              modes: tuple[str, ...] = ("prefill", "train"), sms: int = 66, system: str = "dgx-h100",
              workers: int | None = None, sets: dict[str, str] | None = None) -> list[dict[str, object]]:
     """Every (model, scheme, mode) on ``system`` with the ``--set``-style overrides

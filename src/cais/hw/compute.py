@@ -133,6 +133,11 @@ class ComputeModel:
         full = self.hbm_efficiency * self.hbm_bandwidth_GBps / PS_PER_NS
         return full * min(1.0, sms / (total_sms * self.mem_saturation_fraction))
 
+    def hbm_bytes_per_ps(self, sms: int, total_sms: int) -> float:
+        """The HBM bandwidth (bytes per ps) a streaming kernel on ``sms`` of
+        ``total_sms`` SMs reaches with the HBM to itself."""
+        return self._hbm_bytes_per_ps(sms, total_sms)
+
     def memory_time_ps(self, bytes_moved: int, sms: int, total_sms: int) -> int:
         """A streaming kernel moving ``bytes_moved`` (reads + writes) on ``sms`` of
         ``total_sms`` SMs.  Bandwidth is the calibrated effective HBM bandwidth when at
@@ -161,8 +166,7 @@ class ComputeModel:
         flops = 4 * batch * heads * seq * seq * head_dim * (0.5 if causal else 1.0)
         flop_per_ps = self.peak_tflops * sms / self.sms
         bw = self._hbm_bytes_per_ps(sms, total_sms)
-        qo = BF16 * batch * seq * heads * head_dim  # one Q-sized tensor
-        kv = BF16 * batch * seq * kv_heads * head_dim  # one K-sized tensor
+        qo, kv = self._qo_kv(heads, kv_heads, head_dim, batch, seq)
         t = 0.0
         if passes in ("fwd", "fwd+bwd"):  # read Q K V, write O
             t += self.attn_overhead_fwd_ns * PS_PER_NS + max(
@@ -171,6 +175,19 @@ class ComputeModel:
             t += self.attn_overhead_bwd_ns * PS_PER_NS + max(
                 BWD_FLOP_RATIO * flops / (self.attn_efficiency_bwd * flop_per_ps), (4 * qo + 4 * kv) / bw)
         return round(t)
+
+    @staticmethod
+    def _qo_kv(heads: int, kv_heads: int, head_dim: int, batch: int, seq: int) -> tuple[int, int]:
+        """Bytes of one Q-sized and one K-sized tensor."""
+        return BF16 * batch * seq * heads * head_dim, BF16 * batch * seq * kv_heads * head_dim
+
+    def attention_hbm_bytes(self, heads: int, kv_heads: int, head_dim: int, batch: int, seq: int,
+                            passes: str) -> int:
+        """HBM bytes of the attention passes: fwd reads Q K V and writes O; bwd reads
+        Q K V O dO and writes dQ dK dV (the floor :meth:`attention_time_ps` uses)."""
+        qo, kv = self._qo_kv(heads, kv_heads, head_dim, batch, seq)
+        return (2 * qo + 2 * kv if passes in ("fwd", "fwd+bwd") else 0) + \
+            (4 * qo + 4 * kv if passes in ("bwd", "fwd+bwd") else 0)
 
     def attention_decode_time_ps(self, heads: int, kv_heads: int, head_dim: int, batch: int,
                                  kv_len: int, sms: int, total_sms: int) -> int:

@@ -105,6 +105,33 @@ class SwitchConfig(_Strict):
         return self
 
 
+class InterferenceConfig(_Strict):
+    """What co-running work on one GPU costs each other (docs/compute-model.md,
+    "Interference"). SM sharing needs no switch: the TB dispatcher always places the
+    TBs of co-running kernels on distinct SMs."""
+
+    hbm: bool = Field(True, description="share the GPU's achievable HBM bandwidth among the kernel phases running "
+                                        "on its SMs and the traffic its NVLink endpoint and copy engines move "
+                                        "(false: every kernel has the HBM to itself, the behaviour before issue 9)")
+    window_ns: float = Field(5000.0, gt=0, description="window over which fabric-side HBM traffic is turned into "
+                                                       "a rate")
+    mc_policy: Literal["share", "compute-first"] = Field(
+        "share", description="memory-controller arbitration: share (every user gets the same fraction of what it asks "
+                             "for) or compute-first (T3's MCA: requests from the SMs go first and fabric/DMA traffic "
+                             "only fills what they leave, so kernel phases do not see it)")
+
+
+class CopyEngineConfig(_Strict):
+    """A GPU's copy (DMA) engine, as T3 uses it (kernels/dma.py): it moves data on no
+    SM, so its limits are its own issue rate and the transfers it keeps in flight."""
+
+    rate_GBps: float | None = Field(None, gt=0, description="bytes per second the engine issues (null: as fast as "
+                                                            "the GPU's NVLinks, 18 x 25 GB/s on DGX-H100: T3 does "
+                                                            "not model its DMA engine's internals)")
+    window_kB: float = Field(4096.0, gt=0, description="bytes not yet delivered (or, for pulls, returned) the engine "
+                                                       "keeps in flight")
+
+
 class GpuConfig(_Strict):
     """One GPU: SMs, memory and the fitted compute model it uses."""
 
@@ -126,6 +153,8 @@ class GpuConfig(_Strict):
                                                          "peers, so the TBs of one kernel that read the same remote "
                                                          "lines fetch them once (LADM and CAIS loads; "
                                                          "docs/cais.md)")
+    interference: InterferenceConfig = InterferenceConfig()
+    copy_engine: CopyEngineConfig = CopyEngineConfig()
 
 
 class CollectiveConfig(_Strict):

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from cais.engine import Process, Signal, Simulator, Train
 from cais.engine.sim import ProgramGen
+from cais.hw.hbm import HbmPhase, HbmShare
 from cais.hw.memory import Memory
 from cais.hw.packets import Kind, Packetizer, VcMap
 
@@ -26,12 +27,17 @@ class Kernel:
     """A kernel launch: a grid of TB programs, optionally confined to a set of SMs (an
     SM partition, as when a collective runs beside a GEMM). ``done`` fires when every
     TB has finished. ``role`` says what the kernel is for: ``"communication"`` for
-    collective kernels, ``"compute"`` for everything else (fused kernels included)."""
+    collective kernels, ``"compute"`` for everything else (fused kernels included).
+    ``hbm_phases``: its TBs yield :class:`~cais.hw.hbm.HbmPhase` compute phases, which
+    the GPU times against its shared HBM (hw/hbm.py). ``priority``: a higher value is
+    served first when SMs free up (a CUDA stream priority); equal ones in launch order."""
 
     name: str
     tbs: list[TbProgram]
     sms: frozenset[int] | None = None
     role: str = "compute"
+    hbm_phases: bool = False
+    priority: int = 0
     done: Signal = field(default_factory=Signal)
     started_at: int | None = None
     finished_at: int | None = None
@@ -48,13 +54,23 @@ class Gpu:
     request beyond that waits in its buffer, holding its credits); responses,
     deliveries and flags call the issuer's completion (``train.done``).
 
-    SMs: a dispatcher puts the TBs of launched kernels on free SMs, in launch order,
-    one TB per SM. A TB frees its SM when its program returns.
+    SMs: a dispatcher puts the TBs of launched kernels on free SMs, one TB per SM.
+    Policy when kernels compete (as Hopper's TB scheduler without stream priorities
+    does): kernels are served in the order they became dispatchable (launch time plus
+    launch overhead); each takes every free SM it may use (its SM set) before the next
+    is looked at, and TBs run to completion (no preemption). So a kernel launched
+    while another holds SMs gets only the SMs left, and its tiles run in more waves
+    (the tail effect); SMs freed later go to the oldest kernel with TBs left.
+
+    HBM: ``hbm`` (hw/hbm.py) shares the achievable bandwidth among the kernel phases
+    running on the SMs and the traffic the endpoint and copy engines move.
     """
 
     def __init__(self, sim: Simulator, index: int, sms: int, memory: Memory, packetizer: Packetizer,
-                 memory_latency_ps: int, vcmap: VcMap, serve_bytes: int, chips: int, vcs: int) -> None:
+                 memory_latency_ps: int, vcmap: VcMap, serve_bytes: int, chips: int, vcs: int,
+                 hbm: HbmShare | None = None) -> None:
         self.sim = sim
+        self.hbm = hbm if hbm is not None else HbmShare(1.0, 1, enabled=False)
         self.index = index
         self.n_sms = sms
         self.memory = memory
@@ -76,6 +92,7 @@ class Gpu:
         self._free = set(range(sms))
         self._kernels: deque[Kernel] = deque()
         self._dispatch_pending = False
+        self._prioritised = False  # some kernel has a non-zero priority: sort before dispatching
         self.busy_sms = 0
         self.tbs_finished = 0
         self._running: list[Kernel] = []
@@ -108,8 +125,10 @@ class Gpu:
     def _write(self, train: Train) -> bool:
         if train.kind == Kind.WRITE:
             self.memory.write(train.addr, train.data)
-        else:
+            self.hbm.stream(self.sim.now, train.payload)
+        else:  # a reduction near memory: read, add, write back
             self.memory.add(train.addr, train.data)
+            self.hbm.stream(self.sim.now, 2 * train.payload)
         if train.kind == Kind.RED_CAIS and train.tag >= 0:  # after its data: the contributions it sums
             self.signal(train.tag, train.count * train.payload)
         if self.fabric is not None and train.src >= 0 and (train.fence is not None or self.pk.fmt.write_ack_flits):
@@ -139,6 +158,7 @@ class Gpu:
     def _respond(self, req: Train) -> None:
         kind = self._RESPONSE[req.kind]
         nbytes = req.addr.nbytes
+        self.hbm.stream(self.sim.now, nbytes)
         resp = Train(nbytes, *self.pk.wire(kind, nbytes), kind=kind, src=self.index, dst=req.src, chip=req.chip,
                      addr=req.addr, data=self.memory.read(req.addr), done=req.done, vc=self.vcmap.vc(kind),
                      want=req.want, tag=req.tag)
@@ -210,6 +230,8 @@ class Gpu:
 
     def _enqueue(self, kernel: Kernel) -> None:
         self._kernels.append(kernel)
+        if kernel.priority:
+            self._prioritised = True
         self._running.append(kernel)
         self._request_dispatch()
 
@@ -223,7 +245,8 @@ class Gpu:
     def _dispatch(self) -> None:
         self._dispatch_pending = False
         starts: list[tuple[Kernel, int, int]] = []
-        for kernel in list(self._kernels):
+        order = sorted(self._kernels, key=_by_priority) if self._prioritised else list(self._kernels)
+        for kernel in order:
             while kernel._next < len(kernel.tbs) and self._free:
                 sm = self._pick_sm(kernel.sms)
                 if sm is None:
@@ -239,6 +262,8 @@ class Gpu:
             if kernel.started_at is None:
                 kernel.started_at = self.sim.now
             program = kernel.tbs[tb_index](sm, self.busy_sms)
+            if kernel.hbm_phases:
+                program = _phased(program, self.sim, self.hbm)
             if self.slowdown != 1.0:
                 program = _slowed(program, self.slowdown)
             proc = Process(self.sim, program)
@@ -275,6 +300,28 @@ class Gpu:
 
     def free_sms(self, within: Iterable[int] | None = None) -> int:
         return len(self._free if within is None else self._free & set(within))
+
+
+def _by_priority(kernel: Kernel) -> int:
+    return -kernel.priority  # sorted() is stable: launch order among equal priorities
+
+
+def _phased(program: ProgramGen, sim: Simulator, hbm: HbmShare) -> ProgramGen:
+    """``program`` with each :class:`HbmPhase` it yields turned into a delay: its time
+    alone, stretched by the GPU's HBM share at the instant it starts (with sharing
+    off: its time alone, exactly as before)."""
+    value = None
+    while True:
+        try:
+            item = program.send(value)
+        except StopIteration:
+            return
+        if isinstance(item, HbmPhase):
+            if hbm.enabled and item.ps > 0 and item.nbytes > 0:
+                item = yield hbm.request(sim, item.ps, item.nbytes)  # the phase's time, known this instant
+            else:
+                item = item.ps
+        value = yield item
 
 
 def _slowed(program: ProgramGen, factor: float) -> ProgramGen:

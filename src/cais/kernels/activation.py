@@ -52,4 +52,5 @@ def activation_kernel(cm: ComputeModel, mem: Memory, name: str, kind: str, d: Di
     if kind == "act_bwd":
         t *= 2
     body = (lambda i: activation_apply(mem, kind, d, *blocks[i])) if mem.functional else None
-    return even_kernel(name, t, len(blocks), sms, body, sm_set), over
+    # memory bound: it streams at the kernel's own bandwidth for its whole time
+    return even_kernel(name, t, len(blocks), sms, body, sm_set, t * cm.hbm_bytes_per_ps(sms, total_sms)), over

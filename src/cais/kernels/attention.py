@@ -70,10 +70,12 @@ def attention_kernel(cm: ComputeModel, mem: Memory, name: str, kind: str, d: Dim
     over = cm.memory_time_ps(0, sms, total_sms)
     if mode == "decode":
         t = cm.attention_decode_time_ps(d.heads_l, d.kv_l, d.head_dim, d.batch, d.kv_len, sms, total_sms)
+        nbytes = max(0, t - over) * cm.hbm_bytes_per_ps(sms, total_sms)  # the KV-cache read, memory bound
     else:
         passes = "fwd" if kind == "attention" else "bwd"
         t = cm.attention_time_ps(d.heads_l, d.kv_l, d.head_dim, d.batch, d.seq, passes, sms, total_sms)
         over = round((cm.attn_overhead_fwd_ns if passes == "fwd" else cm.attn_overhead_bwd_ns) * 1000)
+        nbytes = cm.attention_hbm_bytes(d.heads_l, d.kv_l, d.head_dim, d.batch, d.seq, passes)
     n_tbs = d.batch * d.heads_l * max(1, -(-d.seq // Q_BLOCK))
     body = (lambda i: attention_apply(mem, kind, d, mode, i) if i < d.batch else None) if mem.functional else None
-    return even_kernel(name, max(0, t - over), n_tbs, sms, body, sm_set), over
+    return even_kernel(name, max(0, t - over), n_tbs, sms, body, sm_set, nbytes), over

@@ -38,8 +38,15 @@ class DmaCommand:
 
 
 def dma_rate_GBps(cfg: SystemConfig) -> float:
-    """The copy engine's rate: link-limited (the GPU's NVLink bandwidth per direction)."""
-    return cfg.link.bandwidth_GBps * cfg.links_per_gpu
+    """The copy engine's rate: ``gpu.copy_engine.rate_GBps``, or by default
+    link-limited (the GPU's NVLink bandwidth per direction)."""
+    rate = cfg.gpu.copy_engine.rate_GBps
+    return rate if rate is not None else cfg.link.bandwidth_GBps * cfg.links_per_gpu
+
+
+def dma_window_bytes(cfg: SystemConfig) -> int:
+    """Bytes the copy engine keeps in flight (``gpu.copy_engine.window_kB``)."""
+    return round(cfg.gpu.copy_engine.window_kB * 1024)
 
 
 class DmaEngine:

@@ -21,6 +21,7 @@ from cais.engine import Signal
 from cais.engine.sim import ProgramGen
 from cais.hw.compute import ComputeModel
 from cais.hw.gpu import Kernel, TbProgram
+from cais.hw.hbm import HbmPhase
 from cais.hw.memory import Memory
 from cais.workload.graph import GemmOperands
 
@@ -114,7 +115,10 @@ def gemm_kernel(model: ComputeModel, shape: GemmShape, name: str = "gemm", sms: 
                 floor_ps: int = 0) -> Kernel:
     """A kernel with one TB per output tile, launched in ``order`` (default row
     raster). ``waits(i, j)`` lists signals tile (i, j) waits for before its mainloop;
-    ``floor_ps`` is the least time one tile may take (memory bound)."""
+    ``floor_ps`` is the least time one tile may take (memory bound). Each tile's
+    mainloop is an HBM phase moving its share of the GEMM's HBM traffic
+    (:func:`tile_hbm_bytes`)."""
+    tile_bytes = tile_hbm_bytes(shape)
     tiles = list(order) if order is not None else raster(shape)
     if mem is not None and ops is not None and epilogue is None:
         epilogue = store_epilogue(mem, ops, shape)
@@ -124,10 +128,17 @@ def gemm_kernel(model: ComputeModel, shape: GemmShape, name: str = "gemm", sms: 
             if waits is not None:
                 for sig in waits(i, j):
                     yield sig
-            yield max(floor_ps, model.tile_time_ps(shape.bm, shape.bn, shape.k, busy))
+            yield HbmPhase(max(floor_ps, model.tile_time_ps(shape.bm, shape.bn, shape.k, busy)), tile_bytes)
             if epilogue is not None:
                 tile = tile_product(mem, ops, shape, i, j) if (mem is not None and ops is not None) else None
                 epilogue(i, j, tile)
         return program
 
-    return Kernel(name, [tile_tb(i, j) for i, j in tiles], sms)
+    return Kernel(name, [tile_tb(i, j) for i, j in tiles], sms, hbm_phases=True)
+
+
+def tile_hbm_bytes(shape: GemmShape, elem_bytes: int = 2) -> float:
+    """HBM bytes one output tile accounts for: the GEMM's compulsory traffic (A and B
+    read once, C written once; the L2 serves every other reuse, as the memory floor
+    assumes) spread evenly over its tiles."""
+    return elem_bytes * (shape.m * shape.k + shape.k * shape.n + shape.m * shape.n) / shape.tiles

@@ -16,25 +16,30 @@ from collections.abc import Callable
 
 from cais.engine.sim import ProgramGen
 from cais.hw.gpu import Kernel, TbProgram
+from cais.hw.hbm import HbmPhase
 
 ROWS_PER_TB = 64
 
 
 def even_kernel(name: str, work_ps: int, n_tbs: int, sms: int, body: Callable[[int], None] | None,
-                sm_set: frozenset[int] | None = None) -> Kernel:
+                sm_set: frozenset[int] | None = None, hbm_bytes: float = 0.0) -> Kernel:
     """``n_tbs`` TBs sharing ``work_ps`` of kernel time (overhead excluded) evenly
-    per wave on ``sms`` SMs; TB ``i`` runs ``body(i)`` when it finishes."""
+    per wave on ``sms`` SMs; TB ``i`` runs ``body(i)`` when it finishes. The kernel
+    moves ``hbm_bytes`` through HBM: each wave its 1/waves share, each TB of a full
+    wave an equal part of that (an HBM phase each), so a full wave streams at the
+    kernel's own rate, hbm_bytes / work_ps, as the calibrated time assumes."""
     waves = -(-n_tbs // sms)
     tb_ps = work_ps // max(1, waves)
+    tb_bytes = hbm_bytes / max(1, waves) / max(1, min(n_tbs, sms))
 
     def tb(i: int) -> TbProgram:
         def program(sm: int, busy: int) -> ProgramGen:
-            yield tb_ps
+            yield HbmPhase(tb_ps, tb_bytes)
             if body is not None:
                 body(i)
         return program
 
-    return Kernel(name, [tb(i) for i in range(n_tbs)], sm_set)
+    return Kernel(name, [tb(i) for i in range(n_tbs)], sm_set, hbm_phases=True)
 
 
 def row_blocks(rows: int, per_tb: int = ROWS_PER_TB) -> list[tuple[int, int]]:

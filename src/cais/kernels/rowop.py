@@ -77,6 +77,8 @@ def rowop_kernel(cm: ComputeModel, mem: Memory, op: RowOp, dtype_bytes: int, nor
     :func:`rowop_apply` on its rows."""
     blocks = list(rows) if rows is not None else row_blocks(op.rows)
     sms = len(sm_set) if sm_set else total_sms
-    work = rowop_work_ps(cm, op, dtype_bytes, sum(c for _, c in blocks), sms, total_sms)
+    nrows = sum(c for _, c in blocks)
+    work = rowop_work_ps(cm, op, dtype_bytes, nrows, sms, total_sms)
     body = (lambda i: rowop_apply(mem, op, *blocks[i], norm, p_drop, row0)) if mem.functional else None
-    return even_kernel(op.name, work, len(blocks), sms, body, sm_set)
+    nbytes = (len(op.inputs) + len(op.outputs)) * nrows * op.cols * dtype_bytes
+    return even_kernel(op.name, work, len(blocks), sms, body, sm_set, nbytes)

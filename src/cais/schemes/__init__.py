@@ -10,8 +10,9 @@ import pkgutil
 from cais.errors import UserError
 from cais.schemes.base import Scheme
 
-# The paper's order (§IV-C), then anything else alphabetically.
-PAPER_ORDER = ("tp-nvls", "sp-nvls", "coconet", "fuselib", "t3", "coconet-nvls", "fuselib-nvls", "t3-nvls", "ladm")
+# The paper's order (§IV-C), the plain Megatron baselines, then anything else alphabetically.
+PAPER_ORDER = ("tp-nvls", "sp-nvls", "coconet", "fuselib", "t3", "coconet-nvls", "fuselib-nvls", "t3-nvls", "ladm",
+               "tp-ring", "sp-ring")  # then the plain Megatron baselines (NCCL ring, no overlap)
 
 
 def _discover() -> dict[str, type[Scheme]]:

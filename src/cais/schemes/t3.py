@@ -57,8 +57,13 @@ What is modelled (per sub-layer ``Chain``):
   two chunks is ranked by the later one.
 * Stand-alone AllGathers (the backward re-gathers) use the same DMA ring.
 
-Not modelled: HBM contention between the DMA/NMC traffic and the GEMM (and so T3's
-MCA arbitration), and the time of the local DMA copy of the own shard.
+HBM (issue 9): the DMA's reads, the NMC updates (read-add-write) and the stores it
+receives count as fabric-side HBM traffic of their GPU (hw/hbm.py), which the GEMM's
+and the row-wise kernel's phases share the HBM with; ``gpu.interference.mc_policy =
+"compute-first"`` is T3's MCA (SM requests first, so the kernels do not see that
+traffic). The copy engine's rate and window are ``gpu.copy_engine`` fields. Not
+modelled: the time of the local DMA copy of the own shard, and the tracker's size
+(256 entries in T3; a GPU tracks n chunks per sub-layer here, never near it).
 """
 
 from __future__ import annotations
@@ -71,7 +76,7 @@ from cais.engine import Countdown, Signal
 from cais.hw.gpu import Kernel
 from cais.hw.memory import Memory, Region
 from cais.kernels.gemm import GemmShape
-from cais.kernels.dma import DmaCommand, DmaEngine, dma_rate_GBps
+from cais.kernels.dma import DmaCommand, DmaEngine, dma_rate_GBps, dma_window_bytes
 from cais.schemes.base import Deps, LayerRun, Scheme, all_of
 from cais.workload.graph import Chain
 
@@ -131,12 +136,11 @@ class DmaScheme(Scheme):
 
     name = ""
     sp = True
-    dma_window_bytes = 4 << 20  # bytes a DMA engine keeps in flight
     dma: list[DmaEngine]
 
     def run(self, r: LayerRun) -> None:
-        rate = dma_rate_GBps(r.m.cfg)
-        self.dma = [DmaEngine(r.m, g, rate, self.dma_window_bytes) for g in range(r.m.n)]
+        rate, window = dma_rate_GBps(r.m.cfg), dma_window_bytes(r.m.cfg)  # gpu.copy_engine
+        self.dma = [DmaEngine(r.m, g, rate, window) for g in range(r.m.n)]
         super().run(r)
 
     def gemm2_waiting(self, r: LayerRun, c: Chain, g: int, arrived: list[Signal],
