@@ -14,8 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cais.errors import UserError
-from cais.hw.config import (PS_PER_US, ConfigError, SystemConfig, apply_overrides, check_gpus, config_values,
-                             list_systems, load_system)
+from cais.hw.config import PS_PER_US, SystemConfig, list_systems, load_system, overridden
 from cais.kernels.collectives import ALGOS, OPS
 from cais.machine import Stalled
 from cais.report.trace import DEFAULT_TB_LIMIT
@@ -93,15 +92,7 @@ def _key_value(text: str) -> tuple[str, str]:
 def _overridden(cfg: SystemConfig, args: argparse.Namespace) -> tuple[SystemConfig, dict[str, object]]:
     """``cfg`` with the --set pairs applied (the last of a repeated key wins) and the
     values they set, for the outputs."""
-    pairs = dict(args.set)
-    before = cfg
-    try:
-        cfg = apply_overrides(cfg, pairs)
-    except ConfigError as exc:
-        raise UsageError(f"--set: {exc}") from None
-    if "gpus" in pairs:
-        check_gpus(before, cfg.gpus, "--set gpus=")
-    return cfg, config_values(cfg, pairs)
+    return overridden(cfg, dict(args.set), "--set", "--set gpus=")
 
 
 def _for_flag(flag: str, fn: Callable[..., T], *args: object) -> T:

@@ -529,6 +529,22 @@ def apply_overrides(cfg: SystemConfig, pairs: Mapping[str, str]) -> SystemConfig
         raise ConfigError(f"after setting {', '.join(pairs)}: {field}{msg}") from None
 
 
+def overridden(cfg: SystemConfig, pairs: Mapping[str, str], label: str,
+               gpus_flag: str) -> tuple[SystemConfig, dict[str, Any]]:
+    """``cfg`` with the dotted ``pairs`` applied (:func:`apply_overrides`) and the values
+    they set (:func:`config_values`). A GPU count beyond a system that is not scalable is
+    refused (:func:`check_gpus`, naming it ``gpus_flag``); every ConfigError's one line
+    starts with ``label``, the way the caller's user wrote the pairs."""
+    before = cfg
+    try:
+        cfg = apply_overrides(cfg, pairs)
+    except ConfigError as exc:
+        raise ConfigError(f"{label}: {exc}") from None
+    if "gpus" in pairs:
+        check_gpus(before, cfg.gpus, gpus_flag)
+    return cfg, config_values(cfg, pairs)
+
+
 def config_values(cfg: SystemConfig, keys: Iterable[str]) -> dict[str, Any]:
     """The values (JSON types) of dotted ``keys`` in ``cfg``: what overrides set."""
     data = cfg.model_dump(mode="json")

@@ -108,7 +108,7 @@ def _choice(key: str, value: Any, allowed: Sequence[str]) -> str:
 def prepare(point: Mapping[str, Any]) -> Prepared:
     """Check the point's keys and values and build its system; UserError (one line,
     naming the key and what is allowed) on any mistake. Runs nothing."""
-    from cais.hw.config import ConfigError, apply_overrides, check_gpus, config_values, load_system
+    from cais.hw.config import load_system, overridden
 
     kind = _choice("kind", kind_of(point), KINDS)
     allowed = (*COMMON_KEYS, *(LAYER_KEYS if kind == "layer" else COLLECTIVE_KEYS))
@@ -145,14 +145,8 @@ def prepare(point: Mapping[str, Any]) -> Prepared:
         cfg = load_system(system, gpus=gpus, transfer_unit_bytes=options["unit"],
                           collective_unit_bytes=options["unit"])
     sets = config_sets(point)
-    before = cfg
-    try:
-        cfg = apply_overrides(cfg, sets)
-    except ConfigError as exc:
-        raise UserError(f"set.*: {exc}") from None
-    if "gpus" in sets:
-        check_gpus(before, cfg.gpus, "set.gpus=")
-    return Prepared(kind, cfg, config_values(cfg, sets), options)
+    cfg, values = overridden(cfg, sets, "set.*", "set.gpus=")
+    return Prepared(kind, cfg, values, options)
 
 
 def _model(options: Mapping[str, Any]) -> ModelSpec:
