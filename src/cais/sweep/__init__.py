@@ -1,0 +1,1 @@
+"""Parallel parameter sweeps (stand-in for the sweep branch: serial, same contract)."""
