@@ -396,11 +396,15 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
     from cais.hw.config import apply_overrides
     from cais.reproduce.experiments import Context, geomean_table
     from cais.reproduce.run import expand, reproduce
+    from cais.workload.models import load_model
 
     names = expand(args.experiments)  # every argument is checked before anything runs
     sets = dict(args.set)
     apply_overrides(_system(args), sets)
-    res = reproduce(names, Context(args.system, sets, args.quick, Path(args.out)), args.workers)
+    for m in args.models or ():
+        load_model(m)
+    ctx = Context(args.system, sets, args.quick, Path(args.out), tuple(args.models or ()), tuple(args.modes or ()))
+    res = reproduce(names, ctx, args.workers)
     if "fig11" in res.tables:
         g = geomean_table(res.tables["fig11"])
         t = Table(title=f"Fig. 11: CAIS's geomean speedup over each scheme on {args.system}"
@@ -537,6 +541,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "bound area full nvl72 decode (past it), paper (the paper's set) or all")
     rp.add_argument("--quick", action="store_true", help="the reduced grids (minutes on 2 cores)")
     rp.add_argument("--out", required=True, metavar="DIR", help="folder for the CSVs, PNGs, runs and report")
+    rp.add_argument("--models", nargs="+", default=None, metavar="MODEL",
+                    help="replace the Fig. 11 grid's models (fig11, fig12, fig15, bound, worlds)")
+    rp.add_argument("--modes", nargs="+", default=None, choices=("prefill", "train"),
+                    help="replace the Fig. 11 grid's modes")
     rp.add_argument("--workers", type=_positive_int, default=None,
                     help="local worker processes for the runs (default: 1)")
     _set_option(rp)

@@ -37,12 +37,16 @@ WHY_CAIS = ("at the paper's 40 KB table most mergeable requests bypass (a sessio
 @dataclass(frozen=True)
 class Context:
     """Where and how experiments run: the system preset or file, ``--set``-style
-    overrides, the quick grid or the full one, and the output folder."""
+    overrides, the quick grid or the full one, and the output folder; ``models`` and
+    ``modes``, when given, replace the Fig. 11 grid's models and modes (same batch as
+    the grid would use)."""
 
     system: str = "dgx-h100"
     sets: dict[str, str] = field(default_factory=dict)
     quick: bool = False
     out: Path = Path("report")
+    models: tuple[str, ...] = ()
+    modes: tuple[str, ...] = ()
 
     def base(self, system: str | None = None, **extra_sets: Any) -> Point:
         """The keys every point carries: system and overrides (as sorted JSON)."""
@@ -81,7 +85,9 @@ def compare(what: str, ours: float, paper: float | None, why: str, unit: str = "
 def ok_rows(rows: pd.DataFrame) -> pd.DataFrame:
     """The rows that ran, with the point keys without their ``point.`` prefix."""
     df = rows[rows["status"] == "ok"].copy() if "status" in rows else rows.copy()
-    return df.rename(columns={c: c[len("point."):] for c in df.columns if c.startswith("point.")})
+    cols = set(df.columns)
+    return df.rename(columns={c: c[len("point."):] for c in df.columns
+                              if c.startswith("point.") and c[len("point."):] not in cols})
 
 
 def failures(rows: pd.DataFrame) -> list[str]:
@@ -95,19 +101,23 @@ def failures(rows: pd.DataFrame) -> list[str]:
 
 # ---- grids ---------------------------------------------------------------------------
 def _models(ctx: Context) -> list[dict[str, Any]]:
-    """The Table I models; quick: Mega-GPT-4B with 2 sequences (2,048 tokens)."""
+    """The Table I models; quick: Mega-GPT-4B with 1 sequence (1,024 tokens)."""
+    if ctx.models:
+        return [{"model": m, **({"batch": 1} if ctx.quick else {})} for m in ctx.models]
     if ctx.quick:
-        return [{"model": "paper-mega-gpt-4b", "batch": 2}]
+        return [{"model": "paper-mega-gpt-4b", "batch": 1}]
     return [{"model": m} for m in P.TABLE1]
 
 
 def _modes(ctx: Context) -> tuple[str, ...]:
+    if ctx.modes:
+        return ctx.modes
     return ("prefill",) if ctx.quick else P.MODES
 
 
 def _small(ctx: Context, full: str = "paper-llama-7b") -> dict[str, Any]:
-    """The one model of the single-model figures (LLaMA-7B; quick: Mega-GPT-4B x 2)."""
-    return {"model": "paper-mega-gpt-4b", "batch": 2} if ctx.quick else {"model": full}
+    """The one model of the single-model figures (LLaMA-7B; quick: Mega-GPT-4B x 1)."""
+    return {"model": "paper-mega-gpt-4b", "batch": 1} if ctx.quick else {"model": full}
 
 
 def fig11_points(ctx: Context, system: str | None = None) -> list[tuple[str, Point]]:
@@ -153,7 +163,7 @@ def fig11_analyse(ctx: Context, rows: pd.DataFrame, name: str = "fig11", world: 
     g = geomean_table(t)
     sec = Section(name, f"Fig. 11: end-to-end speedup of CAIS over every scheme{world}")
     sec.p(f"One layer period per (model, mode, scheme) on {ctx.system}, 8 GPUs x 66 SMs"
-          + (" (quick grid: Mega-GPT-4B with 2 sequences, prefill only)" if ctx.quick else
+          + (" (quick grid: Mega-GPT-4B with one sequence of 1,024 tokens, prefill only)" if ctx.quick else
              " (the three Table I models, prefill and training)")
           + ". speedup_of_cais = time(scheme) / time(CAIS); > 1: CAIS is faster. The paper's geomean is the black "
             "diamond.")
@@ -259,7 +269,7 @@ UNBOUNDED = 20000  # entries: 2.5 MB per port, a table that never fills here
 
 
 def _entries(ctx: Context) -> tuple[int, ...]:
-    return (80, 320, UNBOUNDED) if ctx.quick else (80, 160, 320, 1280, 5120, UNBOUNDED)
+    return (80, UNBOUNDED) if ctx.quick else (80, 160, 320, 1280, 5120, UNBOUNDED)
 
 
 def fig13_points(ctx: Context) -> list[tuple[str, Point]]:
@@ -363,7 +373,7 @@ def fig16_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, Secti
     out, series = [], {}
     for _, r in df.iterrows():
         ys = [100 * v for v in json.loads(r["series"])]
-        xs = [i * r["bin_us"] for i in range(len(ys))]
+        xs = [i * float(r["bin_width_us"]) for i in range(len(ys))]
         series[r["scheme"]] = (xs, ys)
         out += [{"scheme": r["scheme"], "t_us": x, "util_pct": y} for x, y in zip(xs, ys)]
     t = pd.DataFrame(out)
@@ -485,7 +495,7 @@ def _knobs(ctx: Context) -> list[tuple[str, str, float, dict[str, Any]]]:
     """(axis, label, value, sets) of the map's settings: link bandwidth x, compute speed
     x (a uniform gpu_slowdown 1/x), SM copy bandwidth per SM (the cost of SM-driven
     ring traffic; NVLS collectives move 1/(n-1) of a ring's bytes through the SMs)."""
-    bw = (0.5, 2.0) if ctx.quick else (0.33, 0.5, 2.0)
+    bw = (0.5,) if ctx.quick else (0.33, 0.5, 2.0)
     sp = (2.0,) if ctx.quick else (2.0, 4.0)
     ring = (25.0,) if ctx.quick else (50.0, 25.0, 12.5)
     out = [("calibrated", "calibrated", 1.0, {})]
@@ -497,11 +507,11 @@ def _knobs(ctx: Context) -> list[tuple[str, str, float, dict[str, Any]]]:
 
 
 def map_points(ctx: Context) -> list[tuple[str, Point]]:
-    m = {"model": "paper-mega-gpt-4b", "batch": 2} if ctx.quick else {"model": "paper-llama-7b", "batch": 1}
+    m = {"model": "paper-mega-gpt-4b", "batch": 1} if ctx.quick else {"model": "paper-llama-7b", "batch": 1}
     pts = []
     for axis, label, v, sets in _knobs(ctx):
         base = {**ctx.base(None, **sets), **m, "mode": "prefill", "sms": 66, "axis": axis, "value": v}
-        pts += [(LAYER, {**base, "scheme": s}) for s in MAP_SCHEMES]
+        pts += [(LAYER, {**base, "scheme": s}) for s in (("tp-nvls", "cais") if ctx.quick else MAP_SCHEMES)]
         if axis in ("calibrated", "ring"):
             pts.append((COLLECTIVE, {**ctx.base(None, **sets), "op": "allreduce", "algo": "ring",
                                      "bytes": 256 << 20, "axis": axis, "value": v}))
@@ -637,7 +647,7 @@ def area_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, Sectio
 
 
 def _full_models_points(ctx: Context) -> list[tuple[str, Point]]:
-    ms = [{"model": "paper-full", "batch": 1, "seq": 1024}] if ctx.quick else \
+    ms = [{"model": "paper-full", "batch": 1, "seq": 512}] if ctx.quick else \
         [{"model": "paper-full"}, {"model": "llama3-70b", "batch": 1, "seq": 4096},
          {"model": "llama3-405b", "batch": 1, "seq": 2048}]
     return [(LAYER, {**ctx.base(), **m, "scheme": s, "mode": "prefill", "sms": 132})

@@ -94,7 +94,7 @@ def timeline_point(point: dict[str, Any]) -> dict[str, Any]:
     # every port direction's util is relative to its own link bundle; weight by links
     names = sorted(util)
     series = [sum(float(util[n][b]) for n in names) / len(names) for b in range(lo, min(hi, len(util[names[0]])))]
-    return {"total_us": FLOAT(r.total_us), "series": json.dumps(series), "bin_us": bin_ps / PS_PER_US,
+    return {"total_us": FLOAT(r.total_us), "series": json.dumps(series), "bin_width_us": bin_ps / PS_PER_US,
             "segment_start_us": start / PS_PER_US, "segment_end_us": end / PS_PER_US,
             "link_util_mean": FLOAT(r.link_util.mean)}
 
