@@ -243,10 +243,13 @@ def fig2_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, Sectio
     df = ok_rows(rows).sort_values("gpus")
     t = pd.DataFrame({"gpus": df["gpus"], "compute_us": df["compute_kernel_us"], "comm_us": df["comm_kernel_us"],
                       "comm_over_compute": df["comm_kernel_us"] / df["compute_kernel_us"]})
+    c8 = t[t["gpus"] == 8]["compute_us"]
+    paper = {"paper: communication = 1.6 x computation at 8 GPUs":
+             ([8], [P.FIG2_COMM_OVER_COMPUTE_8GPU * float(c8.iloc[0])])} if len(c8) else None
     plots.lines(ctx.out / "fig2.png", {"computation (GPU 0 kernels)": (list(t["gpus"]), list(t["compute_us"])),
                                        "communication (collective kernels)": (list(t["gpus"]), list(t["comm_us"]))},
                 "GPUs (tensor-parallel degree)", "time per layer period (us)",
-                f"Fig. 2: computation vs communication, TP-NVLS {df['model'].iloc[0]} prefill, 132 SMs")
+                f"Fig. 2: computation vs communication, TP-NVLS {df['model'].iloc[0]} prefill, 132 SMs", paper=paper)
     at8 = t[t["gpus"] == 8]["comm_over_compute"]
     ours = float(at8.iloc[0]) if len(at8) else float("nan")
     cross = t[t["comm_over_compute"] >= 1]["gpus"]

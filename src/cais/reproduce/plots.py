@@ -67,6 +67,9 @@ def lines(path: Path, series: dict[str, tuple[list[float], list[float]]], xlabel
     ax.set_title(title, fontsize=10)
     if logx:
         ax.set_xscale("log")
+        fmt = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+        ax.xaxis.set_major_formatter(fmt)
+        ax.xaxis.set_minor_formatter(fmt)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
