@@ -241,7 +241,8 @@ def _scalable(ctx: Context) -> str:
 
 def fig2_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, Section]:
     df = ok_rows(rows).sort_values("gpus")
-    t = pd.DataFrame({"gpus": df["gpus"], "compute_us": df["compute_kernel_us"], "comm_us": df["comm_kernel_us"],
+    t = pd.DataFrame({"gpus": df["gpus"].astype(int), "compute_us": df["compute_kernel_us"],
+                      "comm_us": df["comm_kernel_us"],
                       "comm_over_compute": df["comm_kernel_us"] / df["compute_kernel_us"]})
     c8 = t[t["gpus"] == 8]["compute_us"]
     paper = {"paper: communication = 1.6 x computation at 8 GPUs":
@@ -406,6 +407,7 @@ def fig17_points(ctx: Context) -> list[tuple[str, Point]]:
 
 def fig17_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, Section]:
     df = ok_rows(rows).copy()
+    df["gpus"] = df["gpus"].astype(int)
     # GEMM FLOPs of the four projections per GPU (attention left out; the same for every scheme)
     df["flops_per_gpu"] = 2 * df["tokens"] * (4 * df["hidden_run"] ** 2 + 2 * df["hidden_run"] * df["ffn_run"]) \
         / df["gpus"]
@@ -684,6 +686,8 @@ def _full_models_points(ctx: Context) -> list[tuple[str, Point]]:
 def _speedup_section(ctx: Context, rows: pd.DataFrame, name: str, title: str, text: str, key: str) -> tuple[
         pd.DataFrame, Section]:
     df = ok_rows(rows)
+    if key == "gpus":
+        df = df.assign(gpus=df["gpus"].astype(int))
     out = []
     for k, g in df.groupby(key, sort=False):
         by = g.set_index("scheme")["total_us"]
