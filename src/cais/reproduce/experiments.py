@@ -717,7 +717,7 @@ def nvl72_points(ctx: Context) -> list[tuple[str, Point]]:
     counts = (8, 16) if ctx.quick else (8, 16, 36, 72)
     m = {"model": "paper-mega-gpt-4b", "batch": 1} if ctx.quick else {"model": "llama3-70b", "batch": 1, "seq": 2048}
     return [(LAYER, {**ctx.base("nvl72"), **m, "gpus": n, "scheme": s, "mode": "prefill", "sms": 132})
-            for n in counts for s in ("tp-nvls", "fuselib-nvls", "cais")]
+            for n in counts for s in (("tp-nvls", "cais") if ctx.quick else ("tp-nvls", "fuselib-nvls", "cais"))]
 
 
 def nvl72_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, Section]:
@@ -730,7 +730,8 @@ def decode_points(ctx: Context) -> list[tuple[str, Point]]:
     m = {"model": "paper-mega-gpt-4b", "batch": 16, "seq": 1024} if ctx.quick else \
         {"model": "paper-llama-7b", "batch": 64, "seq": 3072}
     return [(LAYER, {**ctx.base(), **m, "scheme": s, "mode": "decode", "sms": 132})
-            for s in ("tp-nvls", "sp-nvls", "fuselib-nvls", "t3-nvls", "cais")]
+            for s in (("tp-nvls", "fuselib-nvls", "cais") if ctx.quick else
+                      ("tp-nvls", "sp-nvls", "fuselib-nvls", "t3-nvls", "cais"))]
 
 
 def decode_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, Section]:
