@@ -65,7 +65,7 @@ def table_html(df: pd.DataFrame) -> str:
 CSS = """body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:1em 0;font-size:0.9em}td,th{border:1px solid #bbb;padding:3px 8px;
 text-align:right}th{background:#eee}img{max-width:100%;border:1px solid #ddd;margin:1em 0}
-h2{border-bottom:2px solid #444;margin-top:2em}p{line-height:1.45}"""
+td:last-child{text-align:left;max-width:420px}h2{border-bottom:2px solid #444;margin-top:2em}p{line-height:1.45}"""
 
 
 def write_report(out: Path, sections: list[Section], header: list[str]) -> tuple[Path, Path]:
