@@ -38,6 +38,7 @@ def bars(path: Path, groups: list[str], series: dict[str, list[float]], ylabel: 
     if log:
         ax.set_yscale("log")
         fmt = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+        ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         ax.yaxis.set_major_formatter(fmt)
         ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.legend(fontsize=8)
