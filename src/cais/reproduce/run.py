@@ -14,6 +14,7 @@ import pandas as pd
 from cais.errors import UserError
 from cais.reproduce.experiments import EXPERIMENTS, PAPER_SET, Context
 from cais.reproduce.report import Section, write_report
+from cais.sweep.grid import point_id
 from cais.sweep.runner import run_sweep
 
 ALL = tuple(EXPERIMENTS)
@@ -50,19 +51,27 @@ def expand(names: list[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def run_points(ctx: Context, points: list[tuple[str, dict]], workers: int | None, desc: str) -> pd.DataFrame:
-    """Rows of ``points`` ((fn, point) pairs), run or read back from ``ctx.out/runs``."""
+def run_points(ctx: Context, points: list[tuple[str, dict]], workers: int | None, desc: str,
+               cached: bool = False) -> pd.DataFrame:
+    """Rows of ``points`` ((fn, point) pairs), run or read back from ``ctx.out/runs``;
+    ``cached``: only those already there (the others are left out, not run)."""
     frames = []
     for fn in dict.fromkeys(f for f, _ in points):
         pts = [p for f, p in points if f == fn]
         out = ctx.out / "runs" / f"{fn.rsplit(':', 1)[-1]}.parquet"
+        if cached:
+            have = set(pd.read_parquet(out, columns=["point_id"])["point_id"]) if out.exists() else set()
+            pts = [p for p in pts if point_id(p) in have]
+            if not pts:
+                continue
         frames.append(run_sweep(pts, out, fn=fn, workers=workers, progress=True, desc=desc))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 def reproduce(names: list[str], ctx: Context, workers: int | None = None,
-              log: Callable[[str], None] = print) -> Outcome:
-    """Run the experiments ``names`` in ``ctx`` and write their CSVs, PNGs and the report."""
+              log: Callable[[str], None] = print, cached: bool = False) -> Outcome:
+    """Run the experiments ``names`` in ``ctx`` and write their CSVs, PNGs and the report;
+    ``cached``: simulate nothing, analyse the runs already in ``ctx.out/runs``."""
     names = expand(names)
     ctx.out.mkdir(parents=True, exist_ok=True)
     res = Outcome()
@@ -70,8 +79,17 @@ def reproduce(names: list[str], ctx: Context, workers: int | None = None,
     for name in names:
         exp = EXPERIMENTS[name]
         t0 = time.perf_counter()
-        rows = run_points(ctx, exp.points(ctx), workers, name)
-        table, section = exp.analyse(ctx, rows)
+        points = exp.points(ctx)
+        rows = run_points(ctx, points, workers, name, cached)
+        if points and (rows.empty or not (rows.get("status") == "ok").any()):
+            table, section = pd.DataFrame(), Section(name, exp.title).p(
+                "No runs of this experiment" + (" in the cache." if cached else " succeeded."))
+        else:
+            try:
+                table, section = exp.analyse(ctx, rows)
+            except Exception as exc:  # noqa: BLE001 - partial runs: the report says so, the rest goes on
+                table, section = pd.DataFrame(), Section(name, exp.title).p(
+                    f"ANALYSIS FAILED on these runs ({len(rows)} rows): {type(exc).__name__}: {exc}")
         table.to_csv(ctx.out / f"{name}.csv", index=False)
         res.tables[name], res.seconds[name] = table, time.perf_counter() - t0
         res.sections.append(section)
