@@ -7,10 +7,13 @@ Targets (never a CAIS number):
      ``gpu_slowdown`` s (every GPU's TB compute time x s). With collectives
      bandwidth-bound, comm/compute scales as 1/s: s = r0 / 1.6, then one secant step.
   2. The nine baselines' time ratios to TP-NVLS implied by Fig. 11 (paper_ratio):
-     with s fixed, the SM copy bandwidth per SM (``gpu.sm_copy_bandwidth_GBps``, the
-     cost of SM-driven ring traffic against NVLS) is chosen from a grid by the least
-     squared log error over the eight ratios, on LLaMA-7B prefill (one sequence of 3072
-     tokens, to keep the fit minutes long) at 66 SMs.
+     with s fixed, the SM copy bandwidth per SM (``gpu.sm_copy_bandwidth_GBps``: the
+     load/store path of every SM-issued remote access, ring and NVLS collectives,
+     T3's reductions, FuseLib's and LADM's copies; not CAIS's loads) is chosen from a
+     grid by the least squared log error over the eight ratios, on LLaMA-7B prefill
+     (one sequence of 3072 tokens, to keep the fit minutes long) at 66 SMs. It was
+     meant as the ring-against-NVLS cost; it is not one (it slows NVLS too), and the
+     simulator has no knob that is (docs/reproduce.md).
 Held fixed (assumptions, named in the preset): everything else of dgx-h100, and
 ``gpu.l2_keeps_peer_reads = true`` (the paper's CAIS loads need it; docs/validation.md §7).
 
