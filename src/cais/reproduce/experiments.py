@@ -551,10 +551,15 @@ def map_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, Section
     cc = t[t["axis"].isin(["calibrated", "link", "compute"])].sort_values("comm_over_compute")
     rr = t[t["axis"].isin(["calibrated", "ring"])].sort_values("ring_over_nvls")
     cal_x = float(cal["comm_over_compute"].iloc[0]) if len(cal) else float("nan")
-    plots.lines(ctx.out / "map_comm.png",
-                {f"CAIS over {s}": (list(cc["comm_over_compute"]), list(cc[f"cais_over_{s}"]))
-                 for s in MAP_SCHEMES if s != "cais" and f"cais_over_{s}" in cc},
-                "communication / computation (TP-NVLS kernels; by link bandwidth and compute speed)",
+    comm_series = {}
+    for ax_name, label in (("link", "link bandwidth"), ("compute", "compute speed")):
+        part = cc[cc["axis"].isin(["calibrated", ax_name])].sort_values("comm_over_compute")
+        for s in MAP_SCHEMES:
+            if s != "cais" and f"cais_over_{s}" in part:
+                comm_series[f"CAIS over {s}, by {label}"] = (list(part["comm_over_compute"]),
+                                                             list(part[f"cais_over_{s}"]))
+    plots.lines(ctx.out / "map_comm.png", comm_series,
+                "communication / computation (TP-NVLS kernels)",
                 "speedup of CAIS (x)", "Where CAIS wins: against the communication-to-computation ratio",
                 hline=1.0, vlines={"calibrated": cal_x, "paper's Fig. 2": P.FIG2_COMM_OVER_COMPUTE_8GPU})
     plots.lines(ctx.out / "map_ring.png",
