@@ -727,16 +727,21 @@ def full_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, Sectio
 
 
 def nvl72_points(ctx: Context) -> list[tuple[str, Point]]:
-    counts = (8, 16) if ctx.quick else (8, 16, 36, 72)
-    m = {"model": "paper-mega-gpt-4b", "batch": 1} if ctx.quick else {"model": "llama3-70b", "batch": 1, "seq": 2048}
+    counts = (8, 16) if ctx.quick else (8, 18, 36, 72)
+    # head and FFN counts that split over every TP degree: 32 heads (quick), or a Llama-3-70B-like shape
+    # with 72 heads of 128 and FFN 27,648 (= 72 x 384)
+    m = {"model": "paper-mega-gpt-4b", "batch": 1, "heads": 32} if ctx.quick else \
+        {"model": "llama3-70b", "batch": 1, "seq": 2048, "hidden": 9216, "heads": 72, "kv_heads": 72,
+         "ffn_hidden": 27648}
     return [(LAYER, {**ctx.base("nvl72"), **m, "gpus": n, "scheme": s, "mode": "prefill", "sms": 132})
             for n in counts for s in (("tp-nvls", "cais") if ctx.quick else ("tp-nvls", "fuselib-nvls", "cais"))]
 
 
 def nvl72_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, Section]:
     return _speedup_section(ctx, rows, "nvl72", "Past the paper: an NVL72-class system at TP 8 to 72",
-                            "nvl72 preset (NVLink5, 50 GB/s per link, one link to each of 18 chips); "
-                            "the model's heads and FFN split over the TP degree.", "gpus")
+                            "nvl72 preset (NVLink5, 50 GB/s per link, one link to each of 18 chips), 132 SMs; "
+                            "a Llama-3-70B-like shape whose heads (72 x 128) and FFN (27,648) split over TP 8, 18, "
+                            "36 and 72 (quick: Mega-GPT-4B with 32 heads, TP 8 and 16).", "gpus")
 
 
 def decode_points(ctx: Context) -> list[tuple[str, Point]]:
