@@ -404,7 +404,7 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
     for m in args.models or ():
         load_model(m)
     ctx = Context(args.system, sets, args.quick, Path(args.out), tuple(args.models or ()), tuple(args.modes or ()))
-    res = reproduce(names, ctx, args.workers, cached=args.cached)
+    res = reproduce(names, ctx, args.workers or os.cpu_count(), cached=args.cached)
     if "fig11" in res.tables and not res.tables["fig11"].empty:
         g = geomean_table(res.tables["fig11"])
         t = Table(title=f"Fig. 11: CAIS's geomean speedup over each scheme on {args.system}"
@@ -546,7 +546,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--modes", nargs="+", default=None, choices=("prefill", "train"),
                     help="replace the Fig. 11 grid's modes")
     rp.add_argument("--workers", type=_positive_int, default=None,
-                    help="local worker processes for the runs (default: 1)")
+                    help="local worker processes for the runs (default: the CPU count)")
     rp.add_argument("--cached", action="store_true",
                     help="simulate nothing: analyse only the runs already in DIR/runs (others are left out)")
     _set_option(rp)
