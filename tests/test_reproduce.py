@@ -58,9 +58,11 @@ def test_fig11_csv_schema_and_speedups(quick: Path) -> None:
     assert fig11.rstrip().endswith("|") and "| mode | scheme | ours | paper | ours / paper |" in fig11
 
 
-def test_a_rerun_resumes_without_simulating(quick: Path) -> None:
-    res = reproduce(["fig11"], Context(quick=True, out=quick), log=lambda _: None)
+def test_a_rerun_resumes_without_simulating(quick: Path, tmp_path: Path) -> None:
+    shutil.copytree(quick / "runs", tmp_path / "runs")  # the report in `quick` stays whole for the tests after
+    res = reproduce(["fig11"], Context(quick=True, out=tmp_path), log=lambda _: None)
     assert res.seconds["fig11"] < 10
+    assert pd.read_csv(tmp_path / "fig11.csv").equals(pd.read_csv(quick / "fig11.csv"))
 
 
 def test_unknown_experiment_is_a_user_error() -> None:
@@ -82,6 +84,8 @@ def test_html_report_in_headless_chromium(quick: Path, tmp_path: Path) -> None:
                          timeout=120)
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert f'data-loaded="{n_img}/{n_img}"' in dom.stdout
+    for name in EXPERIMENTS:
+        assert f'id="{name}"' in dom.stdout, name
     shot = tmp_path / "report.png"
     r = subprocess.run([CHROMIUM, *flags, f"--screenshot={shot}", "--window-size=1200,2400",
                         (quick / "report.html").as_uri()], capture_output=True, text=True, timeout=120)
