@@ -467,7 +467,7 @@ def fig18_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, Secti
 
 # ---- Table II ---------------------------------------------------------------------------
 def table2_points(ctx: Context) -> list[tuple[str, Point]]:
-    extra = {"batch": 1, "seq": 256} if ctx.quick else {}
+    extra = {"batch": 1, "seq": 128} if ctx.quick else {}
     return [(LAYER, {**ctx.base(), "model": m, **extra, "scheme": s, "mode": "prefill", "sms": sms})
             for m, sms in (("paper-full", 132), ("paper-half", 66)) for s in ("tp-nvls", "cais")]
 
@@ -487,7 +487,7 @@ def table2_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, Sect
                "CAIS speedup over TP-NVLS (x)", "Table II: full (132 SMs) vs half (66 SMs) set-up",
                [P.TABLE2[s] for s in t["setup"]], "paper", hline=1.0)
     sec = Section("table2", "Table II: the full set-up against the half (scaled-down) one")
-    sec.p("Prefill, one layer period." + (" Quick grid: 256 tokens." if ctx.quick else "")
+    sec.p("Prefill, one layer period." + (" Quick grid: 128 tokens." if ctx.quick else "")
           + " The paper's claim is that half reproduces full: compare the two rows of ours with each other.")
     sec.img("table2.png").table(pd.DataFrame(comp)).table(t)
     return t, sec
@@ -696,7 +696,7 @@ def area_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, Sectio
 
 
 def _full_models_points(ctx: Context) -> list[tuple[str, Point]]:
-    ms = [{"model": "paper-full", "batch": 1, "seq": 256}] if ctx.quick else \
+    ms = [{"model": "paper-full", "batch": 1, "seq": 128}] if ctx.quick else \
         [{"model": "paper-full"}, {"model": "llama3-70b", "batch": 1, "seq": 4096},
          {"model": "llama3-405b", "batch": 1, "seq": 2048}]
     return [(LAYER, {**ctx.base(), **m, "scheme": s, "mode": "prefill", "sms": 132})
@@ -737,7 +737,7 @@ def nvl72_points(ctx: Context) -> list[tuple[str, Point]]:
     counts = (8, 16) if ctx.quick else (8, 18, 36, 72)
     # head and FFN counts that split over every TP degree: 32 heads (quick), or a Llama-3-70B-like shape
     # with 72 heads of 128 and FFN 27,648 (= 72 x 384)
-    m = {"model": "paper-mega-gpt-4b", "batch": 1, "heads": 32} if ctx.quick else \
+    m = {"model": "paper-mega-gpt-4b", "batch": 1, "seq": 256, "heads": 32} if ctx.quick else \
         {"model": "llama3-70b", "batch": 1, "seq": 2048, "hidden": 9216, "heads": 72, "kv_heads": 72,
          "ffn_hidden": 27648}
     return [(LAYER, {**ctx.base("nvl72"), **m, "gpus": n, "scheme": s, "mode": "prefill", "sms": 132})
