@@ -100,7 +100,9 @@ def reproduce(names: list[str], ctx: Context, workers: int | None = None,
               "Every comparison puts our number beside the paper's (arXiv 2605.05628, as transcribed in "
               "shared/reference/cais-paper.md) with the ratio, and says why where they differ by more than 10 %. "
               "No simulator constant was tuned to a paper figure.",
-              "Run time per experiment (s): " + ", ".join(f"{k} {v:.0f}" for k, v in res.seconds.items())
-              + f"; total {time.perf_counter() - t_all:.0f}."]
+              ("Analysed from the runs already in runs/ (--cached); each run's simulation time is its wall_s "
+               "there." if cached else
+               "Run time per experiment (s): " + ", ".join(f"{k} {v:.0f}" for k, v in res.seconds.items())
+               + f"; total {time.perf_counter() - t_all:.0f}.")]
     res.report_md, res.report_html = write_report(ctx.out, res.sections, header)
     return res
