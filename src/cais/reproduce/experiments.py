@@ -163,8 +163,8 @@ def fig11_analyse(ctx: Context, rows: pd.DataFrame, name: str = "fig11", world: 
     g = geomean_table(t)
     sec = Section(name, f"Fig. 11: end-to-end speedup of CAIS over every scheme{world}")
     sec.p(f"One layer period per (model, mode, scheme) on {ctx.system}, 8 GPUs x 66 SMs"
-          + (" (quick grid: Mega-GPT-4B with one sequence of 1,024 tokens, prefill only)" if ctx.quick else
-             " (the three Table I models, prefill and training)")
+          + (" (quick grid: Mega-GPT-4B with one sequence of 1,024 tokens)" if ctx.quick else "")
+          + f"; models: {', '.join(dict.fromkeys(t['model']))}; modes: {', '.join(dict.fromkeys(t['mode']))}"
           + ". speedup_of_cais = time(scheme) / time(CAIS); > 1: CAIS is faster. The paper's geomean is the black "
             "diamond.")
     schemes = [s for s in P.SCHEMES if s != "cais"]
