@@ -404,6 +404,37 @@ def cmd_demo(args: argparse.Namespace) -> None:
     _demo_layers(cfg, model)
 
 
+def cmd_reproduce(args: argparse.Namespace) -> None:
+    """Reproduce the paper's figures and tables (and the studies past it): CSVs, PNGs,
+    report.md and report.html in --out; prints the Fig. 11 geomean table."""
+    from cais.hw.config import apply_overrides
+    from cais.reproduce.experiments import Context, geomean_table
+    from cais.reproduce.run import expand, reproduce
+    from cais.workload.models import load_model
+
+    names = expand(args.experiments)  # every argument is checked before anything runs
+    sets = dict(args.set)
+    apply_overrides(_system(args), sets)
+    for m in args.models or ():
+        load_model(m)
+    ctx = Context(args.system, sets, args.quick, Path(args.out), tuple(args.models or ()), tuple(args.modes or ()))
+    res = reproduce(names, ctx, args.workers or os.cpu_count(), cached=args.cached)
+    if "fig11" in res.tables and not res.tables["fig11"].empty:
+        g = geomean_table(res.tables["fig11"])
+        t = Table(title=f"Fig. 11: CAIS's geomean speedup over each scheme on {args.system}"
+                        + (" (quick grid)" if args.quick else ""))
+        for col in ("mode", "scheme", "cais-sim", "paper", "cais-sim / paper"):
+            t.add_column(col, justify="right")
+        for r in g.itertuples():
+            t.add_row(r.mode, r.scheme, f"{r.ours:.2f}x", "–" if r.paper != r.paper else f"{r.paper:.2f}x",
+                      "–" if r.paper != r.paper else f"{r.ours / r.paper:.2f}")
+        Console().print(t)
+        Console().print("> 1: CAIS faster. Why we differ from the paper: the report's Fig. 11 section and "
+                        "docs/validation.md §6-§8.")
+    Console().print(f"report: {res.report_md} and {res.report_html}; per experiment: "
+                    + ", ".join(f"{k} {v:.0f} s" for k, v in res.seconds.items()))
+
+
 def _demo_layers(cfg: SystemConfig, model: ModelSpec) -> None:
     """Every scheme but the ablations on one prefill period of ``model`` at 66 SMs
     (the paper's setting)."""
@@ -542,6 +573,27 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--bytes", type=_size, default=256 << 20, help="AllReduce buffer size (default: 256M)")
     d.add_argument("--model", default="paper-llama-7b", help="model of the scheme comparison (default: %(default)s)")
     d.set_defaults(fn=cmd_demo)
+
+    rp = with_system(sub.add_parser(
+        "reproduce", help="reproduce the paper's figures and tables (and studies past it): CSVs, PNGs, "
+                          "report.md and report.html",
+        description="Reproduce the CAIS paper's evaluation: each experiment writes DIR/NAME.csv and PNGs and a "
+                    "section of DIR/report.md and DIR/report.html beside the paper's numbers (docs/reproduce.md)."))
+    rp.add_argument("experiments", nargs="+", metavar="EXPERIMENT",
+                    help="fig2 fig11 fig12 fig13 fig14 fig15 fig16 fig17 fig18 table2 (the paper's), map worlds "
+                         "bound area full nvl72 decode (past it), paper (the paper's set) or all")
+    rp.add_argument("--quick", action="store_true", help="the reduced grids (minutes on 2 cores)")
+    rp.add_argument("--out", required=True, metavar="DIR", help="folder for the CSVs, PNGs, runs and report")
+    rp.add_argument("--models", nargs="+", default=None, metavar="MODEL",
+                    help="replace the Fig. 11 grid's models (fig11, fig12, fig15, bound, worlds)")
+    rp.add_argument("--modes", nargs="+", default=None, choices=("prefill", "train"),
+                    help="replace the Fig. 11 grid's modes")
+    rp.add_argument("--workers", type=_positive_int, default=None,
+                    help="local worker processes for the runs (default: the CPU count)")
+    rp.add_argument("--cached", action="store_true",
+                    help="simulate nothing: analyse only the runs already in DIR/runs (others are left out)")
+    _set_option(rp)
+    rp.set_defaults(fn=cmd_reproduce)
     return p
 
 

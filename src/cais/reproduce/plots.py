@@ -1,0 +1,79 @@
+"""Matplotlib (Agg) figures in the style of the paper's: grouped bars with the paper's
+values marked, and lines over a swept axis."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+import matplotlib.ticker
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+PAPER_STYLE = dict(marker="D", color="black", linestyle="none", markersize=6, zorder=5)
+
+
+def bars(path: Path, groups: list[str], series: dict[str, list[float]], ylabel: str, title: str,
+         paper: list[float | None] | None = None, paper_label: str = "paper", log: bool = False,
+         hline: float | None = None) -> Path:
+    """Grouped bars: one group per entry of ``groups``, one bar per series; the paper's
+    value of each group (``paper``) as a black diamond; ``hline`` a reference line."""
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.75 * len(groups) * max(1, len(series)) ** 0.5 + 2), 4.2))
+    x = np.arange(len(groups))
+    w = 0.8 / max(1, len(series))
+    for i, (name, vals) in enumerate(series.items()):
+        ax.bar(x - 0.4 + w * (i + 0.5), vals, w, label=name)
+    if paper is not None:
+        px = [xi for xi, v in zip(x, paper) if v is not None]
+        pv = [v for v in paper if v is not None]
+        if pv:
+            ax.plot(px, pv, label=paper_label, **PAPER_STYLE)
+    if hline is not None:
+        ax.axhline(hline, color="grey", linestyle="--", linewidth=1)
+    ax.set_xticks(x, groups, rotation=30, ha="right")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    if log:
+        ax.set_yscale("log")
+        fmt = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+        ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(fmt)
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def lines(path: Path, series: dict[str, tuple[list[float], list[float]]], xlabel: str, ylabel: str, title: str,
+          paper: dict[str, tuple[list[float], list[float]]] | None = None, logx: bool = False,
+          hline: float | None = None, vlines: dict[str, float] | None = None) -> Path:
+    """Lines over a swept axis; the paper's points as black markers; ``vlines`` label ->
+    x of marked points (e.g. the calibrated and the paper's stated point)."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for name, (xs, ys) in series.items():
+        ax.plot(xs, ys, marker="o", markersize=3, label=name)
+    for i, (name, (xs, ys)) in enumerate((paper or {}).items()):
+        ax.plot(xs, ys, label=name, **{**PAPER_STYLE, "marker": "DsX^"[i % 4]})
+    if hline is not None:
+        ax.axhline(hline, color="grey", linestyle="--", linewidth=1)
+    for i, (name, xv) in enumerate((vlines or {}).items()):
+        ax.axvline(xv, color=["tab:red", "tab:purple", "tab:green"][i % 3], linestyle=":", label=name)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    if logx:
+        ax.set_xscale("log")
+        fmt = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+        ax.xaxis.set_major_formatter(fmt)
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

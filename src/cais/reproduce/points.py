@@ -1,0 +1,109 @@
+"""Point functions of the reproduction sweeps: each takes one point (a flat dict of
+scalars) and returns a flat dict of scalar columns, so that the sweep runner
+(:func:`cais.sweep.runner.run_sweep`) can run them in worker processes and resume.
+
+A point names its system (preset or file), the ``--set``-style overrides as a JSON
+object string (``sets``), and what to run. Nested results (per-port tables, time
+series) are returned as JSON strings.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from cais.hw.config import SystemConfig, apply_overrides, load_system
+
+FLOAT = float
+
+
+def system_of(point: dict[str, Any]) -> SystemConfig:
+    """The point's system: its preset or file, its ``sets`` applied, then resized to its
+    ``gpus`` (if given), a uniform ``gpu_slowdown`` (the compute-speed knob) spread over
+    every GPU of the resized system."""
+    cfg = load_system(point.get("system", "dgx-h100"))
+    sets = json.loads(point.get("sets") or "{}")
+    if sets:
+        cfg = apply_overrides(cfg, {k: v if isinstance(v, str) else json.dumps(v) for k, v in sets.items()})
+    gpus = point.get("gpus")
+    if gpus and int(gpus) != cfg.gpus:
+        slow = set(cfg.gpu_slowdown.values())
+        factor = slow.pop() if len(slow) == 1 and len(cfg.gpu_slowdown) == cfg.gpus else None
+        data = cfg.model_dump()
+        data.update(gpus=int(gpus), gpu_slowdown={g: factor for g in range(int(gpus))} if factor else {})
+        cfg = SystemConfig(**data)
+    return cfg
+
+
+def _model(point: dict[str, Any]):
+    from cais.workload.models import load_model
+
+    over = {k: point.get(k) for k in ("batch", "seq", "hidden", "ffn_hidden", "heads", "kv_heads")
+            if point.get(k) is not None}
+    return load_model(point["model"], **over)
+
+
+def layer_point(point: dict[str, Any]) -> dict[str, Any]:
+    """One layer period (``model``, ``scheme``, ``mode``, ``sms``; optional ``batch``,
+    ``seq``, ``hidden``, ``ffn_hidden``, ``heads``, ``gpus``): total and sub-layer times with
+    their bounds, GPU 0's kernel split, link utilisation, merge metrics and FLOPs."""
+    from cais.experiments.layer import run_layer
+
+    cfg = system_of(point)
+    model = _model(point)
+    r = run_layer(cfg, model, point["scheme"], point["mode"], point.get("sms"))
+    j = r.as_json()
+    out: dict[str, Any] = {"total_us": FLOAT(r.total_us), "gpus_run": r.gpus, "sms_run": r.sms,
+                           "tokens": r.tokens, "events": r.events, "sim_wall_s": FLOAT(r.wall_s),
+                           "link_util_mean": FLOAT(r.link_util.mean), "link_util_max": FLOAT(r.link_util.max),
+                           "comm_kernel_us": FLOAT(r.kernel_us.get("communication", 0.0)),
+                           "compute_kernel_us": FLOAT(r.kernel_us.get("computation", 0.0)),
+                           "hidden_run": model.hidden, "ffn_run": model.ffn_hidden}
+    for name in ("L1", "L2", "L3", "L4"):
+        s = r.sublayers.get(name)
+        for key in ("time_us", "bound_us", "compute_us", "comm_us"):
+            out[f"{name}_{key}"] = FLOAT(s[key]) if s else float("nan")
+    peak = j.get("merge_table_peak_kB") or {}
+    skew = j.get("arrival_skew_us") or {}
+    merge = j.get("merge") or {}
+    out.update(table_peak_kB=FLOAT(peak.get("max", float("nan"))),
+               skew_mean_us=FLOAT(skew.get("mean", float("nan"))), skew_max_us=FLOAT(skew.get("max", float("nan"))),
+               merged=int(merge.get("merged", 0)), bypassed=int(merge.get("bypassed", 0)))
+    return out
+
+
+def timeline_point(point: dict[str, Any]) -> dict[str, Any]:
+    """A layer period recorded over time: mean link utilisation of all GPU-facing port
+    directions per bin (``bin_us``) inside sub-layer ``segment``, as a JSON list
+    (``series``), plus the :func:`layer_point` columns."""
+    from cais.experiments.layer import run_layer
+    from cais.hw.config import PS_PER_US
+    from cais.results import Recorder
+    from cais.results.ports import port_direction
+
+    cfg = system_of(point)
+    model = _model(point)
+    bin_ps = round(float(point.get("bin_us", 5.0)) * PS_PER_US)
+    rec = Recorder(bin_ps=bin_ps, links=True, tbs=False, buffers=False, merge=False)
+    r = run_layer(cfg, model, point["scheme"], point["mode"], point.get("sms"), recorder=rec)
+    util = {name: u for name, u in rec.link_util_bins().items() if port_direction(name) is not None}
+    marks = [mk for mk in rec.marks if mk.track == "segments" and mk.name == point.get("segment", "L2")]
+    start = min((mk.start_ps for mk in marks), default=0)
+    end = max((mk.end_ps for mk in marks), default=rec.horizon_ps())
+    lo, hi = start // bin_ps, max(start // bin_ps + 1, -(-end // bin_ps))
+    # every port direction's util is relative to its own link bundle; weight by links
+    names = sorted(util)
+    series = [sum(float(util[n][b]) for n in names) / len(names) for b in range(lo, min(hi, len(util[names[0]])))]
+    return {"total_us": FLOAT(r.total_us), "series": json.dumps(series), "bin_width_us": bin_ps / PS_PER_US,
+            "segment_start_us": start / PS_PER_US, "segment_end_us": end / PS_PER_US,
+            "link_util_mean": FLOAT(r.link_util.mean)}
+
+
+def collective_point(point: dict[str, Any]) -> dict[str, Any]:
+    """One collective (``op``, ``algo``, ``bytes``): time, algbw and busbw."""
+    from cais.experiments.collective import run_collective
+
+    cfg = system_of(point)
+    r = run_collective(cfg, point["op"], point["algo"], int(point["bytes"]))
+    return {"time_us": FLOAT(r.time_us), "algbw_GBps": FLOAT(r.algbw_GBps), "busbw_GBps": FLOAT(r.busbw_GBps),
+            "sim_wall_s": FLOAT(r.wall_s)}

@@ -1,0 +1,96 @@
+"""`cais reproduce --quick` end to end (issue 12): every experiment's CSV, PNGs and
+report section; the Fig. 11 table's schema and speedups; the HTML report in headless
+Chromium (loads, every figure decoded, a non-blank screenshot)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from PIL import Image
+
+from cais.cli import main
+from cais.errors import UserError
+from cais.reproduce.experiments import EXPERIMENTS, Context
+from cais.reproduce.paper import SCHEMES
+from cais.reproduce.run import expand, reproduce
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`cais reproduce all --quick --out DIR`, through the command line, once."""
+    out = tmp_path_factory.mktemp("reproduce")
+    assert main(["reproduce", "all", "--quick", "--out", str(out), "--workers", "2"]) == 0
+    return out
+
+
+def test_every_experiment_writes_its_csv_png_and_section(quick: Path) -> None:
+    md, page = (quick / "report.md").read_text(), (quick / "report.html").read_text()
+    for name in EXPERIMENTS:
+        assert (quick / f"{name}.csv").is_file(), name
+        assert f'id="{name}"' in page, name
+    pngs = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
+    assert len(pngs) >= len(EXPERIMENTS)
+    for png in pngs:
+        with Image.open(quick / png) as im:
+            assert im.format == "PNG" and im.size[0] > 200 and im.size[1] > 200
+            assert np.asarray(im.convert("L")).std() > 1  # not blank
+        assert f'src="{png}"' in page
+    assert "System preset: dgx-h100" in md and "FAILED" not in md
+
+
+def test_fig11_csv_schema_and_speedups(quick: Path) -> None:
+    t = pd.read_csv(quick / "fig11.csv")
+    assert list(t.columns) == ["model", "mode", "scheme", "time_us", "speedup_of_cais"]
+    for (model, mode), g in t.groupby(["model", "mode"]):
+        assert set(g["scheme"]) == set(SCHEMES)
+        cais = float(g[g["scheme"] == "cais"]["time_us"].iloc[0])
+        assert np.allclose(g["speedup_of_cais"], g["time_us"] / cais)
+    md = (quick / "report.md").read_text()
+    fig11 = md.split("## Fig. 11")[1].split("\n## ")[0]
+    assert fig11.rstrip().endswith("|") and "| mode | scheme | ours | paper | ours / paper |" in fig11
+
+
+def test_a_rerun_resumes_without_simulating(quick: Path, tmp_path: Path) -> None:
+    shutil.copytree(quick / "runs", tmp_path / "runs")  # the report in `quick` stays whole for the tests after
+    res = reproduce(["fig11"], Context(quick=True, out=tmp_path), log=lambda _: None)
+    assert res.seconds["fig11"] < 10
+    assert pd.read_csv(tmp_path / "fig11.csv").equals(pd.read_csv(quick / "fig11.csv"))
+
+
+def test_unknown_experiment_is_a_user_error() -> None:
+    with pytest.raises(UserError, match="unknown 'fig99'"):
+        expand(["fig99"])
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (CI installs Debian's package: .ci/run)")
+def test_html_report_in_headless_chromium(quick: Path, tmp_path: Path) -> None:
+    page = (quick / "report.html").read_text()
+    n_img = page.count("<img ")
+    probe = quick / "_probe.html"  # the report plus a script that counts decoded images
+    probe.write_text(page.replace("</body>", "<script>window.addEventListener('load',()=>{const i=[...document."
+                                  "images];document.body.setAttribute('data-loaded',i.filter(x=>x.complete&&x."
+                                  "naturalWidth>0).length+'/'+i.length);});</script></body>"))
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--allow-file-access-from-files",
+             "--virtual-time-budget=5000"]
+    dom = subprocess.run([CHROMIUM, *flags, "--dump-dom", probe.as_uri()], capture_output=True, text=True,
+                         timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert f'data-loaded="{n_img}/{n_img}"' in dom.stdout
+    for name in EXPERIMENTS:
+        assert f'id="{name}"' in dom.stdout, name
+    shot = tmp_path / "report.png"
+    r = subprocess.run([CHROMIUM, *flags, f"--screenshot={shot}", "--window-size=1200,2400",
+                        (quick / "report.html").as_uri()], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and shot.is_file(), r.stderr[-2000:]
+    with Image.open(shot) as im:
+        px = np.asarray(im.convert("L"))
+    assert px.std() > 5  # text and figures, not a blank page
+    shutil.copy(shot, quick / "screenshot.png")
