@@ -49,6 +49,9 @@ def test_log_lines_when_not_a_terminal_and_notice_for_long_runs() -> None:
     q.begin(1e3, "a small run")
     q.tick(1, 4096)
     assert quiet.getvalue() == ""
+    hinted = io.StringIO()
+    RunProgress(show=False, stream=hinted, hint="; try X").begin(1e9, "a big run")
+    assert hinted.getvalue().rstrip().endswith("Ctrl-C stops it; try X")
 
 
 def test_ctrl_c_is_one_line_and_exit_130() -> None:

@@ -231,7 +231,9 @@ def _progress(args: argparse.Namespace) -> RunProgress:
     from cais.progress import RunProgress
 
     show = args.progress if args.progress is not None else (sys.stderr.isatty() and not args.json)
-    return RunProgress(show=show)
+    hint = ("; '--sim mirror' simulates GPU 0 only, about N times fewer events, where the run is symmetric"
+            if args.sim == "full" else "")
+    return RunProgress(show=show, hint=hint)
 
 
 def cmd_collective(args: argparse.Namespace) -> None:

@@ -31,12 +31,14 @@ def _duration(seconds: float) -> str:
 
 class RunProgress:
     """Reports one run's progress on ``stream`` (stderr): ``show`` draws the bar,
-    ``notice`` prints the one-line estimate of a run of minutes before it starts."""
+    ``notice`` prints the one-line estimate of a run of minutes before it starts, ending
+    with ``hint`` (the caller's advice for a faster run, if any)."""
 
     def __init__(self, show: bool, notice: bool = True, after_s: float = 2.0, every_s: float = 0.25,
-                 stream: TextIO | None = None) -> None:
+                 stream: TextIO | None = None, hint: str = "") -> None:
         self.show = show
         self.notice = notice
+        self.hint = hint
         self.after_s = after_s
         self.every_s = every_s
         self.log_every_s = 10.0
@@ -58,7 +60,7 @@ class RunProgress:
         seconds = self.estimate / EVENTS_PER_S
         if self.notice and seconds > NOTICE_S:
             print(f"cais: {what} is estimated at {self.estimate:,.3g} events, about {_duration(seconds)} of wall "
-                  f"time here; Ctrl-C stops it", file=self.stream, flush=True)
+                  f"time here; Ctrl-C stops it{self.hint}", file=self.stream, flush=True)
 
     def tick(self, now_ps: int, events: int) -> None:
         """Called by the simulator every few thousand events."""

@@ -59,12 +59,15 @@ def run_points(ctx: Context, points: list[tuple[str, dict]], workers: int | None
     for fn in dict.fromkeys(f for f, _ in points):
         pts = [p for f, p in points if f == fn]
         out = ctx.out / "runs" / f"{fn.rsplit(':', 1)[-1]}.parquet"
+        out.parent.mkdir(parents=True, exist_ok=True)
         if cached:
             have = set(pd.read_parquet(out, columns=["point_id"])["point_id"]) if out.exists() else set()
             pts = [p for p in pts if point_id(p) in have]
             if not pts:
                 continue
-        frames.append(run_sweep(pts, out, fn=fn, workers=workers, progress=True, desc=desc))
+        table = run_sweep(pts, out, fn=fn, workers=workers, progress=True, desc=desc)
+        wanted = {point_id(p) for p in pts}  # the table holds every experiment's runs of this function
+        frames.append(table[table["point_id"].isin(wanted)])
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
