@@ -133,9 +133,9 @@ class Isa:
               want: int = 0, fence: Callable[[Train], None] | None = None, tag: int = -1,
               expect: int = 0, quorum: int = 0) -> None:
         self.ops += 1
-        wire, last = self.pk.wire(kind, piece.nbytes)
-        train = Train(payload, wire, last, kind=kind, src=src, dst=dst, chip=chip, addr=piece, data=data,
-                      done=done, vc=self.vcmap.vc(kind, None, stream), want=want, tag=tag, expect=expect, quorum=quorum)
+        wire, last = self.pk.wire(kind, piece.rows * piece.count * piece.elem_bytes)  # piece.nbytes
+        train = Train(payload, wire, last, kind, src, dst, chip, piece, data, done, self.vcmap.vc(kind, None, stream),
+                      0, want, tag, 1, expect, quorum)
         train.fence = fence
         if port is not None and payload:
             head, tail = port.push(self.sim.now, payload)

@@ -141,17 +141,20 @@ class MergeUnit:
         requesters it expects have come, record first-to-last arrival (the paper's
         waiting time, Fig. 13(b))."""
         now = self.sim.now
-        seen = self._arrivals.get(key)
+        arrivals = self._arrivals
+        seen = arrivals.get(key)
         if seen is None:
-            seen = self._arrivals[key] = [now, 0]
-        seen[1] += req.count
+            seen = arrivals[key] = [now, req.count]
+        else:
+            seen[1] += req.count
         if seen[1] >= (req.expect or self.default_expect):
-            del self._arrivals[key]
+            del arrivals[key]
             st = self.stats
             skew = now - seen[0]
             st.skew_n += 1
             st.skew_sum_ps += skew
-            st.skew_max_ps = max(st.skew_max_ps, skew)
+            if skew > st.skew_max_ps:
+                st.skew_max_ps = skew
 
     # ---- loads -------------------------------------------------------------------
     def load(self, req: Train) -> None:
@@ -161,7 +164,7 @@ class MergeUnit:
         self._arrive(key, req)
         s = self.table.get(key)
         if s is None:
-            s = self._open(key, LOAD_WAIT, req, self._lines(req.want))
+            s = self._open(key, LOAD_WAIT, req, max(1, -(-req.want // self.line_bytes)))
             if s is None:
                 return
             s.waiters.append(req)
@@ -169,7 +172,8 @@ class MergeUnit:
             self.host.forward(req)  # the standard routing path to the home GPU
             self._touch(s)
             return
-        self._hit(s, req)
+        s.count += 1  # a hit
+        self.stats.merged += 1
         self.host.take(req, 0)
         if s.state == LOAD_WAIT:
             s.waiters.append(req)  # deferred response
@@ -314,11 +318,12 @@ class MergeUnit:
     def _touch(self, s: Session) -> None:
         """An access: ``s`` becomes the most recently used (the CAM's LRU order is the
         order of last access, so the idle timer need only look at the front)."""
-        s.touched = self.sim.now
+        sim = self.sim
+        s.touched = sim.now
         self.table.move_to_end(s.key)
         if not self._timer:
             self._timer = True
-            self.sim.after(self.timeout_ps, self._expire)
+            sim.at(sim.now + self.timeout_ps, self._expire)
 
     def _expire(self) -> None:
         """The unit's idle timer: flush every session idle for ``timeout_us`` (a
