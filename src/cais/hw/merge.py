@@ -40,11 +40,21 @@ from typing import Any, Protocol
 
 from cais.engine import Simulator, Train
 from cais.hw.config import PS_PER_NS, PS_PER_US, MergeConfig
+from cais.hw.memory import Region
 
 LOAD_WAIT = "Load-Wait"
 LOAD_READY = "Load-Ready"
 REDUCTION = "Reduction"
 _LOAD, _RED = 0, 1  # the CAM's request types
+
+
+def _cam_key(kind: int, addr: Any) -> tuple:
+    """The CAM key of a request: its type and address. A :class:`Region` is keyed by
+    its fields (what its equality compares), which hash and compare in C rather
+    than through the dataclass's Python ``__hash__``/``__eq__``."""
+    if addr.__class__ is Region:
+        return (kind, addr.buffer, addr.start, addr.count, addr.elem_bytes, addr.rows, addr.stride)
+    return (kind, addr)
 
 
 class MergeHost(Protocol):
@@ -160,7 +170,7 @@ class MergeUnit:
     def load(self, req: Train) -> None:
         """An ``ld.cais`` request for ``req.want`` bytes of the home's memory arrives."""
         now = self.sim.now
-        key = (_LOAD, req.addr)
+        key = _cam_key(_LOAD, req.addr)
         self._arrive(key, req)
         s = self.table.get(key)
         if s is None:
@@ -210,7 +220,7 @@ class MergeUnit:
     # ---- reductions --------------------------------------------------------------
     def reduce(self, red: Train) -> None:
         """A ``red.cais`` contribution (or a sum of ``red.count``) arrives."""
-        key = (_RED, red.addr)
+        key = _cam_key(_RED, red.addr)
         self._arrive(key, red)
         s = self.table.get(key)
         if s is None:
