@@ -78,6 +78,9 @@ class Isa:
         self.granule = machine.cfg.transfer_unit_bytes
         self.n = machine.cfg.gpus
         self.ops = 0
+        # stripes() per (region, unit): every GPU that loads or reduces one address cuts
+        # it alike (not in mirror mode, where striping counts uneven units)
+        self._stripes: dict[tuple, list[tuple[Region, int]]] = {}
 
     def sm_port(self) -> SmPort:
         bw = self.m.cfg.gpu.sm_copy_bandwidth_GBps  # bytes per ns
@@ -101,8 +104,20 @@ class Isa:
         return out
 
     def stripes(self, region: Region, unit: int | None = None) -> list[tuple[Region, int]]:
-        """(sub-region, chip) trains of a region: its units, each striped over chips."""
+        """(sub-region, chip) trains of a region: its units, each striped over chips
+        (the list is shared: callers must not change it)."""
         unit = unit or self.granule
+        if self.fab.mirror:
+            return self._stripe(region, unit)
+        key = (region.buffer, region.start, region.count, region.elem_bytes, region.rows, region.stride, unit)
+        hit = self._stripes.get(key)
+        if hit is None:
+            if len(self._stripes) >= 1 << 16:
+                self._stripes.clear()
+            hit = self._stripes[key] = self._stripe(region, unit)
+        return hit
+
+    def _stripe(self, region: Region, unit: int) -> list[tuple[Region, int]]:
         pk = self.pk.maxp
         out = []
         for piece in self.pieces(region, unit):
@@ -137,9 +152,9 @@ class Isa:
         self.ops += 1
         if payload and kind in _READS_AT_SOURCE:  # the data is read from the issuer's HBM
             self.m.gpus[src].hbm.stream(self.sim.now, payload)
-        wire, last = self.pk.wire(kind, piece.nbytes)
-        train = Train(payload, wire, last, kind=kind, src=src, dst=dst, chip=chip, addr=piece, data=data,
-                      done=done, vc=self.vcmap.vc(kind, None, stream), want=want, tag=tag, expect=expect, quorum=quorum)
+        wire, last = self.pk.wire(kind, piece.rows * piece.count * piece.elem_bytes)  # piece.nbytes
+        train = Train(payload, wire, last, kind, src, dst, chip, piece, data, done, self.vcmap.vc(kind, None, stream),
+                      0, want, tag, 1, expect, quorum)
         train.fence = fence
         if port is not None and payload:
             head, tail = port.push(self.sim.now, payload)

@@ -50,13 +50,18 @@ class Simulator:
         count = 0
         tick = self.tick
         if tick is None:
-            while queue:
-                if until is not None and queue[0][0] > until:
-                    break
-                time, _, fn, args = pop(queue)
-                self.now = time
-                fn(*args)
-                count += 1
+            if until is None:
+                while queue:
+                    time, _, fn, args = pop(queue)
+                    self.now = time
+                    fn(*args)
+                    count += 1
+            else:
+                while queue and queue[0][0] <= until:
+                    time, _, fn, args = pop(queue)
+                    self.now = time
+                    fn(*args)
+                    count += 1
         else:
             every = self.tick_every
             try:

@@ -51,14 +51,19 @@ class CaisSwitch(NvlsSwitch):
 
     def answer(self, reqs: list[Train], data: Any, head: int, tail: int, source: Train | None) -> None:
         kind = Kind.LD_CAIS_RESP
+        wire_of = self.pk.wire
+        vc = self.vcmap.vc(kind)
+        chip = self.chip
+        ledger = self.ledger
+        emit = self.emit
         for i, req in enumerate(reqs):
             nbytes = req.want
-            resp = Train(nbytes, *self.pk.wire(kind, nbytes), kind=kind, src=req.dst, dst=req.src, chip=self.chip,
-                         addr=req.addr, data=data, done=req.done, vc=self.vcmap.vc(kind), want=nbytes)
+            wire, last = wire_of(kind, nbytes)
+            resp = Train(nbytes, wire, last, kind, req.dst, req.src, chip, req.addr, data, req.done, vc, 0, nbytes)
             resp.head, resp.tail = head, tail
             if source is None or i > 0:  # made from the table's data
-                self.ledger.multicast_created += nbytes
-            self.emit(resp, req.src, source)
+                ledger.multicast_created += nbytes
+            emit(resp, req.src, source)
 
     def write_home(self, home: int, session: Session, head: int, on_start: Any) -> None:
         kind = Kind.RED_CAIS

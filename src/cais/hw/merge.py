@@ -40,11 +40,21 @@ from typing import Any, Protocol
 
 from cais.engine import Simulator, Train
 from cais.hw.config import PS_PER_NS, PS_PER_US, MergeConfig
+from cais.hw.memory import Region
 
 LOAD_WAIT = "Load-Wait"
 LOAD_READY = "Load-Ready"
 REDUCTION = "Reduction"
 _LOAD, _RED = 0, 1  # the CAM's request types
+
+
+def _cam_key(kind: int, addr: Any) -> tuple:
+    """The CAM key of a request: its type and address. A :class:`Region` is keyed by
+    its fields (what its equality compares), which hash and compare in C rather
+    than through the dataclass's Python ``__hash__``/``__eq__``."""
+    if addr.__class__ is Region:
+        return (kind, addr.buffer, addr.start, addr.count, addr.elem_bytes, addr.rows, addr.stride)
+    return (kind, addr)
 
 
 class MergeHost(Protocol):
@@ -141,27 +151,30 @@ class MergeUnit:
         requesters it expects have come, record first-to-last arrival (the paper's
         waiting time, Fig. 13(b))."""
         now = self.sim.now
-        seen = self._arrivals.get(key)
+        arrivals = self._arrivals
+        seen = arrivals.get(key)
         if seen is None:
-            seen = self._arrivals[key] = [now, 0]
-        seen[1] += req.count
+            seen = arrivals[key] = [now, req.count]
+        else:
+            seen[1] += req.count
         if seen[1] >= (req.expect or self.default_expect):
-            del self._arrivals[key]
+            del arrivals[key]
             st = self.stats
             skew = now - seen[0]
             st.skew_n += 1
             st.skew_sum_ps += skew
-            st.skew_max_ps = max(st.skew_max_ps, skew)
+            if skew > st.skew_max_ps:
+                st.skew_max_ps = skew
 
     # ---- loads -------------------------------------------------------------------
     def load(self, req: Train) -> None:
         """An ``ld.cais`` request for ``req.want`` bytes of the home's memory arrives."""
         now = self.sim.now
-        key = (_LOAD, req.addr)
+        key = _cam_key(_LOAD, req.addr)
         self._arrive(key, req)
         s = self.table.get(key)
         if s is None:
-            s = self._open(key, LOAD_WAIT, req, self._lines(req.want))
+            s = self._open(key, LOAD_WAIT, req, max(1, -(-req.want // self.line_bytes)))
             if s is None:
                 return
             s.waiters.append(req)
@@ -169,7 +182,8 @@ class MergeUnit:
             self.host.forward(req)  # the standard routing path to the home GPU
             self._touch(s)
             return
-        self._hit(s, req)
+        s.count += 1  # a hit
+        self.stats.merged += 1
         self.host.take(req, 0)
         if s.state == LOAD_WAIT:
             s.waiters.append(req)  # deferred response
@@ -206,7 +220,7 @@ class MergeUnit:
     # ---- reductions --------------------------------------------------------------
     def reduce(self, red: Train) -> None:
         """A ``red.cais`` contribution (or a sum of ``red.count``) arrives."""
-        key = (_RED, red.addr)
+        key = _cam_key(_RED, red.addr)
         self._arrive(key, red)
         s = self.table.get(key)
         if s is None:
@@ -314,11 +328,12 @@ class MergeUnit:
     def _touch(self, s: Session) -> None:
         """An access: ``s`` becomes the most recently used (the CAM's LRU order is the
         order of last access, so the idle timer need only look at the front)."""
-        s.touched = self.sim.now
+        sim = self.sim
+        s.touched = sim.now
         self.table.move_to_end(s.key)
         if not self._timer:
             self._timer = True
-            self.sim.after(self.timeout_ps, self._expire)
+            sim.at(sim.now + self.timeout_ps, self._expire)
 
     def _expire(self) -> None:
         """The unit's idle timer: flush every session idle for ``timeout_us`` (a
