@@ -53,11 +53,14 @@ def test_dims_pad_token_rows_only_with_sp() -> None:
 def test_padded_rows_cost_what_real_rows_cost(h100, scheme) -> None:
     """Batch 3 padded to 8 moves and computes what batch 8 does between the GEMMs
     (the same sub-layer times, the same bytes on every wire); only attention, which
-    runs on the real sequences, is cheaper."""
+    runs on the real sequences, is cheaper. Its smaller HBM traffic may leave a phase
+    after it a few picoseconds less stretched (shared HBM), hence 1e-5."""
     model = load_model("paper-llama-7b")
     padded, full = (run_layer(h100, model.with_run(batch=b), scheme, "decode", SMS) for b in (3, 8))
     assert padded.padded_tokens == full.padded_tokens == 8
-    assert padded.sublayers == full.sublayers
+    assert padded.sublayers.keys() == full.sublayers.keys()
+    for name, sub in full.sublayers.items():
+        assert padded.sublayers[name] == {k: pytest.approx(v, rel=1e-5) for k, v in sub.items()}, name
     assert padded.metrics.as_json()["wire_bytes"] == full.metrics.as_json()["wire_bytes"]
     assert padded.segments["attention"] < full.segments["attention"]
 

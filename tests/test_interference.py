@@ -79,7 +79,7 @@ def test_sharing_off_restores_the_times_before_issue_9() -> None:
         assert run_layer(cfg, GPT, scheme, mode).total_us == us
 
 
-@pytest.mark.parametrize("scheme", ["tp-ring", "sp-ring", "t3"])
+@pytest.mark.parametrize("scheme", ["tp-ring", "sp-ring", "t3", "ladm", "fuselib", "cais"])
 def test_interference_changes_time_only(scheme: str) -> None:
     r = run_layer(_system(True, gpus=4), GPT, scheme, "train", functional=True, seed=3)
     assert r.mismatches == [] and r.checked >= 60
@@ -164,3 +164,50 @@ def test_a_high_priority_collective_takes_sms_as_tiles_finish(priority: int) -> 
     t = lambda busy: cm.tile_time_ps(128, 256, 4096, busy)  # noqa: E731
     expected = 2 * t(132) if priority == 0 else 2 * t(132) + t(48)
     assert gemm.finished_at - gemm.started_at == expected
+
+
+@pytest.mark.parametrize("hbm", [True, False])
+def test_an_overlapped_phase_hands_its_time_back(hbm: bool) -> None:
+    """A mainloop that times itself (``overlapped``) beside a kernel that alone asks
+    for all the HBM: it is sent its stretched time, (supply + own rate) / supply x
+    its time alone, and no time passes for the yield itself; sharing off: its time
+    alone."""
+    from cais.hw.gpu import Kernel
+    from cais.hw.hbm import HbmPhase
+
+    cfg = _system(hbm)
+    m = Machine(cfg)
+    supply = m.gpus[0].hbm.supply
+    work = 10_000_000
+    hog = even_kernel("stream", work, 66, 66, None, frozenset(range(66)), hbm_bytes=work * supply)
+    seen: list[tuple[int, int]] = []
+
+    def program(sm: int, busy: int):
+        t0 = m.sim.now
+        took = yield HbmPhase(1_000_000, 0.5 * supply * 1_000_000, overlapped=True)
+        seen.append((took, m.sim.now - t0))
+        yield took
+
+    tile = Kernel("tile", [program], frozenset(range(66, 132)), hbm_phases=True)
+    m.gpus[0].launch(hog)
+    m.gpus[0].launch(tile)
+    m.run()
+    assert seen == [(1_500_000 if hbm else 1_000_000, 0)]
+    assert tile.finished_at - tile.started_at == seen[0][0]
+
+
+@pytest.mark.parametrize("scheme", ["ladm", "cais-base", "cais", "fuselib"])
+def test_fused_kernels_time_their_tiles_against_the_hbm_share(scheme: str) -> None:
+    """Fused GEMM tiles (LADM's and CAIS's load and reduce GEMMs, FuseLib's persistent
+    kernel) and CAIS's row-block TBs are HBM phases like every plain kernel's: in a
+    prefill every TB of LADM and CAIS is one; FuseLib's persistent workers (2 chains
+    x 8 SMs) run many tile and row-block phases each."""
+    sms = 8
+    r = run_layer(_system(True, gpus=4), GPT, scheme, "prefill", sms)
+    for g, d in r.metrics.hbm.per_gpu.items():
+        assert d["tbs"] > 0
+        if scheme == "fuselib":
+            workers = 2 * sms  # the other kernels' TBs are one phase each; the workers' tasks add more
+            assert d["phases"] > d["tbs"] - workers, (g, d)
+        else:
+            assert d["phases"] == d["tbs"], (g, d)

@@ -317,10 +317,14 @@ def _phased(program: ProgramGen, sim: Simulator, hbm: HbmShare) -> ProgramGen:
         except StopIteration:
             return
         if isinstance(item, HbmPhase):
+            overlapped = item.overlapped
             if hbm.enabled and item.ps > 0 and item.nbytes > 0:
                 item = yield hbm.request(sim, item.ps, item.nbytes)  # the phase's time, known this instant
             else:
                 item = item.ps
+            if overlapped:  # the program times it itself: hand it the time
+                value = item
+                continue
         value = yield item
 
 

@@ -39,10 +39,15 @@ _SLACK = 1e-6  # relative: float sums of rates that equal the supply do not coun
 @dataclass(frozen=True, slots=True)
 class HbmPhase:
     """What a TB yields for a compute phase that also streams HBM: ``ps`` is its time
-    with the HBM to itself, ``nbytes`` what it reads and writes there meanwhile."""
+    with the HBM to itself, ``nbytes`` what it reads and writes there meanwhile.
+
+    ``overlapped``: the program times the phase itself (a GEMM mainloop that runs
+    beside its own remote loads): it is sent the phase's time, stretched by the
+    share, instead of sleeping it."""
 
     ps: int
     nbytes: float
+    overlapped: bool = False
 
 
 class HbmShare:

@@ -137,8 +137,11 @@ def gemm_kernel(model: ComputeModel, shape: GemmShape, name: str = "gemm", sms: 
     return Kernel(name, [tile_tb(i, j) for i, j in tiles], sms, hbm_phases=True)
 
 
-def tile_hbm_bytes(shape: GemmShape, elem_bytes: int = 2) -> float:
+def tile_hbm_bytes(shape: GemmShape, elem_bytes: int = 2, a: float = 1.0, b: float = 1.0, c: float = 1.0) -> float:
     """HBM bytes one output tile accounts for: the GEMM's compulsory traffic (A and B
     read once, C written once; the L2 serves every other reuse, as the memory floor
-    assumes) spread evenly over its tiles."""
-    return elem_bytes * (shape.m * shape.k + shape.k * shape.n + shape.m * shape.n) / shape.tiles
+    assumes) spread evenly over its tiles. ``a``, ``b``, ``c``: the share of each
+    operand that is in this GPU's HBM (a fused kernel loads a sharded operand from
+    its owners, or sends its output to them: those bytes cross the fabric and are
+    counted where they are read or land, hw/hbm.py)."""
+    return elem_bytes * (a * shape.m * shape.k + b * shape.k * shape.n + c * shape.m * shape.n) / shape.tiles

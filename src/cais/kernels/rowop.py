@@ -29,12 +29,16 @@ def row_offset(d: Dims, g: int) -> int:
     return g * d.rows_l if d.sp else 0
 
 
+def rowop_bytes(op: RowOp, dtype_bytes: int, rows: int) -> int:
+    """HBM bytes the fused row-wise kernel reads and writes over ``rows`` rows
+    (forward: x, z in; x, n out; backward: dres, dz, x in; dx, dzo out)."""
+    return (len(op.inputs) + len(op.outputs)) * rows * op.cols * dtype_bytes
+
+
 def rowop_work_ps(cm: ComputeModel, op: RowOp, dtype_bytes: int, rows: int, sms: int, total_sms: int) -> int:
     """Time of the fused row-wise kernel over ``rows`` rows on ``sms`` of the GPU's
-    ``total_sms`` SMs, without its fixed overhead. Memory bound on the rows it reads
-    and writes (forward: x, z in; x, n out; backward: dres, dz, x in; dx, dzo out)."""
-    tensors = len(op.inputs) + len(op.outputs)
-    nbytes = tensors * rows * op.cols * dtype_bytes
+    ``total_sms`` SMs, without its fixed overhead: memory bound on :func:`rowop_bytes`."""
+    nbytes = rowop_bytes(op, dtype_bytes, rows)
     return cm.memory_time_ps(nbytes, sms, total_sms) - cm.memory_time_ps(0, sms, total_sms)
 
 
@@ -80,5 +84,4 @@ def rowop_kernel(cm: ComputeModel, mem: Memory, op: RowOp, dtype_bytes: int, nor
     nrows = sum(c for _, c in blocks)
     work = rowop_work_ps(cm, op, dtype_bytes, nrows, sms, total_sms)
     body = (lambda i: rowop_apply(mem, op, *blocks[i], norm, p_drop, row0)) if mem.functional else None
-    nbytes = (len(op.inputs) + len(op.outputs)) * nrows * op.cols * dtype_bytes
-    return even_kernel(op.name, work, len(blocks), sms, body, sm_set, nbytes)
+    return even_kernel(op.name, work, len(blocks), sms, body, sm_set, rowop_bytes(op, dtype_bytes, nrows))

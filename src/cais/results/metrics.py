@@ -1,6 +1,6 @@
-"""Link and buffer metrics of a finished run, from counters every channel keeps (no
-recorder needed), and the one definition of link utilisation every report uses
-(docs/fabric-model.md, "Link utilisation")."""
+"""Link, buffer and HBM metrics of a finished run, from counters every channel and
+GPU keeps (no recorder needed), and the one definition of link utilisation every
+report uses (docs/fabric-model.md, "Link utilisation")."""
 
 from __future__ import annotations
 
@@ -86,15 +86,39 @@ def buffer_peaks_kB(m: Machine) -> dict[str, float]:
 
 
 @dataclass(frozen=True)
+class HbmMetrics:
+    """What shared HBM bandwidth did to the run (hw/hbm.py): per GPU, the TBs it ran,
+    the compute phases timed against the share, how many took longer than alone, the time added
+    to them (summed over phases, so concurrent phases each count) and the fabric
+    and copy traffic counted as streams."""
+
+    per_gpu: dict[int, dict[str, float]]
+
+    def as_json(self) -> dict[str, Any]:
+        tot = {k: sum(d[k] for d in self.per_gpu.values()) for k in ("tbs", "phases", "stretched")}
+        return {"hbm": {**tot, "added_us_max": max((d["added_us"] for d in self.per_gpu.values()), default=0.0),
+                        "per_gpu": {str(g): dict(d) for g, d in sorted(self.per_gpu.items())}}}
+
+
+def hbm_metrics(m: Machine) -> HbmMetrics:
+    """:class:`HbmMetrics` of machine ``m`` after a run."""
+    return HbmMetrics({g: {"tbs": gpu.tbs_finished, "phases": gpu.hbm.phases, "stretched": gpu.hbm.stretched,
+                           "added_us": gpu.hbm.added_ps / 1e6, "stream_GB": gpu.hbm.stream_bytes / 1e9}
+                       for g, gpu in enumerate(m.gpus)})
+
+
+@dataclass(frozen=True)
 class RunMetrics:
     """The fabric metrics every run reports: link utilisation, wire bytes per GPU and
     direction, peak buffer occupancy per port (only ports with credits), and on CAIS
-    switches the merge units' metrics (``merge``; None otherwise)."""
+    switches the merge units' metrics (``merge``; None otherwise); and what shared HBM
+    did (``hbm``)."""
 
     link_util: LinkUtil
     wire_bytes: dict[int, dict[str, int]]
     buffer_peak_kB: dict[str, float]
     merge: MergeMetrics | None = None
+    hbm: HbmMetrics | None = None
 
     def as_json(self) -> dict[str, Any]:
         out = {"link_util": self.link_util.as_json(),
@@ -102,6 +126,8 @@ class RunMetrics:
                "buffer_peak_kB": dict(self.buffer_peak_kB)}
         if self.merge is not None:
             out.update(self.merge.as_json())
+        if self.hbm is not None:
+            out.update(self.hbm.as_json())
         return out
 
 
@@ -109,7 +135,7 @@ def run_metrics(m: Machine, span_ps: int) -> RunMetrics:
     """:class:`RunMetrics` of machine ``m`` after a run whose measured interval lasted
     ``span_ps``."""
     return RunMetrics(link_utilisation(m, span_ps), wire_bytes_per_gpu(m), buffer_peaks_kB(m),
-                      merge_metrics(m, span_ps))
+                      merge_metrics(m, span_ps), hbm_metrics(m))
 
 
 def mirrored(metrics: RunMetrics, n: int) -> RunMetrics:
@@ -120,4 +146,5 @@ def mirrored(metrics: RunMetrics, n: int) -> RunMetrics:
     mean = sum(per_gpu[0].values()) / len(per_gpu[0])
     wire = {g: dict(metrics.wire_bytes[0]) for g in range(n)}
     peaks = {k: v for k, v in metrics.buffer_peak_kB.items() if k.startswith("gpu0->") or k.endswith("->gpu0")}
-    return RunMetrics(LinkUtil(mean, lu.max, lu.busiest, per_gpu), wire, peaks, metrics.merge)
+    hbm = None if metrics.hbm is None else HbmMetrics({g: dict(metrics.hbm.per_gpu[0]) for g in range(n)})
+    return RunMetrics(LinkUtil(mean, lu.max, lu.busiest, per_gpu), wire, peaks, metrics.merge, hbm)

@@ -150,6 +150,10 @@ class LayerRun:
         """Row-wise kernel time without its fixed overhead (kernels/rowop.py)."""
         return rowop.rowop_work_ps(self.cm, op, self.model.dtype_bytes, rows, sms, self.sms)
 
+    def rowop_bytes(self, op: RowOp, rows: int) -> int:
+        """HBM bytes the row-wise kernel moves over ``rows`` rows (kernels/rowop.py)."""
+        return rowop.rowop_bytes(op, self.model.dtype_bytes, rows)
+
     def row_offset(self, g: int) -> int:
         """Global index of this GPU's first row of the row-wise ops."""
         return rowop.row_offset(self.d, g)

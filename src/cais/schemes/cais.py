@@ -38,6 +38,7 @@ import numpy as np
 from cais.engine import Signal
 from cais.engine.sim import ProgramGen
 from cais.hw.gpu import Kernel, TbProgram
+from cais.hw.hbm import HbmPhase
 from cais.hw.memory import Region
 from cais.isa import SmPort
 from cais.kernels.gemm import GemmShape
@@ -130,13 +131,13 @@ class Cais(CaisBase):
                 landed = Signal()
                 m.gpus[g].wait_signal(keys[b], expected, lambda: landed.fire(m.sim))
                 yield landed
-                yield tb_ps
+                yield HbmPhase(tb_ps, r.rowop_bytes(op, nr))
                 if functional:
                     r.rowop_apply(g, op, r0, nr)
                 m.isa.flag_multicast(g, flags[b], lambda gpu: ready[gpu][(g, b)].fire(m.sim))
             return program
 
-        return Kernel(op.name, [tb(b) for b in range(len(deps.blocks))], sm_set)
+        return Kernel(op.name, [tb(b) for b in range(len(deps.blocks))], sm_set, hbm_phases=True)
 
     # ---- TB-level dependencies of the AG-GEMM ----------------------------------------
     def _operands_ready(self, r: LayerRun, g: int, gemm: Gemm, shape: GemmShape, i: int) -> list[Signal]:

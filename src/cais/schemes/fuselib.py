@@ -67,11 +67,12 @@ import numpy as np
 from cais.engine import Countdown, Signal
 from cais.engine.sim import ProgramGen
 from cais.hw.gpu import Kernel, TbProgram
+from cais.hw.hbm import HbmPhase
 from cais.hw.memory import Region
 from cais.hw.packets import Traffic
 from cais.isa import SmPort
 from cais.kernels.common import Window
-from cais.kernels.gemm import GemmShape, tile_product
+from cais.kernels.gemm import GemmShape, tile_hbm_bytes, tile_product
 from cais.kernels.local import ROWS_PER_TB, row_blocks
 from cais.schemes.base import Deps, LayerRun, Scheme
 from cais.workload.graph import Chain
@@ -232,7 +233,8 @@ class FuseLib(Scheme):
         self.wire(r, f)
         out = []
         for g in range(n):
-            kernel = Kernel(f"fused-{c.gemm1.name}-rs-{c.rowop.name}-ag", [self.worker(r, f, g) for _ in range(r.sms)])
+            kernel = Kernel(f"fused-{c.gemm1.name}-rs-{c.rowop.name}-ag", [self.worker(r, f, g) for _ in range(r.sms)],
+                            hbm_phases=True)
             k1 = r.submit(g, kernel, [deps[g]], over, c.name)
             out.append(r.submit(g, r.gemm_kernel(g, c.gemm2), [k1, f.gathered[g]], over, c.name))
         return out
@@ -292,7 +294,7 @@ class FuseLib(Scheme):
         mem = r.m.gpus[g].memory
         if mem.functional:  # reads its inputs as it starts (outputs are pushed only after its time)
             r.rowop_apply(g, c.rowop, first, cnt)
-        yield self.rowop_ps(r, c, cnt)
+        yield HbmPhase(self.rowop_ps(r, c, cnt), r.rowop_bytes(c.rowop, cnt))
         data = mem.read(Region(c.gather_src, first * plan.h, cnt * plan.h, plan.eb))
         dst = Region(c.gather_dst, (g * plan.rows_l + first) * plan.h, cnt * plan.h, plan.eb)
         mem.write(dst, data)
@@ -316,7 +318,9 @@ class FuseLib(Scheme):
     def tile_task(self, r: LayerRun, f: Fused, w: Worker, i: int, j: int) -> ProgramGen:
         shape, gpu = f.plan.shape, r.m.gpus[w.g]
         busy = max(1, gpu.busy_sms - f.queues[w.g].idle)
-        yield max(r.gemm_floor_ps(f.c.gemm1, shape, r.sms), r.cm.tile_time_ps(shape.bm, shape.bn, shape.k, busy))
+        # A and B are local; of the output only the GPU's own rows stay (the rest is pushed)
+        yield HbmPhase(max(r.gemm_floor_ps(f.c.gemm1, shape, r.sms), r.cm.tile_time_ps(shape.bm, shape.bn, shape.k, busy)),
+                       tile_hbm_bytes(shape, f.plan.eb, c=1.0 / r.m.n))
         mem = gpu.memory
         tile = tile_product(mem, f.c.gemm1.ops, shape, i, j) if mem.functional else None
         yield from self.tile_epilogue(r, f, w, i, j, tile)

@@ -85,7 +85,8 @@ from cais.hw.gpu import Kernel, TbProgram
 from cais.hw.memory import Memory, Region
 from cais.hw.packets import Traffic
 from cais.kernels.common import Window, split
-from cais.kernels.gemm import GemmShape, raster, store_epilogue, tile_product
+from cais.hw.hbm import HbmPhase
+from cais.kernels.gemm import GemmShape, raster, store_epilogue, tile_hbm_bytes, tile_product
 from cais.schemes.base import Deps, LayerRun, Scheme, all_of
 from cais.isa import SmPort
 from cais.workload.graph import Chain, Gather, Gemm, Local
@@ -266,7 +267,10 @@ class Ladm(Scheme):
         sms = len(sm_set) if sm_set else r.sms
         shape = r.shape(gemm, sms)
         floor = r.gemm_floor_ps(gemm, shape, sms)
-        kernel = Kernel(gemm.name, [], sm_set)
+        # A and B are local; of the output only the GPU's own rows stay (the rest leaves
+        # as partial sums, counted where they land)
+        tile_bytes = tile_hbm_bytes(shape, r.model.dtype_bytes, c=1.0 / r.m.n)
+        kernel = Kernel(gemm.name, [], sm_set, hbm_phases=True)
         drain = self._drain(r, g, kernel)
         limit = self._window(r)
         per_sm: dict[int, tuple[Window, SmPort]] = {}  # the SM's store window and port, across its tiles
@@ -275,7 +279,7 @@ class Ladm(Scheme):
             def program(sm: int, busy: int) -> ProgramGen:
                 sim = r.m.sim
                 yield from self._tb_start(r, g, gemm, t)
-                yield max(floor, r.cm.tile_time_ps(shape.bm, shape.bn, shape.k, busy))
+                yield HbmPhase(max(floor, r.cm.tile_time_ps(shape.bm, shape.bn, shape.k, busy)), tile_bytes)
                 yield from self._first_access(r, g, gemm, t)
                 mem = r.m.gpus[g].memory
                 tile = tile_product(mem, gemm.ops, shape, i, j) if mem.functional else None
@@ -360,6 +364,9 @@ class Ladm(Scheme):
         biggest = max(kk for _, kk in steps) * sum(op.side(shape) for op in ops) * eb
         unit = max(r.m.cfg.transfer_unit_bytes, 1 << (biggest - 1).bit_length())  # one ld = one unit
         limit = self._window(r)
+        # the sharded operands come from their owners (this GPU holds 1/n of them)
+        local = {op.which: 1.0 / r.m.n for op in ops}
+        tile_bytes = tile_hbm_bytes(shape, eb, **local)
         mem = r.m.gpus[g].memory
         store = store_epilogue(mem, gemm.ops, shape) if mem.functional else None
         # with l2_keeps_peer_reads: remote lines already fetched (or on their way) for
@@ -385,7 +392,9 @@ class Ladm(Scheme):
                 for ready in self._operands_ready(r, g, gemm, shape, i):
                     yield ready
                 start = sim.now
-                compute = max(floor, r.cm.tile_time_ps(shape.bm, shape.bn, shape.k, busy))
+                # the mainloop's time, stretched by the HBM share at its start
+                compute = yield HbmPhase(max(floor, r.cm.tile_time_ps(shape.bm, shape.bn, shape.k, busy)),
+                                         tile_bytes, overlapped=True)
                 loads = plan(i, j)
                 yield from self._first_access(r, g, gemm, t)
                 blocks = self._blocks(shape, ops, i, j) if mem.functional else None
@@ -421,7 +430,7 @@ class Ladm(Scheme):
             return program
 
         return Kernel(gemm.name, [tile_tb(t, i, j) for t, (i, j) in enumerate(tile_order(shape, self.order))],
-                      sm_set)
+                      sm_set, hbm_phases=True)
 
     def _k_steps(self, shape: GemmShape, ops: list[Operand], eb: int) -> list[tuple[int, int]]:
         """(k0, count) of the K ranges one ld each (per owner) brings in: whole K-slices
