@@ -5,7 +5,8 @@ Targets (never a CAIS number):
   1. Fig. 2: communication / computation = 1.6 for LLaMA-7B on 8 GPUs (TP-NVLS, the
      bulk-synchronous scheme, full 132-SM GPUs): fixes the compute speed, a uniform
      ``gpu_slowdown`` s (every GPU's TB compute time x s). With collectives
-     bandwidth-bound, comm/compute scales as 1/s: s = r0 / 1.6, then one secant step.
+     bandwidth-bound, comm/compute scales about as 1/s: s = r0 / 1.6, then secant
+     steps (memory-bound kernels stay held to the HBM bandwidth, so it curves).
   2. The nine baselines' time ratios to TP-NVLS implied by Fig. 11 (paper_ratio):
      with s fixed, the SM copy bandwidth per SM (``gpu.sm_copy_bandwidth_GBps``: the
      load/store path of every SM-issued remote access, ring and NVLS collectives,
@@ -57,14 +58,19 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    r0 = fig2_ratio(1.0, out, args.workers)
-    s1 = r0 / 1.6
-    r1 = fig2_ratio(s1, out, args.workers)
-    # secant in log space: log r = a - b log s
-    b = (math.log(r0) - math.log(r1)) / (0 - math.log(s1)) if s1 != 1 else 1.0
-    s = round(math.exp(math.log(s1) + (math.log(r1) - math.log(1.6)) / b), 3)
-    r = fig2_ratio(s, out, args.workers)
-    print(f"fig2: r(1)={r0:.3f}  r({s1:.3f})={r1:.3f}  r({s})={r:.3f} (target 1.6)")
+    # secant steps in log space (log r = a - b log s locally; memory-bound kernels held
+    # to the HBM bandwidth make it curve), until within 0.5 % of 1.6
+    tried = [(1.0, fig2_ratio(1.0, out, args.workers))]
+    s = round(tried[0][1] / 1.6, 3)
+    for _ in range(6):
+        tried.append((s, fig2_ratio(s, out, args.workers)))
+        (s0, r0), (s1, r1) = tried[-2], tried[-1]
+        if abs(r1 / 1.6 - 1) < 0.005:
+            break
+        b = (math.log(r0) - math.log(r1)) / (math.log(s1) - math.log(s0)) if s1 != s0 else 1.0
+        s = round(math.exp(math.log(s1) + (math.log(r1) - math.log(1.6)) / b), 3)
+    s, r = tried[-1]
+    print("fig2: " + "  ".join(f"r({si:.3f})={ri:.3f}" for si, ri in tried) + " (target 1.6)")
     pts = [{"system": BASE, "sets": _sets(s, c), "model": "paper-llama-7b", "batch": 1, "scheme": sch,
             "mode": "prefill", "sms": 66} for c in COPY_GRID for sch in PAPER_CAIS_SPEEDUP]
     rows = run_sweep(pts, out / "fit.parquet", fn=LAYER, workers=args.workers, desc="baselines")

@@ -211,3 +211,21 @@ def test_fused_kernels_time_their_tiles_against_the_hbm_share(scheme: str) -> No
             assert d["phases"] > d["tbs"] - workers, (g, d)
         else:
             assert d["phases"] == d["tbs"], (g, d)
+
+
+@pytest.mark.parametrize("slowdown", [1.0, 0.5])
+def test_a_faster_gpu_is_still_held_to_its_hbm_bandwidth(slowdown: float) -> None:
+    """A memory-bound kernel asking for exactly the supply, on a GPU whose compute is
+    2x faster (``gpu_slowdown`` 0.5, as the paper-world preset does): its phases ask
+    for twice the bandwidth for half the time, so the share stretches them back and
+    the kernel takes its HBM-bound time."""
+    cfg = _system(True)
+    m = Machine(cfg)
+    m.gpus[0].slowdown = slowdown
+    supply = m.gpus[0].hbm.supply
+    work = 10_000_000
+    k = even_kernel("rows", work, 66, 66, None, frozenset(range(66)), hbm_bytes=work * supply)
+    m.gpus[0].launch(k)
+    m.run()
+    assert k.finished_at == pytest.approx(work, abs=2)
+    assert m.gpus[0].hbm.stretched == (66 if slowdown < 1 else 0)

@@ -263,7 +263,7 @@ class Gpu:
                 kernel.started_at = self.sim.now
             program = kernel.tbs[tb_index](sm, self.busy_sms)
             if kernel.hbm_phases:
-                program = _phased(program, self.sim, self.hbm)
+                program = _phased(program, self.sim, self.hbm, self.slowdown)
             if self.slowdown != 1.0:
                 program = _slowed(program, self.slowdown)
             proc = Process(self.sim, program)
@@ -306,10 +306,12 @@ def _by_priority(kernel: Kernel) -> int:
     return -kernel.priority  # sorted() is stable: launch order among equal priorities
 
 
-def _phased(program: ProgramGen, sim: Simulator, hbm: HbmShare) -> ProgramGen:
+def _phased(program: ProgramGen, sim: Simulator, hbm: HbmShare, slowdown: float = 1.0) -> ProgramGen:
     """``program`` with each :class:`HbmPhase` it yields turned into a delay: its time
     alone, stretched by the GPU's HBM share at the instant it starts (with sharing
-    off: its time alone, exactly as before)."""
+    off: its time alone, exactly as before). ``slowdown``: the factor :func:`_slowed`
+    applies to the delays afterwards; the share is asked with the phase's real
+    duration, so a faster GPU's phases ask for proportionally more bandwidth."""
     value = None
     while True:
         try:
@@ -319,7 +321,10 @@ def _phased(program: ProgramGen, sim: Simulator, hbm: HbmShare) -> ProgramGen:
         if isinstance(item, HbmPhase):
             overlapped = item.overlapped
             if hbm.enabled and item.ps > 0 and item.nbytes > 0:
-                item = yield hbm.request(sim, item.ps, item.nbytes)  # the phase's time, known this instant
+                if slowdown == 1.0:
+                    item = yield hbm.request(sim, item.ps, item.nbytes)  # the phase's time, known this instant
+                else:  # timed at its real duration, handed back in the program's units (scaled again later)
+                    item = round((yield hbm.request(sim, round(item.ps * slowdown), item.nbytes)) / slowdown)
             else:
                 item = item.ps
             if overlapped:  # the program times it itself: hand it the time
