@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from cais.cli import main
+from cais.errors import UserError
 from cais.hw.config import ConfigError, list_systems, load_system
 
 
@@ -214,3 +215,34 @@ def test_every_option_of_every_command_has_help_text() -> None:
                 checked += 1
                 assert action.help, f"cais {name} {action.option_strings[0]} has no help"
     assert checked >= 25
+
+
+def test_as_flags_shows_parameter_names_as_the_commands_flags() -> None:
+    from cais.cli import as_flags
+
+    run = {"--model", "--scheme", "--mode", "--sms", "--sim", "--batch", "--seq", "--trace-bin-us"}
+    assert as_flags("sms: must be between 1 and 132 on dgx-h100, got 0", run) == \
+        "--sms: must be between 1 and 132 on dgx-h100, got 0"
+    assert as_flags("sim mirror: this run is not symmetric: x; use sim='full'", run) == \
+        "--sim mirror: this run is not symmetric: x; use --sim full"
+    assert as_flags("trace_bin_us: too fine", run) == "--trace-bin-us: too fine"  # underscores as dashes
+    # only names that are options of this command; bare words stay as they are
+    assert as_flags("bytes 1,024: too big; use bytes of at most about 1M", run) == \
+        "bytes 1,024: too big; use bytes of at most about 1M"
+    assert as_flags("x: use a smaller batch or seq", run) == "x: use a smaller batch or seq"
+    assert as_flags("point 2 of 2 (scheme=nope): scheme: unknown scheme 'nope'; use sim='full'", set()) == \
+        "point 2 of 2 (scheme=nope): scheme: unknown scheme 'nope'; use sim='full'"
+    # flag-worded messages, dotted keys and quoted names that are not name='value' are left alone
+    assert as_flags("--set gpus=16: system 'dgx-h100' has 8 GPUs", {"--set", "--gpus"}) == \
+        "--set gpus=16: system 'dgx-h100' has 8 GPUs"
+    assert as_flags("set.sim='full' and model 'sim'", run) == "set.sim='full' and model 'sim'"
+    assert as_flags("model: unknown model 'gpt5'", {"--models"}) == "model: unknown model 'gpt5'"
+
+
+def test_library_messages_name_parameters_and_the_command_shows_flags(capsys) -> None:
+    from cais.experiments.gemm import run_gemm
+
+    with pytest.raises(UserError, match=r"^sms: must be between 1 and 132 on dgx-h100, got 1000$"):
+        run_gemm(load_system("dgx-h100"), 8, 8, 8, 1000)
+    assert main(["gemm", "--m", "8", "--n", "8", "--k", "8", "--sms", "1000"]) == 2
+    assert capsys.readouterr().err == "cais: error: --sms: must be between 1 and 132 on dgx-h100, got 1000\n"

@@ -93,7 +93,7 @@ def test_unknown_name_one_line():
     with pytest.raises(ModelError) as e:
         load_model("gpt-9")
     msg = str(e.value)
-    assert "\n" not in msg and msg.startswith("--model: unknown model 'gpt-9'; valid: ")
+    assert "\n" not in msg and msg.startswith("model: unknown model 'gpt-9'; valid: ")
     assert all(n in msg for n in PRESETS)
 
 

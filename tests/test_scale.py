@@ -71,7 +71,9 @@ def test_cli_names_the_mode(capsys) -> None:
     assert "mirror (GPU 0 simulated" in capsys.readouterr().out
     assert main(["collective", "--op", "allreduce", "--algo", "nvls", "--bytes", "64K", "--sim", "mirror",
                  "--set", "gpu_slowdown={\"1\": 1.5}"]) == 2
-    assert capsys.readouterr().err.startswith("cais: error: --sim mirror: this collective is not symmetric")
+    err = capsys.readouterr().err
+    assert err.startswith("cais: error: --sim mirror: this collective is not symmetric")
+    assert err.endswith("; use --sim full\n")  # the library's "use sim='full'", as the command's flag
 
 
 @pytest.mark.parametrize("scheme, mode", [("tp-nvls", "prefill"), ("sp-nvls", "train")])
@@ -94,7 +96,7 @@ def test_layer_mirror_refused_for_asymmetric_schemes(h100, scheme) -> None:
     from cais.experiments.layer import run_layer
     from cais.workload.models import load_model
 
-    with pytest.raises(UserError, match="--sim mirror: this run is not symmetric"):
+    with pytest.raises(UserError, match="^sim mirror: this run is not symmetric: .*; use sim='full'$"):
         run_layer(h100, load_model("paper-llama-7b").with_run(1, 256), scheme, "prefill", 66, sim="mirror")
 
 

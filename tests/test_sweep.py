@@ -148,7 +148,7 @@ def test_a_table_being_written_by_another_sweep_is_refused(tmp_path) -> None:
     assert not list(tmp_path.glob(".*lock"))  # removed when the sweep ends
     with pytest.raises(UserError, match="must end in .parquet"):
         run_sweep([{"x": 1}], tmp_path / "r.csv", fn=HELPER, workers=1, progress=False)
-    with pytest.raises(UserError, match="--ray: no Ray cluster answers|--ray: Ray is not installed"):
+    with pytest.raises(UserError, match="^ray: no Ray cluster answers|^ray: Ray is not installed"):
         run_sweep([{"x": 1}], out, fn=HELPER, ray_address=f"127.0.0.1:{_free_port()}", progress=False)
 
 

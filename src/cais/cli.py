@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, TypeVar
 
@@ -93,6 +94,32 @@ def _overridden(cfg: SystemConfig, args: argparse.Namespace) -> tuple[SystemConf
     """``cfg`` with the --set pairs applied (the last of a repeated key wins) and the
     values they set, for the outputs."""
     return overridden(cfg, dict(args.set), "--set", "--set gpus=")
+
+
+_NAME = r"[a-z][a-z0-9_]*"
+
+
+def as_flags(message: str, options: Collection[str]) -> str:
+    """A library message in the words of the command the user ran. Library code names
+    parameters, not flags (docs/errors.md): ``sms: must be between 1 and 132 ...``,
+    ``...; use sim='full'``. Where ``--name`` (underscores as dashes) is one of
+    ``options``, the option strings of the subcommand that ran, the message's first
+    word ``name`` (before ``:`` or a space) becomes ``--name``, and an inline
+    ``name='value'`` becomes ``--name value``. Nothing else changes: other words, names
+    that are not options of this command (a sweep spec's keys) and messages already
+    worded in flags (``--set: ...``) stay as they are."""
+    def flag(name: str) -> str | None:
+        text = "--" + name.replace("_", "-")
+        return text if text in options else None
+
+    first = re.match(rf"({_NAME})(?=[: ])", message)
+    if first and (f := flag(first[1])):
+        message = f + message[first.end():]
+
+    def inline(m: re.Match[str]) -> str:
+        f = flag(m[1])
+        return f"{f} {m[2]}" if f else m[0]
+    return re.sub(rf"(?<![\w.-])({_NAME})='([^'\s]*)'", inline, message)
 
 
 def _for_flag(flag: str, fn: Callable[..., T], *args: object) -> T:
@@ -596,6 +623,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="simulate nothing: analyse only the runs already in DIR/runs (others are left out)")
     _set_option(rp)
     rp.set_defaults(fn=cmd_reproduce)
+    for sp in sub.choices.values():  # each command's option strings, for as_flags
+        sp.set_defaults(options=frozenset(sp._option_string_actions))
     return p
 
 
@@ -613,7 +642,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args.fn(args)
     except UserError as exc:
-        print(f"cais: error: {_one_line(str(exc))}", file=sys.stderr)
+        message = _one_line(str(exc))
+        if not isinstance(exc, UsageError):  # a library message names parameters; show them as flags
+            message = as_flags(message, getattr(args, "options", ()))
+        print(f"cais: error: {message}", file=sys.stderr)
         return 2
     except Stalled as exc:  # the simulated system stopped making progress: a result, not a crash
         print(f"cais: stalled: {_one_line(str(exc))}", file=sys.stderr)

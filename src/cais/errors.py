@@ -20,7 +20,7 @@ class UserError(ValueError):
 
 
 def looks_like_path(text: str) -> bool:
-    """Whether a ``--system`` / ``--model`` argument is meant as a file (it has a
+    """Whether a ``system`` / ``model`` name is meant as a file (it has a
     directory part or a ``.json`` suffix; a preset name has neither), so that a
     missing one is reported as "file not found", not as an unknown name."""
     return "/" in text or "\\" in text or text.lower().endswith(".json")

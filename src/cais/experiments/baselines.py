@@ -55,7 +55,7 @@ def _one(job: tuple[str, str, str, int, str, tuple[tuple[str, str], ...]]) -> di
 def run_grid(models: tuple[str, ...] = TABLE1, schemes: tuple[str, ...] = BASELINES,
              modes: tuple[str, ...] = ("prefill", "train"), sms: int = 66, system: str = "dgx-h100",
              workers: int | None = None, sets: dict[str, str] | None = None) -> list[dict[str, object]]:
-    """Every (model, scheme, mode) on ``system`` with the ``--set``-style overrides
+    """Every (model, scheme, mode) on ``system`` with the dotted-key overrides
     ``sets``, in a pool of local processes."""
     frozen = tuple(sorted((sets or {}).items()))
     jobs = [(m, s, mode, sms, system, frozen) for m in models for s in schemes for mode in modes]

@@ -92,24 +92,24 @@ def check_collective(cfg: SystemConfig, op: str, algo: str, nbytes: int, elem_by
     (one line) for an unknown op or algorithm, a size that is not whole elements or
     too small to shard, or a run too big to simulate (cais.limits)."""
     if op not in OPS:
-        raise UserError(f"--op: unknown collective '{op}'; valid: {', '.join(OPS)}")
+        raise UserError(f"op: unknown collective '{op}'; valid: {', '.join(OPS)}")
     if algo not in ALGOS:
-        raise UserError(f"--algo: unknown algorithm '{algo}'; valid: {', '.join(ALGOS)}")
+        raise UserError(f"algo: unknown algorithm '{algo}'; valid: {', '.join(ALGOS)}")
     if nbytes <= 0 or nbytes % elem_bytes:
-        raise UserError(f"--bytes: must be a positive multiple of {elem_bytes} (bf16 elements), got {nbytes}")
+        raise UserError(f"bytes: must be a positive multiple of {elem_bytes} (bf16 elements), got {nbytes}")
     count = nbytes // elem_bytes
     if op != "allreduce" and count % cfg.gpus:
         count -= count % cfg.gpus  # nccl-tests rounds AllGather/ReduceScatter sizes to n equal shards
         if count == 0:
-            raise UserError(f"--bytes: {op} needs at least {cfg.gpus * elem_bytes} bytes on {cfg.gpus} GPUs")
+            raise UserError(f"bytes: {op} needs at least {cfg.gpus * elem_bytes} bytes on {cfg.gpus} GPUs")
     check_machine(cfg)
     per = cfg.gpus if mirror else 1  # mirror mode simulates one GPU's share
     estimate = collective_events(cfg, op, algo, count * elem_bytes) / per
     fixed = collective_events(cfg, op, algo, 0) / per  # the TBs alone, whatever the size
     hint = ("its TBs alone come near the limit: use fewer GPUs or channels (collective.*_channels)"
             if 2 * fixed > max_events() else
-            f"use --bytes of at most about {size_text(nbytes * (max_events() - fixed) / (estimate - fixed))}")
-    check_events(estimate, f"--bytes {nbytes:,}: a {algo} {op} on {cfg.gpus} GPUs", hint)
+            f"use bytes of at most about {size_text(nbytes * (max_events() - fixed) / (estimate - fixed))}")
+    check_events(estimate, f"bytes {nbytes:,}: a {algo} {op} on {cfg.gpus} GPUs", hint)
     return count
 
 
@@ -146,9 +146,9 @@ def check_mirror(m: Machine) -> None:
     if fab.mirror and fab.uneven_packets > MIRROR_UNEVEN_SHARE * fab.mirror_packets:
         links = len(fab.link_chip)
         share = 100 * fab.uneven_packets / fab.mirror_packets
-        raise UserError(f"--sim mirror: {share:.0f} % of the packets went in transfer units smaller than one packet "
+        raise UserError(f"sim mirror: {share:.0f} % of the packets went in transfer units smaller than one packet "
                         f"per link ({links} links x {m.cfg.packet.max_payload_bytes} B), where GPUs "
-                        "load the switch chips unlike and mirror mode does not hold; use --sim full (small "
+                        "load the switch chips unlike and mirror mode does not hold; use sim='full' (small "
                         "messages are cheap in full)")
 
 
@@ -159,11 +159,11 @@ def run_collective(cfg: SystemConfig, op: str, algo: str, nbytes: int, functiona
     ``recorder``, if given, records the run (the collective kernel on each GPU is
     marked on its ``collective`` track)."""
     if sim not in SIM_MODES:
-        raise UserError(f"--sim: unknown mode '{sim}'; valid: {', '.join(SIM_MODES)}")
+        raise UserError(f"sim: unknown mode '{sim}'; valid: {', '.join(SIM_MODES)}")
     mirror = sim == "mirror"
     misfit = mirror_misfit(cfg, functional) if mirror else ""
     if misfit:
-        raise UserError(f"--sim mirror: this collective is not symmetric: {misfit}; use --sim full")
+        raise UserError(f"sim mirror: this collective is not symmetric: {misfit}; use sim='full'")
     count = check_collective(cfg, op, algo, nbytes, elem_bytes, mirror)
     spec = CollectiveSpec(op, algo, count, elem_bytes)
     if progress is not None:

@@ -31,18 +31,18 @@ class GemmResult:
 
 
 def run_gemm(cfg: SystemConfig, m: int, n: int, k: int, sms: int | None = None) -> GemmResult:
-    for name, v in (("--m", m), ("--n", n), ("--k", k)):
+    for name, v in (("m", m), ("n", n), ("k", k)):
         if not 0 < v <= MAX_GEMM_DIM:
             raise UserError(f"{name}: must be a positive integer of at most {MAX_GEMM_DIM:,} (cuBLAS's 32-bit "
                             f"dimensions), got {v:,}")
     sms = cfg.gpu.sms if sms is None else sms
     if not 1 <= sms <= cfg.gpu.sms:
-        raise UserError(f"--sms: must be between 1 and {cfg.gpu.sms} on {cfg.name}, got {sms}")
+        raise UserError(f"sms: must be between 1 and {cfg.gpu.sms} on {cfg.name}, got {sms}")
     check_machine(cfg.with_overrides(gpus=2))
     model = ComputeModel.load(cfg.gpu.compute_model, cfg.gpu.hbm_bandwidth_GBps)
     shape = gemm_shape(model, m, n, k, sms)
-    check_events(gemm_events(shape.tiles), f"--m x --n {m:,} x {n:,}: {shape.tiles:,} output tiles of "
-                 f"{shape.bm} x {shape.bn}", "use a smaller --m or --n (--k sets only the time of a tile)")
+    check_events(gemm_events(shape.tiles), f"output {m:,} x {n:,} (m x n): {shape.tiles:,} output tiles of "
+                 f"{shape.bm} x {shape.bn}", "use a smaller m or n (k sets only the time of a tile)")
     machine = Machine(cfg.with_overrides(gpus=2))  # one GPU is used; a fabric needs two
     kernel = gemm_kernel(model, shape, sms=frozenset(range(sms)))
     machine.gpus[0].launch(kernel)

@@ -237,7 +237,7 @@ def _check(m: Machine, case: FunctionalCase) -> tuple[list[str], int]:
 
 def _check_sms(cfg: SystemConfig, sms: int | None) -> None:
     if sms is not None and not 1 <= sms <= cfg.gpu.sms:
-        raise UserError(f"--sms: must be between 1 and {cfg.gpu.sms} on {cfg.name}, got {sms}")
+        raise UserError(f"sms: must be between 1 and {cfg.gpu.sms} on {cfg.name}, got {sms}")
 
 
 # Schemes whose every GPU runs GPU 0's program shifted by its index, checked against
@@ -249,14 +249,14 @@ MIRROR_SCHEMES = ("tp-nvls", "sp-nvls")
 def _mirror_mode(cfg: SystemConfig, scheme: str, sim: str, functional: bool) -> bool:
     """Whether to run in mirror mode; UserError (one line) if asked where it does not hold."""
     if sim not in SIM_MODES:
-        raise UserError(f"--sim: unknown mode '{sim}'; valid: {', '.join(SIM_MODES)}")
+        raise UserError(f"sim: unknown mode '{sim}'; valid: {', '.join(SIM_MODES)}")
     if sim != "mirror":
         return False
     why = mirror_misfit(cfg, functional)
     if not why and scheme not in MIRROR_SCHEMES:
         why = f"scheme {scheme} is not one whose GPUs all run GPU 0's program ({', '.join(MIRROR_SCHEMES)})"
     if why:
-        raise UserError(f"--sim mirror: this run is not symmetric: {why}; use --sim full")
+        raise UserError(f"sim mirror: this run is not symmetric: {why}; use sim='full'")
     return True
 
 
@@ -266,8 +266,8 @@ def _check_size(cfg: SystemConfig, model: ModelSpec, scheme: str, switch: str, m
     finish (cais.limits; mirror mode simulates one GPU's share)."""
     check_machine(cfg)
     check_events(period_events(cfg, period, model.dtype_bytes, switch) / (cfg.gpus if mirror else 1),
-                 f"{model.name} {mode} under {scheme} with --batch {model.batch} --seq {model.seq} on {cfg.gpus} GPUs",
-                 "use a smaller --batch or --seq")
+                 f"{model.name} {mode} under {scheme} with batch {model.batch} and seq {model.seq} on {cfg.gpus} GPUs",
+                 "use a smaller batch or seq")
 
 
 def check_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: int | None = None) -> None:

@@ -192,8 +192,8 @@ class SystemConfig(_Strict):
     name: str
     description: str = ""
     gpus: int = Field(8, ge=2)
-    scalable: bool = Field(False, description="the system is a template of any size: --gpus may set any GPU "
-                                              "count; otherwise --gpus may use at most its own gpus (a subset "
+    scalable: bool = Field(False, description="the system is a template of any size: a run may set any GPU "
+                                              "count; otherwise a run may use at most its own gpus (a subset "
                                               "of its GPUs on the same fabric)")
     gpu: GpuConfig = GpuConfig()
     link: LinkConfig = LinkConfig()
@@ -291,16 +291,16 @@ def _system_path(name_or_path: str) -> Path:
             hint = ""
             if Path(name_or_path).stem in list_systems() and "/" not in name_or_path:
                 hint = f" (the preset is named '{Path(name_or_path).stem}', without .json)"
-            raise ConfigError(f"--system: file not found: {name_or_path}{hint}")
+            raise ConfigError(f"system: file not found: {name_or_path}{hint}")
         if path.is_dir():
-            raise ConfigError(f"--system: {name_or_path} is a directory, not a system JSON file")
+            raise ConfigError(f"system: {name_or_path} is a directory, not a system JSON file")
         return path
     preset = _presets_dir() / f"{name_or_path}.json"
     if preset.is_file():
         return preset
     if Path(name_or_path).is_file():  # a file without a suffix in the working directory
         return Path(name_or_path)
-    raise ConfigError(f"--system: unknown system '{name_or_path}'; valid: {', '.join(list_systems())} "
+    raise ConfigError(f"system: unknown system '{name_or_path}'; valid: {', '.join(list_systems())} "
                       "(or a JSON file)")
 
 
@@ -393,16 +393,17 @@ def _system_data(path: Path) -> dict[str, Any]:
     return _merged(_system_data(_presets_dir() / f"{base}.json"), data, SystemConfig)
 
 
-def check_gpus(cfg: SystemConfig, gpus: int | None, flag: str = "--gpus ") -> None:
+def check_gpus(cfg: SystemConfig, gpus: int | None, label: str = "gpus ") -> None:
     """ConfigError if ``gpus`` asks more GPUs of ``cfg`` than it has and it is not a
     scalable template (using fewer of a machine's GPUs is allowed: a smaller TP group
-    on the same fabric)."""
+    on the same fabric); its message starts with ``label`` and the count
+    (``gpus 16: ...``)."""
     if gpus is None or gpus <= cfg.gpus or cfg.scalable:
         return
     scalable = [name for name, data in ((n, _read_object(_presets_dir() / f"{n}.json")) for n in list_systems())
                 if data.get("scalable")]
     where = f"the scalable preset {', '.join(scalable)} or " if scalable else ""
-    raise ConfigError(f"{flag}{gpus}: system '{cfg.name}' has {cfg.gpus} GPUs and is not scalable; for more GPUs "
+    raise ConfigError(f"{label}{gpus}: system '{cfg.name}' has {cfg.gpus} GPUs and is not scalable; for more GPUs "
                       f"use {where}a system file with \"base\": \"{cfg.name}\" and \"gpus\": {gpus}")
 
 
@@ -530,10 +531,10 @@ def apply_overrides(cfg: SystemConfig, pairs: Mapping[str, str]) -> SystemConfig
 
 
 def overridden(cfg: SystemConfig, pairs: Mapping[str, str], label: str,
-               gpus_flag: str) -> tuple[SystemConfig, dict[str, Any]]:
+               gpus_label: str) -> tuple[SystemConfig, dict[str, Any]]:
     """``cfg`` with the dotted ``pairs`` applied (:func:`apply_overrides`) and the values
     they set (:func:`config_values`). A GPU count beyond a system that is not scalable is
-    refused (:func:`check_gpus`, naming it ``gpus_flag``); every ConfigError's one line
+    refused (:func:`check_gpus`, naming it ``gpus_label``); every ConfigError's one line
     starts with ``label``, the way the caller's user wrote the pairs."""
     before = cfg
     try:
@@ -541,7 +542,7 @@ def overridden(cfg: SystemConfig, pairs: Mapping[str, str], label: str,
     except ConfigError as exc:
         raise ConfigError(f"{label}: {exc}") from None
     if "gpus" in pairs:
-        check_gpus(before, cfg.gpus, gpus_flag)
+        check_gpus(before, cfg.gpus, gpus_label)
     return cfg, config_values(cfg, pairs)
 
 

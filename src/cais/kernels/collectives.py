@@ -298,7 +298,7 @@ def build(m: Machine, spec: CollectiveSpec) -> list[Kernel]:
     if spec.full_stride is not None and (spec.op == "allreduce" or spec.count % m.n):
         raise ValueError("a strided layout needs ReduceScatter or AllGather with equal shards")
     if spec.op not in OPS:
-        raise UserError(f"--op: unknown collective '{spec.op}'; valid: {', '.join(OPS)}")
+        raise UserError(f"op: unknown collective '{spec.op}'; valid: {', '.join(OPS)}")
     if spec.algo not in ALGOS:
-        raise UserError(f"--algo: unknown algorithm '{spec.algo}'; valid: {', '.join(ALGOS)}")
+        raise UserError(f"algo: unknown algorithm '{spec.algo}'; valid: {', '.join(ALGOS)}")
     return nvls_kernels(m, spec) if spec.algo == "nvls" else ring_kernels(m, spec)

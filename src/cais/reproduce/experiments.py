@@ -36,7 +36,7 @@ WHY_BOTH = ("CAIS starves at the 40 KB table, and communication weighs less here
 
 @dataclass(frozen=True)
 class Context:
-    """Where and how experiments run: the system preset or file, ``--set``-style
+    """Where and how experiments run: the system preset or file, dotted-key
     overrides, the quick grid or the full one, and the output folder; ``models`` and
     ``modes``, when given, replace the Fig. 11 grid's models and modes (same batch as
     the grid would use)."""

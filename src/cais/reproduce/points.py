@@ -2,7 +2,7 @@
 scalars) and returns a flat dict of scalar columns, so that the sweep runner
 (:func:`cais.sweep.runner.run_sweep`) can run them in worker processes and resume.
 
-A point names its system (preset or file), the ``--set``-style overrides as a JSON
+A point names its system (preset or file), the dotted-key overrides as a JSON
 object string (``sets``), and what to run. Nested results (per-port tables, time
 series) are returned as JSON strings.
 """

@@ -36,5 +36,5 @@ def get_scheme(name: str) -> Scheme:
     found = _discover()
     cls = found.get(name)
     if cls is None:
-        raise UserError(f"--scheme: unknown scheme '{name}'; valid: {', '.join(found)}")
+        raise UserError(f"scheme: unknown scheme '{name}'; valid: {', '.join(found)}")
     return cls()

@@ -26,7 +26,6 @@ key                meaning (as the ``cais run`` / ``cais collective`` option)
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -178,11 +177,6 @@ def _label(point: Mapping[str, Any], limit: int = 120) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def _unflagged(message: str) -> str:
-    """A library message without its command-line flag prefix (``--scheme: ...``)."""
-    return re.sub(r"^--([a-z-]+)[: ]\s*", r"\1: ", " ".join(message.split()))
-
-
 def check_points(points: Sequence[Mapping[str, Any]]) -> None:
     """:func:`check_point` on every point, before any runs; the first mistake is a
     one-line UserError saying which point (number and keys) and what is wrong."""
@@ -190,7 +184,7 @@ def check_points(points: Sequence[Mapping[str, Any]]) -> None:
         try:
             check_point(point)
         except UserError as exc:
-            raise UserError(f"point {i + 1} of {len(points)} ({_label(point)}): {_unflagged(str(exc))}") from None
+            raise UserError(f"point {i + 1} of {len(points)} ({_label(point)}): {exc}") from None
 
 
 def run_point(point: Mapping[str, Any]) -> dict[str, Any]:

@@ -122,7 +122,7 @@ def _ray(fn: str, points: Sequence[Point], address: str) -> Iterator[list[dict[s
     try:
         import ray
     except ImportError:
-        raise UserError("--ray: Ray is not installed; pip install 'cais-sim[cluster]'") from None
+        raise UserError("ray: Ray is not installed; pip install 'cais-sim[cluster]'") from None
     owned = not ray.is_initialized()
     if owned:
         _reachable(address)
@@ -130,7 +130,7 @@ def _ray(fn: str, points: Sequence[Point], address: str) -> Iterator[list[dict[s
             local = {"include_dashboard": False} if address == "local" else {}  # a new one-machine Ray
             ray.init(address=address, log_to_driver=False, logging_level="warning", **local)
         except (ConnectionError, ValueError, RuntimeError) as exc:
-            raise UserError(f"--ray: cannot connect to a Ray cluster at '{address}': {one_line(exc)}") from None
+            raise UserError(f"ray: cannot connect to a Ray cluster at '{address}': {one_line(exc)}") from None
     pending: dict[Any, Point] = {}
     try:
         task = ray.remote(num_cpus=1, max_retries=1)(call_point)
@@ -165,7 +165,7 @@ def _reachable(address: str) -> None:
     try:
         socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=5).close()
     except OSError as exc:
-        raise UserError(f"--ray: no Ray cluster answers at {address}: {exc.strerror or exc}") from None
+        raise UserError(f"ray: no Ray cluster answers at {address}: {exc.strerror or exc}") from None
 
 
 def _progress(enabled: bool, desc: str, total: int, skipped: int) -> Any:
@@ -197,9 +197,9 @@ def run_sweep(points: list[Point], out: str | Path, *, fn: str = DEFAULT_FN, wor
     its one-line message; the others go on. Returns the whole table: earlier rows
     and new ones, one row per point id (a rerun point's row replaces its old one)."""
     if workers is not None and workers < 1:
-        raise UserError(f"--workers: expected a positive number, got {workers}")
+        raise UserError(f"workers: expected a positive number, got {workers}")
     if workers is not None and ray_address:
-        raise UserError("--workers: sets local processes; with --ray the cluster's CPUs run the points")
+        raise UserError(f"workers: sets local processes; with ray='{ray_address}' the cluster's CPUs run the points")
     resolve(fn)  # a bad name fails here, once, not in every worker
     with ResultStore(out) as store:
         finished = store.finished(keep_errors)

@@ -59,13 +59,13 @@ def read_table(path: str | Path) -> pd.DataFrame:
     if not path.exists():
         return pd.DataFrame({c: pd.Series(dtype=object) for c in META_COLUMNS})
     if path.is_dir():
-        raise UserError(f"--out: '{path}' is a directory; give a .parquet file name")
+        raise UserError(f"out: '{path}' is a directory; give a .parquet file name")
     try:
         table = pd.read_parquet(path)
     except Exception as exc:  # noqa: BLE001 - any reader failure means "not a table we can extend"
-        raise UserError(f"--out: cannot resume {path}: not a readable Parquet table ({type(exc).__name__})") from None
+        raise UserError(f"out: cannot resume {path}: not a readable Parquet table ({type(exc).__name__})") from None
     if "point_id" not in table.columns:
-        raise UserError(f"--out: {path} is not a sweep table (no point_id column); give another file name")
+        raise UserError(f"out: {path} is not a sweep table (no point_id column); give another file name")
     return table
 
 
@@ -78,9 +78,9 @@ class ResultStore:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         if self.path.suffix.lower() != ".parquet":
-            raise UserError(f"--out: the sweep table is a Parquet file; its name must end in .parquet, got '{path}'")
+            raise UserError(f"out: the sweep table is a Parquet file; its name must end in .parquet, got '{path}'")
         if not self.path.parent.is_dir():
-            raise UserError(f"--out: no directory {self.path.parent} for '{path}'")
+            raise UserError(f"out: no directory {self.path.parent} for '{path}'")
         self.table = read_table(self.path)
         self._lock: int | None = None
 
@@ -89,14 +89,14 @@ class ResultStore:
         try:
             fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
-            raise UserError(f"--out: cannot write in {self.path.parent}: {exc.strerror}") from None
+            raise UserError(f"out: cannot write in {self.path.parent}: {exc.strerror}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if os.fstat(fd).st_ino != os.stat(lock).st_ino:  # its holder removed it as we opened it
                 raise BlockingIOError
         except OSError:
             os.close(fd)
-            raise UserError(f"--out: another sweep is writing {self.path}; wait for it or use another file") from None
+            raise UserError(f"out: another sweep is writing {self.path}; wait for it or use another file") from None
         self._lock = fd
         for tmp in self.path.parent.glob(f".{self.path.name}.sweep-*.tmp"):
             pid = tmp.name.rsplit("-", 1)[-1].removesuffix(".tmp")
@@ -136,6 +136,6 @@ class ResultStore:
         except BaseException as exc:
             tmp.unlink(missing_ok=True)
             if isinstance(exc, OSError):
-                raise UserError(f"--out: cannot write {self.path}: {exc.strerror}") from None
+                raise UserError(f"out: cannot write {self.path}: {exc.strerror}") from None
             raise
         self.table = table

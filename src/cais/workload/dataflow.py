@@ -258,7 +258,7 @@ def build_graph(model: ModelSpec, n: int, mode: str, sp: bool, seed: int = 0, re
     sequence); ``sp``: sequence parallelism; ``regather``: the backward re-gathers the
     token-sharded inputs of the weight gradients (Megatron frees the gathered copy)."""
     if mode not in MODES:
-        raise UserError(f"--mode: unknown mode '{mode}'; valid: {', '.join(MODES)}")
+        raise UserError(f"mode: unknown mode '{mode}'; valid: {', '.join(MODES)}")
     d = dims_for(model, n, mode, sp, kv_len)
     g = LayerGraph(d, mode)
     _forward(g, model, seed)

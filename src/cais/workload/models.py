@@ -173,14 +173,14 @@ def load_model(name_or_path: str, **overrides: Any) -> ModelSpec:
     path = Path(name_or_path)
     if not path.exists():
         if looks_like_path(name_or_path):
-            raise ModelError(f"--model: file not found: {name_or_path}")
+            raise ModelError(f"model: file not found: {name_or_path}")
         path = _presets_dir() / f"{name_or_path}.json"
     if path.is_dir():
         path = path / "config.json"
         if not path.is_file():
-            raise ModelError(f"--model: {name_or_path} is a directory without a config.json")
+            raise ModelError(f"model: {name_or_path} is a directory without a config.json")
     if not path.is_file():
-        raise ModelError(f"--model: unknown model '{name_or_path}'; valid: {', '.join(list_models())} "
+        raise ModelError(f"model: unknown model '{name_or_path}'; valid: {', '.join(list_models())} "
                          "(or a model JSON or Hugging Face config.json file)")
     try:
         data = json.loads(path.read_text())
