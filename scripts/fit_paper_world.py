@@ -47,7 +47,8 @@ def _sets(s: float, copy: float | None = None) -> str:
 def fig2_ratio(s: float, out: Path, workers: int | None) -> float:
     p = {"system": BASE, "sets": _sets(s), "model": "paper-llama-7b", "scheme": "tp-nvls", "mode": "prefill",
          "sms": 132}
-    r = run_sweep([p], out / "fit.parquet", fn=LAYER, workers=workers, desc="fig2").iloc[0]
+    t = run_sweep([p], out / "fit.parquet", fn=LAYER, workers=workers, desc="fig2")  # the whole table
+    r = t[(t["point.sets"] == p["sets"]) & (t["point.sms"] == 132)].iloc[0]
     return float(r["comm_kernel_us"] / r["compute_kernel_us"])
 
 
@@ -74,6 +75,7 @@ def main() -> None:
     pts = [{"system": BASE, "sets": _sets(s, c), "model": "paper-llama-7b", "batch": 1, "scheme": sch,
             "mode": "prefill", "sms": 66} for c in COPY_GRID for sch in PAPER_CAIS_SPEEDUP]
     rows = run_sweep(pts, out / "fit.parquet", fn=LAYER, workers=args.workers, desc="baselines")
+    rows = rows[rows["point.sets"].isin({q["sets"] for q in pts}) & (rows["point.sms"] == 66)]  # these points only
     rows["copy"] = rows["point.sets"].map(lambda x: float(json.loads(x)["gpu.sm_copy_bandwidth_GBps"]))
     errs = {}
     for c, g in rows.groupby("copy"):
