@@ -68,3 +68,20 @@ def test_ctrl_c_is_one_line_and_exit_130() -> None:
     assert out == ""
     lines = [line for line in err.splitlines() if not line.startswith("cais: progress:")]
     assert lines == ["cais: interrupted"], err
+
+
+def test_the_long_run_notice_suggests_mirror_mode_only_where_it_applies() -> None:
+    """'--sim mirror' is offered for symmetric runs (tp-nvls, sp-nvls, collectives),
+    never for a scheme mirror mode refuses (CAIS) or when mirror is already on."""
+    import argparse
+
+    from cais.cli import _progress
+
+    def hint(**kw: object) -> str:
+        args = argparse.Namespace(progress=False, json=True, sim="full", **kw)
+        return _progress(args).hint
+
+    assert "--sim mirror" in hint(scheme="tp-nvls")
+    assert "--sim mirror" in hint()  # a collective
+    assert hint(scheme="cais") == ""
+    assert _progress(argparse.Namespace(progress=False, json=True, sim="mirror", scheme="sp-nvls")).hint == ""

@@ -257,9 +257,12 @@ def _progress(args: argparse.Namespace) -> RunProgress:
     --json is not given, or when --progress asks; never with --no-progress."""
     from cais.progress import RunProgress
 
+    from cais.experiments.layer import MIRROR_SCHEMES
+
     show = args.progress if args.progress is not None else (sys.stderr.isatty() and not args.json)
+    symmetric = getattr(args, "scheme", None) in (None, *MIRROR_SCHEMES)  # collectives have no scheme
     hint = ("; '--sim mirror' simulates GPU 0 only, about N times fewer events, where the run is symmetric"
-            if args.sim == "full" else "")
+            if args.sim == "full" and symmetric else "")
     return RunProgress(show=show, hint=hint)
 
 
