@@ -31,6 +31,8 @@ def test_phases_starting_together_share_the_supply() -> None:
     c = share.request(sim, 1000, 300.0)  # at t=0 still: a and b are running, 1.4 + 0.3
     sim.run()
     assert c.value == 1700
+    # two saturated instants: (starting, running, streams) = (1.4, 0, 0) and (0.3, 1.4, 0)
+    assert share.saturated == 2 and share.saturated_demand == pytest.approx([1.7, 1.4, 0.0])
     off = HbmShare(bytes_per_ps=1.0, window_ps=1000, enabled=False)
     assert not off.enabled
 

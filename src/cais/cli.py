@@ -255,9 +255,8 @@ def _print_table(title: str, rows: list[tuple[str, str]]) -> None:
 def _progress(args: argparse.Namespace) -> RunProgress:
     """The run's progress report on stderr: the bar where stderr is a terminal and
     --json is not given, or when --progress asks; never with --no-progress."""
-    from cais.progress import RunProgress
-
     from cais.experiments.layer import MIRROR_SCHEMES
+    from cais.progress import RunProgress
 
     show = args.progress if args.progress is not None else (sys.stderr.isatty() and not args.json)
     symmetric = getattr(args, "scheme", None) in (None, *MIRROR_SCHEMES)  # collectives have no scheme

@@ -321,10 +321,9 @@ def _phased(program: ProgramGen, sim: Simulator, hbm: HbmShare, slowdown: float 
         if isinstance(item, HbmPhase):
             overlapped = item.overlapped
             if hbm.enabled and item.ps > 0 and item.nbytes > 0:
-                if slowdown == 1.0:
-                    item = yield hbm.request(sim, item.ps, item.nbytes)  # the phase's time, known this instant
-                else:  # timed at its real duration, handed back in the program's units (scaled again later)
-                    item = round((yield hbm.request(sim, round(item.ps * slowdown), item.nbytes)) / slowdown)
+                # timed at its real duration, known this instant; handed back in the
+                # program's units (_slowed scales them again; exact when slowdown is 1)
+                item = round((yield hbm.request(sim, round(item.ps * slowdown), item.nbytes)) / slowdown)
             else:
                 item = item.ps
             if overlapped:  # the program times it itself: hand it the time

@@ -77,6 +77,10 @@ class HbmShare:
         self.phases = 0
         self.stretched = 0  # phases that took longer than alone
         self.added_ps = 0  # time added to phases, summed
+        # Instants at which demand exceeded the supply, and what asked for it there,
+        # summed in units of the supply: phases starting, phases running, streams.
+        self.saturated = 0
+        self.saturated_demand = [0.0, 0.0, 0.0]
 
     # ---- streams ------------------------------------------------------------------
     def _roll(self, now: int) -> None:
@@ -124,8 +128,12 @@ class HbmShare:
         now, batch, self._pending = sim.now, self._pending, []
         rates = [nbytes / ps if ps > 0 else 0.0 for ps, nbytes, _ in batch]
         streams = 0.0 if self.streams_yield else self.stream_rate(now)
-        demand = sum(rates) + self.kernel_rate(now) + streams
-        factor = demand / self.supply
+        starting, running = sum(rates), self.kernel_rate(now)
+        factor = (starting + running + streams) / self.supply
+        if factor > 1.0 + _SLACK:
+            self.saturated += 1
+            for i, part in enumerate((starting, running, streams)):
+                self.saturated_demand[i] += part / self.supply
         for (ps, _, sig), rate in zip(batch, rates):
             out = round(ps * factor) if factor > 1.0 + _SLACK else ps
             if rate > 0.0:

@@ -89,22 +89,30 @@ def buffer_peaks_kB(m: Machine) -> dict[str, float]:
 class HbmMetrics:
     """What shared HBM bandwidth did to the run (hw/hbm.py): per GPU, the TBs it ran,
     the compute phases timed against the share, how many took longer than alone, the time added
-    to them (summed over phases, so concurrent phases each count) and the fabric
-    and copy traffic counted as streams."""
+    to them (summed over phases, so concurrent phases each count), the fabric
+    and copy traffic counted as streams, and the instants at which demand exceeded
+    the supply with what asked for it there on average (phases starting, phases
+    running, streams; in units of the supply)."""
 
     per_gpu: dict[int, dict[str, float]]
 
     def as_json(self) -> dict[str, Any]:
-        tot = {k: sum(d[k] for d in self.per_gpu.values()) for k in ("tbs", "phases", "stretched")}
+        tot = {k: sum(d[k] for d in self.per_gpu.values()) for k in ("tbs", "phases", "stretched", "saturated")}
         return {"hbm": {**tot, "added_us_max": max((d["added_us"] for d in self.per_gpu.values()), default=0.0),
                         "per_gpu": {str(g): dict(d) for g, d in sorted(self.per_gpu.items())}}}
 
 
 def hbm_metrics(m: Machine) -> HbmMetrics:
     """:class:`HbmMetrics` of machine ``m`` after a run."""
-    return HbmMetrics({g: {"tbs": gpu.tbs_finished, "phases": gpu.hbm.phases, "stretched": gpu.hbm.stretched,
-                           "added_us": gpu.hbm.added_ps / 1e6, "stream_GB": gpu.hbm.stream_bytes / 1e9}
-                       for g, gpu in enumerate(m.gpus)})
+    out = {}
+    for g, gpu in enumerate(m.gpus):
+        h = gpu.hbm
+        at = {name: part / h.saturated if h.saturated else 0.0
+              for name, part in zip(("starting", "running", "streams"), h.saturated_demand)}
+        out[g] = {"tbs": gpu.tbs_finished, "phases": h.phases, "stretched": h.stretched, "added_us": h.added_ps / 1e6,
+                  "stream_GB": h.stream_bytes / 1e9, "saturated": h.saturated,
+                  **{f"saturated_{k}": v for k, v in at.items()}}
+    return HbmMetrics(out)
 
 
 @dataclass(frozen=True)
