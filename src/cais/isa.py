@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from cais.engine import Train
+from cais.engine import Bound, Train
 from cais.hw.memory import Region, as_run
 from cais.hw.packets import Kind
 
@@ -81,6 +81,11 @@ class Isa:
         # stripes() per (region, unit): every GPU that loads or reduces one address cuts
         # it alike (not in mirror mode, where striping counts uneven units)
         self._stripes: dict[tuple, list[tuple[Region, int]]] = {}
+
+    def request_bound(self, src: int) -> Bound:
+        """GPU ``src``'s bound on outstanding remote SM requests (every TB that loads
+        from or reduces into a peer takes its bytes there)."""
+        return self.m.gpus[src].remote
 
     def sm_port(self) -> SmPort:
         bw = self.m.cfg.gpu.sm_copy_bandwidth_GBps  # bytes per ns
@@ -136,7 +141,8 @@ class Isa:
                 first += n * per if piece.rows == 1 else n
         return out
 
-    def _slice(self, data: np.ndarray | None, region: Region, piece: Region) -> np.ndarray | None:
+    def piece_data(self, data: np.ndarray | None, region: Region, piece: Region) -> np.ndarray | None:
+        """The part of ``data`` (for ``region``) that belongs to ``piece`` of it."""
         if data is None:
             return None
         if region.rows > 1:
@@ -181,7 +187,10 @@ class Isa:
                 if any(p is None for p in parts.values()):
                     done(None)
                 else:
-                    done(np.concatenate([parts[p.start] for p, _ in pieces]))  # rows or runs, in order
+                    got = [parts[p.start] for p, _ in pieces]
+                    if region.rows > 1:  # a block's rows (a chip's share may be a single row, read as a run)
+                        got = [np.reshape(d, (-1, region.count)) for d in got]
+                    done(np.concatenate(got))  # rows or runs, in order
         return arrived
 
     def _local(self, fn: Callable[[], object], done: Callable[..., None] | None, *args: object) -> None:
@@ -224,7 +233,7 @@ class Isa:
             last = {chip: i for i, (_, chip) in enumerate(pieces)}
         acked = self._counter(len(last), fenced) if fenced is not None else None
         for i, (p, chip) in enumerate(pieces):
-            self._send(kind, src, dst, p, self._slice(data, region, p), landed, port, stream, p.nbytes, chip,
+            self._send(kind, src, dst, p, self.piece_data(data, region, p), landed, port, stream, p.nbytes, chip,
                        fence=acked if last.get(chip) == i else None)
 
     def ld(self, src: int, home: int, region: Region, done: DoneData, stream: int = 0,
@@ -277,7 +286,7 @@ class Isa:
         pieces = self.stripes(region, unit)
         taken = self._counter(len(pieces), done)
         for p, chip in pieces:
-            self._send(Kind.RED_CAIS, src, home, p, self._slice(data, region, p), taken, port, stream, p.nbytes,
+            self._send(Kind.RED_CAIS, src, home, p, self.piece_data(data, region, p), taken, port, stream, p.nbytes,
                        chip, tag=signal, expect=expect, quorum=quorum)
 
     def group_sync(self, src: int, group: int, members: int, released: Done) -> None:
@@ -297,14 +306,14 @@ class Isa:
         pieces = self.stripes(region, unit)
         landed = self._counter(len(pieces) * self.n, done)
         for p, chip in pieces:
-            self._send(Kind.MC_STORE, src, -1, p, self._slice(data, region, p), landed, port, stream, p.nbytes, chip)
+            self._send(Kind.MC_STORE, src, -1, p, self.piece_data(data, region, p), landed, port, stream, p.nbytes, chip)
 
     def multimem_red(self, src: int, region: Region, data: np.ndarray | None, done: Done | None = None,
                      port: SmPort | None = None, stream: int = 0, unit: int | None = None) -> None:
         pieces = self.stripes(region, unit)
         landed = self._counter(len(pieces) * self.n, done)
         for p, chip in pieces:
-            self._send(Kind.MC_RED, src, -1, p, self._slice(data, region, p), landed, port, stream, p.nbytes, chip)
+            self._send(Kind.MC_RED, src, -1, p, self.piece_data(data, region, p), landed, port, stream, p.nbytes, chip)
 
     def multimem_ld_reduce(self, src: int, region: Region, done: DoneData, stream: int = 0,
                            unit: int | None = None) -> None:

@@ -2,8 +2,9 @@
 signals, serialising channels with virtual channels, and credit flow control.
 Knows nothing of GPUs."""
 
+from cais.engine.bound import Bound
 from cais.engine.channel import Channel, Train
 from cais.engine.credits import Credits
 from cais.engine.sim import Countdown, Process, Signal, Simulator
 
-__all__ = ["Channel", "Countdown", "Credits", "Process", "Signal", "Simulator", "Train"]
+__all__ = ["Bound", "Channel", "Countdown", "Credits", "Process", "Signal", "Simulator", "Train"]

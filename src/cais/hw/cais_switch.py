@@ -11,7 +11,7 @@ from typing import Any
 
 from cais.engine import Train
 from cais.hw.group_sync import GroupSyncTable
-from cais.hw.merge import MergeUnit, Session
+from cais.hw.merge import MergeUnit, PortSpread, Session
 from cais.hw.packets import Kind
 from cais.hw.switch import NvlsSwitch
 
@@ -23,7 +23,8 @@ class CaisSwitch(NvlsSwitch):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         n = len(self.gpus)
-        self.units = [MergeUnit(self, h, self.merge_cfg, n) for h in range(n)]
+        self.spread = PortSpread()  # how many of its ports hold sessions at once
+        self.units = [MergeUnit(self, h, self.merge_cfg, n, self.spread) for h in range(n)]
         self.sync = GroupSyncTable(self, self.sync_entries)
         self.handlers.update({
             Kind.LD_CAIS_REQ: self._ld_cais, Kind.LD_CAIS_RESP: self._ld_cais_data, Kind.RED_CAIS: self._red_cais,

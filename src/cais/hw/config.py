@@ -153,6 +153,11 @@ class GpuConfig(_Strict):
                                                          "peers, so the TBs of one kernel that read the same remote "
                                                          "lines fetch them once (LADM and CAIS loads; "
                                                          "docs/cais.md)")
+    remote_outstanding_kB: float | None = Field(
+        None, gt=0, description="remote SM requests (loads awaiting their data, reductions not yet acknowledged) "
+                                "one GPU keeps outstanding over all its SMs, on top of each SM's window; null: the "
+                                "bandwidth-delay product of its NVLink ports (their bandwidth x an unloaded remote "
+                                "read's round trip). The CAIS paper (section V-C) states 1,280 KB for DGX-H100")
     interference: InterferenceConfig = InterferenceConfig()
     copy_engine: CopyEngineConfig = CopyEngineConfig()
 
@@ -180,6 +185,13 @@ class CaisConfig(_Strict):
                                                                 "session's expected requesters has arrived (0: off)")
     outstanding_kB: float = Field(64.0, gt=0, description="mergeable request bytes a coordinated TB keeps "
                                                           "unacknowledged")
+    spread: bool = Field(True, description="merging-aware TB scheduling: the coordinated variants launch the "
+                                           "tiles of GEMM-RS and AG-GEMM in an owner-interleaved order, so the "
+                                           "running TB groups spread over every home GPU (opt/tb_order.py); off: "
+                                           "CUTLASS's row raster")
+    request_kB: float = Field(32.0, gt=0, description="bytes of one ld.cais / red.cais as a TB issues it (the "
+                                                      "ISA's transfer unit for mergeable accesses; its share of "
+                                                      "one chip is one merge session)")
     split: Literal["work"] | float = Field("work", description="asymmetric kernel overlap: the share of SMs for the "
                                                               "GEMM-RS group; work = in proportion to the two GEMMs' "
                                                               "calibrated times, or a fraction in (0, 1)")
@@ -226,6 +238,17 @@ class SystemConfig(_Strict):
             if not 0 <= g < self.gpus or factor <= 0:
                 raise ValueError(f"gpu_slowdown: GPU indices must be in 0..{self.gpus - 1} and factors > 0")
         return self
+
+    def remote_outstanding_bytes(self) -> int:
+        """Bytes of remote SM requests one GPU keeps outstanding (``gpu.remote_outstanding_kB``;
+        by default the bandwidth-delay product of its NVLink ports: all its links' bandwidth
+        times the unloaded round trip of a remote read, four link crossings, two switch
+        pipelines and the home's memory latency)."""
+        if self.gpu.remote_outstanding_kB is not None:
+            return round(self.gpu.remote_outstanding_kB * 1024)
+        bandwidth = sum(self.switch.links_per_gpu) * self.link.bandwidth_GBps  # bytes per ns
+        rtt_ns = 4 * self.link.latency_ns + 2 * self.switch.pipeline_latency_ns + self.gpu.memory_latency_ns
+        return round(bandwidth * rtt_ns)
 
     def unit_for(self, stream_bytes: int) -> int:
         """The transfer unit for a kernel whose TBs each stream ``stream_bytes``: about

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from cais.engine import Process, Signal, Simulator, Train
+from cais.engine import Bound, Process, Signal, Simulator, Train
 from cais.engine.sim import ProgramGen
 from cais.hw.hbm import HbmPhase, HbmShare
 from cais.hw.memory import Memory
@@ -68,8 +68,11 @@ class Gpu:
 
     def __init__(self, sim: Simulator, index: int, sms: int, memory: Memory, packetizer: Packetizer,
                  memory_latency_ps: int, vcmap: VcMap, serve_bytes: int, chips: int, vcs: int,
-                 hbm: HbmShare | None = None) -> None:
+                 hbm: HbmShare | None = None, remote_outstanding: int = 1 << 40) -> None:
         self.sim = sim
+        # the GPU's bound on outstanding remote SM requests (its request-tracking
+        # entries): every TB that loads from or reduces into a peer takes its bytes here
+        self.remote = Bound(sim, remote_outstanding)
         self.hbm = hbm if hbm is not None else HbmShare(1.0, 1, enabled=False)
         self.index = index
         self.n_sms = sms

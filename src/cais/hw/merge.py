@@ -108,26 +108,60 @@ class Session:
 
 class MergeStats:
     """What one merge unit did: requests merged into a session another opened, requests
-    that bypassed it, sessions evicted by LRU and flushed by the idle timer, lines in
-    use (peak, and the integral over time), and the arrival skew per address: first
-    to last of the requests one access expects (merged or not)."""
+    that bypassed it (``bypassed_loads`` of them loads), sessions evicted by LRU and
+    flushed by the idle timer, sessions the merge tracker ended once every requester of
+    their address had come (``tracked``: the rest went unmerged or to an evicted
+    session), lines in use (peak, the integral over time, and the
+    time it held any: ``busy_ps``), and the arrival skew per address: first to last
+    of the requests one access expects (merged or not)."""
 
-    __slots__ = ("merged", "bypassed", "evicted", "timed_out", "sessions", "peak_lines", "line_ps",
-                 "skew_n", "skew_sum_ps", "skew_max_ps")
+    __slots__ = ("merged", "bypassed", "bypassed_loads", "evicted", "timed_out", "tracked", "sessions",
+                 "peak_lines", "line_ps", "busy_ps", "skew_n", "skew_sum_ps", "skew_max_ps")
 
     def __init__(self) -> None:
-        self.merged = self.bypassed = self.evicted = self.timed_out = self.sessions = 0
+        self.merged = self.bypassed = self.bypassed_loads = self.evicted = self.timed_out = self.tracked = 0
+        self.sessions = 0
         self.peak_lines = 0
-        self.line_ps = 0
+        self.line_ps = self.busy_ps = 0
         self.skew_n = self.skew_sum_ps = self.skew_max_ps = 0
+
+
+class PortSpread:
+    """How the merge units of one switch chip share the work over time: the time any
+    of them holds a session (``any_ps``) and the integral of how many do
+    (``port_ps``); their ratio is the mean number of ports holding sessions while the
+    chip holds any. A table that starves with few ports busy is concentrated: one
+    home at a time takes every session."""
+
+    __slots__ = ("active", "since", "any_ps", "port_ps")
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.since = 0
+        self.any_ps = self.port_ps = 0
+
+    def change(self, now: int, delta: int) -> None:
+        """A port started (+1) or stopped (-1) holding sessions at ``now``."""
+        if self.active:
+            self.any_ps += now - self.since
+            self.port_ps += self.active * (now - self.since)
+        self.since = now
+        self.active += delta
+
+    def until(self, end: int) -> tuple[int, int]:
+        """(``any_ps``, ``port_ps``) over [0, ``end``]."""
+        tail = max(0, end - self.since) if self.active else 0
+        return self.any_ps + tail, self.port_ps + self.active * tail
 
 
 class MergeUnit:
     """The merge unit of switch port ``port``: it merges the mergeable requests whose
     home GPU is ``port`` and that the address hash sends to this chip."""
 
-    def __init__(self, host: MergeHost, port: int, cfg: MergeConfig, gpus: int) -> None:
+    def __init__(self, host: MergeHost, port: int, cfg: MergeConfig, gpus: int,
+                 spread: PortSpread | None = None) -> None:
         self.host = host
+        self.spread = spread if spread is not None else PortSpread()
         self.sim = host.sim
         self.port = port
         self.capacity = cfg.entries
@@ -146,10 +180,12 @@ class MergeUnit:
         self.log: list[tuple[int, int]] | None = None  # (time, lines) at each change, when recording
 
     # ---- arrival skew ------------------------------------------------------------
-    def _arrive(self, key: tuple[int, Any], req: Train) -> None:
-        """Count a request's arrival for its address, merged or not: once all the
-        requesters it expects have come, record first-to-last arrival (the paper's
-        waiting time, Fig. 13(b))."""
+    def _arrive(self, key: tuple[int, Any], req: Train) -> bool:
+        """The merge tracker (paper section III-B.1: the switch "watches request arrival
+        per group and per address"): count a request's arrival for its address, merged
+        or not. Once all the requesters it expects have come, record first-to-last
+        arrival (the paper's waiting time, Fig. 13(b)) and return True: no request for
+        the address is still to come."""
         now = self.sim.now
         arrivals = self._arrivals
         seen = arrivals.get(key)
@@ -165,13 +201,37 @@ class MergeUnit:
             st.skew_sum_ps += skew
             if skew > st.skew_max_ps:
                 st.skew_max_ps = skew
+            return True
+        return False
+
+    def _last_arrived(self, key: tuple[int, Any]) -> None:
+        """Every request for the address has arrived: a session still open for it
+        (one opened after some of its requesters had merged into an evicted session,
+        or bypassed) will get no more, so it ends now instead of at the idle timeout:
+        a reduction sends its partial sum home, a cached load answers whom it holds,
+        a load still waiting for its data ends when the data is back."""
+        s = self.table.get(key)
+        if s is None:
+            return
+        self.stats.tracked += 1
+        if s.state == REDUCTION:
+            self._flush(s)
+        elif s.state == LOAD_READY:
+            self._close(s)
+        else:
+            s.expect = s.quorum = s.count
 
     # ---- loads -------------------------------------------------------------------
     def load(self, req: Train) -> None:
         """An ``ld.cais`` request for ``req.want`` bytes of the home's memory arrives."""
-        now = self.sim.now
         key = _cam_key(_LOAD, req.addr)
-        self._arrive(key, req)
+        last = self._arrive(key, req)
+        self._load(key, req)
+        if last:
+            self._last_arrived(key)
+
+    def _load(self, key: tuple[int, Any], req: Train) -> None:
+        now = self.sim.now
         s = self.table.get(key)
         if s is None:
             s = self._open(key, LOAD_WAIT, req, max(1, -(-req.want // self.line_bytes)))
@@ -221,7 +281,12 @@ class MergeUnit:
     def reduce(self, red: Train) -> None:
         """A ``red.cais`` contribution (or a sum of ``red.count``) arrives."""
         key = _cam_key(_RED, red.addr)
-        self._arrive(key, red)
+        last = self._arrive(key, red)
+        self._reduce(key, red)
+        if last:
+            self._last_arrived(key)
+
+    def _reduce(self, key: tuple[int, Any], red: Train) -> None:
         s = self.table.get(key)
         if s is None:
             s = self._open(key, REDUCTION, red, self._lines(red.payload))
@@ -252,6 +317,8 @@ class MergeUnit:
         (and ``first`` forwarded unmerged) when it cannot have the lines."""
         if not self._make_room(lines):
             self.stats.bypassed += 1
+            if state == LOAD_WAIT:
+                self.stats.bypassed_loads += 1
             self.host.forward(first)
             return None
         sid = self._next
@@ -318,8 +385,15 @@ class MergeUnit:
         now = self.sim.now
         st = self.stats
         st.line_ps += self.used * (now - self._since)
+        was = self.used
+        if was:
+            st.busy_ps += now - self._since
         self._since = now
         self.used += lines
+        if not was and self.used:
+            self.spread.change(now, 1)
+        elif was and not self.used:
+            self.spread.change(now, -1)
         st.peak_lines = max(st.peak_lines, self.used)
         if self.log is not None:
             self.log.append((now, self.used))
@@ -358,6 +432,10 @@ class MergeUnit:
     def line_ps_until(self, end: int) -> int:
         """The integral of lines in use over [0, ``end``] (line-picoseconds)."""
         return self.stats.line_ps + self.used * max(0, end - self._since)
+
+    def busy_ps_until(self, end: int) -> int:
+        """The time in [0, ``end``] the unit held any line."""
+        return self.stats.busy_ps + (max(0, end - self._since) if self.used else 0)
 
     def stuck(self) -> list[str]:
         """Sessions still open (for the forward-progress watchdog)."""

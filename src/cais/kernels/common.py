@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from cais.engine import Signal, Simulator
+from cais.engine import Bound, Signal, Simulator
+from cais.engine.sim import ProgramGen
 
 
 class Window:
@@ -34,6 +35,38 @@ class Window:
         waiter, self._waiter = self._waiter, None
         if waiter is not None:
             waiter.fire(self.sim)
+
+
+class RequestSlots:
+    """Room for a TB's remote SM requests: its SM's window (the SM's memory-level
+    parallelism) and, on top, its GPU's bound on outstanding remote requests
+    (``gpu.remote_outstanding_kB``; the CAIS paper's section V-C). A request takes
+    its bytes in both before it is issued and gives them back when it is
+    acknowledged: a load when its data is back, a reduction when the switch (or,
+    unmerged, the home) has taken it. Both are strict: callers cut requests to
+    :attr:`piece` bytes at most."""
+
+    __slots__ = ("sm", "gpu")
+
+    def __init__(self, sm: Bound, gpu: Bound) -> None:
+        self.sm = sm
+        self.gpu = gpu
+
+    @property
+    def piece(self) -> int:
+        """The largest request both bounds admit."""
+        return min(self.sm.limit, self.gpu.limit)
+
+    def acquire(self, nbytes: int) -> ProgramGen:
+        """Wait (in a TB program) until ``nbytes`` are granted in both."""
+        for bound in (self.sm, self.gpu):
+            granted = bound.acquire(nbytes)
+            if granted is not None:
+                yield granted
+
+    def release(self, nbytes: int) -> None:
+        self.sm.release(nbytes)
+        self.gpu.release(nbytes)
 
 
 def split(start: int, stop: int, parts: int) -> list[tuple[int, int]]:

@@ -20,8 +20,10 @@ class MergeMetrics:
     1000 B); ``skew_us``: per address, first-to-last arrival of the requests that one
     access expects from the GPUs (merged or not; mean and max); ``counts``: requests that
     merged into a session another had opened (``merged``), that went unmerged
-    (``bypassed``), and sessions ended early by LRU eviction (``evicted``) or by the
-    idle timer (``timed_out``)."""
+    (``bypassed``; ``bypassed_loads`` of them loads), and sessions ended early by LRU
+    eviction (``evicted``), by the idle timer (``timed_out``) or by the merge tracker
+    once their address had no requester left to come (``tracked``); ``ports``: per chip,
+    how concentrated its sessions were (:func:`port_concentration`)."""
 
     peak_kB: dict[str, float]
     mean_kB: dict[str, float]
@@ -29,14 +31,31 @@ class MergeMetrics:
     skew_max_us: float
     counts: dict[str, int]
     sessions: int
+    ports: dict[str, dict[str, float]]
 
     def as_json(self) -> dict[str, Any]:
+        chips = self.ports.values()
         return {"merge_table_peak_kB": {"max": max(self.peak_kB.values(), default=0.0), "per_port": self.peak_kB},
                 "merge_table_mean_kB": {"max": max(self.mean_kB.values(), default=0.0),
                                         "mean": sum(self.mean_kB.values()) / max(1, len(self.mean_kB)),
                                         "per_port": self.mean_kB},
                 "arrival_skew_us": {"mean": self.skew_mean_us, "max": self.skew_max_us},
-                "merge": dict(self.counts), "merge_sessions": self.sessions}
+                "merge": dict(self.counts), "merge_sessions": self.sessions,
+                "merge_ports": {
+                    "holding_sessions": sum(c["holding_sessions"] for c in chips) / max(1, len(chips)),
+                    "busiest_share": sum(c["busiest_share"] for c in chips) / max(1, len(chips)),
+                    "per_chip": {k: dict(v) for k, v in self.ports.items()}}}
+
+
+def port_concentration(units: list[Any], any_ps: int, port_ps: int, span_ps: int) -> dict[str, float]:
+    """Of one chip's merge units over [0, ``span_ps``]: how many held sessions at once
+    while any did (``holding_sessions``, of ``len(units)``), and the busiest unit's
+    share of the chip's line-time (``busiest_share``: 1/len(units) when even)."""
+    line = [u.line_ps_until(span_ps) for u in units]
+    total = sum(line)
+    return {"holding_sessions": port_ps / any_ps if any_ps else 0.0,
+            "busiest_share": max(line) / total if total else 0.0,
+            "busiest_port": float(line.index(max(line))) if total else -1.0}
 
 
 def merge_metrics(m: Machine, span_ps: int) -> MergeMetrics | None:
@@ -46,7 +65,7 @@ def merge_metrics(m: Machine, span_ps: int) -> MergeMetrics | None:
     if not units:
         return None
     peak, mean = {}, {}
-    counts = {"merged": 0, "bypassed": 0, "evicted": 0, "timed_out": 0}
+    counts = {"merged": 0, "bypassed": 0, "bypassed_loads": 0, "evicted": 0, "timed_out": 0, "tracked": 0}
     skew_n = skew_sum = skew_max = sessions = 0
     for name, u in units:
         st = u.stats
@@ -58,5 +77,7 @@ def merge_metrics(m: Machine, span_ps: int) -> MergeMetrics | None:
         skew_sum += st.skew_sum_ps
         skew_max = max(skew_max, st.skew_max_ps)
         sessions += st.sessions
+    ports = {f"sw{sw.chip}": port_concentration(sw.units, *sw.spread.until(span_ps), span_ps)
+             for sw in m.fabric.switches if getattr(sw, "units", None)}
     return MergeMetrics(peak, mean, skew_sum / skew_n / PS_PER_US if skew_n else 0.0, skew_max / PS_PER_US, counts,
-                        sessions)
+                        sessions, ports)

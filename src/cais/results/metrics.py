@@ -127,11 +127,14 @@ class RunMetrics:
     buffer_peak_kB: dict[str, float]
     merge: MergeMetrics | None = None
     hbm: HbmMetrics | None = None
+    remote: dict[str, float] | None = None
 
     def as_json(self) -> dict[str, Any]:
         out = {"link_util": self.link_util.as_json(),
                "wire_bytes": {str(g): dict(d) for g, d in sorted(self.wire_bytes.items())},
                "buffer_peak_kB": dict(self.buffer_peak_kB)}
+        if self.remote is not None:
+            out["remote_requests"] = dict(self.remote)
         if self.merge is not None:
             out.update(self.merge.as_json())
         if self.hbm is not None:
@@ -143,7 +146,18 @@ def run_metrics(m: Machine, span_ps: int) -> RunMetrics:
     """:class:`RunMetrics` of machine ``m`` after a run whose measured interval lasted
     ``span_ps``."""
     return RunMetrics(link_utilisation(m, span_ps), wire_bytes_per_gpu(m), buffer_peaks_kB(m),
-                      merge_metrics(m, span_ps), hbm_metrics(m))
+                      merge_metrics(m, span_ps), hbm_metrics(m), remote_requests(m))
+
+
+def remote_requests(m: Machine) -> dict[str, float] | None:
+    """Each GPU's bound on outstanding remote SM requests (``gpu.remote_outstanding_kB``):
+    its limit, the most any GPU held at once, and how many requests waited for room;
+    None when no TB used it."""
+    bounds = [g.remote for g in m.gpus]
+    if not any(b.peak for b in bounds):
+        return None
+    return {"limit_kB": bounds[0].limit / BYTES_PER_KB, "peak_kB": max(b.peak for b in bounds) / BYTES_PER_KB,
+            "waited": sum(b.waited for b in bounds)}
 
 
 def mirrored(metrics: RunMetrics, n: int) -> RunMetrics:
@@ -155,4 +169,4 @@ def mirrored(metrics: RunMetrics, n: int) -> RunMetrics:
     wire = {g: dict(metrics.wire_bytes[0]) for g in range(n)}
     peaks = {k: v for k, v in metrics.buffer_peak_kB.items() if k.startswith("gpu0->") or k.endswith("->gpu0")}
     hbm = None if metrics.hbm is None else HbmMetrics({g: dict(metrics.hbm.per_gpu[0]) for g in range(n)})
-    return RunMetrics(LinkUtil(mean, lu.max, lu.busiest, per_gpu), wire, peaks, metrics.merge, hbm)
+    return RunMetrics(LinkUtil(mean, lu.max, lu.busiest, per_gpu), wire, peaks, metrics.merge, hbm, metrics.remote)

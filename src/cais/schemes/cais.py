@@ -45,6 +45,7 @@ from cais.kernels.gemm import GemmShape
 from cais.kernels.local import ROWS_PER_TB
 from cais.opt.fusion import asymmetric_split, fuse
 from cais.opt.tb_dependencies import TbDependencies, tb_dependencies
+from cais.opt.tb_order import k_start_owner, owner_interleaved_order
 from cais.schemes.base import Deps, LayerRun
 from cais.schemes.cais_base import CaisBase
 from cais.workload.graph import Chain, Gemm
@@ -161,7 +162,7 @@ class Cais(CaisBase):
                 done()
         keys = self._block_keys[c.name]
         for b, sub, part in pieces:
-            r.m.isa.red_cais(g, owner, sub, part, keys[b], one, port, unit=self.unit, quorum=self._quorum(r))
+            r.m.isa.red_cais(g, owner, sub, part, keys[b], one, port, unit=self._red_unit(r), quorum=self._quorum(r))
 
     def _add_own(self, r: LayerRun, g: int, c: Chain, region: Region, data: np.ndarray | None) -> None:
         keys = self._block_keys[c.name]
@@ -170,26 +171,41 @@ class Cais(CaisBase):
 
     def _by_block(self, c: Chain, owner: int, region: Region, data: np.ndarray | None
                   ) -> list[tuple[int, Region, np.ndarray | None]]:
-        """Cut an epilogue's block of ``owner``'s rows at LN row-block boundaries (the
-        pass's cut): (block, sub-region, its data)."""
+        """Cut a piece of an epilogue's block of ``owner``'s rows at LN row-block
+        boundaries (the pass's cut): (block, sub-region, its data)."""
         width = c.gemm1.n
-        r0, c0 = divmod(region.start, width)
         if region.rows > 1:
-            rows, cols = region.rows, region.count
-        elif c0 == 0 and region.count % width == 0:  # whole rows: a contiguous run
-            rows, cols = region.count // width, width
-        else:  # part of one row (a tile one row high: an owner's shard of one row)
-            rows, cols = 1, region.count
-        mat = None if data is None else data.reshape(rows, cols)
+            r0, c0 = divmod(region.start, width)
+            spans = [(r0, region.rows, c0, region.count, 0)]
+        else:  # a run: whole rows, or parts of rows where it starts or ends mid-row
+            spans, pos, end = [], region.start, region.start + region.count
+            while pos < end:
+                r0, c0 = divmod(pos, width)
+                if c0 == 0 and end - pos >= width:  # whole rows
+                    rows = (end - pos) // width
+                    spans.append((r0, rows, 0, width, pos - region.start))
+                    pos += rows * width
+                else:
+                    cnt = min(width - c0, end - pos)
+                    spans.append((r0, 1, c0, cnt, pos - region.start))
+                    pos += cnt
+        flat = None if data is None or region.rows > 1 else np.reshape(data, -1)
         out = []
-        for b, t, cnt in self._deps[c.name].cut(owner, r0, rows):
-            sub = Region.block(region.buffer, width, t, cnt, c0, cols, region.elem_bytes)
-            part = None
-            if mat is not None:
-                part = mat[t - r0:t - r0 + cnt]
-                if sub.rows == 1:
-                    part = part.reshape(-1)
-            out.append((b, sub, part))
+        for r0, rows, c0, cols, off in spans:
+            if data is None:
+                mat = None
+            elif flat is None:
+                mat = np.reshape(data, (rows, cols))
+            else:
+                mat = flat[off:off + rows * cols].reshape(rows, cols)
+            for b, t, cnt in self._deps[c.name].cut(owner, r0, rows):
+                sub = Region.block(region.buffer, width, t, cnt, c0, cols, region.elem_bytes)
+                part = None
+                if mat is not None:
+                    part = mat[t - r0:t - r0 + cnt]
+                    if sub.rows == 1:
+                        part = part.reshape(-1)
+                out.append((b, sub, part))
         return out
 
     # ---- merging-aware TB coordination -----------------------------------------------
@@ -204,7 +220,22 @@ class Cais(CaisBase):
 
     def _load(self, r: LayerRun, g: int, home: int, region: Region, done: Callable[[np.ndarray | None], None],
               unit: int) -> None:
-        r.m.isa.ld_cais(g, home, region, done, unit=self.unit, quorum=self._quorum(r))
+        r.m.isa.ld_cais(g, home, region, done, unit=unit, quorum=self._quorum(r))
+
+    def _spreads(self, r: LayerRun) -> bool:
+        """Whether merging-aware TB scheduling orders the tiles (opt/tb_order.py)."""
+        return self.coord and r.m.cfg.cais.spread
+
+    def _tile_order(self, r: LayerRun, shape: GemmShape, token_rows: bool = True) -> list[tuple[int, int]]:
+        if token_rows and self._spreads(r):
+            return owner_interleaved_order(shape, r.d.rows_l, r.m.n)
+        return super()._tile_order(r, shape, token_rows)
+
+    def _k_start(self, r: LayerRun, steps: list[tuple[int, int]], t: int) -> int:
+        if not self._spreads(r):
+            return 0
+        first = k_start_owner(t, r.m.n) * r.d.rows_l  # the owner's first token row
+        return next((s for s, (k0, _) in enumerate(steps) if k0 >= first), 0)
 
     def _tb_start(self, r: LayerRun, g: int, gemm: Gemm, t: int) -> ProgramGen:
         yield from self._sync(r, g, gemm, t, 0)

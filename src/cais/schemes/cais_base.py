@@ -49,7 +49,6 @@ class CaisBase(Ladm):
     name = "cais-base"
     switch = "cais"
     ablation = True
-    unit = 32 * 1024
     load_bytes = 32 * 1024
     summary = "CAIS ISA + switch merge unit only: GEMM -> red.cais | LN | GEMM with ld.cais; no TB coordination"
 
@@ -93,11 +92,17 @@ class CaisBase(Ladm):
 
     def _reduce(self, r: LayerRun, g: int, c: Chain, owner: int, region: Region, data: np.ndarray | None,
                 done: Callable[[], None], port: SmPort, drain: object) -> None:
-        r.m.isa.red_cais(g, owner, region, data, self._signals[c.name], done, port, unit=self.unit)
+        r.m.isa.red_cais(g, owner, region, data, self._signals[c.name], done, port, unit=self._red_unit(r))
 
     def _add_own(self, r: LayerRun, g: int, c: Chain, region: Region, data: np.ndarray | None) -> None:
         r.m.isa.red_cais(g, g, region, data, self._signals[c.name])  # a local add that signals
 
     def _load(self, r: LayerRun, g: int, home: int, region: Region, done: Callable[[np.ndarray | None], None],
               unit: int) -> None:
-        r.m.isa.ld_cais(g, home, region, done, unit=self.unit)
+        r.m.isa.ld_cais(g, home, region, done, unit=unit)
+
+    def _red_unit(self, r: LayerRun) -> int:
+        return round(r.m.cfg.cais.request_kB * 1024)
+
+    def _load_unit(self, r: LayerRun, biggest: int) -> int:
+        return self._red_unit(r)

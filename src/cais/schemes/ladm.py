@@ -79,12 +79,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cais.engine import Countdown, Signal
+from cais.engine import Bound, Countdown, Signal
 from cais.engine.sim import ProgramGen
 from cais.hw.gpu import Kernel, TbProgram
 from cais.hw.memory import Memory, Region
 from cais.hw.packets import Traffic
-from cais.kernels.common import Window, split
+from cais.kernels.common import RequestSlots, split
 from cais.hw.hbm import HbmPhase
 from cais.kernels.gemm import GemmShape, raster, store_epilogue, tile_hbm_bytes, tile_product
 from cais.schemes.base import Deps, LayerRun, Scheme, all_of
@@ -273,7 +273,10 @@ class Ladm(Scheme):
         kernel = Kernel(gemm.name, [], sm_set, hbm_phases=True)
         drain = self._drain(r, g, kernel)
         limit = self._window(r)
-        per_sm: dict[int, tuple[Window, SmPort]] = {}  # the SM's store window and port, across its tiles
+        isa = r.m.isa
+        bound = isa.request_bound(g)
+        unit = self._red_unit(r)
+        per_sm: dict[int, tuple[RequestSlots, SmPort]] = {}  # the SM's store window and port, across its tiles
 
         def tile_tb(t: int, i: int, j: int) -> TbProgram:
             def program(sm: int, busy: int) -> ProgramGen:
@@ -284,8 +287,9 @@ class Ladm(Scheme):
                 mem = r.m.gpus[g].memory
                 tile = tile_product(mem, gemm.ops, shape, i, j) if mem.functional else None
                 if sm not in per_sm:
-                    per_sm[sm] = (Window(sim, limit), r.m.isa.sm_port())
-                win, port = per_sm[sm]
+                    per_sm[sm] = (RequestSlots(Bound(sim, limit), bound), isa.sm_port())
+                slots, port = per_sm[sm]
+                piece_unit = min(unit, slots.piece)
                 r0, nr = shape.rows(i)
                 c0, nc = shape.cols(j)
                 for owner, t0, cnt in Sharded(c.reduced, r.d.rows_l, shape.n).owners(r0, nr):
@@ -297,21 +301,39 @@ class Ladm(Scheme):
                     if owner == g:
                         self._add_own(r, g, c, region, data)
                         continue
-                    while win.full(region.nbytes):
-                        yield win.wait()
-                    win.take(region.nbytes)
-                    self._reduce(r, g, c, owner, region, data, self._landed(win, region.nbytes), port, drain)
+                    for piece in isa.pieces(region, piece_unit):  # each takes its own room
+                        yield from slots.acquire(piece.nbytes)
+                        self._reduce(r, g, c, owner, piece, isa.piece_data(data, region, piece),
+                                     self._landed(slots, piece.nbytes), port, drain)
                 if port.free_at > sim.now:  # the SM pushes the tile out before it is free
                     yield port.free_at - sim.now
             return program
 
-        kernel.tbs = [tile_tb(t, i, j) for t, (i, j) in enumerate(tile_order(shape, self.order))]
+        kernel.tbs = [tile_tb(t, i, j) for t, (i, j) in enumerate(self._tile_order(r, shape))]
         return kernel, drain
 
     # ---- hooks a scheme built on these kernels may fill in -------------------------
     def _window(self, r: LayerRun) -> int:
         """Bytes of remote loads, or of reductions not yet taken, an SM keeps in flight."""
         return r.m.cfg.collective.outstanding_bytes_per_sm
+
+    def _red_unit(self, r: LayerRun) -> int:
+        """The transfer unit of GEMM1's remote reductions."""
+        return r.m.cfg.transfer_unit_bytes
+
+    def _load_unit(self, r: LayerRun, biggest: int) -> int:
+        """The transfer unit of a load GEMM's remote loads, whose largest is ``biggest``
+        bytes (one ld = one unit)."""
+        return max(r.m.cfg.transfer_unit_bytes, 1 << (biggest - 1).bit_length())
+
+    def _tile_order(self, r: LayerRun, shape: GemmShape, token_rows: bool = True) -> list[tuple[int, int]]:
+        """Launch order of a GEMM's tiles (``token_rows``: its rows are token rows,
+        sharded over the GPUs): CUTLASS's heuristic, the same on every GPU."""
+        return tile_order(shape, self.order)
+
+    def _k_start(self, r: LayerRun, steps: list[tuple[int, int]], t: int) -> int:
+        """The K step tile ``t`` (in launch order) starts its mainloop at: the first."""
+        return 0
 
     def _tb_start(self, r: LayerRun, g: int, gemm: Gemm, t: int) -> ProgramGen:
         """What TB ``t`` (in launch order) of ``gemm`` does before its work: nothing."""
@@ -336,9 +358,9 @@ class Ladm(Scheme):
 
     def _reduce(self, r: LayerRun, g: int, c: Chain, owner: int, region: Region, data: np.ndarray | None,
                 done: Callable[[], None], port: SmPort, drain: _Drain) -> None:
-        """One epilogue's partial rows into their owner: a plain remote ``red``."""
+        """A piece of one epilogue's partial rows into their owner: a plain remote ``red``."""
         drain.issue(owner)
-        r.m.isa.red(g, owner, region, data, done, port, unit=r.m.cfg.transfer_unit_bytes)
+        r.m.isa.red(g, owner, region, data, done, port, unit=self._red_unit(r))
 
     def _load(self, r: LayerRun, g: int, home: int, region: Region, done: Callable[[np.ndarray | None], None],
               unit: int) -> None:
@@ -346,9 +368,9 @@ class Ladm(Scheme):
         r.m.isa.ld(g, home, region, done, unit=unit)
 
     @staticmethod
-    def _landed(win: Window, nbytes: int) -> Callable[[], None]:
+    def _landed(slots: RequestSlots, nbytes: int) -> Callable[[], None]:
         def done() -> None:
-            win.release(nbytes)
+            slots.release(nbytes)
         return done
 
     # ---- GEMM2 and weight gradients: operands loaded from their owners -----------
@@ -362,20 +384,23 @@ class Ladm(Scheme):
         eb = r.model.dtype_bytes
         steps = self._k_steps(shape, ops, eb)
         biggest = max(kk for _, kk in steps) * sum(op.side(shape) for op in ops) * eb
-        unit = max(r.m.cfg.transfer_unit_bytes, 1 << (biggest - 1).bit_length())  # one ld = one unit
+        unit = self._load_unit(r, biggest)
         limit = self._window(r)
+        isa = r.m.isa
+        bound = isa.request_bound(g)
         # the sharded operands come from their owners (this GPU holds 1/n of them)
         local = {op.which: 1.0 / r.m.n for op in ops}
         tile_bytes = tile_hbm_bytes(shape, eb, **local)
         mem = r.m.gpus[g].memory
         store = store_epilogue(mem, gemm.ops, shape) if mem.functional else None
         # with l2_keeps_peer_reads: remote lines already fetched (or on their way) for
-        # this kernel, shared by its TBs; keyed by (home GPU, region of its buffer)
+        # this kernel, shared by its TBs; keyed by (home GPU, request piece of its buffer)
         kept: dict[tuple[int, Region], Signal] | None = {} if r.m.cfg.gpu.l2_keeps_peer_reads else None
 
-        def plan(i: int, j: int) -> list[Load]:
+        def plan(i: int, j: int, t: int) -> list[Load]:
             loads = []
-            for k0, kk in steps:
+            first = self._k_start(r, steps, t)
+            for k0, kk in steps[first:] + steps[:first]:
                 for o, op in enumerate(ops):
                     t0, nt, col0, ncol = op.physical(shape, i, j, k0, kk)
                     base_t, _, base_c, _ = op.physical(shape, i, j, 0, shape.k)
@@ -395,29 +420,36 @@ class Ladm(Scheme):
                 # the mainloop's time, stretched by the HBM share at its start
                 compute = yield HbmPhase(max(floor, r.cm.tile_time_ps(shape.bm, shape.bn, shape.k, busy)),
                                          tile_bytes, overlapped=True)
-                loads = plan(i, j)
+                loads = plan(i, j, t)
                 yield from self._first_access(r, g, gemm, t)
                 blocks = self._blocks(shape, ops, i, j) if mem.functional else None
-                remote = [ld for ld in loads if ld.home != g]
-                arrived = Countdown(len(remote))
-                win = Window(sim, limit)
+                slots = RequestSlots(Bound(sim, limit), bound)
+                piece_unit = min(unit, slots.piece)
+                remote: list[tuple[Load, Region]] = []
                 for ld in loads:
-                    if ld.home == g:
-                        if blocks is not None:
-                            self._place(blocks, ld, mem.read(ld.region))
-                        continue
-                    line = kept.get((ld.home, ld.region)) if kept is not None else None
+                    if ld.home != g:
+                        remote += [(ld, pc) for pc in isa.pieces(ld.region, piece_unit)]
+                    elif blocks is not None:
+                        self._place(blocks, ld, ld.region, mem.read(ld.region))
+                arrived = Countdown(len(remote))
+                for ld, pc in remote:
+                    key = (ld.home, pc)
+                    line = kept.get(key) if kept is not None else None
+                    if line is None:
+                        yield from slots.acquire(pc.nbytes)
+                        # another TB of this GPU may have asked for the piece meanwhile:
+                        # a second request for a line in flight joins the first
+                        line = kept.get(key) if kept is not None else None
+                        if line is not None:
+                            slots.release(pc.nbytes)
                     if line is not None:  # an L2 hit (or a miss already in flight)
-                        line.on_fire(self._hit(r, ld, blocks, arrived))
+                        line.on_fire(self._hit(r, ld, pc, blocks, arrived))
                         continue
-                    while win.full(ld.region.nbytes):
-                        yield win.wait()
-                    win.take(ld.region.nbytes)
-                    got = self._got(r, win, ld, blocks, arrived)
+                    got = self._got(r, slots, ld, pc, blocks, arrived)
                     if kept is not None:
-                        kept[(ld.home, ld.region)] = line = Signal()
+                        kept[key] = line = Signal()
                         got = self._keep(r, got, line)
-                    self._load(r, g, ld.home, ld.region, got, unit)
+                    self._load(r, g, ld.home, pc, got, unit)
                 if remote:
                     yield arrived
                 # the mainloop computes each K-slice once it has landed: after the last
@@ -429,7 +461,8 @@ class Ladm(Scheme):
                     store(i, j, self._tile(mem, gemm, shape, ops, blocks, i, j))
             return program
 
-        return Kernel(gemm.name, [tile_tb(t, i, j) for t, (i, j) in enumerate(tile_order(shape, self.order))],
+        token_rows = any(op.which == "a" and not op.k_is_tokens for op in ops)
+        return Kernel(gemm.name, [tile_tb(t, i, j) for t, (i, j) in enumerate(self._tile_order(r, shape, token_rows))],
                       sm_set, hbm_phases=True)
 
     def _k_steps(self, shape: GemmShape, ops: list[Operand], eb: int) -> list[tuple[int, int]]:
@@ -448,12 +481,12 @@ class Ladm(Scheme):
         return [(k0, min(step, shape.k - k0)) for k0 in range(0, shape.k, step)]
 
     @staticmethod
-    def _got(r: LayerRun, win: Window, ld: Load, blocks: list[np.ndarray] | None,
+    def _got(r: LayerRun, slots: RequestSlots, ld: Load, piece: Region, blocks: list[np.ndarray] | None,
              arrived: Countdown) -> Callable[[np.ndarray | None], None]:
         def done(data: np.ndarray | None) -> None:
-            win.release(ld.region.nbytes)
+            slots.release(piece.nbytes)
             if blocks is not None and data is not None:
-                Ladm._place(blocks, ld, data)
+                Ladm._place(blocks, ld, piece, data)
             arrived.arrive(r.m.sim)
         return done
 
@@ -467,11 +500,11 @@ class Ladm(Scheme):
         return done
 
     @staticmethod
-    def _hit(r: LayerRun, ld: Load, blocks: list[np.ndarray] | None,
+    def _hit(r: LayerRun, ld: Load, piece: Region, blocks: list[np.ndarray] | None,
              arrived: Countdown) -> Callable[[np.ndarray | None], None]:
         def done(data: np.ndarray | None) -> None:
             if blocks is not None and data is not None:
-                Ladm._place(blocks, ld, data)
+                Ladm._place(blocks, ld, piece, data)
             arrived.arrive(r.m.sim)
         return done
 
@@ -485,8 +518,17 @@ class Ladm(Scheme):
         return out
 
     @staticmethod
-    def _place(blocks: list[np.ndarray], ld: Load, data: np.ndarray) -> None:
-        blocks[ld.op][ld.row:ld.row + ld.nrows, ld.col:ld.col + ld.ncols] = data.reshape(ld.nrows, ld.ncols)
+    def _place(blocks: list[np.ndarray], ld: Load, piece: Region, data: np.ndarray) -> None:
+        """Put the data of ``piece`` (of ``ld.region``) where the load's block goes."""
+        view = blocks[ld.op][ld.row:ld.row + ld.nrows, ld.col:ld.col + ld.ncols]
+        if ld.region.rows > 1:  # a block: the piece is some of its rows
+            first = (piece.start - ld.region.start) // ld.region.stride
+            view[first:first + piece.rows] = np.reshape(data, (piece.rows, ld.ncols))
+        else:  # a run over the block's rows (whole rows, or part of one)
+            off = piece.start - ld.region.start
+            flat = view.reshape(-1).copy()
+            flat[off:off + piece.count] = np.reshape(data, -1)
+            view[...] = flat.reshape(view.shape)
 
     @staticmethod
     def _tile(mem: Memory, gemm: Gemm, shape: GemmShape, ops: list[Operand], blocks: list[np.ndarray] | None,
