@@ -152,7 +152,9 @@ def test_cais_base_is_exact_with_a_tiny_table_that_evicts_bypasses_and_times_out
     r = run_layer(cfg, GPT, "cais-base", "train", functional=True, seed=3)
     assert r.checked >= 60 and r.mismatches == []
     counts = _counts(r)
-    assert all(counts[k] > 0 for k in ("merged", "bypassed", "evicted", "timed_out")), counts
+    assert all(counts[k] > 0 for k in ("merged", "bypassed", "evicted")), counts
+    # sessions orphaned by evictions end by the merge tracker (their address complete) or by the timer
+    assert counts["tracked"] + counts["timed_out"] > 0, counts
     assert r.as_json()["merge_table_peak_kB"]["max"] <= 40 * 128 / 1000
 
 

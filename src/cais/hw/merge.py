@@ -211,7 +211,7 @@ class MergeUnit:
         a reduction sends its partial sum home, a cached load answers whom it holds,
         a load still waiting for its data ends when the data is back."""
         s = self.table.get(key)
-        if s is None:
+        if s is None or s.count >= s.expect:  # none, or one about to end as usual (its data is on its way)
             return
         self.stats.tracked += 1
         if s.state == REDUCTION:
