@@ -180,6 +180,10 @@ class CaisConfig(_Strict):
     sync_entries: int = Field(256, gt=0, description="Group Sync Table entries per switch chip (TB groups being "
                                                       "synchronised at once); a sync request that finds it full "
                                                       "waits in its input buffer")
+    pre_launch_sync: bool = Field(True, description="coordination: each TB registers with its TB group before it "
+                                                    "starts (off: only for Fig. 13(b)'s step-by-step skew)")
+    pre_access_sync: bool = Field(True, description="coordination: each TB registers again before its first "
+                                                    "mergeable access (off: only for Fig. 13(b)'s steps)")
     throttle_quorum: float = Field(0.5, ge=0, le=1, description="TB-aware throttling: a mergeable request is "
                                                                 "acknowledged to its TB once this fraction of its "
                                                                 "session's expected requesters has arrived (0: off)")

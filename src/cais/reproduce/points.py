@@ -69,6 +69,12 @@ def layer_point(point: dict[str, Any]) -> dict[str, Any]:
     out.update(table_peak_kB=FLOAT(peak.get("max", float("nan"))),
                skew_mean_us=FLOAT(skew.get("mean", float("nan"))), skew_max_us=FLOAT(skew.get("max", float("nan"))),
                merged=int(merge.get("merged", 0)), bypassed=int(merge.get("bypassed", 0)))
+    ports = j.get("merge_ports") or {}
+    remote = j.get("remote_requests") or {}
+    out.update(table_mean_kB=FLOAT((j.get("merge_table_mean_kB") or {}).get("mean", float("nan"))),
+               ports_holding=FLOAT(ports.get("holding_sessions", float("nan"))),
+               busiest_port_share=FLOAT(ports.get("busiest_share", float("nan"))),
+               remote_peak_kB=FLOAT(remote.get("peak_kB", float("nan"))))
     return out
 
 

@@ -246,7 +246,8 @@ class Cais(CaisBase):
     def _sync(self, r: LayerRun, g: int, gemm: Gemm, t: int, phase: int) -> ProgramGen:
         """Register TB ``t`` with its TB group at the switch and wait for the release."""
         base = self._groups.get(gemm.name)
-        if not self.coord or base is None:
+        cfg = r.m.cfg.cais
+        if not self.coord or base is None or not (cfg.pre_launch_sync, cfg.pre_access_sync)[phase]:
             return
         released = Signal()
         r.m.isa.group_sync(g, base + t * _PHASES + phase, r.m.n, lambda: released.fire(r.m.sim))
