@@ -136,3 +136,11 @@ def test_a_larger_merge_table_is_never_slower(scheme: str) -> None:
     times = [run_layer(_four(**{"switch.merge.entries": str(e)}), GPT, scheme, "prefill").total_us
              for e in (8, 40, 160, 640, 2560)]
     assert all(b <= a * 1.001 for a, b in zip(times, times[1:])), times
+
+
+def test_each_sub_layer_reports_the_table_its_tensors_needed() -> None:
+    j = run_layer(_four(), GPT, "cais", "train", seed=1).as_json()
+    peaks = {name: s["table_peak_kB"] for name, s in j["sublayers"].items()}
+    assert set(peaks) == {"L1", "L2", "L3", "L4"}
+    assert all(0 < p <= j["merge_table_peak_kB"]["max"] for p in peaks.values()), peaks
+    assert max(j["merge_table_peak_kB_by_tensor"].values()) == j["merge_table_peak_kB"]["max"]

@@ -315,17 +315,20 @@ def run_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: 
     if unfinished:  # never launched: their dependencies never fired
         raise Stalled(f"scheme {scheme}: kernels never launched, their dependencies never came: "
                       f"{', '.join(sorted(set(unfinished))[:5])}")
+    metrics = run_metrics(m, end)
+    tables = metrics.merge.by_tensor_kB if metrics.merge is not None else None
     subs = {}
     for c in sorted(period.chains, key=lambda c: c.name):
         span = run.spans[c.name]
         comp, comm = chain_bound_ps(run, c)
         subs[c.name] = {"time_us": (span.end - (span.start or 0)) / PS_PER_US, "bound_us": max(comp, comm) / PS_PER_US,
                         "compute_us": comp / PS_PER_US, "comm_us": comm / PS_PER_US}
+        if tables is not None:  # the table its reductions and gathered loads needed (any later reader's too)
+            subs[c.name]["table_peak_kB"] = max(tables.get(c.reduced, 0.0), tables.get(c.gather_src, 0.0))
     segs = {name: (sp.end - (sp.start or 0)) / PS_PER_US for name, sp in run.spans.items()}
     if m.recorder is not None:
         _mark_segments(run)
     bad, checked = _check(m, case) if case is not None else ([], 0)
-    metrics = run_metrics(m, end)
     return LayerResult(model.name, scheme, mode, cfg.gpus, cfg.gpu.sms, end / PS_PER_US, subs, segs,
                        mirrored(metrics, m.n) if mirror else metrics, m.sim.events, time.perf_counter() - t0,
                        kernel_split(run), bad, checked, cfg.switch.model, cfg.link.vc_policy,

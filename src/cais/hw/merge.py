@@ -177,6 +177,10 @@ class MergeUnit:
         self._timer = False
         self._arrivals: dict[tuple[int, Any], list[int]] = {}  # address -> [first arrival, requests so far]
         self.stats = MergeStats()
+        # lines held per tensor (the buffer a session's address is in), and their peaks:
+        # which sub-layer's accesses need the table
+        self.tensor_lines: dict[str, int] = {}
+        self.tensor_peak: dict[str, int] = {}
         self.log: list[tuple[int, int]] | None = None  # (time, lines) at each change, when recording
 
     # ---- arrival skew ------------------------------------------------------------
@@ -327,7 +331,7 @@ class MergeUnit:
         self.table[key] = s
         self.by_id[sid] = s
         self.stats.sessions += 1
-        self._occupy(lines)
+        self._occupy(lines, s.addr)
         return s
 
     def _make_room(self, lines: int) -> bool:
@@ -370,18 +374,23 @@ class MergeUnit:
             return
         self._ack_held(s)
         self._forget(s)
-        self.host.write_home(self.port, s, s.head + self.latency_ps, lambda *_a: self._occupy(-s.lines))
+        self.host.write_home(self.port, s, s.head + self.latency_ps, lambda *_a: self._occupy(-s.lines, s.addr))
 
     def _close(self, s: Session) -> None:
         self._answer_held(s, self.sim.now)
         self._forget(s)
-        self._occupy(-s.lines)
+        self._occupy(-s.lines, s.addr)
 
     def _forget(self, s: Session) -> None:
         del self.table[s.key]
         del self.by_id[s.id]
 
-    def _occupy(self, lines: int) -> None:
+    def _occupy(self, lines: int, addr: Any) -> None:
+        tensor = getattr(addr, "buffer", "")
+        held = self.tensor_lines.get(tensor, 0) + lines
+        self.tensor_lines[tensor] = held
+        if held > self.tensor_peak.get(tensor, 0):
+            self.tensor_peak[tensor] = held
         now = self.sim.now
         st = self.stats
         st.line_ps += self.used * (now - self._since)

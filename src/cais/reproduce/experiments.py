@@ -328,8 +328,9 @@ def fig13_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, Secti
     df = df[df["scheme"].isin(["cais", "cais-wo-coord"])].copy()
     df["entries"] = _entries_of(df)
     df["step"] = _steps_of(df)
-    cols = ["model", "mode", "scheme", "total_us", "table_peak_kB", "table_mean_kB", "ports_holding",
-            "busiest_port_share", "skew_mean_us", "skew_max_us"]
+    cols = ["model", "mode", "scheme", "total_us", "table_peak_kB", "L1_table_peak_kB", "L2_table_peak_kB",
+            "L3_table_peak_kB", "L4_table_peak_kB", "table_mean_kB", "ports_holding", "busiest_port_share",
+            "skew_mean_us", "skew_max_us"]
     unb = df[(df["entries"] == UNBOUNDED) & (df["step"].isin(["none", "+ throttling"]))]
     t = unb[[c for c in cols if c in unb.columns]].sort_values(["model", "mode", "scheme"]).reset_index(drop=True)
     steps = df[(df["entries"] == 320) & (df["step"] != "")].copy()
@@ -362,7 +363,9 @@ def fig13_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, Secti
                 P.FIG13_SKEW_US["cais"]], "paper", log=True)
     sec = Section("fig13", "Fig. 13: merge-table need and arrival skew, with and without coordination")
     sec.p(f"(a) 'table needed' is the peak of lines held on any port with a table that never fills ({UNBOUNDED} "
-          "entries), per model and mode, for the whole layer period (ports_holding: mean ports per chip holding "
+          "entries), per model and mode, over the layer period and per sub-layer (the tensors it reduces into and "
+          "gathers; in training the weight gradients' later loads of them count there too; ports_holding: mean "
+          "ports per chip holding "
           "sessions while any does; busiest_port_share: the busiest port's share of a chip's table time, 1/8 "
           f"when even). (b) the mean first-to-last arrival per address at the paper's 40 KB on "
           f"{df['model'].iloc[0] if len(df) else ''} prefill, one coordination mechanism added at a time.")

@@ -61,8 +61,8 @@ def layer_point(point: dict[str, Any]) -> dict[str, Any]:
                            "hidden_run": model.hidden, "ffn_run": model.ffn_hidden}
     for name in ("L1", "L2", "L3", "L4"):
         s = r.sublayers.get(name)
-        for key in ("time_us", "bound_us", "compute_us", "comm_us"):
-            out[f"{name}_{key}"] = FLOAT(s[key]) if s else float("nan")
+        for key in ("time_us", "bound_us", "compute_us", "comm_us", "table_peak_kB"):
+            out[f"{name}_{key}"] = FLOAT(s[key]) if s and key in s else float("nan")
     peak = j.get("merge_table_peak_kB") or {}
     skew = j.get("arrival_skew_us") or {}
     merge = j.get("merge") or {}

@@ -23,7 +23,9 @@ class MergeMetrics:
     (``bypassed``; ``bypassed_loads`` of them loads), and sessions ended early by LRU
     eviction (``evicted``), by the idle timer (``timed_out``) or by the merge tracker
     once their address had no requester left to come (``tracked``); ``ports``: per chip,
-    how concentrated its sessions were (:func:`port_concentration`)."""
+    how concentrated its sessions were (:func:`port_concentration`); ``by_tensor_kB``:
+    per tensor whose accesses merge (its buffer: a sub-layer's reduced rows or
+    gathered shard), the most table data its sessions held at once on any port."""
 
     peak_kB: dict[str, float]
     mean_kB: dict[str, float]
@@ -32,10 +34,12 @@ class MergeMetrics:
     counts: dict[str, int]
     sessions: int
     ports: dict[str, dict[str, float]]
+    by_tensor_kB: dict[str, float]
 
     def as_json(self) -> dict[str, Any]:
         chips = self.ports.values()
         return {"merge_table_peak_kB": {"max": max(self.peak_kB.values(), default=0.0), "per_port": self.peak_kB},
+                "merge_table_peak_kB_by_tensor": dict(self.by_tensor_kB),
                 "merge_table_mean_kB": {"max": max(self.mean_kB.values(), default=0.0),
                                         "mean": sum(self.mean_kB.values()) / max(1, len(self.mean_kB)),
                                         "per_port": self.mean_kB},
@@ -79,5 +83,9 @@ def merge_metrics(m: Machine, span_ps: int) -> MergeMetrics | None:
         sessions += st.sessions
     ports = {f"sw{sw.chip}": port_concentration(sw.units, *sw.spread.until(span_ps), span_ps)
              for sw in m.fabric.switches if getattr(sw, "units", None)}
+    tensors: dict[str, float] = {}
+    for _, u in units:
+        for tensor, lines in u.tensor_peak.items():
+            tensors[tensor] = max(tensors.get(tensor, 0.0), lines * u.line_bytes / BYTES_PER_KB)
     return MergeMetrics(peak, mean, skew_sum / skew_n / PS_PER_US if skew_n else 0.0, skew_max / PS_PER_US, counts,
-                        sessions, ports)
+                        sessions, ports, dict(sorted(tensors.items())))
