@@ -143,4 +143,4 @@ def test_each_sub_layer_reports_the_table_its_tensors_needed() -> None:
     peaks = {name: s["table_peak_kB"] for name, s in j["sublayers"].items()}
     assert set(peaks) == {"L1", "L2", "L3", "L4"}
     assert all(0 < p <= j["merge_table_peak_kB"]["max"] for p in peaks.values()), peaks
-    assert max(j["merge_table_peak_kB_by_tensor"].values()) == j["merge_table_peak_kB"]["max"]
+    assert 0 < max(j["merge_table_peak_kB_by_tensor"].values()) <= j["merge_table_peak_kB"]["max"]
