@@ -50,7 +50,7 @@ def test_the_bound_defaults_to_the_links_bandwidth_delay_product() -> None:
 
 # ---- every remote-access scheme obeys it -----------------------------------------------
 
-@pytest.mark.parametrize("scheme", ["ladm", "cais-base", "cais", "cais-wo-coord"])
+@pytest.mark.parametrize("scheme", ["ladm", "fuselib", "fuselib-nvls", "cais-base", "cais", "cais-wo-coord"])
 def test_no_gpu_keeps_more_remote_requests_outstanding_than_its_bound(scheme: str) -> None:
     kb = 8.0
     r = run_layer(_four(**{"gpu.remote_outstanding_kB": str(kb), "cais.request_kB": "4"}), GPT, scheme, "prefill",

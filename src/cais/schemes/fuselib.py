@@ -71,7 +71,8 @@ from cais.hw.hbm import HbmPhase
 from cais.hw.memory import Region
 from cais.hw.packets import Traffic
 from cais.isa import SmPort
-from cais.kernels.common import Window
+from cais.engine import Bound
+from cais.kernels.common import RequestSlots
 from cais.kernels.gemm import GemmShape, tile_hbm_bytes, tile_product
 from cais.kernels.local import ROWS_PER_TB, row_blocks
 from cais.schemes.base import Deps, LayerRun, Scheme
@@ -171,24 +172,27 @@ class WorkQueue:
 
 @dataclass
 class Worker:
-    """One persistent TB: its SM's store port and in-flight window."""
+    """One persistent TB: its SM's store port, and room for its remote requests (its
+    SM's window inside its GPU's bound)."""
 
     g: int
     port: SmPort
-    win: Window
+    slots: RequestSlots
 
     def issue(self, nbytes: int) -> Iterator[Signal]:
         """Wait for room for ``nbytes`` more in flight, then take it."""
-        while self.win.full(nbytes):
-            yield self.win.wait()
-        self.win.take(nbytes)
+        yield from self.slots.acquire(nbytes)
 
     def released(self, nbytes: int, then: Callable[[], None] | None = None) -> Callable[[], None]:
         def done() -> None:
-            self.win.release(nbytes)
+            self.slots.release(nbytes)
             if then is not None:
                 then()
         return done
+
+    def unit(self, unit: int) -> int:
+        """The largest request piece: the transfer unit, within both bounds."""
+        return min(unit, self.slots.piece)
 
     def drain_port(self, r: LayerRun) -> Iterator[int]:
         """Wait until the SM has pushed everything it issued."""
@@ -281,9 +285,12 @@ class FuseLib(Scheme):
         for p in plan.pieces[i]:
             region = Region.block(f.c.reduced, plan.h, p.local_first, p.count, c0, nc, plan.eb)
             data = None if tile is None else tile[p.tile_first:p.tile_first + p.count]
-            yield from w.issue(region.nbytes)
-
-            r.m.isa.red(w.g, p.owner, region, data, w.released(region.nbytes), w.port, unit=plan.unit)
+            if data is not None and region.rows == 1:  # whole rows: a contiguous run
+                data = data.reshape(-1)
+            for piece in r.m.isa.pieces(region, w.unit(plan.unit)):
+                yield from w.issue(piece.nbytes)
+                r.m.isa.red(w.g, p.owner, piece, r.m.isa.piece_data(data, region, piece), w.released(piece.nbytes),
+                            w.port, unit=plan.unit)
             for b in p.blocks:
                 f.tiles_done[w.g][p.owner][b].arrive(sim)
 
@@ -302,7 +309,7 @@ class FuseLib(Scheme):
         n = r.m.n
         for k in range(1, n):
             peer = (g + k) % n
-            for piece in unit_chunks(dst, plan.unit):
+            for piece in unit_chunks(dst, w.unit(plan.unit)):
                 yield from w.issue(piece.nbytes)
                 part = None if data is None else data[piece.start - dst.start:piece.start - dst.start + piece.count]
                 r.m.isa.st(g, peer, piece, part, w.released(piece.nbytes), w.port, unit=plan.unit)
@@ -329,7 +336,9 @@ class FuseLib(Scheme):
         q = f.queues[g]
 
         def program(sm: int, busy: int) -> ProgramGen:
-            w = Worker(g, r.m.isa.sm_port(), Window(r.m.sim, r.m.cfg.collective.outstanding_bytes_per_sm))
+            isa = r.m.isa
+            w = Worker(g, isa.sm_port(),
+                       RequestSlots(Bound(r.m.sim, r.m.cfg.collective.outstanding_bytes_per_sm), isa.request_bound(g)))
             while True:
                 if q.ready:
                     q.taken += 1

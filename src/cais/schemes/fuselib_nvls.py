@@ -92,7 +92,7 @@ class FuseLibNvls(FuseLib):
         mem = r.m.gpus[g].memory
         rows = (g * plan.rows_l + first) * plan.h
         src = Region(c.gemm1.ops.c, rows, cnt * plan.h, plan.eb)
-        loads = unit_chunks(src, plan.unit)
+        loads = unit_chunks(src, w.unit(plan.unit))
         summed = Countdown(len(loads))
         for piece in loads:
             yield from w.issue(piece.nbytes)
@@ -100,7 +100,7 @@ class FuseLibNvls(FuseLib):
 
             def got(data: np.ndarray | None, out: Region = out, nbytes: int = piece.nbytes) -> None:
                 mem.write(out, data)
-                w.win.release(nbytes)
+                w.slots.release(nbytes)
                 summed.arrive(sim)
             r.m.isa.multimem_ld_reduce(g, piece, got, unit=plan.unit)
         yield summed
@@ -109,7 +109,7 @@ class FuseLibNvls(FuseLib):
         yield self.rowop_ps(r, c, cnt)
         data = mem.read(Region(c.gather_src, first * plan.h, cnt * plan.h, plan.eb))
         dst = Region(c.gather_dst, rows, cnt * plan.h, plan.eb)
-        for piece in unit_chunks(dst, plan.unit):
+        for piece in unit_chunks(dst, w.unit(plan.unit)):
             yield from w.issue(piece.nbytes)
             part = None if data is None else data[piece.start - dst.start:piece.start - dst.start + piece.count]
             r.m.isa.multimem_st(g, piece, part, w.released(piece.nbytes), w.port, unit=plan.unit)
