@@ -461,7 +461,7 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
                       "–" if r.paper != r.paper else f"{r.ours / r.paper:.2f}")
         Console().print(t)
         Console().print("> 1: CAIS faster. Why we differ from the paper: the report's Fig. 11 section and "
-                        "docs/validation.md §6-§8.")
+                        "docs/validation.md §6 and §13.")
     Console().print(f"report: {res.report_md} and {res.report_html}; per experiment: "
                     + ", ".join(f"{k} {v:.0f} s" for k, v in res.seconds.items()))
 

@@ -25,13 +25,11 @@ LAYER = "cais.reproduce.points:layer_point"
 TIMELINE = "cais.reproduce.points:timeline_point"
 COLLECTIVE = "cais.reproduce.points:collective_point"
 
-#: why our numbers differ from the paper's, from this model's own runs (docs/validation.md §6-§8)
-WHY_BASELINES = ("communication is 0.4-0.7x computation here (paper: ~1.6x) and NVLS only ~1.33x cheaper per byte "
-                 "than a ring, so overlap hides it (docs/validation.md §6)")
-WHY_CAIS = ("at the paper's 40 KB table most mergeable requests bypass (Little's law), so CAIS waits on uploads and "
-            "syncs at ~4x its bound (docs/validation.md §7-§8)")
-WHY_BOTH = ("CAIS starves at the 40 KB table, and communication weighs less here than in the paper "
-            "(docs/validation.md §6-§8)")
+#: why our numbers differ from the paper's, from this model's own runs (docs/validation.md §6, §13)
+WHY_CAIS = ("without TB coordination and merging-aware TB order the GPUs drift hundreds of us apart and the 40 KB "
+            "table starves; with them CAIS is within 0.4 % of an unbounded table (docs/validation.md §13)")
+WHY_BOTH = ("communication weighs less here than in the paper, so the baselines' overlap already hides most of it "
+            "and there is less for CAIS to win (docs/validation.md §6, §13)")
 
 
 @dataclass(frozen=True)
