@@ -144,3 +144,24 @@ def test_each_sub_layer_reports_the_table_its_tensors_needed() -> None:
     assert set(peaks) == {"L1", "L2", "L3", "L4"}
     assert all(0 < p <= j["merge_table_peak_kB"]["max"] for p in peaks.values()), peaks
     assert 0 < max(j["merge_table_peak_kB_by_tensor"].values()) <= j["merge_table_peak_kB"]["max"]
+
+
+def test_each_coordination_step_can_be_switched_off_for_fig13b(monkeypatch) -> None:
+    syncs: Counter = Counter()
+    real = Isa.group_sync
+
+    def count(self, src, group, members, released):
+        syncs[src] += 1
+        return real(self, src, group, members, released)
+
+    monkeypatch.setattr(Isa, "group_sync", count)
+    seen = []
+    for sets in ({}, {"cais.pre_access_sync": "false"},
+                 {"cais.pre_launch_sync": "false", "cais.pre_access_sync": "false"}):
+        syncs.clear()
+        r = run_layer(_four(**sets), GPT, "cais", "prefill", functional=True, seed=3)
+        assert r.mismatches == []
+        assert len(set(syncs.values())) <= 1  # every GPU syncs alike
+        seen.append(syncs[0])
+    both, launch_only, none = seen
+    assert both > 0 and launch_only * 2 == both and none == 0
