@@ -165,3 +165,24 @@ def test_each_coordination_step_can_be_switched_off_for_fig13b(monkeypatch) -> N
         seen.append(syncs[0])
     both, launch_only, none = seen
     assert both > 0 and launch_only * 2 == both and none == 0
+
+
+def test_full_throttling_against_a_tiny_bound_still_completes_through_the_idle_timer() -> None:
+    """Held acknowledgements keep bytes in their GPU's bound. With a full quorum, a
+    straggler and a bound of a few requests, GPUs can wait on each other in a cycle
+    (A's room is held by requests waiting for C, C's by requests waiting for A's
+    next ones, queued behind); the idle timer breaks it, as the paper's forward
+    progress mechanism says."""
+    def run(q: str):
+        cfg = _four(**{"cais.throttle_quorum": q, "gpu.remote_outstanding_kB": "16"})
+        cfg = cfg.model_copy(update={"gpu_slowdown": {2: 3.0}})
+        return run_layer(cfg, GPT, "cais", "prefill", functional=True, seed=7)
+
+    free, held = run("0"), run("1")
+    assert free.mismatches == [] and held.mismatches == []
+    assert _counts_of(free)["timed_out"] == 0 < _counts_of(held)["timed_out"]
+    assert held.total_us > free.total_us
+
+
+def _counts_of(r) -> dict:
+    return r.as_json()["merge"]
