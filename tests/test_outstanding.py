@@ -186,3 +186,15 @@ def test_full_throttling_against_a_tiny_bound_still_completes_through_the_idle_t
 
 def _counts_of(r) -> dict:
     return r.as_json()["merge"]
+
+
+@pytest.mark.parametrize("sets", [{"gpu.remote_outstanding_kB": "0.01"},
+                                  {"collective.outstanding_bytes_per_sm": "100"}])
+@pytest.mark.parametrize("scheme", ["ladm", "cais"])
+def test_a_bound_below_one_row_still_runs_one_request_at_a_time(scheme: str, sets: dict) -> None:
+    """A piece that cannot be cut below the bound (one row) takes the whole bound, so a
+    bound set absurdly small slows the run instead of failing it."""
+    r = run_layer(_four(**sets), GPT, scheme, "prefill", functional=True, seed=8)
+    assert r.mismatches == [] and r.checked > 0
+    rr = r.as_json()["remote_requests"]
+    assert 0 < rr["peak_kB"] <= rr["limit_kB"]

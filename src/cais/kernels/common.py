@@ -44,7 +44,9 @@ class RequestSlots:
     its bytes in both before it is issued and gives them back when it is
     acknowledged: a load when its data is back, a reduction when the switch (or,
     unmerged, the home) has taken it. Both are strict: callers cut requests to
-    :attr:`piece` bytes at most."""
+    :attr:`piece` bytes at most. Only a piece that cannot be cut that far (one row
+    of a block, against a bound set below a row) takes a whole bound: it waits
+    until the bound is empty and is then the only request in flight."""
 
     __slots__ = ("sm", "gpu")
 
@@ -60,13 +62,13 @@ class RequestSlots:
     def acquire(self, nbytes: int) -> ProgramGen:
         """Wait (in a TB program) until ``nbytes`` are granted in both."""
         for bound in (self.sm, self.gpu):
-            granted = bound.acquire(nbytes)
+            granted = bound.acquire(min(nbytes, bound.limit))
             if granted is not None:
                 yield granted
 
     def release(self, nbytes: int) -> None:
-        self.sm.release(nbytes)
-        self.gpu.release(nbytes)
+        for bound in (self.sm, self.gpu):
+            bound.release(min(nbytes, bound.limit))
 
 
 def split(start: int, stop: int, parts: int) -> list[tuple[int, int]]:
