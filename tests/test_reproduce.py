@@ -1,6 +1,8 @@
 """`cais reproduce --quick` end to end (issue 12): every experiment's CSV, PNGs and
-report section; the Fig. 11 table's schema and speedups; the HTML report in headless
-Chromium (loads, every figure decoded, a non-blank screenshot)."""
+report section; the Fig. 11 table's schema and speedups; the verdict, the quick-grid
+warning and the provenance; the HTML report in headless Chromium (loads, every
+figure decoded, the verdict and the provenance visible on the first screen, a
+non-blank screenshot)."""
 
 from __future__ import annotations
 
@@ -48,7 +50,12 @@ def test_every_experiment_writes_its_csv_png_and_section(quick: Path) -> None:
 
 def test_fig11_csv_schema_and_speedups(quick: Path) -> None:
     t = pd.read_csv(quick / "fig11.csv")
-    assert list(t.columns) == ["model", "mode", "scheme", "time_us", "speedup_of_cais"]
+    assert list(t.columns)[:5] == ["model", "mode", "scheme", "time_us", "speedup_of_cais"]
+    prov = [c for c in t.columns[5:]]
+    assert prov == ["provenance.version", "provenance.commit", "provenance.date", "provenance.command",
+                    "provenance.system", "provenance.system_sha256", "provenance.sets"]
+    assert t["provenance.command"].iloc[0].startswith("cais reproduce all --quick")
+    assert t["provenance.system"].iloc[0] == "dgx-h100" and len(t["provenance.system_sha256"].iloc[0]) == 16
     for (model, mode), g in t.groupby(["model", "mode"]):
         assert set(g["scheme"]) == set(SCHEMES)
         cais = float(g[g["scheme"] == "cais"]["time_us"].iloc[0])
@@ -56,6 +63,29 @@ def test_fig11_csv_schema_and_speedups(quick: Path) -> None:
     md = (quick / "report.md").read_text()
     fig11 = md.split("## Fig. 11")[1].split("\n## ")[0]
     assert fig11.rstrip().endswith("|") and "| mode | scheme | ours | paper | ours / paper |" in fig11
+
+
+def test_report_opens_with_verdict_warning_and_provenance(quick: Path) -> None:
+    md = (quick / "report.md").read_text()
+    head = md.split("\n## Fig. 2")[0]
+    verdict = head.split("## Verdict")[1].split("## Provenance")[0]
+    # one verdict line per experiment that ran, each with numbers from its table
+    lines = [ln for ln in verdict.splitlines() if ln.startswith("- ")]
+    assert len(lines) >= len(EXPERIMENTS) - 1, lines
+    g = pd.read_csv(quick / "fig11.csv")
+    tp = g[g["scheme"] == "tp-nvls"]["speedup_of_cais"].iloc[0]
+    assert f"over TP-NVLS {tp:.2f}x" in verdict
+    assert "> **Warning:** quick grid" in head
+    prov = head.split("## Provenance")[1]
+    for label in ("cais-sim", "commit", "date (UTC)", "command", "system", "--set"):
+        assert f"| {label} |" in prov, label
+    assert "cais reproduce all --quick" in prov and "config sha256" in prov
+    # the reasons we differ link to the docs' sections (which exist in this checkout)
+    why = md.split("## Why we differ from the paper")[1]
+    targets = re.findall(r"\]\(([^)]+)\)", why)
+    assert len(targets) >= 3
+    for t in targets:
+        assert (quick / t.split("#")[0]).resolve().is_file(), t
 
 
 def test_a_rerun_resumes_without_simulating(quick: Path, tmp_path: Path) -> None:
@@ -77,17 +107,25 @@ def test_html_report_in_headless_chromium(quick: Path, tmp_path: Path) -> None:
     probe = quick / "_probe.html"  # the report plus a script that counts decoded images
     probe.write_text(page.replace("</body>", "<script>window.addEventListener('load',()=>{const i=[...document."
                                   "images];document.body.setAttribute('data-loaded',i.filter(x=>x.complete&&x."
-                                  "naturalWidth>0).length+'/'+i.length);});</script></body>"))
+                                  "naturalWidth>0).length+'/'+i.length);"
+                                  # the verdict and the provenance: shown, with text, on the first screen
+                                  "for(const id of ['verdict','provenance','warning']){const e=document."
+                                  "getElementById(id);const r=e?e.getBoundingClientRect():null;const s=e?"
+                                  "getComputedStyle(e):null;document.body.setAttribute('data-'+id,(r&&r.height>10"
+                                  "&&r.width>100&&r.top<2400&&s.visibility==='visible'&&s.display!=='none'&&e."
+                                  "innerText.trim().length>40)?'visible':'hidden');}});</script></body>"))
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--allow-file-access-from-files",
-             "--virtual-time-budget=5000"]
+             "--virtual-time-budget=5000", "--window-size=1200,2400"]
     dom = subprocess.run([CHROMIUM, *flags, "--dump-dom", probe.as_uri()], capture_output=True, text=True,
                          timeout=120)
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert f'data-loaded="{n_img}/{n_img}"' in dom.stdout
+    for part in ("verdict", "provenance", "warning"):
+        assert f'data-{part}="visible"' in dom.stdout, part
     for name in EXPERIMENTS:
         assert f'id="{name}"' in dom.stdout, name
     shot = tmp_path / "report.png"
-    r = subprocess.run([CHROMIUM, *flags, f"--screenshot={shot}", "--window-size=1200,2400",
+    r = subprocess.run([CHROMIUM, *flags, f"--screenshot={shot}",
                         (quick / "report.html").as_uri()], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and shot.is_file(), r.stderr[-2000:]
     with Image.open(shot) as im:

@@ -1,5 +1,7 @@
 """Matplotlib (Agg) figures in the style of the paper's: grouped bars with the paper's
-values marked, and lines over a swept axis."""
+values marked, and lines over a swept axis. Bars of a ratio grow up or down from 1
+on a log axis, so a 0.7x slowdown reads as a bar below the line as long as a 1.43x
+speedup is above it."""
 
 from __future__ import annotations
 
@@ -17,21 +19,27 @@ PAPER_STYLE = dict(marker="D", color="black", linestyle="none", markersize=6, zo
 
 def bars(path: Path, groups: list[str], series: dict[str, list[float]], ylabel: str, title: str,
          paper: list[float | None] | None = None, paper_label: str = "paper", log: bool = False,
-         hline: float | None = None) -> Path:
+         hline: float | None = None, ratio: bool = False) -> Path:
     """Grouped bars: one group per entry of ``groups``, one bar per series; the paper's
-    value of each group (``paper``) as a black diamond; ``hline`` a reference line."""
+    value of each group (``paper``) as a black diamond; ``hline`` a reference line.
+    ``ratio``: the values are ratios (x): bars from 1 on a log axis, a line at 1."""
     fig, ax = plt.subplots(figsize=(max(6.0, 0.75 * len(groups) * max(1, len(series)) ** 0.5 + 2), 4.2))
     x = np.arange(len(groups))
     w = 0.8 / max(1, len(series))
+    if ratio:
+        log, hline = True, 1.0
     for i, (name, vals) in enumerate(series.items()):
-        ax.bar(x - 0.4 + w * (i + 0.5), vals, w, label=name)
+        if ratio:
+            ax.bar(x - 0.4 + w * (i + 0.5), [v - 1 for v in vals], w, bottom=1.0, label=name)
+        else:
+            ax.bar(x - 0.4 + w * (i + 0.5), vals, w, label=name)
     if paper is not None:
         px = [xi for xi, v in zip(x, paper) if v is not None]
         pv = [v for v in paper if v is not None]
         if pv:
             ax.plot(px, pv, label=paper_label, **PAPER_STYLE)
     if hline is not None:
-        ax.axhline(hline, color="grey", linestyle="--", linewidth=1)
+        ax.axhline(hline, color="black" if ratio else "grey", linestyle="-" if ratio else "--", linewidth=1)
     ax.set_xticks(x, groups, rotation=30, ha="right")
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
@@ -41,6 +49,11 @@ def bars(path: Path, groups: list[str], series: dict[str, list[float]], ylabel: 
         ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         ax.yaxis.set_major_formatter(fmt)
         ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        if ratio:  # room around 1 both ways, so the smallest bar is visible
+            vals = [v for vs in series.values() for v in vs if v == v and v > 0]
+            vals += [v for v in (paper or []) if v is not None]
+            lo, hi = min(vals + [1.0]), max(vals + [1.0])
+            ax.set_ylim(min(lo, 1 / 1.1) / 1.15, max(hi, 1.1) * 1.15)
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()

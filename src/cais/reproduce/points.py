@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 from cais.hw.config import SystemConfig, apply_overrides, load_system
+from cais.provenance import content_hash
 
 FLOAT = float
 
@@ -33,6 +34,11 @@ def system_of(point: dict[str, Any]) -> SystemConfig:
         data.update(gpus=int(gpus), gpu_slowdown={g: factor for g in range(int(gpus))} if factor else {})
         cfg = SystemConfig(**data)
     return cfg
+
+
+def _hash(cfg: SystemConfig) -> dict[str, str]:
+    """The run's system as a content hash (:func:`cais.provenance.content_hash`)."""
+    return {"provenance.system_sha256": content_hash(cfg.model_dump())}
 
 
 def _model(point: dict[str, Any]):
@@ -74,7 +80,7 @@ def layer_point(point: dict[str, Any]) -> dict[str, Any]:
     out.update(table_mean_kB=FLOAT((j.get("merge_table_mean_kB") or {}).get("mean", float("nan"))),
                ports_holding=FLOAT(ports.get("holding_sessions", float("nan"))),
                busiest_port_share=FLOAT(ports.get("busiest_share", float("nan"))),
-               remote_peak_kB=FLOAT(remote.get("peak_kB", float("nan"))))
+               remote_peak_kB=FLOAT(remote.get("peak_kB", float("nan"))), **_hash(cfg))
     return out
 
 
@@ -102,7 +108,7 @@ def timeline_point(point: dict[str, Any]) -> dict[str, Any]:
     series = [sum(float(util[n][b]) for n in names) / len(names) for b in range(lo, min(hi, len(util[names[0]])))]
     return {"total_us": FLOAT(r.total_us), "series": json.dumps(series), "bin_width_us": bin_ps / PS_PER_US,
             "segment_start_us": start / PS_PER_US, "segment_end_us": end / PS_PER_US,
-            "link_util_mean": FLOAT(r.link_util.mean)}
+            "link_util_mean": FLOAT(r.link_util.mean), **_hash(cfg)}
 
 
 def collective_point(point: dict[str, Any]) -> dict[str, Any]:
@@ -112,4 +118,4 @@ def collective_point(point: dict[str, Any]) -> dict[str, Any]:
     cfg = system_of(point)
     r = run_collective(cfg, point["op"], point["algo"], int(point["bytes"]))
     return {"time_us": FLOAT(r.time_us), "algbw_GBps": FLOAT(r.algbw_GBps), "busbw_GBps": FLOAT(r.busbw_GBps),
-            "sim_wall_s": FLOAT(r.wall_s)}
+            "sim_wall_s": FLOAT(r.wall_s), **_hash(cfg)}

@@ -12,8 +12,11 @@ from pathlib import Path
 import pandas as pd
 
 from cais.errors import UserError
+from cais.hw.config import apply_overrides, load_system
+from cais.provenance import Provenance, collect
 from cais.reproduce.experiments import EXPERIMENTS, PAPER_SET, Context
-from cais.reproduce.report import Section, write_report
+from cais.reproduce.report import Front, Section, write_report
+from cais.reproduce.verdict import quick_warning, why_links
 from cais.sweep.grid import point_id
 from cais.sweep.runner import run_sweep
 
@@ -72,10 +75,18 @@ def run_points(ctx: Context, points: list[tuple[str, dict]], workers: int | None
 
 
 def reproduce(names: list[str], ctx: Context, workers: int | None = None,
-              log: Callable[[str], None] = print, cached: bool = False) -> Outcome:
-    """Run the experiments ``names`` in ``ctx`` and write their CSVs, PNGs and the report;
-    ``cached``: simulate nothing, analyse the runs already in ``ctx.out/runs``."""
+              log: Callable[[str], None] = print, cached: bool = False,
+              on_section: Callable[[Section], None] | None = None,
+              provenance: Provenance | None = None) -> Outcome:
+    """Run the experiments ``names`` in ``ctx`` and write their CSVs (each row with
+    ``provenance``'s columns), PNGs and the report (verdict and provenance first);
+    ``cached``: simulate nothing, analyse the runs already in ``ctx.out/runs``;
+    ``on_section``: called with each experiment's section as it is done;
+    ``provenance``: default, this library call."""
     names = expand(names)
+    if provenance is None:
+        cfg = apply_overrides(load_system(ctx.system), dict(ctx.sets))
+        provenance = collect(f"cais.reproduce.run.reproduce({names!r})", ctx.system, cfg.model_dump(), ctx.sets)
     ctx.out.mkdir(parents=True, exist_ok=True)
     res = Outcome()
     t_all = time.perf_counter()
@@ -93,19 +104,25 @@ def reproduce(names: list[str], ctx: Context, workers: int | None = None,
             except Exception as exc:  # noqa: BLE001 - partial runs: the report says so, the rest goes on
                 table, section = pd.DataFrame(), Section(name, exp.title).p(
                     f"ANALYSIS FAILED on these runs ({len(rows)} rows): {type(exc).__name__}: {exc}")
-        table.to_csv(ctx.out / f"{name}.csv", index=False)
+        table.assign(**provenance.columns()).to_csv(ctx.out / f"{name}.csv", index=False)
         res.tables[name], res.seconds[name] = table, time.perf_counter() - t0
         res.sections.append(section)
         log(f"[reproduce] {name}: {res.seconds[name]:.0f} s")
-    header = [f"System preset: {ctx.system}" + (f", with --set {' '.join(f'{k}={v}' for k, v in ctx.sets.items())}"
-                                                 if ctx.sets else "") + (". Quick grid (reduced)." if ctx.quick
-                                                                          else ". Full grid."),
-              "Every comparison puts our number beside the paper's (arXiv 2605.05628, as transcribed in "
-              "shared/reference/cais-paper.md) with the ratio, and says why where they differ by more than 10 %. "
-              "No simulator constant was tuned to a paper figure.",
-              ("Analysed from the runs already in runs/ (--cached); each run's simulation time is its wall_s "
-               "there." if cached else
-               "Run time per experiment (s): " + ", ".join(f"{k} {v:.0f}" for k, v in res.seconds.items())
-               + f"; total {time.perf_counter() - t_all:.0f}.")]
-    res.report_md, res.report_html = write_report(ctx.out, res.sections, header)
+        if on_section is not None:
+            on_section(section)
+    facts = [f"System preset: {ctx.system}" + (f", with --set {' '.join(f'{k}={v}' for k, v in ctx.sets.items())}"
+                                                if ctx.sets else "") + (". Quick grid (reduced)." if ctx.quick
+                                                                         else ". Full grid."),
+             "Every comparison puts our number beside the paper's (arXiv 2605.05628; each number with its section "
+             "and figure in src/cais/reproduce/paper.py) with the ratio, and says why where they differ by more "
+             "than 10 %. No simulator constant was tuned to a paper figure.",
+             ("Analysed from the runs already in runs/ (--cached); each run's simulation time is its wall_s "
+              "there." if cached else
+              "Run time per experiment (s): " + ", ".join(f"{k} {v:.0f}" for k, v in res.seconds.items())
+              + f"; total {time.perf_counter() - t_all:.0f}.")]
+    verdict = [f"{s.title}: {s.verdict}" for s in res.sections if s.verdict] or ["No experiment produced a verdict."]
+    models = [str(m) for t in res.tables.values() if "model" in t for m in t["model"].unique()]
+    front = Front(verdict, quick_warning(ctx.quick, list(dict.fromkeys(models))), facts, provenance.lines(),
+                  why_links(ctx.out))
+    res.report_md, res.report_html = write_report(ctx.out, res.sections, front)
     return res

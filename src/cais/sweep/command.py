@@ -60,12 +60,12 @@ def summary_table(table: pd.DataFrame, points: Sequence[Point], title: str) -> T
 
 
 def sweep_command(spec_path: str, out: str, workers: int | None, ray: str | None, keep_errors: bool,
-                  progress: bool) -> None:
+                  progress: bool, command: str = "") -> None:
     """The ``cais sweep`` command (UserError for a bad spec or output, before any runs)."""
     spec = load_spec(spec_path)
     points = expand(spec)
     table = run_sweep(points, out, workers=workers, ray_address=ray, progress=progress, keep_errors=keep_errors,
-                      desc=Path(spec_path).stem)
+                      desc=Path(spec_path).stem, command=command)
     ok, failed = summary(table, points)
     console = Console()
     for kind in dict.fromkeys(kind_of(p) for p in points):

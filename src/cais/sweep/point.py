@@ -191,6 +191,7 @@ def run_point(point: Mapping[str, Any]) -> dict[str, Any]:
     """Simulate one point and return its row, the same row ``cais run --out`` /
     ``cais collective --out`` append: every config field, the run's arguments and
     every metric of ``--json``, nested keys dotted (:func:`cais.results.table.run_row`)."""
+    from cais.provenance import content_hash
     from cais.results.recorder import Recorder
     from cais.results.table import run_row
 
@@ -210,4 +211,4 @@ def run_point(point: Mapping[str, Any]) -> dict[str, Any]:
         r = run_collective(p.cfg, o["op"], o["algo"], o["bytes"], recorder=rec)
         arguments = {"command": "collective", "system": o["system"], "unit": o["unit"],
                      "overrides": json.dumps(p.overrides)}
-    return run_row(p.cfg, arguments, r.as_json())
+    return {**run_row(p.cfg, arguments, r.as_json()), "provenance.system_sha256": content_hash(p.cfg.model_dump())}

@@ -20,6 +20,7 @@ from typing import Any
 import pandas as pd
 
 from cais.errors import UserError
+from cais.provenance import git_commit, now_utc, package_version
 from cais.results.table import flatten
 from cais.sweep.grid import Point, point_id
 from cais.sweep.store import META_COLUMNS, ResultStore, read_table
@@ -185,7 +186,7 @@ def _progress(enabled: bool, desc: str, total: int, skipped: int) -> Any:
 
 def run_sweep(points: list[Point], out: str | Path, *, fn: str = DEFAULT_FN, workers: int | None = None,
               ray_address: str | None = None, progress: bool = True, desc: str = "sweep",
-              keep_errors: bool = False) -> pd.DataFrame:
+              keep_errors: bool = False, command: str = "") -> pd.DataFrame:
     """Run every point of ``points`` not already finished in the table ``out`` (a
     ``.parquet`` file) through ``fn`` (``module:function``, taking a point and
     returning a flat or nested dict) and append each row to ``out`` as it finishes.
@@ -194,8 +195,10 @@ def run_sweep(points: list[Point], out: str | Path, *, fn: str = DEFAULT_FN, wor
     unless ``keep_errors``. Local processes by default (``workers``: default
     ``os.cpu_count()``; 1 runs in this process), or Ray tasks on the cluster at
     ``ray_address``. A point that raises becomes a row with status ``error`` and
-    its one-line message; the others go on. Returns the whole table: earlier rows
-    and new ones, one row per point id (a rerun point's row replaces its old one)."""
+    its one-line message; the others go on. Every row carries its provenance
+    (``provenance.version``, ``.commit``, ``.date`` it finished, ``.command``: what
+    started the sweep). Returns the whole table: earlier rows and new ones, one row
+    per point id (a rerun point's row replaces its old one)."""
     if workers is not None and workers < 1:
         raise UserError(f"workers: expected a positive number, got {workers}")
     if workers is not None and ray_address:
@@ -210,7 +213,9 @@ def run_sweep(points: list[Point], out: str | Path, *, fn: str = DEFAULT_FN, wor
                    _local(fn, todo, min(workers or os.cpu_count() or 1, max(1, len(todo)))))
         with bar, closing(batches):
             for batch in batches:
-                store.add(batch)
+                stamp = {"provenance.version": package_version(), "provenance.commit": git_commit(),
+                         "provenance.date": now_utc(), "provenance.command": command}
+                store.add([{**r, **stamp} for r in batch])
                 failed += sum(r["status"] != "ok" for r in batch)
                 bar.update(task, advance=len(batch), failed=failed)
     return read_table(out)  # as written: the same dtypes as pandas.read_parquet(out)
