@@ -219,7 +219,7 @@ def fig11_analyse(ctx: Context, rows: pd.DataFrame, name: str = "fig11", world: 
                       if len(tm[(tm["model"] == m) & (tm["scheme"] == s)]) else float("nan") for s in schemes]
                   for m in dict.fromkeys(tm["model"])}
         png = f"{name}_{mode}.png"
-        plots.bars(ctx.out / png, schemes, series, "speedup of CAIS, time(scheme) / time(CAIS) (x, log)",
+        plots.bars(ctx.out / png, schemes, series, "CAIS speedup, t(scheme) / t(CAIS) (x, log)",
                    f"Fig. 11 ({mode}), {ctx.system}: CAIS speedup over each scheme", [P.fig11_paper(s, mode)
                                                                                      for s in schemes],
                    "paper, geomean (§V-A.1, Fig. 11)", ratio=True)
@@ -520,7 +520,7 @@ def fig16_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, Secti
     t = pd.DataFrame(out)
     plots.lines(ctx.out / "fig16.png", series, "time since the start of L2 (us)", "mean link utilisation (%)",
                 f"Fig. 16: utilisation over time, L2 of {df['model'].iloc[0]} prefill",
-                hline=P.FIG16_CAIS_STEADY)
+                hline=P.FIG16_CAIS_STEADY, hline_label="paper: CAIS near 100 % at steady state (§V-B.2, Fig. 16)")
     summ = t.groupby("scheme")["util_pct"].agg(["mean", "max"]).reset_index().rename(
         columns={"mean": "mean util (%)", "max": "max util (%)"})
     sec = Section("fig16", "Fig. 16: bandwidth utilisation over time (L2)")
@@ -568,7 +568,8 @@ def fig17_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, Secti
     sec = Section("fig17", "Fig. 17: weak scaling 8 -> 16 -> 32 GPUs")
     drop = 1 - float(last["normalised"])
     sec.says(f"From 8 to {int(last['gpus'])} GPUs CAIS's per-GPU throughput changes by {-100 * drop:+.1f} %; the "
-             f"paper's claim (within {100 * P.FIG17_DROP_32:.0f} % at 32 GPUs) {holds(abs(drop) <= P.FIG17_DROP_32)}"
+             f"paper's claim (it drops by less than {100 * P.FIG17_DROP_32:.0f} % at 32 GPUs) "
+             f"{holds(drop <= P.FIG17_DROP_32)}"
              " here" + ("" if int(last["gpus"]) == 32 else " at the largest size simulated") + ".")
     sec.p(f"CAIS and CoCoNet-NVLS on {_scalable(ctx)} (one NVSwitch tier; hidden, FFN and heads scaled with the "
           "GPU count). Throughput = GEMM FLOPs of the projections per GPU over the period time.")
@@ -595,7 +596,7 @@ def fig18_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, Secti
     t["nccl_busbw_GBps"] = t["algo"].map({"nvls": P.NCCL_NVLS_ALLREDUCE_BUSBW, "ring": P.NCCL_RING_ALLREDUCE_BUSBW})
     t["error_pct"] = 100 * (t["busbw_GBps"] / t["nccl_busbw_GBps"] - 1)
     series = {f"cais-sim {a}": (list(g["bytes"] / 2 ** 30), list(g["busbw_GBps"])) for a, g in t.groupby("algo")}
-    paper = {f"NCCL 8xH100 {a} (nccl-facts.md)": (list(g["bytes"] / 2 ** 30), list(g["nccl_busbw_GBps"]))
+    paper = {f"NCCL 8xH100 {a} (published nccl-tests)": (list(g["bytes"] / 2 ** 30), list(g["nccl_busbw_GBps"]))
              for a, g in t.groupby("algo")}
     plots.lines(ctx.out / "fig18.png", series, "AllReduce size (GiB, log)", "bus bandwidth (GB/s)",
                 f"Fig. 18: simulated AllReduce vs real NCCL, {ctx.system}", paper=paper, logx=True)
@@ -609,7 +610,7 @@ def fig18_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, Secti
              f"{'matches' if err <= 0.10 else 'does not match'} real NCCL to 10 % at these sizes.")
     sec.p("The paper validates its NVLS AllReduce against NCCL at 1-16 GB (mean error 3.87 %) without giving the "
           "measured values; we compare with the published 8 x H100 nccl-tests bus bandwidths "
-          "(NVLS about 480 GB/s, ring 365-370 GB/s for large messages; shared/reference/nccl-facts.md)."
+          "(NVLS about 480 GB/s, ring 365-370 GB/s for large messages; NVIDIA/nccl-tests#212, NVIDIA/nccl#2140 and #1455; docs/validation.md §1)."
           + (" Quick grid: 64 and 256 MiB." if ctx.quick else " 8 and 16 GB exceed this simulator's event limit "
              "and are left out; the bandwidth is flat past 1 GB."))
     sec.img("fig18.png").table(pd.DataFrame([compare("mean |error| of NVLS busbw vs NCCL", err, P.FIG18_MEAN_ERROR,
@@ -741,12 +742,13 @@ def map_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, Section
     sec.p(_interference_note(t))
     cols = [c for c in t.columns if c.startswith("cais_over_")]
     wins = cc[(cc[cols] >= 1).all(axis=1)] if cols else cc.iloc[0:0]
+    loses = cc[~cc.index.isin(wins.index)]
     at_cal = ", ".join(f"{c[len('cais_over_'):]} {float(cal[c].iloc[0]):.2f}x" for c in cols if len(cal))
     sec.says((f"At the calibrated point (communication {cal_x:.2f}x computation) CAIS's speedup is {at_cal}. "
               if at_cal else "")
-             + (f"CAIS beats every mapped scheme from a communication-to-computation ratio of "
-                f"{float(wins['comm_over_compute'].min()):.2f} on the points mapped." if len(wins) else
-                "CAIS beats every mapped scheme at none of the points mapped."))
+             + f"CAIS beats every mapped scheme at {len(wins)} of {len(cc)} points of the communication axis"
+             + (f" (communication / computation {span(wins['comm_over_compute'], '')})" if len(wins) else "")
+             + (f"; it loses to one at {span(loses['comm_over_compute'], '')}." if len(loses) else "."))
     sec.img("map_comm.png").img("map_ring.png").table(t, summary=True)
     return t, sec
 
@@ -923,12 +925,13 @@ def _speedup_section(ctx: Context, rows: pd.DataFrame, name: str, title: str, te
     series = {s: [float(t[(t[key].astype(str) == k) & (t["scheme"] == s)]["speedup_of_cais"].iloc[0])
                   if len(t[(t[key].astype(str) == k) & (t["scheme"] == s)]) else float("nan") for k in groups]
               for s in schemes}
-    plots.bars(ctx.out / f"{name}.png", groups, series, "speedup of CAIS, time(scheme) / time(CAIS) (x, log)",
+    plots.bars(ctx.out / f"{name}.png", groups, series, "CAIS speedup, t(scheme) / t(CAIS) (x, log)",
                title, ratio=True)
     sec = Section(name, title).p(text).img(f"{name}.png").table(t, summary=True)
     others = t[t["scheme"] != "cais"]
     k = sum(bool((g["speedup_of_cais"] >= 1).all()) for _, g in others.groupby(key))
-    sec.says(f"CAIS is faster than every other scheme at {k} of {len(groups)} {key} values; its speedups span "
+    noun = {"model": "models", "gpus": "GPU counts"}.get(key, f"{key} values")
+    sec.says(f"CAIS is faster than every other scheme for {k} of {len(groups)} {noun}; its speedups over them span "
              f"{span(list(others['speedup_of_cais']))}.")
     for f in failures(rows):
         sec.p(f"FAILED: {f}")

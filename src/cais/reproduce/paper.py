@@ -1,7 +1,7 @@
-"""Every number of the CAIS paper the reproduction compares against, each with where
-it is stated (``/work/shared/reference/cais-paper.md``, the paper's section and
-figure). Nothing here is used to set a simulator parameter: these are only ever shown
-beside our numbers."""
+"""Every number of the CAIS paper (arXiv 2605.05628, HPCA 2026) the reproduction
+compares against, each with the section and figure of the paper that states it.
+Nothing here is used to set a simulator parameter: these are only ever shown beside
+our numbers."""
 
 from __future__ import annotations
 
@@ -48,9 +48,9 @@ TABLE2 = {"full": 1.43, "half": 1.40}
 #: §V-E, Fig. 18: mean error of the simulated NVLS AllReduce against NCCL, 1-16 GB.
 FIG18_MEAN_ERROR = 0.0387
 FIG18_SIZES_GB = (1, 2, 4, 8, 16)
-#: nccl-facts.md: real 8 x H100 NVLS AllReduce busbw for > 256 MB (nccl-tests #212, nccl #2140), GB/s.
+#: Published nccl-tests: real 8 x H100 NVLS AllReduce busbw for > 256 MB (NVIDIA/nccl-tests#212, NVIDIA/nccl#2140), GB/s.
 NCCL_NVLS_ALLREDUCE_BUSBW = 480.0
-#: nccl-facts.md: real 8 x H100 ring AllReduce busbw, large messages (nccl #1455), GB/s.
+#: Published nccl-tests: real 8 x H100 ring AllReduce busbw, large messages (NVIDIA/nccl#1455), GB/s.
 NCCL_RING_ALLREDUCE_BUSBW = 367.5
 #: §V-D: area in TSMC 12 nm: merge unit per switch, TB-group synchroniser per GPU die (mm^2).
 AREA_SWITCH_MM2 = 0.50

@@ -17,12 +17,27 @@ import numpy as np  # noqa: E402
 PAPER_STYLE = dict(marker="D", color="black", linestyle="none", markersize=6, zorder=5)
 
 
+#: tick values of a ratio axis, dense near 1 where most speedups lie
+RATIO_TICKS = (0.1, 0.2, 0.3, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.7, 2.0, 2.5, 3.0, 4.0, 5.0,
+               7.0, 10.0, 15.0, 20.0, 30.0, 50.0, 100.0)
+
+
+def ratio_ticks(lo: float, hi: float, most: int = 9) -> list[float]:
+    """Ticks of :data:`RATIO_TICKS` inside [lo, hi], thinned to at most ``most``,
+    always with 1."""
+    inside = [t for t in RATIO_TICKS if lo <= t <= hi]
+    step = -(-len(inside) // most)
+    i1 = inside.index(1.0) if 1.0 in inside else 0
+    return sorted({t for i, t in enumerate(inside) if (i - i1) % step == 0} | {1.0})
+
+
 def bars(path: Path, groups: list[str], series: dict[str, list[float]], ylabel: str, title: str,
          paper: list[float | None] | None = None, paper_label: str = "paper", log: bool = False,
          hline: float | None = None, ratio: bool = False) -> Path:
     """Grouped bars: one group per entry of ``groups``, one bar per series; the paper's
     value of each group (``paper``) as a black diamond; ``hline`` a reference line.
-    ``ratio``: the values are ratios (x): bars from 1 on a log axis, a line at 1."""
+    ``ratio``: the values are ratios (x): bars from 1 on a log axis, a line at 1.
+    ``log`` alone (a quantity spanning decades): dots on a log axis, not bars."""
     fig, ax = plt.subplots(figsize=(max(6.0, 0.75 * len(groups) * max(1, len(series)) ** 0.5 + 2), 4.2))
     x = np.arange(len(groups))
     w = 0.8 / max(1, len(series))
@@ -31,6 +46,8 @@ def bars(path: Path, groups: list[str], series: dict[str, list[float]], ylabel: 
     for i, (name, vals) in enumerate(series.items()):
         if ratio:
             ax.bar(x - 0.4 + w * (i + 0.5), [v - 1 for v in vals], w, bottom=1.0, label=name)
+        elif log:  # a bar on a log axis would start at an arbitrary floor: a dot says only the value
+            ax.plot(x - 0.4 + w * (i + 0.5), vals, marker="o", markersize=9, linestyle="none", label=name)
         else:
             ax.bar(x - 0.4 + w * (i + 0.5), vals, w, label=name)
     if paper is not None:
@@ -49,11 +66,14 @@ def bars(path: Path, groups: list[str], series: dict[str, list[float]], ylabel: 
         ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         ax.yaxis.set_major_formatter(fmt)
         ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-        if ratio:  # room around 1 both ways, so the smallest bar is visible
+        if ratio:  # room around 1 both ways, so the smallest bar is visible, and labelled ticks however narrow
             vals = [v for vs in series.values() for v in vs if v == v and v > 0]
             vals += [v for v in (paper or []) if v is not None]
-            lo, hi = min(vals + [1.0]), max(vals + [1.0])
-            ax.set_ylim(min(lo, 1 / 1.1) / 1.15, max(hi, 1.1) * 1.15)
+            lo = min(min(vals + [1.0]), 1 / 1.1) / 1.15
+            hi = max(max(vals + [1.0]), 1.1) * 1.15
+            ax.set_ylim(lo, hi)
+            ax.yaxis.set_major_locator(matplotlib.ticker.FixedLocator(ratio_ticks(lo, hi)))
+            ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
@@ -64,7 +84,7 @@ def bars(path: Path, groups: list[str], series: dict[str, list[float]], ylabel: 
 
 def lines(path: Path, series: dict[str, tuple[list[float], list[float]]], xlabel: str, ylabel: str, title: str,
           paper: dict[str, tuple[list[float], list[float]]] | None = None, logx: bool = False,
-          hline: float | None = None, vlines: dict[str, float] | None = None) -> Path:
+          hline: float | None = None, vlines: dict[str, float] | None = None, hline_label: str | None = None) -> Path:
     """Lines over a swept axis; the paper's points as black markers; ``vlines`` label ->
     x of marked points (e.g. the calibrated and the paper's stated point)."""
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
@@ -73,7 +93,7 @@ def lines(path: Path, series: dict[str, tuple[list[float], list[float]]], xlabel
     for i, (name, (xs, ys)) in enumerate((paper or {}).items()):
         ax.plot(xs, ys, label=name, **{**PAPER_STYLE, "marker": "DsX^"[i % 4]})
     if hline is not None:
-        ax.axhline(hline, color="grey", linestyle="--", linewidth=1)
+        ax.axhline(hline, color="grey", linestyle="--", linewidth=1, label=hline_label)
     for i, (name, xv) in enumerate((vlines or {}).items()):
         ax.axvline(xv, color=["tab:red", "tab:purple", "tab:green"][i % 3], linestyle=":", label=name)
     ax.set_xlabel(xlabel)
