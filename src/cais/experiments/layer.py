@@ -20,6 +20,7 @@ from cais.results.metrics import mirrored
 from cais.schemes import get_scheme
 from cais.schemes.base import LayerRun
 from cais.workload import reference as ref
+from cais.workload.footprint import Footprint, check_fits, footprint
 from cais.workload.graph import Chain, Period, build_period
 from cais.workload.models import ModelSpec
 
@@ -54,6 +55,8 @@ class LayerResult:
     tokens: int = 0
     padded_tokens: int = 0
     sim: str = "full"  # "full": every GPU simulated; "mirror": GPU 0 only (cais.experiments.collective)
+    memory: Footprint | None = None  # the run's per-GPU HBM footprint (cais.workload.footprint)
+    hbm_capacity_GB: float = 0.0  # the GPU's HBM it was checked against
 
     @property
     def padding(self) -> int:
@@ -69,7 +72,9 @@ class LayerResult:
                 "switch": self.switch, "vc_policy": self.vc_policy,
                 "tokens": self.tokens, "padded_tokens": self.padded_tokens,
                 "total_us": self.total_us, "sublayers": self.sublayers, **self.metrics.as_json(),
-                "segments_us": self.segments, "kernel_us": self.kernel_us, "sim": self.sim}
+                "segments_us": self.segments, "kernel_us": self.kernel_us, "sim": self.sim,
+                **({"memory": {**self.memory.as_json(), "capacity_GB": self.hbm_capacity_GB}}
+                   if self.memory is not None else {})}
 
 
 def chain_bound_ps(r: LayerRun, c: Chain) -> tuple[int, int]:
@@ -270,13 +275,22 @@ def _check_size(cfg: SystemConfig, model: ModelSpec, scheme: str, switch: str, m
                  "use a smaller batch or seq")
 
 
+def check_memory(cfg: SystemConfig, model: ModelSpec, mode: str, sp: bool) -> Footprint:
+    """The run's per-GPU HBM footprint (cais.workload.footprint, docs/memory.md); a
+    one-line MemoryCapacityError (a UserError) if it exceeds ``gpu.hbm_capacity_GB``."""
+    fp = footprint(model, cfg.gpus, mode, sp)
+    check_fits(fp, cfg.gpu.hbm_capacity_GB, cfg.gpu.name, f"batch {model.batch:,} and seq {model.seq:,}")
+    return fp
+
+
 def check_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: int | None = None) -> None:
     """Raise the UserError :func:`run_layer` would raise before simulating anything (an
     unknown scheme or mode, a bad ``sms``, a model that does not split over the GPUs,
-    a period too big to simulate), without running it."""
+    a period too big to simulate, a footprint beyond the GPUs' HBM), without running it."""
     sch = get_scheme(scheme)
     _check_sms(cfg, sms)
     _check_size(cfg, model, scheme, sch.switch, mode, build_period(model, cfg.gpus, mode, sch.sp))
+    check_memory(cfg, model, mode, sch.sp)
 
 
 def run_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: int | None = None,
@@ -297,6 +311,7 @@ def run_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: 
     mirror = _mirror_mode(cfg, scheme, sim, functional)
     period = build_period(model, cfg.gpus, mode, sch.sp, seed, regather)
     _check_size(cfg, model, scheme, sch.switch, mode, period, mirror)
+    memory = check_memory(cfg, model, mode, sch.sp)
     if progress is not None:
         progress.begin(period_events(cfg, period, model.dtype_bytes, sch.switch) / (cfg.gpus if mirror else 1),
                        f"{model.name} {mode} under {scheme} on {cfg.gpus} GPUs")
@@ -332,7 +347,7 @@ def run_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: 
     return LayerResult(model.name, scheme, mode, cfg.gpus, cfg.gpu.sms, end / PS_PER_US, subs, segs,
                        mirrored(metrics, m.n) if mirror else metrics, m.sim.events, time.perf_counter() - t0,
                        kernel_split(run), bad, checked, cfg.switch.model, cfg.link.vc_policy,
-                       period.dims.real_tokens, period.dims.tokens, sim)
+                       period.dims.real_tokens, period.dims.tokens, sim, memory, cfg.gpu.hbm_capacity_GB)
 
 
 def _mark_segments(run: LayerRun) -> None:

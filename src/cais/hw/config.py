@@ -94,6 +94,11 @@ class SwitchConfig(_Strict):
                                            "ld.cais/red.cais, else nvls)")
     pipeline_latency_ns: float = Field(0.0, ge=0, description="crossbar traversal added per switch hop")
     reduce_latency_ns: float = Field(0.0, ge=0, description="extra time of an in-switch reduction")
+    reduce_GBps: float | None = Field(None, gt=0, description="operand bytes per second one chip's NVLS reduction "
+                                                              "engine takes in (a multimem.ld_reduce over n GPUs "
+                                                              "brings n operands); null: never the limit. A "
+                                                              "calibration where set (docs/fabric-model.md, "
+                                                              "\"The NVL72 rack\")")
     merge: MergeConfig = MergeConfig()
 
     @model_validator(mode="after")
@@ -138,6 +143,11 @@ class GpuConfig(_Strict):
     name: str = "H100-SXM"
     sms: int = Field(132, gt=0)
     hbm_bandwidth_GBps: float = Field(3350.0, gt=0, description="peak; memory-bound kernels use the calibrated efficiency")
+    hbm_capacity_GB: float = Field(80.0, gt=0, allow_inf_nan=False,
+                                   description="HBM per GPU (GB = 1e9 bytes, the datasheet figure: 80 for H100, "
+                                               "141 for H200, 186 for a GB200 NVL72 GPU); a layer run whose "
+                                               "per-GPU footprint (weights, KV cache, activations, optimizer "
+                                               "state; docs/memory.md) exceeds it is refused")
     memory_latency_ns: float = Field(500.0, ge=0, description="time a GPU takes to serve a remote read")
     read_serve_kB: float = Field(1048576.0, gt=0, description="bytes of remote reads a GPU serves at once "
                                                               "(memory access, then the response waiting for the "
@@ -171,6 +181,20 @@ class CollectiveConfig(_Strict):
     ring_slots: int = Field(8, gt=0, description="ring buffer slots per channel (NCCL_STEPS)")
     outstanding_bytes_per_sm: int = Field(64 * 1024, gt=0,
                                           description="in-flight loads (ld_reduce) one SM can keep")
+    ll_channel_GBps: float = Field(8.8, gt=0, description="payload one channel (SM) moves in the LL protocol: its "
+                                                          "poll-and-store loop on 16-byte lines, not the wire, "
+                                                          "limits it (NCCL's LL cap of 141 GB/s on sm90 over 16 "
+                                                          "channels; kernels/protocols.py)")
+    ll128_channel_GBps: float = Field(36.7, gt=0, description="payload one channel moves in LL128 (NCCL's "
+                                                               "per-channel LL128 cap, sm90)")
+    host_us: float = Field(0.0, ge=0, description="the host's cost of one standalone NCCL call before its data "
+                                                  "moves (enqueue, launch, kernel prologue beyond "
+                                                  "gpu.kernel_launch_us): on the critical path of back-to-back "
+                                                  "calls (nccl-tests), hidden inside a layer where the host runs "
+                                                  "ahead; a calibration (docs/fabric-model.md, \"Protocols\")")
+    tuning: Literal["sm90", "sm100"] = Field("sm90", description="NCCL's tuning table that chooses algorithm and "
+                                                                 "protocol by size when a run asks for auto "
+                                                                 "(kernels/tuning.py): sm90 Hopper, sm100 Blackwell")
 
 
 class CaisConfig(_Strict):
