@@ -87,8 +87,10 @@ class Isa:
         from or reduces into a peer takes its bytes there)."""
         return self.m.gpus[src].remote
 
-    def sm_port(self) -> SmPort:
-        bw = self.m.cfg.gpu.sm_copy_bandwidth_GBps  # bytes per ns
+    def sm_port(self, rate_GBps: float | None = None) -> SmPort:
+        """An SM's store path at its copy bandwidth, or at ``rate_GBps`` of payload
+        (a protocol whose loop, not the SM's copy rate, limits it: LL, LL128)."""
+        bw = rate_GBps or self.m.cfg.gpu.sm_copy_bandwidth_GBps  # bytes per ns
         return SmPort(1000.0 / bw)
 
     # ---- helpers -----------------------------------------------------------------
@@ -154,11 +156,14 @@ class Isa:
     def _send(self, kind: int, src: int, dst: int, piece: Region, data: np.ndarray | None,
               done: Callable[[Train], None] | None, port: SmPort | None, stream: int, payload: int, chip: int,
               want: int = 0, fence: Callable[[Train], None] | None = None, tag: int = -1,
-              expect: int = 0, quorum: int = 0) -> None:
+              expect: int = 0, quorum: int = 0, encoding: float = 1.0) -> None:
         self.ops += 1
         if payload and kind in _READS_AT_SOURCE:  # the data is read from the issuer's HBM
             self.m.gpus[src].hbm.stream(self.sim.now, payload)
-        wire, last = self.pk.wire(kind, piece.rows * piece.count * piece.elem_bytes)  # piece.nbytes
+        nbytes = piece.rows * piece.count * piece.elem_bytes  # piece.nbytes
+        if encoding != 1.0:  # a protocol's line format (LL, LL128): flags ride in the lines
+            nbytes = -(-int(nbytes * encoding * 1024) // 1024)
+        wire, last = self.pk.wire(kind, nbytes)
         train = Train(payload, wire, last, kind, src, dst, chip, piece, data, done, self.vcmap.vc(kind, None, stream),
                       0, want, tag, 1, expect, quorum)
         train.fence = fence
@@ -200,13 +205,16 @@ class Isa:
 
     # ---- point to point ----------------------------------------------------------
     def st(self, src: int, dst: int, region: Region, data: np.ndarray | None, done: Done | None = None,
-           port: SmPort | None = None, stream: int = 0, unit: int | None = None, fenced: Done | None = None) -> None:
+           port: SmPort | None = None, stream: int = 0, unit: int | None = None, fenced: Done | None = None,
+           encoding: float = 1.0) -> None:
         """Store ``region`` on GPU ``dst``. ``done``: when the data has landed there;
         ``fenced``: when the stores' write responses are back at ``src`` (what a
         ``__threadfence_system`` after the stores waits for). The pieces that cross
         one chip travel in order on one VC, so the last of them carries the only
-        response that chip's path needs (one header flit when writes are posted)."""
-        self._write(Kind.WRITE, src, dst, region, data, done, port, stream, unit, fenced)
+        response that chip's path needs (one header flit when writes are posted).
+        ``encoding``: wire bytes per data byte of a protocol's line format (LL: 2,
+        LL128: 128/120; kernels/protocols.py), the payload staying the data."""
+        self._write(Kind.WRITE, src, dst, region, data, done, port, stream, unit, fenced, encoding)
 
     def red(self, src: int, dst: int, region: Region, data: np.ndarray | None, done: Done | None = None,
             port: SmPort | None = None, stream: int = 0, unit: int | None = None, fenced: Done | None = None) -> None:
@@ -214,7 +222,8 @@ class Isa:
         self._write(Kind.RED, src, dst, region, data, done, port, stream, unit, fenced)
 
     def _write(self, kind: int, src: int, dst: int, region: Region, data: np.ndarray | None,
-               done: Done | None, port: SmPort | None, stream: int, unit: int | None, fenced: Done | None) -> None:
+               done: Done | None, port: SmPort | None, stream: int, unit: int | None, fenced: Done | None,
+               encoding: float = 1.0) -> None:
         mem = self.m.gpus[dst].memory
         if src == dst:
             op = mem.write if kind == Kind.WRITE else mem.add
@@ -234,7 +243,7 @@ class Isa:
         acked = self._counter(len(last), fenced) if fenced is not None else None
         for i, (p, chip) in enumerate(pieces):
             self._send(kind, src, dst, p, self.piece_data(data, region, p), landed, port, stream, p.nbytes, chip,
-                       fence=acked if last.get(chip) == i else None)
+                       fence=acked if last.get(chip) == i else None, encoding=encoding)
 
     def ld(self, src: int, home: int, region: Region, done: DoneData, stream: int = 0,
            unit: int | None = None) -> None:

@@ -12,6 +12,8 @@ from cais.errors import UserError
 from cais.hw.config import PS_PER_US, SystemConfig
 from cais.machine import Conservation, Machine
 from cais.kernels.collectives import ALGOS, OPS, CollectiveSpec, build, shard_bounds
+from cais.kernels.protocols import PROTOCOL_CHOICES
+from cais.kernels.tuning import choose
 from cais.limits import check_events, check_machine, collective_events, max_events, size_text
 from cais.results import LinkUtil, Recorder, RunMetrics, run_metrics
 from cais.results.metrics import mirrored
@@ -44,6 +46,8 @@ class CollectiveResult:
     correct: bool | None
     conservation: Conservation
     sim: str = "full"  # "full": every GPU simulated; "mirror": GPU 0 only (SIM_MODES)
+    protocol: str = "simple"  # the wire protocol (kernels/protocols.py)
+    chosen_by: str = "asked"  # "asked": as given; "nccl": NCCL's choice by size (kernels/tuning.py)
 
     @property
     def link_util(self) -> LinkUtil:
@@ -55,7 +59,8 @@ class CollectiveResult:
         return self.metrics.link_util.max
 
     def as_json(self) -> dict[str, object]:
-        return {"op": self.op, "algo": self.algo, "gpus": self.gpus, "bytes": self.nbytes,
+        return {"op": self.op, "algo": self.algo, "protocol": self.protocol, "chosen_by": self.chosen_by,
+                "gpus": self.gpus, "bytes": self.nbytes,
                 "time_us": self.time_us, "algbw_GBps": self.algbw_GBps, "busbw_GBps": self.busbw_GBps,
                 "wire_util": self.wire_util, **self.metrics.as_json(), "events": self.events, "wall_s": self.wall_s,
                 "sim": self.sim}
@@ -152,20 +157,40 @@ def check_mirror(m: Machine) -> None:
                         "messages are cheap in full)")
 
 
+def resolve_choice(cfg: SystemConfig, op: str, algo: str, protocol: str, nbytes: int) -> tuple[str, str, str]:
+    """(algorithm, protocol, chosen_by) to run: as asked, or where either is "auto",
+    NCCL's choice by size (kernels/tuning.py) among what the other allows."""
+    if protocol not in PROTOCOL_CHOICES:
+        raise UserError(f"protocol: unknown '{protocol}'; valid: {', '.join(PROTOCOL_CHOICES)}")
+    if algo not in ("auto", *ALGOS):
+        raise UserError(f"algo: unknown algorithm '{algo}'; valid: auto, {', '.join(ALGOS)}")
+    if algo != "auto" and protocol != "auto":
+        if algo == "nvls" and protocol != "simple":
+            raise UserError(f"protocol: NVLS runs the simple protocol only, got '{protocol}'")
+        return algo, protocol, "asked"
+    c = choose(op, nbytes, cfg.gpus, sum(cfg.switch.links_per_gpu), cfg.collective.ring_channels, cfg.collective.nvls_channels,
+               cfg.collective.tuning, algo, protocol)
+    return c.algo, c.protocol, "nccl"
+
+
 def run_collective(cfg: SystemConfig, op: str, algo: str, nbytes: int, functional: bool = False,
                    seed: int = 0, elem_bytes: int = 2, recorder: Recorder | None = None,
-                   progress: RunProgress | None = None, sim: str = "full") -> CollectiveResult:
-    """Simulate ``op`` with ``algo`` on a ``nbytes`` buffer (nccl-tests size); a
-    ``recorder``, if given, records the run (the collective kernel on each GPU is
-    marked on its ``collective`` track)."""
+                   progress: RunProgress | None = None, sim: str = "full",
+                   protocol: str = "simple") -> CollectiveResult:
+    """Simulate ``op`` with ``algo`` and ``protocol`` on a ``nbytes`` buffer
+    (nccl-tests size); either may be "auto" (NCCL's choice by size); a ``recorder``,
+    if given, records the run (the collective kernel on each GPU is marked on its
+    ``collective`` track)."""
     if sim not in SIM_MODES:
         raise UserError(f"sim: unknown mode '{sim}'; valid: {', '.join(SIM_MODES)}")
+    algo, protocol, chosen_by = resolve_choice(cfg, op, algo, protocol, nbytes)
     mirror = sim == "mirror"
     misfit = mirror_misfit(cfg, functional) if mirror else ""
     if misfit:
         raise UserError(f"sim mirror: this collective is not symmetric: {misfit}; use sim='full'")
     count = check_collective(cfg, op, algo, nbytes, elem_bytes, mirror)
-    spec = CollectiveSpec(op, algo, count, elem_bytes)
+    spec = CollectiveSpec(op, algo, count, elem_bytes, protocol=protocol,
+                          host_ps=round(cfg.collective.host_us * PS_PER_US))
     if progress is not None:
         estimate = collective_events(cfg, op, algo, count * elem_bytes) / (cfg.gpus if mirror else 1)
         progress.begin(estimate, f"{algo} {op} of {size_text(count * elem_bytes)} on {cfg.gpus} GPUs")
@@ -194,4 +219,4 @@ def run_collective(cfg: SystemConfig, op: str, algo: str, nbytes: int, functiona
     if mirror:
         metrics = mirrored(metrics, m.n)
     return CollectiveResult(op, algo, m.n, spec.nbytes, t_us, algbw, algbw * bus_factor(op, m.n), metrics,
-                            m.sim.events, wall, correct, m.conservation(), sim)
+                            m.sim.events, wall, correct, m.conservation(), sim, protocol, chosen_by)

@@ -62,7 +62,7 @@ class Fabric:
         self.down = [[channel(f"sw{c}->gpu{g}", c, f"gpu{g}.in{c}", rtt_down, True) for g in range(n)]
                      for c in range(chips)]
         self.switches = [model(sim, c, self.down[c], gpus, packetizer, vcmap, vcs, pipe, red, merge=cfg.switch.merge,
-                               sync_entries=cfg.cais.sync_entries)
+                               sync_entries=cfg.cais.sync_entries, reduce_GBps=cfg.switch.reduce_GBps)
                          for c in range(chips)]
         # Mirror mode: only GPU 0 runs a program; every switch output goes to GPU 0
         # (a train for GPU g stands for its image, the one GPU -g sends to GPU 0).

@@ -55,7 +55,8 @@ class Switch:
 
     def __init__(self, sim: Simulator, chip: int, down: list[Channel], gpus: list["Gpu"],
                  packetizer: Packetizer, vcmap: VcMap, vcs: int, pipeline_ps: int, reduce_ps: int,
-                 merge: MergeConfig | None = None, sync_entries: int = 256) -> None:
+                 merge: MergeConfig | None = None, sync_entries: int = 256,
+                 reduce_GBps: float | None = None) -> None:
         self.sim = sim
         self.chip = chip
         self.down = down
@@ -64,6 +65,9 @@ class Switch:
         self.vcmap = vcmap
         self.pipeline_ps = pipeline_ps
         self.reduce_ps = reduce_ps
+        # the NVLS reduction engine: admits ld_reduces in order at its operand rate (None: unlimited)
+        self.reduce_ps_per_byte = 1000.0 / reduce_GBps if reduce_GBps else 0.0
+        self.engine_free_at = 0
         self.ledger = SwitchLedger()
         self.held: list[list[int]] = [[0] * vcs for _ in gpus]  # trains in each input buffer
         self.handlers: dict[int, Callable[[Train], None]] = {}
@@ -206,10 +210,17 @@ class NvlsSwitch(Switch):
         self._next_id += 1
         self._pending[rid] = _Reduction(req, n)
         wire, last = self.pk.wire(Kind.MC_PULL_REQ, req.want)
+        head, tail = req.head, req.tail
+        if self.reduce_ps_per_byte:  # the engine admits a reduction when it has room for its n operands
+            # mirror mode: this reduction stands for the n GPUs' images, each as large
+            work = req.want * n * (n if self.mirror else 1)
+            start = max(self.sim.now, self.engine_free_at)
+            self.engine_free_at = start + round(work * self.reduce_ps_per_byte)
+            head, tail = max(head, start), max(tail, start)
         for g in range(n):
             pull = Train(0, wire, last, kind=Kind.MC_PULL_REQ, src=req.src, dst=g, chip=self.chip,
                          addr=req.addr, vc=req.vc, cls=req.cls, want=req.want, tag=rid)
-            pull.head, pull.tail = req.head, req.tail
+            pull.head, pull.tail = head, tail
             self.emit(pull, g, req)
 
     def _ld_reduce_response(self, resp: Train) -> None:

@@ -10,14 +10,17 @@ Each TB keeps at most ``outstanding_bytes_per_sm`` of loads in flight (AllGather
 of stores not yet delivered, standing in for link backpressure); an AllReduce's
 stores are posted and do not hold the window.
 
-Ring (NCCL Simple-like): ``ring_channels`` TBs per GPU, each owning a slice of the
-buffer. Per iteration a channel's slice is cut into n chunks that travel the ring in
-steps (2n-2 for AllReduce, n-1 for AllGather and ReduceScatter). Each step is a P2P
-store of up to ``ring_step_bytes`` into one of ``ring_slots`` staging slots of the next
-GPU, then (once the stores' write responses are back: a fence) a flag store that
-tells the next GPU the slot is full; the receiver, once it has used the slot, stores
-a credit flag back to the sender, which waits for a free slot before reusing it
-(kernels/sync.py; every flag is a packet on the wire).
+Ring: ``ring_channels`` TBs per GPU, each owning a slice of the buffer. Per
+iteration a channel's slice is cut into n chunks that travel the ring in steps (2n-2
+for AllReduce, n-1 for AllGather and ReduceScatter). Each step is a P2P store of up
+to one step's bytes into one of ``ring_slots`` staging slots of the next GPU; the
+receiver, once it has used the slot, stores a credit flag back to the sender, which
+waits for a free slot before reusing it (kernels/sync.py; every flag is a packet on
+the wire). How the next GPU learns that the slot is full is the protocol's
+(kernels/protocols.py): Simple (``ring_step_bytes`` per step) waits for the stores'
+write responses (a fence) and then stores a flag; LL and LL128 write the flag inside
+the data's lines, so the slot is full when the last line lands, at the price of the
+lines' extra bytes on the wire.
 
 Buffers: ``spec.send`` (input) and ``spec.recv`` (output) on every GPU, elements of
 ``elem_bytes`` bytes. AllGather: send holds the GPU's shard, recv the whole buffer.
@@ -38,7 +41,8 @@ from cais.errors import UserError
 from cais.hw.gpu import Kernel, TbProgram
 from cais.machine import Machine
 from cais.hw.memory import Region
-from cais.kernels.common import Window, split
+from cais.kernels.common import Window, pause, split
+from cais.kernels.protocols import SIMPLE, Protocol, protocol
 
 OPS = ("allreduce", "allgather", "reducescatter")
 ALGOS = ("ring", "nvls")
@@ -67,6 +71,8 @@ class CollectiveSpec:
     full_base: int = 0
     full_stride: int | None = None
     shard_base: int = 0
+    protocol: str = "simple"  # ring only: simple, ll or ll128 (kernels/protocols.py); NVLS runs simple
+    host_ps: int = 0  # the host's cost of the call before its data moves (collective.host_us; standalone calls)
 
     def full(self, n: int, start: int) -> int:
         """Element offset in the whole-buffer side of logical element ``start``."""
@@ -99,6 +105,8 @@ def _nvls_tb(m: Machine, gpu: int, spec: CollectiveSpec, region: Region, out_of:
     op = spec.op
 
     def program(sm: int, busy: int) -> ProgramGen:
+        if spec.host_ps:  # the host's per-call cost on a standalone call's critical path
+            yield pause(sim, spec.host_ps)
         port = isa.sm_port()
         win = Window(sim, limit)
         pieces = isa.pieces(region, unit)
@@ -203,7 +211,7 @@ def _ring_plan(spec: CollectiveSpec, n: int, channels: int, step: int) -> list[l
 
 
 def _ring_tb(m: Machine, spec: CollectiveSpec, gpu: int, ch: int, plan: list[list[tuple[int, int]]],
-             state: _RingState, slot_elems: int, unit: int, key: int) -> TbProgram:
+             state: _RingState, slot_elems: int, unit: int, key: int, proto: Protocol) -> TbProgram:
     n, eb, isa, sim = m.n, spec.elem_bytes, m.isa, m.sim
     mem = m.gpus[gpu].memory
     nxt, prv = (gpu + 1) % n, (gpu - 1) % n
@@ -227,8 +235,12 @@ def _ring_tb(m: Machine, spec: CollectiveSpec, gpu: int, ch: int, plan: list[lis
         at = spec.shard_base + start - own if op == "reducescatter" else spec.full(n, start)
         return Region(spec.recv, at, cnt, eb)
 
+    rate = {"ll": m.cfg.collective.ll_channel_GBps, "ll128": m.cfg.collective.ll128_channel_GBps}.get(proto.name)
+
     def program(sm: int, busy: int) -> ProgramGen:
-        port = isa.sm_port()
+        if spec.host_ps:  # the host's per-call cost on a standalone call's critical path
+            yield pause(sim, spec.host_ps)
+        port = isa.sm_port(rate)
         s_send = s_recv = 0  # step counters across iterations (slot sequence numbers)
 
         def receive(j: int, start: int, cnt: int) -> ProgramGen:
@@ -263,7 +275,10 @@ def _ring_tb(m: Machine, spec: CollectiveSpec, gpu: int, ch: int, plan: list[lis
 
                 def post(sig: Signal = arrived, k: int = flag_key) -> None:
                     isa.flag(gpu, nxt, k, lambda: sig.fire(sim))
-                if cnt:
+                if cnt and proto.inline_flag:  # the flags are in the lines: the slot is full when they land
+                    isa.st(gpu, nxt, slot(s_send, cnt), data, lambda sig=arrived: sig.fire(sim), port, spec.stream,
+                           unit, encoding=proto.encoding)
+                elif cnt:
                     isa.st(gpu, nxt, slot(s_send, cnt), data, None, port, spec.stream, unit, fenced=post)
                 else:
                     post()
@@ -276,7 +291,8 @@ def _ring_tb(m: Machine, spec: CollectiveSpec, gpu: int, ch: int, plan: list[lis
 
 def ring_kernels(m: Machine, spec: CollectiveSpec) -> list[Kernel]:
     n, cfg = m.n, m.cfg.collective
-    step = max(1, cfg.ring_step_bytes // spec.elem_bytes)
+    proto = protocol(spec.protocol)
+    step = max(1, (cfg.ring_step_bytes if proto is SIMPLE else proto.step_bytes) // spec.elem_bytes)
     plans = _ring_plan(spec, n, spec.channels or cfg.ring_channels, step)
     slot_elems = max((c for plan in plans for it in plan for _, c in it), default=1)
     unit = m.cfg.unit_for(slot_elems * spec.elem_bytes)
@@ -287,7 +303,7 @@ def ring_kernels(m: Machine, spec: CollectiveSpec) -> list[Kernel]:
         if gpu.memory.functional and spec.staging not in gpu.memory.buffers:
             gpu.memory.alloc(spec.staging, len(plans) * cfg.ring_slots * slot_elems)
     for g in range(n):
-        tbs = [_ring_tb(m, spec, g, ch, plan, state, slot_elems, unit, key)
+        tbs = [_ring_tb(m, spec, g, ch, plan, state, slot_elems, unit, key, proto)
                for ch, plan in enumerate(plans) if plan]
         kernels.append(Kernel(f"ring-{spec.op}", tbs, spec.sms, role="communication"))
     return kernels
@@ -301,4 +317,6 @@ def build(m: Machine, spec: CollectiveSpec) -> list[Kernel]:
         raise UserError(f"op: unknown collective '{spec.op}'; valid: {', '.join(OPS)}")
     if spec.algo not in ALGOS:
         raise UserError(f"algo: unknown algorithm '{spec.algo}'; valid: {', '.join(ALGOS)}")
+    if spec.algo == "nvls" and spec.protocol != "simple":
+        raise UserError(f"protocol: NVLS runs the simple protocol only, got '{spec.protocol}'")
     return nvls_kernels(m, spec) if spec.algo == "nvls" else ring_kernels(m, spec)

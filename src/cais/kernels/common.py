@@ -82,3 +82,11 @@ def split(start: int, stop: int, parts: int) -> list[tuple[int, int]]:
         out.append((pos, cnt))
         pos += cnt
     return out
+
+
+def pause(sim: Simulator, ps: int) -> Signal:
+    """A signal that fires ``ps`` from now: what a TB program yields to spend time
+    doing nothing the fabric sees (a kernel's prologue)."""
+    sig = Signal()
+    sim.after(ps, sig.fire, sim)
+    return sig
