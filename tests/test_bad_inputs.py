@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,9 +17,8 @@ from typing import Callable
 import pytest
 
 from cais.hw.config import load_system
+from cli_harness import TIME_LIMIT_S, Outcome, cais_env, files_of, run_cais
 
-TIME_LIMIT_S = 60
-SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
 def _system_dump(**changes: object) -> dict:
@@ -161,25 +158,11 @@ CASES = [
     Case("tb-limit-without-trace", [*COLL, "--trace-tb-limit", "10"], "give --trace", outputs=False),
     Case("trace-bin-without-trace", [*RUN, "--trace-bin-us", "1"], "give --trace", outputs=False),
     Case("missing-required-option", ["collective", "--op", "allreduce", "--bytes", "1M"], "--algo"),
-    Case("no-command", [], "required"),
     # found only after the run: the outputs must still not appear
     Case("trace-bin-too-fine-after-the-run", [*COLL, "--trace-bin-us", "1e-9"], "--trace-bin-us"),
     Case("out-not-a-table-after-the-run", [*COLL, "--trace", "{d}/t.json", "--out", "{d}/old.parquet"],
          "--out: cannot append", outputs=False, setup=_write("old.parquet", "not parquet")),
 ]
-
-
-@dataclass
-class Outcome:
-    case: Case
-    dir: Path
-    before: dict[str, bytes]
-    proc: subprocess.CompletedProcess | None
-    timed_out: bool = False
-
-
-def _files(d: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(d)): (p.read_bytes() if p.is_file() else b"<dir>") for p in sorted(d.rglob("*"))}
 
 
 def _run(case: Case, root: Path) -> Outcome:
@@ -190,15 +173,9 @@ def _run(case: Case, root: Path) -> Outcome:
     args = [a.replace("{d}", str(d)) for a in case.args]
     if case.outputs and args[:1] in (["collective"], ["run"]):
         args += ["--out", str(d / "runs.parquet"), "--trace", str(d / "trace.json")]
-    before = _files(d)
-    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", ""), **case.env}
-    env.pop("CAIS_DEBUG", None)
-    try:
-        proc = subprocess.run([sys.executable, "-m", "cais", *args], capture_output=True, text=True, env=env,
-                              timeout=TIME_LIMIT_S)
-    except subprocess.TimeoutExpired:
-        return Outcome(case, d, before, None, timed_out=True)
-    return Outcome(case, d, before, proc)
+    before = files_of(d)
+    proc = run_cais(args, cais_env(case.env))
+    return Outcome(case, d, before, proc, timed_out=proc is None)
 
 
 @pytest.fixture(scope="module")
@@ -223,4 +200,4 @@ def test_a_bad_input_is_one_line_exit_2_and_leaves_nothing(case: Case, outcomes:
     assert len(lines) == 1, o.proc.stderr
     assert lines[0].startswith("cais: error: ") and case.says in lines[0], lines[0]
     assert o.proc.stdout == ""
-    assert _files(o.dir) == o.before  # no output, no temporary file, inputs untouched
+    assert files_of(o.dir) == o.before  # no output, no temporary file, inputs untouched

@@ -85,3 +85,53 @@ def test_the_long_run_notice_suggests_mirror_mode_only_where_it_applies() -> Non
     assert "--sim mirror" in hint()  # a collective
     assert hint(scheme="cais") == ""
     assert _progress(argparse.Namespace(progress=False, json=True, sim="mirror", scheme="sp-nvls")).hint == ""
+
+
+class FakeClock:
+    """A wall clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _logged(estimate: float, ticks: list[tuple[float, int]], **kw: object) -> tuple[RunProgress, list[str]]:
+    """The log lines of a run of ``estimate`` events ticked at (wall s, events)."""
+    clock, out = FakeClock(), io.StringIO()
+    p = RunProgress(show=True, after_s=0.0, stream=out, clock=clock, **kw)
+    p.log_every_s = 0.0  # a line at every tick
+    p.begin(estimate, "r")
+    for t, events in ticks:
+        clock.t = t
+        p.tick(1_000_000, events)
+    return p, out.getvalue().splitlines()
+
+
+def test_no_eta_until_the_rate_is_measured() -> None:
+    p, lines = _logged(1e6, [(0.5, 4096), (1.0, 8192), (1.4, 12288)])
+    assert p.rate == 0 and p.eta(12288) is None
+    assert all("ETA" not in line and "k/s" not in line for line in lines), lines
+    assert lines[0] == "cais: progress: r: sim 1.0 us | 4,096 events (0 s)"
+
+
+def test_the_eta_comes_from_the_measured_rate_not_the_setup_time() -> None:
+    """Building the machine took 10 s before the first event; then 100 k events/s.
+    Counted from begin() the rate would be 9.5 k/s and the ETA 100 s."""
+    p, lines = _logged(1_104_096, [(10.0, 4096), (11.0, 104_096)])
+    assert p.rate == 100_000
+    assert lines[-1].endswith("| 100 k/s | ETA <= 10 s (11 s)"), lines[-1]
+
+
+def test_the_rate_is_smoothed_over_the_run_so_far() -> None:
+    ticks = [(float(t), 1000 * t) for t in range(0, 31)]  # 1 k/s for 30 s
+    ticks += [(30.0 + t, 30_000 + 5000 * t) for t in range(1, 4)]  # then 5 k/s for 3 s
+    p, _ = _logged(1e9, ticks)
+    assert 1000 < p.rate < 3000  # moving towards 5 k/s, not jumping to it
+    assert p.eta(45_000) == f"ETA <= {(1e9 - 45_000) / p.rate / 3600:.1f} h"
+
+
+def test_past_the_estimate() -> None:
+    p, lines = _logged(10_000, [(0.0, 4096), (2.0, 12288)])
+    assert p.eta(12288) == "ETA: past the estimate" and lines[-1].endswith("ETA: past the estimate (2 s)")

@@ -3,21 +3,27 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import re
+import shlex
 import sys
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn, TypeVar
+from typing import IO, TYPE_CHECKING, NoReturn, TypeVar
 
-from rich.console import Console
+from rich.console import Console as _RichConsole
 from rich.table import Table
 
+from cais import DISTRIBUTION, __version__
 from cais.errors import UserError
 from cais.hw.config import PS_PER_US, SystemConfig, list_systems, load_system, overridden
 from cais.kernels.collectives import ALGOS, OPS
+from cais.kernels.protocols import PROTOCOL_CHOICES
 from cais.machine import Stalled
+from cais.provenance import Provenance, collect
 from cais.report.trace import DEFAULT_TB_LIMIT
 from cais.results.recorder import DEFAULT_BIN_PS, Recorder
 from cais.workload.graph import SUBLAYERS
@@ -26,10 +32,22 @@ if TYPE_CHECKING:
     from cais.experiments.collective import CollectiveResult
     from cais.experiments.layer import LayerResult
     from cais.progress import RunProgress
+    from cais.reproduce.report import Section
     from cais.workload.models import ModelSpec
 
 
 T = TypeVar("T")
+
+
+class Console(_RichConsole):
+    """rich's Console, except on a closed stdout: rich's own handling ends the process
+    with exit code 1 (``SystemExit(1)``), which the contract calls a bug; this one
+    raises BrokenPipeError, which :func:`main` turns into exit code 141, quietly
+    (docs/errors.md)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True  # nothing more is written through this console
+        raise BrokenPipeError(errno.EPIPE, "stdout was closed")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -37,6 +55,19 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"cais: error: {message}\n")
+
+    def _print_message(self, message: str, file: IO[str] | None = None) -> None:
+        """As argparse's, except that a closed stdout (``cais --help | head -1``) is
+        not ignored: its BrokenPipeError reaches main(), which exits 141."""
+        if not message:
+            return
+        try:
+            (file or sys.stderr).write(message)
+        except BrokenPipeError:
+            if file is sys.stdout:
+                raise
+        except (AttributeError, OSError):
+            pass
 
 
 class UsageError(UserError):
@@ -170,10 +201,13 @@ def _check_outputs(args: argparse.Namespace) -> None:
         if not path:
             continue
         parent = Path(path).parent
-        if not parent.is_dir():
-            raise UsageError(f"{flag}: no directory {parent} for '{path}'")
-        if Path(path).is_dir():
-            raise UsageError(f"{flag}: '{path}' is a directory; give a file name")
+        try:
+            if not parent.is_dir():
+                raise UsageError(f"{flag}: no directory {parent} for '{path}'")
+            if Path(path).is_dir():
+                raise UsageError(f"{flag}: '{path}' is a directory; give a file name")
+        except OSError as exc:  # a directory on the way that may not be entered
+            raise UsageError(f"{flag}: cannot reach '{path}': {exc.strerror}") from None
         if not os.access(parent, os.W_OK):
             raise UsageError(f"{flag}: cannot write in directory {parent}")
 
@@ -190,7 +224,8 @@ def _recorder(args: argparse.Namespace) -> Recorder | None:
 
 
 def _write_outputs(args: argparse.Namespace, cfg: SystemConfig, rec: Recorder | None,
-                   arguments: dict[str, object], result: CollectiveResult | LayerResult) -> list[str]:
+                   arguments: dict[str, object], result: CollectiveResult | LayerResult,
+                   overrides: dict[str, object]) -> list[str]:
     """Write the --trace timeline and the --out row of a finished run, both or neither:
     each goes to a temporary file first, and they replace their targets only once
     both are written. Returns the lines that say what was written."""
@@ -208,7 +243,8 @@ def _write_outputs(args: argparse.Namespace, cfg: SystemConfig, rec: Recorder | 
         if args.out:
             from cais.results.table import run_row, stage_row
 
-            tmp, rows = _for_flag("--out", stage_row, args.out, run_row(cfg, arguments, result.as_json()))
+            row = {**run_row(cfg, arguments, result.as_json()), **_provenance(args, cfg, overrides).columns()}
+            tmp, rows = _for_flag("--out", stage_row, args.out, row)
             staged.append((tmp, args.out))
             notes.append(f"results: row {rows} of {args.out}")
         while staged:
@@ -224,10 +260,20 @@ def _write_outputs(args: argparse.Namespace, cfg: SystemConfig, rec: Recorder | 
     return notes
 
 
-def _printed_json(args: argparse.Namespace, result: object, **extra: object) -> bool:
-    """Print ``result.as_json()`` (plus ``extra`` keys) as one JSON object if --json."""
+def _provenance(args: argparse.Namespace, cfg: SystemConfig, overrides: dict[str, object]) -> Provenance:
+    """Where this command's result comes from: version, commit, date, the command
+    line, the system with its config hash and the --set values."""
+    return collect(getattr(args, "command_line", "cais"), args.system, cfg.model_dump(), overrides)
+
+
+def _printed_json(args: argparse.Namespace, result: object, cfg: SystemConfig,
+                  overrides: dict[str, object] | None = None) -> bool:
+    """Print ``result.as_json()`` with the --set values (``overrides``) and the
+    provenance as one JSON object if --json."""
     if args.json:
-        print(json.dumps({**result.as_json(), **extra}))  # type: ignore[attr-defined]
+        extra: dict[str, object] = {} if overrides is None else {"overrides": overrides}
+        prov = _provenance(args, cfg, overrides or {}).as_json()
+        print(json.dumps({**result.as_json(), **extra, "provenance": prov}))  # type: ignore[attr-defined]
     return bool(args.json)
 
 
@@ -265,6 +311,28 @@ def _progress(args: argparse.Namespace) -> RunProgress:
     return RunProgress(show=show, hint=hint)
 
 
+@contextmanager
+def _offer_mirror(args: argparse.Namespace, cfg: SystemConfig) -> Iterator[None]:
+    """A run refused as too big (``cais.limits.TooBig``) that mirror mode could
+    simulate (--sim full, a symmetric run: a collective, or a scheme of
+    MIRROR_SCHEMES, on alike GPUs and an NVLS switch) gets ``or sim='mirror'`` added
+    to its hint, with its estimate there; the command shows it as ``--sim mirror``."""
+    from cais.experiments.collective import mirror_misfit
+    from cais.experiments.layer import MIRROR_SCHEMES
+    from cais.limits import TooBig, mirror_hint
+
+    try:
+        yield
+    except TooBig as exc:
+        scheme = getattr(args, "scheme", None)  # collectives have no scheme
+        if args.sim != "full" or scheme not in (None, *MIRROR_SCHEMES) or mirror_misfit(cfg):
+            raise
+        hint = mirror_hint(exc, cfg.gpus)
+        if not hint:
+            raise
+        raise TooBig(str(exc) + hint, exc.estimate, exc.limit) from None
+
+
 def cmd_collective(args: argparse.Namespace) -> None:
     from cais.experiments.collective import run_collective
 
@@ -272,11 +340,12 @@ def cmd_collective(args: argparse.Namespace) -> None:
     cfg, overrides = _overridden(cfg, args)
     _check_outputs(args)
     rec = _recorder(args)
-    with _progress(args) as progress:
-        r = run_collective(cfg, args.op, args.algo, args.bytes, recorder=rec, progress=progress, sim=args.sim)
+    with _progress(args) as progress, _offer_mirror(args, cfg):
+        r = run_collective(cfg, args.op, args.algo, args.bytes, recorder=rec, progress=progress, sim=args.sim,
+                           protocol=args.protocol)
     notes = _write_outputs(args, cfg, rec, {"command": "collective", "system": args.system, "unit": args.unit,
-                                            "sim": r.sim, "overrides": json.dumps(overrides)}, r)
-    if not _printed_json(args, r, overrides=overrides):
+                                            "sim": r.sim, "overrides": json.dumps(overrides)}, r, overrides)
+    if not _printed_json(args, r, cfg, overrides):
         _print_collective(_system_label(cfg, overrides), r)
         _print_notes(notes)
 
@@ -284,6 +353,8 @@ def cmd_collective(args: argparse.Namespace) -> None:
 def _print_collective(system: str, r: CollectiveResult) -> None:
     _print_table(f"{r.algo} {r.op}, {r.gpus} GPUs, {system}", [
         ("size", f"{r.nbytes:,} B"), ("time", f"{r.time_us:,.2f} us"),
+        ("algorithm / protocol", f"{r.algo} / {r.protocol}" + (" (NCCL's choice by size; --algo, --protocol)"
+                                                                if r.chosen_by == "nccl" else "")),
         ("algbw", f"{r.algbw_GBps:,.1f} GB/s"), ("busbw", f"{r.busbw_GBps:,.1f} GB/s"),
         ("link utilisation, mean of GPU directions", f"{100 * r.link_util.mean:.1f} %"),
         ("busiest port direction, wire busy", f"{100 * r.wire_util:.1f} % ({r.link_util.busiest})"),
@@ -297,7 +368,7 @@ def cmd_gemm(args: argparse.Namespace) -> None:
 
     cfg = _system(args)
     r = run_gemm(cfg, args.m, args.n, args.k, args.sms)
-    if _printed_json(args, r):
+    if _printed_json(args, r, cfg):
         return
     _print_table(f"bf16 GEMM on one {cfg.gpu.name}", [
         ("M x N x K", f"{r.m} x {r.n} x {r.k}"), ("SMs", str(r.sms)),
@@ -315,11 +386,11 @@ def cmd_run(args: argparse.Namespace) -> None:
         model = model.with_run(args.batch, args.seq)
     _check_outputs(args)
     rec = _recorder(args)
-    with _progress(args) as progress:
+    with _progress(args) as progress, _offer_mirror(args, cfg):
         r = run_layer(cfg, model, args.scheme, args.mode, args.sms, recorder=rec, progress=progress, sim=args.sim)
     notes = _write_outputs(args, cfg, rec, {"command": "run", "system": args.system, "batch": model.batch,
-                                            "seq": model.seq, "sim": r.sim, "overrides": json.dumps(overrides)}, r)
-    if not _printed_json(args, r, overrides=overrides):
+                                            "seq": model.seq, "sim": r.sim, "overrides": json.dumps(overrides)}, r, overrides)
+    if not _printed_json(args, r, cfg, overrides):
         _print_layer(_system_label(cfg, overrides), model, r)
         _print_notes(notes)
 
@@ -359,7 +430,8 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     """Run a grid of points (docs/sweeps.md); failed points are rows, not an exit code."""
     from cais.sweep.command import sweep_command
 
-    sweep_command(args.spec, args.out, args.workers, args.ray, args.keep_errors, not args.no_progress)
+    sweep_command(args.spec, args.out, args.workers, args.ray, args.keep_errors, not args.no_progress,
+                  args.command_line)
 
 
 def cmd_schemes(args: argparse.Namespace) -> None:
@@ -435,35 +507,139 @@ def cmd_demo(args: argparse.Namespace) -> None:
     _demo_layers(cfg, model)
 
 
+def _check_reproduce(args: argparse.Namespace) -> None:
+    """What ``cais reproduce`` checks before it runs anything (docs/errors.md): --out
+    DIR, then the experiment names: an existing DIR must be a directory one may
+    write in; a missing one is created, but only as the last part of the path (its
+    parent must be a directory one may write in, as for ``run --out``); and with
+    --cached, DIR/runs must hold runs of the experiments asked for. The paths come
+    first: they need none of the experiments' (slow) imports."""
+    out = Path(args.out)
+    try:
+        _check_out_dir(out)
+    except OSError as exc:  # a directory on the way that may not be entered
+        raise UsageError(f"--out: cannot reach '{out}': {exc.strerror}") from None
+    from cais.reproduce.run import expand
+
+    names = expand(args.experiments)
+    if args.cached:  # the system and models first: the runs asked for depend on them
+        from cais.hw.config import apply_overrides
+        from cais.workload.models import load_model
+
+        apply_overrides(_system(args), dict(args.set))
+        for m in args.models or ():
+            load_model(m)
+        _check_cached(args, names, out)
+
+
+def _check_out_dir(out: Path) -> None:
+    """reproduce's --out DIR: an existing directory one may write in, or a new last
+    part of a path to one (UsageError otherwise)."""
+    if out.is_dir():
+        if not os.access(out, os.W_OK | os.X_OK):
+            raise UsageError(f"--out: cannot write in directory {out}")
+        runs = out / "runs"
+        if runs.exists() and not runs.is_dir():
+            raise UsageError(f"--out: {runs} is a file; the runs go in a directory of that name")
+    elif out.exists() or out.is_symlink():
+        raise UsageError(f"--out: '{out}' is " + ("a file" if out.exists() else "a broken link")
+                         + "; give a directory (the CSVs, PNGs, runs and report go in it)")
+    else:
+        parent = out.parent
+        if not parent.is_dir():
+            raise UsageError(f"--out: no directory {parent} for '{out}' (only its last part is created)"
+                             if not parent.exists() else f"--out: {parent} is not a directory, in '{out}'")
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise UsageError(f"--out: cannot create '{out.name}' in directory {parent}: not writable")
+
+
+def _check_cached(args: argparse.Namespace, names: list[str], out: Path) -> None:
+    """--cached simulates nothing: refuse it where DIR/runs holds none of the runs the
+    experiments ``names`` analyse (a report of empty tables is no result)."""
+    from cais.reproduce.experiments import EXPERIMENTS, Context
+    from cais.sweep.grid import point_id
+
+    ctx = Context(args.system, dict(args.set), args.quick, out, tuple(args.models or ()), tuple(args.modes or ()))
+    wanted: dict[str, set[str]] = {}  # the runs table of each point function -> the point ids asked for
+    for name in names:
+        for fn, point in EXPERIMENTS[name].points(ctx):
+            wanted.setdefault(fn, set()).add(point_id(point))
+    if not wanted:  # analysis only (area): no runs needed
+        return
+    runs = out / "runs"
+    for fn, ids in wanted.items():
+        table = runs / f"{fn.rsplit(':', 1)[-1]}.parquet"
+        if table.is_file():
+            import pandas as pd
+
+            try:
+                have = set(pd.read_parquet(table, columns=["point_id"])["point_id"])
+            except Exception:  # noqa: BLE001 - not a runs table: say which file
+                raise UsageError(f"--cached: {table} is not a readable runs table (Parquet with a point_id "
+                                 "column); move it away or run without --cached") from None
+            if ids & have:
+                return
+    grid = "quick grid" if args.quick else "full grid"
+    raise UsageError(f"--cached: no cached runs of {', '.join(names)} ({grid}) in {runs}; run without --cached "
+                     "first, which simulates them and keeps them there")
+
+
 def cmd_reproduce(args: argparse.Namespace) -> None:
     """Reproduce the paper's figures and tables (and the studies past it): CSVs, PNGs,
-    report.md and report.html in --out; prints the Fig. 11 geomean table."""
+    report.md and report.html in --out; prints each experiment's summary table and
+    verdict as it finishes."""
+    _check_reproduce(args)
     from cais.hw.config import apply_overrides
-    from cais.reproduce.experiments import Context, geomean_table
+    from cais.reproduce.experiments import Context
     from cais.reproduce.run import expand, reproduce
+    from cais.reproduce.verdict import quick_warning
     from cais.workload.models import load_model
 
     names = expand(args.experiments)  # every argument is checked before anything runs
     sets = dict(args.set)
-    apply_overrides(_system(args), sets)
+    cfg = apply_overrides(_system(args), sets)
     for m in args.models or ():
         load_model(m)
     ctx = Context(args.system, sets, args.quick, Path(args.out), tuple(args.models or ()), tuple(args.modes or ()))
-    res = reproduce(names, ctx, args.workers or os.cpu_count(), cached=args.cached)
-    if "fig11" in res.tables and not res.tables["fig11"].empty:
-        g = geomean_table(res.tables["fig11"])
-        t = Table(title=f"Fig. 11: CAIS's geomean speedup over each scheme on {args.system}"
-                        + (" (quick grid)" if args.quick else ""))
+    prov = collect(args.command_line, args.system, cfg.model_dump(), sets)
+    res = reproduce(names, ctx, args.workers or os.cpu_count(), cached=args.cached, provenance=prov,
+                    on_section=lambda sec: _print_section(sec, args.system, args.quick))
+    models = [str(m) for t in res.tables.values() if "model" in t for m in t["model"]]
+    warning = quick_warning(args.quick, list(dict.fromkeys(models)))
+    if warning:
+        Console().print(f"[bold yellow]Warning:[/] {warning}", highlight=False)
+    Console().print(f"report: {res.report_md} and {res.report_html} (verdict, provenance, every figure; why we "
+                    "differ from the paper: its last section); per experiment: "
+                    + ", ".join(f"{k} {v:.0f} s" for k, v in res.seconds.items()))
+
+
+def _print_section(sec: Section, system: str, quick: bool) -> None:
+    """An experiment's summary table and verdict, as soon as it is done."""
+    from cais.reproduce.report import WHY_COLUMN, cell
+
+    console = Console()
+    df = sec.summary
+    if sec.name == "fig11" and df is not None and not df.empty:
+        t = Table(title=f"Fig. 11: CAIS's geomean speedup over each scheme on {system}"
+                        + (" (quick grid)" if quick else ""))
         for col in ("mode", "scheme", "cais-sim", "paper", "cais-sim / paper"):
             t.add_column(col, justify="right")
-        for r in g.itertuples():
+        for r in df.itertuples():
             t.add_row(r.mode, r.scheme, f"{r.ours:.2f}x", "–" if r.paper != r.paper else f"{r.paper:.2f}x",
                       "–" if r.paper != r.paper else f"{r.ours / r.paper:.2f}")
-        Console().print(t)
-        Console().print("> 1: CAIS faster. Why we differ from the paper: the report's Fig. 11 section and "
-                        "docs/validation.md §6 and §13.")
-    Console().print(f"report: {res.report_md} and {res.report_html}; per experiment: "
-                    + ", ".join(f"{k} {v:.0f} s" for k, v in res.seconds.items()))
+        console.print(t)
+        console.print("> 1: CAIS faster.")
+    elif df is not None and not df.empty:
+        t = Table(title=sec.title)
+        cols = [c for c in df.columns if c != WHY_COLUMN]
+        for col in cols:
+            t.add_column(str(col), justify="right")
+        for row in df[cols].itertuples(index=False):
+            t.add_row(*(cell(v) for v in row))
+        console.print(t)
+    else:
+        console.print(f"[bold]{sec.title}[/]", highlight=False)
+    console.print(f"[bold]Verdict:[/] {sec.verdict or 'none (no runs to judge; see the report)'}", highlight=False)
 
 
 def _demo_layers(cfg: SystemConfig, model: ModelSpec) -> None:
@@ -533,6 +709,8 @@ def _progress_option(sp: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="cais", description="Simulate tensor-parallel LLM work on NVLink/NVSwitch systems.")
+    p.add_argument("--version", action="version", version=f"{DISTRIBUTION} {__version__}",
+                   help="print the installed version (cais-sim X.Y.Z) and exit")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def with_system(sp: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -542,7 +720,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = with_system(sub.add_parser("collective", help="time one collective"))
     c.add_argument("--op", required=True, choices=OPS, help="the collective")
-    c.add_argument("--algo", required=True, choices=ALGOS, help="ring: NCCL-style ring on SMs; nvls: NVLink SHARP")
+    c.add_argument("--algo", required=True, choices=("auto", *ALGOS),
+                   help="ring: NCCL-style ring on SMs; nvls: NVLink SHARP; auto: NCCL's choice by size "
+                        "(docs/fabric-model.md, \"Protocols\")")
+    c.add_argument("--protocol", choices=PROTOCOL_CHOICES, default="auto",
+                   help="the ring's wire protocol: ll (flags in 16 B lines, half payload), ll128 (120 of 128 B), "
+                        "simple (data, fence, flag); auto (default): NCCL's choice by size; NVLS runs simple")
     c.add_argument("--bytes", required=True, type=_size,
                    help="buffer size, e.g. 1G or 256M (nccl-tests convention: the full buffer)")
     c.add_argument("--gpus", type=_positive_int, default=None, help="GPUs taking part (default: the system's)")
@@ -634,15 +817,40 @@ def _one_line(text: str) -> str:
     return " ".join(text.split()) or "(no message)"
 
 
+def _stdout_closed() -> int:
+    """Exit code 141 for a stdout closed early (``cais models | head -1``), as a
+    process killed by SIGPIPE reports it in a shell, with nothing on stderr."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the final flush goes nowhere
+    except (OSError, ValueError):  # no stdout file descriptor (an embedding, a test's capture)
+        pass
+    return 141
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; the exit code: 0 done, 2 a user's mistake (one line
     ``cais: error: ...``), 3 the simulated system stalled, 1 a bug in the simulator
     (one line ``cais: internal error: ...``; ``CAIS_DEBUG=1`` raises it with its
     traceback instead), 130 interrupted, 141 stdout closed early. On a user's mistake
-    nothing is printed on stdout and no result file is written. docs/errors.md."""
-    args = build_parser().parse_args(argv)
+    nothing is printed on stdout and no result file is written. ``cais`` alone prints
+    the help on stdout (exit 0). docs/errors.md."""
+    parser = build_parser()
+    try:
+        if not (sys.argv[1:] if argv is None else argv):  # bare ``cais``: the help, as ``cais --help``
+            parser.print_help()
+            sys.stdout.flush()
+            return 0
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit:  # --help, --version or a usage error: what they printed goes out now
+            sys.stdout.flush()
+            raise
+    except BrokenPipeError:
+        return _stdout_closed()
+    args.command_line = shlex.join(["cais", *(sys.argv[1:] if argv is None else argv)])
     try:
         args.fn(args)
+        sys.stdout.flush()  # a closed stdout is found here, not at the interpreter's exit
     except UserError as exc:
         message = _one_line(str(exc))
         if not isinstance(exc, UsageError):  # a library message names parameters; show them as flags
@@ -656,8 +864,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("cais: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # stdout closed early (``cais models | head -1``): stop quietly, as on SIGPIPE
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the final flush goes nowhere
-        return 141
+        return _stdout_closed()
     except Exception as exc:  # noqa: BLE001 - anything else is a bug; say so in one line
         if os.environ.get("CAIS_DEBUG"):
             raise

@@ -14,6 +14,7 @@ Set the environment variable ``CAIS_MAX_EVENTS`` to move the limit.
 
 from __future__ import annotations
 
+import math
 import os
 from typing import TYPE_CHECKING
 
@@ -42,6 +43,13 @@ EVENTS_PER_VC = 25
 EVENTS_PER_SM = 5
 # cuBLAS takes 32-bit GEMM dimensions.
 MAX_GEMM_DIM = 2**31 - 1
+# The longest one step of the machine may take, in simulated picoseconds: the range of
+# a 64-bit picosecond clock (about 107 days). A slow link or a long latency only
+# stretches simulated time (the events, and so the wall time, stay the same), but a
+# step past this is no machine anyone simulates, and past about 1e308 ps the times
+# are no longer numbers (check_times).
+MAX_STEP_PS = 2**63 - 1
+_PS_PER = {"_ps": 1, "_ns": 1_000, "_us": 1_000_000}
 
 
 def max_events() -> int:
@@ -56,13 +64,40 @@ def max_events() -> int:
     return value
 
 
+class TooBig(UserError):
+    """A run estimated beyond the event limit: one line, as any UserError; it also
+    carries the estimate and the limit, so a caller that knows a cheaper way to run
+    the same thing (mirror mode for a symmetric run) can say so."""
+
+    def __init__(self, message: str, estimate: float = 0.0, limit: int = 0) -> None:
+        super().__init__(message)
+        self.estimate = estimate
+        self.limit = limit
+
+    def __reduce__(self) -> tuple:  # whole across processes (sweep workers)
+        return (type(self), (str(self), self.estimate, self.limit))
+
+
 def check_events(estimate: float, what: str, hint: str) -> None:
-    """Raise a one-line UserError if ``estimate`` events exceed the limit; ``what``
-    names the run's size and the argument that sets it, ``hint`` what to do."""
+    """Raise a one-line :class:`TooBig` (a UserError) if ``estimate`` events exceed
+    the limit; ``what`` names the run's size and the argument that sets it, ``hint``
+    what to do."""
     limit = max_events()
     if estimate > limit:
-        raise UserError(f"{what} is estimated at {estimate:,.3g} simulated events, beyond the limit of "
-                        f"{limit:,} (a run of minutes; CAIS_MAX_EVENTS moves it); {hint}")
+        raise TooBig(f"{what} is estimated at {estimate:,.3g} simulated events, beyond the limit of "
+                     f"{limit:,} (a run of minutes; CAIS_MAX_EVENTS moves it); {hint}", estimate, limit)
+
+
+def mirror_hint(exc: TooBig, gpus: int) -> str:
+    """The words that offer mirror mode to a symmetric run ``exc`` refused (it
+    simulates GPU 0 only: about ``gpus`` times fewer events), or "" where even that
+    is beyond the limit. Library words: ``sim='mirror'`` (the command shows
+    ``--sim mirror``)."""
+    mirrored = exc.estimate / max(1, gpus)
+    if mirrored > exc.limit:
+        return ""
+    return (f", or sim='mirror' (this run is symmetric: GPU 0 is simulated, the other GPUs are its images), "
+            f"estimated at {mirrored:,.3g} events")
 
 
 def trains(cfg: SystemConfig, nbytes: float, unit: int) -> float:
@@ -73,9 +108,66 @@ def trains(cfg: SystemConfig, nbytes: float, unit: int) -> float:
     return units * min(cfg.switch.chips, packets)
 
 
+def _human(ps: float) -> str:
+    """A span of simulated time in words: 3.2 h, 107 days, 3.4e+05 years."""
+    s = ps / 1e12
+    for unit, size in (("years", 365.25 * 86400), ("days", 86400), ("h", 3600), ("min", 60)):
+        if s >= size:
+            return f"{s / size:,.3g} {unit}"
+    return f"{s:.3g} s"
+
+
+def _steps(cfg: SystemConfig) -> list[tuple[str, float, str, float, float]]:
+    """(field, value, what one step of it is, that step in ps, the bound on the value)
+    for every time and bandwidth field of ``cfg`` that is set: a time (``*_ns``,
+    ``*_us``) is its own step and may be at most the bound, a bandwidth (``*_GBps``)
+    moves one transfer unit and must be at least it, a ``gpu_slowdown`` factor
+    stretches 1 us of a GPU's work and may be at most it."""
+    unit = max(cfg.transfer_unit_bytes, cfg.collective_unit_bytes)
+    out: list[tuple[str, float, str, float, float]] = []
+
+    def walk(data: dict, prefix: str) -> None:
+        for key, value in data.items():
+            name = prefix + key
+            if key == "gpu_slowdown":
+                for g, factor in value.items():
+                    f = float(factor)
+                    out.append((f"gpu_slowdown.{g}", f, "1 us of GPU work", f * 1e6, MAX_STEP_PS / 1e6))
+            elif isinstance(value, dict):
+                walk(value, name + ".")
+            elif isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            elif key.endswith("_GBps"):  # GB/s == bytes per ns
+                ps = unit * 1_000 / value if value > 0 else math.inf
+                out.append((name, float(value), f"one transfer unit ({size_text(unit)} bytes)", ps,
+                            unit * 1_000 / MAX_STEP_PS))
+            elif key[-3:] in _PS_PER:
+                per = _PS_PER[key[-3:]]
+                out.append((name, float(value), "one step", float(value) * per, MAX_STEP_PS / per))
+    walk(cfg.model_dump(), "")
+    return out
+
+
+def check_times(cfg: SystemConfig) -> None:
+    """UserError (one line) naming the field if one step of ``cfg``'s machine (a
+    latency, a timeout, a transfer unit on a link, a GPU slowed down) is not a
+    finite time or takes longer than :data:`MAX_STEP_PS`. A slow machine is not a
+    stalled one: its run takes as many events (and wall time) as a fast one and only
+    ends later in simulated time, so anything within the bound runs."""
+    for name, value, what, ps, bound in _steps(cfg):
+        if not math.isfinite(value) or not math.isfinite(ps) or ps > MAX_STEP_PS:
+            took = f"{ps:.3g} ps ({_human(ps)})" if math.isfinite(ps) else "longer than any number of ps"
+            side = "at least" if name.endswith("_GBps") else "at most"
+            raise UserError(f"{name}: {value:.3g} makes {what} take {took} of simulated time, beyond the "
+                            f"{MAX_STEP_PS:.3g} ps ({_human(MAX_STEP_PS)}) one step of the machine may take "
+                            f"(such a run would be slow, not stuck); use {side} {bound:.3g}")
+
+
 def check_machine(cfg: SystemConfig) -> None:
     """UserError (one line) if building ``cfg``'s machine alone (its SMs and the VCs of
-    its switch ports) is beyond the limit."""
+    its switch ports) is beyond the limit, or one of its steps takes longer than the
+    simulated clock counts (check_times)."""
+    check_times(cfg)
     ports = 2 * cfg.gpus * cfg.switch.chips
     estimate = cfg.gpus * EVENTS_PER_SM * cfg.gpu.sms + ports * EVENTS_PER_VC * cfg.link.vcs
     check_events(estimate, f"the system {cfg.name} ({cfg.gpus:,} GPUs x {cfg.gpu.sms:,} SMs, {ports:,} port "

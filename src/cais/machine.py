@@ -17,6 +17,12 @@ from cais.hw.packets import Packetizer, VcMap
 from cais.isa import Isa
 
 
+# A livelock whose events come less often than the horizon: stopped after this many
+# stretches of events in a row in which nothing moved or finished (a slow machine
+# moves a train or finishes a TB every few).
+STALL_WAKEUPS = 10_000
+
+
 class Stalled(RuntimeError):
     """The simulated system can make no more progress (a deadlock, or a program
     waiting for something that never comes); the message is one line naming what
@@ -113,30 +119,59 @@ class Machine:
         return self._flags
 
     def run(self) -> int:
-        """Run until nothing is left to do. The forward-progress watchdog stops the
-        run with :class:`Stalled` when the event queue empties while work is still
-        pending (trains queued or held, TBs unfinished), or when
-        ``watchdog_horizon_us`` of simulated time passes with no delivery and no TB
-        finishing while work is pending."""
+        """Run until nothing is left to do. The forward-progress watchdog tells a
+        stuck machine from a slow one and stops only a stuck one, with
+        :class:`Stalled`:
+
+        * a deadlock: the event queue empties while work is still pending (trains
+          queued or held, TBs unfinished): no event will ever move them;
+        * a livelock: events keep running for ``watchdog_horizon_us`` of simulated
+          time while no train starts or is delivered, no TB finishes and no wire
+          is carrying a train. Only the simulated time in which events run counts:
+          a jump to the next event (a TB computing for long, a far-off timeout)
+          waits for something that will come, and a train on a slow wire, or in
+          flight on a long link, is a packet moving, however slowly.
+
+        A slow machine (``link.bandwidth_GBps`` of 1e-6, a latency of seconds) takes
+        as many events as a fast one and only ends later in simulated time; steps
+        beyond what the clock counts are refused before the run
+        (``cais.limits.check_times``)."""
         sim = self.sim
         horizon = round(self.cfg.watchdog_horizon_us * PS_PER_US)
         mark, since = self._progress(), sim.now
+        idle = 0  # simulated time in which events ran, nothing moved and nothing finished
+        wakeups = 0  # and the stretches of events (after a jump) that did so
         while (nxt := sim.next_time()) is not None:
             sim.run(until=nxt + horizon)
             now_mark = self._progress()
-            if now_mark != mark:
-                mark, since = now_mark, sim.now
-            elif sim.now - since >= horizon and self.pending():
-                raise Stalled(f"no progress for {self.cfg.watchdog_horizon_us:g} us of simulated time at "
-                              f"t = {sim.now / PS_PER_US:,.1f} us: " + self._stuck_line())
+            if now_mark != mark or self._moving():
+                mark, since, idle, wakeups = now_mark, sim.now, 0, 0
+                continue
+            idle += sim.now - nxt  # not the jump to nxt: that was a wait for a scheduled event
+            wakeups += 1
+            if (idle >= horizon or wakeups >= STALL_WAKEUPS) and self.pending():
+                what = (f"{self.cfg.watchdog_horizon_us:g} us of simulated time" if idle >= horizon else
+                        f"{wakeups:,} wake-ups over {(sim.now - since) / PS_PER_US:,.1f} us of simulated time")
+                raise Stalled(f"no progress for {what} at t = {sim.now / PS_PER_US:,.1f} us (events ran, but no "
+                              "train moved and no TB finished): " + self._stuck_line())
         if self.pending():
             raise Stalled(f"deadlock at t = {sim.now / PS_PER_US:,.1f} us, nothing left to happen: "
                           + self._stuck_line())
         return sim.now
 
-    def _progress(self) -> tuple[int, int]:
-        delivered = sum(ch.trains for ch in self.fabric.channels())
-        return delivered, sum(g.tbs_finished for g in self.gpus)
+    def _moving(self) -> bool:
+        """Whether some wire is carrying a train now (serialising it, or the train is in
+        flight to the far end): its arrival is scheduled, so the machine is slow, not
+        stuck."""
+        now = self.sim.now
+        return any(ch.free_at + ch.latency_ps > now for ch in self.fabric.channels())
+
+    def _progress(self) -> tuple[int, int, int]:
+        """(trains put on a wire, payload bytes delivered, TBs finished): any change is
+        progress."""
+        chans = self.fabric.channels()
+        return (sum(ch.trains for ch in chans), sum(ch.delivered_payload for ch in chans),
+                sum(g.tbs_finished for g in self.gpus))
 
     def pending(self) -> bool:
         """Whether work is unfinished: TBs running or waiting, trains queued or held."""

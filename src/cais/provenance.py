@@ -17,19 +17,15 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from functools import lru_cache
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-DISTRIBUTION = "cais-sim"
-
-
 def package_version() -> str:
-    """The installed ``cais-sim`` version ("unknown" when it is not installed)."""
-    try:
-        return metadata.version(DISTRIBUTION)
-    except metadata.PackageNotFoundError:
-        return "unknown"
+    """The running ``cais-sim`` version (the installed distribution's, else the
+    source tree's)."""
+    from cais import __version__
+
+    return __version__
 
 
 @lru_cache(maxsize=1)
