@@ -104,3 +104,22 @@ def test_small_messages_on_dgx_h100_within_the_target() -> None:
     assert np.mean([abs(p.error) for p in pts]) <= 0.25
     s = summary(pts)
     assert bool(s["met"].iloc[0])
+
+
+@pytest.mark.parametrize("scheme", ["tp-nvls", "sp-nvls", "tp-ring"])
+def test_a_layer_with_nccl_s_choice_is_exact_and_says_what_ran(scheme: str) -> None:
+    """collective.layer_choice = nccl: a decode layer's small collectives run as NCCL
+    would run them (Ring/LL), still reproduce the unsharded layer exactly, and the
+    result says which algorithm and protocol its calls ran."""
+    from cais.experiments.layer import run_layer
+    from cais.workload.models import load_model
+
+    cfg = load_system("dgx-h100", gpus=4)
+    nccl = cfg.with_overrides(collective={**cfg.collective.model_dump(), "layer_choice": "nccl"})
+    model = load_model("paper-mega-gpt-4b").with_run(batch=8, seq=256)
+    r = run_layer(nccl, model, scheme, "decode", functional=True, seed=5)
+    assert r.checked > 0 and r.mismatches == []
+    ran = r.as_json()["collectives"]
+    assert ran["choice"] == "nccl" and ran["ran"] and set(ran["ran"]) == {"ring/ll"}
+    plain = run_layer(cfg, model, scheme, "decode").as_json()["collectives"]
+    assert plain == {"choice": "scheme", "ran": {}}

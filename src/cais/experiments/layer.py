@@ -57,6 +57,8 @@ class LayerResult:
     sim: str = "full"  # "full": every GPU simulated; "mirror": GPU 0 only (cais.experiments.collective)
     memory: Footprint | None = None  # the run's per-GPU HBM footprint (cais.workload.footprint)
     hbm_capacity_GB: float = 0.0  # the GPU's HBM it was checked against
+    collective_choice: str = "scheme"  # collective.layer_choice: the scheme's, or NCCL's by size
+    collectives_ran: dict[str, int] = field(default_factory=dict)  # "algo/protocol" -> NCCL calls (choice nccl)
 
     @property
     def padding(self) -> int:
@@ -73,6 +75,7 @@ class LayerResult:
                 "tokens": self.tokens, "padded_tokens": self.padded_tokens,
                 "total_us": self.total_us, "sublayers": self.sublayers, **self.metrics.as_json(),
                 "segments_us": self.segments, "kernel_us": self.kernel_us, "sim": self.sim,
+                "collectives": {"choice": self.collective_choice, "ran": self.collectives_ran},
                 **({"memory": {**self.memory.as_json(), "capacity_GB": self.hbm_capacity_GB}}
                    if self.memory is not None else {})}
 
@@ -347,7 +350,8 @@ def run_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: 
     return LayerResult(model.name, scheme, mode, cfg.gpus, cfg.gpu.sms, end / PS_PER_US, subs, segs,
                        mirrored(metrics, m.n) if mirror else metrics, m.sim.events, time.perf_counter() - t0,
                        kernel_split(run), bad, checked, cfg.switch.model, cfg.link.vc_policy,
-                       period.dims.real_tokens, period.dims.tokens, sim, memory, cfg.gpu.hbm_capacity_GB)
+                       period.dims.real_tokens, period.dims.tokens, sim, memory, cfg.gpu.hbm_capacity_GB,
+                       cfg.collective.layer_choice, {f"{a}/{p}": k for (a, p), k in sorted(run.choices.items())})
 
 
 def _mark_segments(run: LayerRun) -> None:

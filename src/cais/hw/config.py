@@ -192,6 +192,11 @@ class CollectiveConfig(_Strict):
                                                   "gpu.kernel_launch_us): on the critical path of back-to-back "
                                                   "calls (nccl-tests), hidden inside a layer where the host runs "
                                                   "ahead; a calibration (docs/fabric-model.md, \"Protocols\")")
+    layer_choice: Literal["scheme", "nccl"] = Field("scheme", description="a layer's collectives: scheme = the "
+                                                                    "scheme's algorithm in the Simple protocol; "
+                                                                    "nccl = NCCL's algorithm and protocol by size, "
+                                                                    "as a real call with NVLS enabled would run "
+                                                                    "(small decode messages go Ring/LL)")
     tuning: Literal["sm90", "sm100"] = Field("sm90", description="NCCL's tuning table that chooses algorithm and "
                                                                  "protocol by size when a run asks for auto "
                                                                  "(kernels/tuning.py): sm90 Hopper, sm100 Blackwell")

@@ -22,6 +22,7 @@ from cais.machine import Machine
 from cais.kernels import activation, attention, rowop, sync
 from cais.kernels.collectives import CollectiveSpec, build
 from cais.kernels.gemm import Epilogue, GemmShape, gemm_kernel, gemm_shape
+from cais.kernels.tuning import choose
 from cais.workload.graph import Chain, Gather, Gemm, Local, Period, RowOp
 from cais.workload.models import ModelSpec
 
@@ -73,6 +74,7 @@ class LayerRun:
         self.d = self.period.dims
         self.sms = self.m.cfg.gpu.sms
         self.collectives = 0
+        self.choices: dict[tuple[str, str], int] = {}  # (algo, protocol) -> collectives, NCCL's choice on
         # Mirror mode: GPU 0's kernels run; GPU g's k-th kernel of a name is the
         # image of GPU 0's k-th kernel of that name (its done signal stands for it).
         self._images: dict[str, list[Kernel]] = {}
@@ -171,6 +173,18 @@ class LayerRun:
                                               self.sms, sm_set)
         return activation.activation_kernel(self.cm, mem, local.name, local.kind, self.d, self.sms, sm_set)
 
+    def _nccl_choice(self, op: str, algo: str, nbytes: int) -> tuple[str, str]:
+        """(algorithm, protocol) of one of the layer's collectives: the scheme's
+        algorithm in Simple, or with ``collective.layer_choice`` = nccl, NCCL's choice
+        by size (kernels/tuning.py)."""
+        c = self.m.cfg
+        if c.collective.layer_choice != "nccl":
+            return algo, "simple"
+        pick = choose(op, nbytes, self.m.n, sum(c.switch.links_per_gpu), c.collective.ring_channels,
+                      c.collective.nvls_channels, c.collective.tuning)
+        self.choices[(pick.algo, pick.protocol)] = self.choices.get((pick.algo, pick.protocol), 0) + 1
+        return pick.algo, pick.protocol
+
     def collective(self, op: str, algo: str, src: str, dst: str, channels: int | None = None,
                    sm_sets: Sequence[frozenset[int] | None] | None = None,
                    rows: tuple[int, int] | None = None) -> list[Kernel]:
@@ -180,14 +194,16 @@ class LayerRun:
         h = self.d.hidden
         self.collectives += 1
         stage = f"stage{self.collectives}"  # ring staging slots, one set per collective
+        count = self.d.tokens * h if rows is None else self.m.n * rows[1] * h
+        algo, protocol = self._nccl_choice(op, algo, count * self.model.dtype_bytes)
         if rows is None:
-            spec = CollectiveSpec(op, algo, self.d.tokens * h, self.model.dtype_bytes, src, dst, stage, channels,
-                                  stream=self.collectives)
+            spec = CollectiveSpec(op, algo, count, self.model.dtype_bytes, src, dst, stage, channels,
+                                  stream=self.collectives, protocol=protocol)
         else:
             first, cnt = rows
-            spec = CollectiveSpec(op, algo, self.m.n * cnt * h, self.model.dtype_bytes, src, dst, stage,
+            spec = CollectiveSpec(op, algo, count, self.model.dtype_bytes, src, dst, stage,
                                   channels, stream=self.collectives, full_base=first * h,
-                                  full_stride=self.d.rows_l * h, shard_base=first * h)
+                                  full_stride=self.d.rows_l * h, shard_base=first * h, protocol=protocol)
         kernels = build(self.m, spec)
         for k, sms in zip(kernels, sm_sets or []):
             k.sms = sms
