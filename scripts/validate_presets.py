@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from cais.experiments.published import Point, compare, summary
+from cais.experiments.published import Point, compare, published, summary
 
 
 def size(b: int) -> str:
@@ -25,7 +25,8 @@ def size(b: int) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--systems", nargs="+", default=["dgx-h100", "dgx-h200", "nvl72"])
+    ap.add_argument("--systems", nargs="+", default=["dgx-h100", "dgx-h200", "nvl72"],
+                    choices=sorted(set(published()["system"])), help="presets with published points")
     ap.add_argument("--max-bytes", type=lambda s: int(float(s[:-1]) * (1 << 30)) if s.endswith("G") else int(s),
                     default=None, help="skip larger published points (e.g. 1G)")
     args = ap.parse_args()

@@ -13,7 +13,7 @@ from cais.hw.config import PS_PER_US, SystemConfig
 from cais.machine import Conservation, Machine
 from cais.kernels.collectives import ALGOS, OPS, CollectiveSpec, build, shard_bounds
 from cais.kernels.protocols import PROTOCOL_CHOICES
-from cais.kernels.tuning import choose
+from cais.kernels.tuning import choose_for
 from cais.limits import check_events, check_machine, collective_events, max_events, size_text
 from cais.results import LinkUtil, Recorder, RunMetrics, run_metrics
 from cais.results.metrics import mirrored
@@ -168,8 +168,7 @@ def resolve_choice(cfg: SystemConfig, op: str, algo: str, protocol: str, nbytes:
         if algo == "nvls" and protocol != "simple":
             raise UserError(f"protocol: NVLS runs the simple protocol only, got '{protocol}'")
         return algo, protocol, "asked"
-    c = choose(op, nbytes, cfg.gpus, sum(cfg.switch.links_per_gpu), cfg.collective.ring_channels, cfg.collective.nvls_channels,
-               cfg.collective.tuning, algo, protocol)
+    c = choose_for(cfg, op, nbytes, algo, protocol)
     return c.algo, c.protocol, "nccl"
 
 

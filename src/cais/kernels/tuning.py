@@ -24,8 +24,12 @@ not copied; docs/fabric-model.md, "Protocols", lists them with their lines):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from cais.errors import UserError
+
+if TYPE_CHECKING:
+    from cais.hw.config import SystemConfig
 
 
 @dataclass(frozen=True)
@@ -96,3 +100,10 @@ def choose(op: str, nbytes: int, n: int, links: int, ring_channels: int, nvls_ch
     if not cands:
         raise UserError(f"protocol: '{protocol}' cannot run algo '{algo}'; NVLS runs the simple protocol only")
     return min(cands, key=lambda c: c.estimate_us)
+
+
+def choose_for(cfg: SystemConfig, op: str, nbytes: int, algo: str = "auto", protocol: str = "auto") -> Choice:
+    """:func:`choose` on ``cfg``'s GPUs, links, channels and tuning table."""
+    c = cfg.collective
+    return choose(op, nbytes, cfg.gpus, sum(cfg.switch.links_per_gpu), c.ring_channels, c.nvls_channels, c.tuning,
+                  algo, protocol)

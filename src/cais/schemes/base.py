@@ -22,7 +22,7 @@ from cais.machine import Machine
 from cais.kernels import activation, attention, rowop, sync
 from cais.kernels.collectives import CollectiveSpec, build
 from cais.kernels.gemm import Epilogue, GemmShape, gemm_kernel, gemm_shape
-from cais.kernels.tuning import choose
+from cais.kernels.tuning import choose_for
 from cais.workload.graph import Chain, Gather, Gemm, Local, Period, RowOp
 from cais.workload.models import ModelSpec
 
@@ -180,8 +180,7 @@ class LayerRun:
         c = self.m.cfg
         if c.collective.layer_choice != "nccl":
             return algo, "simple"
-        pick = choose(op, nbytes, self.m.n, sum(c.switch.links_per_gpu), c.collective.ring_channels,
-                      c.collective.nvls_channels, c.collective.tuning)
+        pick = choose_for(c, op, nbytes)
         self.choices[(pick.algo, pick.protocol)] = self.choices.get((pick.algo, pick.protocol), 0) + 1
         return pick.algo, pick.protocol
 
