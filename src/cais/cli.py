@@ -353,8 +353,9 @@ def cmd_collective(args: argparse.Namespace) -> None:
 def _print_collective(system: str, r: CollectiveResult) -> None:
     _print_table(f"{r.algo} {r.op}, {r.gpus} GPUs, {system}", [
         ("size", f"{r.nbytes:,} B"), ("time", f"{r.time_us:,.2f} us"),
-        ("algorithm / protocol", f"{r.algo} / {r.protocol}" + (" (NCCL's choice by size; --algo, --protocol)"
-                                                                if r.chosen_by == "nccl" else "")),
+        ("algorithm / protocol", f"{r.algo} / {r.protocol}"
+         + (f", {r.nvls_buffers} buffers (collective.nvls_buffers)" if r.nvls_buffers else "")
+         + (" (NCCL's choice by size; --algo, --protocol)" if r.chosen_by == "nccl" else "")),
         ("algbw", f"{r.algbw_GBps:,.1f} GB/s"), ("busbw", f"{r.busbw_GBps:,.1f} GB/s"),
         ("link utilisation, mean of GPU directions", f"{100 * r.link_util.mean:.1f} %"),
         ("busiest port direction, wire busy", f"{100 * r.wire_util:.1f} % ({r.link_util.busiest})"),

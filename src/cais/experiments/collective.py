@@ -48,6 +48,7 @@ class CollectiveResult:
     sim: str = "full"  # "full": every GPU simulated; "mirror": GPU 0 only (SIM_MODES)
     protocol: str = "simple"  # the wire protocol (kernels/protocols.py)
     chosen_by: str = "asked"  # "asked": as given; "nccl": NCCL's choice by size (kernels/tuning.py)
+    nvls_buffers: str | None = None  # NVLS: "staged" (kernels/nvls_staged.py) or "registered" (zero-copy)
 
     @property
     def link_util(self) -> LinkUtil:
@@ -60,7 +61,7 @@ class CollectiveResult:
 
     def as_json(self) -> dict[str, object]:
         return {"op": self.op, "algo": self.algo, "protocol": self.protocol, "chosen_by": self.chosen_by,
-                "gpus": self.gpus, "bytes": self.nbytes,
+                "nvls_buffers": self.nvls_buffers, "gpus": self.gpus, "bytes": self.nbytes,
                 "time_us": self.time_us, "algbw_GBps": self.algbw_GBps, "busbw_GBps": self.busbw_GBps,
                 "wire_util": self.wire_util, **self.metrics.as_json(), "events": self.events, "wall_s": self.wall_s,
                 "sim": self.sim}
@@ -157,6 +158,14 @@ def check_mirror(m: Machine) -> None:
                         "messages are cheap in full)")
 
 
+def buffers_of(spec: CollectiveSpec) -> str | None:
+    """How an NVLS collective reaches the buffers (None for a ring): staged
+    through NCCL's own (AllReduce only) or registered, zero-copy."""
+    if spec.algo != "nvls":
+        return None
+    return "staged" if spec.staged and spec.op == "allreduce" else "registered"
+
+
 def resolve_choice(cfg: SystemConfig, op: str, algo: str, protocol: str, nbytes: int) -> tuple[str, str, str]:
     """(algorithm, protocol, chosen_by) to run: as asked, or where either is "auto",
     NCCL's choice by size (kernels/tuning.py) among what the other allows."""
@@ -189,7 +198,8 @@ def run_collective(cfg: SystemConfig, op: str, algo: str, nbytes: int, functiona
         raise UserError(f"sim mirror: this collective is not symmetric: {misfit}; use sim='full'")
     count = check_collective(cfg, op, algo, nbytes, elem_bytes, mirror)
     spec = CollectiveSpec(op, algo, count, elem_bytes, protocol=protocol,
-                          host_ps=round(cfg.collective.host_us * PS_PER_US))
+                          host_ps=round(cfg.collective.host_us * PS_PER_US),
+                          staged=cfg.collective.nvls_buffers == "staged")
     if progress is not None:
         estimate = collective_events(cfg, op, algo, count * elem_bytes) / (cfg.gpus if mirror else 1)
         progress.begin(estimate, f"{algo} {op} of {size_text(count * elem_bytes)} on {cfg.gpus} GPUs")
@@ -218,4 +228,5 @@ def run_collective(cfg: SystemConfig, op: str, algo: str, nbytes: int, functiona
     if mirror:
         metrics = mirrored(metrics, m.n)
     return CollectiveResult(op, algo, m.n, spec.nbytes, t_us, algbw, algbw * bus_factor(op, m.n), metrics,
-                            m.sim.events, wall, correct, m.conservation(), sim, protocol, chosen_by)
+                            m.sim.events, wall, correct, m.conservation(), sim, protocol, chosen_by,
+                            buffers_of(spec))

@@ -192,6 +192,17 @@ class CollectiveConfig(_Strict):
                                                   "gpu.kernel_launch_us): on the critical path of back-to-back "
                                                   "calls (nccl-tests), hidden inside a layer where the host runs "
                                                   "ahead; a calibration (docs/fabric-model.md, \"Protocols\")")
+    nvls_buffers: Literal["registered", "staged"] = Field(
+        "registered", description="how an NVLS AllReduce reaches the user's buffers when NCCL runs it (standalone "
+                                  "calls, and a layer's calls with layer_choice=nccl): registered = zero-copy on "
+                                  "them; staged = through NCCL's own multicast buffers in a pipeline of steps, "
+                                  "as without user-buffer registration (nccl-tests); kernels/nvls_staged.py")
+    nvls_chunk_bytes: int = Field(131072, gt=0, description="largest step of a staged NVLS AllReduce per channel "
+                                                            "per head (NCCL_NVLS_CHUNKSIZE); smaller buffers use "
+                                                            "NCCL's 64/32/16 KiB")
+    nvls_copy_GBps: float = Field(18.0, gt=0, description="rate of one channel's staging copies in a staged NVLS "
+                                                          "AllReduce (its copy warps' loads in flight over the "
+                                                          "memory latency); a calibration (docs/fabric-model.md)")
     layer_choice: Literal["scheme", "nccl"] = Field("scheme", description="a layer's collectives: scheme = the "
                                                                     "scheme's algorithm in the Simple protocol; "
                                                                     "nccl = NCCL's algorithm and protocol by size, "

@@ -42,6 +42,7 @@ from cais.hw.gpu import Kernel, TbProgram
 from cais.machine import Machine
 from cais.hw.memory import Region
 from cais.kernels.common import Window, pause, split
+from cais.kernels.nvls_staged import nvls_staged_kernels
 from cais.kernels.protocols import SIMPLE, Protocol, protocol
 
 OPS = ("allreduce", "allgather", "reducescatter")
@@ -73,6 +74,7 @@ class CollectiveSpec:
     shard_base: int = 0
     protocol: str = "simple"  # ring only: simple, ll or ll128 (kernels/protocols.py); NVLS runs simple
     host_ps: int = 0  # the host's cost of the call before its data moves (collective.host_us; standalone calls)
+    staged: bool = False  # NVLS AllReduce through NCCL's staging buffers (kernels/nvls_staged.py)
 
     def full(self, n: int, start: int) -> int:
         """Element offset in the whole-buffer side of logical element ``start``."""
@@ -319,4 +321,8 @@ def build(m: Machine, spec: CollectiveSpec) -> list[Kernel]:
         raise UserError(f"algo: unknown algorithm '{spec.algo}'; valid: {', '.join(ALGOS)}")
     if spec.algo == "nvls" and spec.protocol != "simple":
         raise UserError(f"protocol: NVLS runs the simple protocol only, got '{spec.protocol}'")
+    if spec.algo == "nvls" and spec.staged and spec.op == "allreduce" and spec.full_stride is None:
+        return nvls_staged_kernels(m, spec.send, spec.recv, spec.count, spec.elem_bytes,
+                                   spec.channels or m.cfg.collective.nvls_channels, spec.host_ps, spec.stream,
+                                   spec.sms)
     return nvls_kernels(m, spec) if spec.algo == "nvls" else ring_kernels(m, spec)

@@ -195,14 +195,16 @@ class LayerRun:
         stage = f"stage{self.collectives}"  # ring staging slots, one set per collective
         count = self.d.tokens * h if rows is None else self.m.n * rows[1] * h
         algo, protocol = self._nccl_choice(op, algo, count * self.model.dtype_bytes)
+        staged = self.m.cfg.collective.layer_choice == "nccl" and self.m.cfg.collective.nvls_buffers == "staged"
         if rows is None:
             spec = CollectiveSpec(op, algo, count, self.model.dtype_bytes, src, dst, stage, channels,
-                                  stream=self.collectives, protocol=protocol)
+                                  stream=self.collectives, protocol=protocol, staged=staged)
         else:
             first, cnt = rows
             spec = CollectiveSpec(op, algo, count, self.model.dtype_bytes, src, dst, stage,
                                   channels, stream=self.collectives, full_base=first * h,
-                                  full_stride=self.d.rows_l * h, shard_base=first * h, protocol=protocol)
+                                  full_stride=self.d.rows_l * h, shard_base=first * h, protocol=protocol,
+                                  staged=staged)
         kernels = build(self.m, spec)
         for k, sms in zip(kernels, sm_sets or []):
             k.sms = sms

@@ -1,0 +1,183 @@
+"""NCCL's NVLS AllReduce on buffers it has not registered (what nccl-tests runs).
+
+The zero-copy NVLS kernel (``collectives.nvls_kernels``) reduces straight out of the
+user's buffers, which NCCL can only do when they are mapped into the multicast
+object (user-buffer registration). Without registration NCCL stages the data
+through multicast-mapped buffers of its own, and each channel (one TB per GPU) runs
+three warp groups as a pipeline of steps over ``NCCL_STEPS`` slots (NVIDIA/nccl at
+5067397, ``src/device/all_reduce.h``, ``src/transport/nvls.cc``; read, not copied):
+
+  scatter  copies this GPU's input, one chunk per head GPU, into its staging slot;
+  reduce   (on the head) polls the slot's tail with ``multimem.ld_reduce.min`` until
+           every GPU has scattered the step, ``multimem.ld_reduce``s its chunk,
+           ``multimem.st``s the sum into every GPU's broadcast slot, fences, and
+           stores the new tail (and the scatter slot's credit) with a multicast
+           store;
+  gather   waits until every head's tail has landed, copies the step's chunks from
+           the broadcast slot into the output, and frees the slot.
+
+The step's chunk follows NCCL's size schedule (``chunk_bytes``): 128 KiB from 1 GiB
+up, then 64, 32 and 16 KiB as the buffer shrinks. What this adds over the zero-copy
+kernel, and what the published curve shows, is a per-step cost (a poll round trip,
+a fence round trip, the flags) and a fill and drain (the first step's scatter copy,
+the last step's gather copy) that grow with the chunk.
+
+Modelling decisions: the staging copies are local (no link sees them) and take
+``n x chunk / collective.nvls_copy_GBps`` each (the copy warps' loads in flight
+over the memory latency; a calibration, docs/fabric-model.md); the data path reads
+the user's input and writes the user's output directly, which moves the same bytes
+on the wire as the staging buffers would and gives the same sums. A poll is issued
+when the value it waits for is there (real polling spins, so it is late by up to one
+poll; we take the poll that succeeds).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from cais.engine import Countdown, Signal
+from cais.engine.sim import ProgramGen, Process
+from cais.hw.gpu import Kernel, TbProgram
+from cais.hw.memory import Region
+from cais.hw.packets import Traffic
+from cais.kernels.common import Window, pause, split
+from cais.machine import Machine
+
+NCCL_STEPS = 8  # staging slots per channel
+MIN_CHUNK = 16384
+
+
+def chunk_bytes(nbytes: int, channels: int, heads: int, max_chunk: int) -> int:
+    """NCCL's NVLS step size for a ``nbytes`` AllReduce (``enqueue.cc``): the
+    largest chunk, halved to 64 KiB below 64 concurrent rounds of it, to 32 KiB
+    below 8, to 16 KiB below 2 (a round: one chunk per channel per head)."""
+    chunk = max_chunk
+    for rounds, cap in ((64, 65536), (8, 32768), (2, MIN_CHUNK)):
+        if nbytes < rounds * channels * heads * chunk and chunk > cap:
+            chunk = cap
+    return chunk
+
+
+class _Channel:
+    """The signals of one channel across GPUs: per step, every GPU has scattered it
+    (the heads' tail poll then succeeds) and every GPU has gathered it (its
+    broadcast slot is free again); per GPU and step, every head's tail and credit
+    flags have landed there."""
+
+    def __init__(self, ranks: int, n: int, steps: int) -> None:
+        self.scattered = [Countdown(ranks) for _ in range(steps)]
+        self.gathered = [Countdown(ranks) for _ in range(steps)]
+        self.tails = [[Countdown(n) for _ in range(steps)] for _ in range(n)]
+        self.credits = [[Countdown(n) for _ in range(steps)] for _ in range(n)]
+
+
+def _staged_tb(m: Machine, gpu: int, steps: list[Region], step_bytes: list[int], state: _Channel, recv: str,
+               host_ps: int, stream: int, unit: int) -> TbProgram:
+    """A channel on ``gpu``: its scatter and gather warp groups as processes
+    beside the reduce loop over ``steps`` (this GPU's chunk of each step, as a head);
+    ``step_bytes[i]`` is the whole step's bytes per GPU (every head's chunk)."""
+    isa, sim, n = m.isa, m.sim, m.n
+    cfg = m.cfg.collective
+    ps_per_byte = 1e3 / cfg.nvls_copy_GBps
+    limit = max(cfg.outstanding_bytes_per_sm, 2 * unit)
+    key = m.flag_key()
+
+    def scatter() -> ProgramGen:
+        for i, nbytes in enumerate(step_bytes):
+            if i >= NCCL_STEPS:  # the slot is free once every head has reduced it
+                yield state.credits[gpu][i - NCCL_STEPS]
+            yield round(nbytes * ps_per_byte)
+            state.scattered[i].arrive(sim)
+
+    def gather() -> ProgramGen:
+        for i, nbytes in enumerate(step_bytes):
+            yield state.tails[gpu][i]
+            yield round(nbytes * ps_per_byte)
+            state.gathered[i].arrive(sim)
+
+    def poll(region: Region) -> Signal:
+        """One ``multimem.ld_reduce.min`` of a step counter: a round trip through the
+        switch to every GPU's copy."""
+        sig = Signal()
+        flag = Region(region.buffer, region.start, max(1, min(region.count, 8 // region.elem_bytes)),
+                      region.elem_bytes)
+        isa.multimem_ld_reduce(gpu, flag, lambda _d: sig.fire(sim), stream)
+        return sig
+
+    def program(sm: int, busy: int) -> ProgramGen:
+        if host_ps:  # the host's per-call cost on a standalone call's critical path
+            yield pause(sim, host_ps)
+        port = isa.sm_port()
+        win = Window(sim, limit)
+        gathering = Process(sim, gather())
+        Process(sim, scatter())
+        for i, region in enumerate(steps):
+            # waitPeer: the recv side (every GPU scattered step i) and the send side
+            # (every GPU gathered step i - NCCL_STEPS) poll at once.
+            yield state.scattered[i]
+            ready = [poll(region)]
+            if i >= NCCL_STEPS:
+                yield state.gathered[i - NCCL_STEPS]
+                ready.append(poll(region))
+            for sig in ready:
+                yield sig
+            pieces = isa.pieces(region, unit) if region.count else []
+            loaded = Countdown(len(pieces))
+
+            def reduced(piece: Region) -> Callable[[np.ndarray | None], None]:
+                def got(data: np.ndarray | None) -> None:
+                    win.release(piece.nbytes)
+                    isa.multimem_st(gpu, Region(recv, piece.start, piece.count, piece.elem_bytes), data, None,
+                                    port, stream, unit)
+                    loaded.arrive(sim)
+                return got
+
+            for piece in pieces:
+                while win.full(piece.nbytes):
+                    yield win.wait()
+                win.take(piece.nbytes)
+                isa.multimem_ld_reduce(gpu, piece, reduced(piece), stream, unit)
+            if pieces:
+                yield loaded
+                fenced = Signal()  # postPeer: fence the broadcast, then store the counters
+                isa.fence(gpu, range(n), Traffic.STORE, lambda s=fenced: s.fire(sim))
+                yield fenced
+            tails, credits = state.tails, state.credits
+            isa.flag_multicast(gpu, key + 2 * i, lambda g, i=i: tails[g][i].arrive(sim))
+            isa.flag_multicast(gpu, key + 2 * i + 1, lambda g, i=i: credits[g][i].arrive(sim))
+        yield gathering.done
+    return program
+
+
+def nvls_staged_kernels(m: Machine, send: str, recv: str, count: int, elem_bytes: int, channels: int,
+                        host_ps: int, stream: int, sms: frozenset[int] | None) -> list[Kernel]:
+    """One kernel per GPU: a staged NVLS AllReduce of ``count`` elements of ``send``
+    into ``recv`` (each GPU the head of its 1/n of every step)."""
+    n, cfg = m.n, m.cfg
+    chunk = chunk_bytes(count * elem_bytes, channels, n, cfg.collective.nvls_chunk_bytes)
+    chunk_elems = max(1, chunk // elem_bytes)
+    # Channel ch owns a contiguous slice of the buffer; a step of it holds one chunk
+    # per head, GPU g's chunk being its g-th part.
+    plans = []
+    for cs, cc in split(0, count, channels):
+        steps = [(s, min(n * chunk_elems, cs + cc - s)) for s in range(cs, cs + cc, n * chunk_elems)]
+        plans.append(steps)
+    unit = cfg.unit_for(chunk)
+    ranks = 1 if m.fabric.mirror else n
+    states = [_Channel(ranks, n, len(steps)) for steps in plans]
+    kernels = []
+    for g in range(n):
+        tbs = []
+        for steps, state in zip(plans, states):
+            if not steps:
+                continue
+            mine = []
+            for s, c in steps:
+                start, cnt = split(s, s + c, n)[g]
+                mine.append(Region(send, start, cnt, elem_bytes))
+            tbs.append(_staged_tb(m, g, mine, [c * elem_bytes for _, c in steps], state, recv, host_ps,
+                                  stream, unit))
+        kernels.append(Kernel("nvls-allreduce-staged", tbs, sms, role="communication"))
+    return kernels

@@ -1,0 +1,76 @@
+"""The staged NVLS AllReduce (kernels/nvls_staged.py): NCCL's pipeline through its own
+multicast buffers, as nccl-tests runs it on unregistered buffers (issue 22)."""
+
+from __future__ import annotations
+
+import pytest
+
+from cais.experiments.collective import run_collective
+from cais.hw.config import apply_overrides, load_system
+from cais.kernels.nvls_staged import chunk_bytes
+
+KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
+
+
+def _cfg(buffers: str, gpus: int = 8, **sets: str):
+    return apply_overrides(load_system("dgx-h100", gpus=gpus), {"collective.nvls_buffers": buffers, **sets})
+
+
+def test_chunk_follows_nccls_size_schedule() -> None:
+    # 16 channels x 8 heads: 128 KiB from 1 GiB, 64 KiB from 64 MiB, 32 KiB from 8 MiB, else 16 KiB
+    got = {s: chunk_bytes(s, 16, 8, 128 * KIB) // KIB for s in (8 * GIB, GIB, GIB - 2, 64 * MIB, 8 * MIB, 2 * MIB, 8)}
+    assert got == {8 * GIB: 128, GIB: 128, GIB - 2: 64, 64 * MIB: 64, 8 * MIB: 32, 2 * MIB: 16, 8: 16}
+    assert chunk_bytes(GIB, 16, 8, 64 * KIB) == 64 * KIB  # NCCL_NVLS_CHUNKSIZE caps it
+
+
+@pytest.mark.parametrize("gpus,nbytes", [(4, 3 * 40_000 * 2), (8, 1 << 20)])
+def test_staged_allreduce_gives_the_sums_and_conserves_bytes(gpus: int, nbytes: int) -> None:
+    r = run_collective(_cfg("staged", gpus), "allreduce", "nvls", nbytes, functional=True)
+    assert r.nvls_buffers == "staged" and r.correct
+    c = r.conservation
+    assert c.injected == c.delivered + c.absorbed - c.created
+
+
+def test_staging_costs_time_the_zero_copy_kernel_does_not_pay() -> None:
+    size = 4 * MIB  # 16 KiB chunks: two steps per channel
+    reg = run_collective(_cfg("registered"), "allreduce", "nvls", size)
+    staged = run_collective(_cfg("staged"), "allreduce", "nvls", size)
+    assert reg.nvls_buffers == "registered" and staged.nvls_buffers == "staged"
+    # the per-step polls, fences and counter stores are packets on the wire
+    assert staged.events > reg.events
+    # the fill (first scatter copy) and drain (last gather copy) are on the critical path
+    assert staged.time_us > reg.time_us + 2 * (8 * 16 * KIB) / (18e9) * 1e6
+    slow = run_collective(_cfg("staged", **{"collective.nvls_copy_GBps": "9"}), "allreduce", "nvls", size)
+    assert slow.time_us > staged.time_us  # the copy rate is on the path taken
+
+
+def test_staged_is_deterministic_and_mirror_agrees_with_full() -> None:
+    cfg = _cfg("staged")
+    a = run_collective(cfg, "allreduce", "nvls", 2 * MIB)
+    b = run_collective(cfg, "allreduce", "nvls", 2 * MIB)
+    assert (a.time_us, a.events) == (b.time_us, b.events)
+    mirror = run_collective(cfg, "allreduce", "nvls", 2 * MIB, sim="mirror")
+    assert mirror.time_us == pytest.approx(a.time_us, rel=0.01)
+
+
+def test_only_allreduce_is_staged() -> None:
+    r = run_collective(_cfg("staged"), "reducescatter", "nvls", 1 * MIB)
+    assert r.nvls_buffers == "registered"  # NCCL's NVLS ReduceScatter/AllGather kernels are modelled zero-copy
+    assert run_collective(_cfg("staged"), "allreduce", "ring", 1 * MIB).nvls_buffers is None
+
+
+def test_a_layer_with_nccl_s_choice_runs_staged_nvls_exactly() -> None:
+    """With collective.layer_choice = nccl a prefill layer's MB-sized AllReduces go
+    NVLS, staged as NCCL runs them on unregistered buffers; the layer still
+    reproduces the unsharded tensors, and takes longer than with zero-copy NVLS."""
+    from cais.experiments.layer import run_layer
+    from cais.workload.models import load_model
+
+    model = load_model("paper-mega-gpt-4b").with_run(batch=1, seq=1024)
+    staged = _cfg("staged", 4, **{"collective.layer_choice": "nccl"})
+    r = run_layer(staged, model, "tp-nvls", "prefill", functional=True, seed=3)
+    assert r.checked > 0 and r.mismatches == []
+    assert "nvls/simple" in r.as_json()["collectives"]["ran"]
+    zero_copy = _cfg("registered", 4, **{"collective.layer_choice": "nccl"})
+    assert run_layer(zero_copy, model, "tp-nvls", "prefill").total_us < run_layer(staged, model, "tp-nvls",
+                                                                                   "prefill").total_us
