@@ -64,7 +64,12 @@ def run_grid(models: tuple[str, ...] = TABLE1, schemes: tuple[str, ...] = BASELI
 
 
 def geomean(xs: list[float]) -> float:
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+    """Geometric mean of the values that are not NaN (nan when none is left or any is
+    not positive)."""
+    xs = [x for x in xs if x == x]
+    if not xs or min(xs) <= 0:
+        return float("nan")
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
 def markdown(rows: list[dict[str, object]]) -> str:

@@ -4,7 +4,7 @@ its SMs with the thread-block (TB) dispatcher that places kernels' TBs on them."
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -300,9 +300,6 @@ class Gpu:
         """Names of launched kernels that have not finished."""
         self._running = [k for k in self._running if k.finished_at is None]
         return [k.name for k in self._running]
-
-    def free_sms(self, within: Iterable[int] | None = None) -> int:
-        return len(self._free if within is None else self._free & set(within))
 
 
 def _by_priority(kernel: Kernel) -> int:

@@ -241,10 +241,6 @@ class NvlsSwitch(Switch):
         out.tail = self.sim.now + self.reduce_ps
         self.emit(out, red.issuer, None)
 
-    @property
-    def inflight_reductions(self) -> int:
-        return len(self._pending)
-
     def stuck(self) -> list[str]:
         out = super().stuck()
         if self._pending:

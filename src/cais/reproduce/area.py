@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from cais.reproduce import paper as P
+
 #: high-density 6T bit cell (um^2) per TSMC node, as published
 BITCELL_UM2 = {"16/12 nm": 0.070, "N5": 0.021, "N3E": 0.021, "N2": 0.0175}
 #: macro density of N3E HD SRAM, Mib/mm^2 (IEDM 2022 via WikiChip): fixes the array efficiency
@@ -19,7 +21,7 @@ SYNC_ENTRY_BITS = 32  # group id (16 b), arrivals (8 b), state (8 b)
 SOURCES = ("bit cells: TSMC 16FF+/12 nm HD 0.070 um^2 (ISSCC 2014), N5 and N3E 0.021 um^2, N3B 0.0199 um^2 "
            "(IEDM 2022, via WikiChip/Tom's Hardware), N2 0.0175 um^2 (IEDM 2024); N3E macro density 31.8 Mib/mm^2 "
            f"fixes the array efficiency at {ARRAY_EFFICIENCY:.2f} for every node. The paper's figures (12 nm): "
-           "0.50 mm^2 per switch, 0.019 mm^2 per GPU die.")
+           f"{P.AREA_SWITCH_MM2:.2f} mm^2 per switch, {P.AREA_SYNC_MM2} mm^2 per GPU die.")
 
 
 def merge_unit_mm2(table_kB: float, node: str, line_bytes: int = 128) -> float:

@@ -76,6 +76,7 @@ def span(values: Sequence[float], unit: str = "x") -> str:
 
 
 def holds(ok: bool) -> str:
+    """``holds`` or ``does not hold``: a claim's fate in a verdict sentence."""
     return "holds" if ok else "does not hold"
 
 

@@ -48,15 +48,6 @@ def table_format(path: str | Path) -> str:
     return suffix[1:]
 
 
-def append_row(path: str | Path, row: Mapping[str, Scalar]) -> int:
-    """Append ``row`` to the table at ``path`` (created if absent; columns are the union
-    of the old and new ones); return the number of rows now in it. The file is
-    rewritten whole and replaced atomically, so earlier rows survive any failure."""
-    tmp, rows = stage_row(path, row)
-    publish(tmp, path)
-    return rows
-
-
 def publish(tmp: Path, path: str | Path) -> None:
     """Move a staged file ``tmp`` onto ``path`` atomically (it appears whole or not at
     all); a failure removes ``tmp`` and is a one-line user error."""

@@ -1,0 +1,150 @@
+"""What several experiments share: the :class:`Context` they run in, the
+:class:`Experiment` record, the point functions they name, the comparison row, the
+rows that ran and those that failed, and the grids (the Table I models, the modes,
+the single model of the one-model figures, the Fig. 11 grid, the merge-table sizes).
+
+An experiment never speaks of command-line flags: it gets a :class:`Context`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from cais.experiments.baselines import geomean
+from cais.reproduce import paper as P
+from cais.reproduce.report import Section
+from cais.sweep.grid import Point
+
+__all__ = ["LAYER", "TIMELINE", "COLLECTIVE", "WHY_CAIS", "WHY_BOTH", "UNBOUNDED", "Context", "Experiment",
+           "geomean", "compare", "ok_rows", "failures", "grid_models", "grid_modes", "one_model",
+           "scalable_system", "grid_words", "fig11_points", "no_points", "entries_of"]
+
+#: the point functions (cais.reproduce.points) an experiment's points name
+LAYER = "cais.reproduce.points:layer_point"
+TIMELINE = "cais.reproduce.points:timeline_point"
+COLLECTIVE = "cais.reproduce.points:collective_point"
+
+#: why our numbers differ from the paper's, from this model's own runs (docs/validation.md §6, §13)
+WHY_CAIS = ("without TB coordination and merging-aware TB order the GPUs drift hundreds of us apart and the "
+            f"{P.TABLE_KB:.0f} KB table starves; with them CAIS is within 0.4 % of an unbounded table "
+            "(docs/validation.md §13)")
+WHY_BOTH = ("communication weighs less here than in the paper, so the baselines' overlap already hides most of it "
+            "and there is less for CAIS to win (docs/validation.md §6, §13)")
+
+#: merge-table entries of a table that never fills here (2.5 MB per port)
+UNBOUNDED = 20000
+
+
+@dataclass(frozen=True)
+class Context:
+    """Where and how experiments run: the system preset or file, dotted-key
+    overrides, the quick grid or the full one, and the output folder; ``models`` and
+    ``modes``, when given, replace the Fig. 11 grid's models and modes (same batch as
+    the grid would use)."""
+
+    system: str = "dgx-h100"
+    sets: dict[str, str] = field(default_factory=dict)
+    quick: bool = False
+    out: Path = Path("report")
+    models: tuple[str, ...] = ()
+    modes: tuple[str, ...] = ()
+
+    def base(self, system: str | None = None, **extra_sets: Any) -> Point:
+        """The keys every point carries: system and overrides (as sorted JSON)."""
+        sets = {**self.sets, **{k: str(v) for k, v in extra_sets.items()}}
+        return {"system": system or self.system, "sets": json.dumps(sets, sort_keys=True)}
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One figure or table: ``points(ctx)`` -> list of (fn, point) to run;
+    ``analyse(ctx, rows)`` -> (CSV table, report section), writing its PNGs in ``ctx.out``."""
+
+    name: str
+    title: str
+    points: Callable[[Context], list[tuple[str, Point]]]
+    analyse: Callable[[Context, pd.DataFrame], tuple[pd.DataFrame, Section]]
+
+
+def compare(what: str, ours: float, paper: float | None, why: str, unit: str = "") -> dict[str, Any]:
+    """A row of ours beside the paper's, the ratio, and the reason when they differ by
+    more than 10 %."""
+    ratio = ours / paper if paper else float("nan")
+    off = paper is not None and ratio == ratio and abs(ratio - 1) > 0.10
+    return {"quantity": what, "ours": ours, "paper": paper if paper is not None else float("nan"),
+            "ours / paper": ratio, "why they differ (> 10 %)": why if off else ""}
+
+
+def ok_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows that ran, with the point keys without their ``point.`` prefix."""
+    df = rows[rows["status"] == "ok"].copy() if "status" in rows else rows.copy()
+    cols = set(df.columns)
+    return df.rename(columns={c: c[len("point."):] for c in df.columns
+                              if c.startswith("point.") and c[len("point."):] not in cols})
+
+
+def failures(rows: pd.DataFrame) -> list[str]:
+    """One line per failed point."""
+    if "status" not in rows:
+        return []
+    bad = rows[rows["status"] != "ok"]
+    return [f"{r.get('point.scheme', r.get('point.op', '?'))} {r.get('point.model', '')} "
+            f"{r.get('point.mode', '')}: {str(r['error']).splitlines()[0]}" for _, r in bad.iterrows()]
+
+
+# ---- grids ---------------------------------------------------------------------------
+def grid_models(ctx: Context) -> list[dict[str, Any]]:
+    """The Table I models; quick: Mega-GPT-4B with 1 sequence (1,024 tokens)."""
+    if ctx.models:
+        return [{"model": m, **({"batch": 1} if ctx.quick else {})} for m in ctx.models]
+    if ctx.quick:
+        return [{"model": "paper-mega-gpt-4b", "batch": 1}]
+    return [{"model": m} for m in P.TABLE1]
+
+
+def grid_modes(ctx: Context) -> tuple[str, ...]:
+    """The modes of the Fig. 11 grid: the paper's (prefill, train); quick: prefill."""
+    if ctx.modes:
+        return ctx.modes
+    return ("prefill",) if ctx.quick else P.MODES
+
+
+def one_model(ctx: Context, full: str = "paper-llama-7b") -> dict[str, Any]:
+    """The one model of the single-model figures (LLaMA-7B; quick: Mega-GPT-4B x 1)."""
+    return {"model": "paper-mega-gpt-4b", "batch": 1} if ctx.quick else {"model": full}
+
+
+def scalable_system(ctx: Context) -> str:
+    """The context's system if it can be resized to any GPU count, else h100-nvswitch."""
+    from cais.hw.config import load_system
+
+    return ctx.system if load_system(ctx.system).scalable else "h100-nvswitch"
+
+
+def grid_words(ctx: Context, t: pd.DataFrame) -> str:
+    """The grid in words: quick or full, the system and the models."""
+    models = ", ".join(dict.fromkeys(t["model"])) if "model" in t and len(t) else "no model"
+    return f"the {'quick' if ctx.quick else 'full'} grid on {ctx.system} ({models})"
+
+
+def fig11_points(ctx: Context, system: str | None = None) -> list[tuple[str, Point]]:
+    """The Fig. 11 grid, which Figs. 11, 12, 15, bound and worlds analyse: every model x
+    mode x the 13 schemes at the half set-up's 66 SMs."""
+    return [(LAYER, {**ctx.base(system), **m, "scheme": s, "mode": mode, "sms": P.SMS_HALF})
+            for m in grid_models(ctx) for mode in grid_modes(ctx) for s in P.SCHEMES]
+
+
+def no_points(ctx: Context) -> list[tuple[str, Point]]:
+    """No runs: for an experiment that is analysis only."""
+    return []
+
+
+def entries_of(df: pd.DataFrame) -> pd.Series:
+    """Each run's merge-table entries per port: its override, else the paper's 320 (the
+    presets' default)."""
+    return df["sets"].map(lambda s: int(json.loads(s).get("switch.merge.entries", P.TABLE_ENTRIES)))

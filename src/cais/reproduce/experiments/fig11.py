@@ -1,0 +1,125 @@
+"""Fig. 11 of the paper (§V-A.1): the end-to-end speedup of CAIS over every baseline
+and every CAIS ablation, one layer period per (Table I model, mode, scheme) at 8 GPUs
+x 66 SMs, and per scheme and mode the geomean over the models beside the paper's.
+
+Its table (:func:`fig11_table`) and geomeans (:func:`geomean_table`) serve the
+worlds experiment too."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from cais.reproduce import paper as P
+from cais.reproduce import plots
+from cais.reproduce.experiments.common import (WHY_BOTH, WHY_CAIS, Context, Experiment, compare, failures,
+                                               fig11_points, geomean, grid_words, ok_rows)
+from cais.reproduce.report import Section
+from cais.reproduce.verdict import count_faster, holds, span
+
+
+def fig11_table(df: pd.DataFrame) -> pd.DataFrame:
+    """model, mode, scheme, time_us, speedup_of_cais (= time(scheme) / time(cais))."""
+    out = []
+    for (model, mode), g in df.groupby(["model", "mode"], sort=False):
+        cais = g[g["scheme"] == "cais"]["total_us"]
+        c = float(cais.iloc[0]) if len(cais) else float("nan")
+        for _, r in g.iterrows():
+            out.append({"model": model, "mode": mode, "scheme": r["scheme"], "time_us": float(r["total_us"]),
+                        "speedup_of_cais": float(r["total_us"]) / c})
+    t = pd.DataFrame(out, columns=["model", "mode", "scheme", "time_us", "speedup_of_cais"])
+    order = {s: i for i, s in enumerate(P.SCHEMES)}
+    return t.sort_values(["mode", "model", "scheme"], key=lambda c: c.map(order) if c.name == "scheme" else c,
+                         kind="stable").reset_index(drop=True)
+
+
+def geomean_table(t: pd.DataFrame) -> pd.DataFrame:
+    """Per scheme and mode: CAIS's geomean speedup over the models, beside the paper's."""
+    rows = []
+    for mode in dict.fromkeys(t["mode"]):
+        for s in P.SCHEMES:
+            g = t[(t["mode"] == mode) & (t["scheme"] == s)]
+            if g.empty or s == "cais":
+                continue
+            ours = geomean(list(g["speedup_of_cais"]))
+            pp = P.fig11_paper(s, mode)
+            why = WHY_CAIS if s in P.CAIS_VARIANTS else WHY_BOTH
+            rows.append({"mode": mode, "scheme": s, **compare(f"CAIS over {s}", ours, pp, why)})
+    return pd.DataFrame(rows).drop(columns=["quantity"])
+
+
+def first_reason(df: pd.DataFrame) -> str:
+    """The first reason the runs ``df`` (layer_point rows of CAIS and TP-NVLS) give for
+    CAIS winning less than in the paper: merge-table overflow, else the weight of
+    communication against computation, else how busy CAIS keeps the links."""
+    c, tp = df[df["scheme"] == "cais"], df[df["scheme"] == "tp-nvls"]
+    merged, bypassed = float(c["merged"].sum()) if "merged" in c else 0.0, \
+        float(c["bypassed"].sum()) if "bypassed" in c else 0.0
+    if merged + bypassed > 0 and bypassed / (merged + bypassed) > 0.10:
+        return (f"{100 * bypassed / (merged + bypassed):.0f} % of CAIS's mergeable requests found no room in the "
+                "merge table and went through unmerged")
+    ratio = geomean(list(tp["comm_kernel_us"] / tp["compute_kernel_us"])) if len(tp) else float("nan")
+    if ratio == ratio and ratio < P.FIG2_COMM_OVER_COMPUTE_8GPU:
+        return (f"TP-NVLS spends {ratio:.2f}x as long in collectives as in other kernels here, against "
+                f"{P.FIG2_COMM_OVER_COMPUTE_8GPU}x in the paper's Fig. 2, so there is less communication for CAIS "
+                "to remove")
+    util = float(c["link_util_mean"].mean()) if len(c) else float("nan")
+    return (f"CAIS keeps the links {100 * util:.0f} % busy on average against the paper's "
+            f"{P.FIG15_UTIL['cais']:.0f} %")
+
+
+def fig11_verdict(g: pd.DataFrame, df: pd.DataFrame, grid: str) -> str:
+    """Fig. 11 in words: per mode how many baselines CAIS beats and by how much,
+    against TP-NVLS beside the paper, whether the headline claim holds, and the first
+    reason from the runs."""
+    parts = []
+    every = True
+    for mode in dict.fromkeys(g["mode"]):
+        b = g[(g["mode"] == mode) & g["scheme"].isin(P.BASELINES)]
+        k, n = count_faster(b["ours"])
+        every = every and k == n
+        tp = b[b["scheme"] == "tp-nvls"]
+        tp_text = (f"; over TP-NVLS {float(tp['ours'].iloc[0]):.2f}x against the paper's "
+                   f"{float(tp['paper'].iloc[0]):.2f}x" if len(tp) else "")
+        parts.append(f"in {mode}, CAIS is faster than {k} of {n} baselines (geomean speedup {span(b['ours'])}; "
+                     f"paper {span(b['paper'])}){tp_text}")
+    return (f"On {grid}, " + "; ".join(parts) + f". The paper's claim that CAIS beats every baseline "
+            f"{holds(every)} here. First reason from the runs: {first_reason(df)}.")
+
+
+def fig11_analyse(ctx: Context, rows: pd.DataFrame, name: str = "fig11",
+                  world: str = "") -> tuple[pd.DataFrame, Section]:
+    """The Fig. 11 table, its bar charts per mode (the paper's geomean as a diamond),
+    the time per scheme and model, and the geomeans beside the paper's."""
+    df = ok_rows(rows)
+    t = fig11_table(df)
+    g = geomean_table(t)
+    sec = Section(name, f"Fig. 11: end-to-end speedup of CAIS over every scheme{world}")
+    sec.says(fig11_verdict(g, df, grid_words(ctx, t)))
+    sec.p(f"One layer period per (model, mode, scheme) on {ctx.system}, 8 GPUs x {P.SMS_HALF} SMs"
+          + (" (quick grid: Mega-GPT-4B with one sequence of 1,024 tokens)" if ctx.quick else "")
+          + f"; models: {', '.join(dict.fromkeys(t['model']))}; modes: {', '.join(dict.fromkeys(t['mode']))}"
+          + ". speedup_of_cais = time(scheme) / time(CAIS); > 1: CAIS is faster. The paper's geomean is the black "
+            "diamond.")
+    schemes = [s for s in P.SCHEMES if s != "cais"]
+    for mode in dict.fromkeys(t["mode"]):
+        tm = t[t["mode"] == mode]
+        series = {m: [float(tm[(tm["model"] == m) & (tm["scheme"] == s)]["speedup_of_cais"].iloc[0])
+                      if len(tm[(tm["model"] == m) & (tm["scheme"] == s)]) else float("nan") for s in schemes]
+                  for m in dict.fromkeys(tm["model"])}
+        png = f"{name}_{mode}.png"
+        plots.bars(ctx.out / png, schemes, series, "CAIS speedup, t(scheme) / t(CAIS) (x, log)",
+                   f"Fig. 11 ({mode}), {ctx.system}: CAIS speedup over each scheme",
+                   [P.fig11_paper(s, mode) for s in schemes], "paper, geomean (§V-A.1, Fig. 11)", ratio=True)
+        sec.img(png)
+    sec.p("Time of one layer period per scheme and model (us):")
+    sec.table(t.pivot_table(index=["mode", "scheme"], columns="model", values="time_us", sort=False)
+              .reset_index().rename_axis(None, axis=1).rename(columns=lambda c: c if c in ("mode", "scheme")
+                                                              else f"{c} (us)"))
+    sec.p("Geomean over the models of CAIS's speedup per scheme and mode, beside the paper's (§V-A.1; x):")
+    sec.table(g, summary=True)
+    for f in failures(rows):
+        sec.p(f"FAILED: {f}")
+    return t, sec
+
+
+EXPERIMENT = Experiment("fig11", "Fig. 11", fig11_points, fig11_analyse)
