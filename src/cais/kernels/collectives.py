@@ -134,9 +134,7 @@ def _nvls_tb(m: Machine, gpu: int, spec: CollectiveSpec, region: Region, out_of:
             return got
 
         for piece in pieces:
-            while win.full(piece.nbytes):
-                yield win.wait()
-            win.take(piece.nbytes)
+            yield from win.acquire(piece.nbytes)
             if op == "allgather":
                 isa.multimem_st(gpu, out_of(piece), mem.read(piece), landed(piece, True), port, spec.stream, unit)
             else:

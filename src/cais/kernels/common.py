@@ -30,6 +30,12 @@ class Window:
     def take(self, nbytes: int) -> None:
         self.used += nbytes
 
+    def acquire(self, nbytes: int) -> ProgramGen:
+        """Wait (in a TB program: ``yield from``) until ``nbytes`` more fit, then take them."""
+        while self.full(nbytes):
+            yield self.wait()
+        self.take(nbytes)
+
     def release(self, nbytes: int) -> None:
         self.used -= nbytes
         waiter, self._waiter = self._waiter, None

@@ -93,9 +93,7 @@ class DmaEngine:
             done = cmd.done
             left.on_fire(lambda _v: done.fire(sim))
         for p in pieces:
-            while self.window.full(p.nbytes):
-                yield self.window.wait()
-            self.window.take(p.nbytes)
+            yield from self.window.acquire(p.nbytes)
             self.bytes_moved += p.nbytes
             release = self._release(p.nbytes, left)
             other = (cmd.dst if cut is cmd.src else cmd.src).sub(p.start - cut.start, p.count)

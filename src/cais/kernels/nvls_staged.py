@@ -135,9 +135,7 @@ def _staged_tb(m: Machine, gpu: int, steps: list[Region], step_bytes: list[int],
                 return got
 
             for piece in pieces:
-                while win.full(piece.nbytes):
-                    yield win.wait()
-                win.take(piece.nbytes)
+                yield from win.acquire(piece.nbytes)
                 isa.multimem_ld_reduce(gpu, piece, reduced(piece), stream, unit)
             if pieces:
                 yield loaded
