@@ -3,7 +3,12 @@ AllReduce and a 1 GiB ring AllReduce on 8 GPUs at the default transfer unit.
 
     .venv/bin/python benchmarks/bench_collectives.py [--bytes 1G] [--system dgx-h100]
 
-Target (issue 2): each under 5 s of wall time on a 2-core machine.
+Target (issue 2): each under 5 s of wall time on a 2-core machine. NVLS runs twice:
+zero-copy (``registered``, what the target was set for and what the layer schemes
+run) and ``staged`` (NCCL's pipeline through its own buffers, the form standalone
+calls take on the H100 presets, kernels/nvls_staged.py): its per-step polls, fences
+and counters are many more events, so it has no target here; it is reported so its
+cost is seen.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from rich.table import Table
 
 from cais.cli import _size
 from cais.experiments.collective import run_collective
-from cais.hw.config import load_system
+from cais.hw.config import apply_overrides, load_system
 
 
 def main() -> None:
@@ -30,13 +35,15 @@ def main() -> None:
     for col in ("algorithm", "simulated time (us)", "busbw (GB/s)", "events", "wall (s)", "events/s",
                 "target", "peak RSS (MiB)"):
         table.add_column(col, justify="right")
-    for algo in ("nvls", "ring"):
+    for algo, buffers in (("nvls", "registered"), ("nvls", "staged"), ("ring", None)):
+        run_cfg = apply_overrides(cfg, {"collective.nvls_buffers": buffers}) if buffers else cfg
         t0 = time.perf_counter()
-        r = run_collective(cfg, "allreduce", algo, args.bytes)
+        r = run_collective(run_cfg, "allreduce", algo, args.bytes)
         wall = time.perf_counter() - t0
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        table.add_row(algo, f"{r.time_us:,.1f}", f"{r.busbw_GBps:,.1f}", f"{r.events:,}", f"{wall:.2f}",
-                      f"{r.events / wall:,.0f}", "< 5 s: " + ("met" if wall < 5 else "MISSED"), f"{rss:,.0f}")
+        target = "(none)" if buffers == "staged" else "< 5 s: " + ("met" if wall < 5 else "MISSED")
+        table.add_row(f"{algo} ({buffers})" if buffers else algo, f"{r.time_us:,.1f}", f"{r.busbw_GBps:,.1f}",
+                      f"{r.events:,}", f"{wall:.2f}", f"{r.events / wall:,.0f}", target, f"{rss:,.0f}")
     Console(width=130).print(table)
 
 

@@ -1,4 +1,6 @@
 """Fabric validation against published 8 x H100 NCCL figures (reference/nccl-facts.md).
+A staged NVLS AllReduce runs in mirror mode (kernels/nvls_staged.py; its events grow
+with the size).
 
     .venv/bin/python scripts/validate_fabric.py [--quick]
 
@@ -42,7 +44,11 @@ def main() -> None:
         errors: dict[str, list[float]] = {"nvls": [], "ring": []}
         for algo in ("nvls", "ring"):
             for gib in sizes:
-                r = run_collective(cfg, "allreduce", algo, gib << 30)
+                # A staged NVLS AllReduce (the H100 presets' standalone form) is ~6 M events
+                # per GiB in full mode; mirror mode agrees with full within 0.4 % on it
+                # (docs/validation.md §14) and keeps 16 GiB under the event limit.
+                staged = algo == "nvls" and cfg.collective.nvls_buffers == "staged"
+                r = run_collective(cfg, "allreduce", algo, gib << 30, sim="mirror" if staged else "full")
                 ref = REFERENCE[("allreduce", algo)]
                 err = 100 * (r.busbw_GBps / ref - 1)
                 errors[algo].append(abs(err))

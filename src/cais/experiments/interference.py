@@ -9,16 +9,15 @@ kernel time would count it; the fixed GEMM overhead is added, as in an isolated
 kernel time). The collective is sized to outlast the GEMM, so the GEMM is overlapped
 from start to end. Alone, the same GEMM runs on an idle GPU.
 
-    PYTHONPATH=src python -m cais.experiments.interference            # the tables
+    .venv/bin/python scripts/interference.py            # the tables
 """
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 
 from cais.hw.compute import ComputeModel
-from cais.hw.config import PS_PER_US, SystemConfig, apply_overrides, load_system
+from cais.hw.config import PS_PER_US, SystemConfig
 from cais.kernels.collectives import CollectiveSpec, build
 from cais.kernels.gemm import gemm_kernel, gemm_shape
 from cais.machine import Machine
@@ -82,34 +81,3 @@ PAIRS = [
     (4096, 3072, 4096), (4096, 4096, 1024), (4096, 4096, 4096), (4096, 1024, 4096),
     (4096, 2752, 4096), (4096, 4096, 2752), (4096, 5504, 4096), (8192, 4096, 4096),
 ]
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--system", default="dgx-h100")
-    ap.add_argument("--gpus", type=int, default=4)
-    ap.add_argument("--set", action="append", default=[], help="override, e.g. gpu.interference.hbm=false")
-    ap.add_argument("--skip-pairs", action="store_true")
-    args = ap.parse_args()
-    cfg = load_system(args.system).with_overrides(gpus=args.gpus)
-    if args.set:
-        cfg = apply_overrides(cfg, dict(s.split("=", 1) for s in args.set))
-    print(f"system {args.system}, {args.gpus} GPUs, overrides {args.set or 'none'}\n")
-    print("| case | GEMM (MxNxK) | collective | alone (us) | overlapped (us) | slowdown |")
-    print("|---|---|---|---|---|---|")
-    tail = corun(cfg, 1536, 2816, 4096, "allgather", 24)
-    print(f"| tail effect | 1536x2816x4096 (132 tiles) | ring AG, 24 TBs | {tail.alone_us:,.1f} | "
-          f"{tail.overlapped_us:,.1f} | {tail.slowdown:+.1%} |", flush=True)
-    if args.skip_pairs:
-        return
-    slow = []
-    for m, n, k in PAIRS:
-        r = corun(cfg, m, n, k, "allreduce")
-        slow.append(r.slowdown)
-        print(f"| pair | {m}x{n}x{k} | ring AR, {r.channels} TBs | {r.alone_us:,.1f} | {r.overlapped_us:,.1f} | "
-              f"{r.slowdown:+.1%} |", flush=True)
-    print(f"\nmean slowdown {sum(slow) / len(slow):+.1%}, max {max(slow):+.1%} over {len(slow)} pairs")
-
-
-if __name__ == "__main__":
-    main()

@@ -347,11 +347,14 @@ def run_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: 
     if m.recorder is not None:
         _mark_segments(run)
     bad, checked = _check(m, case) if case is not None else ([], 0)
-    return LayerResult(model.name, scheme, mode, cfg.gpus, cfg.gpu.sms, end / PS_PER_US, subs, segs,
-                       mirrored(metrics, m.n) if mirror else metrics, m.sim.events, time.perf_counter() - t0,
-                       kernel_split(run), bad, checked, cfg.switch.model, cfg.link.vc_policy,
-                       period.dims.real_tokens, period.dims.tokens, sim, memory, cfg.gpu.hbm_capacity_GB,
-                       cfg.collective.layer_choice, {f"{a}/{p}": k for (a, p), k in sorted(run.choices.items())})
+    return LayerResult(
+        model=model.name, scheme=scheme, mode=mode, gpus=cfg.gpus, sms=cfg.gpu.sms, total_us=end / PS_PER_US,
+        sublayers=subs, segments=segs, metrics=mirrored(metrics, m.n) if mirror else metrics,
+        events=m.sim.events, wall_s=time.perf_counter() - t0, kernel_us=kernel_split(run), mismatches=bad,
+        checked=checked, switch=cfg.switch.model, vc_policy=cfg.link.vc_policy, tokens=period.dims.real_tokens,
+        padded_tokens=period.dims.tokens, sim=sim, memory=memory, hbm_capacity_GB=cfg.gpu.hbm_capacity_GB,
+        collective_choice=cfg.collective.layer_choice,
+        collectives_ran={f"{a}/{p}": k for (a, p), k in sorted(run.choices.items())})
 
 
 def _mark_segments(run: LayerRun) -> None:
