@@ -61,8 +61,9 @@ ALLOWED: dict[str, tuple[str, ...]] = {
                          "cais.schemes", "cais.workload", "cais.results", "cais.limits", "cais.progress"),
     "cais.sweep": ("cais.experiments", "cais.schemes", "cais.kernels", "cais.hw.config", "cais.workload",
                    "cais.results", "cais.provenance", "cais.progress"),
-    "cais.reproduce": ("cais.sweep", "cais.results", "cais.report", "cais.hw.config", "cais.workload",
-                       "cais.provenance", "cais.progress"),
+    # reproduce runs its points through the one run description, experiments/spec.py
+    "cais.reproduce": ("cais.sweep", "cais.experiments.spec", "cais.results", "cais.report", "cais.hw.config",
+                       "cais.workload", "cais.provenance", "cais.progress"),
     # ---- the command ----------------------------------------------------------------
     "cais.cli": ("cais", "cais.progress", "cais.engine", "cais.workload", "cais.hw", "cais.provenance",
                  "cais.isa", "cais.machine", "cais.kernels", "cais.opt", "cais.schemes", "cais.results",
@@ -91,11 +92,6 @@ TOLERATED: dict[tuple[str, str], str] = {
     ("limits.py", "cais.kernels.attention"): "Q_BLOCK, lazily; goes when kernels state their estimates",
     ("limits.py", "cais.kernels.local"): "ROWS_PER_TB, lazily; goes when kernels state their estimates",
     ("limits.py", "cais.kernels.nvls_staged"): "chunk_bytes, lazily; goes when kernels state their estimates",
-    # reproduce/ runs its points by calling experiments/ directly, not through the sweep
-    # point (issue 19 names it); goes with the one typed run spec that the CLI, sweeps
-    # and reproduce all run (issues 14/15).
-    ("reproduce/points.py", "cais.experiments.layer"): "run_layer called directly; goes with the run spec",
-    ("reproduce/points.py", "cais.experiments.collective"): "run_collective called directly; goes with the run spec",
     # the paper's published speedups, Table I and geomean() live in experiments/baselines.py;
     # goes when the numbers move to a data file (src/cais/data/published/) both read.
     ("reproduce/paper.py", "cais.experiments.baselines"): "the paper's numbers; goes when they are data",

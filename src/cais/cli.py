@@ -19,7 +19,7 @@ from rich.table import Table
 
 from cais import DISTRIBUTION, __version__
 from cais.errors import UserError
-from cais.hw.config import PS_PER_US, SystemConfig, list_systems, load_system, overridden
+from cais.hw.config import PS_PER_US, SystemConfig, list_systems, load_system
 from cais.kernels.collectives import ALGOS, OPS
 from cais.kernels.protocols import PROTOCOL_CHOICES
 from cais.machine import Stalled
@@ -31,6 +31,7 @@ from cais.workload.graph import SUBLAYERS
 if TYPE_CHECKING:
     from cais.experiments.collective import CollectiveResult
     from cais.experiments.layer import LayerResult
+    from cais.experiments.spec import SystemSpec
     from cais.progress import RunProgress
     from cais.reproduce.report import Section
     from cais.workload.models import ModelSpec
@@ -119,12 +120,6 @@ def _key_value(text: str) -> tuple[str, str]:
     if not eq or not key.strip():
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE (e.g. link.bandwidth_GBps=50), got '{text}'")
     return key.strip(), value
-
-
-def _overridden(cfg: SystemConfig, args: argparse.Namespace) -> tuple[SystemConfig, dict[str, object]]:
-    """``cfg`` with the --set pairs applied (the last of a repeated key wins) and the
-    values they set, for the outputs."""
-    return overridden(cfg, dict(args.set), "--set", "--set gpus=")
 
 
 _NAME = r"[a-z][a-z0-9_]*"
@@ -333,16 +328,22 @@ def _offer_mirror(args: argparse.Namespace, cfg: SystemConfig) -> Iterator[None]
         raise TooBig(str(exc) + hint, exc.estimate, exc.limit) from None
 
 
-def cmd_collective(args: argparse.Namespace) -> None:
-    from cais.experiments.collective import run_collective
+def _system_spec(args: argparse.Namespace, unit: int | None = None) -> SystemSpec:
+    """The run's system as the command line gave it (--system, --gpus, --set)."""
+    from cais.experiments.spec import SystemSpec
 
-    cfg = _system(args, gpus=args.gpus, transfer_unit_bytes=args.unit, collective_unit_bytes=args.unit)
-    cfg, overrides = _overridden(cfg, args)
+    return SystemSpec(args.system, args.gpus, tuple(args.set), unit, "--set", "--set gpus=")
+
+
+def cmd_collective(args: argparse.Namespace) -> None:
+    from cais.experiments.spec import CollectiveRunSpec
+
+    spec = CollectiveRunSpec(args.op, args.algo, args.bytes, _system_spec(args, args.unit), args.protocol, args.sim)
+    cfg, overrides = spec.build()
     _check_outputs(args)
     rec = _recorder(args)
     with _progress(args) as progress, _offer_mirror(args, cfg):
-        r = run_collective(cfg, args.op, args.algo, args.bytes, recorder=rec, progress=progress, sim=args.sim,
-                           protocol=args.protocol)
+        r = spec.run((cfg, overrides), recorder=rec, progress=progress)
     notes = _write_outputs(args, cfg, rec, {"command": "collective", "system": args.system, "unit": args.unit,
                                             "sim": r.sim, "overrides": json.dumps(overrides)}, r, overrides)
     if not _printed_json(args, r, cfg, overrides):
@@ -378,17 +379,15 @@ def cmd_gemm(args: argparse.Namespace) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> None:
-    from cais.experiments.layer import run_layer
-    from cais.workload.models import load_model
+    from cais.experiments.spec import LayerSpec
 
-    cfg, overrides = _overridden(_system(args, gpus=args.gpus), args)
-    model = load_model(args.model)
-    if args.batch or args.seq:
-        model = model.with_run(args.batch, args.seq)
+    spec = LayerSpec(args.model, args.scheme, args.mode, _system_spec(args), args.sms, args.batch, args.seq,
+                     sim=args.sim)
+    cfg, overrides, model = built = spec.build()
     _check_outputs(args)
     rec = _recorder(args)
     with _progress(args) as progress, _offer_mirror(args, cfg):
-        r = run_layer(cfg, model, args.scheme, args.mode, args.sms, recorder=rec, progress=progress, sim=args.sim)
+        r = spec.run(built, recorder=rec, progress=progress)
     notes = _write_outputs(args, cfg, rec, {"command": "run", "system": args.system, "batch": model.batch,
                                             "seq": model.seq, "sim": r.sim, "overrides": json.dumps(overrides)}, r, overrides)
     if not _printed_json(args, r, cfg, overrides):

@@ -12,28 +12,22 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from cais.hw.config import SystemConfig, apply_overrides, load_system
+from cais.experiments.spec import CollectiveRunSpec, LayerSpec, SystemSpec
+from cais.hw.config import SystemConfig
 from cais.provenance import content_hash
 
 FLOAT = float
 
 
-def system_of(point: dict[str, Any]) -> SystemConfig:
-    """The point's system: its preset or file, its ``sets`` applied, then resized to its
-    ``gpus`` (if given), a uniform ``gpu_slowdown`` (the compute-speed knob) spread over
-    every GPU of the resized system."""
-    cfg = load_system(point.get("system", "dgx-h100"))
+def system_spec(point: dict[str, Any]) -> SystemSpec:
+    """The point's system (:mod:`cais.experiments.spec`): its preset or file with its
+    ``sets`` applied, then resized to its ``gpus`` (if given), a uniform
+    ``gpu_slowdown`` (the compute-speed knob) spread over every GPU of the resized
+    system."""
     sets = json.loads(point.get("sets") or "{}")
-    if sets:
-        cfg = apply_overrides(cfg, {k: v if isinstance(v, str) else json.dumps(v) for k, v in sets.items()})
+    pairs = tuple((k, v if isinstance(v, str) else json.dumps(v)) for k, v in sets.items())
     gpus = point.get("gpus")
-    if gpus and int(gpus) != cfg.gpus:
-        slow = set(cfg.gpu_slowdown.values())
-        factor = slow.pop() if len(slow) == 1 and len(cfg.gpu_slowdown) == cfg.gpus else None
-        data = cfg.model_dump()
-        data.update(gpus=int(gpus), gpu_slowdown={g: factor for g in range(int(gpus))} if factor else {})
-        cfg = SystemConfig(**data)
-    return cfg
+    return SystemSpec(point.get("system", "dgx-h100"), int(gpus) if gpus else None, pairs, gpus_after_sets=True)
 
 
 def _hash(cfg: SystemConfig) -> dict[str, str]:
@@ -41,23 +35,23 @@ def _hash(cfg: SystemConfig) -> dict[str, str]:
     return {"provenance.system_sha256": content_hash(cfg.model_dump())}
 
 
-def _model(point: dict[str, Any]):
-    from cais.workload.models import load_model
-
-    over = {k: point.get(k) for k in ("batch", "seq", "hidden", "ffn_hidden", "heads", "kv_heads")
-            if point.get(k) is not None}
-    return load_model(point["model"], **over)
+def layer_spec(point: dict[str, Any]) -> LayerSpec:
+    """The point's layer period: ``model``, ``scheme``, ``mode``, ``sms``; optional
+    ``batch``, ``seq`` and the model dimensions ``hidden``, ``ffn_hidden``, ``heads``,
+    ``kv_heads``."""
+    shape = tuple((k, point[k]) for k in ("hidden", "ffn_hidden", "heads", "kv_heads") if point.get(k) is not None)
+    return LayerSpec(point["model"], point["scheme"], point["mode"], system_spec(point), point.get("sms"),
+                     point.get("batch"), point.get("seq"), shape)
 
 
 def layer_point(point: dict[str, Any]) -> dict[str, Any]:
     """One layer period (``model``, ``scheme``, ``mode``, ``sms``; optional ``batch``,
     ``seq``, ``hidden``, ``ffn_hidden``, ``heads``, ``gpus``): total and sub-layer times with
     their bounds, GPU 0's kernel split, link utilisation, merge metrics and FLOPs."""
-    from cais.experiments.layer import run_layer
-
-    cfg = system_of(point)
-    model = _model(point)
-    r = run_layer(cfg, model, point["scheme"], point["mode"], point.get("sms"))
+    spec = layer_spec(point)
+    built = spec.build()
+    cfg, _, model = built
+    r = spec.run(built)
     j = r.as_json()
     out: dict[str, Any] = {"total_us": FLOAT(r.total_us), "gpus_run": r.gpus, "sms_run": r.sms,
                            "tokens": r.tokens, "events": r.events, "sim_wall_s": FLOAT(r.wall_s),
@@ -88,16 +82,16 @@ def timeline_point(point: dict[str, Any]) -> dict[str, Any]:
     """A layer period recorded over time: mean link utilisation of all GPU-facing port
     directions per bin (``bin_us``) inside sub-layer ``segment``, as a JSON list
     (``series``), plus the :func:`layer_point` columns."""
-    from cais.experiments.layer import run_layer
     from cais.hw.config import PS_PER_US
     from cais.results import Recorder
     from cais.results.ports import port_direction
 
-    cfg = system_of(point)
-    model = _model(point)
+    spec = layer_spec(point)
+    built = spec.build()
+    cfg = built[0]
     bin_ps = round(float(point.get("bin_us", 5.0)) * PS_PER_US)
     rec = Recorder(bin_ps=bin_ps, links=True, tbs=False, buffers=False, merge=False)
-    r = run_layer(cfg, model, point["scheme"], point["mode"], point.get("sms"), recorder=rec)
+    r = spec.run(built, recorder=rec)
     util = {name: u for name, u in rec.link_util_bins().items() if port_direction(name) is not None}
     marks = [mk for mk in rec.marks if mk.track == "segments" and mk.name == point.get("segment", "L2")]
     start = min((mk.start_ps for mk in marks), default=0)
@@ -113,9 +107,9 @@ def timeline_point(point: dict[str, Any]) -> dict[str, Any]:
 
 def collective_point(point: dict[str, Any]) -> dict[str, Any]:
     """One collective (``op``, ``algo``, ``bytes``): time, algbw and busbw."""
-    from cais.experiments.collective import run_collective
-
-    cfg = system_of(point)
-    r = run_collective(cfg, point["op"], point["algo"], int(point["bytes"]))
+    spec = CollectiveRunSpec(point["op"], point["algo"], int(point["bytes"]), system_spec(point))
+    built = spec.build()
+    cfg = built[0]
+    r = spec.run(built)
     return {"time_us": FLOAT(r.time_us), "algbw_GBps": FLOAT(r.algbw_GBps), "busbw_GBps": FLOAT(r.busbw_GBps),
             "sim_wall_s": FLOAT(r.wall_s), **_hash(cfg)}

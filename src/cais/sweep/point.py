@@ -27,14 +27,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cais.errors import UserError
 
 if TYPE_CHECKING:
-    from cais.hw.config import SystemConfig
-    from cais.workload.models import ModelSpec
+    from cais.experiments.spec import CollectiveRunSpec, LayerSpec
 
 COMMON_KEYS = ("kind", "system", "gpus")
 LAYER_KEYS = ("model", "scheme", "mode", "sms", "batch", "seq")
@@ -43,17 +41,6 @@ KINDS = ("layer", "collective")
 MODES = ("train", "prefill", "decode")
 REQUIRED = {"layer": ("model", "scheme", "mode"), "collective": ("op", "algo", "bytes")}
 _SIZE_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
-@dataclass
-class Prepared:
-    """A point made ready to run: its kind, system (with the ``set.*`` fields applied),
-    the values those fields got, and the remaining run options."""
-
-    kind: str
-    cfg: SystemConfig
-    overrides: dict[str, Any]
-    options: dict[str, Any]
 
 
 def kind_of(point: Mapping[str, Any]) -> str:
@@ -104,10 +91,11 @@ def _choice(key: str, value: Any, allowed: Sequence[str]) -> str:
     return str(value)
 
 
-def prepare(point: Mapping[str, Any]) -> Prepared:
-    """Check the point's keys and values and build its system; UserError (one line,
-    naming the key and what is allowed) on any mistake. Runs nothing."""
-    from cais.hw.config import load_system, overridden
+def prepare(point: Mapping[str, Any]) -> LayerSpec | CollectiveRunSpec:
+    """Check the point's keys and values and describe its run
+    (:mod:`cais.experiments.spec`); UserError (one line, naming the key and what is
+    allowed) on any mistake. Reads and runs nothing: the spec's ``build`` does."""
+    from cais.experiments.spec import CollectiveRunSpec, LayerSpec, SystemSpec
 
     kind = _choice("kind", kind_of(point), KINDS)
     allowed = (*COMMON_KEYS, *(LAYER_KEYS if kind == "layer" else COLLECTIVE_KEYS))
@@ -122,54 +110,35 @@ def prepare(point: Mapping[str, Any]) -> Prepared:
     if not isinstance(system, str):
         raise UserError(f"key 'system': expected a preset name or a JSON file, got {json.dumps(system)}")
     gpus = _positive("gpus", point.get("gpus"))
-    options: dict[str, Any] = {"system": system}
     if kind == "layer":
         from cais.schemes import schemes
 
-        options["scheme"] = _choice("scheme", point["scheme"], tuple(schemes()))
-        options["mode"] = _choice("mode", point["mode"], MODES)
+        scheme = _choice("scheme", point["scheme"], tuple(schemes()))
+        mode = _choice("mode", point["mode"], MODES)
         if not isinstance(point["model"], str):
             raise UserError(f"key 'model': expected a preset name or a file, got {json.dumps(point['model'])}")
-        options["model"] = point["model"]
-        for key in ("sms", "batch", "seq"):
-            options[key] = _positive(key, point.get(key))
-        cfg = load_system(system, gpus=gpus)
-    else:
-        from cais.kernels.collectives import ALGOS, OPS
+        sms, batch, seq = (_positive(key, point.get(key)) for key in ("sms", "batch", "seq"))
+        sets = tuple(config_sets(point).items())
+        return LayerSpec(point["model"], scheme, mode, SystemSpec(system, gpus, sets, None, *_LABELS), sms, batch,
+                         seq)
+    from cais.kernels.collectives import ALGOS, OPS
 
-        options["op"] = _choice("op", point["op"], OPS)
-        options["algo"] = _choice("algo", point["algo"], ALGOS)
-        options["bytes"] = parse_bytes(point["bytes"])
-        options["unit"] = _positive("unit", point.get("unit"))
-        cfg = load_system(system, gpus=gpus, transfer_unit_bytes=options["unit"],
-                          collective_unit_bytes=options["unit"])
-    sets = config_sets(point)
-    cfg, values = overridden(cfg, sets, "set.*", "set.gpus=")
-    return Prepared(kind, cfg, values, options)
+    op = _choice("op", point["op"], OPS)
+    algo = _choice("algo", point["algo"], ALGOS)
+    nbytes = parse_bytes(point["bytes"])
+    unit = _positive("unit", point.get("unit"))
+    sets = tuple(config_sets(point).items())
+    return CollectiveRunSpec(op, algo, nbytes, SystemSpec(system, gpus, sets, unit, *_LABELS))
 
 
-def _model(options: Mapping[str, Any]) -> ModelSpec:
-    from cais.workload.models import load_model
-
-    model = load_model(options["model"])
-    if options["batch"] or options["seq"]:
-        model = model.with_run(options["batch"], options["seq"])
-    return model
+_LABELS = ("set.*", "set.gpus=")  # how a refusal names a point's overrides
 
 
 def check_point(point: Mapping[str, Any]) -> None:
     """Everything :func:`run_point` would refuse, without simulating: the keys and
     values, the system, the model, whether the layer splits over the GPUs and whether
     the run is small enough (UserError)."""
-    p = prepare(point)
-    if p.kind == "layer":
-        from cais.experiments.layer import check_layer
-
-        check_layer(p.cfg, _model(p.options), p.options["scheme"], p.options["mode"], p.options["sms"])
-    else:
-        from cais.experiments.collective import check_collective
-
-        check_collective(p.cfg, p.options["op"], p.options["algo"], p.options["bytes"])
+    prepare(point).check()
 
 
 def _label(point: Mapping[str, Any], limit: int = 120) -> str:
@@ -191,24 +160,22 @@ def run_point(point: Mapping[str, Any]) -> dict[str, Any]:
     """Simulate one point and return its row, the same row ``cais run --out`` /
     ``cais collective --out`` append: every config field, the run's arguments and
     every metric of ``--json``, nested keys dotted (:func:`cais.results.table.run_row`)."""
+    from cais.experiments.spec import LayerSpec
     from cais.provenance import content_hash
     from cais.results.recorder import Recorder
     from cais.results.table import run_row
 
-    p = prepare(point)
+    spec = prepare(point)
     rec = Recorder(links=False, tbs=False, merge=False)  # as the CLI's --out: buffer peaks filled in
-    o = p.options
-    if p.kind == "layer":
-        from cais.experiments.layer import run_layer
-
-        model = _model(o)
-        r = run_layer(p.cfg, model, o["scheme"], o["mode"], o["sms"], recorder=rec)
-        arguments = {"command": "run", "system": o["system"], "batch": model.batch, "seq": model.seq,
-                     "overrides": json.dumps(p.overrides)}
+    if isinstance(spec, LayerSpec):
+        built = spec.build()
+        cfg, overrides, model = built
+        r = spec.run(built, recorder=rec)
+        arguments = {"command": "run", "system": spec.system.name, "batch": model.batch, "seq": model.seq,
+                     "overrides": json.dumps(overrides)}
     else:
-        from cais.experiments.collective import run_collective
-
-        r = run_collective(p.cfg, o["op"], o["algo"], o["bytes"], recorder=rec)
-        arguments = {"command": "collective", "system": o["system"], "unit": o["unit"],
-                     "overrides": json.dumps(p.overrides)}
-    return {**run_row(p.cfg, arguments, r.as_json()), "provenance.system_sha256": content_hash(p.cfg.model_dump())}
+        cfg, overrides = spec.build()
+        r = spec.run((cfg, overrides), recorder=rec)
+        arguments = {"command": "collective", "system": spec.system.name, "unit": spec.system.unit,
+                     "overrides": json.dumps(overrides)}
+    return {**run_row(cfg, arguments, r.as_json()), "provenance.system_sha256": content_hash(cfg.model_dump())}

@@ -1,0 +1,135 @@
+"""One description of a run, whoever starts it.
+
+The command line (``cais run``, ``cais collective``), a sweep point (``cais sweep``)
+and a reproduction point (``cais reproduce``) each describe what to simulate as one of
+these specs and hand it over: :meth:`LayerSpec.build` / :meth:`CollectiveRunSpec.build`
+check it and make the system (and the workload), ``check`` also refuses a run that
+cannot fit, ``run`` simulates it. A spec is plain data, the values its user wrote;
+nothing is simulated or read from disk until ``build``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from cais.experiments.collective import CollectiveResult, check_collective, resolve_choice, run_collective
+from cais.experiments.layer import LayerResult, check_layer, run_layer
+from cais.hw.config import SystemConfig, apply_overrides, load_system, overridden
+from cais.progress import RunProgress
+from cais.results.recorder import Recorder
+from cais.workload.models import ModelSpec, load_model
+
+
+@dataclass(frozen=True)
+class SystemSpec:
+    """The system a run simulates: a preset or system JSON file, how many of its GPUs
+    take part, the transfer unit of a collective, and dotted config overrides as the
+    user wrote them (``link.bandwidth_GBps`` -> ``"50"``), applied last.
+
+    ``set_label`` and ``gpus_label`` are how a refusal names the overrides, in the
+    user's words (a sweep spec's ``set.*`` keys, the command line's flags). With
+    ``gpus_after_sets`` the overrides apply to the system as it is and ``gpus`` then
+    resizes it, a uniform per-GPU compute slowdown spreading to every GPU (how a
+    reproduction point scales a system an override slowed down)."""
+
+    name: str = "dgx-h100"
+    gpus: int | None = None
+    sets: tuple[tuple[str, str], ...] = ()
+    unit: int | None = None
+    set_label: str = "sets"
+    gpus_label: str = "sets gpus="
+    gpus_after_sets: bool = False
+
+    def build(self) -> tuple[SystemConfig, dict[str, Any]]:
+        """The system config and the values the overrides set (ConfigError, one line)."""
+        if self.gpus_after_sets:
+            cfg = load_system(self.name)
+            if self.sets:
+                cfg = apply_overrides(cfg, dict(self.sets))
+            return _resized(cfg, self.gpus), {}
+        cfg = load_system(self.name, gpus=self.gpus, transfer_unit_bytes=self.unit,
+                          collective_unit_bytes=self.unit)
+        return overridden(cfg, dict(self.sets), self.set_label, self.gpus_label)
+
+
+def _resized(cfg: SystemConfig, gpus: int | None) -> SystemConfig:
+    """``cfg`` with ``gpus`` GPUs; a slowdown every GPU had (one value) stays on every GPU."""
+    if not gpus or gpus == cfg.gpus:
+        return cfg
+    slow = set(cfg.gpu_slowdown.values())
+    factor = slow.pop() if len(slow) == 1 and len(cfg.gpu_slowdown) == cfg.gpus else None
+    data = cfg.model_dump()
+    data.update(gpus=gpus, gpu_slowdown={g: factor for g in range(gpus)} if factor else {})
+    return SystemConfig(**data)
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One layer period to simulate (``cais run``): the model (a preset, a model JSON or
+    a Hugging Face config) with its run shape and any changed dimensions, the scheme,
+    the mode, the system, the SMs per GPU, and full or mirror simulation."""
+
+    model: str
+    scheme: str
+    mode: str
+    system: SystemSpec = field(default_factory=SystemSpec)
+    sms: int | None = None
+    batch: int | None = None
+    seq: int | None = None
+    shape: tuple[tuple[str, int], ...] = ()  # model fields replaced (hidden, ffn_hidden, heads, kv_heads)
+    sim: str = "full"
+
+    def workload(self) -> ModelSpec:
+        """The model with this run's shape (ModelError, one line)."""
+        model = load_model(self.model, **dict(self.shape))
+        return model.with_run(self.batch, self.seq) if self.batch or self.seq else model
+
+    def build(self) -> tuple[SystemConfig, dict[str, Any], ModelSpec]:
+        """The system, the values its overrides set, and the model."""
+        cfg, overrides = self.system.build()
+        return cfg, overrides, self.workload()
+
+    def check(self) -> None:
+        """Everything :meth:`run` would refuse, without simulating (UserError)."""
+        cfg, _, model = self.build()
+        check_layer(cfg, model, self.scheme, self.mode, self.sms)
+
+    def run(self, built: tuple[SystemConfig, dict[str, Any], ModelSpec] | None = None,
+            recorder: Recorder | None = None, progress: RunProgress | None = None,
+            functional: bool = False, seed: int = 0) -> LayerResult:
+        """Simulate the period (on ``built``, if the caller built it already)."""
+        cfg, _, model = built or self.build()
+        return run_layer(cfg, model, self.scheme, self.mode, self.sms, functional=functional, seed=seed,
+                         recorder=recorder, progress=progress, sim=self.sim)
+
+
+@dataclass(frozen=True)
+class CollectiveRunSpec:
+    """One collective to simulate (``cais collective``): the operation, the algorithm
+    and protocol (either may be ``auto``: NCCL's choice by size), the buffer size in
+    bytes (nccl-tests' size), the system, and full or mirror simulation."""
+
+    op: str
+    algo: str
+    nbytes: int
+    system: SystemSpec = field(default_factory=SystemSpec)
+    protocol: str = "simple"
+    sim: str = "full"
+
+    def build(self) -> tuple[SystemConfig, dict[str, Any]]:
+        """The system and the values its overrides set."""
+        return self.system.build()
+
+    def check(self) -> None:
+        """Everything :meth:`run` would refuse about the size, without simulating."""
+        cfg, _ = self.build()
+        algo, _, _ = resolve_choice(cfg, self.op, self.algo, self.protocol, self.nbytes)
+        check_collective(cfg, self.op, algo, self.nbytes, mirror=self.sim == "mirror")
+
+    def run(self, built: tuple[SystemConfig, dict[str, Any]] | None = None, recorder: Recorder | None = None,
+            progress: RunProgress | None = None, functional: bool = False) -> CollectiveResult:
+        """Simulate the collective (on ``built``, if the caller built it already)."""
+        cfg, _ = built or self.build()
+        return run_collective(cfg, self.op, self.algo, self.nbytes, functional=functional, recorder=recorder,
+                              progress=progress, sim=self.sim, protocol=self.protocol)
