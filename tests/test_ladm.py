@@ -9,7 +9,8 @@ from cais.hw.compute import ComputeModel
 from cais.hw.config import load_system
 from cais.machine import Machine
 from cais.schemes.base import LayerRun
-from cais.schemes.ladm import Ladm, tile_order
+from cais.kernels.remote_gemm import RemoteAccess, remote_operands, tile_order
+from cais.schemes.ladm import Ladm
 from cais.workload.graph import build_period
 from cais.workload.models import ModelSpec
 
@@ -26,7 +27,9 @@ class _FineLoads(Ladm):
     """Small lds: several K-steps per tile and several loads in flight."""
 
     name = ""
-    load_bytes = 8 * 1024
+
+    def access(self, r):
+        return RemoteAccess(r.m, load_bytes=8 * 1024)
 
 
 class _NoDrain(Ladm):
@@ -37,11 +40,12 @@ class _NoDrain(Ladm):
 
     def chain(self, r, c, deps):
         n, over = r.m.n, r.cm.kernel_overhead_ps
-        g1 = [r.submit(g, self._red_gemm(r, g, c)[0], [deps[g]], over, c.name) for g in range(n)]
+        g1 = [r.submit(g, r.reduce_gemm(g, c.gemm1, c.reduced, self._access)[0], [deps[g]], over, c.name)
+              for g in range(n)]
         rows = [r.submit(g, r.rowop_kernel(g, c.rowop), [g1[g]], 0, c.name) for g in range(n)]
-        after = self._barrier(r, rows)
-        return [r.submit(g, self._load_gemm(r, g, c.gemm2, self._operands(c.gemm2)), [after[g]], over, c.name)
-                for g in range(n)]
+        after = r.barrier(rows)
+        ops = remote_operands(c.gemm2, self._sharded)
+        return [r.submit(g, r.load_gemm(g, c.gemm2, ops, self._access), [after[g]], over, c.name) for g in range(n)]
 
 
 class _NoBarrier(Ladm):
@@ -55,12 +59,12 @@ class _NoBarrier(Ladm):
         n, over = r.m.n, r.cm.kernel_overhead_ps
         flushed = []
         for g in range(n):
-            k, drain = self._red_gemm(r, g, c)
+            k, drain = r.reduce_gemm(g, c.gemm1, c.reduced, self._access)
             flushed.append(drain.done)
             r.submit(g, k, [deps[g]], over + (50_000_000 if g == 0 else 0), c.name)
         rows = [r.submit(g, r.rowop_kernel(g, c.rowop), [flushed[g]], 0, c.name) for g in range(n)]
-        return [r.submit(g, self._load_gemm(r, g, c.gemm2, self._operands(c.gemm2)), [rows[g]], over, c.name)
-                for g in range(n)]
+        ops = remote_operands(c.gemm2, self._sharded)
+        return [r.submit(g, r.load_gemm(g, c.gemm2, ops, self._access), [rows[g]], over, c.name) for g in range(n)]
 
 
 def _run(monkeypatch, cfg, scheme: Ladm, mode: str):

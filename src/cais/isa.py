@@ -221,6 +221,10 @@ class Isa:
         """Add ``region`` into GPU ``dst``'s memory; ``done``/``fenced`` as for :meth:`st`."""
         self._write(Kind.RED, src, dst, region, data, done, port, stream, unit, fenced)
 
+    def add_local(self, src: int, region: Region, data: np.ndarray | None) -> None:
+        """An SM's ``red`` into its own GPU's memory, done at once (nothing on the fabric)."""
+        self.m.gpus[src].memory.add(region, data)
+
     def _write(self, kind: int, src: int, dst: int, region: Region, data: np.ndarray | None,
                done: Done | None, port: SmPort | None, stream: int, unit: int | None, fenced: Done | None,
                encoding: float = 1.0) -> None:
@@ -297,6 +301,11 @@ class Isa:
         for p, chip in pieces:
             self._send(Kind.RED_CAIS, src, home, p, self.piece_data(data, region, p), taken, port, stream, p.nbytes,
                        chip, tag=signal, expect=expect, quorum=quorum)
+
+    def wait_signal(self, gpu: int, key: int, target: int, reached: Done) -> None:
+        """A kernel on GPU ``gpu`` polling its signal word ``key`` (which ``red.cais``
+        and flags raise): ``reached`` runs once it is at least ``target``."""
+        self.m.gpus[gpu].wait_signal(key, target, reached)
 
     def group_sync(self, src: int, group: int, members: int, released: Done) -> None:
         """A TB registers with TB group ``group`` (``members`` GPUs) at the Group Sync

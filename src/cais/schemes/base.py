@@ -19,9 +19,10 @@ from cais.engine import Countdown, Signal, Simulator
 from cais.hw.compute import ComputeModel
 from cais.hw.gpu import Kernel
 from cais.machine import Machine
-from cais.kernels import activation, attention, rowop, sync
+from cais.kernels import activation, attention, remote_gemm, rowop, sync
 from cais.kernels.collectives import CollectiveSpec, build
 from cais.kernels.gemm import Epilogue, GemmShape, gemm_kernel, gemm_shape
+from cais.kernels.remote_gemm import Drain, Operand, RemoteAccess, Sharded
 from cais.kernels.tuning import choose_for
 from cais.workload.graph import Chain, Gather, Gemm, Local, Period, RowOp
 from cais.workload.models import ModelSpec
@@ -141,6 +142,30 @@ class LayerRun:
         return gemm_kernel(self.cm, shape, gemm.name, sm_set, mem if mem.functional else None, gemm.ops,
                            epilogue, order, waits, self.gemm_floor_ps(gemm, shape, sms))
 
+    def reduce_gemm(self, g: int, gemm: Gemm, reduced: str, access: RemoteAccess,
+                    sm_set: frozenset[int] | None = None) -> tuple[Kernel, Drain | None]:
+        """A GEMM-RS kernel whose epilogues reduce partial rows into the owners of
+        ``reduced`` (a [rows_l, n] shard per GPU) through ``access``
+        (kernels/remote_gemm.py)."""
+        sms = len(sm_set) if sm_set else self.sms
+        shape = self.shape(gemm, sms)
+        mem = self.m.gpus[g].memory
+        return remote_gemm.reduce_gemm(self.m, self.cm, g, gemm, shape, self.gemm_floor_ps(gemm, shape, sms),
+                                       self.model.dtype_bytes, Sharded(reduced, self.d.rows_l, shape.n), access,
+                                       sm_set, mem if mem.functional else None)
+
+    def load_gemm(self, g: int, gemm: Gemm, ops: list[Operand], access: RemoteAccess,
+                  sm_set: frozenset[int] | None = None) -> Kernel:
+        """A GEMM kernel whose tiles load the token-sharded operands ``ops`` from their
+        owners through ``access`` (kernels/remote_gemm.py); a plain GEMM without any."""
+        if not ops:
+            return self.gemm_kernel(g, gemm, sm_set)
+        sms = len(sm_set) if sm_set else self.sms
+        shape = self.shape(gemm, sms)
+        mem = self.m.gpus[g].memory
+        return remote_gemm.load_gemm(self.m, self.cm, g, gemm, shape, self.gemm_floor_ps(gemm, shape, sms),
+                                     self.model.dtype_bytes, ops, access, sm_set, mem if mem.functional else None)
+
     def rowop_kernel(self, g: int, op: RowOp, sm_set: frozenset[int] | None = None,
                      rows: Sequence[tuple[int, int]] | None = None) -> Kernel:
         """The fused dropout + residual + norm kernel (or its backward) over this GPU's
@@ -241,11 +266,16 @@ class Scheme:
         out = []
         for g in range(r.m.n):
             if seg.gemm is not None:
-                k, over = r.gemm_kernel(g, seg.gemm), r.cm.kernel_overhead_ps
+                k, over = self.local_gemm(r, g, seg.gemm), r.cm.kernel_overhead_ps
             else:
                 k, over = r.local_kernel(g, seg)
             out.append(r.submit(g, k, [deps[g]], over, seg.name))
         return out
+
+    def local_gemm(self, r: LayerRun, g: int, gemm: Gemm) -> Kernel:
+        """The kernel of a GEMM outside a sub-layer (a weight gradient) on GPU ``g``:
+        a plain tiled GEMM over local operands."""
+        return r.gemm_kernel(g, gemm)
 
     def collective_step(self, r: LayerRun, op: str, src: str, dst: str, deps: Deps, segment: str,
                         sm_sets: Sequence[frozenset[int] | None] | None = None, rows: tuple[int, int] | None = None,

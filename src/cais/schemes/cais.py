@@ -24,6 +24,9 @@
   session's requesters have reached the switch, with ``cais.outstanding_kB`` of
   unacknowledged requests per TB.
 
+The GEMMs are the remote-access kernels of kernels/remote_gemm.py with
+:class:`CoordinatedAccess`: ``ld.cais``/``red.cais`` plus the coordination hooks.
+
 Variants (§IV-C): ``cais`` (everything), ``cais-partial`` (no traffic control),
 ``cais-wo-coord`` (no TB coordination). Attention, activations and weight gradients
 run as in ``cais-base``.
@@ -43,137 +46,104 @@ from cais.hw.memory import Region
 from cais.isa import SmPort
 from cais.kernels.gemm import GemmShape
 from cais.kernels.local import ROWS_PER_TB
+from cais.kernels.remote_gemm import Drain, MergeableAccess, remote_operands, sharded_activations, tile_order
+from cais.machine import Machine
 from cais.opt.fusion import asymmetric_split, fuse
 from cais.opt.tb_dependencies import TbDependencies, tb_dependencies
 from cais.opt.tb_order import k_start_owner, owner_interleaved_order
-from cais.schemes.base import Deps, LayerRun
-from cais.schemes.cais_base import CaisBase
+from cais.schemes.base import Deps, LayerRun, Scheme
 from cais.workload.graph import Chain, Gemm
 
 _PHASES = 2  # sync points per TB: pre-launch, pre-access
 
+Ready = list[dict[tuple[int, int], Signal]]  # per GPU: (owner, LN row block) -> its rows are ready
 
-class Cais(CaisBase):
-    """CAIS: merge unit + TB coordination + graph-level dataflow optimizer."""
 
-    name = "cais"
-    ablation = False
-    coord = True
-    traffic_control = True
-    summary = "CAIS: merge unit + TB coordination (group sync, throttling) + fused GEMM-RS/LN/AG-GEMM pipeline"
+class CoordinatedAccess(MergeableAccess):
+    """Mergeable accesses of one GEMM under CAIS's merging-aware TB coordination
+    (§III-B) and TB-level dependencies (§III-C) on GPUs owning ``rows_l`` token
+    rows each: with ``coord``, each TB syncs with
+    its TB group (the TBs of the same index on every GPU, keys from ``group``) at
+    the switch before it starts and before its first ``*.cais`` access, the tiles are
+    ordered so that the GPUs' TBs touch different owners at a time (``cais.spread``),
+    requests are throttled to a quorum and an SM keeps ``cais.outstanding_kB`` in
+    flight. ``deps``: the pass's TB-level dependencies of the sub-layer: the GEMM-RS
+    epilogue cuts its reductions at LN row blocks (one signal word each,
+    ``block_keys``), and an AG-GEMM tile waits for the blocks it reads (``ready``)."""
 
-    def run(self, r: LayerRun) -> None:
-        self._deps: dict[str, TbDependencies] = {}  # chain -> its TB-level dependencies
-        self._deps_of: dict[str, TbDependencies] = {}  # GEMM2 -> the same
-        self._block_keys: dict[str, list[int]] = {}  # chain -> signal word per LN block
-        self._ready: dict[str, list[dict[tuple[int, int], Signal]]] = {}  # gemm2 -> per GPU (owner, block)
-        self._groups: dict[str, int] = {}  # kernel name -> first TB-group key
-        super().run(r)
+    def __init__(self, m: Machine, rows_l: int, coord: bool, group: int | None = None,
+                 deps: TbDependencies | None = None, block_keys: list[int] | None = None,
+                 ready: Ready | None = None) -> None:
+        cfg = m.cfg.cais
+        quorum = max(1, round(cfg.throttle_quorum * (m.n - 1))) if coord and cfg.throttle_quorum > 0 else 0
+        super().__init__(m, quorum=quorum, window=round(cfg.outstanding_kB * 1024) if coord else None)
+        self.rows_l = rows_l
+        self.coord = coord
+        self.spreads = coord and cfg.spread  # merging-aware TB scheduling (opt/tb_order.py)
+        self.group = group
+        self.deps = deps
+        self.block_keys = block_keys or []
+        self.ready = ready
 
-    # ---- the fused sub-layer --------------------------------------------------------
-    def chain(self, r: LayerRun, c: Chain, deps: Deps) -> Deps:
-        n, over = r.m.n, r.cm.kernel_overhead_ps
-        rs_sms, ag_sms = self._split(r, c)
-        tbd = self._deps[c.name] = self._deps_of[c.gemm2.name] = self._tb_dependencies(r, c, rs_sms, ag_sms)
-        blocks = tbd.blocks
-        self._block_keys[c.name] = [r.m.flag_key() for _ in blocks]
-        ready = [{(o, b): Signal() for o in range(n) for b in range(len(blocks))} for _ in range(n)]
-        self._ready[c.gemm2.name] = ready
-        flags = [r.m.flag_key() for _ in blocks]
-        for gemm in (c.gemm1, c.gemm2):
-            self._groups[gemm.name] = r.m.flag_key() << 24
-        ops = self._operands(c.gemm2)
-        plan = fuse(r.period.graph.chain(c.name))  # GEMM-RS, LN, AG-GEMM launched together
-        assert [op.name for op in plan.kernels] == [c.gemm1.name, c.rowop.name, c.gemm2.name]
-        out = []
-        for g in range(n):
-            k1, _ = self._red_gemm(r, g, c, rs_sms)
-            ln = self._ln_kernel(r, g, c, flags, ready, ag_sms)
-            k2 = self._load_gemm(r, g, c.gemm2, ops, ag_sms)
-            for k in (k1, ln):
-                r.submit(g, k, [deps[g]], over, c.name)
-            out.append(r.submit(g, k2, [deps[g]], over, c.name))
-        return out
+    # ---- merging-aware TB scheduling and group sync ------------------------------------
+    def tile_order(self, shape: GemmShape, token_rows: bool) -> list[tuple[int, int]]:
+        if token_rows and self.spreads:
+            return owner_interleaved_order(shape, self.rows_l, self.m.n)
+        return tile_order(shape)
 
-    @staticmethod
-    def _tb_dependencies(r: LayerRun, c: Chain, rs_sms: frozenset[int], ag_sms: frozenset[int]) -> TbDependencies:
-        """The pass over the layer graph: which GEMM1 tile rows feed each LN row block,
-        which LN row blocks each GEMM2 row tile reads (GEMM1 on ``rs_sms``, GEMM2 on
-        ``ag_sms``: their tile shapes)."""
-        graph = r.period.graph
-        if graph is None:
-            raise ValueError(f"{c.name}: the period has no dataflow graph to derive TB dependencies from")
-        return tb_dependencies(graph, graph.chain(c.name), r.shape(c.gemm1, len(rs_sms)), r.shape(c.gemm2, len(ag_sms)),
-                               ROWS_PER_TB, r.m.n)
+    def k_start(self, steps: list[tuple[int, int]], t: int) -> int:
+        if not self.spreads:
+            return 0
+        first = k_start_owner(t, self.m.n) * self.rows_l  # the owner's first token row
+        return next((s for s, (k0, _) in enumerate(steps) if k0 >= first), 0)
 
-    @staticmethod
-    def _split(r: LayerRun, c: Chain) -> tuple[frozenset[int], frozenset[int]]:
-        """The two SM groups of asymmetric kernel overlap (``opt.fusion``)."""
-        t1, t2 = (r.cm.gemm_time_ps(gm.m, gm.n, gm.k, r.sms) for gm in (c.gemm1, c.gemm2))
-        return asymmetric_split(t1, t2, r.sms, r.m.cfg.cais.split)
+    def tb_start(self, g: int, t: int) -> ProgramGen:
+        yield from self._sync(g, t, 0)
 
-    def _ln_kernel(self, r: LayerRun, g: int, c: Chain, flags: list[int],
-                   ready: list[dict[tuple[int, int], Signal]], sm_set: frozenset[int]) -> Kernel:
-        """The row-wise op as row-block TBs: each waits for its rows' signal word,
-        normalises them, and multicasts a flag that they are ready."""
-        m, op = r.m, c.rowop
-        deps = self._deps[c.name]
-        sms = len(sm_set)
-        waves = -(-len(deps.blocks) // sms)
-        tb_ps = r.rowop_work_ps(op, op.rows, sms) // max(1, waves)
-        keys = self._block_keys[c.name]
-        functional = m.gpus[g].memory.functional
+    def first_access(self, g: int, t: int) -> ProgramGen:
+        yield from self._sync(g, t, 1)
 
-        def tb(b: int) -> TbProgram:
-            r0, nr = deps.blocks[b]
-            expected = deps.signal_bytes(g, b, r.model.dtype_bytes)  # every GPU's partial of the rows fed to it
+    def _sync(self, g: int, t: int, phase: int) -> ProgramGen:
+        """Register TB ``t`` with its TB group at the switch and wait for the release."""
+        cfg = self.m.cfg.cais
+        if not self.coord or self.group is None or not (cfg.pre_launch_sync, cfg.pre_access_sync)[phase]:
+            return
+        released = Signal()
+        self.m.isa.group_sync(g, self.group + t * _PHASES + phase, self.m.n, lambda: released.fire(self.m.sim))
+        yield released
 
-            def program(sm: int, busy: int) -> ProgramGen:
-                landed = Signal()
-                m.gpus[g].wait_signal(keys[b], expected, lambda: landed.fire(m.sim))
-                yield landed
-                yield HbmPhase(tb_ps, r.rowop_bytes(op, nr))
-                if functional:
-                    r.rowop_apply(g, op, r0, nr)
-                m.isa.flag_multicast(g, flags[b], lambda gpu: ready[gpu][(g, b)].fire(m.sim))
-            return program
-
-        return Kernel(op.name, [tb(b) for b in range(len(deps.blocks))], sm_set, hbm_phases=True)
-
-    # ---- TB-level dependencies of the AG-GEMM ----------------------------------------
-    def _operands_ready(self, r: LayerRun, g: int, gemm: Gemm, shape: GemmShape, i: int) -> list[Signal]:
-        ready = self._ready.get(gemm.name)
-        if ready is None:
+    # ---- TB-level dependencies -------------------------------------------------------
+    def operands_ready(self, g: int, shape: GemmShape, i: int) -> list[Signal]:
+        if self.ready is None or self.deps is None:
             return []
-        deps = self._deps_of[gemm.name]
-        if shape != deps.gemm2:
-            raise ValueError(f"{gemm.name}: tiled {shape}, its TB dependencies were derived for {deps.gemm2}")
-        return [ready[g][key] for key in deps.waits(i)]
+        if shape != self.deps.gemm2:
+            raise ValueError(f"tiled {shape}, its TB dependencies were derived for {self.deps.gemm2}")
+        return [self.ready[g][key] for key in self.deps.waits(i)]
 
-    # ---- the GEMM-RS epilogue: one red.cais per LN row block -------------------------
-    def _reduce(self, r: LayerRun, g: int, c: Chain, owner: int, region: Region, data: np.ndarray | None,
-                done: Callable[[], None], port: SmPort, drain: object) -> None:
-        pieces = self._by_block(c, owner, region, data)
+    def reduce(self, g: int, owner: int, region: Region, data: np.ndarray | None, done: Callable[[], None],
+               port: SmPort, drain: Drain | None) -> None:
+        """One ``red.cais`` per LN row block the piece covers, into the block's signal word."""
+        pieces = self._by_block(owner, region, data)
         left = [len(pieces)]
 
         def one() -> None:
             left[0] -= 1
             if left[0] == 0:
                 done()
-        keys = self._block_keys[c.name]
         for b, sub, part in pieces:
-            r.m.isa.red_cais(g, owner, sub, part, keys[b], one, port, unit=self._red_unit(r), quorum=self._quorum(r))
+            self.m.isa.red_cais(g, owner, sub, part, self.block_keys[b], one, port, unit=self.red_unit(),
+                                quorum=self.quorum)
 
-    def _add_own(self, r: LayerRun, g: int, c: Chain, region: Region, data: np.ndarray | None) -> None:
-        keys = self._block_keys[c.name]
-        for b, sub, part in self._by_block(c, g, region, data):
-            r.m.isa.red_cais(g, g, sub, part, keys[b])
+    def add_own(self, g: int, region: Region, data: np.ndarray | None) -> None:
+        for b, sub, part in self._by_block(g, region, data):
+            self.m.isa.red_cais(g, g, sub, part, self.block_keys[b])
 
-    def _by_block(self, c: Chain, owner: int, region: Region, data: np.ndarray | None
+    def _by_block(self, owner: int, region: Region, data: np.ndarray | None
                   ) -> list[tuple[int, Region, np.ndarray | None]]:
         """Cut a piece of an epilogue's block of ``owner``'s rows at LN row-block
         boundaries (the pass's cut): (block, sub-region, its data)."""
-        width = c.gemm1.n
+        assert self.deps is not None
+        width = self.deps.width
         if region.rows > 1:
             r0, c0 = divmod(region.start, width)
             spans = [(r0, region.rows, c0, region.count, 0)]
@@ -198,7 +168,7 @@ class Cais(CaisBase):
                 mat = np.reshape(data, (rows, cols))
             else:
                 mat = flat[off:off + rows * cols].reshape(rows, cols)
-            for b, t, cnt in self._deps[c.name].cut(owner, r0, rows):
+            for b, t, cnt in self.deps.cut(owner, r0, rows):
                 sub = Region.block(region.buffer, width, t, cnt, c0, cols, region.elem_bytes)
                 part = None
                 if mat is not None:
@@ -208,50 +178,99 @@ class Cais(CaisBase):
                 out.append((b, sub, part))
         return out
 
-    # ---- merging-aware TB coordination -----------------------------------------------
-    def _quorum(self, r: LayerRun) -> int:
-        q = r.m.cfg.cais.throttle_quorum
-        return max(1, round(q * (r.m.n - 1))) if self.coord and q > 0 else 0
 
-    def _window(self, r: LayerRun) -> int:
-        if self.coord:
-            return round(r.m.cfg.cais.outstanding_kB * 1024)
-        return super()._window(r)
+class Cais(Scheme):
+    """CAIS: merge unit + TB coordination + graph-level dataflow optimizer."""
 
-    def _load(self, r: LayerRun, g: int, home: int, region: Region, done: Callable[[np.ndarray | None], None],
-              unit: int) -> None:
-        r.m.isa.ld_cais(g, home, region, done, unit=unit, quorum=self._quorum(r))
+    name = "cais"
+    sp = True
+    algo = "p2p"
+    switch = "cais"
+    coord = True
+    traffic_control = True
+    summary = "CAIS: merge unit + TB coordination (group sync, throttling) + fused GEMM-RS/LN/AG-GEMM pipeline"
 
-    def _spreads(self, r: LayerRun) -> bool:
-        """Whether merging-aware TB scheduling orders the tiles (opt/tb_order.py)."""
-        return self.coord and r.m.cfg.cais.spread
+    def run(self, r: LayerRun) -> None:
+        self._sharded = sharded_activations(r.period)
+        # the weight gradients' loads: no TB group, no TB-level dependencies
+        self._loads = CoordinatedAccess(r.m, r.d.rows_l, self.coord)
+        super().run(r)
 
-    def _tile_order(self, r: LayerRun, shape: GemmShape, token_rows: bool = True) -> list[tuple[int, int]]:
-        if token_rows and self._spreads(r):
-            return owner_interleaved_order(shape, r.d.rows_l, r.m.n)
-        return super()._tile_order(r, shape, token_rows)
+    def gather(self, r: LayerRun, name: str, src: str, dst: str, deps: Deps) -> Deps:
+        """No AllGather: the weight-gradient GEMM loads the rows where they live."""
+        return deps
 
-    def _k_start(self, r: LayerRun, steps: list[tuple[int, int]], t: int) -> int:
-        if not self._spreads(r):
-            return 0
-        first = k_start_owner(t, r.m.n) * r.d.rows_l  # the owner's first token row
-        return next((s for s, (k0, _) in enumerate(steps) if k0 >= first), 0)
+    def local_gemm(self, r: LayerRun, g: int, gemm: Gemm) -> Kernel:
+        """A weight gradient loads its token-sharded operands with ``ld.cais``."""
+        return r.load_gemm(g, gemm, remote_operands(gemm, self._sharded), self._loads)
 
-    def _tb_start(self, r: LayerRun, g: int, gemm: Gemm, t: int) -> ProgramGen:
-        yield from self._sync(r, g, gemm, t, 0)
+    # ---- the fused sub-layer --------------------------------------------------------
+    def chain(self, r: LayerRun, c: Chain, deps: Deps) -> Deps:
+        n, over = r.m.n, r.cm.kernel_overhead_ps
+        rs_sms, ag_sms = self._split(r, c)
+        tbd = self._tb_dependencies(r, c, rs_sms, ag_sms)
+        blocks = tbd.blocks
+        block_keys = [r.m.flag_key() for _ in blocks]
+        ready: Ready = [{(o, b): Signal() for o in range(n) for b in range(len(blocks))} for _ in range(n)]
+        flags = [r.m.flag_key() for _ in blocks]
+        groups = [r.m.flag_key() << 24 for _ in (c.gemm1, c.gemm2)]
+        reductions = CoordinatedAccess(r.m, r.d.rows_l, self.coord, groups[0], tbd, block_keys)
+        loads = CoordinatedAccess(r.m, r.d.rows_l, self.coord, groups[1], tbd, ready=ready)
+        ops = remote_operands(c.gemm2, self._sharded)
+        plan = fuse(r.period.graph.chain(c.name))  # GEMM-RS, LN, AG-GEMM launched together
+        assert [op.name for op in plan.kernels] == [c.gemm1.name, c.rowop.name, c.gemm2.name]
+        out = []
+        for g in range(n):
+            k1, _ = r.reduce_gemm(g, c.gemm1, c.reduced, reductions, rs_sms)
+            ln = self._ln_kernel(r, g, c, tbd, block_keys, flags, ready, ag_sms)
+            k2 = r.load_gemm(g, c.gemm2, ops, loads, ag_sms)
+            for k in (k1, ln):
+                r.submit(g, k, [deps[g]], over, c.name)
+            out.append(r.submit(g, k2, [deps[g]], over, c.name))
+        return out
 
-    def _first_access(self, r: LayerRun, g: int, gemm: Gemm, t: int) -> ProgramGen:
-        yield from self._sync(r, g, gemm, t, 1)
+    @staticmethod
+    def _tb_dependencies(r: LayerRun, c: Chain, rs_sms: frozenset[int], ag_sms: frozenset[int]) -> TbDependencies:
+        """The pass over the layer graph: which GEMM1 tile rows feed each LN row block,
+        which LN row blocks each GEMM2 row tile reads (GEMM1 on ``rs_sms``, GEMM2 on
+        ``ag_sms``: their tile shapes)."""
+        graph = r.period.graph
+        if graph is None:
+            raise ValueError(f"{c.name}: the period has no dataflow graph to derive TB dependencies from")
+        return tb_dependencies(graph, graph.chain(c.name), r.shape(c.gemm1, len(rs_sms)), r.shape(c.gemm2, len(ag_sms)),
+                               ROWS_PER_TB, r.m.n)
 
-    def _sync(self, r: LayerRun, g: int, gemm: Gemm, t: int, phase: int) -> ProgramGen:
-        """Register TB ``t`` with its TB group at the switch and wait for the release."""
-        base = self._groups.get(gemm.name)
-        cfg = r.m.cfg.cais
-        if not self.coord or base is None or not (cfg.pre_launch_sync, cfg.pre_access_sync)[phase]:
-            return
-        released = Signal()
-        r.m.isa.group_sync(g, base + t * _PHASES + phase, r.m.n, lambda: released.fire(r.m.sim))
-        yield released
+    @staticmethod
+    def _split(r: LayerRun, c: Chain) -> tuple[frozenset[int], frozenset[int]]:
+        """The two SM groups of asymmetric kernel overlap (``opt.fusion``)."""
+        t1, t2 = (r.cm.gemm_time_ps(gm.m, gm.n, gm.k, r.sms) for gm in (c.gemm1, c.gemm2))
+        return asymmetric_split(t1, t2, r.sms, r.m.cfg.cais.split)
+
+    @staticmethod
+    def _ln_kernel(r: LayerRun, g: int, c: Chain, deps: TbDependencies, keys: list[int], flags: list[int],
+                   ready: Ready, sm_set: frozenset[int]) -> Kernel:
+        """The row-wise op as row-block TBs: each waits for its rows' signal word,
+        normalises them, and multicasts a flag that they are ready."""
+        m, op = r.m, c.rowop
+        sms = len(sm_set)
+        waves = -(-len(deps.blocks) // sms)
+        tb_ps = r.rowop_work_ps(op, op.rows, sms) // max(1, waves)
+
+        def tb(b: int) -> TbProgram:
+            r0, nr = deps.blocks[b]
+            expected = deps.signal_bytes(g, b, r.model.dtype_bytes)  # every GPU's partial of the rows fed to it
+
+            def program(sm: int, busy: int) -> ProgramGen:
+                landed = Signal()
+                m.isa.wait_signal(g, keys[b], expected, lambda: landed.fire(m.sim))
+                yield landed
+                yield HbmPhase(tb_ps, r.rowop_bytes(op, nr))
+                if m.functional:
+                    r.rowop_apply(g, op, r0, nr)
+                m.isa.flag_multicast(g, flags[b], lambda gpu: ready[gpu][(g, b)].fire(m.sim))
+            return program
+
+        return Kernel(op.name, [tb(b) for b in range(len(deps.blocks))], sm_set, hbm_phases=True)
 
 
 class CaisPartial(Cais):

@@ -1,0 +1,504 @@
+"""GEMM thread blocks that reach remote data themselves, with no collective kernel:
+the kernels of a TP layer programmed as one NUMA GPU (LADM) and of CAIS.
+
+* :func:`reduce_gemm` (GEMM-RS): one TB per output tile computes its partial sums
+  over the GPU's K shard and its epilogue reduces each row of the tile into the GPU
+  that owns that token row (the owner's own rows are added locally). The SM pushes
+  the data through its store port (``sm_copy_bandwidth``) and keeps at most a
+  window of reductions not yet taken, across its successive tiles: an epilogue that
+  finds the window full waits (store backpressure).
+* :func:`load_gemm` (AG-GEMM, and weight gradients over token-sharded activations):
+  each TB loads the rows of its sharded operands from their owners as a GEMM
+  mainloop does: it walks K in steps of about ``load_bytes`` and keeps at most a
+  window of loads in flight (its own rows are read locally, no traffic). The tile's
+  compute (never below the GEMM's memory floor) overlaps its loads: it finishes at
+  max(start + compute, last load landed + the compute of one 64-wide K-slice). In
+  functional mode the tile is computed from the loaded data.
+
+How the TBs touch remote data is a :class:`RemoteAccess` strategy: plain ``ld`` /
+``red`` with a fence behind the reductions (LADM), or ``ld.cais`` / ``red.cais``
+into the owner's signal word (:class:`MergeableAccess`, CAIS); a scheme may refine
+it with merging-aware TB coordination (pre-launch and pre-access syncs, TB-aware
+throttling, the tile order, TB-level operand dependencies).
+
+Reuse of remote data: TBs that need the same rows do not share what they loaded
+(a mainloop streams its block through shared memory, and a Hopper GPU caches peer
+memory only in the home GPU's L2), unless ``gpu.l2_keeps_peer_reads``: then a
+second request of a GPU for a remote piece joins the first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from cais.engine import Bound, Countdown, Signal
+from cais.engine.sim import ProgramGen
+from cais.hw.compute import ComputeModel
+from cais.hw.gpu import Kernel, TbProgram
+from cais.hw.hbm import HbmPhase
+from cais.hw.memory import Memory, Region
+from cais.hw.packets import Traffic
+from cais.isa import SmPort
+from cais.kernels.common import RequestSlots, split
+from cais.kernels.gemm import GemmShape, raster, store_epilogue, tile_hbm_bytes, tile_product
+from cais.machine import Machine
+from cais.workload.graph import Gather, Gemm, Period
+
+SLICE_K = 64  # K elements per mainloop slice (a CUTLASS Hopper stage: BK = 64 bf16)
+
+
+def tile_order(shape: GemmShape, how: str = "heuristic") -> list[tuple[int, int]]:
+    """Tile launch order. ``heuristic``: CUTLASS's SM90 tile-scheduler rule, raster
+    along M (column raster) if the GEMM has more column tiles than row tiles, else
+    along N (row raster); or ``row`` / ``col``."""
+    if how == "heuristic":
+        how = "col" if shape.tiles_n > shape.tiles_m else "row"
+    return raster(shape, how)
+
+
+@dataclass(frozen=True)
+class Sharded:
+    """A [T, cols] activation of the single-GPU program whose token rows live on their
+    owner: rows g*rows_l .. of it are rows 0.. of buffer ``shard`` on GPU g."""
+
+    shard: str
+    rows_l: int
+    cols: int
+
+    def owners(self, t0: int, nt: int) -> list[tuple[int, int, int]]:
+        """(owner, first token, count) of the pieces of tokens t0 .. t0+nt-1."""
+        out, t = [], t0
+        while t < t0 + nt:
+            owner = t // self.rows_l
+            cnt = min(t0 + nt, (owner + 1) * self.rows_l) - t
+            out.append((owner, t, cnt))
+            t += cnt
+        return out
+
+
+def sharded_activations(period: Period) -> dict[str, Sharded]:
+    """Gathered buffer name -> where its rows live (a chain's gather_dst, a re-gather's
+    dst): the single-GPU program has one [T, h] tensor, sharded by token rows."""
+    pairs = [(c.gather_dst, c.gather_src) for c in period.chains]
+    pairs += [(s.dst, s.src) for s in period.segments if isinstance(s, Gather)]
+    return {dst: Sharded(src, period.dims.rows_l, period.buffers[dst][1]) for dst, src in pairs if dst != src}
+
+
+@dataclass(frozen=True)
+class Operand:
+    """A GEMM operand read from a :class:`Sharded` activation: ``which`` is ``a`` or
+    ``b``; ``trans`` as in GemmOperands (A stored [K, M], B stored [N, K])."""
+
+    which: str
+    src: Sharded
+    trans: bool
+
+    @property
+    def k_is_tokens(self) -> bool:
+        """Whether the GEMM's K runs over the stored rows (tokens): A^T and B."""
+        return (self.which == "a") == self.trans
+
+    def side(self, shape: GemmShape) -> int:
+        """Rows (A) or columns (B) of the operand a tile loads: the tile's extent, or
+        the whole GEMM's where it is smaller (a decode GEMM of a few token rows)."""
+        return min(shape.bm, shape.m) if self.which == "a" else min(shape.bn, shape.n)
+
+    def tile_span(self, shape: GemmShape, i: int, j: int) -> tuple[int, int]:
+        """(first, count) of the tile's rows (A) or columns (B) of the operand."""
+        return shape.rows(i) if self.which == "a" else shape.cols(j)
+
+    def physical(self, shape: GemmShape, i: int, j: int, k0: int, kk: int) -> tuple[int, int, int, int]:
+        """(token0, tokens, col0, cols) of the stored [T, cols] block holding the
+        operand's part for tile (i, j) and K range k0 .. k0+kk-1."""
+        s0, sn = self.tile_span(shape, i, j)
+        return (k0, kk, s0, sn) if self.k_is_tokens else (s0, sn, k0, kk)
+
+    def logical(self, block: np.ndarray) -> np.ndarray:
+        """The stored block as the GEMM sees it (A [M, K], B [K, N])."""
+        if self.which == "a":
+            return block.T if self.k_is_tokens else block
+        return block if self.k_is_tokens else block.T
+
+
+def remote_operands(gemm: Gemm, sharded: dict[str, Sharded]) -> list[Operand]:
+    """The operands of ``gemm`` that are token-sharded activations (loaded remotely)."""
+    out = []
+    if gemm.ops.a in sharded:
+        out.append(Operand("a", sharded[gemm.ops.a], gemm.ops.ta))
+    if gemm.ops.b in sharded:
+        out.append(Operand("b", sharded[gemm.ops.b], gemm.ops.tb))
+    return out
+
+
+@dataclass(frozen=True)
+class Load:
+    """One access of a tile's mainloop: ``region`` ([``nrows``, ``ncols``]) of operand
+    ``op`` on GPU ``home``, placed at (``row``, ``col``) of the tile's stored block."""
+
+    op: int
+    home: int
+    region: Region
+    row: int
+    col: int
+    nrows: int
+    ncols: int
+
+
+class Drain:
+    """A kernel's remote reductions and its closing fence: ``done`` fires once the
+    kernel has ended and a fence behind its last reductions (a probe down every path
+    they took, and its write response back) has completed."""
+
+    def __init__(self, m: Machine, g: int, kernel: Kernel) -> None:
+        self.m = m
+        self.g = g
+        self.owners: set[int] = set()
+        self.done = Signal()
+        kernel.done.on_fire(lambda _v: self._close())
+
+    def issue(self, owner: int) -> None:
+        self.owners.add(owner)
+
+    def _close(self) -> None:
+        self.m.isa.fence(self.g, self.owners, Traffic.REDUCTION, lambda: self.done.fire(self.m.sim))
+
+
+class RemoteAccess:
+    """How a GEMM's TBs touch remote data: plain P2P ``ld`` and ``red`` (LADM), with
+    a fence behind a kernel's reductions; every TB runs as soon as it is scheduled,
+    in CUTLASS's tile order, its mainloop starting at the first K step.
+
+    ``load_bytes``: about the bytes one remote load brings (whole K-slices)."""
+
+    def __init__(self, m: Machine, load_bytes: int = 512 * 1024) -> None:
+        self.m = m
+        self.load_bytes = load_bytes
+
+    # ---- sizes ----------------------------------------------------------------------
+    def window(self) -> int:
+        """Bytes of remote loads, or of reductions not yet taken, an SM keeps in flight."""
+        return self.m.cfg.collective.outstanding_bytes_per_sm
+
+    def red_unit(self) -> int:
+        """The transfer unit of an epilogue's remote reductions."""
+        return self.m.cfg.transfer_unit_bytes
+
+    def load_unit(self, biggest: int) -> int:
+        """The transfer unit of a mainloop's remote loads, whose largest is ``biggest``
+        bytes (one ld = one unit)."""
+        return max(self.m.cfg.transfer_unit_bytes, 1 << (biggest - 1).bit_length())
+
+    # ---- order and coordination --------------------------------------------------
+    def tile_order(self, shape: GemmShape, token_rows: bool) -> list[tuple[int, int]]:
+        """Launch order of a GEMM's tiles (``token_rows``: its rows are token rows,
+        sharded over the GPUs): CUTLASS's heuristic, the same on every GPU."""
+        return tile_order(shape)
+
+    def k_start(self, steps: list[tuple[int, int]], t: int) -> int:
+        """The K step tile ``t`` (in launch order) starts its mainloop at: the first."""
+        return 0
+
+    def tb_start(self, g: int, t: int) -> ProgramGen:
+        """What TB ``t`` (in launch order) does before its work: nothing."""
+        yield from ()
+
+    def first_access(self, g: int, t: int) -> ProgramGen:
+        """What TB ``t`` does before its first remote access: nothing."""
+        yield from ()
+
+    def operands_ready(self, g: int, shape: GemmShape, i: int) -> list[Signal]:
+        """Signals a tile of row tile ``i`` waits for before loading its operands: none
+        (a kernel boundary already orders them)."""
+        return []
+
+    # ---- the accesses -------------------------------------------------------------
+    def drain(self, g: int, kernel: Kernel) -> Drain | None:
+        """What closes a reducing kernel on GPU ``g``: a fence behind its reductions."""
+        return Drain(self.m, g, kernel)
+
+    def add_own(self, g: int, region: Region, data: np.ndarray | None) -> None:
+        """The owner's own partial rows: added to its memory in place."""
+        self.m.isa.add_local(g, region, data)
+
+    def reduce(self, g: int, owner: int, region: Region, data: np.ndarray | None, done: Callable[[], None],
+               port: SmPort, drain: Drain | None) -> None:
+        """A piece of one epilogue's partial rows into their owner: a plain remote ``red``."""
+        assert drain is not None
+        drain.issue(owner)
+        self.m.isa.red(g, owner, region, data, done, port, unit=self.red_unit())
+
+    def load(self, g: int, home: int, region: Region, done: Callable[[np.ndarray | None], None], unit: int) -> None:
+        """One mainloop load of remote operand rows: a plain remote ``ld``."""
+        self.m.isa.ld(g, home, region, done, unit=unit)
+
+
+class MergeableAccess(RemoteAccess):
+    """CAIS's mergeable accesses (§III-A): ``ld.cais`` and ``red.cais``, which the
+    merge unit of the home's switch port merges across GPUs. A reduction adds to the
+    owner's signal word ``signal`` (so no fence closes the kernel); ``quorum``:
+    TB-aware throttling (a request is acknowledged once that many of its session's
+    requesters reached the switch; 0: at once); ``window``: bytes an SM keeps in
+    flight (None: as plain accesses). One access is ``cais.request_kB``."""
+
+    def __init__(self, m: Machine, signal: int = 0, quorum: int = 0, window: int | None = None,
+                 load_bytes: int = 32 * 1024) -> None:
+        super().__init__(m, load_bytes)
+        self.signal = signal
+        self.quorum = quorum
+        self._window = window
+
+    def window(self) -> int:
+        return super().window() if self._window is None else self._window
+
+    def red_unit(self) -> int:
+        return round(self.m.cfg.cais.request_kB * 1024)
+
+    def load_unit(self, biggest: int) -> int:
+        return self.red_unit()
+
+    def drain(self, g: int, kernel: Kernel) -> Drain | None:
+        return None  # the owner counts what lands; nothing to fence
+
+    def add_own(self, g: int, region: Region, data: np.ndarray | None) -> None:
+        self.m.isa.red_cais(g, g, region, data, self.signal)  # a local add that signals
+
+    def reduce(self, g: int, owner: int, region: Region, data: np.ndarray | None, done: Callable[[], None],
+               port: SmPort, drain: Drain | None) -> None:
+        self.m.isa.red_cais(g, owner, region, data, self.signal, done, port, unit=self.red_unit(),
+                            quorum=self.quorum)
+
+    def load(self, g: int, home: int, region: Region, done: Callable[[np.ndarray | None], None], unit: int) -> None:
+        self.m.isa.ld_cais(g, home, region, done, unit=unit, quorum=self.quorum)
+
+
+# ---- GEMM-RS: partial rows reduced into their owner ------------------------------------
+def reduce_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape, floor_ps: int, eb: int,
+                reduced: Sharded, access: RemoteAccess, sm_set: frozenset[int] | None = None,
+                mem: Memory | None = None) -> tuple[Kernel, Drain | None]:
+    """GPU ``g``'s GEMM whose tiles' epilogues reduce their partial rows into the
+    owners' ``reduced`` shards; ``mem``: the GPU's memory in functional mode."""
+    # A and B are local; of the output only the GPU's own rows stay (the rest leaves
+    # as partial sums, counted where they land)
+    tile_bytes = tile_hbm_bytes(shape, eb, c=1.0 / m.n)
+    kernel = Kernel(gemm.name, [], sm_set, hbm_phases=True)
+    drain = access.drain(g, kernel)
+    limit = access.window()
+    isa = m.isa
+    bound = isa.request_bound(g)
+    unit = access.red_unit()
+    per_sm: dict[int, tuple[RequestSlots, SmPort]] = {}  # the SM's store window and port, across its tiles
+
+    def tile_tb(t: int, i: int, j: int) -> TbProgram:
+        def program(sm: int, busy: int) -> ProgramGen:
+            sim = m.sim
+            yield from access.tb_start(g, t)
+            yield HbmPhase(max(floor_ps, cm.tile_time_ps(shape.bm, shape.bn, shape.k, busy)), tile_bytes)
+            yield from access.first_access(g, t)
+            tile = tile_product(mem, gemm.ops, shape, i, j) if mem is not None else None
+            if sm not in per_sm:
+                per_sm[sm] = (RequestSlots(Bound(sim, limit), bound), isa.sm_port())
+            slots, port = per_sm[sm]
+            piece_unit = min(unit, slots.piece)
+            r0, nr = shape.rows(i)
+            c0, nc = shape.cols(j)
+            for owner, t0, cnt in reduced.owners(r0, nr):
+                region = Region.block(reduced.shard, reduced.cols, t0 - owner * reduced.rows_l, cnt, c0, nc, eb)
+                data = tile[t0 - r0:t0 - r0 + cnt] if tile is not None else None
+                if data is not None and region.rows == 1:  # whole rows: a contiguous run
+                    data = data.reshape(-1)
+                if owner == g:
+                    access.add_own(g, region, data)
+                    continue
+                for piece in isa.pieces(region, piece_unit):  # each takes its own room
+                    yield from slots.acquire(piece.nbytes)
+                    access.reduce(g, owner, piece, isa.piece_data(data, region, piece),
+                                  _released(slots, piece.nbytes), port, drain)
+            if port.free_at > sim.now:  # the SM pushes the tile out before it is free
+                yield port.free_at - sim.now
+        return program
+
+    kernel.tbs = [tile_tb(t, i, j) for t, (i, j) in enumerate(access.tile_order(shape, True))]
+    return kernel, drain
+
+
+def _released(slots: RequestSlots, nbytes: int) -> Callable[[], None]:
+    def done() -> None:
+        slots.release(nbytes)
+    return done
+
+
+# ---- AG-GEMM and weight gradients: operands loaded from their owners ---------------------
+def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape, floor_ps: int, eb: int,
+              ops: list[Operand], access: RemoteAccess, sm_set: frozenset[int] | None = None,
+              mem: Memory | None = None) -> Kernel:
+    """GPU ``g``'s GEMM whose tiles load their sharded operands ``ops`` (at least one)
+    from their owners; ``mem``: the GPU's memory in functional mode."""
+    steps = k_steps(shape, ops, eb, access.load_bytes)
+    biggest = max(kk for _, kk in steps) * sum(op.side(shape) for op in ops) * eb
+    unit = access.load_unit(biggest)
+    limit = access.window()
+    isa = m.isa
+    bound = isa.request_bound(g)
+    # the sharded operands come from their owners (this GPU holds 1/n of them)
+    local = {op.which: 1.0 / m.n for op in ops}
+    tile_bytes = tile_hbm_bytes(shape, eb, **local)
+    store = store_epilogue(mem, gemm.ops, shape) if mem is not None else None
+    # with l2_keeps_peer_reads: remote lines already fetched (or on their way) for
+    # this kernel, shared by its TBs; keyed by (home GPU, request piece of its buffer)
+    kept: dict[tuple[int, Region], Signal] | None = {} if m.cfg.gpu.l2_keeps_peer_reads else None
+
+    def plan(i: int, j: int, t: int) -> list[Load]:
+        loads = []
+        first = access.k_start(steps, t)
+        for k0, kk in steps[first:] + steps[:first]:
+            for o, op in enumerate(ops):
+                t0, nt, col0, ncol = op.physical(shape, i, j, k0, kk)
+                base_t, _, base_c, _ = op.physical(shape, i, j, 0, shape.k)
+                for owner, ft, cnt in op.src.owners(t0, nt):
+                    region = Region.block(op.src.shard, op.src.cols, ft - owner * op.src.rows_l, cnt, col0, ncol, eb)
+                    loads.append(Load(o, owner, region, ft - base_t, col0 - base_c, cnt, ncol))
+        return loads
+
+    def tile_tb(t: int, i: int, j: int) -> TbProgram:
+        def program(sm: int, busy: int) -> ProgramGen:
+            sim = m.sim
+            yield from access.tb_start(g, t)
+            for ready in access.operands_ready(g, shape, i):
+                yield ready
+            start = sim.now
+            # the mainloop's time, stretched by the HBM share at its start
+            compute = yield HbmPhase(max(floor_ps, cm.tile_time_ps(shape.bm, shape.bn, shape.k, busy)),
+                                     tile_bytes, overlapped=True)
+            loads = plan(i, j, t)
+            yield from access.first_access(g, t)
+            blocks = _blocks(shape, ops, i, j) if mem is not None else None
+            slots = RequestSlots(Bound(sim, limit), bound)
+            piece_unit = min(unit, slots.piece)
+            remote: list[tuple[Load, Region]] = []
+            for ld in loads:
+                if ld.home != g:
+                    remote += [(ld, pc) for pc in isa.pieces(ld.region, piece_unit)]
+                elif blocks is not None and mem is not None:
+                    _place(blocks, ld, ld.region, mem.read(ld.region))
+            arrived = Countdown(len(remote))
+            for ld, pc in remote:
+                key = (ld.home, pc)
+                line = kept.get(key) if kept is not None else None
+                if line is None:
+                    yield from slots.acquire(pc.nbytes)
+                    # another TB of this GPU may have asked for the piece meanwhile:
+                    # a second request for a line in flight joins the first
+                    line = kept.get(key) if kept is not None else None
+                    if line is not None:
+                        slots.release(pc.nbytes)
+                if line is not None:  # an L2 hit (or a miss already in flight)
+                    line.on_fire(_hit(m, ld, pc, blocks, arrived))
+                    continue
+                got = _got(m, slots, ld, pc, blocks, arrived)
+                if kept is not None:
+                    kept[key] = line = Signal()
+                    got = _keep(m, got, line)
+                access.load(g, ld.home, pc, got, unit)
+            if remote:
+                yield arrived
+            # the mainloop computes each K-slice once it has landed: after the last
+            # load, one slice of compute remains
+            end = max(start + compute, sim.now + compute * SLICE_K // shape.k) if remote else start + compute
+            if end > sim.now:
+                yield end - sim.now
+            if store is not None and mem is not None:
+                store(i, j, _tile(mem, gemm, shape, ops, blocks, i, j))
+        return program
+
+    token_rows = any(op.which == "a" and not op.k_is_tokens for op in ops)
+    return Kernel(gemm.name, [tile_tb(t, i, j) for t, (i, j) in enumerate(access.tile_order(shape, token_rows))],
+                  sm_set, hbm_phases=True)
+
+
+def k_steps(shape: GemmShape, ops: list[Operand], eb: int, load_bytes: int) -> list[tuple[int, int]]:
+    """(k0, count) of the K ranges one ld each (per owner) brings in: whole K-slices of
+    about ``load_bytes``; where K runs over tokens (weight gradients), each owner's
+    shard is cut into equal steps so that no ld straddles two owners."""
+    side = sum(op.side(shape) for op in ops) * eb  # bytes per K element of the loaded operands
+    if any(op.k_is_tokens for op in ops):
+        rows_l, steps = ops[0].src.rows_l, []
+        for s0 in range(0, shape.k, rows_l):
+            n = min(rows_l, shape.k - s0)
+            parts = max(1, round(n * side / load_bytes))
+            steps += [(s0 + a, c) for a, c in split(0, n, parts) if c > 0]
+        return steps
+    step = max(1, load_bytes // (side * SLICE_K)) * SLICE_K
+    return [(k0, min(step, shape.k - k0)) for k0 in range(0, shape.k, step)]
+
+
+def _got(m: Machine, slots: RequestSlots, ld: Load, piece: Region, blocks: list[np.ndarray] | None,
+         arrived: Countdown) -> Callable[[np.ndarray | None], None]:
+    def done(data: np.ndarray | None) -> None:
+        slots.release(piece.nbytes)
+        if blocks is not None and data is not None:
+            _place(blocks, ld, piece, data)
+        arrived.arrive(m.sim)
+    return done
+
+
+def _keep(m: Machine, got: Callable[[np.ndarray | None], None], line: Signal) -> Callable[[np.ndarray | None], None]:
+    """A load whose data the L2 keeps: ``line`` fires with it for later readers."""
+    def done(data: np.ndarray | None) -> None:
+        got(data)
+        line.fire(m.sim, data)
+    return done
+
+
+def _hit(m: Machine, ld: Load, piece: Region, blocks: list[np.ndarray] | None,
+         arrived: Countdown) -> Callable[[np.ndarray | None], None]:
+    def done(data: np.ndarray | None) -> None:
+        if blocks is not None and data is not None:
+            _place(blocks, ld, piece, data)
+        arrived.arrive(m.sim)
+    return done
+
+
+def _blocks(shape: GemmShape, ops: list[Operand], i: int, j: int) -> list[np.ndarray]:
+    """Empty stored blocks of each loaded operand for tile (i, j)."""
+    out = []
+    for op in ops:
+        _, nt, _, ncol = op.physical(shape, i, j, 0, shape.k)
+        out.append(np.zeros((nt, ncol)))
+    return out
+
+
+def _place(blocks: list[np.ndarray], ld: Load, piece: Region, data: np.ndarray) -> None:
+    """Put the data of ``piece`` (of ``ld.region``) where the load's block goes."""
+    view = blocks[ld.op][ld.row:ld.row + ld.nrows, ld.col:ld.col + ld.ncols]
+    if ld.region.rows > 1:  # a block: the piece is some of its rows
+        first = (piece.start - ld.region.start) // ld.region.stride
+        view[first:first + piece.rows] = np.reshape(data, (piece.rows, ld.ncols))
+    else:  # a run over the block's rows (whole rows, or part of one)
+        off = piece.start - ld.region.start
+        flat = view.reshape(-1).copy()
+        flat[off:off + piece.count] = np.reshape(data, -1)
+        view[...] = flat.reshape(view.shape)
+
+
+def _tile(mem: Memory, gemm: Gemm, shape: GemmShape, ops: list[Operand], blocks: list[np.ndarray] | None,
+          i: int, j: int) -> np.ndarray | None:
+    """The tile computed from the loaded blocks (and local operands)."""
+    if blocks is None:
+        return None
+    r0, nr = shape.rows(i)
+    c0, nc = shape.cols(j)
+    got = {op.which: op.logical(blk) for op, blk in zip(ops, blocks)}
+    if "a" in got:
+        a_blk = got["a"]
+    else:
+        a = mem.matrix(gemm.ops.a, shape.m if gemm.ops.ta else shape.k)
+        a_blk = a[:, r0:r0 + nr].T if gemm.ops.ta else a[r0:r0 + nr, :]
+    if "b" in got:
+        b_blk = got["b"]
+    else:
+        b = mem.matrix(gemm.ops.b, shape.k if gemm.ops.tb else shape.n)
+        b_blk = b[c0:c0 + nc, :].T if gemm.ops.tb else b[:, c0:c0 + nc]
+    return a_blk @ b_blk
