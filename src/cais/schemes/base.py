@@ -19,8 +19,9 @@ from cais.engine import Countdown, Signal, Simulator
 from cais.hw.compute import ComputeModel
 from cais.hw.gpu import Kernel
 from cais.machine import Machine
-from cais.kernels import activation, attention, remote_gemm, rowop, sync
+from cais.kernels import activation, attention, fused_workers, remote_gemm, rowop, sync
 from cais.kernels.collectives import CollectiveSpec, build
+from cais.kernels.fused_workers import FusedPath, RowWise
 from cais.kernels.gemm import Epilogue, GemmShape, gemm_kernel, gemm_shape
 from cais.kernels.remote_gemm import Drain, Operand, RemoteAccess, Sharded
 from cais.kernels.tuning import choose_for
@@ -165,6 +166,15 @@ class LayerRun:
         mem = self.m.gpus[g].memory
         return remote_gemm.load_gemm(self.m, self.cm, g, gemm, shape, self.gemm_floor_ps(gemm, shape, sms),
                                      self.model.dtype_bytes, ops, access, sm_set, mem if mem.functional else None)
+
+    def fused_kernels(self, c: Chain, path: FusedPath) -> tuple[list[Kernel], list[Countdown]]:
+        """Chain ``c``'s persistent fused GEMM1 + RS + row-wise + AG kernel per GPU,
+        moving data along ``path`` (kernels/fused_workers.py), and per GPU the signal
+        that its ``gather_dst`` is complete."""
+        shape = self.shape(c.gemm1)
+        rw = RowWise(self.model.norm, self.p_drop, self.model.dtype_bytes, self.sms)
+        return fused_workers.fused_kernels(self.m, self.cm, c, self.d, shape,
+                                           self.gemm_floor_ps(c.gemm1, shape, self.sms), rw, path)
 
     def rowop_kernel(self, g: int, op: RowOp, sm_set: frozenset[int] | None = None,
                      rows: Sequence[tuple[int, int]] | None = None) -> Kernel:
