@@ -195,6 +195,15 @@ class LayerRun:
         return rowop.rowop_kernel(self.cm, self._memory(g), op, self.model.dtype_bytes, self.model.norm,
                                   self.p_drop, self.row_offset(g), self.sms, sm_set, rows)
 
+    def signalled_rowop_kernel(self, g: int, op: RowOp, blocks: Sequence[tuple[int, int]], expected: Sequence[int],
+                               keys: Sequence[int], flags: Sequence[int],
+                               ready: Sequence[dict[tuple[int, int], Signal]], sm_set: frozenset[int]) -> Kernel:
+        """The row-wise op as row-block TBs that wait for their rows' signal word and
+        multicast a ready flag (kernels/rowop.py)."""
+        return rowop.signalled_rowop_kernel(self.m, self.cm, g, self._memory(g), op, self.model.dtype_bytes,
+                                            self.model.norm, self.p_drop, self.row_offset(g), self.sms, blocks,
+                                            expected, keys, flags, ready, sm_set)
+
     def rowop_work_ps(self, op: RowOp, rows: int, sms: int) -> int:
         """Row-wise kernel time without its fixed overhead (kernels/rowop.py)."""
         return rowop.rowop_work_ps(self.cm, op, self.model.dtype_bytes, rows, sms, self.sms)
