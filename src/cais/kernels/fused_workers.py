@@ -20,8 +20,9 @@ are ordered, how a tile's partial rows reach their owner, how a block's readines
 is signalled, and how a ready block is reduced, normalised and gathered.
 :class:`PushPath` (FuseLib): P2P ``red`` of tile rows into the owner, release flags
 behind them, ``st`` of the row-wise output to every GPU. :class:`MulticastPath`
-(FuseLib-NVLS): tiles stored locally, completion flags to the owner, which
-``multimem.ld_reduce``\\ s the block and ``multimem.st``\\ s its output rows.
+(FuseLib-NVLS): tiles stored locally, completion flags to the owner, which reduces
+the block with ``multimem.ld_reduce`` and multicasts its output rows with
+``multimem.st``.
 """
 
 from __future__ import annotations
@@ -302,8 +303,8 @@ class PushPath(FusedPath):
 
 class MulticastPath(FusedPath):
     """FuseLib-NVLS's path: tiles stored locally; a row block done on every GPU is
-    ``multimem.ld_reduce``\\ d by its owner, normalised, and ``multimem.st``\\ -ed to
-    every GPU's ``gather_dst``, with a multicast release flag behind it."""
+    reduced by its owner with ``multimem.ld_reduce``, normalised, and stored to every
+    GPU's ``gather_dst`` with ``multimem.st``, a multicast release flag behind it."""
 
     def tile_order(self, plan: Plan, g: int, n: int) -> list[tuple[int, int]]:
         """Tile rows by position in their owner's shard, then owner; the same on every GPU."""
