@@ -6,8 +6,9 @@ import pytest
 from cais.engine import Countdown
 from cais.experiments.layer import run_layer
 from cais.hw.config import load_system
+from cais.kernels.fused_workers import Piece, PushPath, owner_pieces
 from cais.kernels.local import row_blocks
-from cais.schemes.fuselib import FuseLib, Piece, owner_pieces
+from cais.schemes.fuselib import FuseLib
 from cais.workload.models import ModelSpec
 
 GPT = ModelSpec(name="tiny-gpt", family="gpt", hidden=256, ffn_hidden=512, heads=4, layers=2, gated_mlp=False,
@@ -33,14 +34,21 @@ class _EarlyCount(Countdown):
             super().arrive(sim, min(n, self.remaining))
 
 
+class _EarlyPush(PushPath):
+    """FuseLib's data path whose owners start a row block after half of the GPUs'
+    flags for it."""
+
+    def block_flags(self, n):
+        return _EarlyCount(n // 2)
+
+
 class _Early(FuseLib):
-    """FuseLib whose owners start a row block after half of the GPUs' flags for it."""
+    """FuseLib on that broken data path."""
 
     name = ""
 
-    @staticmethod
-    def block_flags(n):
-        return _EarlyCount(n // 2)
+    def path(self):
+        return _EarlyPush()
 
 
 def test_a_row_block_started_early_is_caught(four_gpus, monkeypatch) -> None:

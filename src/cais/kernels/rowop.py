@@ -15,10 +15,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from cais.engine import Signal
+from cais.engine.sim import ProgramGen
 from cais.hw.compute import ComputeModel
-from cais.hw.gpu import Kernel
+from cais.hw.gpu import Kernel, TbProgram
+from cais.hw.hbm import HbmPhase
 from cais.hw.memory import Memory
 from cais.kernels.local import even_kernel, row_blocks
+from cais.machine import Machine
 from cais.workload import numerics as nx
 from cais.workload.graph import Dims, RowOp
 
@@ -85,3 +89,35 @@ def rowop_kernel(cm: ComputeModel, mem: Memory, op: RowOp, dtype_bytes: int, nor
     work = rowop_work_ps(cm, op, dtype_bytes, nrows, sms, total_sms)
     body = (lambda i: rowop_apply(mem, op, *blocks[i], norm, p_drop, row0)) if mem.functional else None
     return even_kernel(op.name, work, len(blocks), sms, body, sm_set, rowop_bytes(op, dtype_bytes, nrows))
+
+
+def signalled_rowop_kernel(m: Machine, cm: ComputeModel, g: int, mem: Memory, op: RowOp, dtype_bytes: int,
+                           norm: str, p_drop: float, row0: int, total_sms: int, blocks: Sequence[tuple[int, int]],
+                           expected: Sequence[int], keys: Sequence[int], flags: Sequence[int],
+                           ready: Sequence[dict[tuple[int, int], Signal]], sm_set: frozenset[int]) -> Kernel:
+    """The row-wise op on GPU ``g`` as row-block TBs driven by TB-level dependencies
+    (CAIS's fused sub-layer): TB ``b`` (rows ``blocks[b]``) waits until its GPU's
+    signal word ``keys[b]`` reaches ``expected[b]`` bytes (every GPU's ``red.cais``
+    partial of the rows fed to it has landed), normalises its rows, and multicasts
+    the flag ``flags[b]`` that they are ready; as it lands on each GPU ``h``,
+    ``ready[h][(g, b)]`` fires. The kernel time over ``op.rows`` rows on ``sm_set``
+    (:func:`rowop_work_ps`) is spread evenly over its waves; in functional mode each
+    TB runs :func:`rowop_apply` on its rows."""
+    sms = len(sm_set)
+    waves = -(-len(blocks) // sms)
+    tb_ps = rowop_work_ps(cm, op, dtype_bytes, op.rows, sms, total_sms) // max(1, waves)
+
+    def tb(b: int) -> TbProgram:
+        r0, nr = blocks[b]
+
+        def program(sm: int, busy: int) -> ProgramGen:
+            landed = Signal()
+            m.isa.wait_signal(g, keys[b], expected[b], lambda: landed.fire(m.sim))
+            yield landed
+            yield HbmPhase(tb_ps, rowop_bytes(op, dtype_bytes, nr))
+            if mem.functional:
+                rowop_apply(mem, op, r0, nr, norm, p_drop, row0)
+            m.isa.flag_multicast(g, flags[b], lambda gpu: ready[gpu][(g, b)].fire(m.sim))
+        return program
+
+    return Kernel(op.name, [tb(b) for b in range(len(blocks))], sm_set, hbm_phases=True)

@@ -18,10 +18,12 @@ from cais.errors import UserError
 from cais.engine import Countdown, Signal, Simulator
 from cais.hw.compute import ComputeModel
 from cais.hw.gpu import Kernel
+from cais.hw.memory import Memory
 from cais.machine import Machine
-from cais.kernels import activation, attention, remote_gemm, rowop, sync
+from cais.kernels import activation, attention, fused_workers, remote_gemm, rowop, sync
 from cais.kernels.collectives import CollectiveSpec, build
-from cais.kernels.gemm import Epilogue, GemmShape, gemm_kernel, gemm_shape
+from cais.kernels.fused_workers import FusedPath, RowWise
+from cais.kernels.gemm import Epilogue, GemmShape, gemm_kernel, gemm_shape, store_epilogue
 from cais.kernels.remote_gemm import Drain, Operand, RemoteAccess, Sharded
 from cais.kernels.tuning import choose_for
 from cais.workload.graph import Chain, Gather, Gemm, Local, Period, RowOp
@@ -118,6 +120,17 @@ class LayerRun:
         return sync.barrier(self.m, arrive, name)
 
     # ---- kernels -----------------------------------------------------------------
+    def _memory(self, g: int) -> Memory:
+        """GPU ``g``'s memory, handed to the kernel builders (the one place a scheme's
+        run reaches it: its data in functional mode, nothing in timing mode)."""
+        return self.m.gpus[g].memory
+
+    def store_epilogue(self, g: int, gemm: Gemm, shape: GemmShape) -> Epilogue | None:
+        """A GEMM tile's plain epilogue on GPU ``g`` (store it into C, kernels/gemm.py),
+        for a scheme's epilogue to call before its own work; None in timing mode."""
+        mem = self._memory(g)
+        return store_epilogue(mem, gemm.ops, shape) if mem.functional else None
+
     def shape(self, gemm: Gemm, sms: int | None = None) -> GemmShape:
         return gemm_shape(self.cm, gemm.m, gemm.n, gemm.k, sms or self.sms)
 
@@ -138,7 +151,7 @@ class LayerRun:
                     shape: GemmShape | None = None) -> Kernel:
         sms = len(sm_set) if sm_set else self.sms
         shape = shape or self.shape(gemm, sms)
-        mem = self.m.gpus[g].memory
+        mem = self._memory(g)
         return gemm_kernel(self.cm, shape, gemm.name, sm_set, mem if mem.functional else None, gemm.ops,
                            epilogue, order, waits, self.gemm_floor_ps(gemm, shape, sms))
 
@@ -149,7 +162,7 @@ class LayerRun:
         (kernels/remote_gemm.py)."""
         sms = len(sm_set) if sm_set else self.sms
         shape = self.shape(gemm, sms)
-        mem = self.m.gpus[g].memory
+        mem = self._memory(g)
         return remote_gemm.reduce_gemm(self.m, self.cm, g, gemm, shape, self.gemm_floor_ps(gemm, shape, sms),
                                        self.model.dtype_bytes, Sharded(reduced, self.d.rows_l, shape.n), access,
                                        sm_set, mem if mem.functional else None)
@@ -162,16 +175,34 @@ class LayerRun:
             return self.gemm_kernel(g, gemm, sm_set)
         sms = len(sm_set) if sm_set else self.sms
         shape = self.shape(gemm, sms)
-        mem = self.m.gpus[g].memory
+        mem = self._memory(g)
         return remote_gemm.load_gemm(self.m, self.cm, g, gemm, shape, self.gemm_floor_ps(gemm, shape, sms),
                                      self.model.dtype_bytes, ops, access, sm_set, mem if mem.functional else None)
+
+    def fused_kernels(self, c: Chain, path: FusedPath) -> tuple[list[Kernel], list[Countdown]]:
+        """Chain ``c``'s persistent fused GEMM1 + RS + row-wise + AG kernel per GPU,
+        moving data along ``path`` (kernels/fused_workers.py), and per GPU the signal
+        that its ``gather_dst`` is complete."""
+        shape = self.shape(c.gemm1)
+        rw = RowWise(self.model.norm, self.p_drop, self.model.dtype_bytes, self.sms)
+        return fused_workers.fused_kernels(self.m, self.cm, c, self.d, shape,
+                                           self.gemm_floor_ps(c.gemm1, shape, self.sms), rw, path)
 
     def rowop_kernel(self, g: int, op: RowOp, sm_set: frozenset[int] | None = None,
                      rows: Sequence[tuple[int, int]] | None = None) -> Kernel:
         """The fused dropout + residual + norm kernel (or its backward) over this GPU's
         rows (or the given row blocks): kernels/rowop.py."""
-        return rowop.rowop_kernel(self.cm, self.m.gpus[g].memory, op, self.model.dtype_bytes, self.model.norm,
+        return rowop.rowop_kernel(self.cm, self._memory(g), op, self.model.dtype_bytes, self.model.norm,
                                   self.p_drop, self.row_offset(g), self.sms, sm_set, rows)
+
+    def signalled_rowop_kernel(self, g: int, op: RowOp, blocks: Sequence[tuple[int, int]], expected: Sequence[int],
+                               keys: Sequence[int], flags: Sequence[int],
+                               ready: Sequence[dict[tuple[int, int], Signal]], sm_set: frozenset[int]) -> Kernel:
+        """The row-wise op as row-block TBs that wait for their rows' signal word and
+        multicast a ready flag (kernels/rowop.py)."""
+        return rowop.signalled_rowop_kernel(self.m, self.cm, g, self._memory(g), op, self.model.dtype_bytes,
+                                            self.model.norm, self.p_drop, self.row_offset(g), self.sms, blocks,
+                                            expected, keys, flags, ready, sm_set)
 
     def rowop_work_ps(self, op: RowOp, rows: int, sms: int) -> int:
         """Row-wise kernel time without its fixed overhead (kernels/rowop.py)."""
@@ -187,12 +218,12 @@ class LayerRun:
 
     def rowop_apply(self, g: int, op: RowOp, r0: int, nr: int) -> None:
         """Rows [r0, r0 + nr) of the row-wise op on GPU ``g``'s memory (kernels/rowop.py)."""
-        rowop.rowop_apply(self.m.gpus[g].memory, op, r0, nr, self.model.norm, self.p_drop, self.row_offset(g))
+        rowop.rowop_apply(self._memory(g), op, r0, nr, self.model.norm, self.p_drop, self.row_offset(g))
 
     def local_kernel(self, g: int, local: Local, sm_set: frozenset[int] | None = None) -> tuple[Kernel, int]:
         """(kernel, its fixed overhead) for attention, activations and their backwards
         (kernels/attention.py, kernels/activation.py)."""
-        mem = self.m.gpus[g].memory
+        mem = self._memory(g)
         if local.kind in attention.KINDS:
             return attention.attention_kernel(self.cm, mem, local.name, local.kind, self.d, self.period.mode,
                                               self.sms, sm_set)

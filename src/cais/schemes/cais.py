@@ -40,8 +40,7 @@ import numpy as np
 
 from cais.engine import Signal
 from cais.engine.sim import ProgramGen
-from cais.hw.gpu import Kernel, TbProgram
-from cais.hw.hbm import HbmPhase
+from cais.hw.gpu import Kernel
 from cais.hw.memory import Region
 from cais.isa import SmPort
 from cais.kernels.gemm import GemmShape
@@ -222,7 +221,8 @@ class Cais(Scheme):
         out = []
         for g in range(n):
             k1, _ = r.reduce_gemm(g, c.gemm1, c.reduced, reductions, rs_sms)
-            ln = self._ln_kernel(r, g, c, tbd, block_keys, flags, ready, ag_sms)
+            expected = [tbd.signal_bytes(g, b, r.model.dtype_bytes) for b in range(len(blocks))]
+            ln = r.signalled_rowop_kernel(g, c.rowop, blocks, expected, block_keys, flags, ready, ag_sms)
             k2 = r.load_gemm(g, c.gemm2, ops, loads, ag_sms)
             for k in (k1, ln):
                 r.submit(g, k, [deps[g]], over, c.name)
@@ -245,32 +245,6 @@ class Cais(Scheme):
         """The two SM groups of asymmetric kernel overlap (``opt.fusion``)."""
         t1, t2 = (r.cm.gemm_time_ps(gm.m, gm.n, gm.k, r.sms) for gm in (c.gemm1, c.gemm2))
         return asymmetric_split(t1, t2, r.sms, r.m.cfg.cais.split)
-
-    @staticmethod
-    def _ln_kernel(r: LayerRun, g: int, c: Chain, deps: TbDependencies, keys: list[int], flags: list[int],
-                   ready: Ready, sm_set: frozenset[int]) -> Kernel:
-        """The row-wise op as row-block TBs: each waits for its rows' signal word,
-        normalises them, and multicasts a flag that they are ready."""
-        m, op = r.m, c.rowop
-        sms = len(sm_set)
-        waves = -(-len(deps.blocks) // sms)
-        tb_ps = r.rowop_work_ps(op, op.rows, sms) // max(1, waves)
-
-        def tb(b: int) -> TbProgram:
-            r0, nr = deps.blocks[b]
-            expected = deps.signal_bytes(g, b, r.model.dtype_bytes)  # every GPU's partial of the rows fed to it
-
-            def program(sm: int, busy: int) -> ProgramGen:
-                landed = Signal()
-                m.isa.wait_signal(g, keys[b], expected, lambda: landed.fire(m.sim))
-                yield landed
-                yield HbmPhase(tb_ps, r.rowop_bytes(op, nr))
-                if m.functional:
-                    r.rowop_apply(g, op, r0, nr)
-                m.isa.flag_multicast(g, flags[b], lambda gpu: ready[gpu][(g, b)].fire(m.sim))
-            return program
-
-        return Kernel(op.name, [tb(b) for b in range(len(deps.blocks))], sm_set, hbm_phases=True)
 
 
 class CaisPartial(Cais):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from cais.engine import Countdown
 from cais.kernels.common import split
-from cais.kernels.gemm import GemmShape, store_epilogue
+from cais.kernels.gemm import GemmShape
 from cais.kernels.local import row_blocks
 from cais.schemes.base import Deps, LayerRun, Scheme, all_of
 from cais.workload.graph import Chain
@@ -63,7 +63,7 @@ class ChunkedOverlap(Scheme):
         over = r.cm.kernel_overhead_ps
         g1 = []
         for g in range(n):
-            store = store_epilogue(r.m.gpus[g].memory, c.gemm1.ops, shape) if r.m.functional else None
+            store = r.store_epilogue(g, c.gemm1, shape)
 
             def epilogue(i: int, j: int, tile, g: int = g, store=store) -> None:
                 if store is not None:

@@ -74,7 +74,7 @@ import numpy as np
 
 from cais.engine import Countdown, Signal
 from cais.hw.gpu import Kernel
-from cais.hw.memory import Memory, Region
+from cais.hw.memory import Region
 from cais.kernels.gemm import GemmShape
 from cais.kernels.dma import DmaCommand, DmaEngine, dma_rate_GBps, dma_window_bytes
 from cais.schemes.base import Deps, LayerRun, Scheme, all_of
@@ -221,11 +221,9 @@ class T3(DmaScheme):
         over = r.cm.kernel_overhead_ps
         g1 = []
         for g in range(n):
-            mem = r.m.gpus[g].memory
             nxt = (g + 1) % n
 
-            def epilogue(i: int, j: int, tile: np.ndarray | None, g: int = g, mem: Memory = mem,
-                         nxt: int = nxt) -> None:
+            def epilogue(i: int, j: int, tile: np.ndarray | None, g: int = g, nxt: int = nxt) -> None:
                 c0, nc = shape.cols(j)
                 t0 = shape.rows(i)[0]
                 for q, row, nr in pieces[i]:
@@ -236,7 +234,7 @@ class T3(DmaScheme):
                         isa.red(g, nxt, dst, data, self._arrive_cb(r, tracker[nxt][q]), isa.sm_port(), unit=unit)
                     else:  # local update (NMC op-and-store), counted by the tracker
                         buf, base = target(g, q)
-                        mem.add(Region.block(buf, h, row - base, nr, c0, nc, eb), data)
+                        isa.add_local(g, Region.block(buf, h, row - base, nr, c0, nc, eb), data)
                         tracker[g][q].arrive(sim)
 
             order = tile_order(shape, pieces, lambda q, g=g: stage(g, q))

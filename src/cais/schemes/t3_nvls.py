@@ -42,7 +42,7 @@ import numpy as np
 from cais.engine import Countdown, Signal
 from cais.kernels import sync
 from cais.kernels.dma import DmaCommand
-from cais.kernels.gemm import Epilogue, store_epilogue
+from cais.kernels.gemm import Epilogue
 from cais.schemes.base import Deps, LayerRun
 from cais.schemes.t3 import DmaScheme, chunk_unit, pieces_by_row, pieces_per_chunk, shard, tile_order
 from cais.workload.graph import Chain
@@ -86,7 +86,7 @@ class T3Nvls(DmaScheme):
         order = tile_order(shape, pieces, lambda q: q)
         g1 = []
         for g in range(n):
-            store = store_epilogue(r.m.gpus[g].memory, c.gemm1.ops, shape) if r.m.functional else None
+            store = r.store_epilogue(g, c.gemm1, shape)
 
             def epilogue(i: int, j: int, tile: np.ndarray | None, g: int = g,
                          store: Epilogue | None = store) -> None:
