@@ -9,7 +9,8 @@ and CAIS against each sub-layer's lower bound. About 20-30 minutes on 2 cores.
 
 import argparse
 
-from cais.experiments.baselines import PAPER_CAIS_SPEEDUP, TABLE1, geomean, run_grid
+from cais.experiments.baselines import GRID_FN, PAPER_CAIS_SPEEDUP, TABLE1, geomean, grid_points, grid_rows
+from cais.sweep.runner import sweep_rows
 
 CAIS = ("cais-base", "cais-wo-coord", "cais-partial", "cais")
 PAPER_OVER_BASE = (1.43, 1.42)  # CAIS over CAIS-Base, inference / training (paper §V-A.3, as read)
@@ -23,7 +24,8 @@ if __name__ == "__main__":
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = ap.parse_args()
     sets = dict(kv.split("=", 1) for kv in args.set)
-    rows = run_grid(tuple(args.models), tuple(args.schemes), tuple(args.modes), sets=sets)
+    rows = grid_rows(sweep_rows(grid_points(tuple(args.models), tuple(args.schemes), tuple(args.modes), sets=sets),
+                                GRID_FN))
     by = {(r["model"], r["scheme"], r["mode"]): r for r in rows}
     print(f"settings: {' '.join(args.set) or 'defaults'}\n")
     for mode in args.modes:

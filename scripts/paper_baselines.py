@@ -11,8 +11,9 @@ import argparse
 import json
 import tempfile
 
-from cais.experiments.baselines import TABLE1, markdown, run_grid
+from cais.experiments.baselines import GRID_FN, TABLE1, grid_points, grid_rows, markdown
 from cais.hw.config import load_system
+from cais.sweep.runner import sweep_rows
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
@@ -29,4 +30,5 @@ if __name__ == "__main__":
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
             json.dump(data, f)
         system = f.name
-    print(markdown(run_grid(tuple(args.models), modes=tuple(args.modes), sms=args.sms, system=system)))
+    points = grid_points(tuple(args.models), modes=tuple(args.modes), sms=args.sms, system=system)
+    print(markdown(grid_rows(sweep_rows(points, GRID_FN))))

@@ -271,3 +271,25 @@ def test_ray_cluster_gives_the_same_rows_as_local_processes(tmp_path) -> None:
     cols = ["time_us", "busbw_GBps", "events", "link.bandwidth_GBps"]
     pd.testing.assert_frame_equal(remote.set_index("point_id").sort_index()[cols],
                                   local.set_index("point_id").sort_index()[cols])
+
+
+def test_sweep_rows_come_back_in_the_points_order_without_a_file(tmp_path) -> None:
+    """``sweep_rows``: the one grid runner for callers that want rows (the paper
+    baseline scripts): the runner's rows, in the points' order, nothing left behind."""
+    from cais.sweep.runner import sweep_rows
+
+    points = [{"x": x, "calls": str(tmp_path)} for x in (3, 1, 2)]
+    rows = sweep_rows(points, HELPER, workers=1)
+    assert [r["y"] for r in rows] == [9, 1, 4] and all(r["status"] == "ok" for r in rows)
+    assert not list(tmp_path.glob("*.parquet"))
+
+
+def test_the_baseline_grid_refuses_a_failed_point() -> None:
+    """The paper grid's rows (experiments/baselines.grid_rows) never hide a failed run."""
+    from cais.experiments.baselines import grid_rows
+
+    bad = {"status": "error", "error": "ValueError: boom", "point.model": "m", "point.scheme": "s",
+           "point.mode": "prefill"}
+    with pytest.raises(RuntimeError, match="m/s/prefill: ValueError: boom"):
+        grid_rows([bad])
+    assert grid_rows([]) == []

@@ -2,14 +2,17 @@
 on the three Table I models, 8 GPUs x 66 SMs, inference (prefill) and training, with
 the ratios to TP-NVLS that the paper's CAIS speedups imply.
 
-Runs are independent, so they go to a pool of local processes.
+Runs are independent points of a sweep: :func:`grid_points` lists them,
+:func:`grid_point` runs one (the sweep runner's point function, ``GRID_FN``) and
+:func:`grid_rows` reads the rows back.
 """
 
 from __future__ import annotations
 
+import json
 import math
-import os
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from cais.experiments.layer import run_layer
 from cais.hw.config import apply_overrides, load_system
@@ -38,29 +41,48 @@ def paper_ratio(scheme: str, mode: str) -> float:
     return PAPER_CAIS_SPEEDUP[scheme][i] / PAPER_CAIS_SPEEDUP["tp-nvls"][i]
 
 
-def _one(job: tuple[str, str, str, int, str, tuple[tuple[str, str], ...]]) -> dict[str, object]:
-    model_name, scheme, mode, sms, system, sets = job
+GRID_FN = "cais.experiments.baselines:grid_point"
+_NESTED = ("sublayers", "bounds", "merge", "skew_us")  # returned as JSON text: one sweep column each
+
+
+def grid_points(models: tuple[str, ...] = TABLE1, schemes: tuple[str, ...] = BASELINES,
+                modes: tuple[str, ...] = ("prefill", "train"), sms: int = 66, system: str = "dgx-h100",
+                sets: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+    """Every (model, scheme, mode) on ``system`` with the dotted-key overrides ``sets``,
+    as sweep points for :func:`grid_point`."""
+    frozen = json.dumps(dict(sorted((sets or {}).items())))
+    return [{"model": m, "scheme": s, "mode": mode, "sms": sms, "system": system, "sets": frozen}
+            for m in models for s in schemes for mode in modes]
+
+
+def grid_point(point: Mapping[str, Any]) -> dict[str, Any]:
+    """One grid point's period: total, sub-layer times and bounds, link utilisation,
+    merge counts, table peak and arrival skew (nested values as JSON text)."""
     from cais.workload.models import load_model
 
-    cfg = apply_overrides(load_system(system), dict(sets)) if sets else load_system(system)
-    r = run_layer(cfg, load_model(model_name), scheme, mode, sms)
+    sets = json.loads(point["sets"])
+    cfg = apply_overrides(load_system(point["system"]), sets) if sets else load_system(point["system"])
+    r = run_layer(cfg, load_model(point["model"]), point["scheme"], point["mode"], point["sms"])
     j = r.as_json()
-    return {"model": model_name, "scheme": scheme, "mode": mode, "total_us": r.total_us,
-            "sublayers": {k: v["time_us"] for k, v in r.sublayers.items()},
-            "bounds": {k: v["bound_us"] for k, v in r.sublayers.items()}, "wall_s": r.wall_s,
-            "link_util": r.link_util.mean, "merge": j.get("merge"),
-            "table_peak_kB": j.get("merge_table_peak_kB", {}).get("max"), "skew_us": j.get("arrival_skew_us")}
+    out = {"model": point["model"], "scheme": point["scheme"], "mode": point["mode"], "total_us": r.total_us,
+           "sublayers": {k: v["time_us"] for k, v in r.sublayers.items()},
+           "bounds": {k: v["bound_us"] for k, v in r.sublayers.items()}, "sim_wall_s": r.wall_s,
+           "link_util": r.link_util.mean, "merge": j.get("merge"),
+           "table_peak_kB": j.get("merge_table_peak_kB", {}).get("max"), "skew_us": j.get("arrival_skew_us")}
+    return {k: json.dumps(v) if k in _NESTED else v for k, v in out.items()}
 
 
-def run_grid(models: tuple[str, ...] = TABLE1, schemes: tuple[str, ...] = BASELINES,
-             modes: tuple[str, ...] = ("prefill", "train"), sms: int = 66, system: str = "dgx-h100",
-             workers: int | None = None, sets: dict[str, str] | None = None) -> list[dict[str, object]]:
-    """Every (model, scheme, mode) on ``system`` with the dotted-key overrides
-    ``sets``, in a pool of local processes."""
-    frozen = tuple(sorted((sets or {}).items()))
-    jobs = [(m, s, mode, sms, system, frozen) for m in models for s in schemes for mode in modes]
-    with ProcessPoolExecutor(max_workers=workers or os.cpu_count()) as pool:
-        return list(pool.map(_one, jobs))
+def grid_rows(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The grid's rows as :func:`grid_point` made them, nested values decoded, each with
+    its run's ``wall_s``; RuntimeError naming the first point that failed."""
+    out = []
+    for r in rows:
+        if r["status"] != "ok":
+            raise RuntimeError(f"grid point {r['point.model']}/{r['point.scheme']}/{r['point.mode']}: {r['error']}")
+        row = {k: json.loads(r[k]) if k in _NESTED else r[k]
+               for k in ("model", "scheme", "mode", "total_us", "link_util", "table_peak_kB", *_NESTED)}
+        out.append({**row, "wall_s": r["sim_wall_s"]})
+    return out
 
 
 def geomean(xs: list[float]) -> float:

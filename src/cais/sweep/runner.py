@@ -9,6 +9,7 @@ import multiprocessing
 import os
 import signal
 import socket
+import tempfile
 import time
 from contextlib import closing
 import traceback
@@ -227,3 +228,13 @@ def summary(table: pd.DataFrame, points: Sequence[Point]) -> tuple[int, int]:
     mine = table[table["point_id"].isin(ids)]
     return int((mine["status"] == "ok").sum()), int((mine["status"] != "ok").sum())
 
+
+
+def sweep_rows(points: list[Point], fn: str = DEFAULT_FN, workers: int | None = None,
+               progress: bool = False) -> list[dict[str, Any]]:
+    """The rows of ``points`` run through ``fn`` (:func:`run_sweep` into a table that is
+    thrown away), in the points' order: for callers that want the rows, not a file."""
+    with tempfile.TemporaryDirectory() as tmp:
+        table = run_sweep(points, Path(tmp) / "rows.parquet", fn=fn, workers=workers, progress=progress)
+    by_id = {r["point_id"]: r for r in table.to_dict("records")}
+    return [by_id[point_id(p)] for p in points]
