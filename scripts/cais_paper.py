@@ -9,7 +9,7 @@ and CAIS against each sub-layer's lower bound. About 20-30 minutes on 2 cores.
 
 import argparse
 
-from cais.experiments.baselines import GRID_FN, PAPER_CAIS_SPEEDUP, TABLE1, geomean, grid_points, grid_rows
+from cais.experiments.baselines import PAPER_CAIS_SPEEDUP, TABLE1, geomean, grid_point, grid_points, grid_rows
 from cais.sweep.runner import sweep_rows
 
 CAIS = ("cais-base", "cais-wo-coord", "cais-partial", "cais")
@@ -25,7 +25,7 @@ if __name__ == "__main__":
     args = ap.parse_args()
     sets = dict(kv.split("=", 1) for kv in args.set)
     rows = grid_rows(sweep_rows(grid_points(tuple(args.models), tuple(args.schemes), tuple(args.modes), sets=sets),
-                                GRID_FN))
+                                grid_point))
     by = {(r["model"], r["scheme"], r["mode"]): r for r in rows}
     print(f"settings: {' '.join(args.set) or 'defaults'}\n")
     for mode in args.modes:

@@ -11,7 +11,7 @@ import argparse
 import json
 import tempfile
 
-from cais.experiments.baselines import GRID_FN, TABLE1, grid_points, grid_rows, markdown
+from cais.experiments.baselines import TABLE1, grid_point, grid_points, grid_rows, markdown
 from cais.hw.config import load_system
 from cais.sweep.runner import sweep_rows
 
@@ -31,4 +31,4 @@ if __name__ == "__main__":
             json.dump(data, f)
         system = f.name
     points = grid_points(tuple(args.models), modes=tuple(args.modes), sms=args.sms, system=system)
-    print(markdown(grid_rows(sweep_rows(points, GRID_FN))))
+    print(markdown(grid_rows(sweep_rows(points, grid_point))))

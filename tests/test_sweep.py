@@ -279,7 +279,7 @@ def test_sweep_rows_come_back_in_the_points_order_without_a_file(tmp_path) -> No
     from cais.sweep.runner import sweep_rows
 
     points = [{"x": x, "calls": str(tmp_path)} for x in (3, 1, 2)]
-    rows = sweep_rows(points, HELPER, workers=1)
+    rows = sweep_rows(points, HELPER, workers=1)  # by name; the next test passes the function
     assert [r["y"] for r in rows] == [9, 1, 4] and all(r["status"] == "ok" for r in rows)
     assert not list(tmp_path.glob("*.parquet"))
 
@@ -293,3 +293,13 @@ def test_the_baseline_grid_refuses_a_failed_point() -> None:
     with pytest.raises(RuntimeError, match="m/s/prefill: ValueError: boom"):
         grid_rows([bad])
     assert grid_rows([]) == []
+
+
+def test_a_sweep_takes_the_point_function_itself(tmp_path) -> None:
+    """``fn`` may be the function, not only its ``module:function`` name; worker
+    processes import it by reference."""
+    import sweep_helpers
+
+    points = [{"x": x, "calls": str(tmp_path)} for x in (2, 5)]
+    table = run_sweep(points, tmp_path / "r.parquet", fn=sweep_helpers.square, workers=2, progress=False)
+    assert sorted(table["y"]) == [4, 25]

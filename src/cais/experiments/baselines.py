@@ -3,7 +3,7 @@ on the three Table I models, 8 GPUs x 66 SMs, inference (prefill) and training, 
 the ratios to TP-NVLS that the paper's CAIS speedups imply.
 
 Runs are independent points of a sweep: :func:`grid_points` lists them,
-:func:`grid_point` runs one (the sweep runner's point function, ``GRID_FN``) and
+:func:`grid_point` runs one (the sweep runner's point function) and
 :func:`grid_rows` reads the rows back.
 """
 
@@ -41,7 +41,6 @@ def paper_ratio(scheme: str, mode: str) -> float:
     return PAPER_CAIS_SPEEDUP[scheme][i] / PAPER_CAIS_SPEEDUP["tp-nvls"][i]
 
 
-GRID_FN = "cais.experiments.baselines:grid_point"
 _NESTED = ("sublayers", "bounds", "merge", "skew_us")  # returned as JSON text: one sweep column each
 
 

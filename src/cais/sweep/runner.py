@@ -29,8 +29,15 @@ from cais.sweep.store import META_COLUMNS, ResultStore, read_table
 DEFAULT_FN = "cais.sweep.point:run_point"
 
 
-def resolve(fn: str) -> Callable[[Point], Mapping[str, Any]]:
-    """The function a ``module:function`` name stands for; UserError if there is none."""
+PointFn = Callable[[Point], Mapping[str, Any]]
+
+
+def resolve(fn: str | PointFn) -> PointFn:
+    """The point function: ``fn`` itself, or the function a ``module:function`` name
+    stands for; UserError if there is none. A function must be importable by worker
+    processes (defined at the top level of a module)."""
+    if callable(fn):
+        return fn
     module, sep, name = fn.partition(":")
     if not sep or not module or not name:
         raise UserError(f"fn: expected 'module:function', got '{fn}'")
@@ -43,13 +50,18 @@ def resolve(fn: str) -> Callable[[Point], Mapping[str, Any]]:
     return obj  # type: ignore[no-any-return]
 
 
+def _name(fn: str | PointFn) -> str:
+    """A point function as ``module:function``."""
+    return fn if isinstance(fn, str) else f"{fn.__module__}:{fn.__qualname__}"
+
+
 def one_line(exc: BaseException) -> str:
     """An exception as one line: ``Type: message`` (whitespace collapsed)."""
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def call_point(fn: str, point: Point) -> dict[str, Any]:
+def call_point(fn: str | PointFn, point: Point) -> dict[str, Any]:
     """Run ``fn`` on ``point`` and return the point's row: ``point_id``, ``status``,
     ``error`` (None when ok), ``wall_s``, the point's keys as ``point.<key>``, then the
     function's columns. Never raises for the point's own failure: any exception
@@ -60,7 +72,7 @@ def call_point(fn: str, point: Point) -> dict[str, Any]:
     try:
         result = resolve(fn)(point)
         if not isinstance(result, Mapping):
-            raise TypeError(f"{fn} returned {type(result).__name__}, not a dict")
+            raise TypeError(f"{_name(fn)} returned {type(result).__name__}, not a dict")
         out = flatten(result)
     except Exception as exc:  # noqa: BLE001 - a failing point is a result, not the sweep's end
         if os.environ.get("CAIS_DEBUG"):
@@ -73,7 +85,7 @@ def call_point(fn: str, point: Point) -> dict[str, Any]:
     return row
 
 
-def _local(fn: str, points: Sequence[Point], workers: int) -> Iterator[list[dict[str, Any]]]:
+def _local(fn: str | PointFn, points: Sequence[Point], workers: int) -> Iterator[list[dict[str, Any]]]:
     """Rows of ``points`` in batches, as they finish: in this process for one worker,
     else in a pool of ``workers`` processes (spawned: no state inherited)."""
     if workers == 1:
@@ -118,7 +130,7 @@ def _failed(point: Point, exc: BaseException) -> dict[str, Any]:
             "wall_s": None, **flatten(point, "point.")}
 
 
-def _ray(fn: str, points: Sequence[Point], address: str) -> Iterator[list[dict[str, Any]]]:
+def _ray(fn: str | PointFn, points: Sequence[Point], address: str) -> Iterator[list[dict[str, Any]]]:
     """Rows of ``points`` in batches as they finish, each point a Ray task on the
     cluster at ``address`` (``cais`` and ``fn``'s module must be importable there)."""
     try:
@@ -185,12 +197,13 @@ def _progress(enabled: bool, desc: str, total: int, skipped: int) -> Any:
     return progress, progress.add_task(label, total=total, failed=0)
 
 
-def run_sweep(points: list[Point], out: str | Path, *, fn: str = DEFAULT_FN, workers: int | None = None,
+def run_sweep(points: list[Point], out: str | Path, *, fn: str | PointFn = DEFAULT_FN, workers: int | None = None,
               ray_address: str | None = None, progress: bool = True, desc: str = "sweep",
               keep_errors: bool = False, command: str = "") -> pd.DataFrame:
     """Run every point of ``points`` not already finished in the table ``out`` (a
-    ``.parquet`` file) through ``fn`` (``module:function``, taking a point and
-    returning a flat or nested dict) and append each row to ``out`` as it finishes.
+    ``.parquet`` file) through ``fn`` (a function defined at the top level of a
+    module, or its ``module:function`` name; it takes a point and returns a flat or
+    nested dict) and append each row to ``out`` as it finishes.
 
     Points whose id has a row with status ``ok`` are skipped; failed ones run again
     unless ``keep_errors``. Local processes by default (``workers``: default
@@ -230,7 +243,7 @@ def summary(table: pd.DataFrame, points: Sequence[Point]) -> tuple[int, int]:
 
 
 
-def sweep_rows(points: list[Point], fn: str = DEFAULT_FN, workers: int | None = None,
+def sweep_rows(points: list[Point], fn: str | PointFn = DEFAULT_FN, workers: int | None = None,
                progress: bool = False) -> list[dict[str, Any]]:
     """The rows of ``points`` run through ``fn`` (:func:`run_sweep` into a table that is
     thrown away), in the points' order: for callers that want the rows, not a file."""
