@@ -27,6 +27,8 @@ the block with ``multimem.ld_reduce`` and multicasts its output rows with
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -210,23 +212,27 @@ class Fused:
                           rowop.row_offset(self.d, g))
 
 
-class FusedPath:
+class FusedPath(ABC):
     """How a fused kernel moves its data: the tile order, a tile's epilogue, when an
     owner's row block is ready, and the task that reduces, normalises and gathers
-    a ready block."""
+    a ready block. An interface: :class:`PushPath` (FuseLib) and
+    :class:`MulticastPath` (FuseLib-NVLS) implement it."""
 
+    @abstractmethod
     def tile_order(self, plan: Plan, g: int, n: int) -> list[tuple[int, int]]:
-        raise NotImplementedError
+        """The (row tile, column tile) order GPU ``g``'s workers take GEMM1 tiles in."""
 
+    @abstractmethod
     def wire(self, f: Fused) -> None:
         """Make ``f.queues[o].block_ready(b)`` run once row block b of owner o is ready."""
-        raise NotImplementedError
 
+    @abstractmethod
     def tile_epilogue(self, f: Fused, w: Worker, i: int, j: int, tile: np.ndarray | None) -> ProgramGen:
-        raise NotImplementedError
+        """What a worker does with finished tile (i, j): where its partial sums go."""
 
+    @abstractmethod
     def block_task(self, f: Fused, w: Worker, b: int) -> ProgramGen:
-        raise NotImplementedError
+        """A worker's task for ready row block ``b``: reduce, row-wise op, gather."""
 
 
 class PushPath(FusedPath):
