@@ -229,7 +229,7 @@ class _CountingSwitch(NvlsSwitch):
 
     def _count(self, train) -> None:
         self.flags += 1
-        self._multicast(train)
+        self.multicast(train)  # then the NVLS engine's own
 
 
 def test_the_switch_model_comes_from_the_config(h100, monkeypatch) -> None:

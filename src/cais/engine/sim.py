@@ -1,84 +1,15 @@
-"""The event loop: integer picosecond time, a heap of timed callbacks, and the two
-synchronisation objects programs wait on (Signal, Countdown)."""
+"""The event loop (compiled: :class:`cais._core.Simulator`, integer picosecond time
+and a heap of timed actions) and what programs wait on: :class:`Signal`,
+:class:`Countdown`, and :class:`Process`, a TB program run as a generator."""
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable, Generator
 from typing import Any
 
+from cais._core import Simulator
 
-class Simulator:
-    """A discrete-event simulator. Time is an integer number of picoseconds.
-
-    Events scheduled for the same time run in the order they were scheduled, so a
-    run is deterministic.
-    """
-
-    __slots__ = ("now", "_queue", "_seq", "events", "tick", "tick_every")
-
-    TICK_EVERY = 4096
-
-    def __init__(self) -> None:
-        self.now: int = 0
-        self._queue: list[tuple[int, int, Callable[..., None], tuple]] = []
-        self._seq = 0
-        self.events = 0
-        # Called as tick(now, events) every ``tick_every`` events (a progress report);
-        # None: the loop does not look.
-        self.tick: Callable[[int, int], None] | None = None
-        self.tick_every = self.TICK_EVERY
-
-    def at(self, time: int, fn: Callable[..., None], *args: Any) -> None:
-        """Run ``fn(*args)`` at absolute time ``time`` (not before now)."""
-        if time < self.now:
-            raise ValueError(f"event scheduled in the past: {time} < {self.now}")
-        self._seq += 1
-        heapq.heappush(self._queue, (time, self._seq, fn, args))
-
-    def after(self, delay: int, fn: Callable[..., None], *args: Any) -> None:
-        self.at(self.now + delay, fn, *args)
-
-    def next_time(self) -> int | None:
-        """Time of the next event, None when nothing is scheduled."""
-        return self._queue[0][0] if self._queue else None
-
-    def run(self, until: int | None = None) -> int:
-        """Process events until the queue is empty (or past ``until``); return now."""
-        queue = self._queue
-        pop = heapq.heappop
-        count = 0
-        tick = self.tick
-        if tick is None:
-            if until is None:
-                while queue:
-                    time, _, fn, args = pop(queue)
-                    self.now = time
-                    fn(*args)
-                    count += 1
-            else:
-                while queue and queue[0][0] <= until:
-                    time, _, fn, args = pop(queue)
-                    self.now = time
-                    fn(*args)
-                    count += 1
-        else:
-            every = self.tick_every
-            try:
-                while queue:
-                    if until is not None and queue[0][0] > until:
-                        break
-                    time, _, fn, args = pop(queue)
-                    self.now = time
-                    fn(*args)
-                    count += 1
-                    if count % every == 0:
-                        tick(time, self.events + count)
-            finally:
-                self.events += count
-            return self.now
-        self.events += count
-        return self.now
+__all__ = ["Countdown", "Process", "ProgramGen", "Signal", "Simulator"]
 
 
 class Signal:

@@ -117,7 +117,7 @@ class Fabric:
         train.head = now if head is None else head
         train.tail = train.head if tail is None else tail
         self.injected += train.payload
-        self.up[train.src][train.chip].send(train, self.switches[train.chip].receive, on_start)
+        self.up[train.src][train.chip].send(train, self.switches[train.chip], on_start)  # its input port
 
     def ack(self, gpu: int, write: Train) -> None:
         """Send the write response of a delivered write back to its issuer (it calls

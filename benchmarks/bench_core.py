@@ -1,0 +1,149 @@
+"""The compiled event core against the pure-Python engine, side by side in one run:
+each row runs in its own process under this tree and under a git revision (by
+default the last commit before the core, ``ea63d9d``), alternating, and reports
+wall time, events per second, peak memory, the speed-up and whether both computed
+the same result (simulated time and event count).
+
+    .venv/bin/python benchmarks/bench_core.py [--against REV] [--rounds 2] [--full]
+
+``--full`` adds the long rows (the LLaMA-7B training period, 1 GiB NVLS AllReduce
+on all 72 GPUs of ``nvl72`` in the full model). The revision is checked out once
+into a temporary git worktree and imported from there (``PYTHONPATH``), with this
+environment's dependencies; a revision with a compiled core of its own would need
+building first, so the default is a pure-Python one.
+
+Targets (issue 20): 1 GiB NVLS AllReduce events/s at least 10x the pure-Python
+engine's and at least 2x a bare ``heapq`` loop's; LLaMA-7B ``cais`` period under 5 s
+(prefill) and 20 s (train); NVL72 1 GiB NVLS in the full model under 60 s; peak
+memory no higher than before.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+BEFORE = "ea63d9d"  # the last commit whose event loop, channels and credits were Python
+
+# name -> (what it runs, in a child process; a long row?)
+ROWS: dict[str, tuple[str, bool]] = {
+    "NVLS AllReduce 1 GiB, 8 x H100": (
+        "from cais.experiments.collective import run_collective\n"
+        "from cais.hw.config import apply_overrides, load_system\n"
+        "cfg = apply_overrides(load_system('dgx-h100'), {'collective.nvls_buffers': 'registered'})\n"
+        "r = run_collective(cfg, 'allreduce', 'nvls', 1 << 30)\n"
+        "result = (r.time_us, r.events)", False),
+    "paper-llama-7b cais prefill, 8 x 66 SMs": (
+        "from cais.experiments.layer import run_layer\n"
+        "from cais.hw.config import load_system\n"
+        "from cais.workload.models import load_model\n"
+        "r = run_layer(load_system('dgx-h100'), load_model('paper-llama-7b'), 'cais', 'prefill', 66)\n"
+        "result = (r.total_us, r.events)", False),
+    "paper-llama-7b cais train, 8 x 66 SMs": (
+        "from cais.experiments.layer import run_layer\n"
+        "from cais.hw.config import load_system\n"
+        "from cais.workload.models import load_model\n"
+        "r = run_layer(load_system('dgx-h100'), load_model('paper-llama-7b'), 'cais', 'train', 66)\n"
+        "result = (r.total_us, r.events)", True),
+    "NVLS AllReduce 1 GiB, nvl72 x 72, full model": (
+        "import os\n"
+        "os.environ['CAIS_MAX_EVENTS'] = '60000000'\n"
+        "from cais.experiments.collective import run_collective\n"
+        "from cais.hw.config import apply_overrides, load_system\n"
+        "cfg = load_system('nvl72')  # 72 GPUs\n"
+        "r = run_collective(cfg, 'allreduce', 'nvls', 1 << 30)\n"
+        "result = (r.time_us, r.events)", True),
+}
+
+CHILD = """
+import json, resource, sys, time
+t0 = time.perf_counter()
+{code}
+wall = time.perf_counter() - t0
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({{"wall_s": wall, "rss_mb": rss, "result": list(result)}}))
+"""
+
+
+def heapq_rate(n: int = 1_000_000) -> float:
+    """Events per second of a bare Python event loop: ``heapq`` push and pop of
+    (time, seq, fn, args) with a callback that does nothing (the floor any Python
+    engine pays per event)."""
+    import heapq
+
+    def noop() -> None:
+        return None
+
+    queue: list[tuple[int, int, object, tuple]] = []
+    t0 = time.perf_counter()
+    for i in range(n):
+        heapq.heappush(queue, ((i * 7919) % 100_003, i, noop, ()))
+    while queue:
+        _, _, fn, args = heapq.heappop(queue)
+        fn(*args)  # type: ignore[operator]
+    return n / (time.perf_counter() - t0)
+
+
+def run_row(code: str, src: Path) -> dict[str, object]:
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    out = subprocess.run([sys.executable, "-c", CHILD.format(code=code)], capture_output=True, text=True, env=env,
+                         cwd=src.parent)
+    if out.returncode:
+        raise SystemExit(f"bench_core: a row failed under {src}:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def worktree(rev: str) -> Path:
+    path = Path(tempfile.gettempdir()) / f"cais-bench-{rev}"
+    if not (path / "src" / "cais").is_dir():
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(path), rev], check=True,
+                       capture_output=True)
+    return path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--against", default=BEFORE, help=f"git revision to compare with (default {BEFORE})")
+    ap.add_argument("--rounds", type=int, default=2, help="runs of each row on each side (best is kept)")
+    ap.add_argument("--full", action="store_true", help="also the long rows (LLaMA-7B train, NVL72 x 72)")
+    args = ap.parse_args()
+    base = worktree(args.against)
+    table = Table(title=f"compiled core (this tree) against {args.against} (pure Python), best of {args.rounds}")
+    for col in ("workload", "events", "wall before (s)", "wall now (s)", "speed-up", "events/s now",
+                "RSS before (MB)", "RSS now (MB)", "same result"):
+        table.add_column(col, justify="right")
+    rate = heapq_rate()
+    rates: dict[str, float] = {}
+    for name, (code, long) in ROWS.items():
+        if long and not args.full:
+            continue
+        best: dict[str, dict[str, object]] = {}
+        for _ in range(args.rounds):
+            for side, src in (("before", base / "src"), ("now", ROOT / "src")):
+                r = run_row(code, src)
+                if side not in best or r["wall_s"] < best[side]["wall_s"]:  # type: ignore[operator]
+                    best[side] = r
+        b, n = best["before"], best["now"]
+        events = int(n["result"][1])  # type: ignore[index]
+        rates[name] = events / float(n["wall_s"])  # type: ignore[arg-type]
+        table.add_row(name, f"{events:,}", f"{b['wall_s']:.2f}", f"{n['wall_s']:.2f}",
+                      f"{float(b['wall_s']) / float(n['wall_s']):.2f}x", f"{rates[name]:,.0f}",  # type: ignore[arg-type]
+                      f"{b['rss_mb']:,.0f}", f"{n['rss_mb']:,.0f}", "yes" if b["result"] == n["result"] else "NO")
+    Console(width=160).print(table)
+    first = next(iter(rates))
+    print(f"bare heapq loop: {rate:,.0f} events/s; {first}: {rates[first] / rate:.2f}x of it")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,532 @@
+//! One direction of a link: a serialising server with virtual channels.
+//!
+//! The network does not move flits one by one: it moves *trains*, a run of
+//! packets that travel together (a transfer unit). A train is forwarded
+//! cut-through: the next hop may start sending it as soon as its head has
+//! arrived, and cannot finish before its tail has arrived. So a train of many
+//! packets costs one serialisation per link it crosses, not one per hop, as for
+//! wormhole/virtual cut-through flit switching.
+
+use std::collections::VecDeque;
+
+use pyo3::exceptions::PyIndexError;
+use pyo3::prelude::*;
+use pyo3::types::PyList;
+use pyo3::{PyTraverseError, PyVisit};
+
+use crate::credits::{true_div, Credits};
+use crate::sim::{Action, Simulator};
+use crate::switch::SwitchChip;
+use crate::train::Train;
+
+/// Not computed since the VC's head train or its credits changed.
+const UNKNOWN: i64 = -1;
+/// Not before more credits come back.
+const BLOCKED: i64 = 1 << 62;
+
+/// Where a channel delivers a train: a unit of the core (a switch chip's input
+/// port), bound when the train is sent, or any Python callable `deliver(train)`.
+pub(crate) enum Sink {
+    Switch(Py<SwitchChip>),
+    Call(Py<PyAny>),
+}
+
+impl Sink {
+    fn of(deliver: &Bound<'_, PyAny>) -> Sink {
+        match deliver.cast::<SwitchChip>() {
+            Ok(sw) => Sink::Switch(sw.clone().unbind()),
+            Err(_) => Sink::Call(deliver.clone().unbind()),
+        }
+    }
+
+    pub(crate) fn deliver(&self, train: Bound<'_, Train>) -> PyResult<()> {
+        match self {
+            Sink::Switch(sw) => SwitchChip::receive_train(sw.bind(train.py()), train),
+            Sink::Call(f) => f.bind(train.py()).call1((train,)).map(|_| ()),
+        }
+    }
+
+    pub(crate) fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        match self {
+            Sink::Switch(sw) => visit.call(sw),
+            Sink::Call(f) => visit.call(f),
+        }
+    }
+}
+
+/// Whom a channel tells when a train goes on the wire: nobody, a switch chip
+/// whose input buffer the train (or the train it was copied from) leaves, or any
+/// Python callable `on_start(train, start, finish)`.
+pub(crate) enum Hook {
+    None,
+    Departed(Py<SwitchChip>),
+    Call(Py<PyAny>),
+}
+
+/// A train waiting for the wire, with whom to tell when it starts and arrives.
+struct Queued {
+    train: Py<Train>,
+    deliver: Sink,
+    on_start: Hook,
+    ser: i64,
+}
+
+/// One direction of a port: trains are serialised onto the wire one at a time at
+/// `ps_per_byte`, then arrive `latency_ps` later. Trains waiting for the wire sit
+/// in one FIFO per virtual channel; the arbiter serves the VCs round-robin,
+/// skipping a VC whose head train has no credits at the receiving buffer
+/// (`credits`; None: an infinite buffer). A VC whose buffer is far too small for
+/// the credit round trip cannot stream faster than its capacity per round trip
+/// (`credit_rtt_ps`), as with flit-level credits.
+///
+/// `send(train, deliver, on_start)`: `on_start(train, start, finish)` runs when the
+/// train is put on the wire (its first and last byte leave at those times);
+/// `deliver(train)` when its tail reaches the far end.
+///
+/// Statistics: trains, payload and wire bytes sent, and busy time, for utilisation.
+#[pyclass(module = "cais._core", subclass)]
+pub struct Channel {
+    sim: Py<Simulator>,
+    #[pyo3(get)]
+    name: String,
+    #[pyo3(get)]
+    ps_per_byte: f64,
+    #[pyo3(get)]
+    latency_ps: i64,
+    #[pyo3(get)]
+    free_at: i64,
+    queues: Vec<VecDeque<Queued>>,
+    rr: usize,
+    /// VCs with waiting trains, ascending.
+    active: Vec<usize>,
+    queued: i64,
+    /// Generation of the one pending arbitration (older ones are stale).
+    generation: u64,
+    /// When the pending arbitration runs (-1: none pending).
+    armed_at: i64,
+    #[pyo3(get)]
+    trains: i64,
+    #[pyo3(get)]
+    payload_bytes: i64,
+    #[pyo3(get)]
+    wire_bytes: i64,
+    #[pyo3(get)]
+    busy_ps: i64,
+    #[pyo3(get)]
+    pub(crate) delivered_payload: i64,
+    #[pyo3(get, set)]
+    timeline: Option<Py<PyList>>,
+    #[pyo3(get)]
+    credits: Option<Py<Credits>>,
+    #[pyo3(get)]
+    credit_rtt_ps: i64,
+    /// Per VC: when its head train has credits (UNKNOWN or BLOCKED).
+    ready: Vec<i64>,
+    /// Serialisation time per byte: the wire's, or, if the buffer is smaller than
+    /// the credit round trip needs, at most its capacity per round trip.
+    ser_ps_per_byte: f64,
+}
+
+impl Channel {
+    fn now(&self, py: Python<'_>) -> i64 {
+        self.sim.borrow(py).now
+    }
+
+    /// Arbitrate at `at`, unless an arbitration is already due by then.
+    fn arm(&mut self, py: Python<'_>, this: &Bound<'_, Channel>, at: i64) {
+        if 0 <= self.armed_at && self.armed_at <= at {
+            return;
+        }
+        self.armed_at = at;
+        self.generation += 1;
+        self.sim
+            .borrow_mut(py)
+            .push(at, Action::Arbitrate(this.clone().unbind(), self.generation));
+    }
+
+    /// The earliest start the credits allow the VC's head train (no earlier than the
+    /// wire is free and its head is there; possibly in the past: a train is cut
+    /// through as soon as it could have gone), or BLOCKED.
+    fn when_ready(&mut self, py: Python<'_>, vc: usize) -> i64 {
+        let cr = self.credits.as_ref().expect("a channel with credits");
+        let mut c = cr.borrow_mut(py);
+        let head = &self.queues[vc][0];
+        let t = head.train.borrow(py);
+        let fp = c.footprint_of(t.wire);
+        let ready = if c.has_free(vc, fp) {
+            0
+        } else {
+            let lower = self.free_at.max(t.head);
+            c.earliest_at(vc, fp, head.ser, lower).unwrap_or(BLOCKED)
+        };
+        self.ready[vc] = ready;
+        ready
+    }
+
+    /// Arbitrate again when the wire is free and some VC's head has credits (if
+    /// none can have them before more come back, `credits_back` arms it).
+    fn arm_next(&mut self, py: Python<'_>, this: &Bound<'_, Channel>, now: i64) {
+        let free_at = self.free_at;
+        if self.credits.is_none() {
+            self.arm(py, this, free_at.max(now));
+            return;
+        }
+        let mut soonest = BLOCKED;
+        for i in 0..self.active.len() {
+            let vc = self.active[i];
+            let mut t = self.ready[vc];
+            if t == UNKNOWN {
+                t = self.when_ready(py, vc);
+            }
+            if t < soonest {
+                soonest = t;
+                if t <= free_at {
+                    break;
+                }
+            }
+        }
+        if soonest < BLOCKED {
+            let t = soonest.max(free_at);
+            self.arm(py, this, t.max(now));
+        }
+    }
+
+    /// The wire is free: serve the first VC at or after the round-robin pointer
+    /// whose head train has credits, then move the pointer past it.
+    pub(crate) fn arbitrate(slf: &Bound<'_, Channel>, generation: u64) -> PyResult<()> {
+        let py = slf.py();
+        let (queued, now) = {
+            let mut me = slf.borrow_mut();
+            if generation != me.generation {
+                return Ok(());
+            }
+            me.armed_at = -1;
+            let now = me.now(py);
+            if me.free_at > now {
+                let at = me.free_at;
+                me.arm(py, slf, at);
+                return Ok(());
+            }
+            let n_active = me.active.len();
+            let first = if n_active == 1 {
+                0
+            } else {
+                me.active.partition_point(|&v| v < me.rr)
+            };
+            let mut pick: Option<usize> = None;
+            let mut credit_t = 0;
+            for j in 0..n_active {
+                let vc = me.active[(first + j) % n_active];
+                if me.credits.is_none() {
+                    pick = Some(vc);
+                    break;
+                }
+                let mut t = me.ready[vc];
+                if t == UNKNOWN {
+                    t = me.when_ready(py, vc);
+                }
+                if t <= now {
+                    pick = Some(vc);
+                    credit_t = t;
+                    break;
+                }
+            }
+            let Some(pick) = pick else {
+                me.arm_next(py, slf, now);
+                return Ok(());
+            };
+            let q = me.queues[pick].pop_front().expect("an active VC has a train");
+            me.ready[pick] = UNKNOWN;
+            if me.queues[pick].is_empty() {
+                let at = me.active.iter().position(|&v| v == pick).expect("active");
+                me.active.remove(at);
+            }
+            me.rr = (pick + 1) % me.queues.len();
+            me.queued -= 1;
+            ((q, credit_t), now)
+        };
+        let ((q, credit_t), now) = (queued, now);
+        Channel::start(slf, q.train.into_bound(py), q.deliver, q.on_start, q.ser, credit_t)?;
+        let mut me = slf.borrow_mut();
+        if me.queued > 0 {
+            me.arm_next(py, slf, now);
+        }
+        Ok(())
+    }
+
+    /// Put the train on the wire: at the earliest when the wire is free, its head is
+    /// there and (`not_before`) its credits allow.
+    fn start(
+        slf: &Bound<'_, Channel>,
+        train: Bound<'_, Train>,
+        deliver: Sink,
+        on_start: Hook,
+        ser: i64,
+        not_before: i64,
+    ) -> PyResult<()> {
+        let py = slf.py();
+        let (start, finish, pkt) = {
+            let mut me = slf.borrow_mut();
+            let now = me.now(py);
+            let t = train.borrow();
+            let start = me.free_at.max(t.head).max(not_before);
+            let pkt = (t.packet_wire as f64 * me.ps_per_byte + 0.5) as i64;
+            let mut finish = start + ser;
+            let tail = t.tail + pkt;
+            if tail > finish {
+                finish = tail;
+            }
+            if finish < now {
+                finish = now; // cannot finish in the past: everything is known only from now on
+            }
+            me.free_at = finish;
+            me.trains += 1;
+            me.payload_bytes += t.payload;
+            me.wire_bytes += t.wire;
+            me.busy_ps += ser;
+            if let Some(tl) = &me.timeline {
+                tl.bind(py).append((start, finish, t.wire))?;
+            }
+            (start, finish, pkt)
+        };
+        match on_start {
+            // before the train's buffer fields change hands
+            Hook::None => {}
+            Hook::Departed(sw) => SwitchChip::departed(sw.bind(py), &train, start, finish)?,
+            Hook::Call(cb) => {
+                cb.call1(py, (&train, start, finish))?;
+            }
+        }
+        let me = slf.borrow();
+        let lat = me.latency_ps;
+        let mut t = train.borrow_mut();
+        if let Some(cr) = &me.credits {
+            let mut c = cr.borrow_mut(py);
+            let fp = c.footprint_of(t.wire);
+            let vc = t.vc as usize;
+            if c.drains_kind(t.kind) {
+                c.stream_at(py, vc, fp, start + lat, finish + lat)?; // consumed as it arrives
+            } else {
+                c.take_at(py, vc, fp, start + lat)?;
+            }
+            t.fp = fp;
+        }
+        t.credits = me.credits.as_ref().map(|c| c.clone_ref(py));
+        t.head = start + pkt + lat;
+        let arrive = finish + lat;
+        t.tail = arrive;
+        drop(t);
+        me.sim
+            .borrow_mut(py)
+            .push(arrive, Action::Arrive(slf.clone().unbind(), train.unbind(), deliver));
+        Ok(())
+    }
+
+    /// Offer a train whose head is available at `train.head` and tail at
+    /// `train.tail`.
+    pub(crate) fn offer(slf: &Bound<'_, Self>, train: Bound<'_, Train>, deliver: Sink, on_start: Hook) -> PyResult<()> {
+        let py = slf.py();
+        let mut me = slf.borrow_mut();
+        let now = me.now(py);
+        let (vc, wire, head) = {
+            let t = train.borrow();
+            (t.vc, t.wire, t.head)
+        };
+        if vc < 0 || vc as usize >= me.queues.len() {
+            return Err(PyIndexError::new_err(format!(
+                "{}: VC {vc} out of range 0..{}",
+                me.name,
+                me.queues.len()
+            )));
+        }
+        let vc = vc as usize;
+        let ser = (wire as f64 * me.ser_ps_per_byte + 0.5) as i64;
+        if me.queued == 0 && me.free_at <= now {
+            let not_before = match &me.credits {
+                None => Some(0),
+                Some(cr) => {
+                    let mut c = cr.borrow_mut(py);
+                    let fp = c.footprint_of(wire);
+                    if c.has_free(vc, fp) {
+                        Some(0)
+                    } else {
+                        let lower = me.free_at.max(head);
+                        c.earliest_at(vc, fp, ser, lower).filter(|&t| t <= now)
+                    }
+                }
+            };
+            if let Some(t) = not_before {
+                drop(me);
+                return Channel::start(slf, train, deliver, on_start, ser, t);
+            }
+        }
+        if me.queues[vc].is_empty() {
+            let at = me.active.partition_point(|&v| v < vc);
+            me.active.insert(at, vc);
+            me.ready[vc] = UNKNOWN;
+        }
+        me.queues[vc].push_back(Queued {
+            train: train.unbind(),
+            deliver,
+            on_start,
+            ser,
+        });
+        me.queued += 1;
+        if me.queues[vc].len() == 1 {
+            me.arm_next(py, slf, now);
+        }
+        Ok(())
+    }
+
+    /// Credits are coming back to VC `vc` of the receiving buffer: its head train
+    /// may go sooner.
+    pub(crate) fn credits_back(slf: &Bound<'_, Channel>, vc: usize) -> PyResult<()> {
+        let py = slf.py();
+        let mut me = slf.borrow_mut();
+        if vc >= me.queues.len() || me.queues[vc].is_empty() {
+            return Ok(());
+        }
+        let free_at = me.free_at;
+        let known = me.ready[vc];
+        if known != UNKNOWN && known <= free_at {
+            return Ok(()); // it goes when the wire is free; more credits change nothing
+        }
+        let now = me.now(py);
+        if 0 <= me.armed_at && me.armed_at <= free_at.max(now) {
+            me.ready[vc] = UNKNOWN; // an arbitration is due when the wire frees: it will look
+            return Ok(());
+        }
+        let t = me.when_ready(py, vc);
+        if t < BLOCKED {
+            let t = t.max(free_at);
+            me.arm(py, slf, t.max(now));
+        }
+        Ok(())
+    }
+}
+
+#[pymethods]
+impl Channel {
+    #[new]
+    #[pyo3(signature = (sim, name, ps_per_byte, latency_ps, vcs = 1, record_timeline = false, credits = None,
+                        credit_rtt_ps = 0))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        sim: Py<Simulator>,
+        name: String,
+        ps_per_byte: f64,
+        latency_ps: i64,
+        vcs: usize,
+        record_timeline: bool,
+        credits: Option<Py<Credits>>,
+        credit_rtt_ps: i64,
+    ) -> PyResult<Self> {
+        let mut ser_ps_per_byte = ps_per_byte;
+        if let Some(cr) = &credits {
+            let per_rtt = true_div(credit_rtt_ps as i128, cr.borrow(py).capacity as i128);
+            if per_rtt > ps_per_byte {
+                ser_ps_per_byte = per_rtt;
+            }
+        }
+        let timeline = if record_timeline {
+            Some(PyList::empty(py).unbind())
+        } else {
+            None
+        };
+        Ok(Channel {
+            sim,
+            name,
+            ps_per_byte,
+            latency_ps,
+            free_at: 0,
+            queues: (0..vcs).map(|_| VecDeque::new()).collect(),
+            rr: 0,
+            active: Vec::new(),
+            queued: 0,
+            generation: 0,
+            armed_at: -1,
+            trains: 0,
+            payload_bytes: 0,
+            wire_bytes: 0,
+            busy_ps: 0,
+            delivered_payload: 0,
+            timeline,
+            credits,
+            credit_rtt_ps,
+            ready: vec![UNKNOWN; vcs],
+            ser_ps_per_byte,
+        })
+    }
+
+    /// Offer a train whose head is available at `train.head` and tail at
+    /// `train.tail`; `deliver` is a switch chip (its input port) or a callable.
+    #[pyo3(signature = (train, deliver, on_start = None))]
+    fn send(
+        slf: &Bound<'_, Self>,
+        train: Bound<'_, Train>,
+        deliver: &Bound<'_, PyAny>,
+        on_start: Option<Py<PyAny>>,
+    ) -> PyResult<()> {
+        let hook = match on_start {
+            None => Hook::None,
+            Some(f) => Hook::Call(f),
+        };
+        Channel::offer(slf, train, Sink::of(deliver), hook)
+    }
+
+    /// Called with the VC when credits come back (the buffer's waiter).
+    fn _credits_back(slf: &Bound<'_, Self>, vc: usize) -> PyResult<()> {
+        Channel::credits_back(slf, vc)
+    }
+
+    /// (vc, trains waiting, waiting for credits) for every VC with trains queued.
+    fn waiting(&self) -> Vec<(usize, usize, bool)> {
+        self.active
+            .iter()
+            .map(|&vc| (vc, self.queues[vc].len(), self.ready[vc] == BLOCKED))
+            .collect()
+    }
+
+    /// Fraction of `span_ps` the wire was busy.
+    fn utilisation(&self, span_ps: i64) -> f64 {
+        if span_ps > 0 {
+            true_div(self.busy_ps as i128, span_ps as i128)
+        } else {
+            0.0
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Channel({:?}, free_at={}, queued={})",
+            self.name, self.free_at, self.queued
+        )
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.sim)?;
+        visit.call(&self.timeline)?;
+        visit.call(&self.credits)?;
+        for q in self.queues.iter() {
+            for e in q.iter() {
+                visit.call(&e.train)?;
+                e.deliver.visit(&visit)?;
+                match &e.on_start {
+                    Hook::None => {}
+                    Hook::Departed(sw) => visit.call(sw)?,
+                    Hook::Call(f) => visit.call(f)?,
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn __clear__(&mut self) {
+        self.timeline = None;
+        self.credits = None;
+        for q in self.queues.iter_mut() {
+            q.clear();
+        }
+    }
+}

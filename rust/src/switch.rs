@@ -1,0 +1,630 @@
+//! One NVSwitch chip: input buffers, a crossbar that forwards packets between its
+//! GPU ports, and (with NVLS) the engine that multicasts stores and reduces loads
+//! in the switch.
+//!
+//! Each input port (one per GPU) has one buffer per virtual channel, sized and
+//! flow-controlled by the credits of the channel that feeds it. A train is handed
+//! to its output port(s) as it arrives (virtual output queues: a train for a free
+//! output does not wait behind one for a busy output) and holds its input buffer
+//! until its last copy is on the wire. Head-of-line blocking comes from the shared
+//! buffer: when trains for a congested output fill a VC's buffer, the sender has no
+//! credits left for anything else on that VC, whatever its output; other VCs are
+//! not affected. A packet kind is served by the Python handler registered for it in
+//! `handlers` (the units a subclass adds, such as the CAIS merge unit), else by the
+//! NVLS engine for the NVLS kinds when it is enabled, else forwarded to its
+//! destination GPU.
+
+use std::collections::HashMap;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+use pyo3::{PyTraverseError, PyVisit};
+
+use crate::channel::{Channel, Hook, Sink};
+use crate::credits::Credits;
+use crate::sim::Simulator;
+use crate::train::Train;
+
+const NEVER: i64 = 1 << 62;
+
+// The packet kinds the switch itself serves (cais.hw.packets.Kind; a test checks
+// that both sides agree).
+pub(crate) const WRITE: i64 = 2;
+pub(crate) const RED: i64 = 3;
+pub(crate) const MC_STORE: i64 = 4;
+pub(crate) const MC_LDRED_REQ: i64 = 5;
+pub(crate) const MC_PULL_REQ: i64 = 6;
+pub(crate) const MC_PULL_RESP: i64 = 7;
+pub(crate) const MC_LDRED_RESP: i64 = 8;
+pub(crate) const MC_RED: i64 = 9;
+pub(crate) const FLAG: i64 = 11;
+pub(crate) const MC_FLAG: i64 = 12;
+
+/// Byte accounting of a switch chip, for the conservation check:
+/// bytes in + bytes created by multicast = bytes out + bytes absorbed by reduction.
+#[pyclass(module = "cais._core", get_all, set_all)]
+#[derive(Default)]
+pub struct SwitchLedger {
+    pub bytes_in: i64,
+    pub bytes_out: i64,
+    pub multicast_created: i64,
+    pub reduction_absorbed: i64,
+}
+
+#[pymethods]
+impl SwitchLedger {
+    #[new]
+    fn new() -> Self {
+        SwitchLedger::default()
+    }
+
+    fn balanced(&self) -> bool {
+        self.bytes_in + self.multicast_created == self.bytes_out + self.reduction_absorbed
+    }
+}
+
+/// State of one in-flight `multimem.ld_reduce`: responses still expected, the
+/// running sum, and the latest head time among the responses.
+struct Reduction {
+    issuer: i64,
+    remaining: i64,
+    acc: Option<Py<PyAny>>,
+    head: i64,
+    nbytes: i64,
+    addr: Py<PyAny>,
+    done: Py<PyAny>,
+}
+
+/// A switch chip with one port per GPU (the GPU's links to this chip, taken
+/// together): per-VC input FIFOs and a crossbar that forwards unicast packets to
+/// their destination port; with `nvls` set, NVIDIA's NVLS engine (Klenk et al.,
+/// ISCA'20): multicast of `multimem.st`/`multimem.red` (and of barrier flags) to
+/// every replica, and `multimem.ld_reduce` as pulls from every replica summed in
+/// the switch, admitted in order at the engine's operand rate (`reduce_GBps`;
+/// None: unlimited). Python subclasses add in-switch units by registering handlers
+/// for the packet kinds they serve in `handlers`.
+#[pyclass(module = "cais._core", subclass)]
+pub struct SwitchChip {
+    #[pyo3(get)]
+    sim: Py<Simulator>,
+    #[pyo3(get)]
+    chip: i64,
+    #[pyo3(get)]
+    down: Py<PyList>,
+    #[pyo3(get)]
+    gpus: Py<PyList>,
+    #[pyo3(get)]
+    pk: Py<PyAny>,
+    #[pyo3(get)]
+    vcmap: Py<PyAny>,
+    #[pyo3(get)]
+    pipeline_ps: i64,
+    #[pyo3(get)]
+    reduce_ps: i64,
+    #[pyo3(get)]
+    reduce_ps_per_byte: f64,
+    #[pyo3(get)]
+    engine_free_at: i64,
+    #[pyo3(get)]
+    ledger: Py<SwitchLedger>,
+    held: Vec<Vec<i64>>,
+    #[pyo3(get)]
+    handlers: Py<PyDict>,
+    #[pyo3(get)]
+    merge_cfg: Py<PyAny>,
+    #[pyo3(get)]
+    sync_entries: i64,
+    /// Mirror mode (the fabric's `mirror`): only GPU 0 runs; a train for GPU g
+    /// stands for the train GPU -g sends to GPU 0 (its image under the GPUs'
+    /// rotation), so every output goes to GPU 0's port.
+    #[pyo3(get, set)]
+    mirror: bool,
+    /// The NVLS engine serves the multicast and ld_reduce kinds.
+    #[pyo3(get, set)]
+    nvls: bool,
+    channels: Vec<Py<Channel>>,
+    receivers: Vec<Py<PyAny>>,
+    pending: HashMap<i64, Reduction>,
+    next_id: i64,
+    wire_cache: HashMap<(i64, i64), (i64, i64)>,
+    vc_cache: HashMap<i64, i64>,
+}
+
+impl SwitchChip {
+    /// (wire bytes, wire bytes of the last packet) of `nbytes` of `kind`: the
+    /// packetizer's, remembered.
+    fn wire(&mut self, py: Python<'_>, kind: i64, nbytes: i64) -> PyResult<(i64, i64)> {
+        if let Some(&hit) = self.wire_cache.get(&(kind, nbytes)) {
+            return Ok(hit);
+        }
+        let got: (i64, i64) = self.pk.bind(py).call_method1("wire", (kind, nbytes))?.extract()?;
+        self.wire_cache.insert((kind, nbytes), got);
+        Ok(got)
+    }
+
+    fn vc_of(&mut self, py: Python<'_>, kind: i64) -> PyResult<i64> {
+        if let Some(&vc) = self.vc_cache.get(&kind) {
+            return Ok(vc);
+        }
+        let vc: i64 = self.vcmap.bind(py).call_method1("vc", (kind,))?.extract()?;
+        self.vc_cache.insert(kind, vc);
+        Ok(vc)
+    }
+
+    fn now(&self, py: Python<'_>) -> i64 {
+        self.sim.borrow(py).now
+    }
+
+    /// A train's tail has arrived on the input port of GPU `train.src`.
+    pub(crate) fn receive_train(slf: &Bound<'_, Self>, train: Bound<'_, Train>) -> PyResult<()> {
+        let py = slf.py();
+        let (kind, credits, fp) = {
+            let me = slf.borrow();
+            let mut t = train.borrow_mut();
+            me.ledger.borrow_mut(py).bytes_in += t.payload;
+            (t.left, t.dep0, t.dep1) = (1, NEVER, 0); // 1: held until the handler has emitted all
+            (t.kind, t.credits.as_ref().map(|c| c.clone_ref(py)), t.fp) // the buffer's, before a departure
+        };
+        {
+            let mut me = slf.borrow_mut();
+            let (src, vc) = {
+                let t = train.borrow();
+                (t.src as usize, t.vc as usize)
+            };
+            me.held[src][vc] += 1;
+        }
+        let handler = {
+            let me = slf.borrow();
+            let h = me.handlers.bind(py);
+            if h.is_empty() {
+                None
+            } else {
+                h.get_item(kind)?
+            }
+        };
+        let nvls = slf.borrow().nvls;
+        match handler {
+            Some(h) => {
+                h.call1((&train,))?;
+            }
+            None if nvls && matches!(kind, MC_STORE | MC_RED | MC_FLAG) => SwitchChip::multicast_train(slf, &train)?,
+            None if nvls && kind == MC_LDRED_REQ => SwitchChip::ld_reduce_request(slf, &train)?,
+            None if nvls && kind == MC_PULL_RESP => SwitchChip::ld_reduce_response(slf, &train)?,
+            None => {
+                let dst = train.borrow().dst;
+                SwitchChip::emit_train(slf, &train, dst, Some(&train), Hook::None)?;
+            }
+        }
+        let retire = {
+            let mut t = train.borrow_mut();
+            if t.left > 0 {
+                // not absorbed
+                t.left -= 1;
+                (t.left == 0).then_some((t.dep0, t.dep1))
+            } else {
+                None
+            }
+        };
+        if let Some((t0, t1)) = retire {
+            SwitchChip::retire_train(slf, &train, t0, t1, credits.as_ref(), fp)?;
+        }
+        Ok(())
+    }
+
+    /// Send `out` to GPU `dst`; `entry` is the input train it comes from (it leaves
+    /// its buffer once all its outputs are on the wire), None for a train the switch
+    /// made itself (`on_start` runs when it goes on the wire).
+    pub(crate) fn emit_train(
+        slf: &Bound<'_, Self>,
+        out: &Bound<'_, Train>,
+        dst: i64,
+        entry: Option<&Bound<'_, Train>>,
+        on_start: Hook,
+    ) -> PyResult<()> {
+        let py = slf.py();
+        let (channel, receiver) = {
+            let me = slf.borrow();
+            let mut o = out.borrow_mut();
+            me.ledger.borrow_mut(py).bytes_out += o.payload;
+            o.head += me.pipeline_ps;
+            o.tail += me.pipeline_ps;
+            let dst = if me.mirror {
+                o.dst = 0; // the image: the train another GPU sends to GPU 0
+                0
+            } else {
+                dst
+            };
+            let d = dst as usize;
+            (me.channels[d].clone_ref(py), me.receivers[d].clone_ref(py))
+        };
+        let hook = match entry {
+            None => on_start,
+            Some(entry) => {
+                entry.borrow_mut().left += 1;
+                if !out.is(entry) {
+                    out.borrow_mut().parent = entry.clone().into_any().unbind();
+                }
+                Hook::Departed(slf.clone().unbind())
+            }
+        };
+        Channel::offer(channel.bind(py), out.clone(), Sink::Call(receiver), hook)
+    }
+
+    /// A copy (or the train itself) of an input train went on the wire.
+    pub(crate) fn departed(slf: &Bound<'_, Self>, out: &Bound<'_, Train>, start: i64, finish: i64) -> PyResult<()> {
+        let py = slf.py();
+        let parent = out.borrow().parent.clone_ref(py);
+        let entry = match parent.bind(py).cast::<Train>() {
+            Ok(p) => p.clone(),
+            Err(_) => out.clone(),
+        };
+        let retire = {
+            let mut e = entry.borrow_mut();
+            if start < e.dep0 {
+                e.dep0 = start;
+            }
+            if finish > e.dep1 {
+                e.dep1 = finish;
+            }
+            e.left -= 1;
+            // called before the departing train's credit fields change hands
+            (e.left == 0).then(|| (e.dep0, e.dep1, e.credits.as_ref().map(|c| c.clone_ref(py)), e.fp))
+        };
+        if let Some((t0, t1, credits, fp)) = retire {
+            SwitchChip::retire_train(slf, &entry, t0, t1, credits.as_ref(), fp)?;
+        }
+        Ok(())
+    }
+
+    /// `entry` has left its input buffer between `t0` and `t1`: return its `fp`
+    /// bytes of `credits`.
+    fn retire_train(
+        slf: &Bound<'_, Self>,
+        entry: &Bound<'_, Train>,
+        t0: i64,
+        t1: i64,
+        credits: Option<&Py<Credits>>,
+        fp: i64,
+    ) -> PyResult<()> {
+        let py = slf.py();
+        let (src, vc) = {
+            let e = entry.borrow();
+            (e.src, e.vc)
+        };
+        if let Some(cr) = credits {
+            Credits::give_back_at(cr.bind(py), vc, fp, t0, t1, true)?;
+        }
+        slf.borrow_mut().held[src as usize][vc as usize] -= 1;
+        Ok(())
+    }
+
+    /// multimem.st / multimem.red: one copy to every replica, the issuer included.
+    fn multicast_train(slf: &Bound<'_, Self>, train: &Bound<'_, Train>) -> PyResult<()> {
+        let py = slf.py();
+        let (n, chip, kind, payload, wire, last) = {
+            let mut me = slf.borrow_mut();
+            let n = me.receivers.len() as i64;
+            let t = train.borrow();
+            me.ledger.borrow_mut(py).multicast_created += (n - 1) * t.payload;
+            let kind = match t.kind {
+                MC_STORE => WRITE,
+                MC_RED => RED,
+                _ => FLAG,
+            };
+            let (wire, last) = if kind != FLAG {
+                me.wire(py, kind, t.payload)?
+            } else {
+                (t.wire, t.packet_wire)
+            };
+            (n, me.chip, kind, t.payload, wire, last)
+        };
+        for g in 0..n {
+            let copy = {
+                let t = train.borrow();
+                let mut c = Train::blank(py, payload, wire, last, kind, t.src, g);
+                c.chip = chip;
+                c.addr = t.addr.clone_ref(py);
+                c.data = t.data.clone_ref(py);
+                c.done = t.done.clone_ref(py);
+                c.vc = t.vc;
+                c.cls = t.cls;
+                (c.head, c.tail) = (t.head, t.tail);
+                Bound::new(py, c)?
+            };
+            SwitchChip::emit_train(slf, &copy, g, Some(train), Hook::None)?;
+        }
+        Ok(())
+    }
+
+    /// multimem.ld_reduce: read the address from every replica (the issuer's too).
+    fn ld_reduce_request(slf: &Bound<'_, Self>, req: &Bound<'_, Train>) -> PyResult<()> {
+        let py = slf.py();
+        let (n, rid, wire, last, head, tail, chip) = {
+            let mut me = slf.borrow_mut();
+            let n = me.receivers.len() as i64;
+            let rid = me.next_id;
+            me.next_id += 1;
+            let r = req.borrow();
+            me.pending.insert(
+                rid,
+                Reduction {
+                    issuer: r.src,
+                    remaining: n,
+                    acc: None,
+                    head: 0,
+                    nbytes: r.want,
+                    addr: r.addr.clone_ref(py),
+                    done: r.done.clone_ref(py),
+                },
+            );
+            let (wire, last) = me.wire(py, MC_PULL_REQ, r.want)?;
+            let (mut head, mut tail) = (r.head, r.tail);
+            if me.reduce_ps_per_byte != 0.0 {
+                // the engine admits a reduction when it has room for its n operands;
+                // mirror mode: this reduction stands for the n GPUs' images, each as large
+                let work = r.want * n * if me.mirror { n } else { 1 };
+                let start = me.now(py).max(me.engine_free_at);
+                me.engine_free_at = start + (work as f64 * me.reduce_ps_per_byte).round_ties_even() as i64;
+                (head, tail) = (head.max(start), tail.max(start));
+            }
+            (n, rid, wire, last, head, tail, me.chip)
+        };
+        for g in 0..n {
+            let pull = {
+                let r = req.borrow();
+                let mut p = Train::blank(py, 0, wire, last, MC_PULL_REQ, r.src, g);
+                p.chip = chip;
+                p.addr = r.addr.clone_ref(py);
+                p.vc = r.vc;
+                p.cls = r.cls;
+                p.want = r.want;
+                p.tag = rid;
+                (p.head, p.tail) = (head, tail);
+                Bound::new(py, p)?
+            };
+            SwitchChip::emit_train(slf, &pull, g, Some(req), Hook::None)?;
+        }
+        Ok(())
+    }
+
+    fn ld_reduce_response(slf: &Bound<'_, Self>, resp: &Bound<'_, Train>) -> PyResult<()> {
+        let py = slf.py();
+        let (tag, data, head) = {
+            let r = resp.borrow();
+            (r.tag, r.data.clone_ref(py), r.head)
+        };
+        {
+            let mut me = slf.borrow_mut();
+            let red = me.pending.get_mut(&tag).expect("a response to a pending ld_reduce");
+            if !data.is_none(py) {
+                red.acc = Some(match &red.acc {
+                    None => data.bind(py).call_method0("copy")?.unbind(),
+                    Some(acc) => acc.bind(py).add(data.bind(py))?.unbind(),
+                });
+            }
+            red.head = red.head.max(head);
+            red.remaining -= 1;
+        }
+        SwitchChip::absorb_train(slf, resp)?;
+        let (red, chip, reduce_ps, now, wire, last, vc) = {
+            let mut me = slf.borrow_mut();
+            if me.pending[&tag].remaining > 0 {
+                return Ok(());
+            }
+            let red = me.pending.remove(&tag).expect("pending");
+            me.ledger.borrow_mut(py).reduction_absorbed -= resp.borrow().payload; // the last one leaves as the sum
+            let (wire, last) = me.wire(py, MC_LDRED_RESP, red.nbytes)?;
+            let vc = me.vc_of(py, MC_LDRED_RESP)?;
+            (red, me.chip, me.reduce_ps, me.now(py), wire, last, vc)
+        };
+        let mut out = Train::blank(py, red.nbytes, wire, last, MC_LDRED_RESP, -1, red.issuer);
+        out.chip = chip;
+        out.addr = red.addr;
+        out.data = red.acc.unwrap_or_else(|| py.None());
+        out.done = red.done;
+        out.vc = vc;
+        out.head = red.head + reduce_ps;
+        out.tail = now + reduce_ps;
+        let out = Bound::new(py, out)?;
+        SwitchChip::emit_train(slf, &out, red.issuer, None, Hook::None)
+    }
+
+    fn absorb_train(slf: &Bound<'_, Self>, entry: &Bound<'_, Train>) -> PyResult<()> {
+        let py = slf.py();
+        let (t0, t1) = {
+            let me = slf.borrow();
+            let mut e = entry.borrow_mut();
+            me.ledger.borrow_mut(py).reduction_absorbed += e.payload;
+            e.left = 0;
+            (e.head, e.tail.max(me.now(py)))
+        };
+        SwitchChip::retire_train(slf, entry, t0, t1, None, 0)
+    }
+}
+
+#[pymethods]
+impl SwitchChip {
+    #[new]
+    #[pyo3(signature = (sim, chip, down, gpus, packetizer, vcmap, vcs, pipeline_ps, reduce_ps, merge = None,
+                        sync_entries = 256, reduce_GBps = None))]
+    #[allow(clippy::too_many_arguments, non_snake_case)]
+    fn new(
+        py: Python<'_>,
+        sim: Py<Simulator>,
+        chip: i64,
+        down: &Bound<'_, PyAny>,
+        gpus: &Bound<'_, PyAny>,
+        packetizer: Py<PyAny>,
+        vcmap: Py<PyAny>,
+        vcs: usize,
+        pipeline_ps: i64,
+        reduce_ps: i64,
+        merge: Option<Py<PyAny>>,
+        sync_entries: i64,
+        reduce_GBps: Option<f64>,
+    ) -> PyResult<Self> {
+        let down = PyList::new(py, down.try_iter()?.collect::<PyResult<Vec<_>>>()?)?;
+        let gpus = PyList::new(py, gpus.try_iter()?.collect::<PyResult<Vec<_>>>()?)?;
+        let channels = down
+            .iter()
+            .map(|c| Ok(c.cast::<Channel>()?.clone().unbind()))
+            .collect::<PyResult<Vec<_>>>()?;
+        let receivers = gpus
+            .iter()
+            .map(|g| Ok(g.getattr("receive")?.unbind()))
+            .collect::<PyResult<Vec<_>>>()?;
+        let merge_cfg = match merge {
+            Some(m) if !m.is_none(py) => m,
+            _ => py.import("cais.hw.config")?.getattr("MergeConfig")?.call0()?.unbind(),
+        };
+        Ok(SwitchChip {
+            sim,
+            chip,
+            held: vec![vec![0; vcs]; gpus.len()],
+            down: down.unbind(),
+            gpus: gpus.unbind(),
+            pk: packetizer,
+            vcmap,
+            pipeline_ps,
+            reduce_ps,
+            reduce_ps_per_byte: match reduce_GBps {
+                Some(r) if r != 0.0 => 1000.0 / r,
+                _ => 0.0,
+            },
+            engine_free_at: 0,
+            ledger: Py::new(py, SwitchLedger::default())?,
+            handlers: PyDict::new(py).unbind(),
+            merge_cfg,
+            sync_entries,
+            mirror: false,
+            nvls: false,
+            channels,
+            receivers,
+            pending: HashMap::new(),
+            next_id: 0,
+            wire_cache: HashMap::new(),
+            vc_cache: HashMap::new(),
+        })
+    }
+
+    /// Trains in each input buffer, per GPU port and VC.
+    #[getter]
+    fn held(&self) -> Vec<Vec<i64>> {
+        self.held.clone()
+    }
+
+    /// A train's tail has arrived on the input port of GPU `train.src`.
+    fn receive(slf: &Bound<'_, Self>, train: Bound<'_, Train>) -> PyResult<()> {
+        SwitchChip::receive_train(slf, train)
+    }
+
+    /// Send `out` to GPU `dst`; `entry` is the input train it comes from (it leaves
+    /// its buffer once all its outputs are on the wire), None for a train the switch
+    /// made itself (a reduction's result; `on_start` runs when it goes on the wire).
+    #[pyo3(signature = (out, dst, entry, on_start = None))]
+    fn emit(
+        slf: &Bound<'_, Self>,
+        out: Bound<'_, Train>,
+        dst: i64,
+        entry: Option<Bound<'_, Train>>,
+        on_start: Option<Py<PyAny>>,
+    ) -> PyResult<()> {
+        let hook = match on_start {
+            None => Hook::None,
+            Some(f) => Hook::Call(f),
+        };
+        SwitchChip::emit_train(slf, &out, dst, entry.as_ref(), hook)
+    }
+
+    /// The NVLS engine's multicast of `train` (a store, reduction or flag) to every
+    /// replica, for a Python unit that serves the kind and passes it on.
+    fn multicast(slf: &Bound<'_, Self>, train: Bound<'_, Train>) -> PyResult<()> {
+        SwitchChip::multicast_train(slf, &train)
+    }
+
+    /// `entry` has left its input buffer between `t0` and `t1`: return its `fp`
+    /// bytes of `credits`.
+    fn retire(
+        slf: &Bound<'_, Self>,
+        entry: Bound<'_, Train>,
+        t0: i64,
+        t1: i64,
+        credits: Option<Py<Credits>>,
+        fp: i64,
+    ) -> PyResult<()> {
+        SwitchChip::retire_train(slf, &entry, t0, t1, credits.as_ref(), fp)
+    }
+
+    /// `entry` is taken off its input buffer by a unit of the switch as it arrives
+    /// (it streamed through the buffer): its credits go back now.
+    fn consume(slf: &Bound<'_, Self>, entry: Bound<'_, Train>) -> PyResult<()> {
+        let py = slf.py();
+        let now = slf.borrow().now(py);
+        let (t0, t1, credits, fp) = {
+            let mut e = entry.borrow_mut();
+            e.left = 0;
+            let (t0, t1) = if e.tail >= now { (e.head, e.tail) } else { (now, now) }; // held a while: leaves now
+            (t0, t1, e.credits.as_ref().map(|c| c.clone_ref(py)), e.fp)
+        };
+        SwitchChip::retire_train(slf, &entry, t0, t1, credits.as_ref(), fp)
+    }
+
+    /// `entry` (of a kind in `absorbs`: its sender already scheduled its credits'
+    /// return) is consumed by a unit of the switch as it arrives.
+    fn absorb(slf: &Bound<'_, Self>, entry: Bound<'_, Train>) -> PyResult<()> {
+        SwitchChip::absorb_train(slf, &entry)
+    }
+
+    /// Input buffers holding trains, and ld_reduces waiting for replicas (for the
+    /// forward-progress watchdog).
+    fn stuck(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for (g, port) in self.held.iter().enumerate() {
+            for (vc, &count) in port.iter().enumerate() {
+                if count != 0 {
+                    out.push(format!(
+                        "sw{} input from gpu{g} VC {vc}: {count} train(s) waiting for an output",
+                        self.chip
+                    ));
+                }
+            }
+        }
+        if !self.pending.is_empty() {
+            out.push(format!(
+                "sw{}: {} ld_reduce(s) waiting for replica responses",
+                self.chip,
+                self.pending.len()
+            ));
+        }
+        out
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.sim)?;
+        visit.call(&self.down)?;
+        visit.call(&self.gpus)?;
+        visit.call(&self.pk)?;
+        visit.call(&self.vcmap)?;
+        visit.call(&self.ledger)?;
+        visit.call(&self.handlers)?;
+        visit.call(&self.merge_cfg)?;
+        for c in self.channels.iter() {
+            visit.call(c)?;
+        }
+        for r in self.receivers.iter() {
+            visit.call(r)?;
+        }
+        for red in self.pending.values() {
+            visit.call(&red.acc)?;
+            visit.call(&red.addr)?;
+            visit.call(&red.done)?;
+        }
+        Ok(())
+    }
+
+    fn __clear__(&mut self) {
+        self.channels.clear();
+        self.receivers.clear();
+        self.pending.clear();
+    }
+}

@@ -1,0 +1,169 @@
+//! A train of packets (a transfer unit) in flight.
+
+use pyo3::prelude::*;
+use pyo3::{PyTraverseError, PyVisit};
+
+use crate::credits::Credits;
+
+/// A train of packets (a transfer unit) in flight.
+///
+/// `payload` is the data bytes it carries, `wire` the bytes it occupies on a link
+/// (payload plus headers and extra flits), `packet_wire` the wire size of its last
+/// packet. `head`/`tail` are the times its first and last packet are available at
+/// its current position; `vc` its virtual channel. `fp`/`credits` are the buffer
+/// bytes it holds at its current position and whose credits they are (set by the
+/// channel that carried it there).
+///
+/// The remaining fields are the packet's typed descriptor, which the engine does
+/// not read: `kind` (a registered packet kind), `cls` (traffic class), `src`,
+/// `dst`, `chip`, `addr`, `data`; `done` (the issuer's completion, called with the
+/// train where the packet completes), `fence` (called when a write's
+/// acknowledgement is back at its issuer), `want` (bytes a request asks for),
+/// `tag` (an id the hardware that created it uses), `parent` (the train it was
+/// copied from in a switch), `left`/`dep0`/`dep1` (a switch's departure
+/// bookkeeping), `count` (how many requests it stands for: a merged reduction
+/// carries the number it sums), `expect` (how many requests a mergeable access
+/// expects to merge with) and `quorum` (TB-aware throttling: how many of them must
+/// have arrived before it is acknowledged; 0: at once).
+#[pyclass(module = "cais._core", get_all, set_all)]
+pub struct Train {
+    pub payload: i64,
+    pub wire: i64,
+    pub packet_wire: i64,
+    pub head: i64,
+    pub tail: i64,
+    pub vc: i64,
+    pub fp: i64,
+    pub credits: Option<Py<Credits>>,
+    pub kind: i64,
+    pub cls: i64,
+    pub src: i64,
+    pub dst: i64,
+    pub chip: i64,
+    pub addr: Py<PyAny>,
+    pub data: Py<PyAny>,
+    pub done: Py<PyAny>,
+    pub fence: Py<PyAny>,
+    pub want: i64,
+    pub tag: i64,
+    pub parent: Py<PyAny>,
+    pub left: i64,
+    pub dep0: i64,
+    pub dep1: i64,
+    pub count: i64,
+    pub expect: i64,
+    pub quorum: i64,
+}
+
+impl Train {
+    /// A train of `kind` from `src` to `dst` with the constructor's defaults for the
+    /// rest (no data, no completion, VC 0), as the units of the core make them.
+    pub(crate) fn blank(
+        py: Python<'_>,
+        payload: i64,
+        wire: i64,
+        packet_wire: i64,
+        kind: i64,
+        src: i64,
+        dst: i64,
+    ) -> Self {
+        Train {
+            payload,
+            wire,
+            packet_wire,
+            head: 0,
+            tail: 0,
+            vc: 0,
+            fp: 0,
+            credits: None,
+            kind,
+            cls: 0,
+            src,
+            dst,
+            chip: -1,
+            addr: py.None(),
+            data: py.None(),
+            done: py.None(),
+            fence: py.None(),
+            want: 0,
+            tag: -1,
+            parent: py.None(),
+            left: 0,
+            dep0: 0,
+            dep1: 0,
+            count: 1,
+            expect: 0,
+            quorum: 0,
+        }
+    }
+}
+
+#[pymethods]
+impl Train {
+    #[new]
+    #[pyo3(signature = (payload, wire, packet_wire, kind, src, dst, chip = -1, addr = None, data = None,
+                        done = None, vc = 0, cls = 0, want = 0, tag = -1, count = 1, expect = 0, quorum = 0))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        payload: i64,
+        wire: i64,
+        packet_wire: i64,
+        kind: i64,
+        src: i64,
+        dst: i64,
+        chip: i64,
+        addr: Option<Py<PyAny>>,
+        data: Option<Py<PyAny>>,
+        done: Option<Py<PyAny>>,
+        vc: i64,
+        cls: i64,
+        want: i64,
+        tag: i64,
+        count: i64,
+        expect: i64,
+        quorum: i64,
+    ) -> Self {
+        let none = || py.None();
+        Train {
+            vc,
+            cls,
+            chip,
+            addr: addr.unwrap_or_else(none),
+            data: data.unwrap_or_else(none),
+            done: done.unwrap_or_else(none),
+            want,
+            tag,
+            count,
+            expect,
+            quorum,
+            ..Train::blank(py, payload, wire, packet_wire, kind, src, dst)
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Train(kind={}, src={}, dst={}, chip={}, payload={}, wire={}, vc={}, head={}, tail={})",
+            self.kind, self.src, self.dst, self.chip, self.payload, self.wire, self.vc, self.head, self.tail
+        )
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.credits)?;
+        visit.call(&self.addr)?;
+        visit.call(&self.data)?;
+        visit.call(&self.done)?;
+        visit.call(&self.fence)?;
+        visit.call(&self.parent)?;
+        Ok(())
+    }
+
+    fn __clear__(&mut self, py: Python<'_>) {
+        self.credits = None;
+        self.addr = py.None();
+        self.data = py.None();
+        self.done = py.None();
+        self.fence = py.None();
+        self.parent = py.None();
+    }
+}

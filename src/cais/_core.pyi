@@ -1,0 +1,132 @@
+"""The compiled event core (rust/, built by maturin as ``cais._core``): its Python
+interface, typed. The classes are documented where they are defined (``rust/src``);
+``cais.engine`` and ``cais.hw.switch`` are where the rest of the simulator meets them."""
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+CORE_KINDS: dict[str, int]
+
+class Simulator:
+    TICK_EVERY: int
+    now: int
+    events: int
+    tick: Callable[[int, int], None] | None
+    tick_every: int
+    def __init__(self) -> None: ...
+    def at(self, time: int, fn: Callable[..., Any], *args: Any) -> None: ...
+    def after(self, delay: int, fn: Callable[..., Any], *args: Any) -> None: ...
+    def next_time(self) -> int | None: ...
+    def run(self, until: int | None = None) -> int: ...
+
+class Train:
+    payload: int
+    wire: int
+    packet_wire: int
+    head: int
+    tail: int
+    vc: int
+    fp: int
+    credits: Credits | None
+    kind: int
+    cls: int
+    src: int
+    dst: int
+    chip: int
+    addr: Any
+    data: Any
+    done: Callable[[Train], None] | None
+    fence: Callable[[Train], None] | None
+    want: int
+    tag: int
+    parent: Train | None
+    left: int
+    dep0: int
+    dep1: int
+    count: int
+    expect: int
+    quorum: int
+    def __init__(self, payload: int, wire: int, packet_wire: int, kind: int, src: int, dst: int, chip: int = -1,
+                 addr: Any = None, data: Any = None, done: Callable[[Train], None] | None = None, vc: int = 0,
+                 cls: int = 0, want: int = 0, tag: int = -1, count: int = 1, expect: int = 0,
+                 quorum: int = 0) -> None: ...
+
+class Credits:
+    name: str
+    vcs: int
+    capacity: int
+    return_ps: int
+    drains: bool
+    drain_kinds: frozenset[int]
+    free: list[int]
+    ramped: list[int]
+    held: list[int]
+    peak: list[int]
+    log: list[tuple[int, int, int]] | None
+    def __init__(self, name: str, vcs: int, capacity: int, return_ps: int, drains: bool = False,
+                 drain_kinds: Iterable[int] | None = None) -> None: ...
+    def footprint(self, wire: int) -> int: ...
+    def earliest(self, vc: int, fp: int, ser_ps: int, now: int) -> int | None: ...
+    def take(self, vc: int, fp: int, arrive_ps: int) -> None: ...
+    def stream(self, vc: int, fp: int, head_ps: int, tail_ps: int) -> None: ...
+    def hold(self, vc: int, fp: int, now: int) -> None: ...
+    def give_back(self, vc: int, fp: int, t0: int, t1: int, notify: bool = True) -> None: ...
+    def on_return(self, waiter: Channel | Callable[[int], None]) -> None: ...
+    def _fold(self, vc: int, now: int) -> None: ...
+
+class Channel:
+    name: str
+    ps_per_byte: float
+    latency_ps: int
+    free_at: int
+    trains: int
+    payload_bytes: int
+    wire_bytes: int
+    busy_ps: int
+    delivered_payload: int
+    timeline: list[tuple[int, int, int]] | None
+    credits: Credits | None
+    credit_rtt_ps: int
+    def __init__(self, sim: Simulator, name: str, ps_per_byte: float, latency_ps: int, vcs: int = 1,
+                 record_timeline: bool = False, credits: Credits | None = None, credit_rtt_ps: int = 0) -> None: ...
+    def send(self, train: Train, deliver: SwitchChip | Callable[[Train], None],
+             on_start: Callable[[Train, int, int], None] | None = None) -> None: ...
+    def waiting(self) -> list[tuple[int, int, bool]]: ...
+    def utilisation(self, span_ps: int) -> float: ...
+
+class SwitchLedger:
+    bytes_in: int
+    bytes_out: int
+    multicast_created: int
+    reduction_absorbed: int
+    def balanced(self) -> bool: ...
+
+class SwitchChip:
+    sim: Simulator
+    chip: int
+    down: list[Channel]
+    gpus: list[Any]
+    pk: Any
+    vcmap: Any
+    pipeline_ps: int
+    reduce_ps: int
+    reduce_ps_per_byte: float
+    engine_free_at: int
+    ledger: SwitchLedger
+    held: list[list[int]]
+    handlers: dict[int, Callable[[Train], None]]
+    merge_cfg: Any
+    sync_entries: int
+    mirror: bool
+    nvls: bool
+    def __init__(self, sim: Simulator, chip: int, down: Iterable[Channel], gpus: Iterable[Any], packetizer: Any,
+                 vcmap: Any, vcs: int, pipeline_ps: int, reduce_ps: int, merge: Any = None, sync_entries: int = 256,
+                 reduce_GBps: float | None = None) -> None: ...
+    def receive(self, train: Train) -> None: ...
+    def emit(self, out: Train, dst: int, entry: Train | None,
+             on_start: Callable[[Train, int, int], None] | None = None) -> None: ...
+    def multicast(self, train: Train) -> None: ...
+    def retire(self, entry: Train, t0: int, t1: int, credits: Credits | None, fp: int) -> None: ...
+    def consume(self, entry: Train) -> None: ...
+    def absorb(self, entry: Train) -> None: ...
+    def stuck(self) -> list[str]: ...
