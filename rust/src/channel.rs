@@ -15,6 +15,7 @@ use pyo3::types::PyList;
 use pyo3::{PyTraverseError, PyVisit};
 
 use crate::credits::{true_div, Credits};
+use crate::gpu::Endpoint;
 use crate::sim::{Action, Simulator};
 use crate::switch::SwitchChip;
 use crate::train::Train;
@@ -28,20 +29,34 @@ const BLOCKED: i64 = 1 << 62;
 /// port), bound when the train is sent, or any Python callable `deliver(train)`.
 pub(crate) enum Sink {
     Switch(Py<SwitchChip>),
+    Gpu(Py<Endpoint>),
     Call(Py<PyAny>),
 }
 
 impl Sink {
-    fn of(deliver: &Bound<'_, PyAny>) -> Sink {
-        match deliver.cast::<SwitchChip>() {
-            Ok(sw) => Sink::Switch(sw.clone().unbind()),
-            Err(_) => Sink::Call(deliver.clone().unbind()),
+    /// A unit of the core given as the far end (its input port), or a callable.
+    pub(crate) fn of(deliver: &Bound<'_, PyAny>) -> Sink {
+        if let Ok(sw) = deliver.cast::<SwitchChip>() {
+            return Sink::Switch(sw.clone().unbind());
+        }
+        if let Ok(gpu) = deliver.cast::<Endpoint>() {
+            return Sink::Gpu(gpu.clone().unbind());
+        }
+        Sink::Call(deliver.clone().unbind())
+    }
+
+    pub(crate) fn clone_ref(&self, py: Python<'_>) -> Sink {
+        match self {
+            Sink::Switch(sw) => Sink::Switch(sw.clone_ref(py)),
+            Sink::Gpu(g) => Sink::Gpu(g.clone_ref(py)),
+            Sink::Call(f) => Sink::Call(f.clone_ref(py)),
         }
     }
 
     pub(crate) fn deliver(&self, train: Bound<'_, Train>) -> PyResult<()> {
         match self {
             Sink::Switch(sw) => SwitchChip::receive_train(sw.bind(train.py()), train),
+            Sink::Gpu(g) => Endpoint::receive_train(g.bind(train.py()), train),
             Sink::Call(f) => f.bind(train.py()).call1((train,)).map(|_| ()),
         }
     }
@@ -49,17 +64,20 @@ impl Sink {
     pub(crate) fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
         match self {
             Sink::Switch(sw) => visit.call(sw),
+            Sink::Gpu(g) => visit.call(g),
             Sink::Call(f) => visit.call(f),
         }
     }
 }
 
 /// Whom a channel tells when a train goes on the wire: nobody, a switch chip
-/// whose input buffer the train (or the train it was copied from) leaves, or any
-/// Python callable `on_start(train, start, finish)`.
+/// whose input buffer the train (or the train it was copied from) leaves, a GPU
+/// whose read response it is, or any Python callable `on_start(train, start,
+/// finish)`.
 pub(crate) enum Hook {
     None,
     Departed(Py<SwitchChip>),
+    Served(Py<Endpoint>),
     Call(Py<PyAny>),
 }
 
@@ -293,6 +311,7 @@ impl Channel {
             // before the train's buffer fields change hands
             Hook::None => {}
             Hook::Departed(sw) => SwitchChip::departed(sw.bind(py), &train, start, finish)?,
+            Hook::Served(gpu) => Endpoint::served(gpu.bind(py), &train)?,
             Hook::Call(cb) => {
                 cb.call1(py, (&train, start, finish))?;
             }
@@ -515,6 +534,7 @@ impl Channel {
                 match &e.on_start {
                     Hook::None => {}
                     Hook::Departed(sw) => visit.call(sw)?,
+                    Hook::Served(g) => visit.call(g)?,
                     Hook::Call(f) => visit.call(f)?,
                 }
             }

@@ -13,6 +13,7 @@ use pyo3::types::PyTuple;
 use pyo3::{PyTraverseError, PyVisit};
 
 use crate::channel::{Channel, Sink};
+use crate::gpu::Endpoint;
 use crate::train::Train;
 
 /// What an event does when its time comes.
@@ -23,6 +24,10 @@ pub(crate) enum Action {
     Arbitrate(Py<Channel>, u64),
     /// A train's tail reaches the far end of a channel, which delivers it.
     Arrive(Py<Channel>, Py<Train>, Sink),
+    /// A GPU's memory has read what a request asks for: it responds.
+    Respond(Py<Endpoint>, Py<Train>),
+    /// A GPU's input buffers may take the requests they hold.
+    DrainHeld(Py<Endpoint>),
 }
 
 pub(crate) struct Event {
@@ -93,6 +98,8 @@ fn dispatch(py: Python<'_>, action: Action) -> PyResult<()> {
             ch.borrow_mut(py).delivered_payload += payload;
             deliver.deliver(train.into_bound(py))?;
         }
+        Action::Respond(gpu, req) => Endpoint::respond(gpu.bind(py), req.into_bound(py))?,
+        Action::DrainHeld(gpu) => Endpoint::drain_held(gpu.bind(py))?,
     }
     Ok(())
 }
@@ -194,6 +201,11 @@ impl Simulator {
                     visit.call(t)?;
                     d.visit(&visit)?;
                 }
+                Action::Respond(g, t) => {
+                    visit.call(g)?;
+                    visit.call(t)?;
+                }
+                Action::DrainHeld(g) => visit.call(g)?,
             }
         }
         Ok(())

@@ -22,23 +22,12 @@ use pyo3::{PyTraverseError, PyVisit};
 
 use crate::channel::{Channel, Hook, Sink};
 use crate::credits::Credits;
+use crate::gpu::Endpoint;
+use crate::kinds::*;
 use crate::sim::Simulator;
 use crate::train::Train;
 
 const NEVER: i64 = 1 << 62;
-
-// The packet kinds the switch itself serves (cais.hw.packets.Kind; a test checks
-// that both sides agree).
-pub(crate) const WRITE: i64 = 2;
-pub(crate) const RED: i64 = 3;
-pub(crate) const MC_STORE: i64 = 4;
-pub(crate) const MC_LDRED_REQ: i64 = 5;
-pub(crate) const MC_PULL_REQ: i64 = 6;
-pub(crate) const MC_PULL_RESP: i64 = 7;
-pub(crate) const MC_LDRED_RESP: i64 = 8;
-pub(crate) const MC_RED: i64 = 9;
-pub(crate) const FLAG: i64 = 11;
-pub(crate) const MC_FLAG: i64 = 12;
 
 /// Byte accounting of a switch chip, for the conservation check:
 /// bytes in + bytes created by multicast = bytes out + bytes absorbed by reduction.
@@ -123,7 +112,8 @@ pub struct SwitchChip {
     #[pyo3(get, set)]
     nvls: bool,
     channels: Vec<Py<Channel>>,
-    receivers: Vec<Py<PyAny>>,
+    /// Each GPU's input port (its endpoint, or its `receive` if it has none).
+    receivers: Vec<Sink>,
     pending: HashMap<i64, Reduction>,
     next_id: i64,
     wire_cache: HashMap<(i64, i64), (i64, i64)>,
@@ -247,7 +237,7 @@ impl SwitchChip {
                 Hook::Departed(slf.clone().unbind())
             }
         };
-        Channel::offer(channel.bind(py), out.clone(), Sink::Call(receiver), hook)
+        Channel::offer(channel.bind(py), out.clone(), receiver, hook)
     }
 
     /// A copy (or the train itself) of an input train went on the wire.
@@ -471,7 +461,10 @@ impl SwitchChip {
             .collect::<PyResult<Vec<_>>>()?;
         let receivers = gpus
             .iter()
-            .map(|g| Ok(g.getattr("receive")?.unbind()))
+            .map(|g| match g.cast::<Endpoint>() {
+                Ok(_) => Ok(Sink::of(&g)),
+                Err(_) => Ok(Sink::Call(g.getattr("receive")?.unbind())),
+            })
             .collect::<PyResult<Vec<_>>>()?;
         let merge_cfg = match merge {
             Some(m) if !m.is_none(py) => m,
@@ -612,7 +605,7 @@ impl SwitchChip {
             visit.call(c)?;
         }
         for r in self.receivers.iter() {
-            visit.call(r)?;
+            r.visit(&visit)?;
         }
         for red in self.pending.values() {
             visit.call(&red.acc)?;

@@ -167,11 +167,11 @@ class Isa:
         train = Train(payload, wire, last, kind, src, dst, chip, piece, data, done, self.vcmap.vc(kind, None, stream),
                       0, want, tag, 1, expect, quorum)
         train.fence = fence
-        if port is not None and payload:
+        if port is not None and payload:  # onto the issuing GPU's port to the chip
             head, tail = port.push(self.sim.now, payload)
-            self.fab.inject(train, head, tail)
+            self.m.gpus[src].inject(train, head, tail)
         else:
-            self.fab.inject(train)
+            self.m.gpus[src].inject(train)
 
     @staticmethod
     def _counter(count: int, done: Done | None) -> Callable[[Train], None]:

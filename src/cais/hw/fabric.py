@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from cais.engine import Channel, Credits, Simulator, Train
 from cais.engine.channel import OnStart
 from cais.hw.config import PS_PER_NS, SystemConfig
-from cais.hw.packets import Kind, Packetizer, VcMap
+from cais.hw.packets import Packetizer, VcMap
 from cais.hw.switches import switch_model
 
 if TYPE_CHECKING:
@@ -76,9 +76,8 @@ class Fabric:
         self.mirror_packets = 0  # the packets of all units striped in mirror mode
         for sw in self.switches:
             sw.mirror = mirror
-        for gpu in gpus:
-            gpu.fabric = self
-        self.injected = 0  # payload bytes put on the fabric by GPUs
+        for g, gpu in enumerate(gpus):  # bind each GPU's ports: its up channels, into the chips' input ports
+            gpu.connect(self.up[g], self.switches, packetizer.fmt.write_ack_flits)
         self._stripes: dict[tuple[int, int], list[tuple[int, int]]] = {}  # (first link, slots) -> stripes
 
     def stripe(self, unit_index: int, slots: int) -> list[tuple[int, int]]:
@@ -108,24 +107,22 @@ class Fabric:
         self._stripes[key] = out
         return out
 
+    @property
+    def injected(self) -> int:
+        """Payload bytes put on the fabric by GPUs."""
+        return sum(gpu.injected for gpu in self.gpus)
+
     def inject(self, train: Train, head: int | None = None, tail: int | None = None,
                on_start: OnStart | None = None) -> None:
         """Put a train on its source GPU's port to ``train.chip``. ``head``/``tail``
         default to now (the data is all ready); an SM pushing data at a finite rate
         passes later times. ``on_start`` runs when it goes on the wire."""
-        now = self.sim.now
-        train.head = now if head is None else head
-        train.tail = train.head if tail is None else tail
-        self.injected += train.payload
-        self.up[train.src][train.chip].send(train, self.switches[train.chip], on_start)  # its input port
+        self.gpus[train.src].inject(train, head, tail, on_start)
 
     def ack(self, gpu: int, write: Train) -> None:
         """Send the write response of a delivered write back to its issuer (it calls
         the write's ``fence`` there)."""
-        kind = Kind.WRITE_ACK
-        ack = Train(0, *self.pk.wire(kind, write.payload), kind=kind, src=gpu, dst=write.src, chip=write.chip,
-                    done=write.fence, vc=self.vcmap.vc(kind))
-        self.inject(ack)
+        self.gpus[gpu].ack(write)
 
     def stuck(self) -> list[str]:
         """What holds trains: channels with trains queued and switch input buffers

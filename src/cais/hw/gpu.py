@@ -1,21 +1,19 @@
-"""One GPU: its memory, its NVLink endpoint (what happens when a packet arrives), and
-its SMs with the thread-block (TB) dispatcher that places kernels' TBs on them."""
+"""One GPU: its memory, its NVLink endpoint (what happens when a packet arrives,
+compiled: :class:`cais._core.Endpoint`), and its SMs with the thread-block (TB)
+dispatcher that places kernels' TBs on them."""
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from cais.engine import Bound, Process, Signal, Simulator, Train
+from cais._core import Endpoint
+from cais.engine import Bound, Process, Signal, Simulator
 from cais.engine.sim import ProgramGen
 from cais.hw.hbm import HbmPhase, HbmShare
 from cais.hw.memory import Memory
-from cais.hw.packets import Kind, Packetizer, VcMap
-
-if TYPE_CHECKING:
-    from cais.hw.fabric import Fabric
+from cais.hw.packets import Packetizer, VcMap
 
 # A TB program: called with (sm index, SMs busy when it starts) it returns the
 # generator the SM runs.
@@ -45,14 +43,17 @@ class Kernel:
     _running: int = 0
 
 
-class Gpu:
+class Gpu(Endpoint):
     """A GPU in the fabric.
 
-    Endpoint: an NVLink input buffer per switch chip and VC, drained as packets
-    arrive: writes and reductions land in memory; read requests (plain or NVLS pulls)
-    are answered after ``memory_latency_ps``, at most ``serve_bytes`` at once (a
-    request beyond that waits in its buffer, holding its credits); responses,
-    deliveries and flags call the issuer's completion (``train.done``).
+    Endpoint (compiled, :class:`cais._core.Endpoint`): an NVLink input buffer per
+    switch chip and VC, drained as packets arrive: writes and reductions land in
+    memory; read requests (plain or NVLS pulls) are answered after
+    ``memory_latency_ps``, at most ``serve_bytes`` at once (a request beyond that
+    waits in its buffer, holding its credits); responses, deliveries and flags call
+    the issuer's completion (``train.done``); signal words (``signal``,
+    ``wait_signal``). Its ports to the switch chips are bound by the fabric
+    (``connect``), and it puts trains on them (``inject``).
 
     SMs: a dispatcher puts the TBs of launched kernels on free SMs, one TB per SM.
     Policy when kernels compete (as Hopper's TB scheduler without stream priorities
@@ -69,29 +70,12 @@ class Gpu:
     def __init__(self, sim: Simulator, index: int, sms: int, memory: Memory, packetizer: Packetizer,
                  memory_latency_ps: int, vcmap: VcMap, serve_bytes: int, chips: int, vcs: int,
                  hbm: HbmShare | None = None, remote_outstanding: int = 1 << 40) -> None:
-        self.sim = sim
+        # (the endpoint's fields were set by Endpoint's constructor, from the same arguments)
         # the GPU's bound on outstanding remote SM requests (its request-tracking
         # entries): every TB that loads from or reduces into a peer takes its bytes here
         self.remote = Bound(sim, remote_outstanding)
         self.hbm = hbm if hbm is not None else HbmShare(1.0, 1, enabled=False)
-        self.index = index
         self.n_sms = sms
-        self.memory = memory
-        self.pk = packetizer
-        self.vcmap = vcmap
-        self.memory_latency_ps = memory_latency_ps
-        self.serve_bytes = serve_bytes
-        self.serving = 0  # bytes of reads being served
-        self.fabric: Fabric | None = None
-        self._held: list[list[deque[Train]]] = [[deque() for _ in range(vcs)] for _ in range(chips)]
-        self._holding = 0
-        self.handlers: dict[int, Callable[[Train], bool]] = {
-            Kind.WRITE: self._write, Kind.RED: self._write, Kind.READ_REQ: self._read,
-            Kind.MC_PULL_REQ: self._read, Kind.FLAG: self._flag,
-            Kind.LD_CAIS_REQ: self._read, Kind.RED_CAIS: self._write,
-        }
-        self.signals: dict[int, int] = {}  # signal words: key -> value
-        self._signal_waits: dict[int, list[tuple[int, Callable[[], None]]]] = {}
         self._free = set(range(sms))
         self._kernels: deque[Kernel] = deque()
         self._dispatch_pending = False
@@ -102,119 +86,6 @@ class Gpu:
         self.tb_log: list[tuple[str, int, int, int]] | None = None  # (kernel, sm, start, end)
         self.slowdown = 1.0  # factor on the time its TBs compute (a straggler)
         self.kernel_log: list[Kernel] | None = None  # every kernel launched, when not None
-
-    # ---- endpoint ---------------------------------------------------------------
-    def receive(self, train: Train) -> None:
-        """A train's tail has arrived from chip ``train.chip``. The buffer drains as
-        trains arrive (its sender already scheduled their credits' return); a train
-        that cannot be taken yet is held, and so is every train behind it."""
-        held = self._held[train.chip][train.vc]
-        if held or not self._consume(train):
-            cr = train.credits
-            if cr is not None:
-                cr.hold(train.vc, train.fp, self.sim.now)
-            held.append(train)
-            self._holding += 1
-
-    def _consume(self, train: Train) -> bool:
-        """Take ``train`` out of the input buffer (False: it cannot be taken yet)."""
-        handler = self.handlers.get(train.kind)
-        if handler is not None:
-            return handler(train)
-        if train.done is not None:  # responses, flags, acks: the issuer's completion
-            train.done(train)
-        return True
-
-    def _write(self, train: Train) -> bool:
-        if train.kind == Kind.WRITE:
-            self.memory.write(train.addr, train.data)
-            self.hbm.stream(self.sim.now, train.payload)
-        else:  # a reduction near memory: read, add, write back
-            self.memory.add(train.addr, train.data)
-            self.hbm.stream(self.sim.now, 2 * train.payload)
-        if train.kind == Kind.RED_CAIS and train.tag >= 0:  # after its data: the contributions it sums
-            self.signal(train.tag, train.count * train.payload)
-        if self.fabric is not None and train.src >= 0 and (train.fence is not None or self.pk.fmt.write_ack_flits):
-            self.fabric.ack(self.index, train)
-        if train.done is not None:
-            train.done(train)
-        return True
-
-    def _flag(self, train: Train) -> bool:
-        """A flag lands (the peer polling it sees it); a fence probe is answered."""
-        if train.fence is not None and self.fabric is not None:
-            self.fabric.ack(self.index, train)
-        if train.done is not None:
-            train.done(train)
-        return True
-
-    def _read(self, req: Train) -> bool:
-        if self.serving and self.serving + req.want > self.serve_bytes:
-            return False
-        self.serving += req.want
-        self.sim.after(self.memory_latency_ps, self._respond, req)
-        return True
-
-    _RESPONSE = {Kind.READ_REQ: Kind.READ_RESP, Kind.MC_PULL_REQ: Kind.MC_PULL_RESP,
-                 Kind.LD_CAIS_REQ: Kind.LD_CAIS_RESP}
-
-    def _respond(self, req: Train) -> None:
-        kind = self._RESPONSE[req.kind]
-        nbytes = req.addr.nbytes
-        self.hbm.stream(self.sim.now, nbytes)
-        resp = Train(nbytes, *self.pk.wire(kind, nbytes), kind=kind, src=self.index, dst=req.src, chip=req.chip,
-                     addr=req.addr, data=self.memory.read(req.addr), done=req.done, vc=self.vcmap.vc(kind),
-                     want=req.want, tag=req.tag)
-        assert self.fabric is not None
-        self.fabric.inject(resp, on_start=self._served)
-
-    def _served(self, resp: Train, start: int, finish: int) -> None:
-        """A response is on the wire: its bytes stop counting; held requests may go."""
-        self.serving -= resp.want
-        if self._holding:
-            self.sim.after(0, self._drain_held)
-
-    def _drain_held(self) -> None:
-        now = self.sim.now
-        for per_chip in self._held:
-            for held in per_chip:
-                while held and self._consume(held[0]):
-                    train = held.popleft()
-                    self._holding -= 1
-                    cr = train.credits
-                    if cr is not None:
-                        cr.give_back(train.vc, train.fp, now, now)
-
-    # ---- signal words ---------------------------------------------------------------
-    def signal(self, key: int, amount: int) -> None:
-        """Add ``amount`` to signal word ``key`` in this GPU's memory (as a reduction
-        carrying a signal does once its data has landed, cf. NVSHMEM's put-with-signal)."""
-        value = self.signals.get(key, 0) + amount
-        self.signals[key] = value
-        waits = self._signal_waits.get(key)
-        if waits:
-            ready = [fn for target, fn in waits if value >= target]
-            if ready:
-                self._signal_waits[key] = [(t, fn) for t, fn in waits if value < t]
-                for fn in ready:
-                    fn()
-
-    def wait_signal(self, key: int, target: int, fn: Callable[[], None]) -> None:
-        """Run ``fn`` once signal word ``key`` reaches ``target`` (a kernel polling it)."""
-        if self.signals.get(key, 0) >= target:
-            self.sim.after(0, fn)
-        else:
-            self._signal_waits.setdefault(key, []).append((target, fn))
-
-    def stuck(self) -> list[str]:
-        """Input buffers holding requests it cannot serve yet (for the watchdog)."""
-        out = []
-        for c, per_chip in enumerate(self._held):
-            for vc, held in enumerate(per_chip):
-                if held:
-                    out.append(f"gpu{self.index} input from sw{c} VC {vc}: {len(held)} train(s) held "
-                               f"({self.serving}/{self.serve_bytes} read bytes being served)")
-        return out
 
     # ---- SMs and the TB dispatcher ----------------------------------------------
     def launch(self, kernel: Kernel, delay_ps: int = 0) -> Signal:

@@ -10,7 +10,8 @@ Two kinds of users:
 * **Streams** driven by the fabric and copy engines: data read to be sent (stores,
   reductions, DMA), data landing (writes; reductions read, add and write back), and
   remote reads and NVLS pulls being served. They are counted, not timed, in
-  :meth:`HbmShare.stream`; their rate is estimated over the last complete window.
+  ``HbmShare.stream`` (compiled, :class:`cais._core.HbmStreams`); their rate is
+  estimated over the last complete window (``stream_rate``).
 
 Model (proportional share of a saturated memory controller): when phases start,
 the demand is their own rates (bytes / time alone) plus the rates of the kernel
@@ -30,6 +31,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
+from cais._core import HbmStreams
 from cais.engine import Signal, Simulator
 
 
@@ -50,7 +52,7 @@ class HbmPhase:
     overlapped: bool = False
 
 
-class HbmShare:
+class HbmShare(HbmStreams):
     """One GPU's HBM: ``bytes_per_ps`` of achievable bandwidth (the calibrated
     effective figure), shared proportionally when the users together ask for more.
     ``enabled=False`` turns the sharing off (every phase takes its time alone), the
@@ -60,19 +62,13 @@ class HbmShare:
 
     def __init__(self, bytes_per_ps: float, window_ps: int, enabled: bool = True,
                  streams_yield: bool = False) -> None:
-        if bytes_per_ps <= 0 or window_ps <= 0:
-            raise ValueError("HBM bandwidth and window must be positive")
+        # window, enabled and the stream counters are the compiled base's (HbmStreams:
+        # the endpoint counts the fabric's streams there without entering Python)
         self.supply = bytes_per_ps
-        self.window = window_ps
-        self.enabled = enabled
         self.streams_yield = streams_yield  # compute-first arbitration: phases do not see streams
         self._ends: list[tuple[int, int, float]] = []  # (end, seq, rate) of running kernel phases
         self._seq = 0
         self._kernel_rate = 0.0
-        self._bucket = 0  # index of the current stream window
-        self._bucket_bytes = 0.0
-        self._prev_bytes = 0.0  # bytes in the last complete window
-        self.stream_bytes = 0.0  # total counted (a statistic)
         self._pending: list[tuple[int, float, Signal]] = []  # phases starting this instant
         self.phases = 0
         self.stretched = 0  # phases that took longer than alone
@@ -81,26 +77,6 @@ class HbmShare:
         # summed in units of the supply: phases starting, phases running, streams.
         self.saturated = 0
         self.saturated_demand = [0.0, 0.0, 0.0]
-
-    # ---- streams ------------------------------------------------------------------
-    def _roll(self, now: int) -> None:
-        b = now // self.window
-        if b != self._bucket:
-            self._prev_bytes = self._bucket_bytes if b == self._bucket + 1 else 0.0
-            self._bucket, self._bucket_bytes = b, 0.0
-
-    def stream(self, now: int, nbytes: float) -> None:
-        """``nbytes`` moved through HBM by the fabric side at ``now``."""
-        if not self.enabled or nbytes <= 0:
-            return
-        self._roll(now)
-        self._bucket_bytes += nbytes
-        self.stream_bytes += nbytes
-
-    def stream_rate(self, now: int) -> float:
-        """Bytes per ps of stream traffic, over the last complete window."""
-        self._roll(now)
-        return self._prev_bytes / self.window
 
     # ---- kernel phases ------------------------------------------------------------
     def kernel_rate(self, now: int) -> float:

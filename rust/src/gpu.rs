@@ -1,0 +1,556 @@
+//! A GPU's NVLink endpoint: what happens when a packet arrives, and its ports into
+//! the fabric.
+
+use std::collections::{HashMap, VecDeque};
+
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+use pyo3::{PyTraverseError, PyVisit};
+
+use crate::channel::{Channel, Hook, Sink};
+use crate::credits::Credits;
+use crate::hbm::HbmStreams;
+use crate::kinds::*;
+use crate::sim::{Action, Simulator};
+use crate::switch::SwitchChip;
+use crate::train::Train;
+
+/// A GPU's NVLink endpoint. An input buffer per switch chip and VC, drained as
+/// packets arrive: writes and reductions land in memory; read requests (plain,
+/// NVLS pulls, `ld.cais`) are answered after `memory_latency_ps`, at most
+/// `serve_bytes` at once (a request beyond that waits in its buffer, holding its
+/// credits, and so does every train behind it); responses, deliveries and flags
+/// call the issuer's completion (`train.done`). Signal words count what landed
+/// (`red.cais` sums add their contributions once their data is in). Its ports:
+/// one up channel per switch chip, bound by `connect` when the fabric is built.
+///
+/// A kind with a Python handler in `handlers` (returning whether it could take the
+/// train) is served by it instead. `cais.hw.gpu.Gpu` adds the SMs and the TB
+/// dispatcher.
+#[pyclass(module = "cais._core", subclass)]
+pub struct Endpoint {
+    #[pyo3(get)]
+    sim: Py<Simulator>,
+    #[pyo3(get)]
+    index: i64,
+    #[pyo3(get)]
+    memory: Py<PyAny>,
+    functional: bool,
+    #[pyo3(get)]
+    pk: Py<PyAny>,
+    #[pyo3(get)]
+    vcmap: Py<PyAny>,
+    #[pyo3(get)]
+    memory_latency_ps: i64,
+    #[pyo3(get)]
+    serve_bytes: i64,
+    /// Bytes of reads being served.
+    #[pyo3(get)]
+    serving: i64,
+    hbm: Option<Py<HbmStreams>>,
+    held: Vec<Vec<VecDeque<Py<Train>>>>,
+    holding: i64,
+    #[pyo3(get)]
+    handlers: Py<PyDict>,
+    signals: HashMap<i64, i64>,
+    signal_waits: HashMap<i64, Vec<(i64, Py<PyAny>)>>,
+    up: Vec<Py<Channel>>,
+    switches: Vec<Py<SwitchChip>>,
+    ack_flits: i64,
+    /// Payload bytes this GPU put on the fabric.
+    #[pyo3(get)]
+    injected: i64,
+    wire_cache: HashMap<(i64, i64), (i64, i64)>,
+    vc_cache: HashMap<i64, i64>,
+}
+
+impl Endpoint {
+    fn now(&self, py: Python<'_>) -> i64 {
+        self.sim.borrow(py).now
+    }
+
+    fn wire(&mut self, py: Python<'_>, kind: i64, nbytes: i64) -> PyResult<(i64, i64)> {
+        if let Some(&hit) = self.wire_cache.get(&(kind, nbytes)) {
+            return Ok(hit);
+        }
+        let got: (i64, i64) = self.pk.bind(py).call_method1("wire", (kind, nbytes))?.extract()?;
+        self.wire_cache.insert((kind, nbytes), got);
+        Ok(got)
+    }
+
+    fn vc_of(&mut self, py: Python<'_>, kind: i64) -> PyResult<i64> {
+        if let Some(&vc) = self.vc_cache.get(&kind) {
+            return Ok(vc);
+        }
+        let vc: i64 = self.vcmap.bind(py).call_method1("vc", (kind,))?.extract()?;
+        self.vc_cache.insert(kind, vc);
+        Ok(vc)
+    }
+
+    fn stream(&self, py: Python<'_>, now: i64, nbytes: i64) {
+        if let Some(h) = &self.hbm {
+            h.borrow_mut(py).count(now, nbytes as f64);
+        }
+    }
+
+    fn connected(&self) -> bool {
+        !self.up.is_empty()
+    }
+
+    /// A train's tail has arrived from chip `train.chip`. The buffer drains as
+    /// trains arrive (its sender already scheduled their credits' return); a train
+    /// that cannot be taken yet is held, and so is every train behind it.
+    pub(crate) fn receive_train(slf: &Bound<'_, Self>, train: Bound<'_, Train>) -> PyResult<()> {
+        let py = slf.py();
+        let (c, v) = {
+            let me = slf.borrow();
+            let t = train.borrow();
+            let c = py_index(t.chip, me.held.len())?;
+            (c, py_index(t.vc, me.held[c].len())?)
+        };
+        let busy = !slf.borrow().held[c][v].is_empty();
+        if busy || !Endpoint::consume(slf, &train)? {
+            let mut me = slf.borrow_mut();
+            let now = me.now(py);
+            let (cr, vc, fp) = {
+                let t = train.borrow();
+                (t.credits.as_ref().map(|x| x.clone_ref(py)), t.vc, t.fp)
+            };
+            if let Some(cr) = cr {
+                cr.borrow_mut(py).take_at(py, vc as usize, fp, now)?; // hold: reclaim the scheduled return
+            }
+            me.held[c][v].push_back(train.unbind());
+            me.holding += 1;
+        }
+        Ok(())
+    }
+
+    /// Take `train` out of the input buffer (false: it cannot be taken yet).
+    fn consume(slf: &Bound<'_, Self>, train: &Bound<'_, Train>) -> PyResult<bool> {
+        let py = slf.py();
+        let kind = train.borrow().kind;
+        let handler = {
+            let me = slf.borrow();
+            let h = me.handlers.bind(py);
+            if h.is_empty() {
+                None
+            } else {
+                h.get_item(kind)?
+            }
+        };
+        if let Some(h) = handler {
+            return h.call1((train,))?.is_truthy();
+        }
+        match kind {
+            WRITE | RED | RED_CAIS => Endpoint::write(slf, train),
+            READ_REQ | MC_PULL_REQ | LD_CAIS_REQ => Endpoint::read(slf, train),
+            FLAG => Endpoint::flag(slf, train),
+            _ => {
+                complete(train)?; // responses, flags, acks: the issuer's completion
+                Ok(true)
+            }
+        }
+    }
+
+    fn write(slf: &Bound<'_, Self>, train: &Bound<'_, Train>) -> PyResult<bool> {
+        let py = slf.py();
+        let (kind, payload, tag, count, src, fenced) = {
+            let t = train.borrow();
+            (t.kind, t.payload, t.tag, t.count, t.src, !t.fence.is_none(py))
+        };
+        let (functional, memory, now) = {
+            let me = slf.borrow();
+            (me.functional, me.memory.clone_ref(py), me.now(py))
+        };
+        if functional {
+            let t = train.borrow();
+            let (addr, data) = (t.addr.clone_ref(py), t.data.clone_ref(py));
+            drop(t);
+            memory
+                .bind(py)
+                .call_method1(if kind == WRITE { "write" } else { "add" }, (addr, data))?;
+        }
+        // a reduction near memory reads, adds and writes back
+        slf.borrow()
+            .stream(py, now, if kind == WRITE { payload } else { 2 * payload });
+        if kind == RED_CAIS && tag >= 0 {
+            Endpoint::signal_word(slf, tag, count * payload)?; // after its data: the contributions it sums
+        }
+        let ack = {
+            let me = slf.borrow();
+            me.connected() && src >= 0 && (fenced || me.ack_flits != 0)
+        };
+        if ack {
+            Endpoint::ack_write(slf, train)?;
+        }
+        complete(train)?;
+        Ok(true)
+    }
+
+    /// A flag lands (the peer polling it sees it); a fence probe is answered.
+    fn flag(slf: &Bound<'_, Self>, train: &Bound<'_, Train>) -> PyResult<bool> {
+        let fenced = !train.borrow().fence.is_none(slf.py());
+        if fenced && slf.borrow().connected() {
+            Endpoint::ack_write(slf, train)?;
+        }
+        complete(train)?;
+        Ok(true)
+    }
+
+    fn read(slf: &Bound<'_, Self>, req: &Bound<'_, Train>) -> PyResult<bool> {
+        let py = slf.py();
+        let want = req.borrow().want;
+        let mut me = slf.borrow_mut();
+        if me.serving != 0 && me.serving + want > me.serve_bytes {
+            return Ok(false);
+        }
+        me.serving += want;
+        let at = me.now(py) + me.memory_latency_ps;
+        me.sim
+            .borrow_mut(py)
+            .push(at, Action::Respond(slf.clone().unbind(), req.clone().unbind()));
+        Ok(true)
+    }
+
+    /// A read request's data is read: send the response.
+    pub(crate) fn respond(slf: &Bound<'_, Self>, req: Bound<'_, Train>) -> PyResult<()> {
+        let py = slf.py();
+        let (req_kind, addr) = {
+            let r = req.borrow();
+            (r.kind, r.addr.clone_ref(py))
+        };
+        let kind = match req_kind {
+            READ_REQ => READ_RESP,
+            MC_PULL_REQ => MC_PULL_RESP,
+            _ => LD_CAIS_RESP,
+        };
+        let nbytes: i64 = addr.bind(py).getattr("nbytes")?.extract()?;
+        let resp = {
+            let mut me = slf.borrow_mut();
+            let now = me.now(py);
+            me.stream(py, now, nbytes);
+            let (wire, last) = me.wire(py, kind, nbytes)?;
+            let vc = me.vc_of(py, kind)?;
+            let data = if me.functional {
+                me.memory.bind(py).call_method1("read", (&addr,))?.unbind()
+            } else {
+                py.None()
+            };
+            let r = req.borrow();
+            let mut t = Train::blank(py, nbytes, wire, last, kind, me.index, r.src);
+            t.chip = r.chip;
+            t.addr = addr;
+            t.data = data;
+            t.done = r.done.clone_ref(py);
+            t.vc = vc;
+            t.want = r.want;
+            t.tag = r.tag;
+            Bound::new(py, t)?
+        };
+        Endpoint::inject_train(slf, resp, None, None, Hook::Served(slf.clone().unbind()))
+    }
+
+    /// A response is on the wire: its bytes stop counting; held requests may go.
+    pub(crate) fn served(slf: &Bound<'_, Self>, resp: &Bound<'_, Train>) -> PyResult<()> {
+        let py = slf.py();
+        let want = resp.borrow().want;
+        let mut me = slf.borrow_mut();
+        me.serving -= want;
+        if me.holding != 0 {
+            let now = me.now(py);
+            me.sim.borrow_mut(py).push(now, Action::DrainHeld(slf.clone().unbind()));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn drain_held(slf: &Bound<'_, Self>) -> PyResult<()> {
+        let py = slf.py();
+        let now = slf.borrow().now(py);
+        let chips = slf.borrow().held.len();
+        for c in 0..chips {
+            let vcs = slf.borrow().held[c].len();
+            for v in 0..vcs {
+                loop {
+                    let front = match slf.borrow().held[c][v].front() {
+                        None => break,
+                        Some(t) => t.clone_ref(py).into_bound(py),
+                    };
+                    if !Endpoint::consume(slf, &front)? {
+                        break;
+                    }
+                    {
+                        let mut me = slf.borrow_mut();
+                        me.held[c][v].pop_front();
+                        me.holding -= 1;
+                    }
+                    let (cr, vc, fp) = {
+                        let t = front.borrow();
+                        (t.credits.as_ref().map(|x| x.clone_ref(py)), t.vc, t.fp)
+                    };
+                    if let Some(cr) = cr {
+                        Credits::give_back_at(cr.bind(py), vc, fp, now, now, true)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Send the write response of a delivered write back to its issuer (it calls the
+    /// write's `fence` there).
+    fn ack_write(slf: &Bound<'_, Self>, write: &Bound<'_, Train>) -> PyResult<()> {
+        let py = slf.py();
+        let ack = {
+            let mut me = slf.borrow_mut();
+            let w = write.borrow();
+            let (wire, last) = me.wire(py, WRITE_ACK, w.payload)?;
+            let vc = me.vc_of(py, WRITE_ACK)?;
+            let mut t = Train::blank(py, 0, wire, last, WRITE_ACK, me.index, w.src);
+            t.chip = w.chip;
+            t.done = w.fence.clone_ref(py);
+            t.vc = vc;
+            Bound::new(py, t)?
+        };
+        Endpoint::inject_train(slf, ack, None, None, Hook::None)
+    }
+
+    /// Put a train on this GPU's port to `train.chip` (head and tail default to now).
+    fn inject_train(
+        slf: &Bound<'_, Self>,
+        train: Bound<'_, Train>,
+        head: Option<i64>,
+        tail: Option<i64>,
+        on_start: Hook,
+    ) -> PyResult<()> {
+        let py = slf.py();
+        let (channel, switch) = {
+            let mut me = slf.borrow_mut();
+            if !me.connected() {
+                return Err(PyRuntimeError::new_err(format!(
+                    "gpu{} is not connected to a fabric",
+                    me.index
+                )));
+            }
+            let now = me.now(py);
+            let mut t = train.borrow_mut();
+            t.head = head.unwrap_or(now);
+            t.tail = tail.unwrap_or(t.head);
+            me.injected += t.payload;
+            let c = py_index(t.chip, me.up.len())?;
+            (me.up[c].clone_ref(py), me.switches[c].clone_ref(py))
+        };
+        Channel::offer(channel.bind(py), train, Sink::Switch(switch), on_start)
+    }
+
+    /// Add `amount` to signal word `key`; run the waits it satisfies.
+    fn signal_word(slf: &Bound<'_, Self>, key: i64, amount: i64) -> PyResult<()> {
+        let py = slf.py();
+        let ready = {
+            let mut me = slf.borrow_mut();
+            let value = me.signals.get(&key).copied().unwrap_or(0) + amount;
+            me.signals.insert(key, value);
+            match me.signal_waits.get_mut(&key) {
+                Some(waits) if !waits.is_empty() => {
+                    let (ready, left): (Vec<_>, Vec<_>) = waits.drain(..).partition(|(target, _)| value >= *target);
+                    *waits = left;
+                    ready
+                }
+                _ => Vec::new(),
+            }
+        };
+        for (_, f) in ready {
+            f.call0(py)?;
+        }
+        Ok(())
+    }
+}
+
+/// The issuer's completion, if it has one: `train.done(train)`.
+fn complete(train: &Bound<'_, Train>) -> PyResult<()> {
+    let py = train.py();
+    let done = train.borrow().done.clone_ref(py);
+    if !done.is_none(py) {
+        done.call1(py, (train,))?;
+    }
+    Ok(())
+}
+
+#[pymethods]
+impl Endpoint {
+    #[new]
+    #[pyo3(signature = (sim, index, sms, memory, packetizer, memory_latency_ps, vcmap, serve_bytes, chips, vcs,
+                        hbm = None, remote_outstanding = 1 << 40))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        sim: Py<Simulator>,
+        index: i64,
+        sms: i64,
+        memory: Py<PyAny>,
+        packetizer: Py<PyAny>,
+        memory_latency_ps: i64,
+        vcmap: Py<PyAny>,
+        serve_bytes: i64,
+        chips: usize,
+        vcs: usize,
+        hbm: Option<Py<HbmStreams>>,
+        remote_outstanding: i64,
+    ) -> PyResult<Self> {
+        let _ = (sms, remote_outstanding); // the SM side's (the Python subclass)
+        let functional = memory.bind(py).getattr("functional")?.is_truthy()?;
+        Ok(Endpoint {
+            sim,
+            index,
+            memory,
+            functional,
+            pk: packetizer,
+            vcmap,
+            memory_latency_ps,
+            serve_bytes,
+            serving: 0,
+            hbm,
+            held: (0..chips)
+                .map(|_| (0..vcs).map(|_| VecDeque::new()).collect())
+                .collect(),
+            holding: 0,
+            handlers: PyDict::new(py).unbind(),
+            signals: HashMap::new(),
+            signal_waits: HashMap::new(),
+            up: Vec::new(),
+            switches: Vec::new(),
+            ack_flits: 0,
+            injected: 0,
+            wire_cache: HashMap::new(),
+            vc_cache: HashMap::new(),
+        })
+    }
+
+    /// This GPU's HBM (its streams are counted here).
+    #[getter]
+    fn hbm(&self, py: Python<'_>) -> Option<Py<HbmStreams>> {
+        self.hbm.as_ref().map(|h| h.clone_ref(py))
+    }
+
+    #[setter]
+    fn set_hbm(&mut self, hbm: Py<HbmStreams>) {
+        self.hbm = Some(hbm);
+    }
+
+    /// Signal words: key -> value (a copy).
+    #[getter]
+    fn signals(&self) -> HashMap<i64, i64> {
+        self.signals.clone()
+    }
+
+    /// Bind the ports: `up[c]` is this GPU's channel to switch chip `c`, whose input
+    /// port `switches[c]` is; `write_ack_flits` (of the packet format): writes are
+    /// acknowledged per packet when non-zero, else only fenced ones.
+    fn connect(&mut self, up: Vec<Py<Channel>>, switches: Vec<Py<SwitchChip>>, write_ack_flits: i64) {
+        self.up = up;
+        self.switches = switches;
+        self.ack_flits = write_ack_flits;
+    }
+
+    /// A train's tail has arrived from chip `train.chip`.
+    fn receive(slf: &Bound<'_, Self>, train: Bound<'_, Train>) -> PyResult<()> {
+        Endpoint::receive_train(slf, train)
+    }
+
+    /// Put a train on this GPU's port to `train.chip`. `head`/`tail` default to now
+    /// (the data is all ready); an SM pushing data at a finite rate passes later
+    /// times. `on_start` runs when it goes on the wire.
+    #[pyo3(signature = (train, head = None, tail = None, on_start = None))]
+    fn inject(
+        slf: &Bound<'_, Self>,
+        train: Bound<'_, Train>,
+        head: Option<i64>,
+        tail: Option<i64>,
+        on_start: Option<Py<PyAny>>,
+    ) -> PyResult<()> {
+        let hook = match on_start {
+            None => Hook::None,
+            Some(f) => Hook::Call(f),
+        };
+        Endpoint::inject_train(slf, train, head, tail, hook)
+    }
+
+    /// Send the write response of a delivered write back to its issuer.
+    fn ack(slf: &Bound<'_, Self>, write: Bound<'_, Train>) -> PyResult<()> {
+        Endpoint::ack_write(slf, &write)
+    }
+
+    /// Add `amount` to signal word `key` in this GPU's memory (as a reduction
+    /// carrying a signal does once its data has landed, cf. NVSHMEM's
+    /// put-with-signal).
+    fn signal(slf: &Bound<'_, Self>, key: i64, amount: i64) -> PyResult<()> {
+        Endpoint::signal_word(slf, key, amount)
+    }
+
+    /// Run `fn` once signal word `key` reaches `target` (a kernel polling it).
+    fn wait_signal(&mut self, py: Python<'_>, key: i64, target: i64, r#fn: Py<PyAny>) {
+        if self.signals.get(&key).copied().unwrap_or(0) >= target {
+            let now = self.now(py);
+            self.sim
+                .borrow_mut(py)
+                .push(now, Action::Call(r#fn, PyTuple::empty(py).unbind()));
+        } else {
+            self.signal_waits.entry(key).or_default().push((target, r#fn));
+        }
+    }
+
+    /// Input buffers holding requests it cannot serve yet (for the watchdog).
+    fn stuck(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for (c, per_chip) in self.held.iter().enumerate() {
+            for (vc, held) in per_chip.iter().enumerate() {
+                if !held.is_empty() {
+                    out.push(format!(
+                        "gpu{} input from sw{c} VC {vc}: {} train(s) held ({}/{} read bytes being served)",
+                        self.index,
+                        held.len(),
+                        self.serving,
+                        self.serve_bytes
+                    ));
+                }
+            }
+        }
+        out
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.sim)?;
+        visit.call(&self.memory)?;
+        visit.call(&self.pk)?;
+        visit.call(&self.vcmap)?;
+        visit.call(&self.hbm)?;
+        visit.call(&self.handlers)?;
+        for per_chip in self.held.iter() {
+            for q in per_chip.iter() {
+                for t in q.iter() {
+                    visit.call(t)?;
+                }
+            }
+        }
+        for waits in self.signal_waits.values() {
+            for (_, f) in waits.iter() {
+                visit.call(f)?;
+            }
+        }
+        for c in self.up.iter() {
+            visit.call(c)?;
+        }
+        for s in self.switches.iter() {
+            visit.call(s)?;
+        }
+        Ok(())
+    }
+
+    fn __clear__(&mut self) {
+        self.hbm = None;
+        self.held.clear();
+        self.signal_waits.clear();
+        self.up.clear();
+        self.switches.clear();
+    }
+}
