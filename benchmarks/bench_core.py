@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -36,39 +35,36 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 BEFORE = "ea63d9d"  # the last commit whose event loop, channels and credits were Python
 
-# name -> (what it runs, in a child process; a long row?)
-ROWS: dict[str, tuple[str, bool]] = {
+# name -> (what it sets up, what it runs and times, in a child process; a long row?)
+_LAYER = ("from cais.experiments.layer import run_layer\n"
+          "from cais.hw.config import load_system\n"
+          "from cais.workload.models import load_model\n"
+          "cfg, model = load_system('dgx-h100'), load_model('paper-llama-7b')\n")
+ROWS: dict[str, tuple[str, str, bool]] = {
     "NVLS AllReduce 1 GiB, 8 x H100": (
         "from cais.experiments.collective import run_collective\n"
         "from cais.hw.config import apply_overrides, load_system\n"
-        "cfg = apply_overrides(load_system('dgx-h100'), {'collective.nvls_buffers': 'registered'})\n"
+        "cfg = apply_overrides(load_system('dgx-h100'), {'collective.nvls_buffers': 'registered'})\n",
         "r = run_collective(cfg, 'allreduce', 'nvls', 1 << 30)\n"
         "result = (r.time_us, r.events)", False),
     "paper-llama-7b cais prefill, 8 x 66 SMs": (
-        "from cais.experiments.layer import run_layer\n"
-        "from cais.hw.config import load_system\n"
-        "from cais.workload.models import load_model\n"
-        "r = run_layer(load_system('dgx-h100'), load_model('paper-llama-7b'), 'cais', 'prefill', 66)\n"
-        "result = (r.total_us, r.events)", False),
+        _LAYER, "r = run_layer(cfg, model, 'cais', 'prefill', 66)\nresult = (r.total_us, r.events)", False),
     "paper-llama-7b cais train, 8 x 66 SMs": (
-        "from cais.experiments.layer import run_layer\n"
-        "from cais.hw.config import load_system\n"
-        "from cais.workload.models import load_model\n"
-        "r = run_layer(load_system('dgx-h100'), load_model('paper-llama-7b'), 'cais', 'train', 66)\n"
-        "result = (r.total_us, r.events)", True),
+        _LAYER, "r = run_layer(cfg, model, 'cais', 'train', 66)\nresult = (r.total_us, r.events)", True),
     "NVLS AllReduce 1 GiB, nvl72 x 72, full model": (
         "import os\n"
         "os.environ['CAIS_MAX_EVENTS'] = '60000000'\n"
         "from cais.experiments.collective import run_collective\n"
-        "from cais.hw.config import apply_overrides, load_system\n"
-        "cfg = load_system('nvl72')  # 72 GPUs\n"
+        "from cais.hw.config import load_system\n"
+        "cfg = load_system('nvl72')  # 72 GPUs\n",
         "r = run_collective(cfg, 'allreduce', 'nvls', 1 << 30)\n"
         "result = (r.time_us, r.events)", True),
 }
 
 CHILD = """
 import json, resource, sys, time
-t0 = time.perf_counter()
+{setup}
+t0 = time.perf_counter()  # the run alone, not the imports
 {code}
 wall = time.perf_counter() - t0
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -76,29 +72,32 @@ print(json.dumps({{"wall_s": wall, "rss_mb": rss, "result": list(result)}}))
 """
 
 
-def heapq_rate(n: int = 1_000_000) -> float:
-    """Events per second of a bare Python event loop: ``heapq`` push and pop of
-    (time, seq, fn, args) with a callback that does nothing (the floor any Python
-    engine pays per event)."""
+def heapq_rate(n: int = 1_000_000, pending: int = 1_000) -> float:
+    """Events per second of a bare Python event loop, the classic hold model of
+    event-queue benchmarks: ``pending`` events wait in a ``heapq`` of (time, seq, fn,
+    args); each step pops the earliest, calls its callback (which does nothing) and
+    schedules one more a pseudo-random delay later. The floor any Python engine pays
+    per event."""
     import heapq
 
     def noop() -> None:
         return None
 
-    queue: list[tuple[int, int, object, tuple]] = []
+    queue: list[tuple[int, int, object, tuple]] = [((i * 7919) % 10_007, i, noop, ()) for i in range(pending)]
+    heapq.heapify(queue)
+    push, pop = heapq.heappush, heapq.heappop
     t0 = time.perf_counter()
-    for i in range(n):
-        heapq.heappush(queue, ((i * 7919) % 100_003, i, noop, ()))
-    while queue:
-        _, _, fn, args = heapq.heappop(queue)
+    for seq in range(pending, pending + n):
+        now, _, fn, args = pop(queue)
         fn(*args)  # type: ignore[operator]
+        push(queue, (now + (seq * 7919) % 10_007, seq, noop, ()))
     return n / (time.perf_counter() - t0)
 
 
-def run_row(code: str, src: Path) -> dict[str, object]:
+def run_row(setup: str, code: str, src: Path) -> dict[str, object]:
     env = {**os.environ, "PYTHONPATH": str(src)}
-    out = subprocess.run([sys.executable, "-c", CHILD.format(code=code)], capture_output=True, text=True, env=env,
-                         cwd=src.parent)
+    out = subprocess.run([sys.executable, "-c", CHILD.format(setup=setup, code=code)], capture_output=True,
+                         text=True, env=env, cwd=src.parent)
     if out.returncode:
         raise SystemExit(f"bench_core: a row failed under {src}:\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -123,24 +122,25 @@ def main() -> None:
     for col in ("workload", "events", "wall before (s)", "wall now (s)", "speed-up", "events/s now",
                 "RSS before (MB)", "RSS now (MB)", "same result"):
         table.add_column(col, justify="right")
-    rate = heapq_rate()
     rates: dict[str, float] = {}
-    for name, (code, long) in ROWS.items():
+    for name, (setup, code, long) in ROWS.items():
         if long and not args.full:
             continue
         best: dict[str, dict[str, object]] = {}
         for _ in range(args.rounds):
             for side, src in (("before", base / "src"), ("now", ROOT / "src")):
-                r = run_row(code, src)
+                r = run_row(setup, code, src)
                 if side not in best or r["wall_s"] < best[side]["wall_s"]:  # type: ignore[operator]
                     best[side] = r
         b, n = best["before"], best["now"]
         events = int(n["result"][1])  # type: ignore[index]
-        rates[name] = events / float(n["wall_s"])  # type: ignore[arg-type]
-        table.add_row(name, f"{events:,}", f"{b['wall_s']:.2f}", f"{n['wall_s']:.2f}",
-                      f"{float(b['wall_s']) / float(n['wall_s']):.2f}x", f"{rates[name]:,.0f}",  # type: ignore[arg-type]
-                      f"{b['rss_mb']:,.0f}", f"{n['rss_mb']:,.0f}", "yes" if b["result"] == n["result"] else "NO")
+        wall_b, wall_n = float(b["wall_s"]), float(n["wall_s"])  # type: ignore[arg-type]
+        rates[name] = events / wall_n
+        table.add_row(name, f"{events:,}", f"{wall_b:.2f}", f"{wall_n:.2f}", f"{wall_b / wall_n:.2f}x",
+                      f"{rates[name]:,.0f}", f"{b['rss_mb']:,.0f}", f"{n['rss_mb']:,.0f}",
+                      "yes" if b["result"] == n["result"] else "NO")
     Console(width=160).print(table)
+    rate = heapq_rate()  # after the rows, alone on the machine as they were
     first = next(iter(rates))
     print(f"bare heapq loop: {rate:,.0f} events/s; {first}: {rates[first] / rate:.2f}x of it")
 

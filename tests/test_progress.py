@@ -38,7 +38,7 @@ def test_tick_every_n_events_and_no_change_to_results() -> None:
 def test_log_lines_when_not_a_terminal_and_notice_for_long_runs() -> None:
     out = io.StringIO()
     p = RunProgress(show=True, after_s=0.0, stream=out)
-    p.begin(1e9, "a big run")  # about 4.6 h at the assumed rate: announced
+    p.begin(1e9, "a big run")  # about 1.9 h at the assumed rate: announced
     p.tick(5_000_000, 4096)
     p.end()
     lines = out.getvalue().splitlines()

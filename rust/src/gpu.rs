@@ -63,6 +63,8 @@ pub struct Endpoint {
     injected: i64,
     wire_cache: HashMap<(i64, i64), (i64, i64)>,
     vc_cache: HashMap<i64, i64>,
+    /// VCs of trains an SM issues, by (kind, stream).
+    stream_vcs: HashMap<(i64, i64), i64>,
 }
 
 impl Endpoint {
@@ -423,6 +425,7 @@ impl Endpoint {
             injected: 0,
             wire_cache: HashMap::new(),
             vc_cache: HashMap::new(),
+            stream_vcs: HashMap::new(),
         })
     }
 
@@ -473,6 +476,69 @@ impl Endpoint {
             Some(f) => Hook::Call(f),
         };
         Endpoint::inject_train(slf, train, head, tail, hook)
+    }
+
+    /// What an SM issues (`cais.isa`): a train of `kind` for `nbytes` of data (or, for
+    /// a request, the bytes it asks for) to `dst` across chip `chip`, carrying
+    /// `payload` bytes, on the VC of `kind` and the issuing kernel's `stream`, put on
+    /// this GPU's port with its head and tail at `head`/`tail` (default now). A store
+    /// or reduction reads its payload from this GPU's HBM first.
+    #[pyo3(signature = (kind, dst, chip, addr, data, done, payload, nbytes, want = 0, fence = None, tag = -1,
+                        expect = 0, quorum = 0, stream = 0, head = None, tail = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn issue(
+        slf: &Bound<'_, Self>,
+        kind: i64,
+        dst: i64,
+        chip: i64,
+        addr: Py<PyAny>,
+        data: Py<PyAny>,
+        done: Py<PyAny>,
+        payload: i64,
+        nbytes: i64,
+        want: i64,
+        fence: Option<Py<PyAny>>,
+        tag: i64,
+        expect: i64,
+        quorum: i64,
+        stream: i64,
+        head: Option<i64>,
+        tail: Option<i64>,
+    ) -> PyResult<()> {
+        let py = slf.py();
+        let train = {
+            let mut me = slf.borrow_mut();
+            if payload != 0 && matches!(kind, WRITE | RED | MC_STORE | MC_RED | RED_CAIS) {
+                let now = me.now(py);
+                me.stream(py, now, payload); // the data is read from the issuer's HBM
+            }
+            let (wire, last) = me.wire(py, kind, nbytes)?;
+            let vc = match me.stream_vcs.get(&(kind, stream)) {
+                Some(&vc) => vc,
+                None => {
+                    let vc: i64 = me
+                        .vcmap
+                        .bind(py)
+                        .call_method1("vc", (kind, py.None(), stream))?
+                        .extract()?;
+                    me.stream_vcs.insert((kind, stream), vc);
+                    vc
+                }
+            };
+            let mut t = Train::blank(py, payload, wire, last, kind, me.index, dst);
+            t.chip = chip;
+            t.addr = addr;
+            t.data = data;
+            t.done = done;
+            t.vc = vc;
+            t.want = want;
+            t.tag = tag;
+            t.expect = expect;
+            t.quorum = quorum;
+            t.fence = fence.unwrap_or_else(|| py.None());
+            Bound::new(py, t)?
+        };
+        Endpoint::inject_train(slf, train, head, tail, Hook::None)
     }
 
     /// Send the write response of a delivered write back to its issuer.

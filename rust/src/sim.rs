@@ -16,6 +16,9 @@ use crate::channel::{Channel, Sink};
 use crate::gpu::Endpoint;
 use crate::train::Train;
 
+/// Events between two looks at the interpreter's pending signals (Ctrl-C).
+const SIGNAL_CHECK_EVERY: i64 = 4096;
+
 /// What an event does when its time comes.
 pub(crate) enum Action {
     /// `fn(*args)`, a Python callable.
@@ -172,6 +175,13 @@ impl Simulator {
                 break;
             }
             count += 1;
+            if count % SIGNAL_CHECK_EVERY == 0 {
+                // a stretch of the core's own events runs no Python: let Ctrl-C in
+                if let Err(err) = py.check_signals() {
+                    outcome = Err(err);
+                    break;
+                }
+            }
             if let Some(t) = &tick {
                 if count % every == 0 {
                     let total = slf.borrow().events + count;

@@ -159,9 +159,11 @@ impl SwitchChip {
             let mut me = slf.borrow_mut();
             let (src, vc) = {
                 let t = train.borrow();
-                (t.src as usize, t.vc as usize)
+                (t.src, t.vc)
             };
-            me.held[src][vc] += 1;
+            let g = py_index(src, me.held.len())?;
+            let v = py_index(vc, me.held[g].len())?;
+            me.held[g][v] += 1;
         }
         let handler = {
             let me = slf.borrow();
@@ -284,7 +286,10 @@ impl SwitchChip {
         if let Some(cr) = credits {
             Credits::give_back_at(cr.bind(py), vc, fp, t0, t1, true)?;
         }
-        slf.borrow_mut().held[src as usize][vc as usize] -= 1;
+        let mut me = slf.borrow_mut();
+        let g = py_index(src, me.held.len())?;
+        let v = py_index(vc, me.held[g].len())?;
+        me.held[g][v] -= 1;
         Ok(())
     }
 

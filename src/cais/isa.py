@@ -44,7 +44,6 @@ if TYPE_CHECKING:
 
 Done = Callable[[], None]
 # Kinds whose payload the issuing GPU reads from its HBM to send (hw/hbm.py counts it).
-_READS_AT_SOURCE = frozenset({Kind.WRITE, Kind.RED, Kind.MC_STORE, Kind.MC_RED, Kind.RED_CAIS})
 FLAG_BYTES = 8  # a synchronisation flag: one 64-bit word (on the wire; not counted as payload data)
 DoneData = Callable[[np.ndarray | None], None]
 
@@ -158,20 +157,15 @@ class Isa:
               want: int = 0, fence: Callable[[Train], None] | None = None, tag: int = -1,
               expect: int = 0, quorum: int = 0, encoding: float = 1.0) -> None:
         self.ops += 1
-        if payload and kind in _READS_AT_SOURCE:  # the data is read from the issuer's HBM
-            self.m.gpus[src].hbm.stream(self.sim.now, payload)
         nbytes = piece.rows * piece.count * piece.elem_bytes  # piece.nbytes
         if encoding != 1.0:  # a protocol's line format (LL, LL128): flags ride in the lines
             nbytes = -(-int(nbytes * encoding * 1024) // 1024)
-        wire, last = self.pk.wire(kind, nbytes)
-        train = Train(payload, wire, last, kind, src, dst, chip, piece, data, done, self.vcmap.vc(kind, None, stream),
-                      0, want, tag, 1, expect, quorum)
-        train.fence = fence
-        if port is not None and payload:  # onto the issuing GPU's port to the chip
+        head = tail = None
+        if port is not None and payload:  # the SM pushes the data at its rate
             head, tail = port.push(self.sim.now, payload)
-            self.m.gpus[src].inject(train, head, tail)
-        else:
-            self.m.gpus[src].inject(train)
+        # the issuing GPU builds the train and puts it on its port (a store reads its data from HBM first)
+        self.m.gpus[src].issue(kind, dst, chip, piece, data, done, payload, nbytes, want, fence, tag, expect, quorum,
+                               stream, head, tail)
 
     @staticmethod
     def _counter(count: int, done: Done | None) -> Callable[[Train], None]:

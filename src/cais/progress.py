@@ -26,9 +26,11 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-# Events per second of wall time on the 2-core development machine (docs/validation.md
-# section 10: 50-110 k/s depending on the run); only used for the notice's estimate.
-EVENTS_PER_S = 60_000
+# Events per second of wall time on the 2-core development machine with the compiled
+# core (docs/validation.md section 15: about 150 k/s for a CAIS layer, whose merge unit
+# and TB programs are Python, up to 900 k/s for a collective); only used for the
+# notice's estimate.
+EVENTS_PER_S = 150_000
 # A run estimated longer than this (seconds) is announced before it starts.
 NOTICE_S = 120.0
 # The rate is measured over at least this much wall time (from the first tick) before
