@@ -11,7 +11,6 @@ use std::collections::VecDeque;
 
 use pyo3::exceptions::PyIndexError;
 use pyo3::prelude::*;
-use pyo3::types::PyList;
 use pyo3::{PyTraverseError, PyVisit};
 
 use crate::credits::{true_div, Credits};
@@ -132,8 +131,9 @@ pub struct Channel {
     busy_ps: i64,
     #[pyo3(get)]
     pub(crate) delivered_payload: i64,
-    #[pyo3(get, set)]
-    timeline: Option<Py<PyList>>,
+    /// (start, finish, wire bytes) of every train, when recording (a recorder sets
+    /// `timeline` to a list; it reads back as a new list of what was recorded).
+    timeline: Option<Vec<(i64, i64, i64)>>,
     #[pyo3(get)]
     credits: Option<Py<Credits>>,
     #[pyo3(get)]
@@ -302,8 +302,9 @@ impl Channel {
             me.payload_bytes += t.payload;
             me.wire_bytes += t.wire;
             me.busy_ps += ser;
-            if let Some(tl) = &me.timeline {
-                tl.bind(py).append((start, finish, t.wire))?;
+            let wire = t.wire;
+            if let Some(tl) = me.timeline.as_mut() {
+                tl.push((start, finish, wire));
             }
             (start, finish, pkt)
         };
@@ -324,9 +325,9 @@ impl Channel {
             let fp = c.footprint_of(t.wire);
             let vc = t.vc as usize;
             if c.drains_kind(t.kind) {
-                c.stream_at(py, vc, fp, start + lat, finish + lat)?; // consumed as it arrives
+                c.stream_at(vc, fp, start + lat, finish + lat); // consumed as it arrives
             } else {
-                c.take_at(py, vc, fp, start + lat)?;
+                c.take_at(vc, fp, start + lat);
             }
             t.fp = fp;
         }
@@ -448,11 +449,7 @@ impl Channel {
                 ser_ps_per_byte = per_rtt;
             }
         }
-        let timeline = if record_timeline {
-            Some(PyList::empty(py).unbind())
-        } else {
-            None
-        };
+        let timeline = if record_timeline { Some(Vec::new()) } else { None };
         Ok(Channel {
             sim,
             name,
@@ -516,6 +513,18 @@ impl Channel {
         }
     }
 
+    /// What was recorded (None: not recording).
+    #[getter]
+    fn timeline(&self) -> Option<Vec<(i64, i64, i64)>> {
+        self.timeline.clone()
+    }
+
+    /// Start recording (a list: what to start from) or stop (None).
+    #[setter]
+    fn set_timeline(&mut self, timeline: Option<Vec<(i64, i64, i64)>>) {
+        self.timeline = timeline;
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "Channel({:?}, free_at={}, queued={})",
@@ -525,7 +534,6 @@ impl Channel {
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
         visit.call(&self.sim)?;
-        visit.call(&self.timeline)?;
         visit.call(&self.credits)?;
         for q in self.queues.iter() {
             for e in q.iter() {

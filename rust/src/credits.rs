@@ -24,7 +24,7 @@ use std::collections::VecDeque;
 
 use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyFrozenSet, PyList};
+use pyo3::types::PyFrozenSet;
 use pyo3::{PyTraverseError, PyVisit};
 
 use crate::channel::Channel;
@@ -87,8 +87,9 @@ pub struct Credits {
     held: Vec<i64>,
     #[pyo3(get)]
     peak: Vec<i64>,
-    #[pyo3(get, set)]
-    log: Option<Py<PyList>>,
+    /// (time, vc, delta bytes) of every occupancy change, when recording (set to a
+    /// list to record; it reads back as a new list of what was recorded).
+    log: Option<Vec<(i64, usize, i64)>>,
     waiter: Waiter,
 }
 
@@ -268,7 +269,7 @@ impl Credits {
             let mut me = slf.borrow_mut();
             let v = me.check_vc(vc)?;
             me.held[v] -= fp;
-            me.log_change(py, t1, v, -fp)?;
+            me.log_change(t1, v, -fp);
             let a = t0 + me.return_ps;
             let b = t1 + me.return_ps;
             me.ramps[v].push_back((a, if b <= a { a + 1 } else { b }, fp));
@@ -292,30 +293,29 @@ impl Credits {
         }
     }
 
-    fn log_change(&self, py: Python<'_>, time: i64, vc: usize, delta: i64) -> PyResult<()> {
-        if let Some(log) = &self.log {
-            log.bind(py).append((time, vc, delta))?;
+    fn log_change(&mut self, time: i64, vc: usize, delta: i64) {
+        if let Some(log) = self.log.as_mut() {
+            log.push((time, vc, delta));
         }
-        Ok(())
     }
 
-    pub(crate) fn take_at(&mut self, py: Python<'_>, vc: usize, fp: i64, arrive_ps: i64) -> PyResult<()> {
+    pub(crate) fn take_at(&mut self, vc: usize, fp: i64, arrive_ps: i64) {
         self.free[vc] -= fp; // may go below zero: returns in flight cover it (earliest checked)
         let held = self.held[vc] + fp;
         self.held[vc] = held;
         if held > self.peak[vc] {
             self.peak[vc] = held;
         }
-        self.log_change(py, arrive_ps, vc, fp)
+        self.log_change(arrive_ps, vc, fp);
     }
 
-    pub(crate) fn stream_at(&mut self, py: Python<'_>, vc: usize, fp: i64, head_ps: i64, tail_ps: i64) -> PyResult<()> {
+    pub(crate) fn stream_at(&mut self, vc: usize, fp: i64, head_ps: i64, tail_ps: i64) {
         if fp > self.peak[vc] {
             self.peak[vc] = fp; // it is held on its own: what is held drains as it comes
         }
         self.free[vc] -= fp;
-        self.log_change(py, head_ps, vc, fp)?;
-        self.log_change(py, tail_ps, vc, -fp)?;
+        self.log_change(head_ps, vc, fp);
+        self.log_change(tail_ps, vc, -fp);
         let a = head_ps + self.return_ps;
         let b = tail_ps + self.return_ps;
         self.ramps[vc].push_back((a, if b > a { b } else { a + 1 }, fp));
@@ -323,7 +323,6 @@ impl Credits {
         if self.ramps[vc].len() > 4 && self.ramps[vc][0].1 <= head_ps {
             self.fold(vc, head_ps);
         }
-        Ok(())
     }
 }
 
@@ -359,6 +358,18 @@ impl Credits {
         Ok(Credits::with(name, vcs, capacity, return_ps, drains, kinds))
     }
 
+    /// What was recorded (None: not recording).
+    #[getter]
+    fn log(&self) -> Option<Vec<(i64, usize, i64)>> {
+        self.log.clone()
+    }
+
+    /// Start recording (a list: what to start from) or stop (None).
+    #[setter]
+    fn set_log(&mut self, log: Option<Vec<(i64, usize, i64)>>) {
+        self.log = log;
+    }
+
     #[getter]
     fn drain_kinds<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyFrozenSet>> {
         PyFrozenSet::new(py, &self.drain_kinds)
@@ -379,23 +390,25 @@ impl Credits {
 
     /// A train of footprint `fp` starts on the wire; its head reaches the buffer at
     /// `arrive_ps`.
-    fn take(&mut self, py: Python<'_>, vc: i64, fp: i64, arrive_ps: i64) -> PyResult<()> {
+    fn take(&mut self, vc: i64, fp: i64, arrive_ps: i64) -> PyResult<()> {
         let vc = self.check_vc(vc)?;
-        self.take_at(py, vc, fp, arrive_ps)
+        self.take_at(vc, fp, arrive_ps);
+        Ok(())
     }
 
     /// A train of footprint `fp` starts towards a receiver that drains it as it
     /// arrives (head at `head_ps`, tail at `tail_ps`): take its credits and schedule
     /// their return at once (`take` + `give_back` in one step).
-    fn stream(&mut self, py: Python<'_>, vc: i64, fp: i64, head_ps: i64, tail_ps: i64) -> PyResult<()> {
+    fn stream(&mut self, vc: i64, fp: i64, head_ps: i64, tail_ps: i64) -> PyResult<()> {
         let vc = self.check_vc(vc)?;
-        self.stream_at(py, vc, fp, head_ps, tail_ps)
+        self.stream_at(vc, fp, head_ps, tail_ps);
+        Ok(())
     }
 
     /// A draining receiver keeps a train after all (from `now`): take back the
     /// credits its sender scheduled to return (they come back with `give_back`).
-    fn hold(&mut self, py: Python<'_>, vc: i64, fp: i64, now: i64) -> PyResult<()> {
-        self.take(py, vc, fp, now)
+    fn hold(&mut self, vc: i64, fp: i64, now: i64) -> PyResult<()> {
+        self.take(vc, fp, now)
     }
 
     /// The train holding `fp` bytes of VC `vc` left the buffer between `t0` and
@@ -423,7 +436,6 @@ impl Credits {
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        visit.call(&self.log)?;
         match &self.waiter {
             Waiter::Channel(c) => visit.call(c)?,
             Waiter::Call(f) => visit.call(f)?,

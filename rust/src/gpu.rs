@@ -120,7 +120,7 @@ impl Endpoint {
                 (t.credits.as_ref().map(|x| x.clone_ref(py)), t.vc, t.fp)
             };
             if let Some(cr) = cr {
-                cr.borrow_mut(py).take_at(py, vc as usize, fp, now)?; // hold: reclaim the scheduled return
+                cr.borrow_mut(py).take_at(vc as usize, fp, now); // hold: reclaim the scheduled return
             }
             me.held[c][v].push_back(train.unbind());
             me.holding += 1;
