@@ -12,6 +12,7 @@ use crate::channel::{Channel, Hook, Sink};
 use crate::credits::Credits;
 use crate::hbm::HbmStreams;
 use crate::kinds::*;
+use crate::packets::PacketBook;
 use crate::sim::{Action, Simulator};
 use crate::switch::SwitchChip;
 use crate::train::Train;
@@ -41,6 +42,7 @@ pub struct Endpoint {
     pk: Py<PyAny>,
     #[pyo3(get)]
     vcmap: Py<PyAny>,
+    packets: PacketBook,
     #[pyo3(get)]
     memory_latency_ps: i64,
     #[pyo3(get)]
@@ -61,33 +63,11 @@ pub struct Endpoint {
     /// Payload bytes this GPU put on the fabric.
     #[pyo3(get)]
     injected: i64,
-    wire_cache: HashMap<(i64, i64), (i64, i64)>,
-    vc_cache: HashMap<i64, i64>,
-    /// VCs of trains an SM issues, by (kind, stream).
-    stream_vcs: HashMap<(i64, i64), i64>,
 }
 
 impl Endpoint {
     fn now(&self, py: Python<'_>) -> i64 {
         self.sim.borrow(py).now
-    }
-
-    fn wire(&mut self, py: Python<'_>, kind: i64, nbytes: i64) -> PyResult<(i64, i64)> {
-        if let Some(&hit) = self.wire_cache.get(&(kind, nbytes)) {
-            return Ok(hit);
-        }
-        let got: (i64, i64) = self.pk.bind(py).call_method1("wire", (kind, nbytes))?.extract()?;
-        self.wire_cache.insert((kind, nbytes), got);
-        Ok(got)
-    }
-
-    fn vc_of(&mut self, py: Python<'_>, kind: i64) -> PyResult<i64> {
-        if let Some(&vc) = self.vc_cache.get(&kind) {
-            return Ok(vc);
-        }
-        let vc: i64 = self.vcmap.bind(py).call_method1("vc", (kind,))?.extract()?;
-        self.vc_cache.insert(kind, vc);
-        Ok(vc)
     }
 
     fn stream(&self, py: Python<'_>, now: i64, nbytes: i64) {
@@ -132,15 +112,7 @@ impl Endpoint {
     fn consume(slf: &Bound<'_, Self>, train: &Bound<'_, Train>) -> PyResult<bool> {
         let py = slf.py();
         let kind = train.borrow().kind;
-        let handler = {
-            let me = slf.borrow();
-            let h = me.handlers.bind(py);
-            if h.is_empty() {
-                None
-            } else {
-                h.get_item(kind)?
-            }
-        };
+        let handler = handler(py, &slf.borrow().handlers, kind)?;
         if let Some(h) = handler {
             return h.call1((train,))?.is_truthy();
         }
@@ -232,8 +204,8 @@ impl Endpoint {
             let mut me = slf.borrow_mut();
             let now = me.now(py);
             me.stream(py, now, nbytes);
-            let (wire, last) = me.wire(py, kind, nbytes)?;
-            let vc = me.vc_of(py, kind)?;
+            let (wire, last) = me.packets.wire(py, kind, nbytes)?;
+            let vc = me.packets.vc(py, kind, 0)?;
             let data = if me.functional {
                 me.memory.bind(py).call_method1("read", (&addr,))?.unbind()
             } else {
@@ -306,8 +278,8 @@ impl Endpoint {
         let ack = {
             let mut me = slf.borrow_mut();
             let w = write.borrow();
-            let (wire, last) = me.wire(py, WRITE_ACK, w.payload)?;
-            let vc = me.vc_of(py, WRITE_ACK)?;
+            let (wire, last) = me.packets.wire(py, WRITE_ACK, w.payload)?;
+            let vc = me.packets.vc(py, WRITE_ACK, 0)?;
             let mut t = Train::blank(py, 0, wire, last, WRITE_ACK, me.index, w.src);
             t.chip = w.chip;
             t.done = w.fence.clone_ref(py);
@@ -406,6 +378,7 @@ impl Endpoint {
             index,
             memory,
             functional,
+            packets: PacketBook::new(packetizer.clone_ref(py), vcmap.clone_ref(py)),
             pk: packetizer,
             vcmap,
             memory_latency_ps,
@@ -423,9 +396,6 @@ impl Endpoint {
             switches: Vec::new(),
             ack_flits: 0,
             injected: 0,
-            wire_cache: HashMap::new(),
-            vc_cache: HashMap::new(),
-            stream_vcs: HashMap::new(),
         })
     }
 
@@ -512,19 +482,8 @@ impl Endpoint {
                 let now = me.now(py);
                 me.stream(py, now, payload); // the data is read from the issuer's HBM
             }
-            let (wire, last) = me.wire(py, kind, nbytes)?;
-            let vc = match me.stream_vcs.get(&(kind, stream)) {
-                Some(&vc) => vc,
-                None => {
-                    let vc: i64 = me
-                        .vcmap
-                        .bind(py)
-                        .call_method1("vc", (kind, py.None(), stream))?
-                        .extract()?;
-                    me.stream_vcs.insert((kind, stream), vc);
-                    vc
-                }
-            };
+            let (wire, last) = me.packets.wire(py, kind, nbytes)?;
+            let vc = me.packets.vc(py, kind, stream)?;
             let mut t = Train::blank(py, payload, wire, last, kind, me.index, dst);
             t.chip = chip;
             t.addr = addr;
@@ -587,8 +546,7 @@ impl Endpoint {
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
         visit.call(&self.sim)?;
         visit.call(&self.memory)?;
-        visit.call(&self.pk)?;
-        visit.call(&self.vcmap)?;
+        self.packets.visit(&visit)?;
         visit.call(&self.hbm)?;
         visit.call(&self.handlers)?;
         for per_chip in self.held.iter() {

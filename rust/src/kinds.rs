@@ -39,6 +39,21 @@ pub(crate) const ALL: [(&str, i64); 16] = [
     ("RED_CAIS", RED_CAIS),
 ];
 
+/// The Python handler a unit registered for `kind` in its `handlers` dict, if any
+/// (an empty dict costs nothing).
+pub(crate) fn handler<'py>(
+    py: pyo3::Python<'py>,
+    handlers: &pyo3::Py<pyo3::types::PyDict>,
+    kind: i64,
+) -> pyo3::PyResult<Option<pyo3::Bound<'py, pyo3::PyAny>>> {
+    use pyo3::types::PyDictMethods;
+    let h = handlers.bind(py);
+    if h.is_empty() {
+        return Ok(None);
+    }
+    h.get_item(kind)
+}
+
 /// A Python-style index into a sequence of `len` (negative counts from the end).
 pub(crate) fn py_index(i: i64, len: usize) -> pyo3::PyResult<usize> {
     let j = if i < 0 { i + len as i64 } else { i };

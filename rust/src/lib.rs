@@ -16,6 +16,7 @@ pub mod credits;
 pub mod gpu;
 pub mod hbm;
 pub mod kinds;
+pub mod packets;
 pub mod sim;
 pub mod switch;
 pub mod train;

@@ -24,6 +24,7 @@ use crate::channel::{Channel, Hook, Sink};
 use crate::credits::Credits;
 use crate::gpu::Endpoint;
 use crate::kinds::*;
+use crate::packets::PacketBook;
 use crate::sim::Simulator;
 use crate::train::Train;
 
@@ -86,6 +87,7 @@ pub struct SwitchChip {
     pk: Py<PyAny>,
     #[pyo3(get)]
     vcmap: Py<PyAny>,
+    packets: PacketBook,
     #[pyo3(get)]
     pipeline_ps: i64,
     #[pyo3(get)]
@@ -116,31 +118,9 @@ pub struct SwitchChip {
     receivers: Vec<Sink>,
     pending: HashMap<i64, Reduction>,
     next_id: i64,
-    wire_cache: HashMap<(i64, i64), (i64, i64)>,
-    vc_cache: HashMap<i64, i64>,
 }
 
 impl SwitchChip {
-    /// (wire bytes, wire bytes of the last packet) of `nbytes` of `kind`: the
-    /// packetizer's, remembered.
-    fn wire(&mut self, py: Python<'_>, kind: i64, nbytes: i64) -> PyResult<(i64, i64)> {
-        if let Some(&hit) = self.wire_cache.get(&(kind, nbytes)) {
-            return Ok(hit);
-        }
-        let got: (i64, i64) = self.pk.bind(py).call_method1("wire", (kind, nbytes))?.extract()?;
-        self.wire_cache.insert((kind, nbytes), got);
-        Ok(got)
-    }
-
-    fn vc_of(&mut self, py: Python<'_>, kind: i64) -> PyResult<i64> {
-        if let Some(&vc) = self.vc_cache.get(&kind) {
-            return Ok(vc);
-        }
-        let vc: i64 = self.vcmap.bind(py).call_method1("vc", (kind,))?.extract()?;
-        self.vc_cache.insert(kind, vc);
-        Ok(vc)
-    }
-
     fn now(&self, py: Python<'_>) -> i64 {
         self.sim.borrow(py).now
     }
@@ -165,15 +145,7 @@ impl SwitchChip {
             let v = py_index(vc, me.held[g].len())?;
             me.held[g][v] += 1;
         }
-        let handler = {
-            let me = slf.borrow();
-            let h = me.handlers.bind(py);
-            if h.is_empty() {
-                None
-            } else {
-                h.get_item(kind)?
-            }
-        };
+        let handler = handler(py, &slf.borrow().handlers, kind)?;
         let nvls = slf.borrow().nvls;
         match handler {
             Some(h) => {
@@ -307,7 +279,7 @@ impl SwitchChip {
                 _ => FLAG,
             };
             let (wire, last) = if kind != FLAG {
-                me.wire(py, kind, t.payload)?
+                me.packets.wire(py, kind, t.payload)?
             } else {
                 (t.wire, t.packet_wire)
             };
@@ -352,7 +324,7 @@ impl SwitchChip {
                     done: r.done.clone_ref(py),
                 },
             );
-            let (wire, last) = me.wire(py, MC_PULL_REQ, r.want)?;
+            let (wire, last) = me.packets.wire(py, MC_PULL_REQ, r.want)?;
             let (mut head, mut tail) = (r.head, r.tail);
             if me.reduce_ps_per_byte != 0.0 {
                 // the engine admits a reduction when it has room for its n operands;
@@ -408,8 +380,8 @@ impl SwitchChip {
             }
             let red = me.pending.remove(&tag).expect("pending");
             me.ledger.borrow_mut(py).reduction_absorbed -= resp.borrow().payload; // the last one leaves as the sum
-            let (wire, last) = me.wire(py, MC_LDRED_RESP, red.nbytes)?;
-            let vc = me.vc_of(py, MC_LDRED_RESP)?;
+            let (wire, last) = me.packets.wire(py, MC_LDRED_RESP, red.nbytes)?;
+            let vc = me.packets.vc(py, MC_LDRED_RESP, 0)?;
             (red, me.chip, me.reduce_ps, me.now(py), wire, last, vc)
         };
         let mut out = Train::blank(py, red.nbytes, wire, last, MC_LDRED_RESP, -1, red.issuer);
@@ -481,6 +453,7 @@ impl SwitchChip {
             held: vec![vec![0; vcs]; gpus.len()],
             down: down.unbind(),
             gpus: gpus.unbind(),
+            packets: PacketBook::new(packetizer.clone_ref(py), vcmap.clone_ref(py)),
             pk: packetizer,
             vcmap,
             pipeline_ps,
@@ -500,8 +473,6 @@ impl SwitchChip {
             receivers,
             pending: HashMap::new(),
             next_id: 0,
-            wire_cache: HashMap::new(),
-            vc_cache: HashMap::new(),
         })
     }
 
@@ -601,8 +572,7 @@ impl SwitchChip {
         visit.call(&self.sim)?;
         visit.call(&self.down)?;
         visit.call(&self.gpus)?;
-        visit.call(&self.pk)?;
-        visit.call(&self.vcmap)?;
+        self.packets.visit(&visit)?;
         visit.call(&self.ledger)?;
         visit.call(&self.handlers)?;
         visit.call(&self.merge_cfg)?;

@@ -1,0 +1,57 @@
+//! What the core asks of the packet format: a kind's wire size and VC, from the
+//! Python `Packetizer` and `VcMap` (`cais.hw.packets`, where every kind is
+//! described once), remembered after the first question.
+
+use std::collections::HashMap;
+
+use pyo3::prelude::*;
+use pyo3::{PyTraverseError, PyVisit};
+
+/// The packetizer and VC map of a unit of the core, with their answers remembered.
+pub(crate) struct PacketBook {
+    pk: Py<PyAny>,
+    vcmap: Py<PyAny>,
+    wires: HashMap<(i64, i64), (i64, i64)>,
+    vcs: HashMap<(i64, i64), i64>,
+}
+
+impl PacketBook {
+    pub(crate) fn new(pk: Py<PyAny>, vcmap: Py<PyAny>) -> Self {
+        PacketBook {
+            pk,
+            vcmap,
+            wires: HashMap::new(),
+            vcs: HashMap::new(),
+        }
+    }
+
+    /// (wire bytes of the whole train, wire bytes of its last packet) for `nbytes`
+    /// of `kind`.
+    pub(crate) fn wire(&mut self, py: Python<'_>, kind: i64, nbytes: i64) -> PyResult<(i64, i64)> {
+        if let Some(&hit) = self.wires.get(&(kind, nbytes)) {
+            return Ok(hit);
+        }
+        let got: (i64, i64) = self.pk.bind(py).call_method1("wire", (kind, nbytes))?.extract()?;
+        self.wires.insert((kind, nbytes), got);
+        Ok(got)
+    }
+
+    /// The VC of `kind` issued by a kernel on `stream` (0: untagged traffic).
+    pub(crate) fn vc(&mut self, py: Python<'_>, kind: i64, stream: i64) -> PyResult<i64> {
+        if let Some(&vc) = self.vcs.get(&(kind, stream)) {
+            return Ok(vc);
+        }
+        let vc: i64 = self
+            .vcmap
+            .bind(py)
+            .call_method1("vc", (kind, py.None(), stream))?
+            .extract()?;
+        self.vcs.insert((kind, stream), vc);
+        Ok(vc)
+    }
+
+    pub(crate) fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.pk)?;
+        visit.call(&self.vcmap)
+    }
+}
