@@ -99,22 +99,39 @@ def run_row(setup: str, code: str, src: Path) -> dict[str, object]:
     out = subprocess.run([sys.executable, "-c", CHILD.format(setup=setup, code=code)], capture_output=True,
                          text=True, env=env, cwd=src.parent)
     if out.returncode:
-        raise SystemExit(f"bench_core: a row failed under {src}:\n{out.stderr[-2000:]}")
+        last = (out.stderr.strip().splitlines() or ["(no output)"])[-1]
+        print(f"bench_core: a row failed under {src}: {last}", file=sys.stderr)
+        raise SystemExit(2)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def worktree(rev: str) -> Path:
-    path = Path(tempfile.gettempdir()) / f"cais-bench-{rev}"
+    """``rev`` checked out once into a temporary git worktree (one line and exit 2 if
+    it is not a revision of this repository)."""
+    known = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"],
+                           capture_output=True, text=True)
+    if known.returncode:
+        print(f"bench_core: --against {rev!r}: not a commit of this repository (try a hash from git log)",
+              file=sys.stderr)
+        raise SystemExit(2)
+    path = Path(tempfile.gettempdir()) / f"cais-bench-{known.stdout.strip()[:12]}"
     if not (path / "src" / "cais").is_dir():
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(path), rev], check=True,
                        capture_output=True)
     return path
 
 
+def _rounds(text: str) -> int:
+    n = int(text) if text.isdigit() else 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
+    return n
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--against", default=BEFORE, help=f"git revision to compare with (default {BEFORE})")
-    ap.add_argument("--rounds", type=int, default=2, help="runs of each row on each side (best is kept)")
+    ap.add_argument("--rounds", type=_rounds, default=2, help="runs of each row on each side (best is kept)")
     ap.add_argument("--full", action="store_true", help="also the long rows (LLaMA-7B train, NVL72 x 72)")
     args = ap.parse_args()
     base = worktree(args.against)

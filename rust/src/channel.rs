@@ -491,11 +491,6 @@ impl Channel {
         Channel::offer(slf, train, Sink::of(deliver), hook)
     }
 
-    /// Called with the VC when credits come back (the buffer's waiter).
-    fn _credits_back(slf: &Bound<'_, Self>, vc: usize) -> PyResult<()> {
-        Channel::credits_back(slf, vc)
-    }
-
     /// (vc, trains waiting, waiting for credits) for every VC with trains queued.
     fn waiting(&self) -> Vec<(usize, usize, bool)> {
         self.active
