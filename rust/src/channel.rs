@@ -15,6 +15,7 @@ use pyo3::{PyTraverseError, PyVisit};
 
 use crate::credits::{true_div, Credits};
 use crate::gpu::Endpoint;
+use crate::merge::MergeUnit;
 use crate::sim::{Action, Simulator};
 use crate::switch::SwitchChip;
 use crate::train::Train;
@@ -78,6 +79,8 @@ pub(crate) enum Hook {
     Departed(Py<SwitchChip>),
     Served(Py<Endpoint>),
     Call(Py<PyAny>),
+    /// A merge unit whose flushed sum this is: its lines (of a tensor) free.
+    Freed(Py<MergeUnit>, i64, usize),
 }
 
 /// A train waiting for the wire, with whom to tell when it starts and arrives.
@@ -316,6 +319,7 @@ impl Channel {
             Hook::Call(cb) => {
                 cb.call1(py, (&train, start, finish))?;
             }
+            Hook::Freed(unit, lines, tensor) => MergeUnit::occupy(unit.bind(py), -lines, tensor)?,
         }
         let me = slf.borrow();
         let lat = me.latency_ps;
@@ -539,6 +543,7 @@ impl Channel {
                     Hook::Departed(sw) => visit.call(sw)?,
                     Hook::Served(g) => visit.call(g)?,
                     Hook::Call(f) => visit.call(f)?,
+                    Hook::Freed(u, _, _) => visit.call(u)?,
                 }
             }
         }

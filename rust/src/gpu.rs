@@ -5,12 +5,13 @@ use std::collections::{HashMap, VecDeque};
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyTuple};
+use pyo3::types::{PyDict, PyList, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
 
 use crate::channel::{Channel, Hook, Sink};
 use crate::credits::Credits;
 use crate::hbm::HbmStreams;
+use crate::completion::{complete, SmPort};
 use crate::kinds::*;
 use crate::packets::PacketBook;
 use crate::sim::{Action, Simulator};
@@ -317,6 +318,49 @@ impl Endpoint {
         Channel::offer(channel.bind(py), train, Sink::Switch(switch), on_start)
     }
 
+    /// Build one train of operation `op` and put it on this GPU's port to `chip` (a
+    /// store or reduction reads its payload from this GPU's HBM first).
+    #[allow(clippy::too_many_arguments)]
+    fn issue_train(
+        slf: &Bound<'_, Self>,
+        op: &Op,
+        chip: i64,
+        addr: Py<PyAny>,
+        data: Py<PyAny>,
+        done: Py<PyAny>,
+        payload: i64,
+        nbytes: i64,
+        want: i64,
+        fence: Py<PyAny>,
+        head: Option<i64>,
+        tail: Option<i64>,
+    ) -> PyResult<()> {
+        let py = slf.py();
+        let kind = op.kind;
+        let train = {
+            let mut me = slf.borrow_mut();
+            if payload != 0 && matches!(kind, WRITE | RED | MC_STORE | MC_RED | RED_CAIS) {
+                let now = me.now(py);
+                me.stream(py, now, payload); // the data is read from the issuer's HBM
+            }
+            let (wire, last) = me.packets.wire(py, kind, nbytes)?;
+            let vc = me.packets.vc(py, kind, op.stream)?;
+            let mut t = Train::blank(py, payload, wire, last, kind, me.index, op.dst);
+            t.chip = chip;
+            t.addr = addr;
+            t.data = data;
+            t.done = done;
+            t.vc = vc;
+            t.want = want;
+            t.tag = op.tag;
+            t.expect = op.expect;
+            t.quorum = op.quorum;
+            t.fence = fence;
+            Bound::new(py, t)?
+        };
+        Endpoint::inject_train(slf, train, head, tail, Hook::None)
+    }
+
     /// Add `amount` to signal word `key`; run the waits it satisfies.
     fn signal_word(slf: &Bound<'_, Self>, key: i64, amount: i64) -> PyResult<()> {
         let py = slf.py();
@@ -340,14 +384,14 @@ impl Endpoint {
     }
 }
 
-/// The issuer's completion, if it has one: `train.done(train)`.
-fn complete(train: &Bound<'_, Train>) -> PyResult<()> {
-    let py = train.py();
-    let done = train.borrow().done.clone_ref(py);
-    if !done.is_none(py) {
-        done.call1(py, (train,))?;
-    }
-    Ok(())
+/// What the trains of one ISA operation share.
+struct Op {
+    kind: i64,
+    dst: i64,
+    stream: i64,
+    tag: i64,
+    expect: i64,
+    quorum: i64,
 }
 
 #[pymethods]
@@ -476,28 +520,101 @@ impl Endpoint {
         tail: Option<i64>,
     ) -> PyResult<()> {
         let py = slf.py();
-        let train = {
-            let mut me = slf.borrow_mut();
-            if payload != 0 && matches!(kind, WRITE | RED | MC_STORE | MC_RED | RED_CAIS) {
-                let now = me.now(py);
-                me.stream(py, now, payload); // the data is read from the issuer's HBM
-            }
-            let (wire, last) = me.packets.wire(py, kind, nbytes)?;
-            let vc = me.packets.vc(py, kind, stream)?;
-            let mut t = Train::blank(py, payload, wire, last, kind, me.index, dst);
-            t.chip = chip;
-            t.addr = addr;
-            t.data = data;
-            t.done = done;
-            t.vc = vc;
-            t.want = want;
-            t.tag = tag;
-            t.expect = expect;
-            t.quorum = quorum;
-            t.fence = fence.unwrap_or_else(|| py.None());
-            Bound::new(py, t)?
+        let op = Op {
+            kind,
+            dst,
+            stream,
+            tag,
+            expect,
+            quorum,
         };
-        Endpoint::inject_train(slf, train, head, tail, Hook::None)
+        let fence = fence.unwrap_or_else(|| py.None());
+        Endpoint::issue_train(slf, &op, chip, addr, data, done, payload, nbytes, want, fence, head, tail)
+    }
+
+    /// An operation cut into `stripes`, a list of (region, chip), one train each: what
+    /// `issue` does for every stripe, with `done` (a `Completion` over all of them) as
+    /// each train's completion. `loads`: each train asks for its region's bytes
+    /// (`want`) and carries none; else it carries them, pushed through the SM's `port`
+    /// (if any) and read from this GPU's HBM. `data`: each stripe's data (functional
+    /// mode); `fences`: each stripe's completion of its write response, or None.
+    /// `encoding`: wire bytes per data byte of a protocol's line format.
+    #[pyo3(signature = (kind, dst, stripes, done, port = None, stream = 0, loads = false, data = None, tag = -1,
+                        expect = 0, quorum = 0, encoding = 1.0, fences = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn issue_pieces(
+        slf: &Bound<'_, Self>,
+        kind: i64,
+        dst: i64,
+        stripes: &Bound<'_, PyList>,
+        done: Py<PyAny>,
+        port: Option<Bound<'_, SmPort>>,
+        stream: i64,
+        loads: bool,
+        data: Option<Bound<'_, PyList>>,
+        tag: i64,
+        expect: i64,
+        quorum: i64,
+        encoding: f64,
+        fences: Option<Bound<'_, PyList>>,
+    ) -> PyResult<()> {
+        let py = slf.py();
+        let op = Op {
+            kind,
+            dst,
+            stream,
+            tag,
+            expect,
+            quorum,
+        };
+        for (i, stripe) in stripes.iter().enumerate() {
+            let stripe = stripe.cast::<PyTuple>()?;
+            let piece = stripe.get_item(0)?;
+            let chip: i64 = stripe.get_item(1)?.extract()?;
+            let rows: i64 = piece.getattr("rows")?.extract()?;
+            let count: i64 = piece.getattr("count")?.extract()?;
+            let elem: i64 = piece.getattr("elem_bytes")?.extract()?;
+            let raw = rows * count * elem;
+            let mut nbytes = raw;
+            if encoding != 1.0 {
+                // a protocol's line format (LL, LL128): flags ride in the lines
+                let scaled = (raw as f64 * encoding * 1024.0) as i64;
+                nbytes = -((-scaled).div_euclid(1024));
+            }
+            let (payload, want) = if loads { (0, raw) } else { (raw, 0) };
+            let (mut head, mut tail) = (None, None);
+            if let Some(port) = port.as_ref() {
+                if payload != 0 {
+                    // the SM pushes the data at its rate
+                    let now = slf.borrow().now(py);
+                    let (h, t) = port.borrow_mut().push_at(now, payload);
+                    (head, tail) = (Some(h), Some(t));
+                }
+            }
+            let piece_data = match data.as_ref() {
+                Some(d) => d.get_item(i)?.unbind(),
+                None => py.None(),
+            };
+            let fence = match fences.as_ref() {
+                Some(f) => f.get_item(i)?.unbind(),
+                None => py.None(),
+            };
+            Endpoint::issue_train(
+                slf,
+                &op,
+                chip,
+                piece.unbind(),
+                piece_data,
+                done.clone_ref(py),
+                payload,
+                nbytes,
+                want,
+                fence,
+                head,
+                tail,
+            )?;
+        }
+        Ok(())
     }
 
     /// Send the write response of a delivered write back to its issuer.

@@ -12,10 +12,12 @@
 use pyo3::prelude::*;
 
 pub mod channel;
+pub mod completion;
 pub mod credits;
 pub mod gpu;
 pub mod hbm;
 pub mod kinds;
+pub mod merge;
 pub mod packets;
 pub mod sim;
 pub mod switch;
@@ -31,6 +33,13 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<switch::SwitchLedger>()?;
     m.add_class::<gpu::Endpoint>()?;
     m.add_class::<hbm::HbmStreams>()?;
+    m.add_class::<completion::Completion>()?;
+    m.add_class::<completion::SmPort>()?;
+    m.add_class::<merge::MergeUnit>()?;
+    m.add_class::<merge::MergeStats>()?;
+    m.add_class::<merge::PortSpread>()?;
+    m.add_class::<merge::Session>()?;
+    m.add_class::<merge::FreeLines>()?;
     // The packet kinds the core serves itself, by name (cais.hw.packets.Kind must agree).
     let kinds = pyo3::types::PyDict::new(m.py());
     for (name, kind) in kinds::ALL {

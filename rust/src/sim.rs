@@ -14,6 +14,7 @@ use pyo3::{PyTraverseError, PyVisit};
 
 use crate::channel::{Channel, Sink};
 use crate::gpu::Endpoint;
+use crate::merge::MergeUnit;
 use crate::train::Train;
 
 /// Events between two looks at the interpreter's pending signals (Ctrl-C).
@@ -31,6 +32,8 @@ pub(crate) enum Action {
     Respond(Py<Endpoint>, Py<Train>),
     /// A GPU's input buffers may take the requests they hold.
     DrainHeld(Py<Endpoint>),
+    /// A CAIS merge unit's idle timer.
+    Expire(Py<MergeUnit>),
 }
 
 pub(crate) struct Event {
@@ -103,6 +106,7 @@ fn dispatch(py: Python<'_>, action: Action) -> PyResult<()> {
         }
         Action::Respond(gpu, req) => Endpoint::respond(gpu.bind(py), req.into_bound(py))?,
         Action::DrainHeld(gpu) => Endpoint::drain_held(gpu.bind(py))?,
+        Action::Expire(unit) => MergeUnit::expire(unit.bind(py))?,
     }
     Ok(())
 }
@@ -216,6 +220,7 @@ impl Simulator {
                     visit.call(t)?;
                 }
                 Action::DrainHeld(g) => visit.call(g)?,
+                Action::Expire(u) => visit.call(u)?,
             }
         }
         Ok(())

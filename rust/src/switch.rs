@@ -24,6 +24,7 @@ use crate::channel::{Channel, Hook, Sink};
 use crate::credits::Credits;
 use crate::gpu::Endpoint;
 use crate::kinds::*;
+use crate::merge::MergeUnit;
 use crate::packets::PacketBook;
 use crate::sim::Simulator;
 use crate::train::Train;
@@ -118,6 +119,9 @@ pub struct SwitchChip {
     receivers: Vec<Sink>,
     pending: HashMap<i64, Reduction>,
     next_id: i64,
+    /// The CAIS merge units, one per GPU port (empty: the chip has none); they serve
+    /// `ld.cais` requests and data and `red.cais` contributions.
+    units: Vec<Py<MergeUnit>>,
 }
 
 impl SwitchChip {
@@ -150,6 +154,9 @@ impl SwitchChip {
         match handler {
             Some(h) => {
                 h.call1((&train,))?;
+            }
+            None if !slf.borrow().units.is_empty() && matches!(kind, LD_CAIS_REQ | LD_CAIS_RESP | RED_CAIS) => {
+                SwitchChip::merge_train(slf, &train, kind)?
             }
             None if nvls && matches!(kind, MC_STORE | MC_RED | MC_FLAG) => SwitchChip::multicast_train(slf, &train)?,
             None if nvls && kind == MC_LDRED_REQ => SwitchChip::ld_reduce_request(slf, &train)?,
@@ -396,6 +403,125 @@ impl SwitchChip {
         SwitchChip::emit_train(slf, &out, red.issuer, None, Hook::None)
     }
 
+    /// `entry` is taken off its input buffer by a unit of the switch as it arrives
+    /// (it streamed through the buffer): its credits go back now.
+    pub(crate) fn consume_train(slf: &Bound<'_, Self>, entry: &Bound<'_, Train>) -> PyResult<()> {
+        let py = slf.py();
+        let now = slf.borrow().now(py);
+        let (t0, t1, credits, fp) = {
+            let mut e = entry.borrow_mut();
+            e.left = 0;
+            let (t0, t1) = if e.tail >= now { (e.head, e.tail) } else { (now, now) }; // held a while: leaves now
+            (t0, t1, e.credits.as_ref().map(|c| c.clone_ref(py)), e.fp)
+        };
+        SwitchChip::retire_train(slf, entry, t0, t1, credits.as_ref(), fp)
+    }
+
+    /// A CAIS kind reaches the merge unit of its home's port: `ld.cais` requests and
+    /// `red.cais` contributions go to the unit of their destination, load data to the
+    /// unit of the home it comes from (an unmerged load's data, tag < 0, or one the
+    /// unit does not know, goes on to the requester).
+    fn merge_train(slf: &Bound<'_, Self>, train: &Bound<'_, Train>, kind: i64) -> PyResult<()> {
+        let py = slf.py();
+        let (src, dst, tag) = {
+            let t = train.borrow();
+            (t.src, t.dst, t.tag)
+        };
+        let unit = |g: i64| -> PyResult<Py<MergeUnit>> {
+            let me = slf.borrow();
+            Ok(me.units[py_index(g, me.units.len())?].clone_ref(py))
+        };
+        match kind {
+            LD_CAIS_REQ => MergeUnit::load_train(unit(dst)?.bind(py), train),
+            RED_CAIS => MergeUnit::reduce_train(unit(dst)?.bind(py), train),
+            _ => {
+                if tag < 0 || !MergeUnit::load_data_train(unit(src)?.bind(py), train)? {
+                    SwitchChip::emit_train(slf, train, dst, Some(train), Hook::None)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// A merge unit takes `train` as it arrives; `absorbed` payload bytes stay in its
+    /// table.
+    pub(crate) fn take_train(slf: &Bound<'_, Self>, train: &Bound<'_, Train>, absorbed: i64) -> PyResult<()> {
+        slf.borrow().ledger.borrow_mut(slf.py()).reduction_absorbed += absorbed;
+        SwitchChip::consume_train(slf, train)
+    }
+
+    /// A merge unit's load data for each requester of `reqs`: copies of the home's
+    /// response `source`, or (None) responses made from the unit's cached data.
+    pub(crate) fn answer_loads(
+        slf: &Bound<'_, Self>,
+        reqs: &[Py<Train>],
+        data: &Py<PyAny>,
+        head: i64,
+        tail: i64,
+        source: Option<&Bound<'_, Train>>,
+    ) -> PyResult<()> {
+        let py = slf.py();
+        for (i, req) in reqs.iter().enumerate() {
+            let (resp, to) = {
+                let mut me = slf.borrow_mut();
+                let r = req.borrow(py);
+                let nbytes = r.want;
+                let (wire, last) = me.packets.wire(py, LD_CAIS_RESP, nbytes)?;
+                let vc = me.packets.vc(py, LD_CAIS_RESP, 0)?;
+                let mut resp = Train::blank(py, nbytes, wire, last, LD_CAIS_RESP, r.dst, r.src);
+                resp.chip = me.chip;
+                resp.addr = r.addr.clone_ref(py);
+                resp.data = data.clone_ref(py);
+                resp.done = r.done.clone_ref(py);
+                resp.vc = vc;
+                resp.want = nbytes;
+                (resp.head, resp.tail) = (head, tail);
+                if source.is_none() || i > 0 {
+                    me.ledger.borrow_mut(py).multicast_created += nbytes; // made from the table's data
+                }
+                (Bound::new(py, resp)?, r.src)
+            };
+            SwitchChip::emit_train(slf, &resp, to, source, Hook::None)?;
+        }
+        Ok(())
+    }
+
+    /// A merge unit's (partial) sum of `nbytes` at `addr` goes to its home GPU as one
+    /// reduction carrying `count` contributions; `on_start` frees the unit's lines.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn write_home_sum(
+        slf: &Bound<'_, Self>,
+        home: i64,
+        nbytes: i64,
+        addr: Py<PyAny>,
+        data: Py<PyAny>,
+        vc: i64,
+        cls: i64,
+        signal: i64,
+        count: i64,
+        head: i64,
+        on_start: Hook,
+    ) -> PyResult<()> {
+        let py = slf.py();
+        let out = {
+            let mut me = slf.borrow_mut();
+            let (wire, last) = me.packets.wire(py, RED_CAIS, nbytes)?;
+            let mut out = Train::blank(py, nbytes, wire, last, RED_CAIS, -1, home);
+            out.chip = me.chip;
+            out.addr = addr;
+            out.data = data;
+            out.vc = vc;
+            out.cls = cls;
+            out.tag = signal;
+            out.count = count;
+            out.head = head + me.reduce_ps;
+            out.tail = me.now(py) + me.reduce_ps;
+            me.ledger.borrow_mut(py).reduction_absorbed -= nbytes; // the sum leaves the table
+            Bound::new(py, out)?
+        };
+        SwitchChip::emit_train(slf, &out, home, None, on_start)
+    }
+
     fn absorb_train(slf: &Bound<'_, Self>, entry: &Bound<'_, Train>) -> PyResult<()> {
         let py = slf.py();
         let (t0, t1) = {
@@ -473,6 +599,7 @@ impl SwitchChip {
             receivers,
             pending: HashMap::new(),
             next_id: 0,
+            units: Vec::new(),
         })
     }
 
@@ -527,15 +654,18 @@ impl SwitchChip {
     /// `entry` is taken off its input buffer by a unit of the switch as it arrives
     /// (it streamed through the buffer): its credits go back now.
     fn consume(slf: &Bound<'_, Self>, entry: Bound<'_, Train>) -> PyResult<()> {
-        let py = slf.py();
-        let now = slf.borrow().now(py);
-        let (t0, t1, credits, fp) = {
-            let mut e = entry.borrow_mut();
-            e.left = 0;
-            let (t0, t1) = if e.tail >= now { (e.head, e.tail) } else { (now, now) }; // held a while: leaves now
-            (t0, t1, e.credits.as_ref().map(|c| c.clone_ref(py)), e.fp)
-        };
-        SwitchChip::retire_train(slf, &entry, t0, t1, credits.as_ref(), fp)
+        SwitchChip::consume_train(slf, &entry)
+    }
+
+    /// The CAIS merge units, one per GPU port.
+    #[getter]
+    fn units<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        PyList::new(py, self.units.iter().map(|u| u.clone_ref(py)))
+    }
+
+    #[setter]
+    fn set_units(&mut self, units: Vec<Py<MergeUnit>>) {
+        self.units = units;
     }
 
     /// `entry` (of a kind in `absorbs`: its sender already scheduled its credits'
@@ -582,6 +712,9 @@ impl SwitchChip {
         for r in self.receivers.iter() {
             r.visit(&visit)?;
         }
+        for u in self.units.iter() {
+            visit.call(u)?;
+        }
         for red in self.pending.values() {
             visit.call(&red.acc)?;
             visit.call(&red.addr)?;
@@ -594,5 +727,6 @@ impl SwitchChip {
         self.channels.clear();
         self.receivers.clear();
         self.pending.clear();
+        self.units.clear();
     }
 }

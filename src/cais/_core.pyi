@@ -119,6 +119,7 @@ class SwitchChip:
     sync_entries: int
     mirror: bool
     nvls: bool
+    units: list[MergeUnit]
     def __init__(self, sim: Simulator, chip: int, down: Iterable[Channel], gpus: Iterable[Any], packetizer: Any,
                  vcmap: Any, vcs: int, pipeline_ps: int, reduce_ps: int, merge: Any = None, sync_entries: int = 256,
                  reduce_GBps: float | None = None) -> None: ...
@@ -167,4 +168,69 @@ class Endpoint:
     def ack(self, write: Train) -> None: ...
     def signal(self, key: int, amount: int) -> None: ...
     def wait_signal(self, key: int, target: int, fn: Callable[[], None]) -> None: ...
+    def stuck(self) -> list[str]: ...
+
+class MergeStats:
+    merged: int
+    bypassed: int
+    bypassed_loads: int
+    evicted: int
+    timed_out: int
+    tracked: int
+    sessions: int
+    peak_lines: int
+    line_ps: int
+    busy_ps: int
+    skew_n: int
+    skew_sum_ps: int
+    skew_max_ps: int
+
+class PortSpread:
+    active: int
+    since: int
+    any_ps: int
+    port_ps: int
+    def __init__(self) -> None: ...
+    def change(self, now: int, delta: int) -> None: ...
+    def until(self, end: int) -> tuple[int, int]: ...
+
+class Session:
+    id: int
+    state: str
+    count: int
+    expect: int
+    quorum: int
+    lines: int
+    addr: Any
+    data: Any
+    signal: int
+    cls: int
+    vc: int
+    head: int
+    touched: int
+    doomed: bool
+
+class FreeLines:
+    def __call__(self, *args: Any) -> None: ...
+
+class MergeUnit:
+    sim: Simulator
+    spread: PortSpread
+    port: int
+    capacity: int
+    line_bytes: int
+    timeout_ps: int
+    latency_ps: int
+    default_expect: int
+    used: int
+    stats: MergeStats
+    tensor_peak: dict[str, int]
+    table: dict[tuple[int, Any], Session]
+    log: list[tuple[int, int]] | None
+    def __init__(self, host: Any, port: int, cfg: Any, gpus: int, spread: PortSpread | None = None) -> None: ...
+    def load(self, req: Train) -> None: ...
+    def load_data(self, resp: Train) -> bool: ...
+    def reduce(self, red: Train) -> None: ...
+    def line_ps_until(self, end: int) -> int: ...
+    def busy_ps_until(self, end: int) -> int: ...
     def stuck(self) -> list[str]: ...

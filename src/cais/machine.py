@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from cais.engine import Channel, Simulator
+from cais.engine.sim import fewer_collections
 from cais.hw.compute import ComputeModel
 from cais.hw.config import PS_PER_NS, PS_PER_US, SystemConfig
 from cais.hw.fabric import Fabric
@@ -141,22 +142,23 @@ class Machine:
         mark, since = self._progress(), sim.now
         idle = 0  # simulated time in which events ran, nothing moved and nothing finished
         wakeups = 0  # and the stretches of events (after a jump) that did so
-        while (nxt := sim.next_time()) is not None:
-            sim.run(until=nxt + horizon)
-            now_mark = self._progress()
-            if now_mark != mark or self._moving():
-                mark, since, idle, wakeups = now_mark, sim.now, 0, 0
-                continue
-            idle += sim.now - nxt  # not the jump to nxt: that was a wait for a scheduled event
-            wakeups += 1
-            if (idle >= horizon or wakeups >= STALL_WAKEUPS) and self.pending():
-                what = (f"{self.cfg.watchdog_horizon_us:g} us of simulated time" if idle >= horizon else
-                        f"{wakeups:,} wake-ups over {(sim.now - since) / PS_PER_US:,.1f} us of simulated time")
-                raise Stalled(f"no progress for {what} at t = {sim.now / PS_PER_US:,.1f} us (events ran, but no "
-                              "train moved and no TB finished): " + self._stuck_line())
-        if self.pending():
-            raise Stalled(f"deadlock at t = {sim.now / PS_PER_US:,.1f} us, nothing left to happen: "
-                          + self._stuck_line())
+        with fewer_collections():
+            while (nxt := sim.next_time()) is not None:
+                sim.run(until=nxt + horizon)
+                now_mark = self._progress()
+                if now_mark != mark or self._moving():
+                    mark, since, idle, wakeups = now_mark, sim.now, 0, 0
+                    continue
+                idle += sim.now - nxt  # not the jump to nxt: that was a wait for a scheduled event
+                wakeups += 1
+                if (idle >= horizon or wakeups >= STALL_WAKEUPS) and self.pending():
+                    what = (f"{self.cfg.watchdog_horizon_us:g} us of simulated time" if idle >= horizon else
+                            f"{wakeups:,} wake-ups over {(sim.now - since) / PS_PER_US:,.1f} us of simulated time")
+                    raise Stalled(f"no progress for {what} at t = {sim.now / PS_PER_US:,.1f} us (events ran, but no "
+                                  "train moved and no TB finished): " + self._stuck_line())
+            if self.pending():
+                raise Stalled(f"deadlock at t = {sim.now / PS_PER_US:,.1f} us, nothing left to happen: "
+                              + self._stuck_line())
         return sim.now
 
     def _moving(self) -> bool:

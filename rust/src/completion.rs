@@ -1,0 +1,199 @@
+//! What an ISA operation waits for: one completion for all the trains it was cut
+//! into, and the store path of the SM that issues it.
+//!
+//! An operation (`ld`, `ld.cais`, `red.cais`, a store) is cut into one train per
+//! transfer unit and switch chip; each train carries the operation's [`Completion`]
+//! as its `done`, and the core counts the trains in as they complete without
+//! entering Python. The operation's own callback runs once, when the last is in: a
+//! load's with the data reassembled from its pieces (functional mode) or None, any
+//! other's with no argument.
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use pyo3::{PyTraverseError, PyVisit};
+
+use crate::train::Train;
+
+/// A completion counter over an operation's trains. `done` runs when `count` have
+/// completed: as `done(data)` for a load (`assemble` given: the data of every piece,
+/// by start element, put together by `assemble(region, pieces, parts)`, or None when
+/// some piece carried none), else as `done()`.
+#[pyclass(module = "cais._core")]
+pub struct Completion {
+    #[pyo3(get)]
+    left: i64,
+    done: Py<PyAny>,
+    region: Py<PyAny>,
+    pieces: Py<PyAny>,
+    assemble: Py<PyAny>,
+    /// A load's pieces that carried data, by start element.
+    parts: Option<Py<PyDict>>,
+    with_data: i64,
+}
+
+impl Completion {
+    /// One of the operation's trains has completed.
+    pub(crate) fn arrive(slf: &Bound<'_, Self>, train: Option<&Bound<'_, Train>>) -> PyResult<()> {
+        let py = slf.py();
+        let (finished, gather) = {
+            let mut me = slf.borrow_mut();
+            let gather = !me.assemble.is_none(py);
+            if let (true, Some(train)) = (gather, train) {
+                let data = train.borrow().data.clone_ref(py);
+                if !data.is_none(py) {
+                    let start = train.borrow().addr.bind(py).getattr("start")?;
+                    let parts = me.parts.get_or_insert_with(|| PyDict::new(py).unbind());
+                    parts.bind(py).set_item(start, data)?;
+                    me.with_data += 1;
+                }
+            }
+            me.left -= 1;
+            (me.left == 0, gather)
+        };
+        if !finished {
+            return Ok(());
+        }
+        let me = slf.borrow();
+        let done = me.done.clone_ref(py);
+        if done.is_none(py) {
+            return Ok(());
+        }
+        if !gather {
+            drop(me);
+            done.call0(py)?;
+            return Ok(());
+        }
+        let count = me.pieces.bind(py).len()? as i64;
+        let data = match &me.parts {
+            Some(parts) if me.with_data == count && parts.bind(py).len() as i64 == count => {
+                let (region, pieces, assemble, parts) = (
+                    me.region.clone_ref(py),
+                    me.pieces.clone_ref(py),
+                    me.assemble.clone_ref(py),
+                    parts.clone_ref(py),
+                );
+                drop(me);
+                assemble.call1(py, (region, pieces, parts))?
+            }
+            _ => {
+                drop(me);
+                py.None()
+            }
+        };
+        done.call1(py, (data,))?;
+        Ok(())
+    }
+}
+
+/// The issuer's completion of `train`, if it has one: counted in natively when it is
+/// a [`Completion`], else called as `train.done(train)`.
+pub(crate) fn complete(train: &Bound<'_, Train>) -> PyResult<()> {
+    let py = train.py();
+    let done = train.borrow().done.clone_ref(py);
+    if done.is_none(py) {
+        return Ok(());
+    }
+    match done.bind(py).cast::<Completion>() {
+        Ok(c) => Completion::arrive(c, Some(train)),
+        Err(_) => done.call1(py, (train,)).map(|_| ()),
+    }
+}
+
+#[pymethods]
+impl Completion {
+    #[new]
+    #[pyo3(signature = (count, done = None, region = None, pieces = None, assemble = None))]
+    fn new(
+        py: Python<'_>,
+        count: i64,
+        done: Option<Py<PyAny>>,
+        region: Option<Py<PyAny>>,
+        pieces: Option<Py<PyAny>>,
+        assemble: Option<Py<PyAny>>,
+    ) -> Self {
+        let none = || py.None();
+        Completion {
+            left: count,
+            done: done.unwrap_or_else(none),
+            region: region.unwrap_or_else(none),
+            pieces: pieces.unwrap_or_else(none),
+            assemble: assemble.unwrap_or_else(none),
+            parts: None,
+            with_data: 0,
+        }
+    }
+
+    /// A train of the operation has completed (as the core calls it; anything but a
+    /// train counts as one that carried no data).
+    fn __call__(slf: &Bound<'_, Self>, train: Bound<'_, PyAny>) -> PyResult<()> {
+        Completion::arrive(slf, train.cast::<Train>().ok())
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.done)?;
+        visit.call(&self.region)?;
+        visit.call(&self.pieces)?;
+        visit.call(&self.assemble)?;
+        visit.call(&self.parts)?;
+        Ok(())
+    }
+
+    fn __clear__(&mut self, py: Python<'_>) {
+        self.done = py.None();
+        self.region = py.None();
+        self.pieces = py.None();
+        self.assemble = py.None();
+        self.parts = None;
+    }
+}
+
+/// The load/store path of one SM: data it stores leaves at most at `ps_per_byte`
+/// (the SM's copy bandwidth), so a store's train has its head when the SM starts
+/// pushing it and its tail when the SM has pushed all of it.
+#[pyclass(module = "cais._core", get_all, set_all)]
+pub struct SmPort {
+    pub ps_per_byte: f64,
+    pub free_at: i64,
+}
+
+impl SmPort {
+    /// (head, tail) of `nbytes` pushed from `now` on.
+    pub(crate) fn push_at(&mut self, now: i64, nbytes: i64) -> (i64, i64) {
+        let head = now.max(self.free_at);
+        self.free_at = head + (nbytes as f64 * self.ps_per_byte).round_ties_even() as i64;
+        (head, self.free_at)
+    }
+}
+
+#[pymethods]
+impl SmPort {
+    #[new]
+    fn new(ps_per_byte: f64) -> Self {
+        SmPort {
+            ps_per_byte,
+            free_at: 0,
+        }
+    }
+
+    /// (head, tail) of `nbytes` pushed from `now` on.
+    fn push(&mut self, now: i64, nbytes: i64) -> (i64, i64) {
+        self.push_at(now, nbytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_sm_port_pushes_back_to_back_and_rounds_half_to_even() {
+        let mut port = SmPort {
+            ps_per_byte: 0.5,
+            free_at: 0,
+        };
+        assert_eq!(port.push_at(10, 4), (10, 12));
+        assert_eq!(port.push_at(11, 1), (12, 12)); // 0.5 ps rounds to 0
+        assert_eq!(port.push_at(11, 3), (12, 14)); // 1.5 ps rounds to 2
+        assert_eq!(port.push_at(100, 0), (100, 100));
+    }
+}

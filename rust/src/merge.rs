@@ -1,0 +1,1060 @@
+//! The CAIS merge unit (paper §III-A.2-4): one per switch port, in the data path of
+//! the requests whose home GPU is behind that port.
+//!
+//! A CAM looks requests up by (address, type). Each hit or miss is a *session* in the
+//! merging table, whose entries are lines of `line_bytes`; a session is `Load-Wait`
+//! (the first load went to the home and its data is not back), `Load-Ready` (the data
+//! is cached; later loads are answered from it) or `Reduction` (partial sums being
+//! accumulated), and counts the requests merged into it. Eviction is LRU; a session
+//! idle for `timeout_us` is flushed like an eviction; the merge tracker ends a session
+//! once every requester of its address has come. `cais/hw/merge.py` has the whole
+//! description (the policy is the same; this is its compiled form).
+//!
+//! The unit serves its switch chip natively (a [`SwitchChip`] host: merged responses
+//! and sums are made and sent without entering Python), or any Python object with the
+//! host's methods (`forward`, `take`, `answer`, `write_home`), as the unit tests use.
+//! Functional data stays Python objects: a sum is `a + b`, a first contribution is
+//! `data.copy()`.
+
+use std::collections::{BTreeMap, HashMap};
+
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use pyo3::{PyTraverseError, PyVisit};
+
+use crate::channel::Hook;
+use crate::completion::complete;
+use crate::sim::{Action, Simulator};
+use crate::switch::SwitchChip;
+use crate::train::Train;
+
+/// The CAM's request types.
+const LOAD: u8 = 0;
+const REDUCTION_TYPE: u8 = 1;
+
+/// A session's state.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum State {
+    LoadWait,
+    LoadReady,
+    Reduction,
+}
+
+impl State {
+    fn name(self) -> &'static str {
+        match self {
+            State::LoadWait => "Load-Wait",
+            State::LoadReady => "Load-Ready",
+            State::Reduction => "Reduction",
+        }
+    }
+}
+
+/// An address as the CAM compares it: a `Region` by its fields, or a plain string or
+/// integer (what the unit tests use).
+#[derive(Clone, PartialEq, Eq, Hash)]
+enum Address {
+    Region(String, i64, i64, i64, i64, i64),
+    Str(String),
+    Int(i64),
+}
+
+/// A CAM key: request type and address.
+type Key = (u8, Address);
+
+/// What the CAM and the accounting need of a request's address: its key, its bytes
+/// (a `Region`'s `nbytes`) and the tensor it belongs to (its buffer; "" for others).
+struct AddrInfo {
+    address: Address,
+    nbytes: i64,
+    tensor: String,
+}
+
+fn addr_info(addr: &Bound<'_, PyAny>, region: &Py<PyAny>) -> PyResult<AddrInfo> {
+    if addr.get_type().is(region.bind(addr.py())) {
+        let buffer: String = addr.getattr("buffer")?.extract()?;
+        let start: i64 = addr.getattr("start")?.extract()?;
+        let count: i64 = addr.getattr("count")?.extract()?;
+        let elem: i64 = addr.getattr("elem_bytes")?.extract()?;
+        let rows: i64 = addr.getattr("rows")?.extract()?;
+        let stride: i64 = addr.getattr("stride")?.extract()?;
+        return Ok(AddrInfo {
+            nbytes: rows * count * elem,
+            address: Address::Region(buffer.clone(), start, count, elem, rows, stride),
+            tensor: buffer,
+        });
+    }
+    let address = if let Ok(s) = addr.cast::<PyString>() {
+        Address::Str(s.to_str()?.to_owned())
+    } else if let Ok(i) = addr.extract::<i64>() {
+        Address::Int(i)
+    } else {
+        return Err(PyTypeError::new_err(format!(
+            "a merge unit keys addresses that are a Region, a str or an int, not {}",
+            addr.get_type().name()?
+        )));
+    };
+    let nbytes = match addr.getattr("nbytes") {
+        Ok(n) => n.extract()?,
+        Err(_) => 0,
+    };
+    Ok(AddrInfo {
+        address,
+        nbytes,
+        tensor: String::new(),
+    })
+}
+
+/// One merging-table entry group: a CAM key, its state, its merge count and the
+/// content-array data (deferred requesters, cached load data or partial sum).
+struct Entry {
+    id: i64,
+    key: Key,
+    state: State,
+    count: i64,
+    expect: i64,
+    quorum: i64,
+    lines: i64,
+    /// Loads waiting for the home's data.
+    waiters: Vec<Py<Train>>,
+    /// Requests whose acknowledgement throttling holds back.
+    held: Vec<Py<Train>>,
+    data: Py<PyAny>,
+    addr: Py<PyAny>,
+    nbytes: i64,
+    tensor: usize,
+    signal: i64,
+    cls: i64,
+    vc: i64,
+    head: i64,
+    touched: i64,
+    doomed: bool,
+    /// Its place in the LRU order.
+    seq: u64,
+}
+
+/// A view of one session, for a Python host's `write_home` and for tests.
+#[pyclass(module = "cais._core", get_all, frozen)]
+pub struct Session {
+    id: i64,
+    state: &'static str,
+    count: i64,
+    expect: i64,
+    quorum: i64,
+    lines: i64,
+    addr: Py<PyAny>,
+    data: Py<PyAny>,
+    signal: i64,
+    cls: i64,
+    vc: i64,
+    head: i64,
+    touched: i64,
+    doomed: bool,
+}
+
+impl Session {
+    fn of(py: Python<'_>, e: &Entry) -> Session {
+        Session {
+            id: e.id,
+            state: e.state.name(),
+            count: e.count,
+            expect: e.expect,
+            quorum: e.quorum,
+            lines: e.lines,
+            addr: e.addr.clone_ref(py),
+            data: e.data.clone_ref(py),
+            signal: e.signal,
+            cls: e.cls,
+            vc: e.vc,
+            head: e.head,
+            touched: e.touched,
+            doomed: e.doomed,
+        }
+    }
+}
+
+/// What one merge unit did: requests merged into a session another opened, requests
+/// that bypassed it (`bypassed_loads` of them loads), sessions evicted by LRU and
+/// flushed by the idle timer, sessions the merge tracker ended once every requester
+/// of their address had come (`tracked`), sessions opened, lines in use (peak, the
+/// integral over time, and the time it held any: `busy_ps`), and the arrival skew per
+/// address: first to last of the requests one access expects (merged or not).
+#[pyclass(module = "cais._core", get_all)]
+#[derive(Clone, Default)]
+pub struct MergeStats {
+    merged: i64,
+    bypassed: i64,
+    bypassed_loads: i64,
+    evicted: i64,
+    timed_out: i64,
+    tracked: i64,
+    sessions: i64,
+    peak_lines: i64,
+    line_ps: i64,
+    busy_ps: i64,
+    skew_n: i64,
+    skew_sum_ps: i64,
+    skew_max_ps: i64,
+}
+
+/// How the merge units of one switch chip share the work over time: the time any of
+/// them holds a session (`any_ps`) and the integral of how many do (`port_ps`); their
+/// ratio is the mean number of ports holding sessions while the chip holds any.
+#[pyclass(module = "cais._core", get_all)]
+#[derive(Default)]
+pub struct PortSpread {
+    active: i64,
+    since: i64,
+    any_ps: i64,
+    port_ps: i64,
+}
+
+#[pymethods]
+impl PortSpread {
+    #[new]
+    fn new() -> Self {
+        PortSpread::default()
+    }
+
+    /// A port started (+1) or stopped (-1) holding sessions at `now`.
+    fn change(&mut self, now: i64, delta: i64) {
+        if self.active != 0 {
+            self.any_ps += now - self.since;
+            self.port_ps += self.active * (now - self.since);
+        }
+        self.since = now;
+        self.active += delta;
+    }
+
+    /// (`any_ps`, `port_ps`) over [0, `end`].
+    fn until(&self, end: i64) -> (i64, i64) {
+        let tail = if self.active != 0 { (end - self.since).max(0) } else { 0 };
+        (self.any_ps + tail, self.port_ps + self.active * tail)
+    }
+}
+
+/// Whom the unit asks to move trains: its switch chip, or a Python stand-in.
+enum Host {
+    Chip(Py<SwitchChip>),
+    Object(Py<PyAny>),
+}
+
+impl Host {
+    /// Send `train` on to its destination port unmerged.
+    fn forward(&self, train: &Bound<'_, Train>) -> PyResult<()> {
+        let py = train.py();
+        match self {
+            Host::Chip(chip) => {
+                let dst = train.borrow().dst;
+                SwitchChip::emit_train(chip.bind(py), train, dst, Some(train), Hook::None)
+            }
+            Host::Object(o) => o.call_method1(py, "forward", (train,)).map(|_| ()),
+        }
+    }
+
+    /// `train` is taken into the unit as it arrives; `absorbed` payload bytes stay.
+    fn take(&self, train: &Bound<'_, Train>, absorbed: i64) -> PyResult<()> {
+        let py = train.py();
+        match self {
+            Host::Chip(chip) => SwitchChip::take_train(chip.bind(py), train, absorbed),
+            Host::Object(o) => o.call_method1(py, "take", (train, absorbed)).map(|_| ()),
+        }
+    }
+
+    /// Send load data to each requester of `reqs`.
+    fn answer(
+        &self,
+        py: Python<'_>,
+        reqs: Vec<Py<Train>>,
+        data: Py<PyAny>,
+        head: i64,
+        tail: i64,
+        source: Option<&Bound<'_, Train>>,
+    ) -> PyResult<()> {
+        match self {
+            Host::Chip(chip) => SwitchChip::answer_loads(chip.bind(py), &reqs, &data, head, tail, source),
+            Host::Object(o) => {
+                let reqs = PyList::new(py, reqs)?;
+                o.call_method1(py, "answer", (reqs, data, head, tail, source))
+                    .map(|_| ())
+            }
+        }
+    }
+}
+
+/// The call that frees a flushed reduction's lines when its sum goes on the wire (a
+/// Python host's `on_start`).
+#[pyclass(module = "cais._core", frozen)]
+pub struct FreeLines {
+    unit: Py<MergeUnit>,
+    lines: i64,
+    tensor: usize,
+}
+
+#[pymethods]
+impl FreeLines {
+    #[pyo3(signature = (*_args))]
+    fn __call__(&self, py: Python<'_>, _args: &Bound<'_, PyTuple>) -> PyResult<()> {
+        MergeUnit::occupy(self.unit.bind(py), -self.lines, self.tensor)
+    }
+}
+
+/// The merge unit of switch port `port`: it merges the mergeable requests whose home
+/// GPU is `port` and that the address hash sends to this chip.
+#[pyclass(module = "cais._core")]
+pub struct MergeUnit {
+    host: Host,
+    #[pyo3(get)]
+    sim: Py<Simulator>,
+    #[pyo3(get)]
+    spread: Py<PortSpread>,
+    #[pyo3(get)]
+    port: i64,
+    #[pyo3(get)]
+    capacity: i64,
+    #[pyo3(get)]
+    line_bytes: i64,
+    #[pyo3(get)]
+    timeout_ps: i64,
+    #[pyo3(get)]
+    latency_ps: i64,
+    #[pyo3(get)]
+    default_expect: i64,
+    region: Py<PyAny>,
+    /// The CAM: key -> session id.
+    cam: HashMap<Key, i64>,
+    /// The sessions by id.
+    entries: HashMap<i64, Entry>,
+    /// LRU order: sequence -> session id (first: least recently used).
+    lru: BTreeMap<u64, i64>,
+    seq: u64,
+    /// Lines held (sessions, and sums waiting to leave).
+    #[pyo3(get)]
+    used: i64,
+    since: i64,
+    next: i64,
+    timer: bool,
+    /// The merge tracker: address -> (first arrival, requests so far).
+    arrivals: HashMap<Key, (i64, i64)>,
+    stats: MergeStats,
+    /// Per tensor (a session address's buffer): lines held now and at most.
+    tensors: Vec<(String, i64, i64)>,
+    tensor_index: HashMap<String, usize>,
+    /// (time, lines) at each change, when recording.
+    log: Option<Vec<(i64, i64)>>,
+}
+
+impl MergeUnit {
+    fn now(&self, py: Python<'_>) -> i64 {
+        self.sim.borrow(py).now
+    }
+
+    fn tensor(&mut self, name: String) -> usize {
+        if let Some(&i) = self.tensor_index.get(&name) {
+            return i;
+        }
+        let i = self.tensors.len();
+        self.tensors.push((name.clone(), 0, 0));
+        self.tensor_index.insert(name, i);
+        i
+    }
+
+    fn lines_for(&self, nbytes: i64) -> i64 {
+        1.max(-((-nbytes).div_euclid(self.line_bytes)))
+    }
+
+    fn host(&self, py: Python<'_>) -> Host {
+        match &self.host {
+            Host::Chip(c) => Host::Chip(c.clone_ref(py)),
+            Host::Object(o) => Host::Object(o.clone_ref(py)),
+        }
+    }
+
+    fn key(&self, kind: u8, addr: &Bound<'_, PyAny>) -> PyResult<(Key, AddrInfo)> {
+        let info = addr_info(addr, &self.region)?;
+        Ok(((kind, info.address.clone()), info))
+    }
+
+    /// The merge tracker (paper §III-B.1): count a request's arrival for its address,
+    /// merged or not. Once all the requesters it expects have come, record first-to-
+    /// last arrival and return true: no request for the address is still to come.
+    fn arrive(&mut self, py: Python<'_>, key: &Key, count: i64, expect: i64) -> bool {
+        let now = self.now(py);
+        let need = if expect != 0 { expect } else { self.default_expect };
+        let seen = self.arrivals.entry(key.clone()).or_insert((now, 0));
+        seen.1 += count;
+        if seen.1 < need {
+            return false;
+        }
+        let first = seen.0;
+        self.arrivals.remove(key);
+        let skew = now - first;
+        let st = &mut self.stats;
+        st.skew_n += 1;
+        st.skew_sum_ps += skew;
+        st.skew_max_ps = st.skew_max_ps.max(skew);
+        true
+    }
+
+    /// Every request for the address has arrived: a session still open for it ends now.
+    fn last_arrived(slf: &Bound<'_, Self>, key: &Key) -> PyResult<()> {
+        let state = {
+            let mut me = slf.borrow_mut();
+            let Some(&sid) = me.cam.get(key) else { return Ok(()) };
+            let e = &me.entries[&sid];
+            if e.count >= e.expect {
+                return Ok(());
+            }
+            let state = e.state;
+            me.stats.tracked += 1;
+            if state == State::LoadWait {
+                let e = me.entries.get_mut(&sid).expect("session");
+                e.expect = e.count;
+                e.quorum = e.count;
+                return Ok(());
+            }
+            (sid, state)
+        };
+        match state {
+            (sid, State::Reduction) => MergeUnit::flush(slf, sid),
+            (sid, _) => MergeUnit::close(slf, sid),
+        }
+    }
+
+    pub(crate) fn load_train(slf: &Bound<'_, Self>, req: &Bound<'_, Train>) -> PyResult<()> {
+        let py = slf.py();
+        let (key, info, last, found) = {
+            let mut me = slf.borrow_mut();
+            let (count, expect) = {
+                let r = req.borrow();
+                (r.count, r.expect)
+            };
+            let (key, info) = me.key(LOAD, req.borrow().addr.bind(py))?;
+            let last = me.arrive(py, &key, count, expect);
+            let found = me.cam.get(&key).copied();
+            (key, info, last, found)
+        };
+        match found {
+            None => {
+                let lines = {
+                    let me = slf.borrow();
+                    me.lines_for(req.borrow().want)
+                };
+                if let Some(sid) = MergeUnit::open(slf, &key, info, State::LoadWait, req, lines)? {
+                    slf.borrow_mut()
+                        .entries
+                        .get_mut(&sid)
+                        .expect("session")
+                        .waiters
+                        .push(req.clone().unbind());
+                    req.borrow_mut().tag = sid;
+                    let host = slf.borrow().host(py);
+                    host.forward(req)?; // the standard routing path to the home GPU
+                    MergeUnit::touch(slf, sid)?;
+                }
+            }
+            Some(sid) => {
+                let host = {
+                    let mut me = slf.borrow_mut();
+                    me.entries.get_mut(&sid).expect("session").count += 1; // a hit
+                    me.stats.merged += 1;
+                    me.host(py)
+                };
+                host.take(req, 0)?;
+                let (answer, close) = {
+                    let mut me = slf.borrow_mut();
+                    let e = me.entries.get_mut(&sid).expect("session");
+                    if e.state == State::LoadWait {
+                        e.waiters.push(req.clone().unbind()); // deferred response
+                        (false, false)
+                    } else {
+                        e.held.push(req.clone().unbind());
+                        (e.count >= e.quorum, e.count >= e.expect)
+                    }
+                };
+                if answer {
+                    let now = slf.borrow().now(py);
+                    MergeUnit::answer_held(slf, sid, now)?;
+                }
+                if close {
+                    MergeUnit::close(slf, sid)?;
+                } else {
+                    MergeUnit::touch(slf, sid)?;
+                }
+            }
+        }
+        if last {
+            MergeUnit::last_arrived(slf, &key)?;
+        }
+        Ok(())
+    }
+
+    /// The home's data for session `resp.tag` arrives (false: not the unit's).
+    pub(crate) fn load_data_train(slf: &Bound<'_, Self>, resp: &Bound<'_, Train>) -> PyResult<bool> {
+        let py = slf.py();
+        let (sid, waiters, answer, data, lat, host) = {
+            let mut me = slf.borrow_mut();
+            let sid = resp.borrow().tag;
+            let lat = me.latency_ps;
+            let host = me.host(py);
+            let Some(e) = me.entries.get_mut(&sid) else {
+                return Ok(false);
+            };
+            if e.state != State::LoadWait {
+                return Ok(false);
+            }
+            let data = resp.borrow().data.clone_ref(py);
+            e.state = State::LoadReady;
+            e.data = data.clone_ref(py);
+            let waiters = std::mem::take(&mut e.waiters);
+            let answer = e.count >= e.quorum || e.doomed;
+            (sid, waiters, answer, data, lat, host)
+        };
+        if answer {
+            let (head, tail) = {
+                let r = resp.borrow();
+                (r.head + lat, r.tail + lat)
+            };
+            host.answer(py, waiters, data, head, tail, Some(resp))?;
+        } else {
+            // throttled: the early requesters wait for their peers (answered from the cache)
+            slf.borrow_mut()
+                .entries
+                .get_mut(&sid)
+                .expect("session")
+                .held
+                .extend(waiters);
+            let payload = resp.borrow().payload;
+            host.take(resp, payload)?;
+        }
+        let close = {
+            let me = slf.borrow();
+            let e = &me.entries[&sid];
+            e.count >= e.expect || e.doomed
+        };
+        if close {
+            MergeUnit::close(slf, sid)?;
+        } else {
+            MergeUnit::touch(slf, sid)?;
+        }
+        Ok(true)
+    }
+
+    pub(crate) fn reduce_train(slf: &Bound<'_, Self>, red: &Bound<'_, Train>) -> PyResult<()> {
+        let py = slf.py();
+        let (key, info, last, found) = {
+            let mut me = slf.borrow_mut();
+            let (count, expect) = {
+                let r = red.borrow();
+                (r.count, r.expect)
+            };
+            let (key, info) = me.key(REDUCTION_TYPE, red.borrow().addr.bind(py))?;
+            let last = me.arrive(py, &key, count, expect);
+            let found = me.cam.get(&key).copied();
+            (key, info, last, found)
+        };
+        let (payload, head, data, count) = {
+            let r = red.borrow();
+            (r.payload, r.head, r.data.clone_ref(py), r.count)
+        };
+        let sid = match found {
+            None => {
+                let lines = slf.borrow().lines_for(payload);
+                let Some(sid) = MergeUnit::open(slf, &key, info, State::Reduction, red, lines)? else {
+                    if last {
+                        MergeUnit::last_arrived(slf, &key)?;
+                    }
+                    return Ok(());
+                };
+                let first = if data.is_none(py) {
+                    data
+                } else {
+                    data.call_method0(py, "copy")?
+                };
+                slf.borrow_mut().entries.get_mut(&sid).expect("session").data = first;
+                sid
+            }
+            Some(sid) => {
+                let old = {
+                    let mut me = slf.borrow_mut();
+                    me.stats.merged += 1;
+                    let e = me.entries.get_mut(&sid).expect("session");
+                    e.count += count;
+                    e.data.clone_ref(py)
+                };
+                if !data.is_none(py) {
+                    let sum = if old.is_none(py) {
+                        data.call_method0(py, "copy")?
+                    } else {
+                        old.bind(py).add(data.bind(py))?.unbind()
+                    };
+                    slf.borrow_mut().entries.get_mut(&sid).expect("session").data = sum;
+                }
+                sid
+            }
+        };
+        let host = {
+            let mut me = slf.borrow_mut();
+            let e = me.entries.get_mut(&sid).expect("session");
+            e.head = e.head.max(head);
+            me.host(py)
+        };
+        host.take(red, payload)?;
+        let (ack, flush) = {
+            let mut me = slf.borrow_mut();
+            let e = me.entries.get_mut(&sid).expect("session");
+            e.held.push(red.clone().unbind()); // accepted: the store window frees (throttled: once peers are in)
+            (e.count >= e.quorum, e.count >= e.expect)
+        };
+        if ack {
+            MergeUnit::ack_held(slf, sid)?;
+        }
+        if flush {
+            MergeUnit::flush(slf, sid)?;
+        } else {
+            MergeUnit::touch(slf, sid)?;
+        }
+        if last {
+            MergeUnit::last_arrived(slf, &key)?;
+        }
+        Ok(())
+    }
+
+    /// A new session for `first` (a CAM miss), making room by LRU eviction; None (and
+    /// `first` forwarded unmerged) when it cannot have the lines.
+    fn open(
+        slf: &Bound<'_, Self>,
+        key: &Key,
+        info: AddrInfo,
+        state: State,
+        first: &Bound<'_, Train>,
+        lines: i64,
+    ) -> PyResult<Option<i64>> {
+        let py = slf.py();
+        if !MergeUnit::make_room(slf, lines)? {
+            let host = {
+                let mut me = slf.borrow_mut();
+                me.stats.bypassed += 1;
+                if state == State::LoadWait {
+                    me.stats.bypassed_loads += 1;
+                }
+                me.host(py)
+            };
+            host.forward(first)?;
+            return Ok(None);
+        }
+        let (sid, tensor) = {
+            let mut me = slf.borrow_mut();
+            let now = me.now(py);
+            let sid = me.next;
+            me.next += 1;
+            let tensor = me.tensor(info.tensor);
+            let f = first.borrow();
+            let expect = if f.expect != 0 { f.expect } else { me.default_expect };
+            me.seq += 1;
+            let seq = me.seq;
+            let entry = Entry {
+                id: sid,
+                key: key.clone(),
+                state,
+                count: f.count,
+                expect,
+                quorum: f.quorum.min(expect),
+                lines,
+                waiters: Vec::new(),
+                held: Vec::new(),
+                data: py.None(),
+                addr: f.addr.clone_ref(py),
+                nbytes: info.nbytes,
+                tensor,
+                signal: f.tag,
+                cls: f.cls,
+                vc: f.vc,
+                head: f.head,
+                touched: now,
+                doomed: false,
+                seq,
+            };
+            me.cam.insert(key.clone(), sid);
+            me.lru.insert(seq, sid);
+            me.entries.insert(sid, entry);
+            me.stats.sessions += 1;
+            (sid, tensor)
+        };
+        MergeUnit::occupy(slf, lines, tensor)?;
+        Ok(Some(sid))
+    }
+
+    fn make_room(slf: &Bound<'_, Self>, lines: i64) -> PyResult<bool> {
+        if lines > slf.borrow().capacity {
+            return Ok(false);
+        }
+        loop {
+            let victim = {
+                let mut me = slf.borrow_mut();
+                if me.capacity - me.used >= lines {
+                    return Ok(true);
+                }
+                let Some((_, &sid)) = me.lru.iter().next() else {
+                    return Ok(false); // the lines are held by sums waiting to leave
+                };
+                let e = me.entries.get_mut(&sid).expect("session");
+                if e.state == State::LoadWait {
+                    e.doomed = true; // released once its data is out; this request bypasses
+                    return Ok(false);
+                }
+                me.stats.evicted += 1;
+                sid
+            };
+            MergeUnit::flush(slf, victim)?;
+        }
+    }
+
+    fn answer_held(slf: &Bound<'_, Self>, sid: i64, now: i64) -> PyResult<()> {
+        let py = slf.py();
+        let (held, data, t, host) = {
+            let mut me = slf.borrow_mut();
+            let t = now + me.latency_ps;
+            let host = me.host(py);
+            let e = me.entries.get_mut(&sid).expect("session");
+            (std::mem::take(&mut e.held), e.data.clone_ref(py), t, host)
+        };
+        if held.is_empty() {
+            return Ok(());
+        }
+        host.answer(py, held, data, t, t, None)
+    }
+
+    fn ack_held(slf: &Bound<'_, Self>, sid: i64) -> PyResult<()> {
+        let py = slf.py();
+        let held = std::mem::take(&mut slf.borrow_mut().entries.get_mut(&sid).expect("session").held);
+        for red in held {
+            complete(red.bind(py))?;
+        }
+        Ok(())
+    }
+
+    /// End a session: a Reduction sends its (partial) sum home, its lines free when
+    /// that leaves; a load session just frees its lines. Requests throttling held back
+    /// are acknowledged.
+    fn flush(slf: &Bound<'_, Self>, sid: i64) -> PyResult<()> {
+        let py = slf.py();
+        if slf.borrow().entries[&sid].state != State::Reduction {
+            return MergeUnit::close(slf, sid);
+        }
+        MergeUnit::ack_held(slf, sid)?;
+        let (e, host, port, head) = {
+            let mut me = slf.borrow_mut();
+            let e = me.forget(sid);
+            let head = e.head + me.latency_ps;
+            (e, me.host(py), me.port, head)
+        };
+        match host {
+            Host::Chip(chip) => {
+                let hook = Hook::Freed(slf.clone().unbind(), e.lines, e.tensor);
+                SwitchChip::write_home_sum(
+                    chip.bind(py),
+                    port,
+                    e.nbytes,
+                    e.addr,
+                    e.data,
+                    e.vc,
+                    e.cls,
+                    e.signal,
+                    e.count,
+                    head,
+                    hook,
+                )
+            }
+            Host::Object(o) => {
+                let view = Session::of(py, &e);
+                let free = FreeLines {
+                    unit: slf.clone().unbind(),
+                    lines: e.lines,
+                    tensor: e.tensor,
+                };
+                o.call_method1(py, "write_home", (port, view, head, free)).map(|_| ())
+            }
+        }
+    }
+
+    fn close(slf: &Bound<'_, Self>, sid: i64) -> PyResult<()> {
+        let now = slf.borrow().now(slf.py());
+        MergeUnit::answer_held(slf, sid, now)?;
+        let (lines, tensor) = {
+            let e = slf.borrow_mut().forget(sid);
+            (e.lines, e.tensor)
+        };
+        MergeUnit::occupy(slf, -lines, tensor)
+    }
+
+    fn forget(&mut self, sid: i64) -> Entry {
+        let e = self.entries.remove(&sid).expect("session");
+        self.cam.remove(&e.key);
+        self.lru.remove(&e.seq);
+        e
+    }
+
+    /// `lines` more (or fewer) lines in use, of tensor `tensor`.
+    pub(crate) fn occupy(slf: &Bound<'_, Self>, lines: i64, tensor: usize) -> PyResult<()> {
+        let py = slf.py();
+        let change = {
+            let mut me = slf.borrow_mut();
+            let t = &mut me.tensors[tensor];
+            t.1 += lines;
+            t.2 = t.2.max(t.1);
+            let now = me.now(py);
+            let (used, since) = (me.used, me.since);
+            me.stats.line_ps += used * (now - since);
+            if used != 0 {
+                me.stats.busy_ps += now - since;
+            }
+            me.since = now;
+            me.used += lines;
+            let after = me.used;
+            me.stats.peak_lines = me.stats.peak_lines.max(after);
+            if let Some(log) = me.log.as_mut() {
+                log.push((now, after));
+            }
+            match (used != 0, after != 0) {
+                (false, true) => Some((me.spread.clone_ref(py), now, 1)),
+                (true, false) => Some((me.spread.clone_ref(py), now, -1)),
+                _ => None,
+            }
+        };
+        if let Some((spread, now, delta)) = change {
+            spread.borrow_mut(py).change(now, delta);
+        }
+        Ok(())
+    }
+
+    /// An access: the session becomes the most recently used (the LRU order is the
+    /// order of last access, so the idle timer need only look at the front).
+    fn touch(slf: &Bound<'_, Self>, sid: i64) -> PyResult<()> {
+        let py = slf.py();
+        let mut me = slf.borrow_mut();
+        let now = me.now(py);
+        me.seq += 1;
+        let seq = me.seq;
+        let e = me.entries.get_mut(&sid).expect("session");
+        e.touched = now;
+        let old = std::mem::replace(&mut e.seq, seq);
+        me.lru.remove(&old);
+        me.lru.insert(seq, sid);
+        if !me.timer {
+            me.timer = true;
+            let due = now + me.timeout_ps;
+            me.sim.borrow_mut(py).push(due, Action::Expire(slf.clone().unbind()));
+        }
+        Ok(())
+    }
+
+    /// The unit's idle timer: flush every session idle for `timeout_us` (a Load-Wait
+    /// session waits for its data, which touches it), then re-arm for the next one due.
+    pub(crate) fn expire(slf: &Bound<'_, Self>) -> PyResult<()> {
+        let py = slf.py();
+        let (due, now, limit) = {
+            let mut me = slf.borrow_mut();
+            me.timer = false;
+            let now = me.now(py);
+            let limit = me.timeout_ps;
+            let mut due = Vec::new();
+            for sid in me.lru.values() {
+                let e = &me.entries[sid];
+                if e.touched + limit > now {
+                    break;
+                }
+                if e.state != State::LoadWait {
+                    due.push(*sid);
+                }
+            }
+            (due, now, limit)
+        };
+        for sid in due {
+            slf.borrow_mut().stats.timed_out += 1;
+            MergeUnit::flush(slf, sid)?;
+        }
+        let mut me = slf.borrow_mut();
+        let next = me
+            .lru
+            .values()
+            .map(|sid| &me.entries[sid])
+            .find(|e| e.state != State::LoadWait)
+            .map(|e| e.touched + limit);
+        if let Some(t) = next {
+            me.timer = true;
+            me.sim
+                .borrow_mut(py)
+                .push(t.max(now), Action::Expire(slf.clone().unbind()));
+        }
+        Ok(())
+    }
+}
+
+#[pymethods]
+impl MergeUnit {
+    #[new]
+    #[pyo3(signature = (host, port, cfg, gpus, spread = None))]
+    fn new(
+        py: Python<'_>,
+        host: &Bound<'_, PyAny>,
+        port: i64,
+        cfg: &Bound<'_, PyAny>,
+        gpus: i64,
+        spread: Option<Py<PortSpread>>,
+    ) -> PyResult<Self> {
+        let sim: Py<Simulator> = host.getattr("sim")?.extract()?;
+        let host = match host.cast::<SwitchChip>() {
+            Ok(chip) => Host::Chip(chip.clone().unbind()),
+            Err(_) => Host::Object(host.clone().unbind()),
+        };
+        let timeout_us: f64 = cfg.getattr("timeout_us")?.extract()?;
+        let latency_ns: f64 = cfg.getattr("latency_ns")?.extract()?;
+        Ok(MergeUnit {
+            host,
+            sim,
+            spread: match spread {
+                Some(s) => s,
+                None => Py::new(py, PortSpread::default())?,
+            },
+            port,
+            capacity: cfg.getattr("entries")?.extract()?,
+            line_bytes: cfg.getattr("line_bytes")?.extract()?,
+            timeout_ps: (timeout_us * 1e6).round_ties_even() as i64,
+            latency_ps: (latency_ns * 1e3).round_ties_even() as i64,
+            default_expect: gpus - 1,
+            region: py.import("cais.hw.memory")?.getattr("Region")?.unbind(),
+            cam: HashMap::new(),
+            entries: HashMap::new(),
+            lru: BTreeMap::new(),
+            seq: 0,
+            used: 0,
+            since: 0,
+            next: 0,
+            timer: false,
+            arrivals: HashMap::new(),
+            stats: MergeStats::default(),
+            tensors: Vec::new(),
+            tensor_index: HashMap::new(),
+            log: None,
+        })
+    }
+
+    /// An `ld.cais` request for `req.want` bytes of the home's memory arrives.
+    fn load(slf: &Bound<'_, Self>, req: Bound<'_, Train>) -> PyResult<()> {
+        MergeUnit::load_train(slf, &req)
+    }
+
+    /// The home GPU's data for session `resp.tag` arrives: answer every waiting
+    /// requester, then cache it (or end the session). False: no such session.
+    fn load_data(slf: &Bound<'_, Self>, resp: Bound<'_, Train>) -> PyResult<bool> {
+        MergeUnit::load_data_train(slf, &resp)
+    }
+
+    /// A `red.cais` contribution (or a sum of `red.count`) arrives.
+    fn reduce(slf: &Bound<'_, Self>, red: Bound<'_, Train>) -> PyResult<()> {
+        MergeUnit::reduce_train(slf, &red)
+    }
+
+    /// What the unit did so far (a copy).
+    #[getter]
+    fn stats(&self) -> MergeStats {
+        self.stats.clone()
+    }
+
+    /// The most lines each tensor's sessions held at once.
+    #[getter]
+    fn tensor_peak<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let out = PyDict::new(py);
+        for (name, _, peak) in self.tensors.iter() {
+            out.set_item(name, *peak)?;
+        }
+        Ok(out)
+    }
+
+    /// The open sessions in LRU order, by CAM key `(type, address)` (a copy).
+    #[getter]
+    fn table<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let out = PyDict::new(py);
+        for sid in self.lru.values() {
+            let e = &self.entries[sid];
+            out.set_item((e.key.0, e.addr.clone_ref(py)), Session::of(py, e))?;
+        }
+        Ok(out)
+    }
+
+    /// What was recorded (None: not recording).
+    #[getter]
+    fn log(&self) -> Option<Vec<(i64, i64)>> {
+        self.log.clone()
+    }
+
+    /// Start recording (a list: what to start from) or stop (None).
+    #[setter]
+    fn set_log(&mut self, log: Option<Vec<(i64, i64)>>) {
+        self.log = log;
+    }
+
+    /// The integral of lines in use over [0, `end`] (line-picoseconds).
+    fn line_ps_until(&self, end: i64) -> i64 {
+        self.stats.line_ps + self.used * (end - self.since).max(0)
+    }
+
+    /// The time in [0, `end`] the unit held any line.
+    fn busy_ps_until(&self, end: i64) -> i64 {
+        self.stats.busy_ps + if self.used != 0 { (end - self.since).max(0) } else { 0 }
+    }
+
+    /// Sessions still open (for the forward-progress watchdog).
+    fn stuck(&self) -> Vec<String> {
+        let waiting = self.entries.values().filter(|e| e.state == State::LoadWait).count();
+        if waiting == 0 {
+            return Vec::new();
+        }
+        vec![format!(
+            "merge unit port {}: {waiting} Load-Wait session(s) waiting for home data",
+            self.port
+        )]
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        match &self.host {
+            Host::Chip(c) => visit.call(c)?,
+            Host::Object(o) => visit.call(o)?,
+        }
+        visit.call(&self.sim)?;
+        visit.call(&self.spread)?;
+        visit.call(&self.region)?;
+        for e in self.entries.values() {
+            for t in e.waiters.iter().chain(e.held.iter()) {
+                visit.call(t)?;
+            }
+            visit.call(&e.data)?;
+            visit.call(&e.addr)?;
+        }
+        Ok(())
+    }
+
+    fn __clear__(&mut self) {
+        self.entries.clear();
+        self.cam.clear();
+        self.lru.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_port_spread_integrates_ports_holding_sessions() {
+        let mut s = PortSpread::default();
+        s.change(10, 1); // one port from 10
+        s.change(30, 1); // two from 30
+        s.change(40, -1); // one from 40
+        assert_eq!(s.until(50), (40, 50)); // held 10..50; 20 + 2 x 10 + 10 port-ps
+        s.change(50, -1);
+        assert_eq!(s.until(1_000), (40, 50)); // nothing held after 50
+    }
+}
