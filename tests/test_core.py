@@ -64,3 +64,81 @@ def test_bad_use_is_a_python_error() -> None:
     with pytest.raises(ZeroDivisionError):  # an exception in a callback reaches the caller
         sim.run()
     assert sim.now == 5
+
+
+def _piece(start: int, data: object) -> Train:
+    from cais.hw.memory import Region
+    return Train(0, 32, 32, kind=Kind.READ_RESP, src=1, dst=0, addr=Region("x", start, 4), data=data)
+
+
+def test_a_completion_counts_an_operations_trains_and_calls_back_once() -> None:
+    calls: list = []
+    counter = _core.Completion(3, lambda: calls.append("done"))
+    for _ in range(3):
+        assert not calls  # not before the last train
+        counter(_piece(0, None))
+    assert calls == ["done"] and counter.left == 0
+
+    import numpy as np
+    from cais.hw.memory import Region
+    region = Region("x", 0, 12)
+    pieces = [(Region("x", 0, 4), 0), (Region("x", 4, 4), 1), (Region("x", 8, 4), 2)]
+    got: list = []
+
+    def assemble(reg, pcs, parts):  # what the ISA does: the pieces' data in address order
+        assert reg is region and pcs is pieces
+        return np.concatenate([parts[p.start] for p, _ in pcs])
+    gather = _core.Completion(3, got.append, region, pieces, assemble)
+    for start in (8, 0, 4):  # out of order, as chips answer
+        gather(_piece(start, np.full(4, float(start))))
+    assert len(got) == 1 and list(got[0]) == [0.0] * 4 + [4.0] * 4 + [8.0] * 4
+
+    timing: list = []
+    gather = _core.Completion(2, timing.append, region, pieces[:2], assemble)
+    gather(_piece(0, np.zeros(4)))
+    gather(_piece(4, None))  # a piece without data (timing mode): the load has none
+    assert timing == [None]
+
+
+def test_signals_countdowns_and_bounds_keep_their_contracts() -> None:
+    from cais.engine import Bound, Countdown, Signal
+    sim = Simulator()
+    sig, seen = Signal(), []
+    sig.on_fire(seen.append)
+    sig.fire(sim, 7)
+    sig.on_fire(seen.append)  # after firing: runs at once, with the value
+    assert seen == [7, 7] and sig.fired and sig.time == 0
+    with pytest.raises(RuntimeError, match="fired twice"):
+        sig.fire(sim)
+
+    class Loud(Countdown):  # a Python subclass refines fire; arrive must call it
+        def fire(self, sim, value=None):
+            seen.append("loud")
+            super().fire(sim, value)
+    c = Loud(2)
+    c.arrive(sim)
+    c.arrive(sim)
+    assert seen[-1] == "loud" and c.fired
+    with pytest.raises(RuntimeError, match="below zero"):
+        Countdown(1).arrive(sim, 2)
+
+    b = Bound(sim, 100)
+    assert b.acquire(60) is None
+    first, second = b.acquire(60), b.acquire(10)  # FIFO: the small one waits behind the large
+    assert first is not None and second is not None and b.waited == 2
+    b.release(60)
+    assert first.fired and second.fired and b.used == 70 and b.peak == 70
+    with pytest.raises(ValueError, match="exceeds its bound"):
+        b.acquire(101)
+    with pytest.raises(RuntimeError, match="more than was taken"):
+        b.release(1000)
+
+
+def test_the_cais_switch_serves_mergeable_kinds_natively() -> None:
+    from cais.hw.config import apply_overrides, load_system
+    m = Machine(apply_overrides(load_system("dgx-h100"), {"gpus": "4", "switch.model": "cais"}))
+    sw = m.fabric.switches[0]
+    assert len(sw.units) == 4 and all(isinstance(u, _core.MergeUnit) for u in sw.units)
+    for kind in (Kind.LD_CAIS_REQ, Kind.LD_CAIS_RESP, Kind.RED_CAIS):
+        assert kind not in sw.handlers  # no Python call per request
+    assert Kind.GROUP_SYNC in sw.handlers  # the Group Sync Table stays a Python unit

@@ -9,9 +9,9 @@ use pyo3::types::{PyDict, PyList, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
 
 use crate::channel::{Channel, Hook, Sink};
+use crate::completion::{complete, SmPort};
 use crate::credits::Credits;
 use crate::hbm::HbmStreams;
-use crate::completion::{complete, SmPort};
 use crate::kinds::*;
 use crate::packets::PacketBook;
 use crate::sim::{Action, Simulator};
@@ -529,7 +529,9 @@ impl Endpoint {
             quorum,
         };
         let fence = fence.unwrap_or_else(|| py.None());
-        Endpoint::issue_train(slf, &op, chip, addr, data, done, payload, nbytes, want, fence, head, tail)
+        Endpoint::issue_train(
+            slf, &op, chip, addr, data, done, payload, nbytes, want, fence, head, tail,
+        )
     }
 
     /// An operation cut into `stripes`, a list of (region, chip), one train each: what

@@ -22,11 +22,15 @@ pub mod packets;
 pub mod sim;
 pub mod switch;
 pub mod train;
+pub mod wait;
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<sim::Simulator>()?;
     m.add_class::<train::Train>()?;
+    m.add_class::<wait::Signal>()?;
+    m.add_class::<wait::Countdown>()?;
+    m.add_class::<wait::ByteBound>()?;
     m.add_class::<channel::Channel>()?;
     m.add_class::<credits::Credits>()?;
     m.add_class::<switch::SwitchChip>()?;

@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from cais.engine import Bound, Train
+from cais.engine import Bound, Completion, Train
+from cais.hw.gpu import SmPort
 from cais.hw.memory import Region, as_run
 from cais.hw.packets import Kind
 
@@ -46,23 +47,6 @@ Done = Callable[[], None]
 # Kinds whose payload the issuing GPU reads from its HBM to send (hw/hbm.py counts it).
 FLAG_BYTES = 8  # a synchronisation flag: one 64-bit word (on the wire; not counted as payload data)
 DoneData = Callable[[np.ndarray | None], None]
-
-
-class SmPort:
-    """The load/store path of one SM: data it stores leaves at most at
-    ``ps_per_byte`` (the SM's copy bandwidth), so a store's train has its head when
-    the SM starts pushing it and its tail when the SM has pushed all of it."""
-
-    __slots__ = ("ps_per_byte", "free_at")
-
-    def __init__(self, ps_per_byte: float) -> None:
-        self.ps_per_byte = ps_per_byte
-        self.free_at = 0
-
-    def push(self, now: int, nbytes: int) -> tuple[int, int]:
-        head = max(now, self.free_at)
-        self.free_at = head + round(nbytes * self.ps_per_byte)
-        return head, self.free_at
 
 
 class Isa:
@@ -152,45 +136,21 @@ class Isa:
         off = piece.start - region.start
         return as_run(region, data)[off:off + piece.count]
 
-    def _send(self, kind: int, src: int, dst: int, piece: Region, data: np.ndarray | None,
-              done: Callable[[Train], None] | None, port: SmPort | None, stream: int, payload: int, chip: int,
-              want: int = 0, fence: Callable[[Train], None] | None = None, tag: int = -1,
-              expect: int = 0, quorum: int = 0, encoding: float = 1.0) -> None:
-        self.ops += 1
-        nbytes = piece.rows * piece.count * piece.elem_bytes  # piece.nbytes
-        if encoding != 1.0:  # a protocol's line format (LL, LL128): flags ride in the lines
-            nbytes = -(-int(nbytes * encoding * 1024) // 1024)
-        head = tail = None
-        if port is not None and payload:  # the SM pushes the data at its rate
-            head, tail = port.push(self.sim.now, payload)
-        # the issuing GPU builds the train and puts it on its port (a store reads its data from HBM first)
-        self.m.gpus[src].issue(kind, dst, chip, piece, data, done, payload, nbytes, want, fence, tag, expect, quorum,
-                               stream, head, tail)
+    @staticmethod
+    def _counter(count: int, done: Done | None) -> Completion:
+        """A completion over ``count`` trains: ``done()`` once all are in."""
+        return Completion(count, done)
 
     @staticmethod
-    def _counter(count: int, done: Done | None) -> Callable[[Train], None]:
-        left = [count]
+    def _gather(region: Region, pieces: list[tuple[Region, int]], done: DoneData) -> Completion:
+        """A load's completion over its ``pieces``: ``done(data)`` once all are in, with
+        the pieces' data put back together (None when they carried none)."""
+        return Completion(len(pieces), done, region, pieces, _assemble)
 
-        def arrived(_: Train) -> None:
-            left[0] -= 1
-            if left[0] == 0 and done is not None:
-                done()
-        return arrived
-
-    def _gather(self, region: Region, pieces: list[tuple[Region, int]], done: DoneData) -> Callable[[Train], None]:
-        parts: dict[int, np.ndarray | None] = {}
-
-        def arrived(train: Train) -> None:
-            parts[train.addr.start] = train.data
-            if len(parts) == len(pieces):
-                if any(p is None for p in parts.values()):
-                    done(None)
-                else:
-                    got = [parts[p.start] for p, _ in pieces]
-                    if region.rows > 1:  # a block's rows (a chip's share may be a single row, read as a run)
-                        got = [np.reshape(d, (-1, region.count)) for d in got]
-                    done(np.concatenate(got))  # rows or runs, in order
-        return arrived
+    def _data(self, data: np.ndarray | None, region: Region,
+              pieces: list[tuple[Region, int]]) -> list[np.ndarray | None] | None:
+        """Each piece's part of ``data`` (None: no data, timing mode)."""
+        return None if data is None else [self.piece_data(data, region, p) for p, _ in pieces]
 
     def _local(self, fn: Callable[[], object], done: Callable[..., None] | None, *args: object) -> None:
         fn()
@@ -238,10 +198,13 @@ class Isa:
         last: dict[int, int] = {}  # chip -> index of its last piece: it carries the fence
         if fenced is not None:
             last = {chip: i for i, (_, chip) in enumerate(pieces)}
-        acked = self._counter(len(last), fenced) if fenced is not None else None
-        for i, (p, chip) in enumerate(pieces):
-            self._send(kind, src, dst, p, self.piece_data(data, region, p), landed, port, stream, p.nbytes, chip,
-                       fence=acked if last.get(chip) == i else None, encoding=encoding)
+        fences = None
+        if fenced is not None:
+            acked = self._counter(len(last), fenced)
+            fences = [acked if last.get(chip) == i else None for i, (_, chip) in enumerate(pieces)]
+        self.ops += len(pieces)
+        self.m.gpus[src].issue_pieces(kind, dst, pieces, landed, port, stream, False, self._data(data, region, pieces),
+                                      encoding=encoding, fences=fences)
 
     def ld(self, src: int, home: int, region: Region, done: DoneData, stream: int = 0,
            unit: int | None = None) -> None:
@@ -250,9 +213,9 @@ class Isa:
             self._local(lambda: None, done, data)
             return
         pieces = self.stripes(region, unit)
-        gather = self._gather(region, pieces, done)
-        for p, chip in pieces:
-            self._send(Kind.READ_REQ, src, home, p, None, gather, None, stream, 0, chip, p.nbytes)
+        self.ops += len(pieces)
+        self.m.gpus[src].issue_pieces(Kind.READ_REQ, home, pieces, self._gather(region, pieces, done), None, stream,
+                                      True)
 
     # ---- CAIS: mergeable loads and reductions ---------------------------------------
     def ld_cais(self, src: int, home: int, region: Region, done: DoneData, stream: int = 0,
@@ -266,10 +229,9 @@ class Isa:
             self.ld(src, home, region, done, stream, unit)
             return
         pieces = self.stripes(region, unit)
-        gather = self._gather(region, pieces, done)
-        for p, chip in pieces:
-            self._send(Kind.LD_CAIS_REQ, src, home, p, None, gather, None, stream, 0, chip, p.nbytes, expect=expect,
-                       quorum=quorum)
+        self.ops += len(pieces)
+        self.m.gpus[src].issue_pieces(Kind.LD_CAIS_REQ, home, pieces, self._gather(region, pieces, done), None, stream,
+                                      True, expect=expect, quorum=quorum)
 
     def red_cais(self, src: int, home: int, region: Region, data: np.ndarray | None, signal: int,
                  done: Done | None = None, port: SmPort | None = None, stream: int = 0, unit: int | None = None,
@@ -291,10 +253,10 @@ class Isa:
             self._local(add, done)
             return
         pieces = self.stripes(region, unit)
-        taken = self._counter(len(pieces), done)
-        for p, chip in pieces:
-            self._send(Kind.RED_CAIS, src, home, p, self.piece_data(data, region, p), taken, port, stream, p.nbytes,
-                       chip, tag=signal, expect=expect, quorum=quorum)
+        self.ops += len(pieces)
+        self.m.gpus[src].issue_pieces(Kind.RED_CAIS, home, pieces, self._counter(len(pieces), done), port, stream,
+                                      False, self._data(data, region, pieces), tag=signal, expect=expect,
+                                      quorum=quorum)
 
     def wait_signal(self, gpu: int, key: int, target: int, reached: Done) -> None:
         """A kernel on GPU ``gpu`` polling its signal word ``key`` (which ``red.cais``
@@ -316,23 +278,23 @@ class Isa:
     def multimem_st(self, src: int, region: Region, data: np.ndarray | None, done: Done | None = None,
                     port: SmPort | None = None, stream: int = 0, unit: int | None = None) -> None:
         pieces = self.stripes(region, unit)
-        landed = self._counter(len(pieces) * self.n, done)
-        for p, chip in pieces:
-            self._send(Kind.MC_STORE, src, -1, p, self.piece_data(data, region, p), landed, port, stream, p.nbytes, chip)
+        self.ops += len(pieces)
+        self.m.gpus[src].issue_pieces(Kind.MC_STORE, -1, pieces, self._counter(len(pieces) * self.n, done), port, stream,
+                                      False, self._data(data, region, pieces))
 
     def multimem_red(self, src: int, region: Region, data: np.ndarray | None, done: Done | None = None,
                      port: SmPort | None = None, stream: int = 0, unit: int | None = None) -> None:
         pieces = self.stripes(region, unit)
-        landed = self._counter(len(pieces) * self.n, done)
-        for p, chip in pieces:
-            self._send(Kind.MC_RED, src, -1, p, self.piece_data(data, region, p), landed, port, stream, p.nbytes, chip)
+        self.ops += len(pieces)
+        self.m.gpus[src].issue_pieces(Kind.MC_RED, -1, pieces, self._counter(len(pieces) * self.n, done), port, stream,
+                                      False, self._data(data, region, pieces))
 
     def multimem_ld_reduce(self, src: int, region: Region, done: DoneData, stream: int = 0,
                            unit: int | None = None) -> None:
         pieces = self.stripes(region, unit)
-        gather = self._gather(region, pieces, done)
-        for p, chip in pieces:
-            self._send(Kind.MC_LDRED_REQ, src, -1, p, None, gather, None, stream, 0, chip, p.nbytes)
+        self.ops += len(pieces)
+        self.m.gpus[src].issue_pieces(Kind.MC_LDRED_REQ, -1, pieces, self._gather(region, pieces, done), None, stream,
+                                      True)
 
     # ---- synchronisation ---------------------------------------------------------
     def flag(self, src: int, dst: int, key: int, landed: Callable[[], None]) -> None:
@@ -417,3 +379,11 @@ class Isa:
         link chosen by a hash of the key, so flags spread over chips like data."""
         links = self.fab.link_chip
         return links[((key * 0x9E3779B97F4A7C15) >> 29) % len(links)]
+
+
+def _assemble(region: Region, pieces: list[tuple[Region, int]], parts: dict[int, np.ndarray]) -> np.ndarray:
+    """A load's data from its pieces' (``parts``, by start element), in order."""
+    got = [parts[p.start] for p, _ in pieces]
+    if region.rows > 1:  # a block's rows (a chip's share may be a single row, read as a run)
+        got = [np.reshape(d, (-1, region.count)) for d in got]
+    return np.concatenate(got)  # rows or runs, in order

@@ -2,9 +2,10 @@
 signals, serialising channels with virtual channels, and credit flow control.
 Knows nothing of GPUs."""
 
+from cais._core import Completion
 from cais.engine.bound import Bound
 from cais.engine.channel import Channel, Train
 from cais.engine.credits import Credits
 from cais.engine.sim import Countdown, Process, Signal, Simulator
 
-__all__ = ["Bound", "Channel", "Countdown", "Credits", "Process", "Signal", "Simulator", "Train"]
+__all__ = ["Bound", "Channel", "Completion", "Countdown", "Credits", "Process", "Signal", "Simulator", "Train"]

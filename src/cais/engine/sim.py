@@ -1,15 +1,16 @@
 """The event loop (compiled: :class:`cais._core.Simulator`, integer picosecond time
-and a heap of timed actions) and what programs wait on: :class:`Signal`,
-:class:`Countdown`, and :class:`Process`, a TB program run as a generator."""
+and a heap of timed actions), what programs wait on (compiled: :class:`Signal`, a
+one-shot event with a value, and :class:`Countdown`, a signal that fires after a
+number of arrivals), and :class:`Process`, a TB program run as a generator."""
 
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from cais._core import Simulator
+from cais._core import Countdown, Signal, Simulator
 
 __all__ = ["Countdown", "Process", "ProgramGen", "Signal", "Simulator", "fewer_collections"]
 
@@ -31,50 +32,6 @@ def fewer_collections() -> Iterator[None]:
         yield
     finally:
         gc.set_threshold(*old)
-
-
-class Signal:
-    """A one-shot event: programs and callbacks wait on it until it fires once."""
-
-    __slots__ = ("fired", "value", "time", "_waiters")
-
-    def __init__(self) -> None:
-        self.fired = False
-        self.value: Any = None
-        self.time: int | None = None
-        self._waiters: list[Callable[[Any], None]] = []
-
-    def on_fire(self, fn: Callable[[Any], None]) -> None:
-        if self.fired:
-            fn(self.value)
-        else:
-            self._waiters.append(fn)
-
-    def fire(self, sim: Simulator, value: Any = None) -> None:
-        if self.fired:
-            raise RuntimeError("signal fired twice")
-        self.fired, self.value, self.time = True, value, sim.now
-        waiters, self._waiters = self._waiters, []
-        for fn in waiters:
-            fn(value)
-
-
-class Countdown(Signal):
-    """A signal that fires when ``count`` arrivals have been reported (a completion
-    counter, like a TB-done counter or an NVLS reduction's response counter)."""
-
-    __slots__ = ("remaining",)
-
-    def __init__(self, count: int) -> None:
-        super().__init__()
-        self.remaining = count
-
-    def arrive(self, sim: Simulator, n: int = 1) -> None:
-        self.remaining -= n
-        if self.remaining < 0:
-            raise RuntimeError("countdown went below zero")
-        if self.remaining == 0:
-            self.fire(sim)
 
 
 ProgramGen = Generator[Any, Any, None]

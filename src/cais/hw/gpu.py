@@ -1,6 +1,7 @@
 """One GPU: its memory, its NVLink endpoint (what happens when a packet arrives,
 compiled: :class:`cais._core.Endpoint`), and its SMs with the thread-block (TB)
-dispatcher that places kernels' TBs on them."""
+dispatcher that places kernels' TBs on them. An SM's store path is
+:class:`SmPort` (compiled: the rate at which the SM pushes the data it stores)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from cais._core import Endpoint
+from cais._core import Endpoint, SmPort
 from cais.engine import Bound, Process, Signal, Simulator
 from cais.engine.sim import ProgramGen
 from cais.hw.hbm import HbmPhase, HbmShare
 from cais.hw.memory import Memory
 from cais.hw.packets import Packetizer, VcMap
+__all__ = ["Gpu", "Kernel", "SmPort", "TbProgram"]
 
 # A TB program: called with (sm index, SMs busy when it starts) it returns the
 # generator the SM runs.
