@@ -31,6 +31,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<wait::Signal>()?;
     m.add_class::<wait::Countdown>()?;
     m.add_class::<wait::ByteBound>()?;
+    m.add_class::<wait::Process>()?;
     m.add_class::<channel::Channel>()?;
     m.add_class::<credits::Credits>()?;
     m.add_class::<switch::SwitchChip>()?;

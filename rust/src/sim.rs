@@ -16,6 +16,7 @@ use crate::channel::{Channel, Sink};
 use crate::gpu::Endpoint;
 use crate::merge::MergeUnit;
 use crate::train::Train;
+use crate::wait::Process;
 
 /// Events between two looks at the interpreter's pending signals (Ctrl-C).
 const SIGNAL_CHECK_EVERY: i64 = 4096;
@@ -34,6 +35,8 @@ pub(crate) enum Action {
     DrainHeld(Py<Endpoint>),
     /// A CAIS merge unit's idle timer.
     Expire(Py<MergeUnit>),
+    /// A TB program resumes after a delay it yielded.
+    Step(Py<Process>),
 }
 
 pub(crate) struct Event {
@@ -82,6 +85,18 @@ pub struct Simulator {
 }
 
 impl Simulator {
+    /// Schedule an action at `time`, which must not be in the past.
+    pub(crate) fn schedule(&mut self, time: i64, action: Action) -> PyResult<()> {
+        if time < self.now {
+            return Err(PyValueError::new_err(format!(
+                "event scheduled in the past: {time} < {}",
+                self.now
+            )));
+        }
+        self.push(time, action);
+        Ok(())
+    }
+
     /// Schedule an action at `time` (the caller has checked it is not in the past).
     pub(crate) fn push(&mut self, time: i64, action: Action) {
         self.seq += 1;
@@ -107,6 +122,7 @@ fn dispatch(py: Python<'_>, action: Action) -> PyResult<()> {
         Action::Respond(gpu, req) => Endpoint::respond(gpu.bind(py), req.into_bound(py))?,
         Action::DrainHeld(gpu) => Endpoint::drain_held(gpu.bind(py))?,
         Action::Expire(unit) => MergeUnit::expire(unit.bind(py))?,
+        Action::Step(p) => Process::step(p.bind(py), py.None())?,
     }
     Ok(())
 }
@@ -131,14 +147,7 @@ impl Simulator {
     /// Run `fn(*args)` at absolute time `time` (not before now).
     #[pyo3(signature = (time, r#fn, *args))]
     fn at(&mut self, time: i64, r#fn: Py<PyAny>, args: Py<PyTuple>) -> PyResult<()> {
-        if time < self.now {
-            return Err(PyValueError::new_err(format!(
-                "event scheduled in the past: {time} < {}",
-                self.now
-            )));
-        }
-        self.push(time, Action::Call(r#fn, args));
-        Ok(())
+        self.schedule(time, Action::Call(r#fn, args))
     }
 
     /// Run `fn(*args)` `delay` picoseconds from now.
@@ -221,6 +230,7 @@ impl Simulator {
                 }
                 Action::DrainHeld(g) => visit.call(g)?,
                 Action::Expire(u) => visit.call(u)?,
+                Action::Step(p) => visit.call(p)?,
             }
         }
         Ok(())

@@ -1,18 +1,36 @@
-//! What TB programs wait on: a one-shot [`Signal`], a [`Countdown`] of arrivals, and
-//! a [`ByteBound`] on bytes in flight granted in request order (exported as `Bound`).
+//! TB programs and what they wait on: a [`Process`] runs a program (a Python
+//! generator), which yields a one-shot [`Signal`], a [`Countdown`] of arrivals, or a
+//! delay; a [`ByteBound`] (exported as `Bound`) bounds bytes in flight, granted in
+//! request order.
 //!
-//! A TB program (a Python generator run by `cais.engine.Process`) yields a signal
-//! and is resumed by the callback it registers; these run once per request a TB
-//! makes, so they are compiled. Callbacks stay Python callables, called in the order
-//! they were registered, at the moment the signal fires.
+//! These run once per request a TB makes, so they are compiled; the programs stay
+//! Python. Waiters run in the order they were registered, at the moment the signal
+//! fires: a waiting process is resumed natively, any other waiter is a Python
+//! callable.
 
 use std::collections::VecDeque;
 
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyRuntimeError, PyStopIteration, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::{PyTraverseError, PyVisit};
+use pyo3::types::PyInt;
+use pyo3::{intern, PyTraverseError, PyVisit};
 
-use crate::sim::Simulator;
+use crate::sim::{Action, Simulator};
+
+/// Whom a signal wakes: a process waiting on it, or a Python callable `fn(value)`.
+enum Waiter {
+    Resume(Py<Process>),
+    Call(Py<PyAny>),
+}
+
+impl Waiter {
+    fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        match self {
+            Waiter::Resume(p) => visit.call(p),
+            Waiter::Call(f) => visit.call(f),
+        }
+    }
+}
 
 /// A one-shot event: programs and callbacks wait on it until it fires once, with a
 /// value (`value`) at a time (`time`).
@@ -24,7 +42,7 @@ pub struct Signal {
     value: Py<PyAny>,
     #[pyo3(get)]
     time: Option<i64>,
-    waiters: Vec<Py<PyAny>>,
+    waiters: Vec<Waiter>,
 }
 
 impl Signal {
@@ -50,8 +68,13 @@ impl Signal {
             me.time = Some(now);
             std::mem::take(&mut me.waiters)
         };
-        for f in waiters {
-            f.call1(py, (value.clone_ref(py),))?;
+        for w in waiters {
+            match w {
+                Waiter::Resume(p) => Process::step(p.bind(py), value.clone_ref(py))?,
+                Waiter::Call(f) => {
+                    f.call1(py, (value.clone_ref(py),))?;
+                }
+            }
         }
         Ok(())
     }
@@ -70,7 +93,7 @@ impl Signal {
         let value = {
             let mut me = slf.borrow_mut();
             if !me.fired {
-                me.waiters.push(r#fn);
+                me.waiters.push(Waiter::Call(r#fn));
                 return Ok(());
             }
             me.value.clone_ref(py)
@@ -89,7 +112,7 @@ impl Signal {
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
         visit.call(&self.value)?;
         for w in self.waiters.iter() {
-            visit.call(w)?;
+            w.visit(&visit)?;
         }
         Ok(())
     }
@@ -242,5 +265,93 @@ impl ByteBound {
 
     fn __clear__(&mut self) {
         self.queue.clear();
+    }
+}
+
+/// Runs a generator as a simulated program (a thread block's control flow). The
+/// generator yields an `int` (sleep that many picoseconds) or a [`Signal`] (wait until
+/// it fires; the signal's value is sent back into the generator). `done` fires when
+/// the generator returns.
+#[pyclass(module = "cais._core")]
+pub struct Process {
+    #[pyo3(get)]
+    sim: Py<Simulator>,
+    gen: Py<PyAny>,
+    #[pyo3(get)]
+    done: Py<Signal>,
+}
+
+impl Process {
+    /// Send `value` into the program and follow it to its next wait.
+    pub(crate) fn step(slf: &Bound<'_, Self>, value: Py<PyAny>) -> PyResult<()> {
+        let py = slf.py();
+        let (gen, sim, done) = {
+            let me = slf.borrow();
+            (me.gen.clone_ref(py), me.sim.clone_ref(py), me.done.clone_ref(py))
+        };
+        let mut value = value;
+        loop {
+            let waited = match gen.call_method1(py, intern!(py, "send"), (value,)) {
+                Ok(w) => w.into_bound(py),
+                Err(e) if e.is_instance_of::<PyStopIteration>(py) => {
+                    let now = sim.borrow(py).now;
+                    return Signal::fire_now(done.bind(py), now, py.None());
+                }
+                Err(e) => return Err(e),
+            };
+            if let Ok(sig) = waited.cast::<Signal>() {
+                let mut s = sig.borrow_mut();
+                if s.fired {
+                    value = s.value.clone_ref(py);
+                    continue;
+                }
+                s.waiters.push(Waiter::Resume(slf.clone().unbind()));
+                return Ok(());
+            }
+            if waited.is_instance_of::<PyInt>() {
+                let delay: i64 = waited.extract()?;
+                let mut s = sim.borrow_mut(py);
+                let time = s.now + delay;
+                return s.schedule(time, Action::Step(slf.clone().unbind()));
+            }
+            return Err(PyTypeError::new_err(format!(
+                "a program may yield an int delay or a Signal, not {}",
+                waited.get_type().name()?
+            )));
+        }
+    }
+}
+
+#[pymethods]
+impl Process {
+    #[new]
+    #[pyo3(signature = (sim, gen, start = true))]
+    fn new(py: Python<'_>, sim: Py<Simulator>, gen: Py<PyAny>, start: bool) -> PyResult<Py<Process>> {
+        let done = Py::new(py, Signal::blank(py))?;
+        let p = Py::new(
+            py,
+            Process {
+                sim: sim.clone_ref(py),
+                gen,
+                done,
+            },
+        )?;
+        if start {
+            let mut s = sim.borrow_mut(py);
+            let now = s.now;
+            s.schedule(now, Action::Step(p.clone_ref(py)))?;
+        }
+        Ok(p)
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.sim)?;
+        visit.call(&self.gen)?;
+        visit.call(&self.done)?;
+        Ok(())
+    }
+
+    fn __clear__(&mut self, py: Python<'_>) {
+        self.gen = py.None();
     }
 }

@@ -1,7 +1,9 @@
-"""The event loop (compiled: :class:`cais._core.Simulator`, integer picosecond time
-and a heap of timed actions), what programs wait on (compiled: :class:`Signal`, a
-one-shot event with a value, and :class:`Countdown`, a signal that fires after a
-number of arrivals), and :class:`Process`, a TB program run as a generator."""
+"""The event loop (:class:`Simulator`: integer picosecond time and a heap of timed
+actions), :class:`Process`, which runs a TB program (a Python generator that yields
+an ``int`` delay or a signal to wait on), and what programs wait on: :class:`Signal`,
+a one-shot event with a value, and :class:`Countdown`, a signal that fires after a
+number of arrivals. All four are compiled (``rust/src/sim.rs``, ``wait.rs``); the
+programs stay Python."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from cais._core import Countdown, Signal, Simulator
+from cais._core import Countdown, Process, Signal, Simulator
 
 __all__ = ["Countdown", "Process", "ProgramGen", "Signal", "Simulator", "fewer_collections"]
 
@@ -35,46 +37,3 @@ def fewer_collections() -> Iterator[None]:
 
 
 ProgramGen = Generator[Any, Any, None]
-
-
-class Process:
-    """Runs a generator as a simulated program (a thread block's control flow).
-
-    The generator yields an ``int`` (sleep that many picoseconds) or a :class:`Signal`
-    (wait until it fires; the signal's value is sent back into the generator).
-    ``done`` fires when the generator returns.
-    """
-
-    __slots__ = ("sim", "_gen", "done")
-
-    def __init__(self, sim: Simulator, gen: ProgramGen, start: bool = True) -> None:
-        self.sim = sim
-        self._gen = gen
-        self.done = Signal()
-        if start:
-            sim.after(0, self._step, None)
-
-    def _step(self, value: Any) -> None:
-        try:
-            waited = self._gen.send(value)
-        except StopIteration:
-            self.done.fire(self.sim)
-            return
-        while True:
-            if isinstance(waited, Signal):
-                if waited.fired:
-                    try:
-                        waited = self._gen.send(waited.value)
-                    except StopIteration:
-                        self.done.fire(self.sim)
-                        return
-                    continue
-                waited.on_fire(self._resume)
-            elif isinstance(waited, int):
-                self.sim.after(waited, self._step, None)
-            else:
-                raise TypeError(f"a program may yield an int delay or a Signal, not {type(waited).__name__}")
-            return
-
-    def _resume(self, value: Any) -> None:
-        self._step(value)
