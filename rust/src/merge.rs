@@ -422,19 +422,25 @@ impl MergeUnit {
         }
     }
 
+    /// A request of CAM type `kind` arrives: its key, what its address says, whether
+    /// it is the last its address expects (the merge tracker) and its session, if any.
+    fn look_up(
+        slf: &Bound<'_, Self>,
+        kind: u8,
+        req: &Bound<'_, Train>,
+    ) -> PyResult<(Key, AddrInfo, bool, Option<i64>)> {
+        let py = slf.py();
+        let mut me = slf.borrow_mut();
+        let r = req.borrow();
+        let (key, info) = me.key(kind, r.addr.bind(py))?;
+        let last = me.arrive(py, &key, r.count, r.expect);
+        let found = me.cam.get(&key).copied();
+        Ok((key, info, last, found))
+    }
+
     pub(crate) fn load_train(slf: &Bound<'_, Self>, req: &Bound<'_, Train>) -> PyResult<()> {
         let py = slf.py();
-        let (key, info, last, found) = {
-            let mut me = slf.borrow_mut();
-            let (count, expect) = {
-                let r = req.borrow();
-                (r.count, r.expect)
-            };
-            let (key, info) = me.key(LOAD, req.borrow().addr.bind(py))?;
-            let last = me.arrive(py, &key, count, expect);
-            let found = me.cam.get(&key).copied();
-            (key, info, last, found)
-        };
+        let (key, info, last, found) = MergeUnit::look_up(slf, LOAD, req)?;
         match found {
             None => {
                 let lines = {
@@ -543,17 +549,7 @@ impl MergeUnit {
 
     pub(crate) fn reduce_train(slf: &Bound<'_, Self>, red: &Bound<'_, Train>) -> PyResult<()> {
         let py = slf.py();
-        let (key, info, last, found) = {
-            let mut me = slf.borrow_mut();
-            let (count, expect) = {
-                let r = red.borrow();
-                (r.count, r.expect)
-            };
-            let (key, info) = me.key(REDUCTION_TYPE, red.borrow().addr.bind(py))?;
-            let last = me.arrive(py, &key, count, expect);
-            let found = me.cam.get(&key).copied();
-            (key, info, last, found)
-        };
+        let (key, info, last, found) = MergeUnit::look_up(slf, REDUCTION_TYPE, red)?;
         let (payload, head, data, count) = {
             let r = red.borrow();
             (r.payload, r.head, r.data.clone_ref(py), r.count)
