@@ -1,0 +1,99 @@
+"""Fig. 17 beyond the paper: weak scaling of CAIS and CoCoNet-NVLS on the ``nvl72``
+preset from 8 to 72 GPUs in the full model (every GPU simulated), with the merge-table
+need per port at each size.
+
+The paper stops at 32 GPUs (Fig. 17: LLaMA-7B at 8 GPUs, hidden size grown with the
+GPU count, CAIS's per-GPU throughput within 5 % at 32). Simulated events grow about
+as the cube of the GPU count under weak scaling (more tiles per GPU, longer K per
+tile, more GPUs), so this script runs the reproduction's *quick* size, the one
+``cais reproduce fig17 --quick`` uses: hidden 1024, FFN 4096 and 8 heads at 8 GPUs
+(grown in proportion), one sequence of 512 tokens, prefill, 66 SMs per GPU.
+
+    .venv/bin/python scripts/fig17_nvl72.py [--gpus 8 16 32 64 72] [--workers 2] [--out FILE.md]
+
+Each point runs in its own process (its peak memory is its own). Prints a table and
+writes it, with the command, to ``--out`` (default
+docs/reproduce-results/fig17_nvl72.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+HIDDEN, FFN, HEADS, N0 = 1024, 4096, 8, 8  # the quick Fig. 17 size at 8 GPUs
+SCHEMES = ("cais", "coconet-nvls")
+
+
+def point(gpus: int, scheme: str) -> dict[str, object]:
+    """One weak-scaling point: its time, GEMM throughput per GPU and merge metrics."""
+    from cais.experiments.spec import LayerSpec, SystemSpec
+
+    k = gpus // N0 if gpus % N0 == 0 else gpus / N0
+    shape = (("hidden", int(HIDDEN * k)), ("ffn_hidden", int(FFN * k)), ("heads", int(HEADS * k)))
+    spec = LayerSpec(model="paper-mega-gpt-4b", scheme=scheme, mode="prefill", system=SystemSpec("nvl72", gpus=gpus),
+                     sms=66, batch=1, seq=512, shape=shape)
+    t0 = time.perf_counter()
+    r = spec.run()
+    j = r.as_json()
+    hidden, ffn = shape[0][1], shape[1][1]
+    flops = 2 * r.tokens * (4 * hidden ** 2 + 2 * hidden * ffn) / gpus  # the four projections' GEMMs per GPU
+    merge = j.get("merge_table_peak_kB") or {}
+    return {"gpus": gpus, "scheme": scheme, "hidden": hidden, "total_us": r.total_us,
+            "tflops_per_gpu": flops / r.total_us / 1e6, "events": r.events,
+            "wall_s": time.perf_counter() - t0, "rss_MB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
+            "table_peak_kB": merge.get("max"), "table_mean_kB": (j.get("merge_table_mean_kB") or {}).get("max"),
+            "bypassed": (j.get("merge") or {}).get("bypassed")}
+
+
+def _fmt(v: object, spec: str) -> str:
+    return "–" if v is None else format(v, spec)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gpus", type=int, nargs="+", default=[8, 16, 32, 64, 72])
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "reproduce-results" / "fig17_nvl72.md")
+    args = ap.parse_args(argv)
+    if args.workers < 1 or any(g < 2 or g > 72 for g in args.gpus):
+        print("fig17_nvl72: --workers must be at least 1 and --gpus each in 2..72", file=sys.stderr)
+        return 2
+    jobs = [(g, s) for g in sorted(args.gpus, reverse=True) for s in SCHEMES]  # the longest first
+    with ProcessPoolExecutor(args.workers, max_tasks_per_child=1) as pool:
+        rows = list(pool.map(point, *zip(*jobs)))
+    rows.sort(key=lambda r: (r["scheme"], r["gpus"]))
+    ref = next(r["tflops_per_gpu"] for r in rows if r["scheme"] == "cais" and r["gpus"] == min(args.gpus))
+    cols = ["scheme", "GPUs", "hidden", "time (us)", "TFLOP/s per GPU", "vs smallest CAIS", "table peak (kB/port)",
+            "table mean (kB/port)", "bypassed", "events", "wall (s)", "RSS (MB)"]
+    lines = [[str(r["scheme"]), str(r["gpus"]), f"{r['hidden']:,}", f"{r['total_us']:,.1f}",
+              f"{r['tflops_per_gpu']:.1f}", f"{r['tflops_per_gpu'] / ref:.3f}", _fmt(r["table_peak_kB"], ".1f"),
+              _fmt(r["table_mean_kB"], ".2f"), _fmt(r["bypassed"], ","), f"{r['events']:,}", f"{r['wall_s']:.0f}",
+              str(r["rss_MB"])] for r in rows]
+    table = Table(title="Fig. 17 on nvl72 (quick size): weak scaling, full model")
+    for c in cols:
+        table.add_column(c, justify="right")
+    for line in lines:
+        table.add_row(*line)
+    Console().print(table)
+    md = ["# Fig. 17 on `nvl72`, 8 to 72 GPUs (quick size, full model)", "",
+          f"`.venv/bin/python scripts/fig17_nvl72.py --gpus {' '.join(map(str, args.gpus))}`: prefill, 66 SMs per "
+          f"GPU, one sequence of 512 tokens, hidden {HIDDEN} / FFN {FFN} / {HEADS} heads at {N0} GPUs grown with the "
+          "GPU count (`scripts/fig17_nvl72.py` says why not the paper's LLaMA-7B size).", "",
+          "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    md += ["| " + " | ".join(line) + " |" for line in lines]
+    args.out.write_text("\n".join(md) + "\n")
+    print(f"written: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
