@@ -67,9 +67,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.workers < 1 or any(g < 2 or g > 72 for g in args.gpus):
         print("fig17_nvl72: --workers must be at least 1 and --gpus each in 2..72", file=sys.stderr)
         return 2
+    if not args.out.parent.is_dir():
+        print(f"fig17_nvl72: --out: no such directory: {args.out.parent}", file=sys.stderr)
+        return 2
+    from cais.errors import UserError
+
     jobs = [(g, s) for g in sorted(args.gpus, reverse=True) for s in SCHEMES]  # the longest first
-    with ProcessPoolExecutor(args.workers, max_tasks_per_child=1) as pool:
-        rows = list(pool.map(point, *zip(*jobs)))
+    try:
+        with ProcessPoolExecutor(args.workers, max_tasks_per_child=1) as pool:
+            rows = list(pool.map(point, *zip(*jobs)))
+    except UserError as e:  # a size the model refuses (heads or tokens that do not split over the GPUs)
+        print(f"fig17_nvl72: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("fig17_nvl72: interrupted; nothing written", file=sys.stderr)
+        return 130
     rows.sort(key=lambda r: (r["scheme"], r["gpus"]))
     ref = next(r["tflops_per_gpu"] for r in rows if r["scheme"] == "cais" and r["gpus"] == min(args.gpus))
     cols = ["scheme", "GPUs", "hidden", "time (us)", "TFLOP/s per GPU", "vs smallest CAIS", "table peak (kB/port)",
