@@ -12,6 +12,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use pyo3::{PyTraverseError, PyVisit};
 
+use crate::region::Region;
 use crate::train::Train;
 
 /// A completion counter over an operation's trains. `done` runs when `count` have
@@ -41,7 +42,10 @@ impl Completion {
             if let (true, Some(train)) = (gather, train) {
                 let data = train.borrow().data.clone_ref(py);
                 if !data.is_none(py) {
-                    let start = train.borrow().addr.bind(py).getattr("start")?;
+                    let start = match train.borrow().addr.bind(py).cast::<Region>() {
+                        Ok(r) => r.get().start,
+                        Err(_) => train.borrow().addr.bind(py).getattr("start")?.extract()?,
+                    };
                     let parts = me.parts.get_or_insert_with(|| PyDict::new(py).unbind());
                     parts.bind(py).set_item(start, data)?;
                     me.with_data += 1;

@@ -14,6 +14,7 @@ use crate::credits::Credits;
 use crate::hbm::HbmStreams;
 use crate::kinds::*;
 use crate::packets::PacketBook;
+use crate::region::region_bytes;
 use crate::sim::{Action, Simulator};
 use crate::switch::SwitchChip;
 use crate::train::Train;
@@ -200,7 +201,7 @@ impl Endpoint {
             MC_PULL_REQ => MC_PULL_RESP,
             _ => LD_CAIS_RESP,
         };
-        let nbytes: i64 = addr.bind(py).getattr("nbytes")?.extract()?;
+        let nbytes = region_bytes(addr.bind(py))?;
         let resp = {
             let mut me = slf.borrow_mut();
             let now = me.now(py);
@@ -573,10 +574,7 @@ impl Endpoint {
             let stripe = stripe.cast::<PyTuple>()?;
             let piece = stripe.get_item(0)?;
             let chip: i64 = stripe.get_item(1)?.extract()?;
-            let rows: i64 = piece.getattr("rows")?.extract()?;
-            let count: i64 = piece.getattr("count")?.extract()?;
-            let elem: i64 = piece.getattr("elem_bytes")?.extract()?;
-            let raw = rows * count * elem;
+            let raw = region_bytes(&piece)?;
             let mut nbytes = raw;
             if encoding != 1.0 {
                 // a protocol's line format (LL, LL128): flags ride in the lines

@@ -25,6 +25,7 @@ use pyo3::{PyTraverseError, PyVisit};
 
 use crate::channel::Hook;
 use crate::completion::complete;
+use crate::region::Region;
 use crate::sim::{Action, Simulator};
 use crate::switch::SwitchChip;
 use crate::train::Train;
@@ -71,17 +72,13 @@ struct AddrInfo {
     tensor: String,
 }
 
-fn addr_info(addr: &Bound<'_, PyAny>, region: &Py<PyAny>) -> PyResult<AddrInfo> {
-    if addr.get_type().is(region.bind(addr.py())) {
-        let buffer: String = addr.getattr("buffer")?.extract()?;
-        let start: i64 = addr.getattr("start")?.extract()?;
-        let count: i64 = addr.getattr("count")?.extract()?;
-        let elem: i64 = addr.getattr("elem_bytes")?.extract()?;
-        let rows: i64 = addr.getattr("rows")?.extract()?;
-        let stride: i64 = addr.getattr("stride")?.extract()?;
+fn addr_info(addr: &Bound<'_, PyAny>) -> PyResult<AddrInfo> {
+    if let Ok(r) = addr.cast::<Region>() {
+        let r = r.get();
+        let buffer = r.buffer.bind(addr.py()).to_str()?.to_owned();
         return Ok(AddrInfo {
-            nbytes: rows * count * elem,
-            address: Address::Region(buffer.clone(), start, count, elem, rows, stride),
+            nbytes: r.size(),
+            address: Address::Region(buffer.clone(), r.start, r.count, r.elem_bytes, r.rows, r.stride),
             tensor: buffer,
         });
     }
@@ -321,7 +318,6 @@ pub struct MergeUnit {
     latency_ps: i64,
     #[pyo3(get)]
     default_expect: i64,
-    region: Py<PyAny>,
     /// The CAM: key -> session id.
     cam: HashMap<Key, i64>,
     /// The sessions by id.
@@ -372,7 +368,7 @@ impl MergeUnit {
     }
 
     fn key(&self, kind: u8, addr: &Bound<'_, PyAny>) -> PyResult<(Key, AddrInfo)> {
-        let info = addr_info(addr, &self.region)?;
+        let info = addr_info(addr)?;
         Ok(((kind, info.address.clone()), info))
     }
 
@@ -920,7 +916,6 @@ impl MergeUnit {
             timeout_ps: (timeout_us * 1e6).round_ties_even() as i64,
             latency_ps: (latency_ns * 1e3).round_ties_even() as i64,
             default_expect: gpus - 1,
-            region: py.import("cais.hw.memory")?.getattr("Region")?.unbind(),
             cam: HashMap::new(),
             entries: HashMap::new(),
             lru: BTreeMap::new(),
@@ -1021,7 +1016,6 @@ impl MergeUnit {
         }
         visit.call(&self.sim)?;
         visit.call(&self.spread)?;
-        visit.call(&self.region)?;
         for e in self.entries.values() {
             for t in e.waiters.iter().chain(e.held.iter()) {
                 visit.call(t)?;

@@ -80,51 +80,21 @@ class Isa:
     def pieces(self, region: Region, unit: int | None = None) -> list[Region]:
         """Cut a region at transfer-unit boundaries of its byte address (a 2-D block:
         into groups of whole rows of at most one unit, at least one row)."""
-        eb = region.elem_bytes
-        if region.rows > 1:
-            per_rows = max(1, (unit or self.granule) // (region.count * eb))
-            return [region.row_block(r, min(per_rows, region.rows - r)) for r in range(0, region.rows, per_rows)]
-        per = max(1, (unit or self.granule) // eb)
-        start, end = region.start, region.start + region.count
-        out = []
-        while start < end:
-            stop = min(end, (start // per + 1) * per)
-            out.append(Region(region.buffer, start, stop - start, eb))
-            start = stop
-        return out
+        return self.fab.interleave.pieces(region, unit or self.granule)
 
     def stripes(self, region: Region, unit: int | None = None) -> list[tuple[Region, int]]:
         """(sub-region, chip) trains of a region: its units, each striped over chips
         (the list is shared: callers must not change it)."""
         unit = unit or self.granule
         if self.fab.mirror:
-            return self._stripe(region, unit)
-        key = (region.buffer, region.start, region.count, region.elem_bytes, region.rows, region.stride, unit)
+            return self.fab.interleave.trains(region, unit)
+        key = (region, unit)
         hit = self._stripes.get(key)
         if hit is None:
             if len(self._stripes) >= 1 << 16:
                 self._stripes.clear()
-            hit = self._stripes[key] = self._stripe(region, unit)
+            hit = self._stripes[key] = self.fab.interleave.trains(region, unit)
         return hit
-
-    def _stripe(self, region: Region, unit: int) -> list[tuple[Region, int]]:
-        pk = self.pk.maxp
-        out = []
-        for piece in self.pieces(region, unit):
-            if piece.rows > 1:  # a block: deal its rows
-                slots, per = piece.rows, 1
-            else:
-                per = max(1, pk // piece.elem_bytes)
-                slots = -(-piece.count // per)
-            first = 0
-            for chip, n in self.fab.stripe(piece.byte_offset // unit, slots):
-                if piece.rows > 1:
-                    out.append((piece.row_block(first, n), chip))
-                else:
-                    cnt = min(n * per, piece.count - first)
-                    out.append((Region(piece.buffer, piece.start + first, cnt, piece.elem_bytes), chip))
-                first += n * per if piece.rows == 1 else n
-        return out
 
     def piece_data(self, data: np.ndarray | None, region: Region, piece: Region) -> np.ndarray | None:
         """The part of ``data`` (for ``region``) that belongs to ``piece`` of it."""
@@ -377,8 +347,7 @@ class Isa:
     def flag_chip(self, key: int) -> int:
         """The chip a flag's address maps to (every GPU's copy of one flag, alike): a
         link chosen by a hash of the key, so flags spread over chips like data."""
-        links = self.fab.link_chip
-        return links[((key * 0x9E3779B97F4A7C15) >> 29) % len(links)]
+        return self.fab.interleave.chip_of(key)
 
 
 def _assemble(region: Region, pieces: list[tuple[Region, int]], parts: dict[int, np.ndarray]) -> np.ndarray:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from cais._core import Interleave
 from cais.engine import Channel, Credits, Simulator, Train
 from cais.engine.channel import OnStart
 from cais.hw.config import PS_PER_NS, SystemConfig
@@ -68,17 +69,15 @@ class Fabric:
         # (a train for GPU g stands for its image, the one GPU -g sends to GPU 0).
         # Exact only for a workload that every GPU runs alike, shifted by its index.
         self.mirror = mirror
-        # Units of fewer packets than links, striped in mirror mode: each GPU's go to
+        # NVLink's address interleave (compiled): how units spread over the links. In
+        # mirror mode it counts the units of fewer packets than links: each GPU's go to
         # other chips (the start link hashes the address), so GPU 0's image does not
         # stand for the others' chip loads (docs/validation.md section 10).
-        self.uneven_units = 0
-        self.uneven_packets = 0
-        self.mirror_packets = 0  # the packets of all units striped in mirror mode
+        self.interleave = Interleave(self.link_chip, packetizer.maxp, mirror)
         for sw in self.switches:
             sw.mirror = mirror
         for g, gpu in enumerate(gpus):  # bind each GPU's ports: its up channels, into the chips' input ports
             gpu.connect(self.up[g], self.switches, packetizer.fmt.write_ack_flits)
-        self._stripes: dict[tuple[int, int], list[tuple[int, int]]] = {}  # (first link, slots) -> stripes
 
     def stripe(self, unit_index: int, slots: int) -> list[tuple[int, int]]:
         """How a transfer unit of ``slots`` packets (or rows) spreads over the chips:
@@ -86,26 +85,22 @@ class Fabric:
         the L links in turn, starting at a link chosen by a hash of the unit's index
         (so remainders do not always fall on the same links); a chip carries the
         packets of its links as one train."""
-        links = self.link_chip
-        nl = len(links)
-        if self.mirror:
-            self.mirror_packets += slots
-            if slots < nl:
-                self.uneven_units += 1
-                self.uneven_packets += slots
-        start = ((unit_index * 0x9E3779B97F4A7C15) >> 29) % nl
-        key = (start, slots)
-        hit = self._stripes.get(key)
-        if hit is not None:
-            return hit
-        full, rem = divmod(slots, nl)
-        counts: dict[int, int] = {}
-        for i in range(nl):
-            chip = links[(start + i) % nl]
-            counts[chip] = counts.get(chip, 0) + full + (1 if i < rem else 0)
-        out = [(chip, n) for chip, n in counts.items() if n]
-        self._stripes[key] = out
-        return out
+        return self.interleave.stripe(unit_index, slots)
+
+    @property
+    def uneven_units(self) -> int:
+        """Units striped in mirror mode with fewer packets than links."""
+        return self.interleave.uneven_units
+
+    @property
+    def uneven_packets(self) -> int:
+        """The packets of those units."""
+        return self.interleave.uneven_packets
+
+    @property
+    def mirror_packets(self) -> int:
+        """The packets of all units striped in mirror mode."""
+        return self.interleave.mirror_packets
 
     @property
     def injected(self) -> int:

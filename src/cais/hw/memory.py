@@ -2,50 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
+# A region of a buffer (its elements, runs and stride) is compiled: every memory
+# instruction carries one, the core reads its fields and the merge unit keys on it.
+from cais._core import Region
 
-@dataclass(frozen=True, slots=True)
-class Region:
-    """Elements of a named buffer (flat, row-major): ``rows`` runs of ``count``
-    elements, the first at element ``start``, each ``stride`` after the previous (a
-    2-D block such as a GEMM tile; ``rows == 1`` is a contiguous run).
-    ``elem_bytes`` is the simulated element size (2 for bf16): timing uses it, while
-    functional data may be held at higher precision so that sums are exact."""
-
-    buffer: str
-    start: int
-    count: int
-    elem_bytes: int = 2
-    rows: int = 1
-    stride: int = 0
-
-    @property
-    def nbytes(self) -> int:
-        return self.rows * self.count * self.elem_bytes
-
-    @property
-    def byte_offset(self) -> int:
-        return self.start * self.elem_bytes
-
-    def sub(self, start: int, count: int) -> "Region":
-        """The contiguous sub-region of ``count`` elements at ``start`` elements into
-        this (contiguous) one."""
-        return Region(self.buffer, self.start + start, count, self.elem_bytes)
-
-    def row_block(self, first: int, rows: int) -> "Region":
-        """Rows ``first .. first+rows-1`` of this block."""
-        return Region(self.buffer, self.start + first * self.stride, self.count, self.elem_bytes, rows, self.stride)
-
-    @staticmethod
-    def block(buffer: str, row_len: int, r0: int, nrows: int, c0: int, ncols: int, elem_bytes: int = 2) -> "Region":
-        """The block [r0:r0+nrows, c0:c0+ncols] of a row-major matrix with rows of
-        ``row_len`` elements."""
-        if ncols == row_len:  # whole rows: contiguous
-            return Region(buffer, r0 * row_len, nrows * row_len, elem_bytes)
-        return Region(buffer, r0 * row_len + c0, ncols, elem_bytes, nrows, row_len)
+__all__ = ["Memory", "Region", "as_run"]
 
 
 def as_run(r: Region, data: np.ndarray | None) -> np.ndarray | None:
