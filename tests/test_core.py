@@ -142,3 +142,85 @@ def test_the_cais_switch_serves_mergeable_kinds_natively() -> None:
     for kind in (Kind.LD_CAIS_REQ, Kind.LD_CAIS_RESP, Kind.RED_CAIS):
         assert kind not in sw.handlers  # no Python call per request
     assert Kind.GROUP_SYNC in sw.handlers  # the Group Sync Table stays a Python unit
+
+
+def test_a_region_is_a_value_compared_and_hashed_by_its_fields() -> None:
+    import pickle
+
+    from cais.hw.memory import Region
+
+    name = "".join(["bu", "f"])  # another str object than the literal below
+    a, b = Region("buf", 8, 4, 2), Region(name, 8, 4)
+    assert a == b and hash(a) == hash(b) and not (a != b)
+    assert {a: 1}[b] == 1  # a dict key, as the merge unit's and the L2's tables use it
+    for other in (Region("buf", 9, 4), Region("buf", 8, 5), Region("buf", 8, 4, 4), Region("buf", 8, 4, 2, 2, 16),
+                  Region("fub", 8, 4)):
+        assert a != other and not (a == other), other
+    assert a != ("buf", 8, 4, 2, 1, 0)  # only a region equals a region
+    assert (a.nbytes, a.byte_offset) == (8, 16)
+    assert repr(a) == "Region(buffer='buf', start=8, count=4, elem_bytes=2, rows=1, stride=0)"
+    assert pickle.loads(pickle.dumps(a)) == a
+    assert a.sub(1, 2) == Region("buf", 9, 2)
+    blk = Region.block("m", 64, 2, 3, 8, 16, 2)  # rows 2-4, columns 8-23 of a [*, 64] matrix
+    assert blk == Region("m", 2 * 64 + 8, 16, 2, 3, 64) and blk.nbytes == 3 * 16 * 2
+    assert blk.row_block(1, 2) == Region("m", 3 * 64 + 8, 16, 2, 2, 64)
+    assert Region.block("m", 64, 2, 3, 0, 64) == Region("m", 128, 192)  # whole rows: one run
+    with pytest.raises(AttributeError):
+        a.start = 0  # immutable
+
+
+def _trains_by_the_rule(links: list[int], maxp: int, region, unit: int) -> list[tuple]:
+    """The interleave's rule written out independently: cut at unit boundaries, deal
+    each unit's packets to the links from a hashed start link, one train per chip."""
+    out = []
+    per = max(1, unit // region.elem_bytes)
+    start, end = region.start, region.start + region.count
+    while start < end:
+        stop = min(end, (start // per + 1) * per)
+        count, ppk = stop - start, max(1, maxp // region.elem_bytes)
+        slots = -(-count // ppk)
+        first_link = ((start * region.elem_bytes // unit) * 0x9E3779B97F4A7C15 >> 29) % len(links)
+        per_chip: dict[int, int] = {}
+        for i in range(len(links)):
+            chip = links[(first_link + i) % len(links)]
+            per_chip[chip] = per_chip.get(chip, 0) + slots // len(links) + (i < slots % len(links))
+        first = 0
+        for chip, n in per_chip.items():
+            if n:
+                out.append((region.buffer, start + first, min(n * ppk, count - first), chip))
+                first += n * ppk
+        start = stop
+    return out
+
+
+def test_the_address_interleave_cuts_and_deals_as_its_rule_says() -> None:
+    from cais.hw.memory import Region
+
+    links = [0] * 5 + [1] * 4 + [2] * 4 + [3] * 5  # DGX-H100: 18 links over 4 chips
+    il = _core.Interleave(links, 256)
+    checked = 0
+    for region, unit in [(Region("x", 0, 65536), 8192), (Region("x", 1000, 50_000), 4096), (Region("y", 7, 3), 8192),
+                         (Region("z", 4096 * 3 + 17, 9000, 4), 16384)]:
+        got = [(r.buffer, r.start, r.count, chip) for r, chip in il.trains(region, unit)]
+        assert got == _trains_by_the_rule(links, 256, region, unit), region
+        assert sum(c for _, _, c, _ in got) == region.count  # every element once
+        pieces = il.pieces(region, unit)
+        assert all((p.start * p.elem_bytes) // unit == ((p.start + p.count) * p.elem_bytes - 1) // unit
+                   for p in pieces)  # no piece straddles a unit boundary
+        checked += 1
+    assert checked == 4
+    # a unit of exactly one packet per link: each chip carries its links' share
+    per_chip: dict[int, int] = {}
+    for chip, n in il.stripe(5, len(links)):
+        per_chip[chip] = per_chip.get(chip, 0) + n
+    assert per_chip == {0: 5, 1: 4, 2: 4, 3: 5}
+    # a block is cut into whole rows, and its rows are dealt
+    blk = Region.block("m", 4096, 0, 8, 0, 1024)  # 8 rows of 2 KiB
+    assert [p.rows for p in il.pieces(blk, 8192)] == [4, 4]
+    assert sum(r.rows for r, _ in il.trains(blk, 8192)) == 8
+    # mirror mode counts the units of fewer packets than links
+    assert (il.uneven_units, il.mirror_packets) == (0, 0)
+    il.mirror = True
+    il.trains(Region("y", 7, 3), 8192)
+    assert (il.uneven_units, il.uneven_packets, il.mirror_packets) == (1, 1, 1)
+    assert il.chip_of(12345) == links[(12345 * 0x9E3779B97F4A7C15 >> 29) % len(links)]

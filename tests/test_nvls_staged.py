@@ -66,7 +66,7 @@ def test_a_layer_with_nccl_s_choice_runs_staged_nvls_exactly() -> None:
     from cais.experiments.layer import run_layer
     from cais.workload.models import load_model
 
-    model = load_model("paper-mega-gpt-4b").with_run(batch=1, seq=1024)
+    model = load_model("paper-mega-gpt-4b").with_run(batch=1, seq=512)  # 3 MiB AllReduces: NCCL picks NVLS
     staged = _cfg("staged", 4, **{"collective.layer_choice": "nccl"})
     r = run_layer(staged, model, "tp-nvls", "prefill", functional=True, seed=3)
     assert r.checked > 0 and r.mismatches == []

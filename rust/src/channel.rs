@@ -16,7 +16,7 @@ use pyo3::{PyTraverseError, PyVisit};
 use crate::credits::{true_div, Credits};
 use crate::gpu::Endpoint;
 use crate::merge::MergeUnit;
-use crate::sim::{Action, Simulator};
+use crate::sim::{Action, Clock, Simulator};
 use crate::switch::SwitchChip;
 use crate::train::Train;
 
@@ -107,6 +107,7 @@ struct Queued {
 #[pyclass(module = "cais._core", subclass)]
 pub struct Channel {
     sim: Py<Simulator>,
+    clock: Clock,
     #[pyo3(get)]
     name: String,
     #[pyo3(get)]
@@ -150,7 +151,8 @@ pub struct Channel {
 
 impl Channel {
     fn now(&self, py: Python<'_>) -> i64 {
-        self.sim.borrow(py).now
+        let _ = py;
+        self.clock.now()
     }
 
     /// Arbitrate at `at`, unless an arbitration is already due by then.
@@ -454,7 +456,9 @@ impl Channel {
             }
         }
         let timeline = if record_timeline { Some(Vec::new()) } else { None };
+        let clock = sim.borrow(py).clock();
         Ok(Channel {
+            clock,
             sim,
             name,
             ps_per_byte,

@@ -1,7 +1,9 @@
 //! A GPU's NVLink endpoint: what happens when a packet arrives, and its ports into
 //! the fabric.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap as HashMap;
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
@@ -15,7 +17,7 @@ use crate::hbm::HbmStreams;
 use crate::kinds::*;
 use crate::packets::PacketBook;
 use crate::region::region_bytes;
-use crate::sim::{Action, Simulator};
+use crate::sim::{Action, Clock, Simulator};
 use crate::switch::SwitchChip;
 use crate::train::Train;
 
@@ -35,6 +37,7 @@ use crate::train::Train;
 pub struct Endpoint {
     #[pyo3(get)]
     sim: Py<Simulator>,
+    clock: Clock,
     #[pyo3(get)]
     index: i64,
     #[pyo3(get)]
@@ -69,7 +72,8 @@ pub struct Endpoint {
 
 impl Endpoint {
     fn now(&self, py: Python<'_>) -> i64 {
-        self.sim.borrow(py).now
+        let _ = py;
+        self.clock.now()
     }
 
     fn stream(&self, py: Python<'_>, now: i64, nbytes: i64) {
@@ -418,7 +422,9 @@ impl Endpoint {
     ) -> PyResult<Self> {
         let _ = (sms, remote_outstanding); // the SM side's (the Python subclass)
         let functional = memory.bind(py).getattr("functional")?.is_truthy()?;
+        let clock = sim.borrow(py).clock();
         Ok(Endpoint {
+            clock,
             sim,
             index,
             memory,
@@ -435,8 +441,8 @@ impl Endpoint {
                 .collect(),
             holding: 0,
             handlers: PyDict::new(py).unbind(),
-            signals: HashMap::new(),
-            signal_waits: HashMap::new(),
+            signals: HashMap::default(),
+            signal_waits: HashMap::default(),
             up: Vec::new(),
             switches: Vec::new(),
             ack_flits: 0,

@@ -1,7 +1,7 @@
 //! NVLink's fine-grained address interleave: how a GPU's accesses are cut into
 //! transfer units and spread over its links, hence over the switch chips.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -134,7 +134,7 @@ impl Interleave {
             uneven_units: 0,
             uneven_packets: 0,
             mirror_packets: 0,
-            stripes: HashMap::new(),
+            stripes: HashMap::default(),
         })
     }
 

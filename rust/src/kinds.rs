@@ -55,14 +55,18 @@ pub(crate) fn handler<'py>(
 }
 
 /// A Python-style index into a sequence of `len` (negative counts from the end).
+#[inline]
 pub(crate) fn py_index(i: i64, len: usize) -> pyo3::PyResult<usize> {
     let j = if i < 0 { i + len as i64 } else { i };
     if j < 0 || j as usize >= len {
-        return Err(pyo3::exceptions::PyIndexError::new_err(format!(
-            "index {i} out of range 0..{len}"
-        )));
+        return Err(out_of_range(i, len));
     }
     Ok(j as usize)
+}
+
+#[cold]
+fn out_of_range(i: i64, len: usize) -> pyo3::PyErr {
+    pyo3::exceptions::PyIndexError::new_err(format!("index {i} out of range 0..{len}"))
 }
 
 #[cfg(test)]

@@ -16,7 +16,9 @@
 //! Functional data stays Python objects: a sum is `a + b`, a first contribution is
 //! `data.copy()`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap as HashMap;
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
@@ -26,7 +28,7 @@ use pyo3::{PyTraverseError, PyVisit};
 use crate::channel::Hook;
 use crate::completion::complete;
 use crate::region::Region;
-use crate::sim::{Action, Simulator};
+use crate::sim::{Action, Clock, Simulator};
 use crate::switch::SwitchChip;
 use crate::train::Train;
 
@@ -304,6 +306,7 @@ pub struct MergeUnit {
     host: Host,
     #[pyo3(get)]
     sim: Py<Simulator>,
+    clock: Clock,
     #[pyo3(get)]
     spread: Py<PortSpread>,
     #[pyo3(get)]
@@ -343,7 +346,8 @@ pub struct MergeUnit {
 
 impl MergeUnit {
     fn now(&self, py: Python<'_>) -> i64 {
-        self.sim.borrow(py).now
+        let _ = py;
+        self.clock.now()
     }
 
     fn tensor(&mut self, name: String) -> usize {
@@ -903,8 +907,10 @@ impl MergeUnit {
         };
         let timeout_us: f64 = cfg.getattr("timeout_us")?.extract()?;
         let latency_ns: f64 = cfg.getattr("latency_ns")?.extract()?;
+        let clock = sim.borrow(py).clock();
         Ok(MergeUnit {
             host,
+            clock,
             sim,
             spread: match spread {
                 Some(s) => s,
@@ -916,18 +922,18 @@ impl MergeUnit {
             timeout_ps: (timeout_us * 1e6).round_ties_even() as i64,
             latency_ps: (latency_ns * 1e3).round_ties_even() as i64,
             default_expect: gpus - 1,
-            cam: HashMap::new(),
-            entries: HashMap::new(),
+            cam: HashMap::default(),
+            entries: HashMap::default(),
             lru: BTreeMap::new(),
             seq: 0,
             used: 0,
             since: 0,
             next: 0,
             timer: false,
-            arrivals: HashMap::new(),
+            arrivals: HashMap::default(),
             stats: MergeStats::default(),
             tensors: Vec::new(),
-            tensor_index: HashMap::new(),
+            tensor_index: HashMap::default(),
             log: None,
         })
     }

@@ -2,7 +2,7 @@
 //! Python `Packetizer` and `VcMap` (`cais.hw.packets`, where every kind is
 //! described once), remembered after the first question.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 use pyo3::prelude::*;
 use pyo3::{PyTraverseError, PyVisit};
@@ -20,8 +20,8 @@ impl PacketBook {
         PacketBook {
             pk,
             vcmap,
-            wires: HashMap::new(),
-            vcs: HashMap::new(),
+            wires: HashMap::default(),
+            vcs: HashMap::default(),
         }
     }
 

@@ -6,6 +6,8 @@
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
+use std::sync::atomic::{AtomicI64, Ordering as AtomicOrdering};
+use std::sync::Arc;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -39,15 +41,23 @@ pub(crate) enum Action {
     Step(Py<Process>),
 }
 
-pub(crate) struct Event {
-    time: i64,
-    seq: u64,
-    action: Action,
+/// An event's place in the queue: when it runs (time, then schedule order) and the
+/// slot of its action. The heap moves these small keys, not the actions.
+struct Event {
+    /// time << 64 | schedule order: one comparison orders both.
+    key: u128,
+    slot: u32,
+}
+
+impl Event {
+    fn time(&self) -> i64 {
+        (self.key >> 64) as i64
+    }
 }
 
 impl PartialEq for Event {
     fn eq(&self, other: &Self) -> bool {
-        self.time == other.time && self.seq == other.seq
+        self.key == other.key
     }
 }
 impl Eq for Event {}
@@ -59,7 +69,22 @@ impl PartialOrd for Event {
 impl Ord for Event {
     /// Reversed, so that the max-heap pops the earliest (time, then schedule order).
     fn cmp(&self, other: &Self) -> Ordering {
-        other.time.cmp(&self.time).then_with(|| other.seq.cmp(&self.seq))
+        other.key.cmp(&self.key)
+    }
+}
+
+/// The simulator's present time, shared with the units that read it (a read is one
+/// load, with no borrow of the simulator); only the event loop advances it.
+#[derive(Clone, Default)]
+pub(crate) struct Clock(Arc<AtomicI64>);
+
+impl Clock {
+    pub(crate) fn now(&self) -> i64 {
+        self.0.load(AtomicOrdering::Relaxed)
+    }
+
+    fn set(&self, time: i64) {
+        self.0.store(time, AtomicOrdering::Relaxed);
     }
 }
 
@@ -69,9 +94,11 @@ impl Ord for Event {
 /// run is deterministic.
 #[pyclass(module = "cais._core")]
 pub struct Simulator {
-    #[pyo3(get)]
-    pub(crate) now: i64,
+    clock: Clock,
     queue: BinaryHeap<Event>,
+    /// The actions of queued events, by slot; `free`: slots not in use.
+    actions: Vec<Option<Action>>,
+    free: Vec<u32>,
     seq: u64,
     /// Events run so far.
     #[pyo3(get, set)]
@@ -85,12 +112,22 @@ pub struct Simulator {
 }
 
 impl Simulator {
+    /// The present time (picoseconds).
+    pub(crate) fn now(&self) -> i64 {
+        self.clock.now()
+    }
+
+    /// The clock, for a unit that reads the time often.
+    pub(crate) fn clock(&self) -> Clock {
+        self.clock.clone()
+    }
+
     /// Schedule an action at `time`, which must not be in the past.
     pub(crate) fn schedule(&mut self, time: i64, action: Action) -> PyResult<()> {
-        if time < self.now {
+        let now = self.now();
+        if time < now {
             return Err(PyValueError::new_err(format!(
-                "event scheduled in the past: {time} < {}",
-                self.now
+                "event scheduled in the past: {time} < {now}"
             )));
         }
         self.push(time, action);
@@ -99,12 +136,36 @@ impl Simulator {
 
     /// Schedule an action at `time` (the caller has checked it is not in the past).
     pub(crate) fn push(&mut self, time: i64, action: Action) {
+        debug_assert!(time >= 0, "times are not negative");
         self.seq += 1;
+        let slot = match self.free.pop() {
+            Some(slot) => {
+                self.actions[slot as usize] = Some(action);
+                slot
+            }
+            None => {
+                self.actions.push(Some(action));
+                (self.actions.len() - 1) as u32
+            }
+        };
         self.queue.push(Event {
-            time,
-            seq: self.seq,
-            action,
+            key: (time as u128) << 64 | self.seq as u128,
+            slot,
         });
+    }
+
+    /// The earliest event (its time and action), if any is due by `until`.
+    fn pop(&mut self, until: Option<i64>) -> Option<(i64, Action)> {
+        let time = self.queue.peek()?.time();
+        if until.is_some_and(|u| time > u) {
+            return None;
+        }
+        let e = self.queue.pop().expect("peeked");
+        let action = self.actions[e.slot as usize]
+            .take()
+            .expect("a queued event has its action");
+        self.free.push(e.slot);
+        Some((time, action))
     }
 }
 
@@ -135,8 +196,10 @@ impl Simulator {
     #[new]
     fn new() -> Self {
         Simulator {
-            now: 0,
+            clock: Clock::default(),
             queue: BinaryHeap::new(),
+            actions: Vec::new(),
+            free: Vec::new(),
             seq: 0,
             events: 0,
             tick: None,
@@ -153,12 +216,24 @@ impl Simulator {
     /// Run `fn(*args)` `delay` picoseconds from now.
     #[pyo3(signature = (delay, r#fn, *args))]
     fn after(&mut self, delay: i64, r#fn: Py<PyAny>, args: Py<PyTuple>) -> PyResult<()> {
-        self.at(self.now + delay, r#fn, args)
+        self.at(self.now() + delay, r#fn, args)
+    }
+
+    /// The present time (picoseconds).
+    #[getter(now)]
+    fn py_now(&self) -> i64 {
+        self.now()
+    }
+
+    /// Events waiting in the queue.
+    #[getter]
+    fn pending(&self) -> usize {
+        self.queue.len()
     }
 
     /// Time of the next event, None when nothing is scheduled.
     fn next_time(&self) -> Option<i64> {
-        self.queue.peek().map(|e| e.time)
+        self.queue.peek().map(Event::time)
     }
 
     /// Process events until the queue is empty (or past `until`); return now.
@@ -174,14 +249,11 @@ impl Simulator {
         loop {
             let (time, action) = {
                 let mut me = slf.borrow_mut();
-                match me.queue.peek() {
-                    None => break,
-                    Some(e) if until.is_some_and(|u| e.time > u) => break,
-                    Some(_) => {}
-                }
-                let e = me.queue.pop().expect("peeked");
-                me.now = e.time;
-                (e.time, e.action)
+                let Some((time, action)) = me.pop(until) else {
+                    break;
+                };
+                me.clock.set(time);
+                (time, action)
             };
             if let Err(err) = dispatch(py, action) {
                 outcome = Err(err);
@@ -207,13 +279,13 @@ impl Simulator {
         }
         let mut me = slf.borrow_mut();
         me.events += count;
-        outcome.map(|()| me.now)
+        outcome.map(|()| me.now())
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
         visit.call(&self.tick)?;
-        for e in self.queue.iter() {
-            match &e.action {
+        for action in self.actions.iter().flatten() {
+            match action {
                 Action::Call(f, a) => {
                     visit.call(f)?;
                     visit.call(a)?;
@@ -239,6 +311,8 @@ impl Simulator {
     fn __clear__(&mut self) {
         self.tick = None;
         self.queue.clear();
+        self.actions.clear();
+        self.free.clear();
     }
 }
 
@@ -247,20 +321,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn events_pop_by_time_then_schedule_order() {
+    fn events_pop_by_time_then_schedule_order_and_slots_are_reused() {
         Python::initialize();
         Python::attach(|py| {
-            let mut heap = BinaryHeap::new();
-            let args = PyTuple::empty(py).unbind();
-            for (time, seq) in [(10, 1), (5, 2), (10, 3), (5, 4), (0, 5)] {
-                heap.push(Event {
-                    time,
-                    seq,
-                    action: Action::Call(py.None(), args.clone_ref(py)),
-                });
+            let mut sim = Simulator::new();
+            let call = |i: i64| Action::Call(py.None(), PyTuple::new(py, [i]).unwrap().unbind());
+            for (i, time) in [10, 5, 10, 5, 0].into_iter().enumerate() {
+                sim.push(time, call(i as i64));
             }
-            let order: Vec<(i64, u64)> = std::iter::from_fn(|| heap.pop().map(|e| (e.time, e.seq))).collect();
-            assert_eq!(order, vec![(0, 5), (5, 2), (5, 4), (10, 1), (10, 3)]);
+            let mut order = Vec::new();
+            while let Some((time, action)) = sim.pop(None) {
+                let Action::Call(_, args) = action else {
+                    panic!("a call was queued")
+                };
+                order.push((time, args.bind(py).get_item(0).unwrap().extract::<i64>().unwrap()));
+            }
+            assert_eq!(order, vec![(0, 4), (5, 1), (5, 3), (10, 0), (10, 2)]);
+            // what popped frees its slot: the next events reuse them
+            sim.push(20, call(5));
+            sim.push(30, call(6));
+            assert_eq!(sim.actions.len(), 5);
+            assert!(sim.pop(Some(19)).is_none(), "nothing is due by 19");
+            assert_eq!(sim.pop(Some(25)).map(|(t, _)| t), Some(20));
         });
     }
 }

@@ -14,7 +14,7 @@
 //! NVLS engine for the NVLS kinds when it is enabled, else forwarded to its
 //! destination GPU.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -26,7 +26,7 @@ use crate::gpu::Endpoint;
 use crate::kinds::*;
 use crate::merge::MergeUnit;
 use crate::packets::PacketBook;
-use crate::sim::Simulator;
+use crate::sim::{Clock, Simulator};
 use crate::train::Train;
 
 const NEVER: i64 = 1 << 62;
@@ -78,6 +78,7 @@ struct Reduction {
 pub struct SwitchChip {
     #[pyo3(get)]
     sim: Py<Simulator>,
+    clock: Clock,
     #[pyo3(get)]
     chip: i64,
     #[pyo3(get)]
@@ -126,7 +127,8 @@ pub struct SwitchChip {
 
 impl SwitchChip {
     fn now(&self, py: Python<'_>) -> i64 {
-        self.sim.borrow(py).now
+        let _ = py;
+        self.clock.now()
     }
 
     /// A train's tail has arrived on the input port of GPU `train.src`.
@@ -573,7 +575,9 @@ impl SwitchChip {
             Some(m) if !m.is_none(py) => m,
             _ => py.import("cais.hw.config")?.getattr("MergeConfig")?.call0()?.unbind(),
         };
+        let clock = sim.borrow(py).clock();
         Ok(SwitchChip {
+            clock,
             sim,
             chip,
             held: vec![vec![0; vcs]; gpus.len()],
@@ -597,7 +601,7 @@ impl SwitchChip {
             nvls: false,
             channels,
             receivers,
-            pending: HashMap::new(),
+            pending: HashMap::default(),
             next_id: 0,
             units: Vec::new(),
         })

@@ -11,6 +11,7 @@ class Simulator:
     TICK_EVERY: int
     now: int
     events: int
+    pending: int  # events waiting in the queue
     tick: Callable[[int, int], None] | None
     tick_every: int
     def __init__(self) -> None: ...
