@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -133,10 +134,10 @@ def remote_operands(gemm: Gemm, sharded: dict[str, Sharded]) -> list[Operand]:
     return out
 
 
-@dataclass(frozen=True)
-class Load:
+class Load(NamedTuple):
     """One access of a tile's mainloop: ``region`` ([``nrows``, ``ncols``]) of operand
-    ``op`` on GPU ``home``, placed at (``row``, ``col``) of the tile's stored block."""
+    ``op`` on GPU ``home``, placed at (``row``, ``col``) of the tile's stored block
+    (a named tuple: a tile plans dozens, so it is cheap to make)."""
 
     op: int
     home: int
@@ -353,12 +354,16 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
     def plan(i: int, j: int, t: int) -> list[Load]:
         loads = []
         first = access.k_start(steps, t)
+        bases = []  # per operand: where the tile's block starts in the stored [T, cols] tensor
+        for o, op in enumerate(ops):
+            base_t, _, base_c, _ = op.physical(shape, i, j, 0, shape.k)
+            bases.append((o, op, base_t, base_c))
         for k0, kk in steps[first:] + steps[:first]:
-            for o, op in enumerate(ops):
+            for o, op, base_t, base_c in bases:
                 t0, nt, col0, ncol = op.physical(shape, i, j, k0, kk)
-                base_t, _, base_c, _ = op.physical(shape, i, j, 0, shape.k)
-                for owner, ft, cnt in op.src.owners(t0, nt):
-                    region = Region.block(op.src.shard, op.src.cols, ft - owner * op.src.rows_l, cnt, col0, ncol, eb)
+                src = op.src
+                for owner, ft, cnt in src.owners(t0, nt):
+                    region = Region.block(src.shard, src.cols, ft - owner * src.rows_l, cnt, col0, ncol, eb)
                     loads.append(Load(o, owner, region, ft - base_t, col0 - base_c, cnt, ncol))
         return loads
 
