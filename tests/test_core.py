@@ -224,3 +224,56 @@ def test_the_address_interleave_cuts_and_deals_as_its_rule_says() -> None:
     il.trains(Region("y", 7, 3), 8192)
     assert (il.uneven_units, il.uneven_packets, il.mirror_packets) == (1, 1, 1)
     assert il.chip_of(12345) == links[(12345 * 0x9E3779B97F4A7C15 >> 29) % len(links)]
+
+
+def _loads_by_hand(m: Machine, loads: list, window_limit: int, done_at: list) -> None:
+    """A TB program that issues ``loads`` one by one in Python, each under its SM's
+    window and the GPU's bound, as kernels did before the core streamed them."""
+    from cais.engine import Bound, Countdown, Process
+    from cais.kernels.common import RequestSlots
+
+    def program():
+        slots = RequestSlots(Bound(m.sim, window_limit), m.isa.request_bound(0))
+        arrived = Countdown(len(loads))
+
+        def got(nbytes):
+            def done(_data) -> None:
+                slots.release(nbytes)
+                arrived.arrive(m.sim)
+            return done
+        for home, region in loads:
+            yield from slots.acquire(region.nbytes)
+            m.isa.ld(0, home, region, got(region.nbytes), unit=8192)
+        yield arrived
+        done_at.append(m.sim.now)
+    Process(m.sim, program())
+
+
+def test_a_load_stream_issues_as_a_tb_loop_would_and_keeps_its_bounds(h100) -> None:
+    from cais.engine import Bound, Countdown, Process
+    from cais.hw.memory import Region
+
+    loads = [(1 + k % 3, Region("w", k * 4096, 4096)) for k in range(24)]  # 8 KiB each from GPUs 1-3
+    by_hand: list = []
+    m = Machine(h100.with_overrides(gpus=4))
+    _loads_by_hand(m, loads, 32 * 1024, by_hand)
+    m.run()
+
+    m2 = Machine(h100.with_overrides(gpus=4))
+    window = Bound(m2.sim, 32 * 1024)
+    placed: list = []
+    streamed: list = []
+
+    def program():
+        arrived = Countdown(len(loads))
+        m2.isa.ld_stream(0, [(h, r, placed.append) for h, r in loads], window, m2.isa.request_bound(0), arrived,
+                         unit=8192)
+        yield arrived
+        streamed.append(m2.sim.now)
+    Process(m2.sim, program())
+    m2.run()
+    assert by_hand and streamed == by_hand  # the same picosecond
+    assert m2.sim.events == m.sim.events  # and the same events
+    assert window.peak == 32 * 1024 and window.waited > 0  # the window bound, and loads waited for it
+    assert window.used == 0 and m2.isa.request_bound(0).used == 0  # every byte given back
+    assert placed == [None] * len(loads)  # timing mode: each load's placer ran, with no data

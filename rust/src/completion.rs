@@ -12,7 +12,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use pyo3::{PyTraverseError, PyVisit};
 
-use crate::region::Region;
+use crate::region::{region_bytes, Region};
+use crate::stream::LoadStream;
 use crate::train::Train;
 
 /// A completion counter over an operation's trains. `done` runs when `count` have
@@ -30,6 +31,8 @@ pub struct Completion {
     /// A load's pieces that carried data, by start element.
     parts: Option<Py<PyDict>>,
     with_data: i64,
+    /// The load stream that issued this load, if one did: told when it is in.
+    stream: Option<Py<LoadStream>>,
 }
 
 impl Completion {
@@ -57,6 +60,38 @@ impl Completion {
         if !finished {
             return Ok(());
         }
+        let stream = slf.borrow().stream.as_ref().map(|s| s.clone_ref(py));
+        match stream {
+            None => Completion::call_done(slf, gather),
+            Some(stream) => {
+                // as a TB's mainloop does: room back first, then the data, then the count
+                let nbytes = region_bytes(slf.borrow().region.bind(py))?;
+                LoadStream::release(stream.bind(py), nbytes)?;
+                Completion::call_done(slf, gather)?;
+                LoadStream::landed(stream.bind(py))
+            }
+        }
+    }
+
+    /// A load of a [`LoadStream`]: `count` trains over `pieces` of `region`; `placed`
+    /// (or None) gets the data.
+    pub(crate) fn of_stream_item(
+        py: Python<'_>,
+        count: i64,
+        placed: Py<PyAny>,
+        region: Py<PyAny>,
+        pieces: Py<PyAny>,
+        assemble: Py<PyAny>,
+        stream: Py<LoadStream>,
+    ) -> PyResult<Py<Completion>> {
+        let mut c = Completion::new(py, count, Some(placed), Some(region), Some(pieces), Some(assemble));
+        c.stream = Some(stream);
+        Py::new(py, c)
+    }
+
+    /// The operation's callback, with its data put together for a load.
+    fn call_done(slf: &Bound<'_, Self>, gather: bool) -> PyResult<()> {
+        let py = slf.py();
         let me = slf.borrow();
         let done = me.done.clone_ref(py);
         if done.is_none(py) {
@@ -124,6 +159,7 @@ impl Completion {
             assemble: assemble.unwrap_or_else(none),
             parts: None,
             with_data: 0,
+            stream: None,
         }
     }
 
@@ -139,6 +175,7 @@ impl Completion {
         visit.call(&self.pieces)?;
         visit.call(&self.assemble)?;
         visit.call(&self.parts)?;
+        visit.call(&self.stream)?;
         Ok(())
     }
 
@@ -148,6 +185,7 @@ impl Completion {
         self.pieces = py.None();
         self.assemble = py.None();
         self.parts = None;
+        self.stream = None;
     }
 }
 

@@ -399,6 +399,23 @@ struct Op {
     quorum: i64,
 }
 
+impl Endpoint {
+    /// A load's stripes (as [`Endpoint::issue_pieces`] takes them, for a load: no data,
+    /// no port, stream 0) to `home`, completing into `done`.
+    pub(crate) fn issue_loads(
+        slf: &Bound<'_, Self>,
+        kind: i64,
+        home: i64,
+        stripes: &Bound<'_, PyList>,
+        done: Py<PyAny>,
+        quorum: i64,
+    ) -> PyResult<()> {
+        Endpoint::issue_pieces(
+            slf, kind, home, stripes, done, None, 0, true, None, -1, 0, quorum, 1.0, None,
+        )
+    }
+}
+
 #[pymethods]
 impl Endpoint {
     #[new]

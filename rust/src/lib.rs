@@ -22,6 +22,7 @@ pub mod merge;
 pub mod packets;
 pub mod region;
 pub mod sim;
+pub mod stream;
 pub mod switch;
 pub mod train;
 pub mod wait;
@@ -36,6 +37,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<wait::Countdown>()?;
     m.add_class::<wait::ByteBound>()?;
     m.add_class::<wait::Process>()?;
+    m.add_class::<stream::LoadStream>()?;
     m.add_class::<channel::Channel>()?;
     m.add_class::<credits::Credits>()?;
     m.add_class::<switch::SwitchChip>()?;

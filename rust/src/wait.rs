@@ -16,11 +16,14 @@ use pyo3::types::PyInt;
 use pyo3::{intern, PyTraverseError, PyVisit};
 
 use crate::sim::{Action, Simulator};
+use crate::stream::LoadStream;
 
 /// Whom a signal wakes: a process waiting on it, or a Python callable `fn(value)`.
 enum Waiter {
     Resume(Py<Process>),
     Call(Py<PyAny>),
+    /// A load stream whose next load waits for this grant.
+    Stream(Py<LoadStream>),
 }
 
 impl Waiter {
@@ -28,6 +31,7 @@ impl Waiter {
         match self {
             Waiter::Resume(p) => visit.call(p),
             Waiter::Call(f) => visit.call(f),
+            Waiter::Stream(s) => visit.call(s),
         }
     }
 }
@@ -74,9 +78,17 @@ impl Signal {
                 Waiter::Call(f) => {
                     f.call1(py, (value.clone_ref(py),))?;
                 }
+                Waiter::Stream(s) => LoadStream::granted(s.bind(py))?,
             }
         }
         Ok(())
+    }
+}
+
+impl Signal {
+    /// Resume `stream` when the signal fires (it has not).
+    pub(crate) fn wait_stream(slf: &Bound<'_, Self>, stream: Py<LoadStream>) {
+        slf.borrow_mut().waiters.push(Waiter::Stream(stream));
     }
 }
 
@@ -140,7 +152,7 @@ impl Countdown {
 
     /// `n` more arrivals; fire at the last (calling the object's own `fire`).
     #[pyo3(signature = (sim, n = 1))]
-    fn arrive(slf: &Bound<'_, Self>, sim: &Bound<'_, Simulator>, n: i64) -> PyResult<()> {
+    pub(crate) fn arrive(slf: &Bound<'_, Self>, sim: &Bound<'_, Simulator>, n: i64) -> PyResult<()> {
         let left = {
             let mut me = slf.borrow_mut();
             me.remaining -= n;
@@ -170,9 +182,9 @@ impl Countdown {
 #[pyclass(module = "cais._core", name = "Bound")]
 pub struct ByteBound {
     #[pyo3(get)]
-    sim: Py<Simulator>,
+    pub(crate) sim: Py<Simulator>,
     #[pyo3(get)]
-    limit: i64,
+    pub(crate) limit: i64,
     #[pyo3(get)]
     used: i64,
     #[pyo3(get)]
@@ -211,7 +223,7 @@ impl ByteBound {
 
     /// Take `nbytes`: None when granted now, else a signal that fires once they are
     /// granted (and taken). Requests larger than the limit are a caller's bug.
-    fn acquire(&mut self, py: Python<'_>, nbytes: i64) -> PyResult<Option<Py<Signal>>> {
+    pub(crate) fn acquire(&mut self, py: Python<'_>, nbytes: i64) -> PyResult<Option<Py<Signal>>> {
         if nbytes > self.limit {
             return Err(PyValueError::new_err(format!(
                 "a request of {nbytes} B exceeds its bound of {} B: cut it first",
@@ -229,7 +241,7 @@ impl ByteBound {
     }
 
     /// Give `nbytes` back; grant the waiting requests that now fit, in order.
-    fn release(slf: &Bound<'_, Self>, nbytes: i64) -> PyResult<()> {
+    pub(crate) fn release(slf: &Bound<'_, Self>, nbytes: i64) -> PyResult<()> {
         let py = slf.py();
         {
             let mut me = slf.borrow_mut();

@@ -55,6 +55,15 @@ class Interleave:
     def pieces(self, region: Region, unit: int) -> list[Region]: ...
     def trains(self, region: Region, unit: int) -> list[tuple[Region, int]]: ...
 
+class LoadStream:
+    """A TB mainloop's remote loads, issued in order under the SM's window and the
+    GPU's bound; each load's data goes to its placer, and ``arrived`` counts them."""
+    issued: int
+    def __init__(self, gpu: Endpoint, kind: int, loads: list[tuple[int, Region, list[tuple[Region, int]], Any]],
+                 window: Bound, bound: Bound, arrived: Countdown, assemble: Callable[..., Any],
+                 quorum: int = 0) -> None: ...
+    def start(self) -> None: ...
+
 class Train:
     payload: int
     wire: int

@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from cais.engine import Bound, Completion, Train
-from cais.hw.gpu import SmPort
+from cais.engine import Bound, Completion, Countdown, Train
+from cais.hw.gpu import LoadStream, SmPort
 from cais.hw.memory import Region, as_run
 from cais.hw.packets import Kind
 
@@ -202,6 +202,24 @@ class Isa:
         self.ops += len(pieces)
         self.m.gpus[src].issue_pieces(Kind.LD_CAIS_REQ, home, pieces, self._gather(region, pieces, done), None, stream,
                                       True, expect=expect, quorum=quorum)
+
+    def ld_stream(self, src: int, loads: list[tuple[int, Region, DoneData | None]], window: Bound, bound: Bound,
+                  arrived: Countdown, unit: int | None = None, cais: bool = False, quorum: int = 0) -> None:
+        """A TB mainloop's remote loads, (home, region, placed) each, issued in this
+        order by the core (:class:`cais._core.LoadStream`): each takes its bytes
+        (at most a bound's limit) in the SM's ``window`` and then in the GPU's
+        ``bound``, waiting first come, first served while either is full, and goes
+        out as ``ld`` (``cais``: ``ld.cais``, with ``quorum`` as for :meth:`ld_cais`).
+        When its data is in it gives its bytes back, calls ``placed(data)`` (if
+        given; data is None in timing mode) and counts into ``arrived``. Every home
+        must be another GPU."""
+        kind = Kind.LD_CAIS_REQ if cais else Kind.READ_REQ
+        items = []
+        for home, region, placed in loads:
+            pieces = self.stripes(region, unit)
+            self.ops += len(pieces)
+            items.append((home, region, pieces, placed))
+        LoadStream(self.m.gpus[src], kind, items, window, bound, arrived, _assemble, quorum).start()
 
     def red_cais(self, src: int, home: int, region: Region, data: np.ndarray | None, signal: int,
                  done: Done | None = None, port: SmPort | None = None, stream: int = 0, unit: int | None = None,

@@ -232,8 +232,16 @@ class RemoteAccess:
         self.m.isa.red(g, owner, region, data, done, port, unit=self.red_unit())
 
     def load(self, g: int, home: int, region: Region, done: Callable[[np.ndarray | None], None], unit: int) -> None:
-        """One mainloop load of remote operand rows: a plain remote ``ld``."""
+        """One mainloop load of remote operand rows: a plain remote ``ld``. (A strategy
+        that changes it changes :meth:`load_stream` alike.)"""
         self.m.isa.ld(g, home, region, done, unit=unit)
+
+    def load_stream(self, g: int, loads: list[tuple[int, Region, Callable[[np.ndarray | None], None] | None]],
+                    slots: RequestSlots, arrived: Countdown, unit: int) -> None:
+        """A TB's mainloop loads, (home, region, placed) each, in order: each as
+        :meth:`load` would issue it once ``slots`` have room, counted into ``arrived``
+        when its data is in (``Isa.ld_stream``)."""
+        self.m.isa.ld_stream(g, loads, slots.sm, slots.gpu, arrived, unit)
 
 
 class MergeableAccess(RemoteAccess):
@@ -273,6 +281,10 @@ class MergeableAccess(RemoteAccess):
 
     def load(self, g: int, home: int, region: Region, done: Callable[[np.ndarray | None], None], unit: int) -> None:
         self.m.isa.ld_cais(g, home, region, done, unit=unit, quorum=self.quorum)
+
+    def load_stream(self, g: int, loads: list[tuple[int, Region, Callable[[np.ndarray | None], None] | None]],
+                    slots: RequestSlots, arrived: Countdown, unit: int) -> None:
+        self.m.isa.ld_stream(g, loads, slots.sm, slots.gpu, arrived, unit, cais=True, quorum=self.quorum)
 
 
 # ---- GEMM-RS: partial rows reduced into their owner ------------------------------------
@@ -389,7 +401,13 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
                 elif blocks is not None and mem is not None:
                     _place(blocks, ld, ld.region, mem.read(ld.region))
             arrived = Countdown(len(remote))
-            for ld, pc in remote:
+            if kept is None:  # the core issues them in order, as the loop below would
+                access.load_stream(g, [(ld.home, pc, _placer(ld, pc, blocks)) for ld, pc in remote], slots, arrived,
+                                   unit)
+                remote_loop: list[tuple[Load, Region]] = []
+            else:
+                remote_loop = remote
+            for ld, pc in remote_loop:  # with an L2 that keeps peer reads: a TB may join another's load
                 key = (ld.home, pc)
                 line = kept.get(key) if kept is not None else None
                 if line is None:
@@ -447,6 +465,17 @@ def _got(m: Machine, slots: RequestSlots, ld: Load, piece: Region, blocks: list[
             _place(blocks, ld, piece, data)
         arrived.arrive(m.sim)
     return done
+
+
+def _placer(ld: Load, piece: Region, blocks: list[np.ndarray] | None) -> Callable[[np.ndarray | None], None] | None:
+    """Where a load's data goes in functional mode (None in timing mode: no data)."""
+    if blocks is None:
+        return None
+
+    def placed(data: np.ndarray | None) -> None:
+        if data is not None:
+            _place(blocks, ld, piece, data)
+    return placed
 
 
 def _keep(m: Machine, got: Callable[[np.ndarray | None], None], line: Signal) -> Callable[[np.ndarray | None], None]:
