@@ -346,9 +346,12 @@ def _released(slots: RequestSlots, nbytes: int) -> Callable[[], None]:
 # ---- AG-GEMM and weight gradients: operands loaded from their owners ---------------------
 def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape, floor_ps: int, eb: int,
               ops: list[Operand], access: RemoteAccess, sm_set: frozenset[int] | None = None,
-              mem: Memory | None = None) -> Kernel:
+              mem: Memory | None = None, plans: dict[tuple, tuple[list[Load], list[tuple[Load, Region]]]] | None = None
+              ) -> Kernel:
     """GPU ``g``'s GEMM whose tiles load their sharded operands ``ops`` (at least one)
-    from their owners; ``mem``: the GPU's memory in functional mode."""
+    from their owners; ``mem``: the GPU's memory in functional mode; ``plans``: the
+    tiles' planned loads, shared by the GPUs that run this GEMM (a layer's)."""
+    plans = {} if plans is None else plans
     steps = k_steps(shape, ops, eb, access.load_bytes)
     biggest = max(kk for _, kk in steps) * sum(op.side(shape) for op in ops) * eb
     unit = access.load_unit(biggest)
@@ -379,6 +382,17 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
                     loads.append(Load(o, owner, region, ft - base_t, col0 - base_c, cnt, ncol))
         return loads
 
+    def tile_plan(i: int, j: int, t: int, piece_unit: int) -> tuple[list[Load], list[tuple[Load, Region]]]:
+        """Tile (i, j)'s loads (the ``t``-th launched) and their request pieces of at
+        most ``piece_unit`` bytes, for every home: the same on every GPU, so the GPUs
+        of a layer share them through ``plans``."""
+        key = (shape, tuple(ops), eb, i, j, access.k_start(steps, t), piece_unit)
+        hit = plans.get(key)
+        if hit is None:
+            loads = plan(i, j, t)
+            hit = plans[key] = (loads, [(ld, pc) for ld in loads for pc in isa.pieces(ld.region, piece_unit)])
+        return hit
+
     def tile_tb(t: int, i: int, j: int) -> TbProgram:
         def program(sm: int, busy: int) -> ProgramGen:
             sim = m.sim
@@ -389,17 +403,15 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
             # the mainloop's time, stretched by the HBM share at its start
             compute = yield HbmPhase(max(floor_ps, cm.tile_time_ps(shape.bm, shape.bn, shape.k, busy)),
                                      tile_bytes, overlapped=True)
-            loads = plan(i, j, t)
+            slots = RequestSlots(Bound(sim, limit), bound)
+            loads, pieces = tile_plan(i, j, t, min(unit, slots.piece))
             yield from access.first_access(g, t)
             blocks = _blocks(shape, ops, i, j) if mem is not None else None
-            slots = RequestSlots(Bound(sim, limit), bound)
-            piece_unit = min(unit, slots.piece)
-            remote: list[tuple[Load, Region]] = []
-            for ld in loads:
-                if ld.home != g:
-                    remote += [(ld, pc) for pc in isa.pieces(ld.region, piece_unit)]
-                elif blocks is not None and mem is not None:
-                    _place(blocks, ld, ld.region, mem.read(ld.region))
+            remote = [(ld, pc) for ld, pc in pieces if ld.home != g]
+            if blocks is not None and mem is not None:
+                for ld in loads:
+                    if ld.home == g:  # its own rows: read locally
+                        _place(blocks, ld, ld.region, mem.read(ld.region))
             arrived = Countdown(len(remote))
             if kept is None:  # the core issues them in order, as the loop below would
                 access.load_stream(g, [(ld.home, pc, _placer(ld, pc, blocks)) for ld, pc in remote], slots, arrived,

@@ -82,6 +82,7 @@ class LayerRun:
         # image of GPU 0's k-th kernel of that name (its done signal stands for it).
         self._images: dict[str, list[Kernel]] = {}
         self._image_seen: dict[tuple[int, str], int] = {}
+        self.plans: dict[tuple, tuple] = {}  # remote-loading GEMM tiles' planned loads, shared by the GPUs
 
     # ---- scheduling --------------------------------------------------------------
     def when(self, deps: Sequence[Signal], fn: Callable[[], None]) -> None:
@@ -177,7 +178,8 @@ class LayerRun:
         shape = self.shape(gemm, sms)
         mem = self._memory(g)
         return remote_gemm.load_gemm(self.m, self.cm, g, gemm, shape, self.gemm_floor_ps(gemm, shape, sms),
-                                     self.model.dtype_bytes, ops, access, sm_set, mem if mem.functional else None)
+                                     self.model.dtype_bytes, ops, access, sm_set, mem if mem.functional else None,
+                                     self.plans)
 
     def fused_kernels(self, c: Chain, path: FusedPath) -> tuple[list[Kernel], list[Countdown]]:
         """Chain ``c``'s persistent fused GEMM1 + RS + row-wise + AG kernel per GPU,
