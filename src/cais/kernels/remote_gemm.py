@@ -346,12 +346,13 @@ def _released(slots: RequestSlots, nbytes: int) -> Callable[[], None]:
 # ---- AG-GEMM and weight gradients: operands loaded from their owners ---------------------
 def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape, floor_ps: int, eb: int,
               ops: list[Operand], access: RemoteAccess, sm_set: frozenset[int] | None = None,
-              mem: Memory | None = None, plans: dict[tuple, tuple[list[Load], list[tuple[Load, Region]]]] | None = None
+              mem: Memory | None = None, plans: dict[tuple, list] | None = None
               ) -> Kernel:
     """GPU ``g``'s GEMM whose tiles load their sharded operands ``ops`` (at least one)
     from their owners; ``mem``: the GPU's memory in functional mode; ``plans``: the
     tiles' planned loads, shared by the GPUs that run this GEMM (a layer's)."""
     plans = {} if plans is None else plans
+    users = 1 if m.fabric.mirror else m.n  # the GPUs that run this GEMM's programs, each planning each tile once
     steps = k_steps(shape, ops, eb, access.load_bytes)
     biggest = max(kk for _, kk in steps) * sum(op.side(shape) for op in ops) * eb
     unit = access.load_unit(biggest)
@@ -390,8 +391,11 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
         hit = plans.get(key)
         if hit is None:
             loads = plan(i, j, t)
-            hit = plans[key] = (loads, [(ld, pc) for ld in loads for pc in isa.pieces(ld.region, piece_unit)])
-        return hit
+            hit = plans[key] = [loads, [(ld, pc) for ld in loads for pc in isa.pieces(ld.region, piece_unit)], users]
+        hit[2] -= 1
+        if hit[2] == 0:  # every GPU running the GEMM has it: drop it (memory)
+            del plans[key]
+        return hit[0], hit[1]
 
     def tile_tb(t: int, i: int, j: int) -> TbProgram:
         def program(sm: int, busy: int) -> ProgramGen:

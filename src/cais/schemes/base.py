@@ -82,7 +82,7 @@ class LayerRun:
         # image of GPU 0's k-th kernel of that name (its done signal stands for it).
         self._images: dict[str, list[Kernel]] = {}
         self._image_seen: dict[tuple[int, str], int] = {}
-        self.plans: dict[tuple, tuple] = {}  # remote-loading GEMM tiles' planned loads, shared by the GPUs
+        self.plans: dict[tuple, list] = {}  # remote-loading GEMM tiles' planned loads, shared by the GPUs
 
     # ---- scheduling --------------------------------------------------------------
     def when(self, deps: Sequence[Signal], fn: Callable[[], None]) -> None:
