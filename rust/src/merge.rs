@@ -58,7 +58,7 @@ impl State {
 /// integer (what the unit tests use).
 #[derive(Clone, PartialEq, Eq, Hash)]
 enum Address {
-    Region(String, i64, i64, i64, i64, i64),
+    Region(u32, i64, i64, i64, i64, i64),
     Str(String),
     Int(i64),
 }
@@ -67,21 +67,57 @@ enum Address {
 type Key = (u8, Address);
 
 /// What the CAM and the accounting need of a request's address: its key, its bytes
-/// (a `Region`'s `nbytes`) and the tensor it belongs to (its buffer; "" for others).
+/// (a `Region`'s `nbytes`) and the tensor it belongs to (its buffer's id; None for
+/// other addresses).
 struct AddrInfo {
     address: Address,
     nbytes: i64,
-    tensor: String,
+    tensor: Option<u32>,
 }
 
-fn addr_info(addr: &Bound<'_, PyAny>) -> PyResult<AddrInfo> {
+/// Buffer names as small ids, so that a CAM key is all integers: by the name's
+/// content, with the string objects already seen as a fast path (each held, so that
+/// its address cannot be reused by another string while it is known).
+#[derive(Default)]
+struct BufferIds {
+    by_object: HashMap<usize, (u32, Py<PyString>)>,
+    by_name: HashMap<String, u32>,
+    names: Vec<String>,
+}
+
+impl BufferIds {
+    fn id(&mut self, name: &Bound<'_, PyString>) -> PyResult<u32> {
+        let ptr = name.as_ptr() as usize;
+        if let Some(&(id, _)) = self.by_object.get(&ptr) {
+            return Ok(id);
+        }
+        let text = name.to_str()?;
+        let id = match self.by_name.get(text) {
+            Some(&id) => id,
+            None => {
+                let id = self.names.len() as u32;
+                self.names.push(text.to_owned());
+                self.by_name.insert(text.to_owned(), id);
+                id
+            }
+        };
+        self.by_object.insert(ptr, (id, name.clone().unbind()));
+        Ok(id)
+    }
+
+    fn name(&self, id: Option<u32>) -> String {
+        id.map_or_else(String::new, |i| self.names[i as usize].clone())
+    }
+}
+
+fn addr_info(addr: &Bound<'_, PyAny>, ids: &mut BufferIds) -> PyResult<AddrInfo> {
     if let Ok(r) = addr.cast::<Region>() {
         let r = r.get();
-        let buffer = r.buffer.bind(addr.py()).to_str()?.to_owned();
+        let id = ids.id(r.buffer.bind(addr.py()))?;
         return Ok(AddrInfo {
             nbytes: r.size(),
-            address: Address::Region(buffer.clone(), r.start, r.count, r.elem_bytes, r.rows, r.stride),
-            tensor: buffer,
+            address: Address::Region(id, r.start, r.count, r.elem_bytes, r.rows, r.stride),
+            tensor: Some(id),
         });
     }
     let address = if let Ok(s) = addr.cast::<PyString>() {
@@ -101,7 +137,7 @@ fn addr_info(addr: &Bound<'_, PyAny>) -> PyResult<AddrInfo> {
     Ok(AddrInfo {
         address,
         nbytes,
-        tensor: String::new(),
+        tensor: None,
     })
 }
 
@@ -339,7 +375,8 @@ pub struct MergeUnit {
     stats: MergeStats,
     /// Per tensor (a session address's buffer): lines held now and at most.
     tensors: Vec<(String, i64, i64)>,
-    tensor_index: HashMap<String, usize>,
+    tensor_index: HashMap<Option<u32>, usize>,
+    buffers: BufferIds,
     /// (time, lines) at each change, when recording.
     log: Option<Vec<(i64, i64)>>,
 }
@@ -350,13 +387,13 @@ impl MergeUnit {
         self.clock.now()
     }
 
-    fn tensor(&mut self, name: String) -> usize {
-        if let Some(&i) = self.tensor_index.get(&name) {
+    fn tensor(&mut self, buffer: Option<u32>) -> usize {
+        if let Some(&i) = self.tensor_index.get(&buffer) {
             return i;
         }
         let i = self.tensors.len();
-        self.tensors.push((name.clone(), 0, 0));
-        self.tensor_index.insert(name, i);
+        self.tensors.push((self.buffers.name(buffer), 0, 0));
+        self.tensor_index.insert(buffer, i);
         i
     }
 
@@ -371,8 +408,8 @@ impl MergeUnit {
         }
     }
 
-    fn key(&self, kind: u8, addr: &Bound<'_, PyAny>) -> PyResult<(Key, AddrInfo)> {
-        let info = addr_info(addr)?;
+    fn key(&mut self, kind: u8, addr: &Bound<'_, PyAny>) -> PyResult<(Key, AddrInfo)> {
+        let info = addr_info(addr, &mut self.buffers)?;
         Ok(((kind, info.address.clone()), info))
     }
 
@@ -934,6 +971,7 @@ impl MergeUnit {
             stats: MergeStats::default(),
             tensors: Vec::new(),
             tensor_index: HashMap::default(),
+            buffers: BufferIds::default(),
             log: None,
         })
     }

@@ -387,7 +387,7 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
         """Tile (i, j)'s loads (the ``t``-th launched) and their request pieces of at
         most ``piece_unit`` bytes, for every home: the same on every GPU, so the GPUs
         of a layer share them through ``plans``."""
-        key = (shape, tuple(ops), eb, i, j, access.k_start(steps, t), piece_unit)
+        key = (shape, tuple(ops), eb, access.load_bytes, i, j, access.k_start(steps, t), piece_unit)  # all it reads
         hit = plans.get(key)
         if hit is None:
             loads = plan(i, j, t)
