@@ -69,8 +69,11 @@ def run_points(ctx: Context, points: list[tuple[str, dict]], workers: int | None
             if not pts:
                 continue
         table = run_sweep(pts, out, fn=fn, workers=workers, progress=True, desc=desc)
-        wanted = {point_id(p) for p in pts}  # the table holds every experiment's runs of this function
-        frames.append(table[table["point_id"].isin(wanted)])
+        # the table holds every experiment's runs of this function, in the order they
+        # finished: keep this one's, in the order of its points (the same on every run)
+        order = {pid: i for i, pid in enumerate(point_id(p) for p in pts)}
+        mine = table[table["point_id"].isin(order)]
+        frames.append(mine.iloc[mine["point_id"].map(order).argsort(kind="stable")])
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
