@@ -89,9 +89,6 @@ struct Queued {
     deliver: Sink,
     on_start: Hook,
     ser: i64,
-    /// The train's wire bytes and head time (neither changes while it waits here).
-    wire: i64,
-    head: i64,
 }
 
 /// One direction of a port: trains are serialised onto the wire one at a time at
@@ -177,11 +174,12 @@ impl Channel {
         let cr = self.credits.as_ref().expect("a channel with credits");
         let mut c = cr.borrow_mut(py);
         let head = &self.queues[vc][0];
-        let fp = c.footprint_of(head.wire);
+        let t = head.train.borrow(py);
+        let fp = c.footprint_of(t.wire);
         let ready = if c.has_free(vc, fp) {
             0
         } else {
-            let lower = self.free_at.max(head.head);
+            let lower = self.free_at.max(t.head);
             c.earliest_at(vc, fp, head.ser, lower).unwrap_or(BLOCKED)
         };
         self.ready[vc] = ready;
@@ -398,8 +396,6 @@ impl Channel {
             deliver,
             on_start,
             ser,
-            wire,
-            head,
         });
         me.queued += 1;
         if me.queues[vc].len() == 1 {
