@@ -417,30 +417,25 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
                     if ld.home == g:  # its own rows: read locally
                         _place(blocks, ld, ld.region, mem.read(ld.region))
             arrived = Countdown(len(remote))
-            if kept is None:  # the core issues them in order, as the loop below would
+            if kept is None:  # the core issues them in order, under the TB's slots
                 access.load_stream(g, [(ld.home, pc, _placer(ld, pc, blocks)) for ld, pc in remote], slots, arrived,
                                    unit)
-                remote_loop: list[tuple[Load, Region]] = []
-            else:
-                remote_loop = remote
-            for ld, pc in remote_loop:  # with an L2 that keeps peer reads: a TB may join another's load
-                key = (ld.home, pc)
-                line = kept.get(key) if kept is not None else None
-                if line is None:
-                    yield from slots.acquire(pc.nbytes)
-                    # another TB of this GPU may have asked for the piece meanwhile:
-                    # a second request for a line in flight joins the first
-                    line = kept.get(key) if kept is not None else None
-                    if line is not None:
-                        slots.release(pc.nbytes)
-                if line is not None:  # an L2 hit (or a miss already in flight)
-                    line.on_fire(_hit(m, ld, pc, blocks, arrived))
-                    continue
-                got = _got(m, slots, ld, pc, blocks, arrived)
-                if kept is not None:
+            else:  # an L2 that keeps peer reads: a load may join another TB's, so the TB issues each itself
+                for ld, pc in remote:
+                    key = (ld.home, pc)
+                    line = kept.get(key)
+                    if line is None:
+                        yield from slots.acquire(pc.nbytes)
+                        # another TB of this GPU may have asked for the piece meanwhile:
+                        # a second request for a line in flight joins the first
+                        line = kept.get(key)
+                        if line is not None:
+                            slots.release(pc.nbytes)
+                    if line is not None:  # an L2 hit (or a miss already in flight)
+                        line.on_fire(_hit(m, ld, pc, blocks, arrived))
+                        continue
                     kept[key] = line = Signal()
-                    got = _keep(m, got, line)
-                access.load(g, ld.home, pc, got, unit)
+                    access.load(g, ld.home, pc, _keep(m, _got(m, slots, ld, pc, blocks, arrived), line), unit)
             if remote:
                 yield arrived
             # the mainloop computes each K-slice once it has landed: after the last
