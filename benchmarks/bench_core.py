@@ -55,8 +55,10 @@ ROWS: dict[str, tuple[str, str, bool]] = {
         "import os\n"
         "os.environ['CAIS_MAX_EVENTS'] = '60000000'\n"
         "from cais.experiments.collective import run_collective\n"
-        "from cais.hw.config import load_system\n"
-        "cfg = load_system('nvl72')  # 72 GPUs\n",
+        "from cais.hw.config import apply_overrides, load_system\n"
+        "# the zero-copy kernel on the preset as it was at the revision compared against\n"
+        "cfg = apply_overrides(load_system('nvl72'), {'collective.nvls_buffers': 'registered',\n"
+        "                                             'collective.nvls_channels': '16', 'switch.reduce_GBps': '1690'})\n",
         "r = run_collective(cfg, 'allreduce', 'nvls', 1 << 30)\n"
         "result = (r.time_us, r.events)", True),
 }

@@ -74,7 +74,8 @@ def test_host_cost_adds_to_a_standalone_call(h100) -> None:
 
 
 def test_reduction_engine_sets_nvls_time_when_it_binds() -> None:
-    cfg = load_system("nvl72", gpus=16)
+    cfg = load_system("nvl72", gpus=16)  # the zero-copy kernel: the engine alone against the links
+    cfg = cfg.with_overrides(collective={**cfg.collective.model_dump(), "nvls_buffers": "registered"})
     free = cfg.with_overrides(switch={**cfg.switch.model_dump(), "reduce_GBps": None})
     size = 16 << 20
     t_free = run_collective(free, "allreduce", "nvls", size, sim="mirror").time_us
@@ -86,6 +87,23 @@ def test_reduction_engine_sets_nvls_time_when_it_binds() -> None:
     assert engine_us < t_slow < engine_us + t_free  # the engine and the links overlap
     full = run_collective(slow, "allreduce", "nvls", size).time_us  # mirror mode charges the images' work
     assert full == pytest.approx(t_slow, rel=0.05)
+
+
+def test_nvl72_runs_nccl_tests_staged_kernel_whose_copies_set_its_8_gpu_top() -> None:
+    """The preset runs what nccl-tests runs on GB200 (the staged kernel on NCCL 2.26's
+    32 sm100 channels). Its two calibrations are fitted one after the other
+    (scripts/calibrate_nvl72.py), which holds only if the switch's reduction rate does
+    not bind at 8 GPUs while the copy rate does."""
+    cfg = load_system("nvl72", gpus=8)
+    assert cfg.collective.nvls_buffers == "staged" and cfg.collective.nvls_channels == 32
+    size = 256 << 20
+    base = run_collective(cfg, "allreduce", "nvls", size, sim="mirror")
+    free = cfg.with_overrides(switch={**cfg.switch.model_dump(), "reduce_GBps": None})
+    unbound = run_collective(free, "allreduce", "nvls", size, sim="mirror").time_us
+    assert unbound == pytest.approx(base.time_us, rel=1e-4)
+    faster = cfg.with_overrides(collective={**cfg.collective.model_dump(), "nvls_copy_GBps": 30.0})
+    assert base.nvls_buffers == "staged"
+    assert run_collective(faster, "allreduce", "nvls", size, sim="mirror").time_us < 0.9 * base.time_us
 
 
 def test_published_points_carry_their_source() -> None:

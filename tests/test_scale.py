@@ -11,7 +11,7 @@ import pytest
 from cais.cli import main
 from cais.errors import UserError
 from cais.experiments.collective import run_collective
-from cais.hw.config import load_system
+from cais.hw.config import apply_overrides, load_system
 
 MIB = 1 << 20
 
@@ -122,6 +122,6 @@ def test_cli_run_names_the_mode_and_refuses_cais(capsys) -> None:
 def test_mirror_allows_a_few_small_remainder_units() -> None:
     """72 GPUs x 1 GiB: uneven shards leave a couple of sub-link tails among thousands
     of units: allowed (and cheap)."""
-    cfg = load_system("nvl72")
+    cfg = apply_overrides(load_system("nvl72"), {"collective.nvls_buffers": "registered"})  # zero-copy units
     r = run_collective(cfg, "allreduce", "nvls", 1 << 30, sim="mirror")
-    assert r.sim == "mirror" and r.events < 1_000_000
+    assert r.sim == "mirror" and r.events < 1_500_000  # 32 NVLS channels; 1.28 M events
