@@ -4,7 +4,7 @@ default the last commit before the core, ``ea63d9d``), alternating, and reports
 wall time, events per second, peak memory, the speed-up and whether both computed
 the same result (simulated time and event count).
 
-    .venv/bin/python benchmarks/bench_core.py [--against REV] [--rounds 2] [--full]
+    .venv/bin/python benchmarks/bench_core.py [--against REV] [--rounds 2] [--full] [--rows TEXT ...]
 
 ``--full`` adds the long rows (the LLaMA-7B training period, 1 GiB NVLS AllReduce
 on all 72 GPUs of ``nvl72`` in the full model). The revision is checked out once
@@ -135,7 +135,12 @@ def main() -> None:
     ap.add_argument("--against", default=BEFORE, help=f"git revision to compare with (default {BEFORE})")
     ap.add_argument("--rounds", type=_rounds, default=2, help="runs of each row on each side (best is kept)")
     ap.add_argument("--full", action="store_true", help="also the long rows (LLaMA-7B train, NVL72 x 72)")
+    ap.add_argument("--rows", nargs="+", metavar="TEXT", default=None,
+                    help="only the rows whose name contains one of these (e.g. NVLS), long ones included")
     args = ap.parse_args()
+    if args.rows and not any(t in name for name in ROWS for t in args.rows):
+        print(f"bench_core: --rows {' '.join(args.rows)}: no row matches; rows: {'; '.join(ROWS)}", file=sys.stderr)
+        raise SystemExit(2)
     base = worktree(args.against)
     table = Table(title=f"compiled core (this tree) against {args.against} (pure Python), best of {args.rounds}")
     for col in ("workload", "events", "wall before (s)", "wall now (s)", "speed-up", "events/s now",
@@ -143,7 +148,7 @@ def main() -> None:
         table.add_column(col, justify="right")
     rates: dict[str, float] = {}
     for name, (setup, code, long) in ROWS.items():
-        if long and not args.full:
+        if (args.rows and not any(t in name for t in args.rows)) or (long and not args.full and not args.rows):
             continue
         best: dict[str, dict[str, object]] = {}
         for _ in range(args.rounds):
