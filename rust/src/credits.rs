@@ -37,7 +37,9 @@ const EXACT: i128 = 1 << 53;
 /// `num / den` correctly rounded, as Python's true division of two ints.
 pub(crate) fn true_div(num: i128, den: i128) -> f64 {
     if num.abs() <= EXACT && den.abs() <= EXACT {
-        return num as f64 / den as f64; // both exact: one IEEE rounding
+        // both exact (through i64: one instruction each, where i128 -> f64 is a
+        // library call); one IEEE rounding
+        return (num as i64) as f64 / (den as i64) as f64;
     }
     Python::attach(|py| {
         let n = num.into_pyobject(py).expect("int");
