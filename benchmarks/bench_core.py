@@ -138,7 +138,11 @@ def main() -> None:
     ap.add_argument("--rows", nargs="+", metavar="TEXT", default=None,
                     help="only the rows whose name contains one of these (e.g. NVLS), long ones included")
     args = ap.parse_args()
-    if args.rows and not any(t in name for name in ROWS for t in args.rows):
+
+    def chosen(name: str) -> bool:
+        return not args.rows or any(t in name for t in args.rows)
+
+    if not any(chosen(name) for name in ROWS):
         print(f"bench_core: --rows {' '.join(args.rows)}: no row matches; rows: {'; '.join(ROWS)}", file=sys.stderr)
         raise SystemExit(2)
     base = worktree(args.against)
@@ -148,7 +152,7 @@ def main() -> None:
         table.add_column(col, justify="right")
     rates: dict[str, float] = {}
     for name, (setup, code, long) in ROWS.items():
-        if (args.rows and not any(t in name for t in args.rows)) or (long and not args.full and not args.rows):
+        if not chosen(name) or (long and not args.full and not args.rows):
             continue
         best: dict[str, dict[str, object]] = {}
         for _ in range(args.rounds):
