@@ -21,3 +21,9 @@ def square(point: dict[str, Any]) -> dict[str, Any]:
     if x == point.get("fail"):
         raise ValueError(f"x={x} is\nbad")
     return {"y": x * x, "nested": {"pid": os.getpid()}, "status": "not mine"}
+
+
+def cube(point: dict[str, Any]) -> dict[str, Any]:
+    """A second point function: sleep ``point["sleep"]`` s, return x cubed."""
+    time.sleep(point.get("sleep", 0))
+    return {"z": point["x"] ** 3}

@@ -117,6 +117,31 @@ def test_resume_runs_only_the_missing_points_and_the_table_has_one_row_each(tmp_
     assert len(_calls(calls)) == 6 and again.equals(full)
 
 
+def test_points_of_two_functions_share_one_pool_and_each_row_goes_to_its_table(tmp_path) -> None:
+    """One function's slow point does not hold back the next function's points: with
+    two workers, the second function's points are done while the first's slow point
+    still runs (two pools one after the other would run them after it), and each row
+    lands in its own function's table."""
+    from cais.sweep.runner import run_sweeps
+
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    cube = "sweep_helpers:cube"
+    jobs = [(HELPER, {"x": 1, "calls": str(calls), "sleep": 4.0}), (HELPER, {"x": 2, "calls": str(calls)}),
+            (cube, {"x": 3}), (cube, {"x": 4}), (cube, {"x": 3})]
+    outs = {HELPER: tmp_path / "square.parquet", cube: tmp_path / "cube.parquet"}
+    seen: list[set[tuple[str, str]]] = []
+    tables = run_sweeps(jobs, outs, workers=2, progress=False,
+                        on_batch=lambda _tables, pending: seen.append(set(pending)))
+    slow, cubes = (HELPER, point_id(jobs[0][1])), {(cube, point_id(p)) for _, p in jobs[2:]}
+    assert len(cubes) == 2 and seen[0] == {slow, (HELPER, point_id(jobs[1][1])), *cubes}  # before any ran
+    assert any(slow in pending and not pending & cubes for pending in seen)
+    assert seen[-1] == set()
+    assert sorted(tables[HELPER]["y"]) == [1, 4] and "z" not in tables[HELPER]
+    assert sorted(tables[cube]["z"]) == [27, 64] and "y" not in tables[cube]
+    assert sorted(pd.read_parquet(outs[cube])["z"]) == [27, 64]
+
+
 def test_failed_points_rerun_unless_keep_errors(tmp_path) -> None:
     calls = tmp_path / "calls"
     calls.mkdir()

@@ -609,7 +609,8 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
     if warning:
         Console().print(f"[bold yellow]Warning:[/] {warning}", highlight=False)
     Console().print(f"report: {res.report_md} and {res.report_html} (verdict, provenance, every figure; why we "
-                    "differ from the paper: its last section); per experiment: "
+                    "differ from the paper: its last section); wall time "
+                    f"{res.wall_s:.0f} s; per experiment, its runs added up: "
                     + ", ".join(f"{k} {v:.0f} s" for k, v in res.seconds.items()))
 
 

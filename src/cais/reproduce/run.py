@@ -5,7 +5,7 @@ experiment's CSV, figures and report section, then ``report.md`` and ``report.ht
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,7 +18,8 @@ from cais.reproduce.experiments import EXPERIMENTS, PAPER_SET, Context
 from cais.reproduce.report import Front, Section, write_report
 from cais.reproduce.verdict import quick_warning, why_links
 from cais.sweep.grid import point_id
-from cais.sweep.runner import run_sweep
+from cais.sweep.runner import run_sweeps
+from cais.sweep.store import read_table
 
 ALL = tuple(EXPERIMENTS)
 
@@ -29,13 +30,16 @@ class ReproduceError(UserError):
 
 @dataclass
 class Outcome:
-    """What a reproduction produced: per experiment its table, section and seconds."""
+    """What a reproduction produced: per experiment its table, section and seconds (its
+    runs' wall times added up, and its analysis), and the whole reproduction's wall
+    time."""
 
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     sections: list[Section] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
     report_md: Path | None = None
     report_html: Path | None = None
+    wall_s: float = 0.0
 
 
 def expand(names: list[str]) -> list[str]:
@@ -54,24 +58,21 @@ def expand(names: list[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def run_points(ctx: Context, points: list[tuple[str, dict]], workers: int | None, desc: str,
-               cached: bool = False) -> pd.DataFrame:
-    """Rows of ``points`` ((fn, point) pairs), run or read back from ``ctx.out/runs``;
-    ``cached``: only those already there (the others are left out, not run)."""
+def runs_table(ctx: Context, fn: str) -> Path:
+    """Where the runs of the point function ``fn`` (``module:function``) are kept."""
+    return ctx.out / "runs" / f"{fn.rsplit(':', 1)[-1]}.parquet"
+
+
+def rows_of(tables: Mapping[str, pd.DataFrame], points: list[tuple[str, dict]]) -> pd.DataFrame:
+    """The rows of ``points`` ((fn, point) pairs) in ``tables`` (each function's runs),
+    in the order of the points (the same on every run, whatever order they finished in);
+    points with no row are left out."""
     frames = []
     for fn in dict.fromkeys(f for f, _ in points):
-        pts = [p for f, p in points if f == fn]
-        out = ctx.out / "runs" / f"{fn.rsplit(':', 1)[-1]}.parquet"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        if cached:
-            have = set(pd.read_parquet(out, columns=["point_id"])["point_id"]) if out.exists() else set()
-            pts = [p for p in pts if point_id(p) in have]
-            if not pts:
-                continue
-        table = run_sweep(pts, out, fn=fn, workers=workers, progress=True, desc=desc)
-        # the table holds every experiment's runs of this function, in the order they
-        # finished: keep this one's, in the order of its points (the same on every run)
-        order = {pid: i for i, pid in enumerate(point_id(p) for p in pts)}
+        table = tables.get(fn)
+        if table is None or table.empty:
+            continue
+        order = {pid: i for i, pid in enumerate(point_id(p) for f, p in points if f == fn)}
         mine = table[table["point_id"].isin(order)]
         frames.append(mine.iloc[mine["point_id"].map(order).argsort(kind="stable")])
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
@@ -85,34 +86,36 @@ def reproduce(names: list[str], ctx: Context, workers: int | None = None,
     ``provenance``'s columns), PNGs and the report (verdict and provenance first);
     ``cached``: simulate nothing, analyse the runs already in ``ctx.out/runs``;
     ``on_section``: called with each experiment's section as it is done;
-    ``provenance``: default, this library call."""
+    ``provenance``: default, this library call.
+
+    Every experiment's points run in one pool of ``workers`` processes, in the order of
+    the experiments, a point that two experiments share once; each experiment is
+    analysed as soon as its own points are done (in the order of ``names``), while the
+    later experiments' points run on."""
     names = expand(names)
     if provenance is None:
         cfg = apply_overrides(load_system(ctx.system), dict(ctx.sets))
         provenance = collect(f"cais.reproduce.run.reproduce({names!r})", ctx.system, cfg.model_dump(), ctx.sets)
     ctx.out.mkdir(parents=True, exist_ok=True)
+    (ctx.out / "runs").mkdir(exist_ok=True)
     res = Outcome()
     t_all = time.perf_counter()
-    for name in names:
-        exp = EXPERIMENTS[name]
-        t0 = time.perf_counter()
-        points = exp.points(ctx)
-        rows = run_points(ctx, points, workers, name, cached)
-        if points and (rows.empty or not (rows.get("status") == "ok").any()):
-            table, section = pd.DataFrame(), Section(name, exp.title).p(
-                "No runs of this experiment" + (" in the cache." if cached else " succeeded."))
-        else:
-            try:
-                table, section = exp.analyse(ctx, rows)
-            except Exception as exc:  # noqa: BLE001 - partial runs: the report says so, the rest goes on
-                table, section = pd.DataFrame(), Section(name, exp.title).p(
-                    f"ANALYSIS FAILED on these runs ({len(rows)} rows): {type(exc).__name__}: {exc}")
-        table.assign(**provenance.columns()).to_csv(ctx.out / f"{name}.csv", index=False)
-        res.tables[name], res.seconds[name] = table, time.perf_counter() - t0
-        res.sections.append(section)
-        log(f"[reproduce] {name}: {res.seconds[name]:.0f} s")
-        if on_section is not None:
-            on_section(section)
+    plans = [(name, EXPERIMENTS[name].points(ctx)) for name in names]
+    fns = list(dict.fromkeys(f for _, points in plans for f, _ in points))
+    outs = {fn: runs_table(ctx, fn) for fn in fns}
+    left = list(plans)
+
+    def analyse_ready(tables: Mapping[str, pd.DataFrame], pending: set[tuple[str, str]]) -> None:
+        """Analyse, in order, the experiments none of whose points is still running."""
+        while left and not any((f, point_id(p)) in pending for f, p in left[0][1]):
+            name, points = left.pop(0)
+            _analyse(name, points, rows_of(tables, points), ctx, cached, provenance, res, log, on_section)
+
+    if cached:
+        analyse_ready({fn: read_table(out) for fn, out in outs.items()}, set())
+    else:
+        run_sweeps([job for _, points in plans for job in points], outs, workers=workers, progress=True,
+                   desc="reproduce", on_batch=analyse_ready)
     facts = [f"System preset: {ctx.system}" + (f", with --set {' '.join(f'{k}={v}' for k, v in ctx.sets.items())}"
                                                 if ctx.sets else "") + (". Quick grid (reduced)." if ctx.quick
                                                                          else ". Full grid."),
@@ -121,11 +124,39 @@ def reproduce(names: list[str], ctx: Context, workers: int | None = None,
              "than 10 %. No simulator constant was tuned to a paper figure.",
              ("Analysed from the runs already in runs/ (--cached); each run's simulation time is its wall_s "
               "there." if cached else
-              "Run time per experiment (s): " + ", ".join(f"{k} {v:.0f}" for k, v in res.seconds.items())
-              + f"; total {time.perf_counter() - t_all:.0f}.")]
+              "Simulation time per experiment (s; its points' runs added up, a point two experiments share "
+              "in each, and its analysis; the points run in parallel, so these add up to more than the "
+              "wall time): " + ", ".join(f"{k} {v:.0f}" for k, v in res.seconds.items())
+              + f"; wall time in all {time.perf_counter() - t_all:.0f}.")]
+    res.wall_s = time.perf_counter() - t_all
     verdict = [f"{s.title}: {s.verdict}" for s in res.sections if s.verdict] or ["No experiment produced a verdict."]
     models = [str(m) for t in res.tables.values() if "model" in t for m in t["model"].unique()]
     front = Front(verdict, quick_warning(ctx.quick, list(dict.fromkeys(models))), facts, provenance.lines(),
                   why_links(ctx.out))
     res.report_md, res.report_html = write_report(ctx.out, res.sections, front)
     return res
+
+
+def _analyse(name: str, points: list[tuple[str, dict]], rows: pd.DataFrame, ctx: Context, cached: bool,
+             provenance: Provenance, res: Outcome, log: Callable[[str], None],
+             on_section: Callable[[Section], None] | None) -> None:
+    """Experiment ``name``'s table, CSV and section from the ``rows`` of its ``points``,
+    into ``res``; its seconds are its runs' wall times added up and its analysis."""
+    exp = EXPERIMENTS[name]
+    t0 = time.perf_counter()
+    if points and (rows.empty or not (rows.get("status") == "ok").any()):
+        table, section = pd.DataFrame(), Section(name, exp.title).p(
+            "No runs of this experiment" + (" in the cache." if cached else " succeeded."))
+    else:
+        try:
+            table, section = exp.analyse(ctx, rows)
+        except Exception as exc:  # noqa: BLE001 - partial runs: the report says so, the rest goes on
+            table, section = pd.DataFrame(), Section(name, exp.title).p(
+                f"ANALYSIS FAILED on these runs ({len(rows)} rows): {type(exc).__name__}: {exc}")
+    table.assign(**provenance.columns()).to_csv(ctx.out / f"{name}.csv", index=False)
+    runs_s = float(pd.to_numeric(rows["wall_s"], errors="coerce").sum()) if "wall_s" in rows else 0.0
+    res.tables[name], res.seconds[name] = table, runs_s + time.perf_counter() - t0
+    res.sections.append(section)
+    log(f"[reproduce] {name}: {res.seconds[name]:.0f} s")
+    if on_section is not None:
+        on_section(section)

@@ -11,7 +11,7 @@ import signal
 import socket
 import tempfile
 import time
-from contextlib import closing
+from contextlib import ExitStack, closing
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -30,6 +30,7 @@ DEFAULT_FN = "cais.sweep.point:run_point"
 
 
 PointFn = Callable[[Point], Mapping[str, Any]]
+Job = tuple["str | PointFn", Point]
 
 
 def resolve(fn: str | PointFn) -> PointFn:
@@ -85,26 +86,30 @@ def call_point(fn: str | PointFn, point: Point) -> dict[str, Any]:
     return row
 
 
-def _local(fn: str | PointFn, points: Sequence[Point], workers: int) -> Iterator[list[dict[str, Any]]]:
-    """Rows of ``points`` in batches, as they finish: in this process for one worker,
-    else in a pool of ``workers`` processes (spawned: no state inherited)."""
+Done = tuple[str, dict[str, Any]]  # a finished job: its function's name and its point's row
+
+
+def _local(jobs: Sequence[Job], workers: int) -> Iterator[list[Done]]:
+    """Rows of ``jobs`` ((function, point) pairs) in batches, as they finish, each with
+    its function's name: in this process for one worker, else in a pool of ``workers``
+    processes (spawned: no state inherited), started in the jobs' order."""
     if workers == 1:
-        for p in points:
-            yield [call_point(fn, p)]
+        for fn, p in jobs:
+            yield [(_name(fn), call_point(fn, p))]
         return
     ctx = multiprocessing.get_context("spawn")
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_ignore_sigint)
-    pending: dict[Future[dict[str, Any]], Point] = {pool.submit(call_point, fn, p): p for p in points}
+    pending: dict[Future[dict[str, Any]], Job] = {pool.submit(call_point, fn, p): (fn, p) for fn, p in jobs}
     try:
         while pending:
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
             batch = []
             for fut in done:
-                point = pending.pop(fut)
+                fn, point = pending.pop(fut)
                 try:
-                    batch.append(fut.result())
+                    batch.append((_name(fn), fut.result()))
                 except Exception as exc:  # noqa: BLE001 - the worker process died (BrokenProcessPool)
-                    batch.append(_failed(point, exc))
+                    batch.append((_name(fn), _failed(point, exc)))
             yield batch
     except BaseException:  # Ctrl-C or the caller stopped: end the workers now, not after their points
         workers_now = list(getattr(pool, "_processes", None) or {})
@@ -130,9 +135,10 @@ def _failed(point: Point, exc: BaseException) -> dict[str, Any]:
             "wall_s": None, **flatten(point, "point.")}
 
 
-def _ray(fn: str | PointFn, points: Sequence[Point], address: str) -> Iterator[list[dict[str, Any]]]:
-    """Rows of ``points`` in batches as they finish, each point a Ray task on the
-    cluster at ``address`` (``cais`` and ``fn``'s module must be importable there)."""
+def _ray(jobs: Sequence[Job], address: str) -> Iterator[list[Done]]:
+    """Rows of ``jobs`` ((function, point) pairs) in batches as they finish, each with
+    its function's name; each job a Ray task on the cluster at ``address`` (``cais`` and the functions' modules must be
+    importable there)."""
     try:
         import ray
     except ImportError:
@@ -145,20 +151,20 @@ def _ray(fn: str | PointFn, points: Sequence[Point], address: str) -> Iterator[l
             ray.init(address=address, log_to_driver=False, logging_level="warning", **local)
         except (ConnectionError, ValueError, RuntimeError) as exc:
             raise UserError(f"ray: cannot connect to a Ray cluster at '{address}': {one_line(exc)}") from None
-    pending: dict[Any, Point] = {}
+    pending: dict[Any, Job] = {}
     try:
         task = ray.remote(num_cpus=1, max_retries=1)(call_point)
-        pending = {task.remote(fn, p): p for p in points}
+        pending = {task.remote(fn, p): (fn, p) for fn, p in jobs}
         while pending:
             ready, rest = ray.wait(list(pending), num_returns=1)
             more, _ = ray.wait(rest, num_returns=len(rest), timeout=0) if rest else ([], [])
             batch = []
             for ref in [*ready, *more]:
-                point = pending.pop(ref)
+                fn, point = pending.pop(ref)
                 try:
-                    batch.append(ray.get(ref))
+                    batch.append((_name(fn), ray.get(ref)))
                 except Exception as exc:  # noqa: BLE001 - the task's worker died (a Ray error)
-                    batch.append(_failed(point, exc))
+                    batch.append((_name(fn), _failed(point, exc)))
             yield batch
     finally:
         for ref in pending:  # left when interrupted
@@ -213,26 +219,59 @@ def run_sweep(points: list[Point], out: str | Path, *, fn: str | PointFn = DEFAU
     (``provenance.version``, ``.commit``, ``.date`` it finished, ``.command``: what
     started the sweep). Returns the whole table: earlier rows and new ones, one row
     per point id (a rerun point's row replaces its old one)."""
+    tables = run_sweeps([(fn, p) for p in points], {_name(fn): out}, workers=workers, ray_address=ray_address,
+                        progress=progress, desc=desc, keep_errors=keep_errors, command=command)
+    return tables[_name(fn)]
+
+
+def run_sweeps(jobs: Sequence[Job], outs: Mapping[str, str | Path], *, workers: int | None = None,
+               ray_address: str | None = None, progress: bool = True, desc: str = "sweep",
+               keep_errors: bool = False, command: str = "",
+               on_batch: Callable[[Mapping[str, pd.DataFrame], set[tuple[str, str]]], None] | None = None,
+               ) -> dict[str, pd.DataFrame]:
+    """:func:`run_sweep` for the points of several functions at once: ``jobs`` are
+    (function, point) pairs, started in their order in one pool (so one function's
+    long last point does not leave workers idle while the next function's points
+    wait), and each function's rows go to its table ``outs[name]`` (by its
+    ``module:function`` name). ``on_batch(tables, pending)``, if given, is called
+    once before anything runs and again after each batch of finished points, with
+    every function's table so far and the (function name, point id) pairs not yet
+    finished. Returns every function's whole table."""
     if workers is not None and workers < 1:
         raise UserError(f"workers: expected a positive number, got {workers}")
     if workers is not None and ray_address:
         raise UserError(f"workers: sets local processes; with ray='{ray_address}' the cluster's CPUs run the points")
-    resolve(fn)  # a bad name fails here, once, not in every worker
-    with ResultStore(out) as store:
-        finished = store.finished(keep_errors)
-        todo = [p for p in points if point_id(p) not in finished]
-        bar, task = _progress(progress, desc, len(todo), len(points) - len(todo))
+    for fn in dict.fromkeys(fn for fn, _ in jobs):
+        resolve(fn)  # a bad name fails here, once, not in every worker
+        if _name(fn) not in outs:
+            raise ValueError(f"run_sweeps: no table for the point function {_name(fn)}")
+    with ExitStack() as stack:
+        stores = {name: stack.enter_context(ResultStore(out)) for name, out in outs.items()}
+        finished = {name: store.finished(keep_errors) for name, store in stores.items()}
+        unique = {(_name(fn), point_id(p)): (fn, p) for fn, p in jobs}
+        todo = [job for (name, pid), job in unique.items() if pid not in finished[name]]
+        pending = {(_name(fn), point_id(p)) for fn, p in todo}
+        bar, task = _progress(progress, desc, len(todo), len(unique) - len(todo))
         failed = 0
-        batches = (_ray(fn, todo, ray_address) if ray_address else
-                   _local(fn, todo, min(workers or os.cpu_count() or 1, max(1, len(todo)))))
+        if on_batch is not None:
+            on_batch({name: store.table for name, store in stores.items()}, set(pending))
+        batches = (_ray(todo, ray_address) if ray_address else
+                   _local(todo, min(workers or os.cpu_count() or 1, max(1, len(todo)))))
         with bar, closing(batches):
             for batch in batches:
                 stamp = {"provenance.version": package_version(), "provenance.commit": git_commit(),
                          "provenance.date": now_utc(), "provenance.command": command}
-                store.add([{**r, **stamp} for r in batch])
-                failed += sum(r["status"] != "ok" for r in batch)
+                by_fn: dict[str, list[dict[str, Any]]] = {}
+                for name, row in batch:
+                    by_fn.setdefault(name, []).append({**row, **stamp})
+                for name, rows in by_fn.items():
+                    stores[name].add(rows)
+                    pending -= {(name, r["point_id"]) for r in rows}
+                failed += sum(r["status"] != "ok" for _, r in batch)
                 bar.update(task, advance=len(batch), failed=failed)
-    return read_table(out)  # as written: the same dtypes as pandas.read_parquet(out)
+                if on_batch is not None:
+                    on_batch({name: store.table for name, store in stores.items()}, set(pending))
+    return {name: read_table(out) for name, out in outs.items()}  # as written: the same dtypes as read_parquet
 
 
 def summary(table: pd.DataFrame, points: Sequence[Point]) -> tuple[int, int]:
