@@ -13,6 +13,7 @@ use pyo3::exceptions::PyIndexError;
 use pyo3::prelude::*;
 use pyo3::{PyTraverseError, PyVisit};
 
+use crate::cell::GilCell;
 use crate::credits::{true_div, Credits};
 use crate::gpu::Endpoint;
 use crate::merge::MergeUnit;
@@ -104,17 +105,18 @@ struct Queued {
 /// `deliver(train)` when its tail reaches the far end.
 ///
 /// Statistics: trains, payload and wire bytes sent, and busy time, for utilisation.
-#[pyclass(module = "cais._core", subclass)]
+#[pyclass(module = "cais._core", subclass, frozen)]
 pub struct Channel {
+    st: GilCell<ChannelState>,
+}
+
+/// A channel's state (`Channel`'s docs).
+pub(crate) struct ChannelState {
     sim: Py<Simulator>,
     clock: Clock,
-    #[pyo3(get)]
     name: String,
-    #[pyo3(get)]
     ps_per_byte: f64,
-    #[pyo3(get)]
     latency_ps: i64,
-    #[pyo3(get)]
     free_at: i64,
     queues: Vec<VecDeque<Queued>>,
     rr: usize,
@@ -125,22 +127,15 @@ pub struct Channel {
     generation: u64,
     /// When the pending arbitration runs (-1: none pending).
     armed_at: i64,
-    #[pyo3(get)]
     trains: i64,
-    #[pyo3(get)]
     payload_bytes: i64,
-    #[pyo3(get)]
     wire_bytes: i64,
-    #[pyo3(get)]
     busy_ps: i64,
-    #[pyo3(get)]
     pub(crate) delivered_payload: i64,
     /// (start, finish, wire bytes) of every train, when recording (a recorder sets
     /// `timeline` to a list; it reads back as a new list of what was recorded).
     timeline: Option<Vec<(i64, i64, i64)>>,
-    #[pyo3(get)]
     credits: Option<Py<Credits>>,
-    #[pyo3(get)]
     credit_rtt_ps: i64,
     /// Per VC: when its head train has credits (UNKNOWN or BLOCKED).
     ready: Vec<i64>,
@@ -149,7 +144,7 @@ pub struct Channel {
     ser_ps_per_byte: f64,
 }
 
-impl Channel {
+impl ChannelState {
     fn now(&self, py: Python<'_>) -> i64 {
         let _ = py;
         self.clock.now()
@@ -163,8 +158,8 @@ impl Channel {
         self.armed_at = at;
         self.generation += 1;
         self.sim
-            .borrow_mut(py)
-            .push(at, Action::Arbitrate(this.clone().unbind(), self.generation));
+            .get()
+            .push(py, at, Action::Arbitrate(this.clone().unbind(), self.generation));
     }
 
     /// The earliest start the credits allow the VC's head train (no earlier than the
@@ -172,7 +167,7 @@ impl Channel {
     /// through as soon as it could have gone), or BLOCKED.
     fn when_ready(&mut self, py: Python<'_>, vc: usize) -> i64 {
         let cr = self.credits.as_ref().expect("a channel with credits");
-        let mut c = cr.borrow_mut(py);
+        let mut c = cr.get().st(py);
         let head = &self.queues[vc][0];
         let t = head.train.borrow(py);
         let fp = c.footprint_of(t.wire);
@@ -214,12 +209,20 @@ impl Channel {
         }
     }
 
+}
+
+impl Channel {
+    /// The state, while holding the GIL.
+    pub(crate) fn st<'a>(&'a self, py: Python<'_>) -> std::cell::RefMut<'a, ChannelState> {
+        self.st.borrow_mut(py)
+    }
+
     /// The wire is free: serve the first VC at or after the round-robin pointer
     /// whose head train has credits, then move the pointer past it.
     pub(crate) fn arbitrate(slf: &Bound<'_, Channel>, generation: u64) -> PyResult<()> {
         let py = slf.py();
         let (queued, now) = {
-            let mut me = slf.borrow_mut();
+            let mut me = slf.get().st(py);
             if generation != me.generation {
                 return Ok(());
             }
@@ -270,7 +273,7 @@ impl Channel {
         };
         let ((q, credit_t), now) = (queued, now);
         Channel::start(slf, q.train.into_bound(py), q.deliver, q.on_start, q.ser, credit_t)?;
-        let mut me = slf.borrow_mut();
+        let mut me = slf.get().st(py);
         if me.queued > 0 {
             me.arm_next(py, slf, now);
         }
@@ -289,7 +292,7 @@ impl Channel {
     ) -> PyResult<()> {
         let py = slf.py();
         let (start, finish, pkt) = {
-            let mut me = slf.borrow_mut();
+            let mut me = slf.get().st(py);
             let now = me.now(py);
             let t = train.borrow();
             let start = me.free_at.max(t.head).max(not_before);
@@ -323,11 +326,11 @@ impl Channel {
             }
             Hook::Freed(unit, lines, tensor) => MergeUnit::occupy(unit.bind(py), -lines, tensor)?,
         }
-        let me = slf.borrow();
+        let me = slf.get().st(py);
         let lat = me.latency_ps;
         let mut t = train.borrow_mut();
         if let Some(cr) = &me.credits {
-            let mut c = cr.borrow_mut(py);
+            let mut c = cr.get().st(py);
             let fp = c.footprint_of(t.wire);
             let vc = t.vc as usize;
             if c.drains_kind(t.kind) {
@@ -343,8 +346,8 @@ impl Channel {
         t.tail = arrive;
         drop(t);
         me.sim
-            .borrow_mut(py)
-            .push(arrive, Action::Arrive(slf.clone().unbind(), train.unbind(), deliver));
+            .get()
+            .push(py, arrive, Action::Arrive(slf.clone().unbind(), train.unbind(), deliver));
         Ok(())
     }
 
@@ -352,7 +355,7 @@ impl Channel {
     /// `train.tail`.
     pub(crate) fn offer(slf: &Bound<'_, Self>, train: Bound<'_, Train>, deliver: Sink, on_start: Hook) -> PyResult<()> {
         let py = slf.py();
-        let mut me = slf.borrow_mut();
+        let mut me = slf.get().st(py);
         let now = me.now(py);
         let (vc, wire, head) = {
             let t = train.borrow();
@@ -371,7 +374,7 @@ impl Channel {
             let not_before = match &me.credits {
                 None => Some(0),
                 Some(cr) => {
-                    let mut c = cr.borrow_mut(py);
+                    let mut c = cr.get().st(py);
                     let fp = c.footprint_of(wire);
                     if c.has_free(vc, fp) {
                         Some(0)
@@ -408,7 +411,7 @@ impl Channel {
     /// may go sooner.
     pub(crate) fn credits_back(slf: &Bound<'_, Channel>, vc: usize) -> PyResult<()> {
         let py = slf.py();
-        let mut me = slf.borrow_mut();
+        let mut me = slf.get().st(py);
         if vc >= me.queues.len() || me.queues[vc].is_empty() {
             return Ok(());
         }
@@ -450,14 +453,15 @@ impl Channel {
     ) -> PyResult<Self> {
         let mut ser_ps_per_byte = ps_per_byte;
         if let Some(cr) = &credits {
-            let per_rtt = true_div(credit_rtt_ps as i128, cr.borrow(py).capacity as i128);
+            let per_rtt = true_div(credit_rtt_ps as i128, cr.get().st(py).capacity as i128);
             if per_rtt > ps_per_byte {
                 ser_ps_per_byte = per_rtt;
             }
         }
         let timeline = if record_timeline { Some(Vec::new()) } else { None };
-        let clock = sim.borrow(py).clock();
+        let clock = sim.get().clock();
         Ok(Channel {
+            st: GilCell::new(ChannelState {
             clock,
             sim,
             name,
@@ -480,6 +484,7 @@ impl Channel {
             credit_rtt_ps,
             ready: vec![UNKNOWN; vcs],
             ser_ps_per_byte,
+            }),
         })
     }
 
@@ -500,17 +505,18 @@ impl Channel {
     }
 
     /// (vc, trains waiting, waiting for credits) for every VC with trains queued.
-    fn waiting(&self) -> Vec<(usize, usize, bool)> {
-        self.active
+    fn waiting(&self, py: Python<'_>) -> Vec<(usize, usize, bool)> {
+        let me = self.st(py);
+        me.active
             .iter()
-            .map(|&vc| (vc, self.queues[vc].len(), self.ready[vc] == BLOCKED))
+            .map(|&vc| (vc, me.queues[vc].len(), me.ready[vc] == BLOCKED))
             .collect()
     }
 
     /// Fraction of `span_ps` the wire was busy.
-    fn utilisation(&self, span_ps: i64) -> f64 {
+    fn utilisation(&self, py: Python<'_>, span_ps: i64) -> f64 {
         if span_ps > 0 {
-            true_div(self.busy_ps as i128, span_ps as i128)
+            true_div(self.st(py).busy_ps as i128, span_ps as i128)
         } else {
             0.0
         }
@@ -518,27 +524,86 @@ impl Channel {
 
     /// What was recorded (None: not recording).
     #[getter]
-    fn timeline(&self) -> Option<Vec<(i64, i64, i64)>> {
-        self.timeline.clone()
+    fn timeline(&self, py: Python<'_>) -> Option<Vec<(i64, i64, i64)>> {
+        self.st(py).timeline.clone()
     }
 
     /// Start recording (a list: what to start from) or stop (None).
     #[setter]
-    fn set_timeline(&mut self, timeline: Option<Vec<(i64, i64, i64)>>) {
-        self.timeline = timeline;
+    fn set_timeline(&self, py: Python<'_>, timeline: Option<Vec<(i64, i64, i64)>>) {
+        self.st(py).timeline = timeline;
     }
 
-    fn __repr__(&self) -> String {
+    #[getter]
+    fn name(&self, py: Python<'_>) -> String {
+        self.st(py).name.clone()
+    }
+
+    #[getter]
+    fn ps_per_byte(&self, py: Python<'_>) -> f64 {
+        self.st(py).ps_per_byte
+    }
+
+    #[getter]
+    fn latency_ps(&self, py: Python<'_>) -> i64 {
+        self.st(py).latency_ps
+    }
+
+    #[getter]
+    fn free_at(&self, py: Python<'_>) -> i64 {
+        self.st(py).free_at
+    }
+
+    #[getter]
+    fn trains(&self, py: Python<'_>) -> i64 {
+        self.st(py).trains
+    }
+
+    #[getter]
+    fn payload_bytes(&self, py: Python<'_>) -> i64 {
+        self.st(py).payload_bytes
+    }
+
+    #[getter]
+    fn wire_bytes(&self, py: Python<'_>) -> i64 {
+        self.st(py).wire_bytes
+    }
+
+    #[getter]
+    fn busy_ps(&self, py: Python<'_>) -> i64 {
+        self.st(py).busy_ps
+    }
+
+    #[getter]
+    fn delivered_payload(&self, py: Python<'_>) -> i64 {
+        self.st(py).delivered_payload
+    }
+
+    #[getter]
+    fn credits(&self, py: Python<'_>) -> Option<Py<Credits>> {
+        self.st(py).credits.as_ref().map(|c| c.clone_ref(py))
+    }
+
+    #[getter]
+    fn credit_rtt_ps(&self, py: Python<'_>) -> i64 {
+        self.st(py).credit_rtt_ps
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> String {
+        let me = self.st(py);
         format!(
             "Channel({:?}, free_at={}, queued={})",
-            self.name, self.free_at, self.queued
+            me.name, me.free_at, me.queued
         )
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        visit.call(&self.sim)?;
-        visit.call(&self.credits)?;
-        for q in self.queues.iter() {
+        let Some(me) = self.st.during_gc() else {
+            return Ok(());
+        };
+        visit.call(&me.sim)?;
+        visit.call(&me.credits)?;
+        for q in me.queues.iter() {
             for e in q.iter() {
                 visit.call(&e.train)?;
                 e.deliver.visit(&visit)?;
@@ -554,11 +619,13 @@ impl Channel {
         Ok(())
     }
 
-    fn __clear__(&mut self) {
-        self.timeline = None;
-        self.credits = None;
-        for q in self.queues.iter_mut() {
-            q.clear();
+    fn __clear__(&self) {
+        if let Some(mut me) = self.st.during_gc_mut() {
+            me.timeline = None;
+            me.credits = None;
+            for q in me.queues.iter_mut() {
+                q.clear();
+            }
         }
     }
 }

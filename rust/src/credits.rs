@@ -24,6 +24,8 @@ use std::collections::VecDeque;
 
 use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::prelude::*;
+
+use crate::cell::GilCell;
 use pyo3::types::PyFrozenSet;
 use pyo3::{PyTraverseError, PyVisit};
 
@@ -62,32 +64,28 @@ pub(crate) enum Waiter {
 ///
 /// Statistics: `peak` (bytes held per VC) and, when a recorder sets `log` to a
 /// list, every occupancy change as `(time_ps, vc, delta_bytes)`.
-#[pyclass(module = "cais._core")]
+#[pyclass(module = "cais._core", frozen)]
 pub struct Credits {
-    #[pyo3(get)]
+    st: GilCell<CreditsState>,
+}
+
+/// `Credits`'s state (its docs).
+pub(crate) struct CreditsState {
     name: String,
-    #[pyo3(get)]
     vcs: usize,
-    #[pyo3(get)]
     pub(crate) capacity: i64,
-    #[pyo3(get)]
     return_ps: i64,
     /// A receiver that consumes every train (`drains`), or trains of some kinds
     /// (`drain_kinds`), as they arrive lets the sender schedule the return when it
     /// sends; if it must hold such a train after all, it reclaims the credits
     /// (hold) and gives them back when it consumes it.
-    #[pyo3(get)]
     drains: bool,
     drain_kinds: Vec<i64>,
-    #[pyo3(get)]
     free: Vec<i64>,
     ramps: Vec<VecDeque<Ramp>>,
     /// Bytes in ramps, per VC.
-    #[pyo3(get)]
     ramped: Vec<i64>,
-    #[pyo3(get)]
     held: Vec<i64>,
-    #[pyo3(get)]
     peak: Vec<i64>,
     /// (time, vc, delta bytes) of every occupancy change, when recording (set to a
     /// list to record; it reads back as a new list of what was recorded).
@@ -96,6 +94,53 @@ pub struct Credits {
 }
 
 impl Credits {
+    /// The state, while holding the GIL.
+    #[inline]
+    pub(crate) fn st<'a>(&'a self, py: Python<'_>) -> std::cell::RefMut<'a, CreditsState> {
+        self.st.borrow_mut(py)
+    }
+
+    /// The train holding `fp` bytes of VC `vc` left the buffer between `t0` and
+    /// `t1`; its credits reach the sender `return_ps` later, progressively.
+    pub(crate) fn give_back_at(
+        slf: &Bound<'_, Self>,
+        vc: i64,
+        fp: i64,
+        t0: i64,
+        t1: i64,
+        notify: bool,
+    ) -> PyResult<()> {
+        let py = slf.py();
+        let waiter = {
+            let mut me = slf.get().st(py);
+            let v = me.check_vc(vc)?;
+            me.held[v] -= fp;
+            me.log_change(t1, v, -fp);
+            let a = t0 + me.return_ps;
+            let b = t1 + me.return_ps;
+            me.ramps[v].push_back((a, if b <= a { a + 1 } else { b }, fp));
+            me.ramped[v] += fp;
+            if me.ramps[v].len() > 4 && me.ramps[v][0].1 <= t0 {
+                me.fold(v, t0); // keep the list short
+            }
+            if !notify {
+                return Ok(());
+            }
+            match &me.waiter {
+                Waiter::None => return Ok(()),
+                Waiter::Channel(c) => Waiter::Channel(c.clone_ref(py)),
+                Waiter::Call(f) => Waiter::Call(f.clone_ref(py)),
+            }
+        };
+        match waiter {
+            Waiter::Channel(c) => Channel::credits_back(c.bind(py), vc as usize),
+            Waiter::Call(f) => f.call1(py, (vc,)).map(|_| ()),
+            Waiter::None => Ok(()),
+        }
+    }
+}
+
+impl CreditsState {
     /// The counters of a buffer of `capacity` bytes per VC, all free.
     pub(crate) fn with(
         name: String,
@@ -106,7 +151,7 @@ impl Credits {
         mut drain_kinds: Vec<i64>,
     ) -> Self {
         drain_kinds.sort_unstable();
-        Credits {
+        CreditsState {
             name,
             vcs,
             capacity,
@@ -256,45 +301,6 @@ impl Credits {
         self.ramped[vc] -= got;
     }
 
-    /// The train holding `fp` bytes of VC `vc` left the buffer between `t0` and
-    /// `t1`; its credits reach the sender `return_ps` later, progressively.
-    pub(crate) fn give_back_at(
-        slf: &Bound<'_, Self>,
-        vc: i64,
-        fp: i64,
-        t0: i64,
-        t1: i64,
-        notify: bool,
-    ) -> PyResult<()> {
-        let py = slf.py();
-        let waiter = {
-            let mut me = slf.borrow_mut();
-            let v = me.check_vc(vc)?;
-            me.held[v] -= fp;
-            me.log_change(t1, v, -fp);
-            let a = t0 + me.return_ps;
-            let b = t1 + me.return_ps;
-            me.ramps[v].push_back((a, if b <= a { a + 1 } else { b }, fp));
-            me.ramped[v] += fp;
-            if me.ramps[v].len() > 4 && me.ramps[v][0].1 <= t0 {
-                me.fold(v, t0); // keep the list short
-            }
-            if !notify {
-                return Ok(());
-            }
-            match &me.waiter {
-                Waiter::None => return Ok(()),
-                Waiter::Channel(c) => Waiter::Channel(c.clone_ref(py)),
-                Waiter::Call(f) => Waiter::Call(f.clone_ref(py)),
-            }
-        };
-        match waiter {
-            Waiter::Channel(c) => Channel::credits_back(c.bind(py), vc as usize),
-            Waiter::Call(f) => f.call1(py, (vc,)).map(|_| ()),
-            Waiter::None => Ok(()),
-        }
-    }
-
     fn log_change(&mut self, time: i64, vc: usize, delta: i64) {
         if let Some(log) = self.log.as_mut() {
             log.push((time, vc, delta));
@@ -357,60 +363,69 @@ impl Credits {
                 kinds.push(item?.extract()?);
             }
         }
-        Ok(Credits::with(name, vcs, capacity, return_ps, drains, kinds))
+        Ok(Credits {
+            st: GilCell::new(CreditsState::with(name, vcs, capacity, return_ps, drains, kinds)),
+        })
     }
 
     /// What was recorded (None: not recording).
     #[getter]
-    fn log(&self) -> Option<Vec<(i64, usize, i64)>> {
-        self.log.clone()
+    fn log(&self, py: Python<'_>) -> Option<Vec<(i64, usize, i64)>> {
+        let me = self.st(py);
+        me.log.clone()
     }
 
     /// Start recording (a list: what to start from) or stop (None).
     #[setter]
-    fn set_log(&mut self, log: Option<Vec<(i64, usize, i64)>>) {
-        self.log = log;
+    fn set_log(&self, py: Python<'_>, log: Option<Vec<(i64, usize, i64)>>) {
+        let mut me = self.st(py);
+        me.log = log;
     }
 
     #[getter]
     fn drain_kinds<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyFrozenSet>> {
-        PyFrozenSet::new(py, &self.drain_kinds)
+        let me = self.st(py);
+        PyFrozenSet::new(py, &me.drain_kinds)
     }
 
     /// Bytes of the buffer a train of `wire` bytes holds.
-    fn footprint(&self, wire: i64) -> i64 {
-        self.footprint_of(wire)
+    fn footprint(&self, py: Python<'_>, wire: i64) -> i64 {
+        let me = self.st(py);
+        me.footprint_of(wire)
     }
 
     /// The earliest start time >= `now` (a lower bound, which may lie in the past)
     /// at which a train of footprint `fp` serialised over `ser_ps` has credits all
     /// along, or None if the returns scheduled so far can never cover it.
-    fn earliest(&mut self, vc: i64, fp: i64, ser_ps: i64, now: i64) -> PyResult<Option<i64>> {
-        let vc = self.check_vc(vc)?;
-        Ok(self.earliest_at(vc, fp, ser_ps, now))
+    fn earliest(&self, py: Python<'_>, vc: i64, fp: i64, ser_ps: i64, now: i64) -> PyResult<Option<i64>> {
+        let mut me = self.st(py);
+        let vc = me.check_vc(vc)?;
+        Ok(me.earliest_at(vc, fp, ser_ps, now))
     }
 
     /// A train of footprint `fp` starts on the wire; its head reaches the buffer at
     /// `arrive_ps`.
-    fn take(&mut self, vc: i64, fp: i64, arrive_ps: i64) -> PyResult<()> {
-        let vc = self.check_vc(vc)?;
-        self.take_at(vc, fp, arrive_ps);
+    fn take(&self, py: Python<'_>, vc: i64, fp: i64, arrive_ps: i64) -> PyResult<()> {
+        let mut me = self.st(py);
+        let vc = me.check_vc(vc)?;
+        me.take_at(vc, fp, arrive_ps);
         Ok(())
     }
 
     /// A train of footprint `fp` starts towards a receiver that drains it as it
     /// arrives (head at `head_ps`, tail at `tail_ps`): take its credits and schedule
     /// their return at once (`take` + `give_back` in one step).
-    fn stream(&mut self, vc: i64, fp: i64, head_ps: i64, tail_ps: i64) -> PyResult<()> {
-        let vc = self.check_vc(vc)?;
-        self.stream_at(vc, fp, head_ps, tail_ps);
+    fn stream(&self, py: Python<'_>, vc: i64, fp: i64, head_ps: i64, tail_ps: i64) -> PyResult<()> {
+        let mut me = self.st(py);
+        let vc = me.check_vc(vc)?;
+        me.stream_at(vc, fp, head_ps, tail_ps);
         Ok(())
     }
 
     /// A draining receiver keeps a train after all (from `now`): take back the
     /// credits its sender scheduled to return (they come back with `give_back`).
-    fn hold(&mut self, vc: i64, fp: i64, now: i64) -> PyResult<()> {
-        self.take(vc, fp, now)
+    fn hold(&self, py: Python<'_>, vc: i64, fp: i64, now: i64) -> PyResult<()> {
+        self.take(py, vc, fp, now)
     }
 
     /// The train holding `fp` bytes of VC `vc` left the buffer between `t0` and
@@ -422,23 +437,28 @@ impl Credits {
 
     /// Count the ramps that have fully returned by `now` as free (a test's look
     /// at the end of a run).
-    fn _fold(&mut self, vc: i64, now: i64) -> PyResult<()> {
-        let vc = self.check_vc(vc)?;
-        self.fold(vc, now);
+    fn _fold(&self, py: Python<'_>, vc: i64, now: i64) -> PyResult<()> {
+        let mut me = self.st(py);
+        let vc = me.check_vc(vc)?;
+        me.fold(vc, now);
         Ok(())
     }
 
     /// Who to wake (with the VC) when credits are given back: the channel that
     /// sends here, or any callable.
-    fn on_return(&mut self, waiter: &Bound<'_, PyAny>) {
-        self.waiter = match waiter.cast::<Channel>() {
+    fn on_return(&self, py: Python<'_>, waiter: &Bound<'_, PyAny>) {
+        let mut me = self.st(py);
+        me.waiter = match waiter.cast::<Channel>() {
             Ok(ch) => Waiter::Channel(ch.clone().unbind()),
             Err(_) => Waiter::Call(waiter.clone().unbind()),
         };
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        match &self.waiter {
+        let Some(me) = self.st.during_gc() else {
+            return Ok(());
+        };
+        match &me.waiter {
             Waiter::Channel(c) => visit.call(c)?,
             Waiter::Call(f) => visit.call(f)?,
             Waiter::None => {}
@@ -446,9 +466,56 @@ impl Credits {
         Ok(())
     }
 
-    fn __clear__(&mut self) {
-        self.log = None;
-        self.waiter = Waiter::None;
+    fn __clear__(&self) {
+        if let Some(mut me) = self.st.during_gc_mut() {
+            me.log = None;
+            me.waiter = Waiter::None;
+        }
+    }
+
+    #[getter]
+    fn name(&self, py: Python<'_>) -> String {
+        self.st(py).name.clone()
+    }
+
+    #[getter]
+    fn vcs(&self, py: Python<'_>) -> usize {
+        self.st(py).vcs
+    }
+
+    #[getter]
+    fn capacity(&self, py: Python<'_>) -> i64 {
+        self.st(py).capacity
+    }
+
+    #[getter]
+    fn return_ps(&self, py: Python<'_>) -> i64 {
+        self.st(py).return_ps
+    }
+
+    #[getter]
+    fn drains(&self, py: Python<'_>) -> bool {
+        self.st(py).drains
+    }
+
+    #[getter]
+    fn free(&self, py: Python<'_>) -> Vec<i64> {
+        self.st(py).free.clone()
+    }
+
+    #[getter]
+    fn ramped(&self, py: Python<'_>) -> Vec<i64> {
+        self.st(py).ramped.clone()
+    }
+
+    #[getter]
+    fn held(&self, py: Python<'_>) -> Vec<i64> {
+        self.st(py).held.clone()
+    }
+
+    #[getter]
+    fn peak(&self, py: Python<'_>) -> Vec<i64> {
+        self.st(py).peak.clone()
     }
 }
 
@@ -456,8 +523,8 @@ impl Credits {
 mod tests {
     use super::*;
 
-    fn buffer(capacity: i64) -> Credits {
-        Credits::with("t".into(), 1, capacity, 0, false, vec![])
+    fn buffer(capacity: i64) -> CreditsState {
+        CreditsState::with("t".into(), 1, capacity, 0, false, vec![])
     }
 
     #[test]

@@ -106,7 +106,7 @@ impl Endpoint {
                 (t.credits.as_ref().map(|x| x.clone_ref(py)), t.vc, t.fp)
             };
             if let Some(cr) = cr {
-                cr.borrow_mut(py).take_at(vc as usize, fp, now); // hold: reclaim the scheduled return
+                cr.get().st(py).take_at(vc as usize, fp, now); // hold: reclaim the scheduled return
             }
             me.held[c][v].push_back(train.unbind());
             me.holding += 1;
@@ -188,8 +188,8 @@ impl Endpoint {
         me.serving += want;
         let at = me.now(py) + me.memory_latency_ps;
         me.sim
-            .borrow_mut(py)
-            .push(at, Action::Respond(slf.clone().unbind(), req.clone().unbind()));
+            .get()
+            .push(py, at, Action::Respond(slf.clone().unbind(), req.clone().unbind()));
         Ok(true)
     }
 
@@ -239,7 +239,7 @@ impl Endpoint {
         me.serving -= want;
         if me.holding != 0 {
             let now = me.now(py);
-            me.sim.borrow_mut(py).push(now, Action::DrainHeld(slf.clone().unbind()));
+            me.sim.get().push(py, now, Action::DrainHeld(slf.clone().unbind()));
         }
         Ok(())
     }
@@ -439,7 +439,7 @@ impl Endpoint {
     ) -> PyResult<Self> {
         let _ = (sms, remote_outstanding); // the SM side's (the Python subclass)
         let functional = memory.bind(py).getattr("functional")?.is_truthy()?;
-        let clock = sim.borrow(py).clock();
+        let clock = sim.get().clock();
         Ok(Endpoint {
             clock,
             sim,
@@ -657,8 +657,8 @@ impl Endpoint {
         if self.signals.get(&key).copied().unwrap_or(0) >= target {
             let now = self.now(py);
             self.sim
-                .borrow_mut(py)
-                .push(now, Action::Call(r#fn, PyTuple::empty(py).unbind()));
+                .get()
+                .push(py, now, Action::Call(r#fn, PyTuple::empty(py).unbind()));
         } else {
             self.signal_waits.entry(key).or_default().push((target, r#fn));
         }

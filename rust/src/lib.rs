@@ -11,6 +11,7 @@
 
 use pyo3::prelude::*;
 
+pub mod cell;
 pub mod channel;
 pub mod completion;
 pub mod credits;
@@ -29,6 +30,14 @@ pub mod wait;
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // The units' state cells (`cell::GilCell`) rely on the GIL: refuse an interpreter
+    // running without it (a free-threaded Python started with PYTHON_GIL=0).
+    let sys = m.py().import("sys")?;
+    if sys.hasattr("_is_gil_enabled")? && !sys.call_method0("_is_gil_enabled")?.extract::<bool>()? {
+        return Err(pyo3::exceptions::PyImportError::new_err(
+            "cais._core needs the global interpreter lock; run without PYTHON_GIL=0",
+        ));
+    }
     m.add_class::<sim::Simulator>()?;
     m.add_class::<train::Train>()?;
     m.add_class::<region::Region>()?;

@@ -878,7 +878,7 @@ impl MergeUnit {
         if !me.timer {
             me.timer = true;
             let due = now + me.timeout_ps;
-            me.sim.borrow_mut(py).push(due, Action::Expire(slf.clone().unbind()));
+            me.sim.get().push(py, due, Action::Expire(slf.clone().unbind()));
         }
         Ok(())
     }
@@ -918,8 +918,8 @@ impl MergeUnit {
         if let Some(t) = next {
             me.timer = true;
             me.sim
-                .borrow_mut(py)
-                .push(t.max(now), Action::Expire(slf.clone().unbind()));
+                .get()
+                .push(py, t.max(now), Action::Expire(slf.clone().unbind()));
         }
         Ok(())
     }
@@ -944,7 +944,7 @@ impl MergeUnit {
         };
         let timeout_us: f64 = cfg.getattr("timeout_us")?.extract()?;
         let latency_ns: f64 = cfg.getattr("latency_ns")?.extract()?;
-        let clock = sim.borrow(py).clock();
+        let clock = sim.get().clock();
         Ok(MergeUnit {
             host,
             clock,

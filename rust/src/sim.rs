@@ -14,6 +14,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use pyo3::{PyTraverseError, PyVisit};
 
+use crate::cell::GilCell;
 use crate::channel::{Channel, Sink};
 use crate::gpu::Endpoint;
 use crate::merge::MergeUnit;
@@ -92,23 +93,61 @@ impl Clock {
 ///
 /// Events scheduled for the same time run in the order they were scheduled, so a
 /// run is deterministic.
-#[pyclass(module = "cais._core")]
+#[pyclass(module = "cais._core", frozen)]
 pub struct Simulator {
     clock: Clock,
-    queue: BinaryHeap<Event>,
+    q: GilCell<Queue>,
+}
+
+/// The simulator's queue of events and its counters.
+struct Queue {
+    heap: BinaryHeap<Event>,
     /// The actions of queued events, by slot; `free`: slots not in use.
     actions: Vec<Option<Action>>,
     free: Vec<u32>,
     seq: u64,
     /// Events run so far.
-    #[pyo3(get, set)]
     events: i64,
     /// Called as `tick(now, events)` every `tick_every` events (a progress report);
     /// None: the loop does not look.
-    #[pyo3(get, set)]
     tick: Option<Py<PyAny>>,
-    #[pyo3(get, set)]
     tick_every: i64,
+}
+
+impl Queue {
+    /// Queue an action at `time`.
+    fn push(&mut self, time: i64, action: Action) {
+        debug_assert!(time >= 0, "times are not negative");
+        self.seq += 1;
+        let slot = match self.free.pop() {
+            Some(slot) => {
+                self.actions[slot as usize] = Some(action);
+                slot
+            }
+            None => {
+                self.actions.push(Some(action));
+                (self.actions.len() - 1) as u32
+            }
+        };
+        self.heap.push(Event {
+            key: (time as u128) << 64 | self.seq as u128,
+            slot,
+        });
+    }
+
+    /// The earliest event (its time and action), if any is due by `until`.
+    fn pop(&mut self, until: Option<i64>) -> Option<(i64, Action)> {
+        let time = self.heap.peek()?.time();
+        if until.is_some_and(|u| time > u) {
+            return None;
+        }
+        let e = self.heap.pop().expect("peeked");
+        let action = self.actions[e.slot as usize]
+            .take()
+            .expect("a queued event has its action");
+        self.free.push(e.slot);
+        Some((time, action))
+    }
 }
 
 impl Simulator {
@@ -123,49 +162,20 @@ impl Simulator {
     }
 
     /// Schedule an action at `time`, which must not be in the past.
-    pub(crate) fn schedule(&mut self, time: i64, action: Action) -> PyResult<()> {
+    pub(crate) fn schedule(&self, py: Python<'_>, time: i64, action: Action) -> PyResult<()> {
         let now = self.now();
         if time < now {
             return Err(PyValueError::new_err(format!(
                 "event scheduled in the past: {time} < {now}"
             )));
         }
-        self.push(time, action);
+        self.push(py, time, action);
         Ok(())
     }
 
     /// Schedule an action at `time` (the caller has checked it is not in the past).
-    pub(crate) fn push(&mut self, time: i64, action: Action) {
-        debug_assert!(time >= 0, "times are not negative");
-        self.seq += 1;
-        let slot = match self.free.pop() {
-            Some(slot) => {
-                self.actions[slot as usize] = Some(action);
-                slot
-            }
-            None => {
-                self.actions.push(Some(action));
-                (self.actions.len() - 1) as u32
-            }
-        };
-        self.queue.push(Event {
-            key: (time as u128) << 64 | self.seq as u128,
-            slot,
-        });
-    }
-
-    /// The earliest event (its time and action), if any is due by `until`.
-    fn pop(&mut self, until: Option<i64>) -> Option<(i64, Action)> {
-        let time = self.queue.peek()?.time();
-        if until.is_some_and(|u| time > u) {
-            return None;
-        }
-        let e = self.queue.pop().expect("peeked");
-        let action = self.actions[e.slot as usize]
-            .take()
-            .expect("a queued event has its action");
-        self.free.push(e.slot);
-        Some((time, action))
+    pub(crate) fn push(&self, py: Python<'_>, time: i64, action: Action) {
+        self.q.borrow_mut(py).push(time, action);
     }
 }
 
@@ -177,7 +187,7 @@ fn dispatch(py: Python<'_>, action: Action) -> PyResult<()> {
         Action::Arbitrate(ch, generation) => Channel::arbitrate(ch.bind(py), generation)?,
         Action::Arrive(ch, train, deliver) => {
             let payload = train.borrow(py).payload;
-            ch.borrow_mut(py).delivered_payload += payload;
+            ch.get().st(py).delivered_payload += payload;
             deliver.deliver(train.into_bound(py))?;
         }
         Action::Respond(gpu, req) => Endpoint::respond(gpu.bind(py), req.into_bound(py))?,
@@ -197,26 +207,61 @@ impl Simulator {
     fn new() -> Self {
         Simulator {
             clock: Clock::default(),
-            queue: BinaryHeap::new(),
-            actions: Vec::new(),
-            free: Vec::new(),
-            seq: 0,
-            events: 0,
-            tick: None,
-            tick_every: Self::TICK_EVERY,
+            q: GilCell::new(Queue {
+                heap: BinaryHeap::new(),
+                actions: Vec::new(),
+                free: Vec::new(),
+                seq: 0,
+                events: 0,
+                tick: None,
+                tick_every: Self::TICK_EVERY,
+            }),
         }
     }
 
     /// Run `fn(*args)` at absolute time `time` (not before now).
     #[pyo3(signature = (time, r#fn, *args))]
-    fn at(&mut self, time: i64, r#fn: Py<PyAny>, args: Py<PyTuple>) -> PyResult<()> {
-        self.schedule(time, Action::Call(r#fn, args))
+    fn at(&self, py: Python<'_>, time: i64, r#fn: Py<PyAny>, args: Py<PyTuple>) -> PyResult<()> {
+        self.schedule(py, time, Action::Call(r#fn, args))
     }
 
     /// Run `fn(*args)` `delay` picoseconds from now.
     #[pyo3(signature = (delay, r#fn, *args))]
-    fn after(&mut self, delay: i64, r#fn: Py<PyAny>, args: Py<PyTuple>) -> PyResult<()> {
-        self.at(self.now() + delay, r#fn, args)
+    fn after(&self, py: Python<'_>, delay: i64, r#fn: Py<PyAny>, args: Py<PyTuple>) -> PyResult<()> {
+        self.at(py, self.now() + delay, r#fn, args)
+    }
+
+    /// Events run so far.
+    #[getter]
+    fn events(&self, py: Python<'_>) -> i64 {
+        self.q.borrow(py).events
+    }
+
+    #[setter]
+    fn set_events(&self, py: Python<'_>, events: i64) {
+        self.q.borrow_mut(py).events = events;
+    }
+
+    /// Called as `tick(now, events)` every `tick_every` events (a progress report);
+    /// None: the loop does not look.
+    #[getter]
+    fn tick(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.q.borrow(py).tick.as_ref().map(|t| t.clone_ref(py))
+    }
+
+    #[setter]
+    fn set_tick(&self, py: Python<'_>, tick: Option<Py<PyAny>>) {
+        self.q.borrow_mut(py).tick = tick;
+    }
+
+    #[getter]
+    fn tick_every(&self, py: Python<'_>) -> i64 {
+        self.q.borrow(py).tick_every
+    }
+
+    #[setter]
+    fn set_tick_every(&self, py: Python<'_>, every: i64) {
+        self.q.borrow_mut(py).tick_every = every;
     }
 
     /// The present time (picoseconds).
@@ -227,34 +272,31 @@ impl Simulator {
 
     /// Events waiting in the queue.
     #[getter]
-    fn pending(&self) -> usize {
-        self.queue.len()
+    fn pending(&self, py: Python<'_>) -> usize {
+        self.q.borrow(py).heap.len()
     }
 
     /// Time of the next event, None when nothing is scheduled.
-    fn next_time(&self) -> Option<i64> {
-        self.queue.peek().map(Event::time)
+    fn next_time(&self, py: Python<'_>) -> Option<i64> {
+        self.q.borrow(py).heap.peek().map(Event::time)
     }
 
     /// Process events until the queue is empty (or past `until`); return now.
     #[pyo3(signature = (until = None))]
     fn run(slf: &Bound<'_, Self>, until: Option<i64>) -> PyResult<i64> {
         let py = slf.py();
+        let me = slf.get();
         let (tick, every) = {
-            let me = slf.borrow();
-            (me.tick.as_ref().map(|t| t.clone_ref(py)), me.tick_every.max(1))
+            let q = me.q.borrow(py);
+            (q.tick.as_ref().map(|t| t.clone_ref(py)), q.tick_every.max(1))
         };
         let mut count: i64 = 0;
         let mut outcome = Ok(());
         loop {
-            let (time, action) = {
-                let mut me = slf.borrow_mut();
-                let Some((time, action)) = me.pop(until) else {
-                    break;
-                };
-                me.clock.set(time);
-                (time, action)
+            let Some((time, action)) = me.q.borrow_mut(py).pop(until) else {
+                break;
             };
+            me.clock.set(time);
             if let Err(err) = dispatch(py, action) {
                 outcome = Err(err);
                 break;
@@ -269,7 +311,7 @@ impl Simulator {
             }
             if let Some(t) = &tick {
                 if count % every == 0 {
-                    let total = slf.borrow().events + count;
+                    let total = me.q.borrow(py).events + count;
                     if let Err(err) = t.call1(py, (time, total)) {
                         outcome = Err(err);
                         break;
@@ -277,14 +319,16 @@ impl Simulator {
                 }
             }
         }
-        let mut me = slf.borrow_mut();
-        me.events += count;
+        me.q.borrow_mut(py).events += count;
         outcome.map(|()| me.now())
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        visit.call(&self.tick)?;
-        for action in self.actions.iter().flatten() {
+        let Some(q) = self.q.during_gc() else {
+            return Ok(());
+        };
+        visit.call(&q.tick)?;
+        for action in q.actions.iter().flatten() {
             match action {
                 Action::Call(f, a) => {
                     visit.call(f)?;
@@ -308,11 +352,13 @@ impl Simulator {
         Ok(())
     }
 
-    fn __clear__(&mut self) {
-        self.tick = None;
-        self.queue.clear();
-        self.actions.clear();
-        self.free.clear();
+    fn __clear__(&self) {
+        if let Some(mut q) = self.q.during_gc_mut() {
+            q.tick = None;
+            q.heap.clear();
+            q.actions.clear();
+            q.free.clear();
+        }
     }
 }
 
@@ -324,13 +370,14 @@ mod tests {
     fn events_pop_by_time_then_schedule_order_and_slots_are_reused() {
         Python::initialize();
         Python::attach(|py| {
-            let mut sim = Simulator::new();
+            let sim = Simulator::new();
+            let mut q = sim.q.borrow_mut(py);
             let call = |i: i64| Action::Call(py.None(), PyTuple::new(py, [i]).unwrap().unbind());
             for (i, time) in [10, 5, 10, 5, 0].into_iter().enumerate() {
-                sim.push(time, call(i as i64));
+                q.push(time, call(i as i64));
             }
             let mut order = Vec::new();
-            while let Some((time, action)) = sim.pop(None) {
+            while let Some((time, action)) = q.pop(None) {
                 let Action::Call(_, args) = action else {
                     panic!("a call was queued")
                 };
@@ -338,11 +385,11 @@ mod tests {
             }
             assert_eq!(order, vec![(0, 4), (5, 1), (5, 3), (10, 0), (10, 2)]);
             // what popped frees its slot: the next events reuse them
-            sim.push(20, call(5));
-            sim.push(30, call(6));
-            assert_eq!(sim.actions.len(), 5);
-            assert!(sim.pop(Some(19)).is_none(), "nothing is due by 19");
-            assert_eq!(sim.pop(Some(25)).map(|(t, _)| t), Some(20));
+            q.push(20, call(5));
+            q.push(30, call(6));
+            assert_eq!(q.actions.len(), 5);
+            assert!(q.pop(Some(19)).is_none(), "nothing is due by 19");
+            assert_eq!(q.pop(Some(25)).map(|(t, _)| t), Some(20));
         });
     }
 }

@@ -575,7 +575,7 @@ impl SwitchChip {
             Some(m) if !m.is_none(py) => m,
             _ => py.import("cais.hw.config")?.getattr("MergeConfig")?.call0()?.unbind(),
         };
-        let clock = sim.borrow(py).clock();
+        let clock = sim.get().clock();
         Ok(SwitchChip {
             clock,
             sim,

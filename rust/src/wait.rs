@@ -117,7 +117,7 @@ impl Signal {
     /// Fire at `sim`'s present time with `value`.
     #[pyo3(signature = (sim, value = None))]
     fn fire(slf: &Bound<'_, Self>, sim: &Bound<'_, Simulator>, value: Option<Py<PyAny>>) -> PyResult<()> {
-        let now = sim.borrow().now();
+        let now = sim.get().now();
         Signal::fire_now(slf, now, value.unwrap_or_else(|| slf.py().None()))
     }
 
@@ -163,7 +163,7 @@ impl Countdown {
         }
         if left == 0 {
             if slf.get_type().is(slf.py().get_type::<Countdown>()) {
-                let now = sim.borrow().now(); // released before the waiters run
+                let now = sim.get().now(); // released before the waiters run
                 Signal::fire_now(slf.as_super(), now, slf.py().None())?;
             } else {
                 slf.call_method1("fire", (sim,))?; // a subclass may refine it
@@ -257,7 +257,7 @@ impl ByteBound {
                     Some(&(n, _)) if me.used + n <= me.limit => {
                         let (n, sig) = me.queue.pop_front().expect("a waiting request");
                         me.take(n);
-                        let now = me.sim.borrow(py).now();
+                        let now = me.sim.get().now();
                         (sig, now)
                     }
                     _ => return Ok(()),
@@ -306,7 +306,7 @@ impl Process {
             let waited = match gen.call_method1(py, intern!(py, "send"), (value,)) {
                 Ok(w) => w.into_bound(py),
                 Err(e) if e.is_instance_of::<PyStopIteration>(py) => {
-                    let now = sim.borrow(py).now();
+                    let now = sim.get().now();
                     return Signal::fire_now(done.bind(py), now, py.None());
                 }
                 Err(e) => return Err(e),
@@ -322,9 +322,9 @@ impl Process {
             }
             if waited.is_instance_of::<PyInt>() {
                 let delay: i64 = waited.extract()?;
-                let mut s = sim.borrow_mut(py);
+                let s = sim.get();
                 let time = s.now() + delay;
-                return s.schedule(time, Action::Step(slf.clone().unbind()));
+                return s.schedule(py, time, Action::Step(slf.clone().unbind()));
             }
             return Err(PyTypeError::new_err(format!(
                 "a program may yield an int delay or a Signal, not {}",
@@ -349,9 +349,9 @@ impl Process {
             },
         )?;
         if start {
-            let mut s = sim.borrow_mut(py);
+            let s = sim.get();
             let now = s.now();
-            s.schedule(now, Action::Step(p.clone_ref(py)))?;
+            s.schedule(py, now, Action::Step(p.clone_ref(py)))?;
         }
         Ok(p)
     }

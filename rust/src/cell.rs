@@ -1,0 +1,63 @@
+//! The mutable state of the core's units, guarded by the interpreter's lock.
+//!
+//! A unit of the core (a channel, a switch chip, an endpoint, a train...) is a
+//! Python object, since Python builds the machine and reads its counters. PyO3
+//! guards a mutable Python object with an atomic borrow flag: a locked
+//! compare-and-swap on every borrow and an atomic store or subtraction on every
+//! release, whether or not another thread could ever look. On a long collective
+//! those made a seventh of the run's cycles, on every unit a train passes.
+//!
+//! The core's units are instead frozen Python classes (no PyO3 flag) that keep their
+//! mutable state in a [`GilCell`]: a `RefCell`, whose flag is a plain counter,
+//! borrowed only with a [`Python`] token. The token is the proof that this thread
+//! holds the global interpreter lock, so no other thread can be inside the cell at
+//! the same time, which is what the cell's `Sync` rests on. The module refuses to
+//! load into an interpreter that runs without that lock (`lib.rs`). A borrow that
+//! conflicts with one already held panics, as PyO3's did (a bug in the core, never a
+//! user's input), and PyO3 turns the panic into a Python exception.
+
+use std::cell::{Ref, RefCell, RefMut};
+
+use pyo3::Python;
+
+/// A unit's mutable state: a `RefCell` reached only while holding the GIL.
+#[derive(Default)]
+pub struct GilCell<T>(RefCell<T>);
+
+// SAFETY: every access to the inner `RefCell` goes through `borrow`/`borrow_mut`,
+// which take a `Python` token (the calling thread holds the GIL), or through
+// `during_gc`, which only the interpreter's cyclic collector calls, also under the
+// GIL. With the GIL, one thread at a time runs in any cell, so the `RefCell`'s
+// non-atomic flag and value are never touched by two threads at once. The module
+// does not load where the GIL is off (`_core` in `lib.rs`).
+unsafe impl<T: Send> Sync for GilCell<T> {}
+
+impl<T> GilCell<T> {
+    pub fn new(value: T) -> Self {
+        GilCell(RefCell::new(value))
+    }
+
+    /// Shared access to the state.
+    #[inline]
+    pub fn borrow<'a>(&'a self, _py: Python<'_>) -> Ref<'a, T> {
+        self.0.borrow()
+    }
+
+    /// Exclusive access to the state.
+    #[inline]
+    pub fn borrow_mut<'a>(&'a self, _py: Python<'_>) -> RefMut<'a, T> {
+        self.0.borrow_mut()
+    }
+
+    /// The state for the cyclic collector's `__traverse__` (which runs under the GIL
+    /// but gets no token); None while the core holds it exclusively, as PyO3 skips a
+    /// mutably borrowed object.
+    pub fn during_gc(&self) -> Option<Ref<'_, T>> {
+        self.0.try_borrow().ok()
+    }
+
+    /// The state for the collector's `__clear__`; None while the core holds it.
+    pub fn during_gc_mut(&self) -> Option<RefMut<'_, T>> {
+        self.0.try_borrow_mut().ok()
+    }
+}
