@@ -61,3 +61,49 @@ impl<T> GilCell<T> {
         self.0.try_borrow_mut().ok()
     }
 }
+
+/// A unit of the core: a frozen Python class whose mutable state is a [`GilCell`].
+pub(crate) trait Unit: pyo3::PyClass<Frozen = pyo3::pyclass::boolean_struct::True> + Sync {
+    type State;
+    fn cell(&self) -> &GilCell<Self::State>;
+
+    /// The state, while holding the GIL.
+    #[inline]
+    fn st<'a>(&'a self, py: Python<'_>) -> RefMut<'a, Self::State> {
+        self.cell().borrow_mut(py)
+    }
+}
+
+/// Declares `$unit` (a frozen class whose field `st` holds a `GilCell<$state>`) a
+/// [`Unit`], made from its state with `From`.
+macro_rules! unit {
+    ($unit:ident, $state:ident) => {
+        impl $crate::cell::Unit for $unit {
+            type State = $state;
+            fn cell(&self) -> &$crate::cell::GilCell<$state> {
+                &self.st
+            }
+        }
+
+        impl From<$state> for $unit {
+            fn from(state: $state) -> Self {
+                $unit {
+                    st: $crate::cell::GilCell::new(state),
+                }
+            }
+        }
+    };
+}
+pub(crate) use unit;
+
+/// A bound unit's state, borrowed with the GIL its binding carries.
+pub(crate) trait UnitState<T: Unit> {
+    fn st(&self) -> RefMut<'_, T::State>;
+}
+
+impl<T: Unit> UnitState<T> for pyo3::Bound<'_, T> {
+    #[inline]
+    fn st(&self) -> RefMut<'_, T::State> {
+        self.get().cell().borrow_mut(self.py())
+    }
+}

@@ -13,7 +13,7 @@ use pyo3::exceptions::PyIndexError;
 use pyo3::prelude::*;
 use pyo3::{PyTraverseError, PyVisit};
 
-use crate::cell::GilCell;
+use crate::cell::{unit, GilCell, Unit, UnitState};
 use crate::credits::{true_div, Credits};
 use crate::gpu::Endpoint;
 use crate::merge::MergeUnit;
@@ -169,7 +169,7 @@ impl ChannelState {
         let cr = self.credits.as_ref().expect("a channel with credits");
         let mut c = cr.get().st(py);
         let head = &self.queues[vc][0];
-        let t = head.train.borrow(py);
+        let t = head.train.get().st(py);
         let fp = c.footprint_of(t.wire);
         let ready = if c.has_free(vc, fp) {
             0
@@ -208,15 +208,11 @@ impl ChannelState {
             self.arm(py, this, t.max(now));
         }
     }
-
 }
 
-impl Channel {
-    /// The state, while holding the GIL.
-    pub(crate) fn st<'a>(&'a self, py: Python<'_>) -> std::cell::RefMut<'a, ChannelState> {
-        self.st.borrow_mut(py)
-    }
+unit!(Channel, ChannelState);
 
+impl Channel {
     /// The wire is free: serve the first VC at or after the round-robin pointer
     /// whose head train has credits, then move the pointer past it.
     pub(crate) fn arbitrate(slf: &Bound<'_, Channel>, generation: u64) -> PyResult<()> {
@@ -294,7 +290,7 @@ impl Channel {
         let (start, finish, pkt) = {
             let mut me = slf.get().st(py);
             let now = me.now(py);
-            let t = train.borrow();
+            let t = train.st();
             let start = me.free_at.max(t.head).max(not_before);
             let pkt = (t.packet_wire as f64 * me.ps_per_byte + 0.5) as i64;
             let mut finish = start + ser;
@@ -328,7 +324,7 @@ impl Channel {
         }
         let me = slf.get().st(py);
         let lat = me.latency_ps;
-        let mut t = train.borrow_mut();
+        let mut t = train.st();
         if let Some(cr) = &me.credits {
             let mut c = cr.get().st(py);
             let fp = c.footprint_of(t.wire);
@@ -345,9 +341,11 @@ impl Channel {
         let arrive = finish + lat;
         t.tail = arrive;
         drop(t);
-        me.sim
-            .get()
-            .push(py, arrive, Action::Arrive(slf.clone().unbind(), train.unbind(), deliver));
+        me.sim.get().push(
+            py,
+            arrive,
+            Action::Arrive(slf.clone().unbind(), train.unbind(), deliver),
+        );
         Ok(())
     }
 
@@ -358,7 +356,7 @@ impl Channel {
         let mut me = slf.get().st(py);
         let now = me.now(py);
         let (vc, wire, head) = {
-            let t = train.borrow();
+            let t = train.st();
             (t.vc, t.wire, t.head)
         };
         if vc < 0 || vc as usize >= me.queues.len() {
@@ -462,28 +460,28 @@ impl Channel {
         let clock = sim.get().clock();
         Ok(Channel {
             st: GilCell::new(ChannelState {
-            clock,
-            sim,
-            name,
-            ps_per_byte,
-            latency_ps,
-            free_at: 0,
-            queues: (0..vcs).map(|_| VecDeque::new()).collect(),
-            rr: 0,
-            active: Vec::new(),
-            queued: 0,
-            generation: 0,
-            armed_at: -1,
-            trains: 0,
-            payload_bytes: 0,
-            wire_bytes: 0,
-            busy_ps: 0,
-            delivered_payload: 0,
-            timeline,
-            credits,
-            credit_rtt_ps,
-            ready: vec![UNKNOWN; vcs],
-            ser_ps_per_byte,
+                clock,
+                sim,
+                name,
+                ps_per_byte,
+                latency_ps,
+                free_at: 0,
+                queues: (0..vcs).map(|_| VecDeque::new()).collect(),
+                rr: 0,
+                active: Vec::new(),
+                queued: 0,
+                generation: 0,
+                armed_at: -1,
+                trains: 0,
+                payload_bytes: 0,
+                wire_bytes: 0,
+                busy_ps: 0,
+                delivered_payload: 0,
+                timeline,
+                credits,
+                credit_rtt_ps,
+                ready: vec![UNKNOWN; vcs],
+                ser_ps_per_byte,
             }),
         })
     }
@@ -591,10 +589,7 @@ impl Channel {
 
     fn __repr__(&self, py: Python<'_>) -> String {
         let me = self.st(py);
-        format!(
-            "Channel({:?}, free_at={}, queued={})",
-            me.name, me.free_at, me.queued
-        )
+        format!("Channel({:?}, free_at={}, queued={})", me.name, me.free_at, me.queued)
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {

@@ -9,6 +9,8 @@
 //! other's with no argument.
 
 use pyo3::prelude::*;
+
+use crate::cell::{unit, GilCell, Unit, UnitState};
 use pyo3::types::PyDict;
 use pyo3::{PyTraverseError, PyVisit};
 
@@ -20,9 +22,13 @@ use crate::train::Train;
 /// completed: as `done(data)` for a load (`assemble` given: the data of every piece,
 /// by start element, put together by `assemble(region, pieces, parts)`, or None when
 /// some piece carried none), else as `done()`.
-#[pyclass(module = "cais._core")]
+#[pyclass(module = "cais._core", frozen)]
 pub struct Completion {
-    #[pyo3(get)]
+    st: GilCell<CompletionState>,
+}
+
+/// The mutable state of a [`Completion`] (see there), borrowed while holding the GIL.
+pub(crate) struct CompletionState {
     left: i64,
     done: Py<PyAny>,
     region: Py<PyAny>,
@@ -35,19 +41,21 @@ pub struct Completion {
     stream: Option<Py<LoadStream>>,
 }
 
+unit!(Completion, CompletionState);
+
 impl Completion {
     /// One of the operation's trains has completed.
     pub(crate) fn arrive(slf: &Bound<'_, Self>, train: Option<&Bound<'_, Train>>) -> PyResult<()> {
         let py = slf.py();
         let (finished, gather) = {
-            let mut me = slf.borrow_mut();
+            let mut me = slf.st();
             let gather = !me.assemble.is_none(py);
             if let (true, Some(train)) = (gather, train) {
-                let data = train.borrow().data.clone_ref(py);
+                let data = train.st().data.clone_ref(py);
                 if !data.is_none(py) {
-                    let start = match train.borrow().addr.bind(py).cast::<Region>() {
+                    let start = match train.st().addr.bind(py).cast::<Region>() {
                         Ok(r) => r.get().start,
-                        Err(_) => train.borrow().addr.bind(py).getattr("start")?.extract()?,
+                        Err(_) => train.st().addr.bind(py).getattr("start")?.extract()?,
                     };
                     let parts = me.parts.get_or_insert_with(|| PyDict::new(py).unbind());
                     parts.bind(py).set_item(start, data)?;
@@ -60,12 +68,12 @@ impl Completion {
         if !finished {
             return Ok(());
         }
-        let stream = slf.borrow().stream.as_ref().map(|s| s.clone_ref(py));
+        let stream = slf.st().stream.as_ref().map(|s| s.clone_ref(py));
         match stream {
             None => Completion::call_done(slf, gather),
             Some(stream) => {
                 // as a TB's mainloop does: room back first, then the data, then the count
-                let nbytes = region_bytes(slf.borrow().region.bind(py))?;
+                let nbytes = region_bytes(slf.st().region.bind(py))?;
                 LoadStream::release(stream.bind(py), nbytes)?;
                 Completion::call_done(slf, gather)?;
                 LoadStream::landed(stream.bind(py))
@@ -84,15 +92,15 @@ impl Completion {
         assemble: Py<PyAny>,
         stream: Py<LoadStream>,
     ) -> PyResult<Py<Completion>> {
-        let mut c = Completion::new(py, count, Some(placed), Some(region), Some(pieces), Some(assemble));
-        c.stream = Some(stream);
+        let c = Completion::new(py, count, Some(placed), Some(region), Some(pieces), Some(assemble));
+        c.st(py).stream = Some(stream);
         Py::new(py, c)
     }
 
     /// The operation's callback, with its data put together for a load.
     fn call_done(slf: &Bound<'_, Self>, gather: bool) -> PyResult<()> {
         let py = slf.py();
-        let me = slf.borrow();
+        let me = slf.st();
         let done = me.done.clone_ref(py);
         if done.is_none(py) {
             return Ok(());
@@ -128,7 +136,7 @@ impl Completion {
 /// a [`Completion`], else called as `train.done(train)`.
 pub(crate) fn complete(train: &Bound<'_, Train>) -> PyResult<()> {
     let py = train.py();
-    let done = train.borrow().done.clone_ref(py);
+    let done = train.st().done.clone_ref(py);
     if done.is_none(py) {
         return Ok(());
     }
@@ -151,7 +159,7 @@ impl Completion {
         assemble: Option<Py<PyAny>>,
     ) -> Self {
         let none = || py.None();
-        Completion {
+        Completion::from(CompletionState {
             left: count,
             done: done.unwrap_or_else(none),
             region: region.unwrap_or_else(none),
@@ -160,7 +168,7 @@ impl Completion {
             parts: None,
             with_data: 0,
             stream: None,
-        }
+        })
     }
 
     /// A train of the operation has completed (as the core calls it; anything but a
@@ -170,35 +178,52 @@ impl Completion {
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        visit.call(&self.done)?;
-        visit.call(&self.region)?;
-        visit.call(&self.pieces)?;
-        visit.call(&self.assemble)?;
-        visit.call(&self.parts)?;
-        visit.call(&self.stream)?;
+        let Some(me) = self.st.during_gc() else {
+            return Ok(());
+        };
+        visit.call(&me.done)?;
+        visit.call(&me.region)?;
+        visit.call(&me.pieces)?;
+        visit.call(&me.assemble)?;
+        visit.call(&me.parts)?;
+        visit.call(&me.stream)?;
         Ok(())
     }
 
-    fn __clear__(&mut self, py: Python<'_>) {
-        self.done = py.None();
-        self.region = py.None();
-        self.pieces = py.None();
-        self.assemble = py.None();
-        self.parts = None;
-        self.stream = None;
+    fn __clear__(&self, py: Python<'_>) {
+        if let Some(mut me) = self.st.during_gc_mut() {
+            me.done = py.None();
+            me.region = py.None();
+            me.pieces = py.None();
+            me.assemble = py.None();
+            me.parts = None;
+            me.stream = None;
+        }
+    }
+
+    #[getter]
+    fn left(&self, py: Python<'_>) -> i64 {
+        self.st(py).left
     }
 }
 
 /// The load/store path of one SM: data it stores leaves at most at `ps_per_byte`
 /// (the SM's copy bandwidth), so a store's train has its head when the SM starts
 /// pushing it and its tail when the SM has pushed all of it.
-#[pyclass(module = "cais._core", get_all, set_all)]
+#[pyclass(module = "cais._core", frozen)]
 pub struct SmPort {
+    st: GilCell<SmPortState>,
+}
+
+/// The mutable state of a [`SmPort`] (see there), borrowed while holding the GIL.
+pub(crate) struct SmPortState {
     pub ps_per_byte: f64,
     pub free_at: i64,
 }
 
-impl SmPort {
+unit!(SmPort, SmPortState);
+
+impl SmPortState {
     /// (head, tail) of `nbytes` pushed from `now` on.
     pub(crate) fn push_at(&mut self, now: i64, nbytes: i64) -> (i64, i64) {
         let head = now.max(self.free_at);
@@ -211,15 +236,36 @@ impl SmPort {
 impl SmPort {
     #[new]
     fn new(ps_per_byte: f64) -> Self {
-        SmPort {
+        SmPort::from(SmPortState {
             ps_per_byte,
             free_at: 0,
-        }
+        })
     }
 
     /// (head, tail) of `nbytes` pushed from `now` on.
-    fn push(&mut self, now: i64, nbytes: i64) -> (i64, i64) {
-        self.push_at(now, nbytes)
+    fn push(&self, py: Python<'_>, now: i64, nbytes: i64) -> (i64, i64) {
+        let mut me = self.st(py);
+        me.push_at(now, nbytes)
+    }
+
+    #[getter]
+    fn ps_per_byte(&self, py: Python<'_>) -> f64 {
+        self.st(py).ps_per_byte
+    }
+
+    #[setter]
+    fn set_ps_per_byte(&self, py: Python<'_>, value: f64) {
+        self.st(py).ps_per_byte = value;
+    }
+
+    #[getter]
+    fn free_at(&self, py: Python<'_>) -> i64 {
+        self.st(py).free_at
+    }
+
+    #[setter]
+    fn set_free_at(&self, py: Python<'_>, value: i64) {
+        self.st(py).free_at = value;
     }
 }
 
@@ -229,7 +275,7 @@ mod tests {
 
     #[test]
     fn an_sm_port_pushes_back_to_back_and_rounds_half_to_even() {
-        let mut port = SmPort {
+        let mut port = SmPortState {
             ps_per_byte: 0.5,
             free_at: 0,
         };

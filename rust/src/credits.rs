@@ -25,7 +25,7 @@ use std::collections::VecDeque;
 use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::prelude::*;
 
-use crate::cell::GilCell;
+use crate::cell::{unit, GilCell, Unit};
 use pyo3::types::PyFrozenSet;
 use pyo3::{PyTraverseError, PyVisit};
 
@@ -69,7 +69,7 @@ pub struct Credits {
     st: GilCell<CreditsState>,
 }
 
-/// `Credits`'s state (its docs).
+/// The mutable state of a [`Credits`] (see there), borrowed while holding the GIL.
 pub(crate) struct CreditsState {
     name: String,
     vcs: usize,
@@ -93,13 +93,9 @@ pub(crate) struct CreditsState {
     waiter: Waiter,
 }
 
-impl Credits {
-    /// The state, while holding the GIL.
-    #[inline]
-    pub(crate) fn st<'a>(&'a self, py: Python<'_>) -> std::cell::RefMut<'a, CreditsState> {
-        self.st.borrow_mut(py)
-    }
+unit!(Credits, CreditsState);
 
+impl Credits {
     /// The train holding `fp` bytes of VC `vc` left the buffer between `t0` and
     /// `t1`; its credits reach the sender `return_ps` later, progressively.
     pub(crate) fn give_back_at(

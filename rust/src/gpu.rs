@@ -7,6 +7,8 @@ use rustc_hash::FxHashMap as HashMap;
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
+
+use crate::cell::{unit, GilCell, Unit, UnitState};
 use pyo3::types::{PyDict, PyList, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
 
@@ -19,7 +21,7 @@ use crate::packets::PacketBook;
 use crate::region::region_bytes;
 use crate::sim::{Action, Clock, Simulator};
 use crate::switch::SwitchChip;
-use crate::train::Train;
+use crate::train::{Train, TrainState};
 
 /// A GPU's NVLink endpoint. An input buffer per switch chip and VC, drained as
 /// packets arrive: writes and reductions land in memory; read requests (plain,
@@ -33,32 +35,28 @@ use crate::train::Train;
 /// A kind with a Python handler in `handlers` (returning whether it could take the
 /// train) is served by it instead. `cais.hw.gpu.Gpu` adds the SMs and the TB
 /// dispatcher.
-#[pyclass(module = "cais._core", subclass)]
+#[pyclass(module = "cais._core", subclass, frozen)]
 pub struct Endpoint {
-    #[pyo3(get)]
+    st: GilCell<EndpointState>,
+}
+
+/// The mutable state of a [`Endpoint`] (see there), borrowed while holding the GIL.
+pub(crate) struct EndpointState {
     sim: Py<Simulator>,
     clock: Clock,
-    #[pyo3(get)]
     index: i64,
-    #[pyo3(get)]
     memory: Py<PyAny>,
     functional: bool,
-    #[pyo3(get)]
     pk: Py<PyAny>,
-    #[pyo3(get)]
     vcmap: Py<PyAny>,
     packets: PacketBook,
-    #[pyo3(get)]
     memory_latency_ps: i64,
-    #[pyo3(get)]
     serve_bytes: i64,
     /// Bytes of reads being served.
-    #[pyo3(get)]
     serving: i64,
     hbm: Option<Py<HbmStreams>>,
     held: Vec<Vec<VecDeque<Py<Train>>>>,
     holding: i64,
-    #[pyo3(get)]
     handlers: Py<PyDict>,
     signals: HashMap<i64, i64>,
     signal_waits: HashMap<i64, Vec<(i64, Py<PyAny>)>>,
@@ -66,43 +64,29 @@ pub struct Endpoint {
     switches: Vec<Py<SwitchChip>>,
     ack_flits: i64,
     /// Payload bytes this GPU put on the fabric.
-    #[pyo3(get)]
     injected: i64,
 }
 
+unit!(Endpoint, EndpointState);
+
 impl Endpoint {
-    fn now(&self, py: Python<'_>) -> i64 {
-        let _ = py;
-        self.clock.now()
-    }
-
-    fn stream(&self, py: Python<'_>, now: i64, nbytes: i64) {
-        if let Some(h) = &self.hbm {
-            h.borrow_mut(py).count(now, nbytes as f64);
-        }
-    }
-
-    fn connected(&self) -> bool {
-        !self.up.is_empty()
-    }
-
     /// A train's tail has arrived from chip `train.chip`. The buffer drains as
     /// trains arrive (its sender already scheduled their credits' return); a train
     /// that cannot be taken yet is held, and so is every train behind it.
     pub(crate) fn receive_train(slf: &Bound<'_, Self>, train: Bound<'_, Train>) -> PyResult<()> {
         let py = slf.py();
         let (c, v) = {
-            let me = slf.borrow();
-            let t = train.borrow();
+            let me = slf.st();
+            let t = train.st();
             let c = py_index(t.chip, me.held.len())?;
             (c, py_index(t.vc, me.held[c].len())?)
         };
-        let busy = !slf.borrow().held[c][v].is_empty();
+        let busy = !slf.st().held[c][v].is_empty();
         if busy || !Endpoint::consume(slf, &train)? {
-            let mut me = slf.borrow_mut();
+            let mut me = slf.st();
             let now = me.now(py);
             let (cr, vc, fp) = {
-                let t = train.borrow();
+                let t = train.st();
                 (t.credits.as_ref().map(|x| x.clone_ref(py)), t.vc, t.fp)
             };
             if let Some(cr) = cr {
@@ -117,8 +101,8 @@ impl Endpoint {
     /// Take `train` out of the input buffer (false: it cannot be taken yet).
     fn consume(slf: &Bound<'_, Self>, train: &Bound<'_, Train>) -> PyResult<bool> {
         let py = slf.py();
-        let kind = train.borrow().kind;
-        let handler = handler(py, &slf.borrow().handlers, kind)?;
+        let kind = train.st().kind;
+        let handler = handler(py, &slf.st().handlers, kind)?;
         if let Some(h) = handler {
             return h.call1((train,))?.is_truthy();
         }
@@ -136,15 +120,15 @@ impl Endpoint {
     fn write(slf: &Bound<'_, Self>, train: &Bound<'_, Train>) -> PyResult<bool> {
         let py = slf.py();
         let (kind, payload, tag, count, src, fenced) = {
-            let t = train.borrow();
+            let t = train.st();
             (t.kind, t.payload, t.tag, t.count, t.src, !t.fence.is_none(py))
         };
         let (functional, memory, now) = {
-            let me = slf.borrow();
+            let me = slf.st();
             (me.functional, me.memory.clone_ref(py), me.now(py))
         };
         if functional {
-            let t = train.borrow();
+            let t = train.st();
             let (addr, data) = (t.addr.clone_ref(py), t.data.clone_ref(py));
             drop(t);
             memory
@@ -152,13 +136,13 @@ impl Endpoint {
                 .call_method1(if kind == WRITE { "write" } else { "add" }, (addr, data))?;
         }
         // a reduction near memory reads, adds and writes back
-        slf.borrow()
+        slf.st()
             .stream(py, now, if kind == WRITE { payload } else { 2 * payload });
         if kind == RED_CAIS && tag >= 0 {
             Endpoint::signal_word(slf, tag, count * payload)?; // after its data: the contributions it sums
         }
         let ack = {
-            let me = slf.borrow();
+            let me = slf.st();
             me.connected() && src >= 0 && (fenced || me.ack_flits != 0)
         };
         if ack {
@@ -170,8 +154,8 @@ impl Endpoint {
 
     /// A flag lands (the peer polling it sees it); a fence probe is answered.
     fn flag(slf: &Bound<'_, Self>, train: &Bound<'_, Train>) -> PyResult<bool> {
-        let fenced = !train.borrow().fence.is_none(slf.py());
-        if fenced && slf.borrow().connected() {
+        let fenced = !train.st().fence.is_none(slf.py());
+        if fenced && slf.st().connected() {
             Endpoint::ack_write(slf, train)?;
         }
         complete(train)?;
@@ -180,8 +164,8 @@ impl Endpoint {
 
     fn read(slf: &Bound<'_, Self>, req: &Bound<'_, Train>) -> PyResult<bool> {
         let py = slf.py();
-        let want = req.borrow().want;
-        let mut me = slf.borrow_mut();
+        let want = req.st().want;
+        let mut me = slf.st();
         if me.serving != 0 && me.serving + want > me.serve_bytes {
             return Ok(false);
         }
@@ -197,7 +181,7 @@ impl Endpoint {
     pub(crate) fn respond(slf: &Bound<'_, Self>, req: Bound<'_, Train>) -> PyResult<()> {
         let py = slf.py();
         let (req_kind, addr) = {
-            let r = req.borrow();
+            let r = req.st();
             (r.kind, r.addr.clone_ref(py))
         };
         let kind = match req_kind {
@@ -207,7 +191,7 @@ impl Endpoint {
         };
         let nbytes = region_bytes(addr.bind(py))?;
         let resp = {
-            let mut me = slf.borrow_mut();
+            let mut me = slf.st();
             let now = me.now(py);
             me.stream(py, now, nbytes);
             let (wire, last) = me.packets.wire(py, kind, nbytes)?;
@@ -217,8 +201,8 @@ impl Endpoint {
             } else {
                 py.None()
             };
-            let r = req.borrow();
-            let mut t = Train::blank(py, nbytes, wire, last, kind, me.index, r.src);
+            let r = req.st();
+            let mut t = TrainState::blank(py, nbytes, wire, last, kind, me.index, r.src);
             t.chip = r.chip;
             t.addr = addr;
             t.data = data;
@@ -226,7 +210,7 @@ impl Endpoint {
             t.vc = vc;
             t.want = r.want;
             t.tag = r.tag;
-            Bound::new(py, t)?
+            Bound::new(py, Train::from(t))?
         };
         Endpoint::inject_train(slf, resp, None, None, Hook::Served(slf.clone().unbind()))
     }
@@ -234,8 +218,8 @@ impl Endpoint {
     /// A response is on the wire: its bytes stop counting; held requests may go.
     pub(crate) fn served(slf: &Bound<'_, Self>, resp: &Bound<'_, Train>) -> PyResult<()> {
         let py = slf.py();
-        let want = resp.borrow().want;
-        let mut me = slf.borrow_mut();
+        let want = resp.st().want;
+        let mut me = slf.st();
         me.serving -= want;
         if me.holding != 0 {
             let now = me.now(py);
@@ -246,13 +230,13 @@ impl Endpoint {
 
     pub(crate) fn drain_held(slf: &Bound<'_, Self>) -> PyResult<()> {
         let py = slf.py();
-        let now = slf.borrow().now(py);
-        let chips = slf.borrow().held.len();
+        let now = slf.st().now(py);
+        let chips = slf.st().held.len();
         for c in 0..chips {
-            let vcs = slf.borrow().held[c].len();
+            let vcs = slf.st().held[c].len();
             for v in 0..vcs {
                 loop {
-                    let front = match slf.borrow().held[c][v].front() {
+                    let front = match slf.st().held[c][v].front() {
                         None => break,
                         Some(t) => t.clone_ref(py).into_bound(py),
                     };
@@ -260,12 +244,12 @@ impl Endpoint {
                         break;
                     }
                     {
-                        let mut me = slf.borrow_mut();
+                        let mut me = slf.st();
                         me.held[c][v].pop_front();
                         me.holding -= 1;
                     }
                     let (cr, vc, fp) = {
-                        let t = front.borrow();
+                        let t = front.st();
                         (t.credits.as_ref().map(|x| x.clone_ref(py)), t.vc, t.fp)
                     };
                     if let Some(cr) = cr {
@@ -282,15 +266,15 @@ impl Endpoint {
     fn ack_write(slf: &Bound<'_, Self>, write: &Bound<'_, Train>) -> PyResult<()> {
         let py = slf.py();
         let ack = {
-            let mut me = slf.borrow_mut();
-            let w = write.borrow();
+            let mut me = slf.st();
+            let w = write.st();
             let (wire, last) = me.packets.wire(py, WRITE_ACK, w.payload)?;
             let vc = me.packets.vc(py, WRITE_ACK, 0)?;
-            let mut t = Train::blank(py, 0, wire, last, WRITE_ACK, me.index, w.src);
+            let mut t = TrainState::blank(py, 0, wire, last, WRITE_ACK, me.index, w.src);
             t.chip = w.chip;
             t.done = w.fence.clone_ref(py);
             t.vc = vc;
-            Bound::new(py, t)?
+            Bound::new(py, Train::from(t))?
         };
         Endpoint::inject_train(slf, ack, None, None, Hook::None)
     }
@@ -305,7 +289,7 @@ impl Endpoint {
     ) -> PyResult<()> {
         let py = slf.py();
         let (channel, switch) = {
-            let mut me = slf.borrow_mut();
+            let mut me = slf.st();
             if !me.connected() {
                 return Err(PyRuntimeError::new_err(format!(
                     "gpu{} is not connected to a fabric",
@@ -313,7 +297,7 @@ impl Endpoint {
                 )));
             }
             let now = me.now(py);
-            let mut t = train.borrow_mut();
+            let mut t = train.st();
             t.head = head.unwrap_or(now);
             t.tail = tail.unwrap_or(t.head);
             me.injected += t.payload;
@@ -343,14 +327,14 @@ impl Endpoint {
         let py = slf.py();
         let kind = op.kind;
         let train = {
-            let mut me = slf.borrow_mut();
+            let mut me = slf.st();
             if payload != 0 && matches!(kind, WRITE | RED | MC_STORE | MC_RED | RED_CAIS) {
                 let now = me.now(py);
                 me.stream(py, now, payload); // the data is read from the issuer's HBM
             }
             let (wire, last) = me.packets.wire(py, kind, nbytes)?;
             let vc = me.packets.vc(py, kind, op.stream)?;
-            let mut t = Train::blank(py, payload, wire, last, kind, me.index, op.dst);
+            let mut t = TrainState::blank(py, payload, wire, last, kind, me.index, op.dst);
             t.chip = chip;
             t.addr = addr;
             t.data = data;
@@ -361,7 +345,7 @@ impl Endpoint {
             t.expect = op.expect;
             t.quorum = op.quorum;
             t.fence = fence;
-            Bound::new(py, t)?
+            Bound::new(py, Train::from(t))?
         };
         Endpoint::inject_train(slf, train, head, tail, Hook::None)
     }
@@ -370,7 +354,7 @@ impl Endpoint {
     fn signal_word(slf: &Bound<'_, Self>, key: i64, amount: i64) -> PyResult<()> {
         let py = slf.py();
         let ready = {
-            let mut me = slf.borrow_mut();
+            let mut me = slf.st();
             let value = me.signals.get(&key).copied().unwrap_or(0) + amount;
             me.signals.insert(key, value);
             match me.signal_waits.get_mut(&key) {
@@ -386,6 +370,23 @@ impl Endpoint {
             f.call0(py)?;
         }
         Ok(())
+    }
+}
+
+impl EndpointState {
+    fn now(&self, py: Python<'_>) -> i64 {
+        let _ = py;
+        self.clock.now()
+    }
+
+    fn stream(&self, py: Python<'_>, now: i64, nbytes: i64) {
+        if let Some(h) = &self.hbm {
+            h.get().st(py).count(now, nbytes as f64);
+        }
+    }
+
+    fn connected(&self) -> bool {
+        !self.up.is_empty()
     }
 }
 
@@ -440,7 +441,7 @@ impl Endpoint {
         let _ = (sms, remote_outstanding); // the SM side's (the Python subclass)
         let functional = memory.bind(py).getattr("functional")?.is_truthy()?;
         let clock = sim.get().clock();
-        Ok(Endpoint {
+        Ok(Endpoint::from(EndpointState {
             clock,
             sim,
             index,
@@ -464,33 +465,37 @@ impl Endpoint {
             switches: Vec::new(),
             ack_flits: 0,
             injected: 0,
-        })
+        }))
     }
 
     /// This GPU's HBM (its streams are counted here).
     #[getter]
     fn hbm(&self, py: Python<'_>) -> Option<Py<HbmStreams>> {
-        self.hbm.as_ref().map(|h| h.clone_ref(py))
+        let me = self.st(py);
+        me.hbm.as_ref().map(|h| h.clone_ref(py))
     }
 
     #[setter]
-    fn set_hbm(&mut self, hbm: Py<HbmStreams>) {
-        self.hbm = Some(hbm);
+    fn set_hbm(&self, py: Python<'_>, hbm: Py<HbmStreams>) {
+        let mut me = self.st(py);
+        me.hbm = Some(hbm);
     }
 
     /// Signal words: key -> value (a copy).
     #[getter]
-    fn signals(&self) -> HashMap<i64, i64> {
-        self.signals.clone()
+    fn signals(&self, py: Python<'_>) -> HashMap<i64, i64> {
+        let me = self.st(py);
+        me.signals.clone()
     }
 
     /// Bind the ports: `up[c]` is this GPU's channel to switch chip `c`, whose input
     /// port `switches[c]` is; `write_ack_flits` (of the packet format): writes are
     /// acknowledged per packet when non-zero, else only fenced ones.
-    fn connect(&mut self, up: Vec<Py<Channel>>, switches: Vec<Py<SwitchChip>>, write_ack_flits: i64) {
-        self.up = up;
-        self.switches = switches;
-        self.ack_flits = write_ack_flits;
+    fn connect(&self, py: Python<'_>, up: Vec<Py<Channel>>, switches: Vec<Py<SwitchChip>>, write_ack_flits: i64) {
+        let mut me = self.st(py);
+        me.up = up;
+        me.switches = switches;
+        me.ack_flits = write_ack_flits;
     }
 
     /// A train's tail has arrived from chip `train.chip`.
@@ -609,8 +614,8 @@ impl Endpoint {
             if let Some(port) = port.as_ref() {
                 if payload != 0 {
                     // the SM pushes the data at its rate
-                    let now = slf.borrow().now(py);
-                    let (h, t) = port.borrow_mut().push_at(now, payload);
+                    let now = slf.st().now(py);
+                    let (h, t) = port.st().push_at(now, payload);
                     (head, tail) = (Some(h), Some(t));
                 }
             }
@@ -653,29 +658,31 @@ impl Endpoint {
     }
 
     /// Run `fn` once signal word `key` reaches `target` (a kernel polling it).
-    fn wait_signal(&mut self, py: Python<'_>, key: i64, target: i64, r#fn: Py<PyAny>) {
-        if self.signals.get(&key).copied().unwrap_or(0) >= target {
-            let now = self.now(py);
-            self.sim
+    fn wait_signal(&self, py: Python<'_>, key: i64, target: i64, r#fn: Py<PyAny>) {
+        let mut me = self.st(py);
+        if me.signals.get(&key).copied().unwrap_or(0) >= target {
+            let now = me.now(py);
+            me.sim
                 .get()
                 .push(py, now, Action::Call(r#fn, PyTuple::empty(py).unbind()));
         } else {
-            self.signal_waits.entry(key).or_default().push((target, r#fn));
+            me.signal_waits.entry(key).or_default().push((target, r#fn));
         }
     }
 
     /// Input buffers holding requests it cannot serve yet (for the watchdog).
-    fn stuck(&self) -> Vec<String> {
+    fn stuck(&self, py: Python<'_>) -> Vec<String> {
+        let me = self.st(py);
         let mut out = Vec::new();
-        for (c, per_chip) in self.held.iter().enumerate() {
+        for (c, per_chip) in me.held.iter().enumerate() {
             for (vc, held) in per_chip.iter().enumerate() {
                 if !held.is_empty() {
                     out.push(format!(
                         "gpu{} input from sw{c} VC {vc}: {} train(s) held ({}/{} read bytes being served)",
-                        self.index,
+                        me.index,
                         held.len(),
-                        self.serving,
-                        self.serve_bytes
+                        me.serving,
+                        me.serve_bytes
                     ));
                 }
             }
@@ -684,37 +691,92 @@ impl Endpoint {
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        visit.call(&self.sim)?;
-        visit.call(&self.memory)?;
-        self.packets.visit(&visit)?;
-        visit.call(&self.hbm)?;
-        visit.call(&self.handlers)?;
-        for per_chip in self.held.iter() {
+        let Some(me) = self.st.during_gc() else {
+            return Ok(());
+        };
+        visit.call(&me.sim)?;
+        visit.call(&me.memory)?;
+        me.packets.visit(&visit)?;
+        visit.call(&me.hbm)?;
+        visit.call(&me.handlers)?;
+        for per_chip in me.held.iter() {
             for q in per_chip.iter() {
                 for t in q.iter() {
                     visit.call(t)?;
                 }
             }
         }
-        for waits in self.signal_waits.values() {
+        for waits in me.signal_waits.values() {
             for (_, f) in waits.iter() {
                 visit.call(f)?;
             }
         }
-        for c in self.up.iter() {
+        for c in me.up.iter() {
             visit.call(c)?;
         }
-        for s in self.switches.iter() {
+        for s in me.switches.iter() {
             visit.call(s)?;
         }
         Ok(())
     }
 
-    fn __clear__(&mut self) {
-        self.hbm = None;
-        self.held.clear();
-        self.signal_waits.clear();
-        self.up.clear();
-        self.switches.clear();
+    fn __clear__(&self) {
+        if let Some(mut me) = self.st.during_gc_mut() {
+            me.hbm = None;
+            me.held.clear();
+            me.signal_waits.clear();
+            me.up.clear();
+            me.switches.clear();
+        }
+    }
+
+    #[getter]
+    fn sim(&self, py: Python<'_>) -> Py<Simulator> {
+        self.st(py).sim.clone_ref(py)
+    }
+
+    #[getter]
+    fn index(&self, py: Python<'_>) -> i64 {
+        self.st(py).index
+    }
+
+    #[getter]
+    fn memory(&self, py: Python<'_>) -> Py<PyAny> {
+        self.st(py).memory.clone_ref(py)
+    }
+
+    #[getter]
+    fn pk(&self, py: Python<'_>) -> Py<PyAny> {
+        self.st(py).pk.clone_ref(py)
+    }
+
+    #[getter]
+    fn vcmap(&self, py: Python<'_>) -> Py<PyAny> {
+        self.st(py).vcmap.clone_ref(py)
+    }
+
+    #[getter]
+    fn memory_latency_ps(&self, py: Python<'_>) -> i64 {
+        self.st(py).memory_latency_ps
+    }
+
+    #[getter]
+    fn serve_bytes(&self, py: Python<'_>) -> i64 {
+        self.st(py).serve_bytes
+    }
+
+    #[getter]
+    fn serving(&self, py: Python<'_>) -> i64 {
+        self.st(py).serving
+    }
+
+    #[getter]
+    fn handlers(&self, py: Python<'_>) -> Py<PyDict> {
+        self.st(py).handlers.clone_ref(py)
+    }
+
+    #[getter]
+    fn injected(&self, py: Python<'_>) -> i64 {
+        self.st(py).injected
     }
 }

@@ -5,14 +5,19 @@
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
+use crate::cell::{unit, GilCell, Unit};
+
 /// Stream traffic through one GPU's HBM: counted, not timed; its rate is estimated
 /// over the last complete window of `window` ps. `enabled=False` turns the sharing
 /// off (nothing is counted).
-#[pyclass(module = "cais._core", subclass)]
+#[pyclass(module = "cais._core", subclass, frozen)]
 pub struct HbmStreams {
-    #[pyo3(get)]
+    st: GilCell<HbmStreamsState>,
+}
+
+/// The mutable state of a [`HbmStreams`] (see there), borrowed while holding the GIL.
+pub(crate) struct HbmStreamsState {
     window: i64,
-    #[pyo3(get, set)]
     enabled: bool,
     /// Index of the current stream window.
     bucket: i64,
@@ -20,11 +25,29 @@ pub struct HbmStreams {
     /// Bytes in the last complete window.
     prev_bytes: f64,
     /// Total counted (a statistic).
-    #[pyo3(get)]
     stream_bytes: f64,
 }
 
-impl HbmStreams {
+unit!(HbmStreams, HbmStreamsState);
+
+impl HbmStreamsState {
+    fn new(window: i64, enabled: bool) -> Self {
+        HbmStreamsState {
+            window,
+            enabled,
+            bucket: 0,
+            bucket_bytes: 0.0,
+            prev_bytes: 0.0,
+            stream_bytes: 0.0,
+        }
+    }
+
+    /// Bytes per ps of stream traffic, over the last complete window.
+    fn rate(&mut self, now: i64) -> f64 {
+        self.roll(now);
+        self.prev_bytes / self.window as f64
+    }
+
     fn roll(&mut self, now: i64) {
         let b = now.div_euclid(self.window);
         if b != self.bucket {
@@ -53,25 +76,38 @@ impl HbmStreams {
         if bytes_per_ps <= 0.0 || window_ps <= 0 {
             return Err(PyValueError::new_err("HBM bandwidth and window must be positive"));
         }
-        Ok(HbmStreams {
-            window: window_ps,
-            enabled,
-            bucket: 0,
-            bucket_bytes: 0.0,
-            prev_bytes: 0.0,
-            stream_bytes: 0.0,
-        })
+        Ok(HbmStreams::from(HbmStreamsState::new(window_ps, enabled)))
     }
 
     /// `nbytes` moved through HBM by the fabric side at `now`.
-    fn stream(&mut self, now: i64, nbytes: f64) {
-        self.count(now, nbytes);
+    fn stream(&self, py: Python<'_>, now: i64, nbytes: f64) {
+        let mut me = self.st(py);
+        me.count(now, nbytes);
     }
 
     /// Bytes per ps of stream traffic, over the last complete window.
-    fn stream_rate(&mut self, now: i64) -> f64 {
-        self.roll(now);
-        self.prev_bytes / self.window as f64
+    fn stream_rate(&self, py: Python<'_>, now: i64) -> f64 {
+        self.st(py).rate(now)
+    }
+
+    #[getter]
+    fn window(&self, py: Python<'_>) -> i64 {
+        self.st(py).window
+    }
+
+    #[getter]
+    fn enabled(&self, py: Python<'_>) -> bool {
+        self.st(py).enabled
+    }
+
+    #[setter]
+    fn set_enabled(&self, py: Python<'_>, value: bool) {
+        self.st(py).enabled = value;
+    }
+
+    #[getter]
+    fn stream_bytes(&self, py: Python<'_>) -> f64 {
+        self.st(py).stream_bytes
     }
 }
 
@@ -79,8 +115,8 @@ impl HbmStreams {
 mod tests {
     use super::*;
 
-    fn streams() -> HbmStreams {
-        HbmStreams::new(1.0, 1000, true, false).expect("valid")
+    fn streams() -> HbmStreamsState {
+        HbmStreamsState::new(1000, true)
     }
 
     #[test]
@@ -88,9 +124,9 @@ mod tests {
         let mut h = streams();
         h.count(100, 500.0);
         h.count(900, 300.0);
-        assert_eq!(h.stream_rate(999), 0.0); // the window is not complete yet
-        assert_eq!(h.stream_rate(1500), 0.8); // 800 B over the 1000 ps window [0, 1000)
-        assert_eq!(h.stream_rate(3000), 0.0); // a window with nothing in between
+        assert_eq!(h.rate(999), 0.0); // the window is not complete yet
+        assert_eq!(h.rate(1500), 0.8); // 800 B over the 1000 ps window [0, 1000)
+        assert_eq!(h.rate(3000), 0.0); // a window with nothing in between
         assert_eq!(h.stream_bytes, 800.0);
     }
 
@@ -99,6 +135,6 @@ mod tests {
         let mut h = streams();
         h.enabled = false;
         h.count(100, 500.0);
-        assert_eq!((h.stream_bytes, h.stream_rate(1500)), (0.0, 0.0));
+        assert_eq!((h.stream_bytes, h.rate(1500)), (0.0, 0.0));
     }
 }

@@ -22,6 +22,8 @@ use rustc_hash::FxHashMap as HashMap;
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
+
+use crate::cell::{unit, GilCell, Unit, UnitState};
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
 
@@ -236,36 +238,65 @@ pub struct MergeStats {
 /// How the merge units of one switch chip share the work over time: the time any of
 /// them holds a session (`any_ps`) and the integral of how many do (`port_ps`); their
 /// ratio is the mean number of ports holding sessions while the chip holds any.
-#[pyclass(module = "cais._core", get_all)]
-#[derive(Default)]
+#[pyclass(module = "cais._core", frozen)]
 pub struct PortSpread {
+    st: GilCell<PortSpreadState>,
+}
+
+/// The mutable state of a [`PortSpread`] (see there), borrowed while holding the GIL.
+#[derive(Default)]
+pub(crate) struct PortSpreadState {
     active: i64,
     since: i64,
     any_ps: i64,
     port_ps: i64,
 }
 
+unit!(PortSpread, PortSpreadState);
+
 #[pymethods]
 impl PortSpread {
     #[new]
     fn new() -> Self {
-        PortSpread::default()
+        PortSpread::from(PortSpreadState::default())
     }
 
     /// A port started (+1) or stopped (-1) holding sessions at `now`.
-    fn change(&mut self, now: i64, delta: i64) {
-        if self.active != 0 {
-            self.any_ps += now - self.since;
-            self.port_ps += self.active * (now - self.since);
+    fn change(&self, py: Python<'_>, now: i64, delta: i64) {
+        let mut me = self.st(py);
+        if me.active != 0 {
+            me.any_ps += now - me.since;
+            me.port_ps += me.active * (now - me.since);
         }
-        self.since = now;
-        self.active += delta;
+        me.since = now;
+        me.active += delta;
     }
 
     /// (`any_ps`, `port_ps`) over [0, `end`].
-    fn until(&self, end: i64) -> (i64, i64) {
-        let tail = if self.active != 0 { (end - self.since).max(0) } else { 0 };
-        (self.any_ps + tail, self.port_ps + self.active * tail)
+    fn until(&self, py: Python<'_>, end: i64) -> (i64, i64) {
+        let me = self.st(py);
+        let tail = if me.active != 0 { (end - me.since).max(0) } else { 0 };
+        (me.any_ps + tail, me.port_ps + me.active * tail)
+    }
+
+    #[getter]
+    fn active(&self, py: Python<'_>) -> i64 {
+        self.st(py).active
+    }
+
+    #[getter]
+    fn since(&self, py: Python<'_>) -> i64 {
+        self.st(py).since
+    }
+
+    #[getter]
+    fn any_ps(&self, py: Python<'_>) -> i64 {
+        self.st(py).any_ps
+    }
+
+    #[getter]
+    fn port_ps(&self, py: Python<'_>) -> i64 {
+        self.st(py).port_ps
     }
 }
 
@@ -281,7 +312,7 @@ impl Host {
         let py = train.py();
         match self {
             Host::Chip(chip) => {
-                let dst = train.borrow().dst;
+                let dst = train.st().dst;
                 SwitchChip::emit_train(chip.bind(py), train, dst, Some(train), Hook::None)
             }
             Host::Object(o) => o.call_method1(py, "forward", (train,)).map(|_| ()),
@@ -337,25 +368,22 @@ impl FreeLines {
 
 /// The merge unit of switch port `port`: it merges the mergeable requests whose home
 /// GPU is `port` and that the address hash sends to this chip.
-#[pyclass(module = "cais._core")]
+#[pyclass(module = "cais._core", frozen)]
 pub struct MergeUnit {
+    st: GilCell<MergeUnitState>,
+}
+
+/// The mutable state of a [`MergeUnit`] (see there), borrowed while holding the GIL.
+pub(crate) struct MergeUnitState {
     host: Host,
-    #[pyo3(get)]
     sim: Py<Simulator>,
     clock: Clock,
-    #[pyo3(get)]
     spread: Py<PortSpread>,
-    #[pyo3(get)]
     port: i64,
-    #[pyo3(get)]
     capacity: i64,
-    #[pyo3(get)]
     line_bytes: i64,
-    #[pyo3(get)]
     timeout_ps: i64,
-    #[pyo3(get)]
     latency_ps: i64,
-    #[pyo3(get)]
     default_expect: i64,
     /// The CAM: key -> session id.
     cam: HashMap<Key, i64>,
@@ -365,7 +393,6 @@ pub struct MergeUnit {
     lru: BTreeMap<u64, i64>,
     seq: u64,
     /// Lines held (sessions, and sums waiting to leave).
-    #[pyo3(get)]
     used: i64,
     since: i64,
     next: i64,
@@ -381,7 +408,487 @@ pub struct MergeUnit {
     log: Option<Vec<(i64, i64)>>,
 }
 
+unit!(MergeUnit, MergeUnitState);
+
 impl MergeUnit {
+    /// Every request for the address has arrived: a session still open for it ends now.
+    fn last_arrived(slf: &Bound<'_, Self>, key: &Key) -> PyResult<()> {
+        let state = {
+            let mut me = slf.st();
+            let Some(&sid) = me.cam.get(key) else { return Ok(()) };
+            let e = &me.entries[&sid];
+            if e.count >= e.expect {
+                return Ok(());
+            }
+            let state = e.state;
+            me.stats.tracked += 1;
+            if state == State::LoadWait {
+                let e = me.entries.get_mut(&sid).expect("session");
+                e.expect = e.count;
+                e.quorum = e.count;
+                return Ok(());
+            }
+            (sid, state)
+        };
+        match state {
+            (sid, State::Reduction) => MergeUnit::flush(slf, sid),
+            (sid, _) => MergeUnit::close(slf, sid),
+        }
+    }
+
+    /// A request of CAM type `kind` arrives: its key, what its address says, whether
+    /// it is the last its address expects (the merge tracker) and its session, if any.
+    fn look_up(
+        slf: &Bound<'_, Self>,
+        kind: u8,
+        req: &Bound<'_, Train>,
+    ) -> PyResult<(Key, AddrInfo, bool, Option<i64>)> {
+        let py = slf.py();
+        let mut me = slf.st();
+        let r = req.st();
+        let (key, info) = me.key(kind, r.addr.bind(py))?;
+        let last = me.arrive(py, &key, r.count, r.expect);
+        let found = me.cam.get(&key).copied();
+        Ok((key, info, last, found))
+    }
+
+    pub(crate) fn load_train(slf: &Bound<'_, Self>, req: &Bound<'_, Train>) -> PyResult<()> {
+        let py = slf.py();
+        let (key, info, last, found) = MergeUnit::look_up(slf, LOAD, req)?;
+        match found {
+            None => {
+                let lines = {
+                    let me = slf.st();
+                    me.lines_for(req.st().want)
+                };
+                if let Some(sid) = MergeUnit::open(slf, &key, info, State::LoadWait, req, lines)? {
+                    slf.st()
+                        .entries
+                        .get_mut(&sid)
+                        .expect("session")
+                        .waiters
+                        .push(req.clone().unbind());
+                    req.st().tag = sid;
+                    let host = slf.st().host(py);
+                    host.forward(req)?; // the standard routing path to the home GPU
+                    MergeUnit::touch(slf, sid)?;
+                }
+            }
+            Some(sid) => {
+                let host = {
+                    let mut me = slf.st();
+                    me.entries.get_mut(&sid).expect("session").count += 1; // a hit
+                    me.stats.merged += 1;
+                    me.host(py)
+                };
+                host.take(req, 0)?;
+                let (answer, close) = {
+                    let mut me = slf.st();
+                    let e = me.entries.get_mut(&sid).expect("session");
+                    if e.state == State::LoadWait {
+                        e.waiters.push(req.clone().unbind()); // deferred response
+                        (false, false)
+                    } else {
+                        e.held.push(req.clone().unbind());
+                        (e.count >= e.quorum, e.count >= e.expect)
+                    }
+                };
+                if answer {
+                    let now = slf.st().now(py);
+                    MergeUnit::answer_held(slf, sid, now)?;
+                }
+                if close {
+                    MergeUnit::close(slf, sid)?;
+                } else {
+                    MergeUnit::touch(slf, sid)?;
+                }
+            }
+        }
+        if last {
+            MergeUnit::last_arrived(slf, &key)?;
+        }
+        Ok(())
+    }
+
+    /// The home's data for session `resp.tag` arrives (false: not the unit's).
+    pub(crate) fn load_data_train(slf: &Bound<'_, Self>, resp: &Bound<'_, Train>) -> PyResult<bool> {
+        let py = slf.py();
+        let (sid, waiters, answer, data, lat, host) = {
+            let mut me = slf.st();
+            let sid = resp.st().tag;
+            let lat = me.latency_ps;
+            let host = me.host(py);
+            let Some(e) = me.entries.get_mut(&sid) else {
+                return Ok(false);
+            };
+            if e.state != State::LoadWait {
+                return Ok(false);
+            }
+            let data = resp.st().data.clone_ref(py);
+            e.state = State::LoadReady;
+            e.data = data.clone_ref(py);
+            let waiters = std::mem::take(&mut e.waiters);
+            let answer = e.count >= e.quorum || e.doomed;
+            (sid, waiters, answer, data, lat, host)
+        };
+        if answer {
+            let (head, tail) = {
+                let r = resp.st();
+                (r.head + lat, r.tail + lat)
+            };
+            host.answer(py, waiters, data, head, tail, Some(resp))?;
+        } else {
+            // throttled: the early requesters wait for their peers (answered from the cache)
+            slf.st().entries.get_mut(&sid).expect("session").held.extend(waiters);
+            let payload = resp.st().payload;
+            host.take(resp, payload)?;
+        }
+        let close = {
+            let me = slf.st();
+            let e = &me.entries[&sid];
+            e.count >= e.expect || e.doomed
+        };
+        if close {
+            MergeUnit::close(slf, sid)?;
+        } else {
+            MergeUnit::touch(slf, sid)?;
+        }
+        Ok(true)
+    }
+
+    pub(crate) fn reduce_train(slf: &Bound<'_, Self>, red: &Bound<'_, Train>) -> PyResult<()> {
+        let py = slf.py();
+        let (key, info, last, found) = MergeUnit::look_up(slf, REDUCTION_TYPE, red)?;
+        let (payload, head, data, count) = {
+            let r = red.st();
+            (r.payload, r.head, r.data.clone_ref(py), r.count)
+        };
+        let sid = match found {
+            None => {
+                let lines = slf.st().lines_for(payload);
+                let Some(sid) = MergeUnit::open(slf, &key, info, State::Reduction, red, lines)? else {
+                    if last {
+                        MergeUnit::last_arrived(slf, &key)?;
+                    }
+                    return Ok(());
+                };
+                let first = if data.is_none(py) {
+                    data
+                } else {
+                    data.call_method0(py, "copy")?
+                };
+                slf.st().entries.get_mut(&sid).expect("session").data = first;
+                sid
+            }
+            Some(sid) => {
+                let old = {
+                    let mut me = slf.st();
+                    me.stats.merged += 1;
+                    let e = me.entries.get_mut(&sid).expect("session");
+                    e.count += count;
+                    e.data.clone_ref(py)
+                };
+                if !data.is_none(py) {
+                    let sum = if old.is_none(py) {
+                        data.call_method0(py, "copy")?
+                    } else {
+                        old.bind(py).add(data.bind(py))?.unbind()
+                    };
+                    slf.st().entries.get_mut(&sid).expect("session").data = sum;
+                }
+                sid
+            }
+        };
+        let host = {
+            let mut me = slf.st();
+            let e = me.entries.get_mut(&sid).expect("session");
+            e.head = e.head.max(head);
+            me.host(py)
+        };
+        host.take(red, payload)?;
+        let (ack, flush) = {
+            let mut me = slf.st();
+            let e = me.entries.get_mut(&sid).expect("session");
+            e.held.push(red.clone().unbind()); // accepted: the store window frees (throttled: once peers are in)
+            (e.count >= e.quorum, e.count >= e.expect)
+        };
+        if ack {
+            MergeUnit::ack_held(slf, sid)?;
+        }
+        if flush {
+            MergeUnit::flush(slf, sid)?;
+        } else {
+            MergeUnit::touch(slf, sid)?;
+        }
+        if last {
+            MergeUnit::last_arrived(slf, &key)?;
+        }
+        Ok(())
+    }
+
+    /// A new session for `first` (a CAM miss), making room by LRU eviction; None (and
+    /// `first` forwarded unmerged) when it cannot have the lines.
+    fn open(
+        slf: &Bound<'_, Self>,
+        key: &Key,
+        info: AddrInfo,
+        state: State,
+        first: &Bound<'_, Train>,
+        lines: i64,
+    ) -> PyResult<Option<i64>> {
+        let py = slf.py();
+        if !MergeUnit::make_room(slf, lines)? {
+            let host = {
+                let mut me = slf.st();
+                me.stats.bypassed += 1;
+                if state == State::LoadWait {
+                    me.stats.bypassed_loads += 1;
+                }
+                me.host(py)
+            };
+            host.forward(first)?;
+            return Ok(None);
+        }
+        let (sid, tensor) = {
+            let mut me = slf.st();
+            let now = me.now(py);
+            let sid = me.next;
+            me.next += 1;
+            let tensor = me.tensor(info.tensor);
+            let f = first.st();
+            let expect = if f.expect != 0 { f.expect } else { me.default_expect };
+            me.seq += 1;
+            let seq = me.seq;
+            let entry = Entry {
+                id: sid,
+                key: key.clone(),
+                state,
+                count: f.count,
+                expect,
+                quorum: f.quorum.min(expect),
+                lines,
+                waiters: Vec::new(),
+                held: Vec::new(),
+                data: py.None(),
+                addr: f.addr.clone_ref(py),
+                nbytes: info.nbytes,
+                tensor,
+                signal: f.tag,
+                cls: f.cls,
+                vc: f.vc,
+                head: f.head,
+                touched: now,
+                doomed: false,
+                seq,
+            };
+            me.cam.insert(key.clone(), sid);
+            me.lru.insert(seq, sid);
+            me.entries.insert(sid, entry);
+            me.stats.sessions += 1;
+            (sid, tensor)
+        };
+        MergeUnit::occupy(slf, lines, tensor)?;
+        Ok(Some(sid))
+    }
+
+    fn make_room(slf: &Bound<'_, Self>, lines: i64) -> PyResult<bool> {
+        if lines > slf.st().capacity {
+            return Ok(false);
+        }
+        loop {
+            let victim = {
+                let mut me = slf.st();
+                if me.capacity - me.used >= lines {
+                    return Ok(true);
+                }
+                let Some((_, &sid)) = me.lru.iter().next() else {
+                    return Ok(false); // the lines are held by sums waiting to leave
+                };
+                let e = me.entries.get_mut(&sid).expect("session");
+                if e.state == State::LoadWait {
+                    e.doomed = true; // released once its data is out; this request bypasses
+                    return Ok(false);
+                }
+                me.stats.evicted += 1;
+                sid
+            };
+            MergeUnit::flush(slf, victim)?;
+        }
+    }
+
+    fn answer_held(slf: &Bound<'_, Self>, sid: i64, now: i64) -> PyResult<()> {
+        let py = slf.py();
+        let (held, data, t, host) = {
+            let mut me = slf.st();
+            let t = now + me.latency_ps;
+            let host = me.host(py);
+            let e = me.entries.get_mut(&sid).expect("session");
+            (std::mem::take(&mut e.held), e.data.clone_ref(py), t, host)
+        };
+        if held.is_empty() {
+            return Ok(());
+        }
+        host.answer(py, held, data, t, t, None)
+    }
+
+    fn ack_held(slf: &Bound<'_, Self>, sid: i64) -> PyResult<()> {
+        let py = slf.py();
+        let held = std::mem::take(&mut slf.st().entries.get_mut(&sid).expect("session").held);
+        for red in held {
+            complete(red.bind(py))?;
+        }
+        Ok(())
+    }
+
+    /// End a session: a Reduction sends its (partial) sum home, its lines free when
+    /// that leaves; a load session just frees its lines. Requests throttling held back
+    /// are acknowledged.
+    fn flush(slf: &Bound<'_, Self>, sid: i64) -> PyResult<()> {
+        let py = slf.py();
+        if slf.st().entries[&sid].state != State::Reduction {
+            return MergeUnit::close(slf, sid);
+        }
+        MergeUnit::ack_held(slf, sid)?;
+        let (e, host, port, head) = {
+            let mut me = slf.st();
+            let e = me.forget(sid);
+            let head = e.head + me.latency_ps;
+            (e, me.host(py), me.port, head)
+        };
+        match host {
+            Host::Chip(chip) => {
+                let hook = Hook::Freed(slf.clone().unbind(), e.lines, e.tensor);
+                SwitchChip::write_home_sum(
+                    chip.bind(py),
+                    port,
+                    e.nbytes,
+                    e.addr,
+                    e.data,
+                    e.vc,
+                    e.cls,
+                    e.signal,
+                    e.count,
+                    head,
+                    hook,
+                )
+            }
+            Host::Object(o) => {
+                let view = Session::of(py, &e);
+                let free = FreeLines {
+                    unit: slf.clone().unbind(),
+                    lines: e.lines,
+                    tensor: e.tensor,
+                };
+                o.call_method1(py, "write_home", (port, view, head, free)).map(|_| ())
+            }
+        }
+    }
+
+    fn close(slf: &Bound<'_, Self>, sid: i64) -> PyResult<()> {
+        let now = slf.st().now(slf.py());
+        MergeUnit::answer_held(slf, sid, now)?;
+        let (lines, tensor) = {
+            let e = slf.st().forget(sid);
+            (e.lines, e.tensor)
+        };
+        MergeUnit::occupy(slf, -lines, tensor)
+    }
+
+    /// `lines` more (or fewer) lines in use, of tensor `tensor`.
+    pub(crate) fn occupy(slf: &Bound<'_, Self>, lines: i64, tensor: usize) -> PyResult<()> {
+        let py = slf.py();
+        let change = {
+            let mut me = slf.st();
+            let t = &mut me.tensors[tensor];
+            t.1 += lines;
+            t.2 = t.2.max(t.1);
+            let now = me.now(py);
+            let (used, since) = (me.used, me.since);
+            me.stats.line_ps += used * (now - since);
+            if used != 0 {
+                me.stats.busy_ps += now - since;
+            }
+            me.since = now;
+            me.used += lines;
+            let after = me.used;
+            me.stats.peak_lines = me.stats.peak_lines.max(after);
+            if let Some(log) = me.log.as_mut() {
+                log.push((now, after));
+            }
+            match (used != 0, after != 0) {
+                (false, true) => Some((me.spread.clone_ref(py), now, 1)),
+                (true, false) => Some((me.spread.clone_ref(py), now, -1)),
+                _ => None,
+            }
+        };
+        if let Some((spread, now, delta)) = change {
+            spread.get().change(py, now, delta);
+        }
+        Ok(())
+    }
+
+    /// An access: the session becomes the most recently used (the LRU order is the
+    /// order of last access, so the idle timer need only look at the front).
+    fn touch(slf: &Bound<'_, Self>, sid: i64) -> PyResult<()> {
+        let py = slf.py();
+        let mut me = slf.st();
+        let now = me.now(py);
+        me.seq += 1;
+        let seq = me.seq;
+        let e = me.entries.get_mut(&sid).expect("session");
+        e.touched = now;
+        let old = std::mem::replace(&mut e.seq, seq);
+        me.lru.remove(&old);
+        me.lru.insert(seq, sid);
+        if !me.timer {
+            me.timer = true;
+            let due = now + me.timeout_ps;
+            me.sim.get().push(py, due, Action::Expire(slf.clone().unbind()));
+        }
+        Ok(())
+    }
+
+    /// The unit's idle timer: flush every session idle for `timeout_us` (a Load-Wait
+    /// session waits for its data, which touches it), then re-arm for the next one due.
+    pub(crate) fn expire(slf: &Bound<'_, Self>) -> PyResult<()> {
+        let py = slf.py();
+        let (due, now, limit) = {
+            let mut me = slf.st();
+            me.timer = false;
+            let now = me.now(py);
+            let limit = me.timeout_ps;
+            let mut due = Vec::new();
+            for sid in me.lru.values() {
+                let e = &me.entries[sid];
+                if e.touched + limit > now {
+                    break;
+                }
+                if e.state != State::LoadWait {
+                    due.push(*sid);
+                }
+            }
+            (due, now, limit)
+        };
+        for sid in due {
+            slf.st().stats.timed_out += 1;
+            MergeUnit::flush(slf, sid)?;
+        }
+        let mut me = slf.st();
+        let next = me
+            .lru
+            .values()
+            .map(|sid| &me.entries[sid])
+            .find(|e| e.state != State::LoadWait)
+            .map(|e| e.touched + limit);
+        if let Some(t) = next {
+            me.timer = true;
+            me.sim.get().push(py, t.max(now), Action::Expire(slf.clone().unbind()));
+        }
+        Ok(())
+    }
+}
+
+impl MergeUnitState {
     fn now(&self, py: Python<'_>) -> i64 {
         let _ = py;
         self.clock.now()
@@ -434,494 +941,11 @@ impl MergeUnit {
         true
     }
 
-    /// Every request for the address has arrived: a session still open for it ends now.
-    fn last_arrived(slf: &Bound<'_, Self>, key: &Key) -> PyResult<()> {
-        let state = {
-            let mut me = slf.borrow_mut();
-            let Some(&sid) = me.cam.get(key) else { return Ok(()) };
-            let e = &me.entries[&sid];
-            if e.count >= e.expect {
-                return Ok(());
-            }
-            let state = e.state;
-            me.stats.tracked += 1;
-            if state == State::LoadWait {
-                let e = me.entries.get_mut(&sid).expect("session");
-                e.expect = e.count;
-                e.quorum = e.count;
-                return Ok(());
-            }
-            (sid, state)
-        };
-        match state {
-            (sid, State::Reduction) => MergeUnit::flush(slf, sid),
-            (sid, _) => MergeUnit::close(slf, sid),
-        }
-    }
-
-    /// A request of CAM type `kind` arrives: its key, what its address says, whether
-    /// it is the last its address expects (the merge tracker) and its session, if any.
-    fn look_up(
-        slf: &Bound<'_, Self>,
-        kind: u8,
-        req: &Bound<'_, Train>,
-    ) -> PyResult<(Key, AddrInfo, bool, Option<i64>)> {
-        let py = slf.py();
-        let mut me = slf.borrow_mut();
-        let r = req.borrow();
-        let (key, info) = me.key(kind, r.addr.bind(py))?;
-        let last = me.arrive(py, &key, r.count, r.expect);
-        let found = me.cam.get(&key).copied();
-        Ok((key, info, last, found))
-    }
-
-    pub(crate) fn load_train(slf: &Bound<'_, Self>, req: &Bound<'_, Train>) -> PyResult<()> {
-        let py = slf.py();
-        let (key, info, last, found) = MergeUnit::look_up(slf, LOAD, req)?;
-        match found {
-            None => {
-                let lines = {
-                    let me = slf.borrow();
-                    me.lines_for(req.borrow().want)
-                };
-                if let Some(sid) = MergeUnit::open(slf, &key, info, State::LoadWait, req, lines)? {
-                    slf.borrow_mut()
-                        .entries
-                        .get_mut(&sid)
-                        .expect("session")
-                        .waiters
-                        .push(req.clone().unbind());
-                    req.borrow_mut().tag = sid;
-                    let host = slf.borrow().host(py);
-                    host.forward(req)?; // the standard routing path to the home GPU
-                    MergeUnit::touch(slf, sid)?;
-                }
-            }
-            Some(sid) => {
-                let host = {
-                    let mut me = slf.borrow_mut();
-                    me.entries.get_mut(&sid).expect("session").count += 1; // a hit
-                    me.stats.merged += 1;
-                    me.host(py)
-                };
-                host.take(req, 0)?;
-                let (answer, close) = {
-                    let mut me = slf.borrow_mut();
-                    let e = me.entries.get_mut(&sid).expect("session");
-                    if e.state == State::LoadWait {
-                        e.waiters.push(req.clone().unbind()); // deferred response
-                        (false, false)
-                    } else {
-                        e.held.push(req.clone().unbind());
-                        (e.count >= e.quorum, e.count >= e.expect)
-                    }
-                };
-                if answer {
-                    let now = slf.borrow().now(py);
-                    MergeUnit::answer_held(slf, sid, now)?;
-                }
-                if close {
-                    MergeUnit::close(slf, sid)?;
-                } else {
-                    MergeUnit::touch(slf, sid)?;
-                }
-            }
-        }
-        if last {
-            MergeUnit::last_arrived(slf, &key)?;
-        }
-        Ok(())
-    }
-
-    /// The home's data for session `resp.tag` arrives (false: not the unit's).
-    pub(crate) fn load_data_train(slf: &Bound<'_, Self>, resp: &Bound<'_, Train>) -> PyResult<bool> {
-        let py = slf.py();
-        let (sid, waiters, answer, data, lat, host) = {
-            let mut me = slf.borrow_mut();
-            let sid = resp.borrow().tag;
-            let lat = me.latency_ps;
-            let host = me.host(py);
-            let Some(e) = me.entries.get_mut(&sid) else {
-                return Ok(false);
-            };
-            if e.state != State::LoadWait {
-                return Ok(false);
-            }
-            let data = resp.borrow().data.clone_ref(py);
-            e.state = State::LoadReady;
-            e.data = data.clone_ref(py);
-            let waiters = std::mem::take(&mut e.waiters);
-            let answer = e.count >= e.quorum || e.doomed;
-            (sid, waiters, answer, data, lat, host)
-        };
-        if answer {
-            let (head, tail) = {
-                let r = resp.borrow();
-                (r.head + lat, r.tail + lat)
-            };
-            host.answer(py, waiters, data, head, tail, Some(resp))?;
-        } else {
-            // throttled: the early requesters wait for their peers (answered from the cache)
-            slf.borrow_mut()
-                .entries
-                .get_mut(&sid)
-                .expect("session")
-                .held
-                .extend(waiters);
-            let payload = resp.borrow().payload;
-            host.take(resp, payload)?;
-        }
-        let close = {
-            let me = slf.borrow();
-            let e = &me.entries[&sid];
-            e.count >= e.expect || e.doomed
-        };
-        if close {
-            MergeUnit::close(slf, sid)?;
-        } else {
-            MergeUnit::touch(slf, sid)?;
-        }
-        Ok(true)
-    }
-
-    pub(crate) fn reduce_train(slf: &Bound<'_, Self>, red: &Bound<'_, Train>) -> PyResult<()> {
-        let py = slf.py();
-        let (key, info, last, found) = MergeUnit::look_up(slf, REDUCTION_TYPE, red)?;
-        let (payload, head, data, count) = {
-            let r = red.borrow();
-            (r.payload, r.head, r.data.clone_ref(py), r.count)
-        };
-        let sid = match found {
-            None => {
-                let lines = slf.borrow().lines_for(payload);
-                let Some(sid) = MergeUnit::open(slf, &key, info, State::Reduction, red, lines)? else {
-                    if last {
-                        MergeUnit::last_arrived(slf, &key)?;
-                    }
-                    return Ok(());
-                };
-                let first = if data.is_none(py) {
-                    data
-                } else {
-                    data.call_method0(py, "copy")?
-                };
-                slf.borrow_mut().entries.get_mut(&sid).expect("session").data = first;
-                sid
-            }
-            Some(sid) => {
-                let old = {
-                    let mut me = slf.borrow_mut();
-                    me.stats.merged += 1;
-                    let e = me.entries.get_mut(&sid).expect("session");
-                    e.count += count;
-                    e.data.clone_ref(py)
-                };
-                if !data.is_none(py) {
-                    let sum = if old.is_none(py) {
-                        data.call_method0(py, "copy")?
-                    } else {
-                        old.bind(py).add(data.bind(py))?.unbind()
-                    };
-                    slf.borrow_mut().entries.get_mut(&sid).expect("session").data = sum;
-                }
-                sid
-            }
-        };
-        let host = {
-            let mut me = slf.borrow_mut();
-            let e = me.entries.get_mut(&sid).expect("session");
-            e.head = e.head.max(head);
-            me.host(py)
-        };
-        host.take(red, payload)?;
-        let (ack, flush) = {
-            let mut me = slf.borrow_mut();
-            let e = me.entries.get_mut(&sid).expect("session");
-            e.held.push(red.clone().unbind()); // accepted: the store window frees (throttled: once peers are in)
-            (e.count >= e.quorum, e.count >= e.expect)
-        };
-        if ack {
-            MergeUnit::ack_held(slf, sid)?;
-        }
-        if flush {
-            MergeUnit::flush(slf, sid)?;
-        } else {
-            MergeUnit::touch(slf, sid)?;
-        }
-        if last {
-            MergeUnit::last_arrived(slf, &key)?;
-        }
-        Ok(())
-    }
-
-    /// A new session for `first` (a CAM miss), making room by LRU eviction; None (and
-    /// `first` forwarded unmerged) when it cannot have the lines.
-    fn open(
-        slf: &Bound<'_, Self>,
-        key: &Key,
-        info: AddrInfo,
-        state: State,
-        first: &Bound<'_, Train>,
-        lines: i64,
-    ) -> PyResult<Option<i64>> {
-        let py = slf.py();
-        if !MergeUnit::make_room(slf, lines)? {
-            let host = {
-                let mut me = slf.borrow_mut();
-                me.stats.bypassed += 1;
-                if state == State::LoadWait {
-                    me.stats.bypassed_loads += 1;
-                }
-                me.host(py)
-            };
-            host.forward(first)?;
-            return Ok(None);
-        }
-        let (sid, tensor) = {
-            let mut me = slf.borrow_mut();
-            let now = me.now(py);
-            let sid = me.next;
-            me.next += 1;
-            let tensor = me.tensor(info.tensor);
-            let f = first.borrow();
-            let expect = if f.expect != 0 { f.expect } else { me.default_expect };
-            me.seq += 1;
-            let seq = me.seq;
-            let entry = Entry {
-                id: sid,
-                key: key.clone(),
-                state,
-                count: f.count,
-                expect,
-                quorum: f.quorum.min(expect),
-                lines,
-                waiters: Vec::new(),
-                held: Vec::new(),
-                data: py.None(),
-                addr: f.addr.clone_ref(py),
-                nbytes: info.nbytes,
-                tensor,
-                signal: f.tag,
-                cls: f.cls,
-                vc: f.vc,
-                head: f.head,
-                touched: now,
-                doomed: false,
-                seq,
-            };
-            me.cam.insert(key.clone(), sid);
-            me.lru.insert(seq, sid);
-            me.entries.insert(sid, entry);
-            me.stats.sessions += 1;
-            (sid, tensor)
-        };
-        MergeUnit::occupy(slf, lines, tensor)?;
-        Ok(Some(sid))
-    }
-
-    fn make_room(slf: &Bound<'_, Self>, lines: i64) -> PyResult<bool> {
-        if lines > slf.borrow().capacity {
-            return Ok(false);
-        }
-        loop {
-            let victim = {
-                let mut me = slf.borrow_mut();
-                if me.capacity - me.used >= lines {
-                    return Ok(true);
-                }
-                let Some((_, &sid)) = me.lru.iter().next() else {
-                    return Ok(false); // the lines are held by sums waiting to leave
-                };
-                let e = me.entries.get_mut(&sid).expect("session");
-                if e.state == State::LoadWait {
-                    e.doomed = true; // released once its data is out; this request bypasses
-                    return Ok(false);
-                }
-                me.stats.evicted += 1;
-                sid
-            };
-            MergeUnit::flush(slf, victim)?;
-        }
-    }
-
-    fn answer_held(slf: &Bound<'_, Self>, sid: i64, now: i64) -> PyResult<()> {
-        let py = slf.py();
-        let (held, data, t, host) = {
-            let mut me = slf.borrow_mut();
-            let t = now + me.latency_ps;
-            let host = me.host(py);
-            let e = me.entries.get_mut(&sid).expect("session");
-            (std::mem::take(&mut e.held), e.data.clone_ref(py), t, host)
-        };
-        if held.is_empty() {
-            return Ok(());
-        }
-        host.answer(py, held, data, t, t, None)
-    }
-
-    fn ack_held(slf: &Bound<'_, Self>, sid: i64) -> PyResult<()> {
-        let py = slf.py();
-        let held = std::mem::take(&mut slf.borrow_mut().entries.get_mut(&sid).expect("session").held);
-        for red in held {
-            complete(red.bind(py))?;
-        }
-        Ok(())
-    }
-
-    /// End a session: a Reduction sends its (partial) sum home, its lines free when
-    /// that leaves; a load session just frees its lines. Requests throttling held back
-    /// are acknowledged.
-    fn flush(slf: &Bound<'_, Self>, sid: i64) -> PyResult<()> {
-        let py = slf.py();
-        if slf.borrow().entries[&sid].state != State::Reduction {
-            return MergeUnit::close(slf, sid);
-        }
-        MergeUnit::ack_held(slf, sid)?;
-        let (e, host, port, head) = {
-            let mut me = slf.borrow_mut();
-            let e = me.forget(sid);
-            let head = e.head + me.latency_ps;
-            (e, me.host(py), me.port, head)
-        };
-        match host {
-            Host::Chip(chip) => {
-                let hook = Hook::Freed(slf.clone().unbind(), e.lines, e.tensor);
-                SwitchChip::write_home_sum(
-                    chip.bind(py),
-                    port,
-                    e.nbytes,
-                    e.addr,
-                    e.data,
-                    e.vc,
-                    e.cls,
-                    e.signal,
-                    e.count,
-                    head,
-                    hook,
-                )
-            }
-            Host::Object(o) => {
-                let view = Session::of(py, &e);
-                let free = FreeLines {
-                    unit: slf.clone().unbind(),
-                    lines: e.lines,
-                    tensor: e.tensor,
-                };
-                o.call_method1(py, "write_home", (port, view, head, free)).map(|_| ())
-            }
-        }
-    }
-
-    fn close(slf: &Bound<'_, Self>, sid: i64) -> PyResult<()> {
-        let now = slf.borrow().now(slf.py());
-        MergeUnit::answer_held(slf, sid, now)?;
-        let (lines, tensor) = {
-            let e = slf.borrow_mut().forget(sid);
-            (e.lines, e.tensor)
-        };
-        MergeUnit::occupy(slf, -lines, tensor)
-    }
-
     fn forget(&mut self, sid: i64) -> Entry {
         let e = self.entries.remove(&sid).expect("session");
         self.cam.remove(&e.key);
         self.lru.remove(&e.seq);
         e
-    }
-
-    /// `lines` more (or fewer) lines in use, of tensor `tensor`.
-    pub(crate) fn occupy(slf: &Bound<'_, Self>, lines: i64, tensor: usize) -> PyResult<()> {
-        let py = slf.py();
-        let change = {
-            let mut me = slf.borrow_mut();
-            let t = &mut me.tensors[tensor];
-            t.1 += lines;
-            t.2 = t.2.max(t.1);
-            let now = me.now(py);
-            let (used, since) = (me.used, me.since);
-            me.stats.line_ps += used * (now - since);
-            if used != 0 {
-                me.stats.busy_ps += now - since;
-            }
-            me.since = now;
-            me.used += lines;
-            let after = me.used;
-            me.stats.peak_lines = me.stats.peak_lines.max(after);
-            if let Some(log) = me.log.as_mut() {
-                log.push((now, after));
-            }
-            match (used != 0, after != 0) {
-                (false, true) => Some((me.spread.clone_ref(py), now, 1)),
-                (true, false) => Some((me.spread.clone_ref(py), now, -1)),
-                _ => None,
-            }
-        };
-        if let Some((spread, now, delta)) = change {
-            spread.borrow_mut(py).change(now, delta);
-        }
-        Ok(())
-    }
-
-    /// An access: the session becomes the most recently used (the LRU order is the
-    /// order of last access, so the idle timer need only look at the front).
-    fn touch(slf: &Bound<'_, Self>, sid: i64) -> PyResult<()> {
-        let py = slf.py();
-        let mut me = slf.borrow_mut();
-        let now = me.now(py);
-        me.seq += 1;
-        let seq = me.seq;
-        let e = me.entries.get_mut(&sid).expect("session");
-        e.touched = now;
-        let old = std::mem::replace(&mut e.seq, seq);
-        me.lru.remove(&old);
-        me.lru.insert(seq, sid);
-        if !me.timer {
-            me.timer = true;
-            let due = now + me.timeout_ps;
-            me.sim.get().push(py, due, Action::Expire(slf.clone().unbind()));
-        }
-        Ok(())
-    }
-
-    /// The unit's idle timer: flush every session idle for `timeout_us` (a Load-Wait
-    /// session waits for its data, which touches it), then re-arm for the next one due.
-    pub(crate) fn expire(slf: &Bound<'_, Self>) -> PyResult<()> {
-        let py = slf.py();
-        let (due, now, limit) = {
-            let mut me = slf.borrow_mut();
-            me.timer = false;
-            let now = me.now(py);
-            let limit = me.timeout_ps;
-            let mut due = Vec::new();
-            for sid in me.lru.values() {
-                let e = &me.entries[sid];
-                if e.touched + limit > now {
-                    break;
-                }
-                if e.state != State::LoadWait {
-                    due.push(*sid);
-                }
-            }
-            (due, now, limit)
-        };
-        for sid in due {
-            slf.borrow_mut().stats.timed_out += 1;
-            MergeUnit::flush(slf, sid)?;
-        }
-        let mut me = slf.borrow_mut();
-        let next = me
-            .lru
-            .values()
-            .map(|sid| &me.entries[sid])
-            .find(|e| e.state != State::LoadWait)
-            .map(|e| e.touched + limit);
-        if let Some(t) = next {
-            me.timer = true;
-            me.sim
-                .get()
-                .push(py, t.max(now), Action::Expire(slf.clone().unbind()));
-        }
-        Ok(())
     }
 }
 
@@ -945,13 +969,13 @@ impl MergeUnit {
         let timeout_us: f64 = cfg.getattr("timeout_us")?.extract()?;
         let latency_ns: f64 = cfg.getattr("latency_ns")?.extract()?;
         let clock = sim.get().clock();
-        Ok(MergeUnit {
+        Ok(MergeUnit::from(MergeUnitState {
             host,
             clock,
             sim,
             spread: match spread {
                 Some(s) => s,
-                None => Py::new(py, PortSpread::default())?,
+                None => Py::new(py, PortSpread::from(PortSpreadState::default()))?,
             },
             port,
             capacity: cfg.getattr("entries")?.extract()?,
@@ -973,7 +997,7 @@ impl MergeUnit {
             tensor_index: HashMap::default(),
             buffers: BufferIds::default(),
             log: None,
-        })
+        }))
     }
 
     /// An `ld.cais` request for `req.want` bytes of the home's memory arrives.
@@ -994,15 +1018,17 @@ impl MergeUnit {
 
     /// What the unit did so far (a copy).
     #[getter]
-    fn stats(&self) -> MergeStats {
-        self.stats.clone()
+    fn stats(&self, py: Python<'_>) -> MergeStats {
+        let me = self.st(py);
+        me.stats.clone()
     }
 
     /// The most lines each tensor's sessions held at once.
     #[getter]
     fn tensor_peak<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let me = self.st(py);
         let out = PyDict::new(py);
-        for (name, _, peak) in self.tensors.iter() {
+        for (name, _, peak) in me.tensors.iter() {
             out.set_item(name, *peak)?;
         }
         Ok(out)
@@ -1011,9 +1037,10 @@ impl MergeUnit {
     /// The open sessions in LRU order, by CAM key `(type, address)` (a copy).
     #[getter]
     fn table<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let me = self.st(py);
         let out = PyDict::new(py);
-        for sid in self.lru.values() {
-            let e = &self.entries[sid];
+        for sid in me.lru.values() {
+            let e = &me.entries[sid];
             out.set_item((e.key.0, e.addr.clone_ref(py)), Session::of(py, e))?;
         }
         Ok(out)
@@ -1021,46 +1048,54 @@ impl MergeUnit {
 
     /// What was recorded (None: not recording).
     #[getter]
-    fn log(&self) -> Option<Vec<(i64, i64)>> {
-        self.log.clone()
+    fn log(&self, py: Python<'_>) -> Option<Vec<(i64, i64)>> {
+        let me = self.st(py);
+        me.log.clone()
     }
 
     /// Start recording (a list: what to start from) or stop (None).
     #[setter]
-    fn set_log(&mut self, log: Option<Vec<(i64, i64)>>) {
-        self.log = log;
+    fn set_log(&self, py: Python<'_>, log: Option<Vec<(i64, i64)>>) {
+        let mut me = self.st(py);
+        me.log = log;
     }
 
     /// The integral of lines in use over [0, `end`] (line-picoseconds).
-    fn line_ps_until(&self, end: i64) -> i64 {
-        self.stats.line_ps + self.used * (end - self.since).max(0)
+    fn line_ps_until(&self, py: Python<'_>, end: i64) -> i64 {
+        let me = self.st(py);
+        me.stats.line_ps + me.used * (end - me.since).max(0)
     }
 
     /// The time in [0, `end`] the unit held any line.
-    fn busy_ps_until(&self, end: i64) -> i64 {
-        self.stats.busy_ps + if self.used != 0 { (end - self.since).max(0) } else { 0 }
+    fn busy_ps_until(&self, py: Python<'_>, end: i64) -> i64 {
+        let me = self.st(py);
+        me.stats.busy_ps + if me.used != 0 { (end - me.since).max(0) } else { 0 }
     }
 
     /// Sessions still open (for the forward-progress watchdog).
-    fn stuck(&self) -> Vec<String> {
-        let waiting = self.entries.values().filter(|e| e.state == State::LoadWait).count();
+    fn stuck(&self, py: Python<'_>) -> Vec<String> {
+        let me = self.st(py);
+        let waiting = me.entries.values().filter(|e| e.state == State::LoadWait).count();
         if waiting == 0 {
             return Vec::new();
         }
         vec![format!(
             "merge unit port {}: {waiting} Load-Wait session(s) waiting for home data",
-            self.port
+            me.port
         )]
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        match &self.host {
+        let Some(me) = self.st.during_gc() else {
+            return Ok(());
+        };
+        match &me.host {
             Host::Chip(c) => visit.call(c)?,
             Host::Object(o) => visit.call(o)?,
         }
-        visit.call(&self.sim)?;
-        visit.call(&self.spread)?;
-        for e in self.entries.values() {
+        visit.call(&me.sim)?;
+        visit.call(&me.spread)?;
+        for e in me.entries.values() {
             for t in e.waiters.iter().chain(e.held.iter()) {
                 visit.call(t)?;
             }
@@ -1070,10 +1105,57 @@ impl MergeUnit {
         Ok(())
     }
 
-    fn __clear__(&mut self) {
-        self.entries.clear();
-        self.cam.clear();
-        self.lru.clear();
+    fn __clear__(&self) {
+        if let Some(mut me) = self.st.during_gc_mut() {
+            me.entries.clear();
+            me.cam.clear();
+            me.lru.clear();
+        }
+    }
+
+    #[getter]
+    fn sim(&self, py: Python<'_>) -> Py<Simulator> {
+        self.st(py).sim.clone_ref(py)
+    }
+
+    #[getter]
+    fn spread(&self, py: Python<'_>) -> Py<PortSpread> {
+        self.st(py).spread.clone_ref(py)
+    }
+
+    #[getter]
+    fn port(&self, py: Python<'_>) -> i64 {
+        self.st(py).port
+    }
+
+    #[getter]
+    fn capacity(&self, py: Python<'_>) -> i64 {
+        self.st(py).capacity
+    }
+
+    #[getter]
+    fn line_bytes(&self, py: Python<'_>) -> i64 {
+        self.st(py).line_bytes
+    }
+
+    #[getter]
+    fn timeout_ps(&self, py: Python<'_>) -> i64 {
+        self.st(py).timeout_ps
+    }
+
+    #[getter]
+    fn latency_ps(&self, py: Python<'_>) -> i64 {
+        self.st(py).latency_ps
+    }
+
+    #[getter]
+    fn default_expect(&self, py: Python<'_>) -> i64 {
+        self.st(py).default_expect
+    }
+
+    #[getter]
+    fn used(&self, py: Python<'_>) -> i64 {
+        self.st(py).used
     }
 }
 
@@ -1083,12 +1165,15 @@ mod tests {
 
     #[test]
     fn the_port_spread_integrates_ports_holding_sessions() {
-        let mut s = PortSpread::default();
-        s.change(10, 1); // one port from 10
-        s.change(30, 1); // two from 30
-        s.change(40, -1); // one from 40
-        assert_eq!(s.until(50), (40, 50)); // held 10..50; 20 + 2 x 10 + 10 port-ps
-        s.change(50, -1);
-        assert_eq!(s.until(1_000), (40, 50)); // nothing held after 50
+        Python::initialize();
+        Python::attach(|py| {
+            let s = PortSpread::from(PortSpreadState::default());
+            s.change(py, 10, 1); // one port from 10
+            s.change(py, 30, 1); // two from 30
+            s.change(py, 40, -1); // one from 40
+            assert_eq!(s.until(py, 50), (40, 50)); // held 10..50; 20 + 2 x 10 + 10 port-ps
+            s.change(py, 50, -1);
+            assert_eq!(s.until(py, 1_000), (40, 50)); // nothing held after 50
+        });
     }
 }

@@ -14,7 +14,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use pyo3::{PyTraverseError, PyVisit};
 
-use crate::cell::GilCell;
+use crate::cell::{GilCell, Unit};
 use crate::channel::{Channel, Sink};
 use crate::gpu::Endpoint;
 use crate::merge::MergeUnit;
@@ -186,7 +186,7 @@ fn dispatch(py: Python<'_>, action: Action) -> PyResult<()> {
         }
         Action::Arbitrate(ch, generation) => Channel::arbitrate(ch.bind(py), generation)?,
         Action::Arrive(ch, train, deliver) => {
-            let payload = train.borrow(py).payload;
+            let payload = train.get().st(py).payload;
             ch.get().st(py).delivered_payload += payload;
             deliver.deliver(train.into_bound(py))?;
         }

@@ -1,6 +1,8 @@
 //! A TB mainloop's remote loads, issued by the core in the order the TB planned them.
 
 use pyo3::prelude::*;
+
+use crate::cell::{unit, GilCell, Unit, UnitState};
 use pyo3::types::PyList;
 use pyo3::{PyTraverseError, PyVisit};
 
@@ -29,8 +31,13 @@ struct Item {
 ///
 /// This is the loop a TB program would otherwise run in Python, one resumption per
 /// load; the TB's plan (which loads, in which order, from whom) stays the kernel's.
-#[pyclass(module = "cais._core")]
+#[pyclass(module = "cais._core", frozen)]
 pub struct LoadStream {
+    st: GilCell<LoadStreamState>,
+}
+
+/// The mutable state of a [`LoadStream`] (see there), borrowed while holding the GIL.
+pub(crate) struct LoadStreamState {
     gpu: Py<Endpoint>,
     kind: i64,
     quorum: i64,
@@ -43,9 +50,10 @@ pub struct LoadStream {
     arrived: Py<Countdown>,
     assemble: Py<PyAny>,
     /// Loads issued so far.
-    #[pyo3(get)]
     issued: usize,
 }
+
+unit!(LoadStream, LoadStreamState);
 
 impl LoadStream {
     /// Issue what the bounds admit, in order; stop at the first load that must wait
@@ -53,7 +61,7 @@ impl LoadStream {
     fn advance(slf: &Bound<'_, Self>) -> PyResult<()> {
         let py = slf.py();
         loop {
-            let me = slf.borrow();
+            let me = slf.st();
             if me.next >= me.items.len() {
                 return Ok(());
             }
@@ -62,12 +70,12 @@ impl LoadStream {
                 let want = me.items[me.next].nbytes;
                 drop(me);
                 let granted = {
-                    let mut b = bound.borrow_mut(py);
+                    let mut b = bound.get().st(py);
                     let n = want.min(b.limit);
                     b.acquire(py, n)?
                 };
                 match granted {
-                    None => slf.borrow_mut().held += 1,
+                    None => slf.st().held += 1,
                     Some(sig) => {
                         Signal::wait_stream(sig.bind(py), slf.clone().unbind());
                         return Ok(());
@@ -90,7 +98,7 @@ impl LoadStream {
             )?;
             drop(me);
             {
-                let mut me = slf.borrow_mut();
+                let mut me = slf.st();
                 me.next += 1;
                 me.held = 0;
                 me.issued += 1;
@@ -101,7 +109,7 @@ impl LoadStream {
 
     /// A bound granted the waiting load its room: on to the next grant, or out.
     pub(crate) fn granted(slf: &Bound<'_, Self>) -> PyResult<()> {
-        slf.borrow_mut().held += 1;
+        slf.st().held += 1;
         LoadStream::advance(slf)
     }
 
@@ -110,11 +118,11 @@ impl LoadStream {
     pub(crate) fn release(slf: &Bound<'_, Self>, nbytes: i64) -> PyResult<()> {
         let py = slf.py();
         let bounds = {
-            let me = slf.borrow();
+            let me = slf.st();
             [me.bounds[0].clone_ref(py), me.bounds[1].clone_ref(py)]
         };
         for bound in bounds {
-            let n = nbytes.min(bound.borrow(py).limit);
+            let n = nbytes.min(bound.get().st(py).limit);
             ByteBound::release(bound.bind(py), n)?;
         }
         Ok(())
@@ -124,10 +132,10 @@ impl LoadStream {
     pub(crate) fn landed(slf: &Bound<'_, Self>) -> PyResult<()> {
         let py = slf.py();
         let (arrived, window) = {
-            let me = slf.borrow();
+            let me = slf.st();
             (me.arrived.clone_ref(py), me.bounds[0].clone_ref(py))
         };
-        let sim = window.borrow(py).sim.clone_ref(py);
+        let sim = window.get().st(py).sim.clone_ref(py);
         Countdown::arrive(arrived.bind(py), sim.bind(py), 1)
     }
 }
@@ -163,7 +171,7 @@ impl LoadStream {
                 placed: placed.unbind(),
             });
         }
-        Ok(LoadStream {
+        Ok(LoadStream::from(LoadStreamState {
             gpu,
             kind,
             quorum,
@@ -174,7 +182,7 @@ impl LoadStream {
             arrived,
             assemble,
             issued: 0,
-        })
+        }))
     }
 
     /// Issue the loads the bounds admit now; the rest follow as room frees.
@@ -183,13 +191,16 @@ impl LoadStream {
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        visit.call(&self.gpu)?;
-        for b in &self.bounds {
+        let Some(me) = self.st.during_gc() else {
+            return Ok(());
+        };
+        visit.call(&me.gpu)?;
+        for b in &me.bounds {
             visit.call(b)?;
         }
-        visit.call(&self.arrived)?;
-        visit.call(&self.assemble)?;
-        for item in &self.items {
+        visit.call(&me.arrived)?;
+        visit.call(&me.assemble)?;
+        for item in &me.items {
             visit.call(&item.region)?;
             visit.call(&item.stripes)?;
             visit.call(&item.placed)?;
@@ -197,7 +208,14 @@ impl LoadStream {
         Ok(())
     }
 
-    fn __clear__(&mut self) {
-        self.items.clear();
+    fn __clear__(&self) {
+        if let Some(mut me) = self.st.during_gc_mut() {
+            me.items.clear();
+        }
+    }
+
+    #[getter]
+    fn issued(&self, py: Python<'_>) -> usize {
+        self.st(py).issued
     }
 }

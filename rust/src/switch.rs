@@ -17,6 +17,8 @@
 use rustc_hash::FxHashMap as HashMap;
 
 use pyo3::prelude::*;
+
+use crate::cell::{unit, GilCell, Unit, UnitState};
 use pyo3::types::{PyDict, PyList};
 use pyo3::{PyTraverseError, PyVisit};
 
@@ -27,30 +29,78 @@ use crate::kinds::*;
 use crate::merge::MergeUnit;
 use crate::packets::PacketBook;
 use crate::sim::{Clock, Simulator};
-use crate::train::Train;
+use crate::train::{Train, TrainState};
 
 const NEVER: i64 = 1 << 62;
 
 /// Byte accounting of a switch chip, for the conservation check:
 /// bytes in + bytes created by multicast = bytes out + bytes absorbed by reduction.
-#[pyclass(module = "cais._core", get_all, set_all)]
-#[derive(Default)]
+#[pyclass(module = "cais._core", frozen)]
 pub struct SwitchLedger {
+    st: GilCell<SwitchLedgerState>,
+}
+
+/// The mutable state of a [`SwitchLedger`] (see there), borrowed while holding the GIL.
+#[derive(Default)]
+pub(crate) struct SwitchLedgerState {
     pub bytes_in: i64,
     pub bytes_out: i64,
     pub multicast_created: i64,
     pub reduction_absorbed: i64,
 }
 
+unit!(SwitchLedger, SwitchLedgerState);
+
 #[pymethods]
 impl SwitchLedger {
     #[new]
     fn new() -> Self {
-        SwitchLedger::default()
+        SwitchLedger::from(SwitchLedgerState::default())
     }
 
-    fn balanced(&self) -> bool {
-        self.bytes_in + self.multicast_created == self.bytes_out + self.reduction_absorbed
+    fn balanced(&self, py: Python<'_>) -> bool {
+        let me = self.st(py);
+        me.bytes_in + me.multicast_created == me.bytes_out + me.reduction_absorbed
+    }
+
+    #[getter]
+    fn bytes_in(&self, py: Python<'_>) -> i64 {
+        self.st(py).bytes_in
+    }
+
+    #[setter]
+    fn set_bytes_in(&self, py: Python<'_>, value: i64) {
+        self.st(py).bytes_in = value;
+    }
+
+    #[getter]
+    fn bytes_out(&self, py: Python<'_>) -> i64 {
+        self.st(py).bytes_out
+    }
+
+    #[setter]
+    fn set_bytes_out(&self, py: Python<'_>, value: i64) {
+        self.st(py).bytes_out = value;
+    }
+
+    #[getter]
+    fn multicast_created(&self, py: Python<'_>) -> i64 {
+        self.st(py).multicast_created
+    }
+
+    #[setter]
+    fn set_multicast_created(&self, py: Python<'_>, value: i64) {
+        self.st(py).multicast_created = value;
+    }
+
+    #[getter]
+    fn reduction_absorbed(&self, py: Python<'_>) -> i64 {
+        self.st(py).reduction_absorbed
+    }
+
+    #[setter]
+    fn set_reduction_absorbed(&self, py: Python<'_>, value: i64) {
+        self.st(py).reduction_absorbed = value;
     }
 }
 
@@ -74,46 +124,35 @@ struct Reduction {
 /// the switch, admitted in order at the engine's operand rate (`reduce_GBps`;
 /// None: unlimited). Python subclasses add in-switch units by registering handlers
 /// for the packet kinds they serve in `handlers`.
-#[pyclass(module = "cais._core", subclass)]
+#[pyclass(module = "cais._core", subclass, frozen)]
 pub struct SwitchChip {
-    #[pyo3(get)]
+    st: GilCell<SwitchChipState>,
+}
+
+/// The mutable state of a [`SwitchChip`] (see there), borrowed while holding the GIL.
+pub(crate) struct SwitchChipState {
     sim: Py<Simulator>,
     clock: Clock,
-    #[pyo3(get)]
     chip: i64,
-    #[pyo3(get)]
     down: Py<PyList>,
-    #[pyo3(get)]
     gpus: Py<PyList>,
-    #[pyo3(get)]
     pk: Py<PyAny>,
-    #[pyo3(get)]
     vcmap: Py<PyAny>,
     packets: PacketBook,
-    #[pyo3(get)]
     pipeline_ps: i64,
-    #[pyo3(get)]
     reduce_ps: i64,
-    #[pyo3(get)]
     reduce_ps_per_byte: f64,
-    #[pyo3(get)]
     engine_free_at: i64,
-    #[pyo3(get)]
     ledger: Py<SwitchLedger>,
     held: Vec<Vec<i64>>,
-    #[pyo3(get)]
     handlers: Py<PyDict>,
-    #[pyo3(get)]
     merge_cfg: Py<PyAny>,
-    #[pyo3(get)]
     sync_entries: i64,
     /// Mirror mode (the fabric's `mirror`): only GPU 0 runs; a train for GPU g
     /// stands for the train GPU -g sends to GPU 0 (its image under the GPUs'
     /// rotation), so every output goes to GPU 0's port.
-    #[pyo3(get, set)]
     mirror: bool,
     /// The NVLS engine serves the multicast and ld_reduce kinds.
-    #[pyo3(get, set)]
     nvls: bool,
     channels: Vec<Py<Channel>>,
     /// Each GPU's input port (its endpoint, or its `receive` if it has none).
@@ -125,51 +164,48 @@ pub struct SwitchChip {
     units: Vec<Py<MergeUnit>>,
 }
 
-impl SwitchChip {
-    fn now(&self, py: Python<'_>) -> i64 {
-        let _ = py;
-        self.clock.now()
-    }
+unit!(SwitchChip, SwitchChipState);
 
+impl SwitchChip {
     /// A train's tail has arrived on the input port of GPU `train.src`.
     pub(crate) fn receive_train(slf: &Bound<'_, Self>, train: Bound<'_, Train>) -> PyResult<()> {
         let py = slf.py();
         let (kind, credits, fp) = {
-            let me = slf.borrow();
-            let mut t = train.borrow_mut();
-            me.ledger.borrow_mut(py).bytes_in += t.payload;
+            let me = slf.st();
+            let mut t = train.st();
+            me.ledger.get().st(py).bytes_in += t.payload;
             (t.left, t.dep0, t.dep1) = (1, NEVER, 0); // 1: held until the handler has emitted all
             (t.kind, t.credits.as_ref().map(|c| c.clone_ref(py)), t.fp) // the buffer's, before a departure
         };
         {
-            let mut me = slf.borrow_mut();
+            let mut me = slf.st();
             let (src, vc) = {
-                let t = train.borrow();
+                let t = train.st();
                 (t.src, t.vc)
             };
             let g = py_index(src, me.held.len())?;
             let v = py_index(vc, me.held[g].len())?;
             me.held[g][v] += 1;
         }
-        let handler = handler(py, &slf.borrow().handlers, kind)?;
-        let nvls = slf.borrow().nvls;
+        let handler = handler(py, &slf.st().handlers, kind)?;
+        let nvls = slf.st().nvls;
         match handler {
             Some(h) => {
                 h.call1((&train,))?;
             }
-            None if !slf.borrow().units.is_empty() && matches!(kind, LD_CAIS_REQ | LD_CAIS_RESP | RED_CAIS) => {
+            None if !slf.st().units.is_empty() && matches!(kind, LD_CAIS_REQ | LD_CAIS_RESP | RED_CAIS) => {
                 SwitchChip::merge_train(slf, &train, kind)?
             }
             None if nvls && matches!(kind, MC_STORE | MC_RED | MC_FLAG) => SwitchChip::multicast_train(slf, &train)?,
             None if nvls && kind == MC_LDRED_REQ => SwitchChip::ld_reduce_request(slf, &train)?,
             None if nvls && kind == MC_PULL_RESP => SwitchChip::ld_reduce_response(slf, &train)?,
             None => {
-                let dst = train.borrow().dst;
+                let dst = train.st().dst;
                 SwitchChip::emit_train(slf, &train, dst, Some(&train), Hook::None)?;
             }
         }
         let retire = {
-            let mut t = train.borrow_mut();
+            let mut t = train.st();
             if t.left > 0 {
                 // not absorbed
                 t.left -= 1;
@@ -196,9 +232,9 @@ impl SwitchChip {
     ) -> PyResult<()> {
         let py = slf.py();
         let (channel, receiver) = {
-            let me = slf.borrow();
-            let mut o = out.borrow_mut();
-            me.ledger.borrow_mut(py).bytes_out += o.payload;
+            let me = slf.st();
+            let mut o = out.st();
+            me.ledger.get().st(py).bytes_out += o.payload;
             o.head += me.pipeline_ps;
             o.tail += me.pipeline_ps;
             let dst = if me.mirror {
@@ -213,9 +249,9 @@ impl SwitchChip {
         let hook = match entry {
             None => on_start,
             Some(entry) => {
-                entry.borrow_mut().left += 1;
+                entry.st().left += 1;
                 if !out.is(entry) {
-                    out.borrow_mut().parent = entry.clone().into_any().unbind();
+                    out.st().parent = entry.clone().into_any().unbind();
                 }
                 Hook::Departed(slf.clone().unbind())
             }
@@ -226,13 +262,13 @@ impl SwitchChip {
     /// A copy (or the train itself) of an input train went on the wire.
     pub(crate) fn departed(slf: &Bound<'_, Self>, out: &Bound<'_, Train>, start: i64, finish: i64) -> PyResult<()> {
         let py = slf.py();
-        let parent = out.borrow().parent.clone_ref(py);
+        let parent = out.st().parent.clone_ref(py);
         let entry = match parent.bind(py).cast::<Train>() {
             Ok(p) => p.clone(),
             Err(_) => out.clone(),
         };
         let retire = {
-            let mut e = entry.borrow_mut();
+            let mut e = entry.st();
             if start < e.dep0 {
                 e.dep0 = start;
             }
@@ -261,13 +297,13 @@ impl SwitchChip {
     ) -> PyResult<()> {
         let py = slf.py();
         let (src, vc) = {
-            let e = entry.borrow();
+            let e = entry.st();
             (e.src, e.vc)
         };
         if let Some(cr) = credits {
             Credits::give_back_at(cr.bind(py), vc, fp, t0, t1, true)?;
         }
-        let mut me = slf.borrow_mut();
+        let mut me = slf.st();
         let g = py_index(src, me.held.len())?;
         let v = py_index(vc, me.held[g].len())?;
         me.held[g][v] -= 1;
@@ -278,10 +314,10 @@ impl SwitchChip {
     fn multicast_train(slf: &Bound<'_, Self>, train: &Bound<'_, Train>) -> PyResult<()> {
         let py = slf.py();
         let (n, chip, kind, payload, wire, last) = {
-            let mut me = slf.borrow_mut();
+            let mut me = slf.st();
             let n = me.receivers.len() as i64;
-            let t = train.borrow();
-            me.ledger.borrow_mut(py).multicast_created += (n - 1) * t.payload;
+            let t = train.st();
+            me.ledger.get().st(py).multicast_created += (n - 1) * t.payload;
             let kind = match t.kind {
                 MC_STORE => WRITE,
                 MC_RED => RED,
@@ -296,8 +332,8 @@ impl SwitchChip {
         };
         for g in 0..n {
             let copy = {
-                let t = train.borrow();
-                let mut c = Train::blank(py, payload, wire, last, kind, t.src, g);
+                let t = train.st();
+                let mut c = TrainState::blank(py, payload, wire, last, kind, t.src, g);
                 c.chip = chip;
                 c.addr = t.addr.clone_ref(py);
                 c.data = t.data.clone_ref(py);
@@ -305,7 +341,7 @@ impl SwitchChip {
                 c.vc = t.vc;
                 c.cls = t.cls;
                 (c.head, c.tail) = (t.head, t.tail);
-                Bound::new(py, c)?
+                Bound::new(py, Train::from(c))?
             };
             SwitchChip::emit_train(slf, &copy, g, Some(train), Hook::None)?;
         }
@@ -316,11 +352,11 @@ impl SwitchChip {
     fn ld_reduce_request(slf: &Bound<'_, Self>, req: &Bound<'_, Train>) -> PyResult<()> {
         let py = slf.py();
         let (n, rid, wire, last, head, tail, chip) = {
-            let mut me = slf.borrow_mut();
+            let mut me = slf.st();
             let n = me.receivers.len() as i64;
             let rid = me.next_id;
             me.next_id += 1;
-            let r = req.borrow();
+            let r = req.st();
             me.pending.insert(
                 rid,
                 Reduction {
@@ -347,8 +383,8 @@ impl SwitchChip {
         };
         for g in 0..n {
             let pull = {
-                let r = req.borrow();
-                let mut p = Train::blank(py, 0, wire, last, MC_PULL_REQ, r.src, g);
+                let r = req.st();
+                let mut p = TrainState::blank(py, 0, wire, last, MC_PULL_REQ, r.src, g);
                 p.chip = chip;
                 p.addr = r.addr.clone_ref(py);
                 p.vc = r.vc;
@@ -356,7 +392,7 @@ impl SwitchChip {
                 p.want = r.want;
                 p.tag = rid;
                 (p.head, p.tail) = (head, tail);
-                Bound::new(py, p)?
+                Bound::new(py, Train::from(p))?
             };
             SwitchChip::emit_train(slf, &pull, g, Some(req), Hook::None)?;
         }
@@ -366,11 +402,11 @@ impl SwitchChip {
     fn ld_reduce_response(slf: &Bound<'_, Self>, resp: &Bound<'_, Train>) -> PyResult<()> {
         let py = slf.py();
         let (tag, data, head) = {
-            let r = resp.borrow();
+            let r = resp.st();
             (r.tag, r.data.clone_ref(py), r.head)
         };
         {
-            let mut me = slf.borrow_mut();
+            let mut me = slf.st();
             let red = me.pending.get_mut(&tag).expect("a response to a pending ld_reduce");
             if !data.is_none(py) {
                 red.acc = Some(match &red.acc {
@@ -383,17 +419,17 @@ impl SwitchChip {
         }
         SwitchChip::absorb_train(slf, resp)?;
         let (red, chip, reduce_ps, now, wire, last, vc) = {
-            let mut me = slf.borrow_mut();
+            let mut me = slf.st();
             if me.pending[&tag].remaining > 0 {
                 return Ok(());
             }
             let red = me.pending.remove(&tag).expect("pending");
-            me.ledger.borrow_mut(py).reduction_absorbed -= resp.borrow().payload; // the last one leaves as the sum
+            me.ledger.get().st(py).reduction_absorbed -= resp.st().payload; // the last one leaves as the sum
             let (wire, last) = me.packets.wire(py, MC_LDRED_RESP, red.nbytes)?;
             let vc = me.packets.vc(py, MC_LDRED_RESP, 0)?;
             (red, me.chip, me.reduce_ps, me.now(py), wire, last, vc)
         };
-        let mut out = Train::blank(py, red.nbytes, wire, last, MC_LDRED_RESP, -1, red.issuer);
+        let mut out = TrainState::blank(py, red.nbytes, wire, last, MC_LDRED_RESP, -1, red.issuer);
         out.chip = chip;
         out.addr = red.addr;
         out.data = red.acc.unwrap_or_else(|| py.None());
@@ -401,7 +437,7 @@ impl SwitchChip {
         out.vc = vc;
         out.head = red.head + reduce_ps;
         out.tail = now + reduce_ps;
-        let out = Bound::new(py, out)?;
+        let out = Bound::new(py, Train::from(out))?;
         SwitchChip::emit_train(slf, &out, red.issuer, None, Hook::None)
     }
 
@@ -409,9 +445,9 @@ impl SwitchChip {
     /// (it streamed through the buffer): its credits go back now.
     pub(crate) fn consume_train(slf: &Bound<'_, Self>, entry: &Bound<'_, Train>) -> PyResult<()> {
         let py = slf.py();
-        let now = slf.borrow().now(py);
+        let now = slf.st().now(py);
         let (t0, t1, credits, fp) = {
-            let mut e = entry.borrow_mut();
+            let mut e = entry.st();
             e.left = 0;
             let (t0, t1) = if e.tail >= now { (e.head, e.tail) } else { (now, now) }; // held a while: leaves now
             (t0, t1, e.credits.as_ref().map(|c| c.clone_ref(py)), e.fp)
@@ -426,11 +462,11 @@ impl SwitchChip {
     fn merge_train(slf: &Bound<'_, Self>, train: &Bound<'_, Train>, kind: i64) -> PyResult<()> {
         let py = slf.py();
         let (src, dst, tag) = {
-            let t = train.borrow();
+            let t = train.st();
             (t.src, t.dst, t.tag)
         };
         let unit = |g: i64| -> PyResult<Py<MergeUnit>> {
-            let me = slf.borrow();
+            let me = slf.st();
             Ok(me.units[py_index(g, me.units.len())?].clone_ref(py))
         };
         match kind {
@@ -448,7 +484,7 @@ impl SwitchChip {
     /// A merge unit takes `train` as it arrives; `absorbed` payload bytes stay in its
     /// table.
     pub(crate) fn take_train(slf: &Bound<'_, Self>, train: &Bound<'_, Train>, absorbed: i64) -> PyResult<()> {
-        slf.borrow().ledger.borrow_mut(slf.py()).reduction_absorbed += absorbed;
+        slf.st().ledger.get().st(slf.py()).reduction_absorbed += absorbed;
         SwitchChip::consume_train(slf, train)
     }
 
@@ -465,12 +501,12 @@ impl SwitchChip {
         let py = slf.py();
         for (i, req) in reqs.iter().enumerate() {
             let (resp, to) = {
-                let mut me = slf.borrow_mut();
-                let r = req.borrow(py);
+                let mut me = slf.st();
+                let r = req.get().st(py);
                 let nbytes = r.want;
                 let (wire, last) = me.packets.wire(py, LD_CAIS_RESP, nbytes)?;
                 let vc = me.packets.vc(py, LD_CAIS_RESP, 0)?;
-                let mut resp = Train::blank(py, nbytes, wire, last, LD_CAIS_RESP, r.dst, r.src);
+                let mut resp = TrainState::blank(py, nbytes, wire, last, LD_CAIS_RESP, r.dst, r.src);
                 resp.chip = me.chip;
                 resp.addr = r.addr.clone_ref(py);
                 resp.data = data.clone_ref(py);
@@ -479,9 +515,9 @@ impl SwitchChip {
                 resp.want = nbytes;
                 (resp.head, resp.tail) = (head, tail);
                 if source.is_none() || i > 0 {
-                    me.ledger.borrow_mut(py).multicast_created += nbytes; // made from the table's data
+                    me.ledger.get().st(py).multicast_created += nbytes; // made from the table's data
                 }
-                (Bound::new(py, resp)?, r.src)
+                (Bound::new(py, Train::from(resp))?, r.src)
             };
             SwitchChip::emit_train(slf, &resp, to, source, Hook::None)?;
         }
@@ -506,9 +542,9 @@ impl SwitchChip {
     ) -> PyResult<()> {
         let py = slf.py();
         let out = {
-            let mut me = slf.borrow_mut();
+            let mut me = slf.st();
             let (wire, last) = me.packets.wire(py, RED_CAIS, nbytes)?;
-            let mut out = Train::blank(py, nbytes, wire, last, RED_CAIS, -1, home);
+            let mut out = TrainState::blank(py, nbytes, wire, last, RED_CAIS, -1, home);
             out.chip = me.chip;
             out.addr = addr;
             out.data = data;
@@ -518,8 +554,8 @@ impl SwitchChip {
             out.count = count;
             out.head = head + me.reduce_ps;
             out.tail = me.now(py) + me.reduce_ps;
-            me.ledger.borrow_mut(py).reduction_absorbed -= nbytes; // the sum leaves the table
-            Bound::new(py, out)?
+            me.ledger.get().st(py).reduction_absorbed -= nbytes; // the sum leaves the table
+            Bound::new(py, Train::from(out))?
         };
         SwitchChip::emit_train(slf, &out, home, None, on_start)
     }
@@ -527,13 +563,20 @@ impl SwitchChip {
     fn absorb_train(slf: &Bound<'_, Self>, entry: &Bound<'_, Train>) -> PyResult<()> {
         let py = slf.py();
         let (t0, t1) = {
-            let me = slf.borrow();
-            let mut e = entry.borrow_mut();
-            me.ledger.borrow_mut(py).reduction_absorbed += e.payload;
+            let me = slf.st();
+            let mut e = entry.st();
+            me.ledger.get().st(py).reduction_absorbed += e.payload;
             e.left = 0;
             (e.head, e.tail.max(me.now(py)))
         };
         SwitchChip::retire_train(slf, entry, t0, t1, None, 0)
+    }
+}
+
+impl SwitchChipState {
+    fn now(&self, py: Python<'_>) -> i64 {
+        let _ = py;
+        self.clock.now()
     }
 }
 
@@ -576,7 +619,7 @@ impl SwitchChip {
             _ => py.import("cais.hw.config")?.getattr("MergeConfig")?.call0()?.unbind(),
         };
         let clock = sim.get().clock();
-        Ok(SwitchChip {
+        Ok(SwitchChip::from(SwitchChipState {
             clock,
             sim,
             chip,
@@ -593,7 +636,7 @@ impl SwitchChip {
                 _ => 0.0,
             },
             engine_free_at: 0,
-            ledger: Py::new(py, SwitchLedger::default())?,
+            ledger: Py::new(py, SwitchLedger::from(SwitchLedgerState::default()))?,
             handlers: PyDict::new(py).unbind(),
             merge_cfg,
             sync_entries,
@@ -604,13 +647,14 @@ impl SwitchChip {
             pending: HashMap::default(),
             next_id: 0,
             units: Vec::new(),
-        })
+        }))
     }
 
     /// Trains in each input buffer, per GPU port and VC.
     #[getter]
-    fn held(&self) -> Vec<Vec<i64>> {
-        self.held.clone()
+    fn held(&self, py: Python<'_>) -> Vec<Vec<i64>> {
+        let me = self.st(py);
+        me.held.clone()
     }
 
     /// A train's tail has arrived on the input port of GPU `train.src`.
@@ -664,12 +708,14 @@ impl SwitchChip {
     /// The CAIS merge units, one per GPU port.
     #[getter]
     fn units<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        PyList::new(py, self.units.iter().map(|u| u.clone_ref(py)))
+        let me = self.st(py);
+        PyList::new(py, me.units.iter().map(|u| u.clone_ref(py)))
     }
 
     #[setter]
-    fn set_units(&mut self, units: Vec<Py<MergeUnit>>) {
-        self.units = units;
+    fn set_units(&self, py: Python<'_>, units: Vec<Py<MergeUnit>>) {
+        let mut me = self.st(py);
+        me.units = units;
     }
 
     /// `entry` (of a kind in `absorbs`: its sender already scheduled its credits'
@@ -680,46 +726,50 @@ impl SwitchChip {
 
     /// Input buffers holding trains, and ld_reduces waiting for replicas (for the
     /// forward-progress watchdog).
-    fn stuck(&self) -> Vec<String> {
+    fn stuck(&self, py: Python<'_>) -> Vec<String> {
+        let me = self.st(py);
         let mut out = Vec::new();
-        for (g, port) in self.held.iter().enumerate() {
+        for (g, port) in me.held.iter().enumerate() {
             for (vc, &count) in port.iter().enumerate() {
                 if count != 0 {
                     out.push(format!(
                         "sw{} input from gpu{g} VC {vc}: {count} train(s) waiting for an output",
-                        self.chip
+                        me.chip
                     ));
                 }
             }
         }
-        if !self.pending.is_empty() {
+        if !me.pending.is_empty() {
             out.push(format!(
                 "sw{}: {} ld_reduce(s) waiting for replica responses",
-                self.chip,
-                self.pending.len()
+                me.chip,
+                me.pending.len()
             ));
         }
         out
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        visit.call(&self.sim)?;
-        visit.call(&self.down)?;
-        visit.call(&self.gpus)?;
-        self.packets.visit(&visit)?;
-        visit.call(&self.ledger)?;
-        visit.call(&self.handlers)?;
-        visit.call(&self.merge_cfg)?;
-        for c in self.channels.iter() {
+        let Some(me) = self.st.during_gc() else {
+            return Ok(());
+        };
+        visit.call(&me.sim)?;
+        visit.call(&me.down)?;
+        visit.call(&me.gpus)?;
+        me.packets.visit(&visit)?;
+        visit.call(&me.ledger)?;
+        visit.call(&me.handlers)?;
+        visit.call(&me.merge_cfg)?;
+        for c in me.channels.iter() {
             visit.call(c)?;
         }
-        for r in self.receivers.iter() {
+        for r in me.receivers.iter() {
             r.visit(&visit)?;
         }
-        for u in self.units.iter() {
+        for u in me.units.iter() {
             visit.call(u)?;
         }
-        for red in self.pending.values() {
+        for red in me.pending.values() {
             visit.call(&red.acc)?;
             visit.call(&red.addr)?;
             visit.call(&red.done)?;
@@ -727,10 +777,102 @@ impl SwitchChip {
         Ok(())
     }
 
-    fn __clear__(&mut self) {
-        self.channels.clear();
-        self.receivers.clear();
-        self.pending.clear();
-        self.units.clear();
+    fn __clear__(&self) {
+        if let Some(mut me) = self.st.during_gc_mut() {
+            me.channels.clear();
+            me.receivers.clear();
+            me.pending.clear();
+            me.units.clear();
+        }
+    }
+
+    #[getter]
+    fn sim(&self, py: Python<'_>) -> Py<Simulator> {
+        self.st(py).sim.clone_ref(py)
+    }
+
+    #[getter]
+    fn chip(&self, py: Python<'_>) -> i64 {
+        self.st(py).chip
+    }
+
+    #[getter]
+    fn down(&self, py: Python<'_>) -> Py<PyList> {
+        self.st(py).down.clone_ref(py)
+    }
+
+    #[getter]
+    fn gpus(&self, py: Python<'_>) -> Py<PyList> {
+        self.st(py).gpus.clone_ref(py)
+    }
+
+    #[getter]
+    fn pk(&self, py: Python<'_>) -> Py<PyAny> {
+        self.st(py).pk.clone_ref(py)
+    }
+
+    #[getter]
+    fn vcmap(&self, py: Python<'_>) -> Py<PyAny> {
+        self.st(py).vcmap.clone_ref(py)
+    }
+
+    #[getter]
+    fn pipeline_ps(&self, py: Python<'_>) -> i64 {
+        self.st(py).pipeline_ps
+    }
+
+    #[getter]
+    fn reduce_ps(&self, py: Python<'_>) -> i64 {
+        self.st(py).reduce_ps
+    }
+
+    #[getter]
+    fn reduce_ps_per_byte(&self, py: Python<'_>) -> f64 {
+        self.st(py).reduce_ps_per_byte
+    }
+
+    #[getter]
+    fn engine_free_at(&self, py: Python<'_>) -> i64 {
+        self.st(py).engine_free_at
+    }
+
+    #[getter]
+    fn ledger(&self, py: Python<'_>) -> Py<SwitchLedger> {
+        self.st(py).ledger.clone_ref(py)
+    }
+
+    #[getter]
+    fn handlers(&self, py: Python<'_>) -> Py<PyDict> {
+        self.st(py).handlers.clone_ref(py)
+    }
+
+    #[getter]
+    fn merge_cfg(&self, py: Python<'_>) -> Py<PyAny> {
+        self.st(py).merge_cfg.clone_ref(py)
+    }
+
+    #[getter]
+    fn sync_entries(&self, py: Python<'_>) -> i64 {
+        self.st(py).sync_entries
+    }
+
+    #[getter]
+    fn mirror(&self, py: Python<'_>) -> bool {
+        self.st(py).mirror
+    }
+
+    #[setter]
+    fn set_mirror(&self, py: Python<'_>, value: bool) {
+        self.st(py).mirror = value;
+    }
+
+    #[getter]
+    fn nvls(&self, py: Python<'_>) -> bool {
+        self.st(py).nvls
+    }
+
+    #[setter]
+    fn set_nvls(&self, py: Python<'_>, value: bool) {
+        self.st(py).nvls = value;
     }
 }

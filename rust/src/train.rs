@@ -1,6 +1,8 @@
 //! A train of packets (a transfer unit) in flight.
 
 use pyo3::prelude::*;
+
+use crate::cell::{unit, GilCell, Unit};
 use pyo3::{PyTraverseError, PyVisit};
 
 use crate::credits::Credits;
@@ -25,8 +27,13 @@ use crate::credits::Credits;
 /// carries the number it sums), `expect` (how many requests a mergeable access
 /// expects to merge with) and `quorum` (TB-aware throttling: how many of them must
 /// have arrived before it is acknowledged; 0: at once).
-#[pyclass(module = "cais._core", get_all, set_all)]
+#[pyclass(module = "cais._core", frozen)]
 pub struct Train {
+    st: GilCell<TrainState>,
+}
+
+/// The mutable state of a [`Train`] (see there), borrowed while holding the GIL.
+pub(crate) struct TrainState {
     pub payload: i64,
     pub wire: i64,
     pub packet_wire: i64,
@@ -55,7 +62,9 @@ pub struct Train {
     pub quorum: i64,
 }
 
-impl Train {
+unit!(Train, TrainState);
+
+impl TrainState {
     /// A train of `kind` from `src` to `dst` with the constructor's defaults for the
     /// rest (no data, no completion, VC 0), as the units of the core make them.
     pub(crate) fn blank(
@@ -67,7 +76,7 @@ impl Train {
         src: i64,
         dst: i64,
     ) -> Self {
-        Train {
+        TrainState {
             payload,
             wire,
             packet_wire,
@@ -125,7 +134,7 @@ impl Train {
         quorum: i64,
     ) -> Self {
         let none = || py.None();
-        Train {
+        Train::from(TrainState {
             vc,
             cls,
             chip,
@@ -137,33 +146,299 @@ impl Train {
             count,
             expect,
             quorum,
-            ..Train::blank(py, payload, wire, packet_wire, kind, src, dst)
-        }
+            ..TrainState::blank(py, payload, wire, packet_wire, kind, src, dst)
+        })
     }
 
-    fn __repr__(&self) -> String {
+    fn __repr__(&self, py: Python<'_>) -> String {
+        let me = self.st(py);
         format!(
             "Train(kind={}, src={}, dst={}, chip={}, payload={}, wire={}, vc={}, head={}, tail={})",
-            self.kind, self.src, self.dst, self.chip, self.payload, self.wire, self.vc, self.head, self.tail
+            me.kind, me.src, me.dst, me.chip, me.payload, me.wire, me.vc, me.head, me.tail
         )
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        visit.call(&self.credits)?;
-        visit.call(&self.addr)?;
-        visit.call(&self.data)?;
-        visit.call(&self.done)?;
-        visit.call(&self.fence)?;
-        visit.call(&self.parent)?;
+        let Some(me) = self.st.during_gc() else {
+            return Ok(());
+        };
+        visit.call(&me.credits)?;
+        visit.call(&me.addr)?;
+        visit.call(&me.data)?;
+        visit.call(&me.done)?;
+        visit.call(&me.fence)?;
+        visit.call(&me.parent)?;
         Ok(())
     }
 
-    fn __clear__(&mut self, py: Python<'_>) {
-        self.credits = None;
-        self.addr = py.None();
-        self.data = py.None();
-        self.done = py.None();
-        self.fence = py.None();
-        self.parent = py.None();
+    fn __clear__(&self, py: Python<'_>) {
+        if let Some(mut me) = self.st.during_gc_mut() {
+            me.credits = None;
+            me.addr = py.None();
+            me.data = py.None();
+            me.done = py.None();
+            me.fence = py.None();
+            me.parent = py.None();
+        }
+    }
+
+    #[getter]
+    fn payload(&self, py: Python<'_>) -> i64 {
+        self.st(py).payload
+    }
+
+    #[setter]
+    fn set_payload(&self, py: Python<'_>, value: i64) {
+        self.st(py).payload = value;
+    }
+
+    #[getter]
+    fn wire(&self, py: Python<'_>) -> i64 {
+        self.st(py).wire
+    }
+
+    #[setter]
+    fn set_wire(&self, py: Python<'_>, value: i64) {
+        self.st(py).wire = value;
+    }
+
+    #[getter]
+    fn packet_wire(&self, py: Python<'_>) -> i64 {
+        self.st(py).packet_wire
+    }
+
+    #[setter]
+    fn set_packet_wire(&self, py: Python<'_>, value: i64) {
+        self.st(py).packet_wire = value;
+    }
+
+    #[getter]
+    fn head(&self, py: Python<'_>) -> i64 {
+        self.st(py).head
+    }
+
+    #[setter]
+    fn set_head(&self, py: Python<'_>, value: i64) {
+        self.st(py).head = value;
+    }
+
+    #[getter]
+    fn tail(&self, py: Python<'_>) -> i64 {
+        self.st(py).tail
+    }
+
+    #[setter]
+    fn set_tail(&self, py: Python<'_>, value: i64) {
+        self.st(py).tail = value;
+    }
+
+    #[getter]
+    fn vc(&self, py: Python<'_>) -> i64 {
+        self.st(py).vc
+    }
+
+    #[setter]
+    fn set_vc(&self, py: Python<'_>, value: i64) {
+        self.st(py).vc = value;
+    }
+
+    #[getter]
+    fn fp(&self, py: Python<'_>) -> i64 {
+        self.st(py).fp
+    }
+
+    #[setter]
+    fn set_fp(&self, py: Python<'_>, value: i64) {
+        self.st(py).fp = value;
+    }
+
+    #[getter]
+    fn credits(&self, py: Python<'_>) -> Option<Py<Credits>> {
+        self.st(py).credits.as_ref().map(|v| v.clone_ref(py))
+    }
+
+    #[setter]
+    fn set_credits(&self, py: Python<'_>, value: Option<Py<Credits>>) {
+        self.st(py).credits = value;
+    }
+
+    #[getter]
+    fn kind(&self, py: Python<'_>) -> i64 {
+        self.st(py).kind
+    }
+
+    #[setter]
+    fn set_kind(&self, py: Python<'_>, value: i64) {
+        self.st(py).kind = value;
+    }
+
+    #[getter]
+    fn cls(&self, py: Python<'_>) -> i64 {
+        self.st(py).cls
+    }
+
+    #[setter]
+    fn set_cls(&self, py: Python<'_>, value: i64) {
+        self.st(py).cls = value;
+    }
+
+    #[getter]
+    fn src(&self, py: Python<'_>) -> i64 {
+        self.st(py).src
+    }
+
+    #[setter]
+    fn set_src(&self, py: Python<'_>, value: i64) {
+        self.st(py).src = value;
+    }
+
+    #[getter]
+    fn dst(&self, py: Python<'_>) -> i64 {
+        self.st(py).dst
+    }
+
+    #[setter]
+    fn set_dst(&self, py: Python<'_>, value: i64) {
+        self.st(py).dst = value;
+    }
+
+    #[getter]
+    fn chip(&self, py: Python<'_>) -> i64 {
+        self.st(py).chip
+    }
+
+    #[setter]
+    fn set_chip(&self, py: Python<'_>, value: i64) {
+        self.st(py).chip = value;
+    }
+
+    #[getter]
+    fn addr(&self, py: Python<'_>) -> Py<PyAny> {
+        self.st(py).addr.clone_ref(py)
+    }
+
+    #[setter]
+    fn set_addr(&self, py: Python<'_>, value: Py<PyAny>) {
+        self.st(py).addr = value;
+    }
+
+    #[getter]
+    fn data(&self, py: Python<'_>) -> Py<PyAny> {
+        self.st(py).data.clone_ref(py)
+    }
+
+    #[setter]
+    fn set_data(&self, py: Python<'_>, value: Py<PyAny>) {
+        self.st(py).data = value;
+    }
+
+    #[getter]
+    fn done(&self, py: Python<'_>) -> Py<PyAny> {
+        self.st(py).done.clone_ref(py)
+    }
+
+    #[setter]
+    fn set_done(&self, py: Python<'_>, value: Py<PyAny>) {
+        self.st(py).done = value;
+    }
+
+    #[getter]
+    fn fence(&self, py: Python<'_>) -> Py<PyAny> {
+        self.st(py).fence.clone_ref(py)
+    }
+
+    #[setter]
+    fn set_fence(&self, py: Python<'_>, value: Py<PyAny>) {
+        self.st(py).fence = value;
+    }
+
+    #[getter]
+    fn want(&self, py: Python<'_>) -> i64 {
+        self.st(py).want
+    }
+
+    #[setter]
+    fn set_want(&self, py: Python<'_>, value: i64) {
+        self.st(py).want = value;
+    }
+
+    #[getter]
+    fn tag(&self, py: Python<'_>) -> i64 {
+        self.st(py).tag
+    }
+
+    #[setter]
+    fn set_tag(&self, py: Python<'_>, value: i64) {
+        self.st(py).tag = value;
+    }
+
+    #[getter]
+    fn parent(&self, py: Python<'_>) -> Py<PyAny> {
+        self.st(py).parent.clone_ref(py)
+    }
+
+    #[setter]
+    fn set_parent(&self, py: Python<'_>, value: Py<PyAny>) {
+        self.st(py).parent = value;
+    }
+
+    #[getter]
+    fn left(&self, py: Python<'_>) -> i64 {
+        self.st(py).left
+    }
+
+    #[setter]
+    fn set_left(&self, py: Python<'_>, value: i64) {
+        self.st(py).left = value;
+    }
+
+    #[getter]
+    fn dep0(&self, py: Python<'_>) -> i64 {
+        self.st(py).dep0
+    }
+
+    #[setter]
+    fn set_dep0(&self, py: Python<'_>, value: i64) {
+        self.st(py).dep0 = value;
+    }
+
+    #[getter]
+    fn dep1(&self, py: Python<'_>) -> i64 {
+        self.st(py).dep1
+    }
+
+    #[setter]
+    fn set_dep1(&self, py: Python<'_>, value: i64) {
+        self.st(py).dep1 = value;
+    }
+
+    #[getter]
+    fn count(&self, py: Python<'_>) -> i64 {
+        self.st(py).count
+    }
+
+    #[setter]
+    fn set_count(&self, py: Python<'_>, value: i64) {
+        self.st(py).count = value;
+    }
+
+    #[getter]
+    fn expect(&self, py: Python<'_>) -> i64 {
+        self.st(py).expect
+    }
+
+    #[setter]
+    fn set_expect(&self, py: Python<'_>, value: i64) {
+        self.st(py).expect = value;
+    }
+
+    #[getter]
+    fn quorum(&self, py: Python<'_>) -> i64 {
+        self.st(py).quorum
+    }
+
+    #[setter]
+    fn set_quorum(&self, py: Python<'_>, value: i64) {
+        self.st(py).quorum = value;
     }
 }

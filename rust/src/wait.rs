@@ -12,6 +12,8 @@ use std::collections::VecDeque;
 
 use pyo3::exceptions::{PyRuntimeError, PyStopIteration, PyTypeError, PyValueError};
 use pyo3::prelude::*;
+
+use crate::cell::{unit, GilCell, Unit, UnitState};
 use pyo3::types::PyInt;
 use pyo3::{intern, PyTraverseError, PyVisit};
 
@@ -38,32 +40,36 @@ impl Waiter {
 
 /// A one-shot event: programs and callbacks wait on it until it fires once, with a
 /// value (`value`) at a time (`time`).
-#[pyclass(module = "cais._core", subclass)]
+#[pyclass(module = "cais._core", subclass, frozen)]
 pub struct Signal {
-    #[pyo3(get)]
+    st: GilCell<SignalState>,
+}
+
+/// The mutable state of a [`Signal`] (see there), borrowed while holding the GIL.
+pub(crate) struct SignalState {
     fired: bool,
-    #[pyo3(get)]
     value: Py<PyAny>,
-    #[pyo3(get)]
     time: Option<i64>,
     waiters: Vec<Waiter>,
 }
 
+unit!(Signal, SignalState);
+
 impl Signal {
     fn blank(py: Python<'_>) -> Signal {
-        Signal {
+        Signal::from(SignalState {
             fired: false,
             value: py.None(),
             time: None,
             waiters: Vec::new(),
-        }
+        })
     }
 
     /// Fire: every waiter runs with the value, in the order they came.
     pub(crate) fn fire_now(slf: &Bound<'_, Self>, now: i64, value: Py<PyAny>) -> PyResult<()> {
         let py = slf.py();
         let waiters = {
-            let mut me = slf.borrow_mut();
+            let mut me = slf.st();
             if me.fired {
                 return Err(PyRuntimeError::new_err("signal fired twice"));
             }
@@ -88,7 +94,7 @@ impl Signal {
 impl Signal {
     /// Resume `stream` when the signal fires (it has not).
     pub(crate) fn wait_stream(slf: &Bound<'_, Self>, stream: Py<LoadStream>) {
-        slf.borrow_mut().waiters.push(Waiter::Stream(stream));
+        slf.st().waiters.push(Waiter::Stream(stream));
     }
 }
 
@@ -103,7 +109,7 @@ impl Signal {
     fn on_fire(slf: &Bound<'_, Self>, r#fn: Py<PyAny>) -> PyResult<()> {
         let py = slf.py();
         let value = {
-            let mut me = slf.borrow_mut();
+            let mut me = slf.st();
             if !me.fired {
                 me.waiters.push(Waiter::Call(r#fn));
                 return Ok(());
@@ -122,39 +128,65 @@ impl Signal {
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        visit.call(&self.value)?;
-        for w in self.waiters.iter() {
+        let Some(me) = self.st.during_gc() else {
+            return Ok(());
+        };
+        visit.call(&me.value)?;
+        for w in me.waiters.iter() {
             w.visit(&visit)?;
         }
         Ok(())
     }
 
-    fn __clear__(&mut self, py: Python<'_>) {
-        self.value = py.None();
-        self.waiters.clear();
+    fn __clear__(&self, py: Python<'_>) {
+        if let Some(mut me) = self.st.during_gc_mut() {
+            me.value = py.None();
+            me.waiters.clear();
+        }
+    }
+
+    #[getter]
+    fn fired(&self, py: Python<'_>) -> bool {
+        self.st(py).fired
+    }
+
+    #[getter]
+    fn value(&self, py: Python<'_>) -> Py<PyAny> {
+        self.st(py).value.clone_ref(py)
+    }
+
+    #[getter]
+    fn time(&self, py: Python<'_>) -> Option<i64> {
+        self.st(py).time
     }
 }
 
 /// A signal that fires when `count` arrivals have been reported (a completion
 /// counter, like a TB-done counter or an NVLS reduction's response counter).
-#[pyclass(module = "cais._core", extends = Signal, subclass)]
+#[pyclass(module = "cais._core", extends = Signal, subclass, frozen)]
 pub struct Countdown {
-    #[pyo3(get)]
+    st: GilCell<CountdownState>,
+}
+
+/// The mutable state of a [`Countdown`] (see there), borrowed while holding the GIL.
+pub(crate) struct CountdownState {
     remaining: i64,
 }
+
+unit!(Countdown, CountdownState);
 
 #[pymethods]
 impl Countdown {
     #[new]
     fn new(py: Python<'_>, count: i64) -> (Self, Signal) {
-        (Countdown { remaining: count }, Signal::blank(py))
+        (Countdown::from(CountdownState { remaining: count }), Signal::blank(py))
     }
 
     /// `n` more arrivals; fire at the last (calling the object's own `fire`).
     #[pyo3(signature = (sim, n = 1))]
     pub(crate) fn arrive(slf: &Bound<'_, Self>, sim: &Bound<'_, Simulator>, n: i64) -> PyResult<()> {
         let left = {
-            let mut me = slf.borrow_mut();
+            let mut me = slf.st();
             me.remaining -= n;
             me.remaining
         };
@@ -171,6 +203,11 @@ impl Countdown {
         }
         Ok(())
     }
+
+    #[getter]
+    fn remaining(&self, py: Python<'_>) -> i64 {
+        self.st(py).remaining
+    }
 }
 
 /// At most `limit` bytes outstanding; `acquire` grants in FIFO order. Real memory
@@ -179,48 +216,25 @@ impl Countdown {
 /// waiting requests are served first come, first served. This is that, in bytes:
 /// nothing is ever admitted past the limit, not even a first request, so a caller
 /// must cut its requests to at most `limit` bytes each.
-#[pyclass(module = "cais._core", name = "Bound")]
+#[pyclass(module = "cais._core", name = "Bound", frozen)]
 pub struct ByteBound {
-    #[pyo3(get)]
+    st: GilCell<ByteBoundState>,
+}
+
+/// The mutable state of a [`ByteBound`] (see there), borrowed while holding the GIL.
+pub(crate) struct ByteBoundState {
     pub(crate) sim: Py<Simulator>,
-    #[pyo3(get)]
     pub(crate) limit: i64,
-    #[pyo3(get)]
     used: i64,
-    #[pyo3(get)]
     peak: i64,
     /// Requests that had to queue.
-    #[pyo3(get)]
     waited: i64,
     queue: VecDeque<(i64, Py<Signal>)>,
 }
 
-impl ByteBound {
-    fn take(&mut self, nbytes: i64) {
-        self.used += nbytes;
-        self.peak = self.peak.max(self.used);
-    }
-}
+unit!(ByteBound, ByteBoundState);
 
-#[pymethods]
-impl ByteBound {
-    #[new]
-    fn new(sim: Py<Simulator>, limit: i64) -> PyResult<Self> {
-        if limit <= 0 {
-            return Err(PyValueError::new_err(format!(
-                "bound limit must be positive, got {limit}"
-            )));
-        }
-        Ok(ByteBound {
-            sim,
-            limit,
-            used: 0,
-            peak: 0,
-            waited: 0,
-            queue: VecDeque::new(),
-        })
-    }
-
+impl ByteBoundState {
     /// Take `nbytes`: None when granted now, else a signal that fires once they are
     /// granted (and taken). Requests larger than the limit are a caller's bug.
     pub(crate) fn acquire(&mut self, py: Python<'_>, nbytes: i64) -> PyResult<Option<Py<Signal>>> {
@@ -240,11 +254,42 @@ impl ByteBound {
         Ok(Some(sig))
     }
 
+    fn take(&mut self, nbytes: i64) {
+        self.used += nbytes;
+        self.peak = self.peak.max(self.used);
+    }
+}
+
+#[pymethods]
+impl ByteBound {
+    #[new]
+    fn new(sim: Py<Simulator>, limit: i64) -> PyResult<Self> {
+        if limit <= 0 {
+            return Err(PyValueError::new_err(format!(
+                "bound limit must be positive, got {limit}"
+            )));
+        }
+        Ok(ByteBound::from(ByteBoundState {
+            sim,
+            limit,
+            used: 0,
+            peak: 0,
+            waited: 0,
+            queue: VecDeque::new(),
+        }))
+    }
+
+    /// Take `nbytes`: None when granted now, else a signal that fires once they are
+    /// granted (and taken). Requests larger than the limit are a caller's bug.
+    pub(crate) fn acquire(&self, py: Python<'_>, nbytes: i64) -> PyResult<Option<Py<Signal>>> {
+        self.st(py).acquire(py, nbytes)
+    }
+
     /// Give `nbytes` back; grant the waiting requests that now fit, in order.
     pub(crate) fn release(slf: &Bound<'_, Self>, nbytes: i64) -> PyResult<()> {
         let py = slf.py();
         {
-            let mut me = slf.borrow_mut();
+            let mut me = slf.st();
             me.used -= nbytes;
             if me.used < 0 {
                 return Err(PyRuntimeError::new_err("bound released more than was taken"));
@@ -252,7 +297,7 @@ impl ByteBound {
         }
         loop {
             let (sig, now) = {
-                let mut me = slf.borrow_mut();
+                let mut me = slf.st();
                 match me.queue.front() {
                     Some(&(n, _)) if me.used + n <= me.limit => {
                         let (n, sig) = me.queue.pop_front().expect("a waiting request");
@@ -268,15 +313,45 @@ impl ByteBound {
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        visit.call(&self.sim)?;
-        for (_, s) in self.queue.iter() {
+        let Some(me) = self.st.during_gc() else {
+            return Ok(());
+        };
+        visit.call(&me.sim)?;
+        for (_, s) in me.queue.iter() {
             visit.call(s)?;
         }
         Ok(())
     }
 
-    fn __clear__(&mut self) {
-        self.queue.clear();
+    fn __clear__(&self) {
+        if let Some(mut me) = self.st.during_gc_mut() {
+            me.queue.clear();
+        }
+    }
+
+    #[getter]
+    fn sim(&self, py: Python<'_>) -> Py<Simulator> {
+        self.st(py).sim.clone_ref(py)
+    }
+
+    #[getter]
+    fn limit(&self, py: Python<'_>) -> i64 {
+        self.st(py).limit
+    }
+
+    #[getter]
+    fn used(&self, py: Python<'_>) -> i64 {
+        self.st(py).used
+    }
+
+    #[getter]
+    fn peak(&self, py: Python<'_>) -> i64 {
+        self.st(py).peak
+    }
+
+    #[getter]
+    fn waited(&self, py: Python<'_>) -> i64 {
+        self.st(py).waited
     }
 }
 
@@ -284,21 +359,26 @@ impl ByteBound {
 /// generator yields an `int` (sleep that many picoseconds) or a [`Signal`] (wait until
 /// it fires; the signal's value is sent back into the generator). `done` fires when
 /// the generator returns.
-#[pyclass(module = "cais._core")]
+#[pyclass(module = "cais._core", frozen)]
 pub struct Process {
-    #[pyo3(get)]
+    st: GilCell<ProcessState>,
+}
+
+/// The mutable state of a [`Process`] (see there), borrowed while holding the GIL.
+pub(crate) struct ProcessState {
     sim: Py<Simulator>,
     gen: Py<PyAny>,
-    #[pyo3(get)]
     done: Py<Signal>,
 }
+
+unit!(Process, ProcessState);
 
 impl Process {
     /// Send `value` into the program and follow it to its next wait.
     pub(crate) fn step(slf: &Bound<'_, Self>, value: Py<PyAny>) -> PyResult<()> {
         let py = slf.py();
         let (gen, sim, done) = {
-            let me = slf.borrow();
+            let me = slf.st();
             (me.gen.clone_ref(py), me.sim.clone_ref(py), me.done.clone_ref(py))
         };
         let mut value = value;
@@ -312,7 +392,7 @@ impl Process {
                 Err(e) => return Err(e),
             };
             if let Ok(sig) = waited.cast::<Signal>() {
-                let mut s = sig.borrow_mut();
+                let mut s = sig.st();
                 if s.fired {
                     value = s.value.clone_ref(py);
                     continue;
@@ -342,11 +422,11 @@ impl Process {
         let done = Py::new(py, Signal::blank(py))?;
         let p = Py::new(
             py,
-            Process {
+            Process::from(ProcessState {
                 sim: sim.clone_ref(py),
                 gen,
                 done,
-            },
+            }),
         )?;
         if start {
             let s = sim.get();
@@ -357,13 +437,28 @@ impl Process {
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        visit.call(&self.sim)?;
-        visit.call(&self.gen)?;
-        visit.call(&self.done)?;
+        let Some(me) = self.st.during_gc() else {
+            return Ok(());
+        };
+        visit.call(&me.sim)?;
+        visit.call(&me.gen)?;
+        visit.call(&me.done)?;
         Ok(())
     }
 
-    fn __clear__(&mut self, py: Python<'_>) {
-        self.gen = py.None();
+    fn __clear__(&self, py: Python<'_>) {
+        if let Some(mut me) = self.st.during_gc_mut() {
+            me.gen = py.None();
+        }
+    }
+
+    #[getter]
+    fn sim(&self, py: Python<'_>) -> Py<Simulator> {
+        self.st(py).sim.clone_ref(py)
+    }
+
+    #[getter]
+    fn done(&self, py: Python<'_>) -> Py<Signal> {
+        self.st(py).done.clone_ref(py)
     }
 }
