@@ -9,8 +9,10 @@ the same result (simulated time and event count).
 ``--full`` adds the long rows (the LLaMA-7B training period, 1 GiB NVLS AllReduce
 on all 72 GPUs of ``nvl72`` in the full model). The revision is checked out once
 into a temporary git worktree and imported from there (``PYTHONPATH``), with this
-environment's dependencies; a revision with a compiled core of its own would need
-building first, so the default is a pure-Python one.
+environment's dependencies; a revision with a compiled core of its own (``rust/``) has
+it built there once with ``cargo``, so the run can also compare two versions of the
+core (e.g. ``--against 852d1c2``, the core before its units' state moved into
+GIL-guarded cells).
 
 Targets (issue 20): 1 GiB NVLS AllReduce events/s at least 10x the pure-Python
 engine's and at least 2x a bare ``heapq`` loop's; LLaMA-7B ``cais`` period under 5 s
@@ -23,8 +25,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -120,7 +124,24 @@ def worktree(rev: str) -> Path:
     if not (path / "src" / "cais").is_dir():
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(path), rev], check=True,
                        capture_output=True)
+    compiled(path)
     return path
+
+
+def compiled(tree: Path) -> None:
+    """Build the compiled core of a checked-out revision that has one (``rust/``), once,
+    as ``pip install`` would (release, the extension module's features)."""
+    ext = tree / "src" / "cais" / f"_core{sysconfig.get_config_var('EXT_SUFFIX')}"
+    if not (tree / "rust" / "Cargo.toml").is_file() or ext.is_file():
+        return
+    target = tree / "rust" / "target"
+    r = subprocess.run(["cargo", "build", "--release", "--locked", "--features", "extension-module",
+                        "--manifest-path", str(tree / "rust" / "Cargo.toml")],
+                       capture_output=True, text=True, env={**os.environ, "CARGO_TARGET_DIR": str(target)})
+    if r.returncode:
+        print(f"bench_core: cannot build the core of {tree}: {r.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+        raise SystemExit(2)
+    shutil.copy(target / "release" / "lib_core.so", ext)
 
 
 def _rounds(text: str) -> int:
@@ -146,7 +167,8 @@ def main() -> None:
         print(f"bench_core: --rows {' '.join(args.rows)}: no row matches; rows: {'; '.join(ROWS)}", file=sys.stderr)
         raise SystemExit(2)
     base = worktree(args.against)
-    table = Table(title=f"compiled core (this tree) against {args.against} (pure Python), best of {args.rounds}")
+    kind = "its compiled core" if (base / "rust" / "Cargo.toml").is_file() else "pure Python"
+    table = Table(title=f"compiled core (this tree) against {args.against} ({kind}), best of {args.rounds}")
     for col in ("workload", "events", "wall before (s)", "wall now (s)", "speed-up", "events/s now",
                 "RSS before (MB)", "RSS now (MB)", "same result"):
         table.add_column(col, justify="right")
