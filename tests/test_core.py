@@ -139,9 +139,43 @@ def test_the_cais_switch_serves_mergeable_kinds_natively() -> None:
     m = Machine(apply_overrides(load_system("dgx-h100"), {"gpus": "4", "switch.model": "cais"}))
     sw = m.fabric.switches[0]
     assert len(sw.units) == 4 and all(isinstance(u, _core.MergeUnit) for u in sw.units)
-    for kind in (Kind.LD_CAIS_REQ, Kind.LD_CAIS_RESP, Kind.RED_CAIS):
+    for kind in (Kind.LD_CAIS_REQ, Kind.LD_CAIS_RESP, Kind.RED_CAIS, Kind.GROUP_SYNC):
         assert kind not in sw.handlers  # no Python call per request
-    assert Kind.GROUP_SYNC in sw.handlers  # the Group Sync Table stays a Python unit
+    assert sw.group_sync == (0, 0)  # the Group Sync Table is the chip's own
+
+
+def _group_release_times(entries: int) -> tuple[dict[str, float], tuple[int, int]]:
+    """Two TB groups of two GPUs whose keys map to one chip: GPU 0 registers with A
+    and B at once, GPU 1 with B at once and with A 10 us later. When each group is
+    released (us), and the chip's (registrations, most groups held)."""
+    from cais.hw.config import apply_overrides, load_system
+    m = Machine(apply_overrides(load_system("dgx-h100"), {"gpus": "2", "switch.model": "cais",
+                                                         "cais.sync_entries": str(entries)}))
+    chip = m.isa.flag_chip(0)
+    a, b = [k for k in range(1000) if m.isa.flag_chip(k) == chip][:2]
+    released: dict[str, list[float]] = {"A": [], "B": []}
+
+    def register(gpu: int, name: str, key: int) -> None:
+        m.isa.group_sync(gpu, key, 2, lambda: released[name].append(m.sim.now / 1e6))
+
+    register(0, "A", a)
+    register(0, "B", b)
+    register(1, "B", b)
+    m.sim.after(10_000_000, register, 1, "A", a)
+    m.sim.run()
+    assert [len(v) for v in released.values()] == [2, 2]  # every member released once
+    return {k: max(v) for k, v in released.items()}, m.fabric.switches[chip].group_sync
+
+
+def test_the_group_sync_table_holds_a_new_group_while_its_entries_are_full() -> None:
+    """With one entry, group A holds it until its last member registers at 10 us, so
+    group B (complete from the start) waits in its input buffer and is released after
+    A; with two entries, B is released at once."""
+    one, (regs1, peak1) = _group_release_times(1)
+    two, (regs2, peak2) = _group_release_times(2)
+    assert one["A"] > 10 and one["B"] > one["A"]
+    assert two["B"] < 10 < two["A"]
+    assert (regs1, peak1) == (4, 1) and (regs2, peak2) == (4, 2)
 
 
 def test_a_region_is_a_value_compared_and_hashed_by_its_fields() -> None:

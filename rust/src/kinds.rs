@@ -18,9 +18,11 @@ pub(crate) const MC_FLAG: i64 = 12;
 pub(crate) const LD_CAIS_REQ: i64 = 13;
 pub(crate) const LD_CAIS_RESP: i64 = 14;
 pub(crate) const RED_CAIS: i64 = 15;
+pub(crate) const GROUP_SYNC: i64 = 16;
+pub(crate) const GROUP_RELEASE: i64 = 17;
 
 /// Every kind above, by name.
-pub(crate) const ALL: [(&str, i64); 16] = [
+pub(crate) const ALL: [(&str, i64); 18] = [
     ("READ_REQ", READ_REQ),
     ("READ_RESP", READ_RESP),
     ("WRITE", WRITE),
@@ -37,6 +39,8 @@ pub(crate) const ALL: [(&str, i64); 16] = [
     ("LD_CAIS_REQ", LD_CAIS_REQ),
     ("LD_CAIS_RESP", LD_CAIS_RESP),
     ("RED_CAIS", RED_CAIS),
+    ("GROUP_SYNC", GROUP_SYNC),
+    ("GROUP_RELEASE", GROUP_RELEASE),
 ];
 
 /// The Python handler a unit registered for `kind` in its `handlers` dict, if any
@@ -87,6 +91,6 @@ mod tests {
         let mut values: Vec<i64> = ALL.iter().map(|&(_, v)| v).collect();
         values.sort_unstable();
         values.dedup();
-        assert_eq!(values, (0..16).collect::<Vec<i64>>());
+        assert_eq!(values, (0..ALL.len() as i64).collect::<Vec<i64>>());
     }
 }

@@ -25,6 +25,7 @@ use pyo3::{PyTraverseError, PyVisit};
 use crate::channel::{Channel, Hook, Sink};
 use crate::credits::Credits;
 use crate::gpu::Endpoint;
+use crate::group_sync::{Admitted, GroupSyncTable};
 use crate::kinds::*;
 use crate::merge::MergeUnit;
 use crate::packets::PacketBook;
@@ -158,6 +159,8 @@ pub(crate) struct SwitchChipState {
     /// Each GPU's input port (its endpoint, or its `receive` if it has none).
     receivers: Vec<Sink>,
     pending: HashMap<i64, Reduction>,
+    /// The CAIS chip's Group Sync Table (None: a chip without one).
+    gst: Option<GroupSyncTable>,
     next_id: i64,
     /// The CAIS merge units, one per GPU port (empty: the chip has none); they serve
     /// `ld.cais` requests and data and `red.cais` contributions.
@@ -196,6 +199,7 @@ impl SwitchChip {
             None if !slf.st().units.is_empty() && matches!(kind, LD_CAIS_REQ | LD_CAIS_RESP | RED_CAIS) => {
                 SwitchChip::merge_train(slf, &train, kind)?
             }
+            None if kind == GROUP_SYNC && slf.st().gst.is_some() => SwitchChip::register_group(slf, &train)?,
             None if nvls && matches!(kind, MC_STORE | MC_RED | MC_FLAG) => SwitchChip::multicast_train(slf, &train)?,
             None if nvls && kind == MC_LDRED_REQ => SwitchChip::ld_reduce_request(slf, &train)?,
             None if nvls && kind == MC_PULL_RESP => SwitchChip::ld_reduce_response(slf, &train)?,
@@ -441,6 +445,81 @@ impl SwitchChip {
         SwitchChip::emit_train(slf, &out, red.issuer, None, Hook::None)
     }
 
+    /// A TB of group `req.tag` on GPU `req.src` registers with the Group Sync Table;
+    /// the group has `req.expect` TBs. A registration for a new group that finds the
+    /// table full stays in its input buffer until an entry frees.
+    fn register_group(slf: &Bound<'_, Self>, req: &Bound<'_, Train>) -> PyResult<()> {
+        let tag = req.st().tag;
+        let mut me = slf.st();
+        let gst = me.gst.as_mut().expect("a chip with a Group Sync Table");
+        if gst.full_for(tag) {
+            req.st().left += 1; // stays in its input buffer
+            gst.wait(req.clone().unbind());
+            return Ok(());
+        }
+        drop(me);
+        SwitchChip::admit_group(slf, req)
+    }
+
+    /// Count a registration: it leaves its input buffer; if it completes its group,
+    /// release every member, then admit the waiting registrations an entry is free for.
+    fn admit_group(slf: &Bound<'_, Self>, req: &Bound<'_, Train>) -> PyResult<()> {
+        let py = slf.py();
+        let (tag, expect) = {
+            let t = req.st();
+            (t.tag, t.expect)
+        };
+        let admitted = {
+            let mut me = slf.st();
+            let gst = me.gst.as_mut().expect("a chip with a Group Sync Table");
+            gst.admit(req.clone().unbind(), tag, expect)
+        };
+        SwitchChip::consume_train(slf, req)?;
+        let Admitted::Complete(members) = admitted else {
+            return Ok(());
+        };
+        SwitchChip::release_group(slf, tag, members)?;
+        loop {
+            let next = {
+                let mut me = slf.st();
+                let gst = me.gst.as_mut().expect("a chip with a Group Sync Table");
+                gst.next_waiting(|t| t.get().st(py).tag)
+            };
+            match next {
+                Some(w) => SwitchChip::admit_group(slf, w.bind(py))?,
+                None => return Ok(()),
+            }
+        }
+    }
+
+    /// Send group `group`'s release (an empty packet) to the GPU of each of its
+    /// registrations, which completes that registration's operation.
+    fn release_group(slf: &Bound<'_, Self>, group: i64, members: Vec<Py<Train>>) -> PyResult<()> {
+        let py = slf.py();
+        let (wire, last, vc, chip, now) = {
+            let mut me = slf.st();
+            let (wire, last) = me.packets.wire(py, GROUP_RELEASE, 0)?;
+            let vc = me.packets.vc(py, GROUP_RELEASE, 0)?;
+            (wire, last, vc, me.chip, me.now(py))
+        };
+        for req in members {
+            let (src, done) = {
+                let r = req.get().st(py);
+                (r.src, r.done.clone_ref(py))
+            };
+            let mut out = TrainState::blank(py, 0, wire, last, GROUP_RELEASE, -1, src);
+            out.chip = chip;
+            out.vc = vc;
+            out.tag = group;
+            out.done = done;
+            out.head = now;
+            out.tail = now;
+            let out = Bound::new(py, Train::from(out))?;
+            SwitchChip::emit_train(slf, &out, src, None, Hook::None)?;
+        }
+        Ok(())
+    }
+
     /// `entry` is taken off its input buffer by a unit of the switch as it arrives
     /// (it streamed through the buffer): its credits go back now.
     pub(crate) fn consume_train(slf: &Bound<'_, Self>, entry: &Bound<'_, Train>) -> PyResult<()> {
@@ -645,6 +724,7 @@ impl SwitchChip {
             channels,
             receivers,
             pending: HashMap::default(),
+            gst: None,
             next_id: 0,
             units: Vec::new(),
         }))
@@ -746,7 +826,25 @@ impl SwitchChip {
                 me.pending.len()
             ));
         }
+        if let Some(gst) = &me.gst {
+            out.extend(gst.stuck(|t| t.get().st(py).expect));
+        }
         out
+    }
+
+    /// Give the chip the Group Sync Table of merging-aware TB coordination, with
+    /// `sync_entries` entries: it serves the TB groups' registrations itself.
+    fn enable_group_sync(&self, py: Python<'_>) {
+        let mut me = self.st(py);
+        let entries = me.sync_entries.max(1) as usize;
+        me.gst = Some(GroupSyncTable::new(entries));
+    }
+
+    /// (registrations counted, most TB groups held at once) by the Group Sync Table;
+    /// None without one.
+    #[getter]
+    fn group_sync(&self, py: Python<'_>) -> Option<(i64, usize)> {
+        self.st(py).gst.as_ref().map(|g| (g.registrations, g.peak))
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
@@ -759,6 +857,9 @@ impl SwitchChip {
         me.packets.visit(&visit)?;
         visit.call(&me.ledger)?;
         visit.call(&me.handlers)?;
+        if let Some(gst) = &me.gst {
+            gst.visit(&visit)?;
+        }
         visit.call(&me.merge_cfg)?;
         for c in me.channels.iter() {
             visit.call(c)?;
@@ -783,6 +884,9 @@ impl SwitchChip {
             me.receivers.clear();
             me.pending.clear();
             me.units.clear();
+            if let Some(gst) = me.gst.as_mut() {
+                gst.clear();
+            }
         }
     }
 
