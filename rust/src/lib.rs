@@ -5,7 +5,7 @@
 //! virtual channels ([`channel::Channel`]), the credit flow control of the
 //! buffers they feed ([`credits::Credits`]), the switch chips' crossbar and NVLS
 //! engine ([`switch::SwitchChip`], with the CAIS merge unit, [`merge::MergeUnit`], and
-//! Group Sync Table, [`group_sync::GroupSyncTable`]) and the GPUs' NVLink endpoints
+//! Group Sync Table, `group_sync::GroupSyncTable`) and the GPUs' NVLink endpoints
 //! ([`gpu::Endpoint`], with the stream side of their HBM, [`hbm::HbmStreams`]). Python drives it through the same
 //! classes the pure-Python engine had (`cais.engine`); a channel's arbitrations
 //! and a train's arrival run here without entering the interpreter.
