@@ -211,6 +211,53 @@ def test_kill_9_loses_no_finished_point_and_the_rerun_completes_the_same_table(t
     assert not list(tmp_path.glob(".killed.parquet.sweep-*.tmp"))  # a killed write's leftover is cleaned
 
 
+def _children(pid: int) -> set[int]:
+    """The processes whose parent is ``pid`` (Linux's /proc)."""
+    out = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        if int(fields[1]) == pid:
+            out.add(int(stat.parent.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_sigterm_ends_a_sweep_and_its_worker_processes(tmp_path) -> None:
+    """``kill`` (SIGTERM) stops a sweep as Ctrl-C does: one line, exit 143, the finished
+    points kept, and the worker processes ended rather than left running their points."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("fixed: {kind: collective, op: allreduce, algo: nvls, gpus: 16, system: nvl72,\n"
+                    "        set.collective.nvls_buffers: registered}\n"
+                    "grid: {bytes: [2G, 3G, 4G]}\n")  # about 10 s a point
+    proc = subprocess.Popen([sys.executable, "-m", "cais", "sweep", str(spec), "--out", str(tmp_path / "r.parquet"),
+                             "--workers", "2", "--no-progress"], env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    workers: set[int] = set()
+    while len(workers) < 2 and proc.poll() is None and time.monotonic() < deadline:
+        workers = {p for p in _children(proc.pid)
+                   if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text(errors="replace")}
+        time.sleep(0.1)
+    assert len(workers) == 2, "the sweep must be running its two workers"
+    time.sleep(2)  # inside their points
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and err.strip().splitlines()[-1] == "cais: terminated", err
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in workers)
+
+
 # --- real points, Ray -----------------------------------------------------------------
 
 def test_run_point_rows_match_running_the_layer_and_the_collective_directly(tmp_path) -> None:

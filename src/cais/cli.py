@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import sys
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
@@ -828,13 +829,25 @@ def _stdout_closed() -> int:
     return 141
 
 
+class Terminated(KeyboardInterrupt):
+    """The process was asked to end (SIGTERM, as ``kill`` and batch schedulers send):
+    it stops as on Ctrl-C, so the workers of a sweep are ended with it."""
+
+
+def _terminate(signum: int, frame: object) -> NoReturn:
+    raise Terminated
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; the exit code: 0 done, 2 a user's mistake (one line
     ``cais: error: ...``), 3 the simulated system stalled, 1 a bug in the simulator
     (one line ``cais: internal error: ...``; ``CAIS_DEBUG=1`` raises it with its
-    traceback instead), 130 interrupted, 141 stdout closed early. On a user's mistake
-    nothing is printed on stdout and no result file is written. ``cais`` alone prints
-    the help on stdout (exit 0). docs/errors.md."""
+    traceback instead), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM), 141
+    stdout closed early. On a user's mistake nothing is printed on stdout and no
+    result file is written. ``cais`` alone prints the help on stdout (exit 0).
+    docs/errors.md."""
+    if argv is None:  # the command line's process: SIGTERM stops it cleanly, as Ctrl-C does
+        signal.signal(signal.SIGTERM, _terminate)
     parser = build_parser()
     try:
         if not (sys.argv[1:] if argv is None else argv):  # bare ``cais``: the help, as ``cais --help``
@@ -861,6 +874,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Stalled as exc:  # the simulated system stopped making progress: a result, not a crash
         print(f"cais: stalled: {_one_line(str(exc))}", file=sys.stderr)
         return 3
+    except Terminated:
+        print("cais: terminated", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("cais: interrupted", file=sys.stderr)
         return 130
