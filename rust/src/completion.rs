@@ -9,11 +9,10 @@
 //! other's with no argument.
 
 use pyo3::prelude::*;
-
-use crate::cell::{unit, GilCell, Unit, UnitState};
 use pyo3::types::PyDict;
 use pyo3::{PyTraverseError, PyVisit};
 
+use crate::cell::{unit, GilCell, Unit, UnitState};
 use crate::region::{region_bytes, Region};
 use crate::stream::LoadStream;
 use crate::train::Train;

@@ -24,11 +24,10 @@ use std::collections::VecDeque;
 
 use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::prelude::*;
-
-use crate::cell::{unit, GilCell, Unit};
 use pyo3::types::PyFrozenSet;
 use pyo3::{PyTraverseError, PyVisit};
 
+use crate::cell::{unit, GilCell, Unit};
 use crate::channel::Channel;
 
 /// A ramp of returning credits: from `a` to `b` (ps), `n` bytes in all, linearly.

@@ -7,11 +7,10 @@ use rustc_hash::FxHashMap as HashMap;
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
-
-use crate::cell::{unit, GilCell, Unit, UnitState};
 use pyo3::types::{PyDict, PyList, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
 
+use crate::cell::{unit, GilCell, Unit, UnitState};
 use crate::channel::{Channel, Hook, Sink};
 use crate::completion::{complete, SmPort};
 use crate::credits::Credits;

@@ -22,11 +22,10 @@ use rustc_hash::FxHashMap as HashMap;
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-
-use crate::cell::{unit, GilCell, Unit, UnitState};
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
 
+use crate::cell::{unit, GilCell, Unit, UnitState};
 use crate::channel::Hook;
 use crate::completion::complete;
 use crate::region::Region;

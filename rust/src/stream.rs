@@ -1,11 +1,10 @@
 //! A TB mainloop's remote loads, issued by the core in the order the TB planned them.
 
 use pyo3::prelude::*;
-
-use crate::cell::{unit, GilCell, Unit, UnitState};
 use pyo3::types::PyList;
 use pyo3::{PyTraverseError, PyVisit};
 
+use crate::cell::{unit, GilCell, Unit, UnitState};
 use crate::completion::Completion;
 use crate::gpu::Endpoint;
 use crate::region::region_bytes;

@@ -17,11 +17,10 @@
 use rustc_hash::FxHashMap as HashMap;
 
 use pyo3::prelude::*;
-
-use crate::cell::{unit, GilCell, Unit, UnitState};
 use pyo3::types::{PyDict, PyList};
 use pyo3::{PyTraverseError, PyVisit};
 
+use crate::cell::{unit, GilCell, Unit, UnitState};
 use crate::channel::{Channel, Hook, Sink};
 use crate::credits::Credits;
 use crate::gpu::Endpoint;

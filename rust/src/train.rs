@@ -1,10 +1,9 @@
 //! A train of packets (a transfer unit) in flight.
 
 use pyo3::prelude::*;
-
-use crate::cell::{unit, GilCell, Unit};
 use pyo3::{PyTraverseError, PyVisit};
 
+use crate::cell::{unit, GilCell, Unit};
 use crate::credits::Credits;
 
 /// A train of packets (a transfer unit) in flight.

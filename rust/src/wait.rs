@@ -12,11 +12,10 @@ use std::collections::VecDeque;
 
 use pyo3::exceptions::{PyRuntimeError, PyStopIteration, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-
-use crate::cell::{unit, GilCell, Unit, UnitState};
 use pyo3::types::PyInt;
 use pyo3::{intern, PyTraverseError, PyVisit};
 
+use crate::cell::{unit, GilCell, Unit, UnitState};
 use crate::sim::{Action, Simulator};
 use crate::stream::LoadStream;
 
