@@ -218,8 +218,7 @@ def test_a_broken_group_size_ends_in_the_watchdogs_one_line_error(monkeypatch) -
     from cais.machine import Stalled
 
     real = Isa.group_sync
-    monkeypatch.setattr(Isa, "group_sync", lambda self, src, group, members, released:
-                        real(self, src, group, members + 1, released))
+    monkeypatch.setattr(Isa, "group_sync", lambda self, src, group, members: real(self, src, group, members + 1))
     with pytest.raises(Stalled) as err:
         run_layer(_four(), GPT, "cais", "prefill")
     line = str(err.value)

@@ -156,7 +156,7 @@ def _group_release_times(entries: int) -> tuple[dict[str, float], tuple[int, int
     released: dict[str, list[float]] = {"A": [], "B": []}
 
     def register(gpu: int, name: str, key: int) -> None:
-        m.isa.group_sync(gpu, key, 2, lambda: released[name].append(m.sim.now / 1e6))
+        m.isa.group_sync(gpu, key, 2).on_fire(lambda _: released[name].append(m.sim.now / 1e6))
 
     register(0, "A", a)
     register(0, "B", b)
@@ -300,8 +300,8 @@ def test_a_load_stream_issues_as_a_tb_loop_would_and_keeps_its_bounds(h100) -> N
 
     def program():
         arrived = Countdown(len(loads))
-        m2.isa.ld_stream(0, [(h, r, placed.append) for h, r in loads], window, m2.isa.request_bound(0), arrived,
-                         unit=8192)
+        m2.isa.ld_stream(0, [(h, r, m2.isa.stripes(r, 8192), placed.append) for h, r in loads], window,
+                         m2.isa.request_bound(0), arrived)
         yield arrived
         streamed.append(m2.sim.now)
     Process(m2.sim, program())

@@ -150,9 +150,9 @@ def test_each_coordination_step_can_be_switched_off_for_fig13b(monkeypatch) -> N
     syncs: Counter = Counter()
     real = Isa.group_sync
 
-    def count(self, src, group, members, released):
+    def count(self, src, group, members):
         syncs[src] += 1
-        return real(self, src, group, members, released)
+        return real(self, src, group, members)
 
     monkeypatch.setattr(Isa, "group_sync", count)
     seen = []

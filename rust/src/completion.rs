@@ -16,6 +16,7 @@ use crate::cell::{unit, GilCell, Unit, UnitState};
 use crate::region::{region_bytes, Region};
 use crate::stream::LoadStream;
 use crate::train::Train;
+use crate::wait::Signal;
 
 /// A completion counter over an operation's trains. `done` runs when `count` have
 /// completed: as `done(data)` for a load (`assemble` given: the data of every piece,
@@ -131,18 +132,23 @@ impl Completion {
     }
 }
 
-/// The issuer's completion of `train`, if it has one: counted in natively when it is
-/// a [`Completion`], else called as `train.done(train)`.
-pub(crate) fn complete(train: &Bound<'_, Train>) -> PyResult<()> {
+/// The issuer's completion of `train` at `now`, if it has one: counted in natively
+/// when it is a [`Completion`], fired (with None) when it is a [`Signal`] a TB program
+/// waits on, else called as `train.done(train)`.
+pub(crate) fn complete(train: &Bound<'_, Train>, now: i64) -> PyResult<()> {
     let py = train.py();
     let done = train.st().done.clone_ref(py);
     if done.is_none(py) {
         return Ok(());
     }
-    match done.bind(py).cast::<Completion>() {
-        Ok(c) => Completion::arrive(c, Some(train)),
-        Err(_) => done.call1(py, (train,)).map(|_| ()),
+    let done = done.into_bound(py);
+    if let Ok(c) = done.cast::<Completion>() {
+        return Completion::arrive(c, Some(train));
     }
+    if let Ok(sig) = done.cast::<Signal>() {
+        return Signal::fire_now(sig, now, py.None());
+    }
+    done.call1((train,)).map(|_| ())
 }
 
 #[pymethods]

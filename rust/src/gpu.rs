@@ -14,7 +14,7 @@ use crate::cell::{unit, GilCell, Unit, UnitState};
 use crate::channel::{Channel, Hook, Sink};
 use crate::completion::{complete, SmPort};
 use crate::credits::Credits;
-use crate::hbm::HbmStreams;
+use crate::hbm::HbmShare;
 use crate::kinds::*;
 use crate::packets::PacketBook;
 use crate::region::region_bytes;
@@ -53,7 +53,7 @@ pub(crate) struct EndpointState {
     serve_bytes: i64,
     /// Bytes of reads being served.
     serving: i64,
-    hbm: Option<Py<HbmStreams>>,
+    hbm: Option<Py<HbmShare>>,
     held: Vec<Vec<VecDeque<Py<Train>>>>,
     holding: i64,
     handlers: Py<PyDict>,
@@ -110,7 +110,8 @@ impl Endpoint {
             READ_REQ | MC_PULL_REQ | LD_CAIS_REQ => Endpoint::read(slf, train),
             FLAG => Endpoint::flag(slf, train),
             _ => {
-                complete(train)?; // responses, flags, acks: the issuer's completion
+                let now = slf.st().now(py);
+                complete(train, now)?; // responses, flags, acks, group releases: the issuer's completion
                 Ok(true)
             }
         }
@@ -147,7 +148,7 @@ impl Endpoint {
         if ack {
             Endpoint::ack_write(slf, train)?;
         }
-        complete(train)?;
+        complete(train, now)?;
         Ok(true)
     }
 
@@ -157,7 +158,8 @@ impl Endpoint {
         if fenced && slf.st().connected() {
             Endpoint::ack_write(slf, train)?;
         }
-        complete(train)?;
+        let now = slf.st().now(slf.py());
+        complete(train, now)?;
         Ok(true)
     }
 
@@ -434,7 +436,7 @@ impl Endpoint {
         serve_bytes: i64,
         chips: usize,
         vcs: usize,
-        hbm: Option<Py<HbmStreams>>,
+        hbm: Option<Py<HbmShare>>,
         remote_outstanding: i64,
     ) -> PyResult<Self> {
         let _ = (sms, remote_outstanding); // the SM side's (the Python subclass)
@@ -469,13 +471,13 @@ impl Endpoint {
 
     /// This GPU's HBM (its streams are counted here).
     #[getter]
-    fn hbm(&self, py: Python<'_>) -> Option<Py<HbmStreams>> {
+    fn hbm(&self, py: Python<'_>) -> Option<Py<HbmShare>> {
         let me = self.st(py);
         me.hbm.as_ref().map(|h| h.clone_ref(py))
     }
 
     #[setter]
-    fn set_hbm(&self, py: Python<'_>, hbm: Py<HbmStreams>) {
+    fn set_hbm(&self, py: Python<'_>, hbm: Py<HbmShare>) {
         let mut me = self.st(py);
         me.hbm = Some(hbm);
     }

@@ -1,24 +1,78 @@
-//! The stream side of a GPU's HBM share: the bytes the fabric and copy engines move
-//! through HBM, counted per window and turned into a rate (the kernel phases that
-//! share the HBM with them are timed in Python, `cais.hw.hbm.HbmShare`, a subclass).
+//! A GPU's HBM as a shared resource (`cais.hw.hbm` has the model): the kernel phases
+//! TB programs yield ([`HbmPhase`]), timed together at the instant they start against
+//! the calibrated supply, and the bytes the fabric and copy engines move through HBM,
+//! counted per window and turned into a rate.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::types::PyList;
+use pyo3::{PyTraverseError, PyVisit};
 
 use crate::cell::{unit, GilCell, Unit};
+use crate::sim::{Action, Simulator};
+use crate::wait::Signal;
 
-/// Stream traffic through one GPU's HBM: counted, not timed; its rate is estimated
-/// over the last complete window of `window` ps. `enabled=False` turns the sharing
-/// off (nothing is counted).
-#[pyclass(module = "cais._core", subclass, frozen)]
-pub struct HbmStreams {
-    st: GilCell<HbmStreamsState>,
+/// Relative: float sums of rates that equal the supply do not count as over it.
+const SLACK: f64 = 1e-6;
+
+/// What a TB yields for a compute phase that also streams HBM: `ps` is its time with
+/// the HBM to itself, `nbytes` what it reads and writes there meanwhile.
+/// `overlapped`: the program times the phase itself (a GEMM mainloop that runs beside
+/// its own remote loads): it is sent the phase's time, stretched by the share,
+/// instead of sleeping it. The process that runs the program times it
+/// (`Process`'s `hbm`).
+#[pyclass(module = "cais._core", frozen, eq)]
+#[derive(PartialEq)]
+pub struct HbmPhase {
+    #[pyo3(get)]
+    pub(crate) ps: i64,
+    #[pyo3(get)]
+    pub(crate) nbytes: f64,
+    #[pyo3(get)]
+    pub(crate) overlapped: bool,
 }
 
-/// The mutable state of a [`HbmStreams`] (see there), borrowed while holding the GIL.
-pub(crate) struct HbmStreamsState {
+#[pymethods]
+impl HbmPhase {
+    #[new]
+    #[pyo3(signature = (ps, nbytes, overlapped = false))]
+    fn new(ps: i64, nbytes: f64, overlapped: bool) -> Self {
+        HbmPhase { ps, nbytes, overlapped }
+    }
+
+    fn __repr__(&self) -> String {
+        let overlapped = if self.overlapped { "True" } else { "False" };
+        format!(
+            "HbmPhase(ps={}, nbytes={:?}, overlapped={overlapped})",
+            self.ps, self.nbytes
+        )
+    }
+}
+
+/// One GPU's HBM: `bytes_per_ps` of achievable bandwidth (the calibrated effective
+/// figure), shared in proportion when the users together ask for more.
+///
+/// Kernel phases (`request`): those starting at one instant are timed together at
+/// its end; each takes `ps * demand / supply` when the demand (their own rates, the
+/// rates of the phases still running and the stream rate) exceeds the supply, its
+/// time alone otherwise. Streams (`stream`): counted, not timed; their rate is the
+/// last complete window of `window_ps`. `enabled=False` turns the sharing off (every
+/// phase takes its time alone, nothing is counted); `streams_yield`: the memory
+/// controller serves the SMs first (T3's MCA), so phases do not see streams.
+#[pyclass(module = "cais._core", frozen)]
+pub struct HbmShare {
+    st: GilCell<HbmShareState>,
+}
+
+/// The mutable state of a [`HbmShare`] (see there), borrowed while holding the GIL.
+pub(crate) struct HbmShareState {
+    supply: f64,
     window: i64,
     enabled: bool,
+    streams_yield: bool,
     /// Index of the current stream window.
     bucket: i64,
     bucket_bytes: f64,
@@ -26,19 +80,48 @@ pub(crate) struct HbmStreamsState {
     prev_bytes: f64,
     /// Total counted (a statistic).
     stream_bytes: f64,
+    /// (end, order) and rate of the running kernel phases, earliest end first.
+    ends: BinaryHeap<(Reverse<(i64, u64)>, RateBits)>,
+    seq: u64,
+    kernel_rate: f64,
+    /// Phases starting this instant: (time alone, bytes, their signal).
+    pending: Vec<(i64, f64, Py<Signal>)>,
+    phases: i64,
+    stretched: i64,
+    added_ps: i64,
+    /// Instants at which demand exceeded the supply, and what asked for it there,
+    /// summed in units of the supply: phases starting, phases running, streams.
+    saturated: i64,
+    saturated_demand: [f64; 3],
 }
 
-unit!(HbmStreams, HbmStreamsState);
+/// A rate in the heap of running phases (ordered by its bits only to satisfy the
+/// heap: the (end, order) key before it is unique).
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
+struct RateBits(u64);
 
-impl HbmStreamsState {
-    fn new(window: i64, enabled: bool) -> Self {
-        HbmStreamsState {
+unit!(HbmShare, HbmShareState);
+
+impl HbmShareState {
+    fn new(supply: f64, window: i64, enabled: bool, streams_yield: bool) -> Self {
+        HbmShareState {
+            supply,
             window,
             enabled,
+            streams_yield,
             bucket: 0,
             bucket_bytes: 0.0,
             prev_bytes: 0.0,
             stream_bytes: 0.0,
+            ends: BinaryHeap::new(),
+            seq: 0,
+            kernel_rate: 0.0,
+            pending: Vec::new(),
+            phases: 0,
+            stretched: 0,
+            added_ps: 0,
+            saturated: 0,
+            saturated_demand: [0.0; 3],
         }
     }
 
@@ -65,24 +148,136 @@ impl HbmStreamsState {
         self.bucket_bytes += nbytes;
         self.stream_bytes += nbytes;
     }
+
+    /// Bytes per ps asked for by kernel phases running at `now`.
+    fn kernel_rate(&mut self, now: i64) -> f64 {
+        while let Some((Reverse((end, _)), rate)) = self.ends.peek() {
+            if *end > now {
+                break;
+            }
+            self.kernel_rate -= f64::from_bits(rate.0);
+            self.ends.pop();
+        }
+        if self.ends.is_empty() {
+            self.kernel_rate = 0.0; // no drift from float sums
+        }
+        self.kernel_rate
+    }
+
+    /// Time the phases starting at `now` together: (signal, time) each.
+    fn resolve(&mut self, now: i64) -> Vec<(Py<Signal>, i64)> {
+        let batch = std::mem::take(&mut self.pending);
+        let rates: Vec<f64> = batch
+            .iter()
+            .map(|&(ps, nbytes, _)| if ps > 0 { nbytes / ps as f64 } else { 0.0 })
+            .collect();
+        let streams = if self.streams_yield { 0.0 } else { self.rate(now) };
+        let starting = rates.iter().fold(0.0, |a, r| a + r);
+        let running = self.kernel_rate(now);
+        let factor = (starting + running + streams) / self.supply;
+        let over = factor > 1.0 + SLACK;
+        if over {
+            self.saturated += 1;
+            for (i, part) in [starting, running, streams].into_iter().enumerate() {
+                self.saturated_demand[i] += part / self.supply;
+            }
+        }
+        let mut out = Vec::with_capacity(batch.len());
+        for ((ps, _, sig), rate) in batch.into_iter().zip(rates) {
+            let took = if over {
+                (ps as f64 * factor).round_ties_even() as i64
+            } else {
+                ps
+            };
+            if rate > 0.0 {
+                self.seq += 1;
+                self.ends
+                    .push((Reverse((now + took, self.seq)), RateBits(rate.to_bits())));
+                self.kernel_rate += rate;
+            }
+            self.phases += 1;
+            if took > ps {
+                self.stretched += 1;
+                self.added_ps += took - ps;
+            }
+            out.push((sig, took));
+        }
+        out
+    }
+}
+
+impl HbmShare {
+    /// Whether phases are shared (off: each takes its time alone).
+    pub(crate) fn enabled(&self, py: Python<'_>) -> bool {
+        self.st(py).enabled
+    }
+
+    /// A phase that starts now, takes `ps` alone and moves `nbytes`: the signal fires
+    /// at the end of this instant with its time (`HbmShare`'s docs).
+    pub(crate) fn phase(
+        slf: &Bound<'_, Self>,
+        sim: &Bound<'_, Simulator>,
+        ps: i64,
+        nbytes: f64,
+    ) -> PyResult<Py<Signal>> {
+        let py = slf.py();
+        let sig = Py::new(py, Signal::blank(py))?;
+        let first = {
+            let mut me = slf.get().st(py);
+            me.pending.push((ps, nbytes, sig.clone_ref(py)));
+            me.pending.len() == 1
+        };
+        if first {
+            let s = sim.get();
+            s.push(py, s.now(), Action::ResolveHbm(slf.clone().unbind()));
+        }
+        Ok(sig)
+    }
+
+    /// The end of the instant: time the phases that started in it.
+    pub(crate) fn resolve(slf: &Bound<'_, Self>, sim: &Bound<'_, Simulator>) -> PyResult<()> {
+        let py = slf.py();
+        let now = sim.get().now();
+        let timed = slf.get().st(py).resolve(now);
+        for (sig, took) in timed {
+            Signal::fire_now(sig.bind(py), now, took.into_pyobject(py)?.into_any().unbind())?;
+        }
+        Ok(())
+    }
 }
 
 #[pymethods]
-impl HbmStreams {
+impl HbmShare {
     #[new]
     #[pyo3(signature = (bytes_per_ps, window_ps, enabled = true, streams_yield = false))]
     fn new(bytes_per_ps: f64, window_ps: i64, enabled: bool, streams_yield: bool) -> PyResult<Self> {
-        let _ = streams_yield; // the phases' business (the Python subclass)
         if bytes_per_ps <= 0.0 || window_ps <= 0 {
             return Err(PyValueError::new_err("HBM bandwidth and window must be positive"));
         }
-        Ok(HbmStreams::from(HbmStreamsState::new(window_ps, enabled)))
+        Ok(HbmShare::from(HbmShareState::new(
+            bytes_per_ps,
+            window_ps,
+            enabled,
+            streams_yield,
+        )))
+    }
+
+    /// A phase that starts now, takes `ps` alone and moves `nbytes`. The returned
+    /// signal fires at the end of this instant with the phase's time: `ps` stretched
+    /// by demand / supply when demand exceeds supply. Phases that start at the same
+    /// instant (a wave of tiles) are timed together, so they see the same demand.
+    fn request(slf: &Bound<'_, Self>, sim: &Bound<'_, Simulator>, ps: i64, nbytes: f64) -> PyResult<Py<Signal>> {
+        HbmShare::phase(slf, sim, ps, nbytes)
+    }
+
+    /// Bytes per ps asked for by kernel phases running at `now`.
+    fn kernel_rate(&self, py: Python<'_>, now: i64) -> f64 {
+        self.st(py).kernel_rate(now)
     }
 
     /// `nbytes` moved through HBM by the fabric side at `now`.
     fn stream(&self, py: Python<'_>, now: i64, nbytes: f64) {
-        let mut me = self.st(py);
-        me.count(now, nbytes);
+        self.st(py).count(now, nbytes);
     }
 
     /// Bytes per ps of stream traffic, over the last complete window.
@@ -90,14 +285,25 @@ impl HbmStreams {
         self.st(py).rate(now)
     }
 
+    /// Achievable bandwidth, bytes per ps.
+    #[getter]
+    fn supply(&self, py: Python<'_>) -> f64 {
+        self.st(py).supply
+    }
+
+    #[getter]
+    fn streams_yield(&self, py: Python<'_>) -> bool {
+        self.st(py).streams_yield
+    }
+
     #[getter]
     fn window(&self, py: Python<'_>) -> i64 {
         self.st(py).window
     }
 
-    #[getter]
-    fn enabled(&self, py: Python<'_>) -> bool {
-        self.st(py).enabled
+    #[getter(enabled)]
+    fn py_enabled(&self, py: Python<'_>) -> bool {
+        self.enabled(py)
     }
 
     #[setter]
@@ -109,14 +315,60 @@ impl HbmStreams {
     fn stream_bytes(&self, py: Python<'_>) -> f64 {
         self.st(py).stream_bytes
     }
+
+    /// Phases timed.
+    #[getter]
+    fn phases(&self, py: Python<'_>) -> i64 {
+        self.st(py).phases
+    }
+
+    /// Phases that took longer than alone.
+    #[getter]
+    fn stretched(&self, py: Python<'_>) -> i64 {
+        self.st(py).stretched
+    }
+
+    /// Time added to phases, summed.
+    #[getter]
+    fn added_ps(&self, py: Python<'_>) -> i64 {
+        self.st(py).added_ps
+    }
+
+    /// Instants at which the demand exceeded the supply.
+    #[getter]
+    fn saturated(&self, py: Python<'_>) -> i64 {
+        self.st(py).saturated
+    }
+
+    /// What asked at those instants, in units of the supply: [starting, running, streams].
+    #[getter]
+    fn saturated_demand<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        PyList::new(py, self.st(py).saturated_demand)
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        let Some(me) = self.st.during_gc() else {
+            return Ok(());
+        };
+        for (_, _, sig) in &me.pending {
+            visit.call(sig)?;
+        }
+        Ok(())
+    }
+
+    fn __clear__(&self) {
+        if let Some(mut me) = self.st.during_gc_mut() {
+            me.pending.clear();
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn streams() -> HbmStreamsState {
-        HbmStreamsState::new(1000, true)
+    fn streams() -> HbmShareState {
+        HbmShareState::new(1.0, 1000, true, false)
     }
 
     #[test]
@@ -136,5 +388,18 @@ mod tests {
         h.enabled = false;
         h.count(100, 500.0);
         assert_eq!((h.stream_bytes, h.rate(1500)), (0.0, 0.0));
+    }
+
+    #[test]
+    fn running_phases_leave_the_demand_when_they_end() {
+        let mut h = streams();
+        h.seq = 2;
+        h.ends.push((Reverse((500, 1)), RateBits(0.25f64.to_bits())));
+        h.ends.push((Reverse((800, 2)), RateBits(0.5f64.to_bits())));
+        h.kernel_rate = 0.75;
+        assert_eq!(h.kernel_rate(499), 0.75);
+        assert_eq!(h.kernel_rate(500), 0.5); // the first has ended
+        assert_eq!(h.kernel_rate(900), 0.0); // both: exactly zero
+        assert!(h.ends.is_empty());
     }
 }

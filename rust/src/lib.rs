@@ -6,7 +6,7 @@
 //! buffers they feed ([`credits::Credits`]), the switch chips' crossbar and NVLS
 //! engine ([`switch::SwitchChip`], with the CAIS merge unit, [`merge::MergeUnit`], and
 //! Group Sync Table, `group_sync::GroupSyncTable`) and the GPUs' NVLink endpoints
-//! ([`gpu::Endpoint`], with the stream side of their HBM, [`hbm::HbmStreams`]). Python drives it through the same
+//! ([`gpu::Endpoint`], with their HBM share, [`hbm::HbmShare`]). Python drives it through the same
 //! classes the pure-Python engine had (`cais.engine`); a channel's arbitrations
 //! and a train's arrival run here without entering the interpreter.
 
@@ -54,7 +54,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<switch::SwitchChip>()?;
     m.add_class::<switch::SwitchLedger>()?;
     m.add_class::<gpu::Endpoint>()?;
-    m.add_class::<hbm::HbmStreams>()?;
+    m.add_class::<hbm::HbmShare>()?;
+    m.add_class::<hbm::HbmPhase>()?;
     m.add_class::<completion::Completion>()?;
     m.add_class::<completion::SmPort>()?;
     m.add_class::<merge::MergeUnit>()?;

@@ -733,8 +733,9 @@ impl MergeUnit {
     fn ack_held(slf: &Bound<'_, Self>, sid: i64) -> PyResult<()> {
         let py = slf.py();
         let held = std::mem::take(&mut slf.st().entries.get_mut(&sid).expect("session").held);
+        let now = slf.st().now(py);
         for red in held {
-            complete(red.bind(py))?;
+            complete(red.bind(py), now)?;
         }
         Ok(())
     }

@@ -17,6 +17,7 @@ use pyo3::{PyTraverseError, PyVisit};
 use crate::cell::{GilCell, Unit};
 use crate::channel::{Channel, Sink};
 use crate::gpu::Endpoint;
+use crate::hbm::HbmShare;
 use crate::merge::MergeUnit;
 use crate::train::Train;
 use crate::wait::Process;
@@ -40,6 +41,8 @@ pub(crate) enum Action {
     Expire(Py<MergeUnit>),
     /// A TB program resumes after a delay it yielded.
     Step(Py<Process>),
+    /// The end of an instant in which kernel phases started on a GPU's HBM.
+    ResolveHbm(Py<HbmShare>),
 }
 
 /// An event's place in the queue: when it runs (time, then schedule order) and the
@@ -179,7 +182,7 @@ impl Simulator {
     }
 }
 
-fn dispatch(py: Python<'_>, action: Action) -> PyResult<()> {
+fn dispatch(py: Python<'_>, sim: &Bound<'_, Simulator>, action: Action) -> PyResult<()> {
     match action {
         Action::Call(f, args) => {
             f.bind(py).call1(args.bind(py))?;
@@ -194,6 +197,7 @@ fn dispatch(py: Python<'_>, action: Action) -> PyResult<()> {
         Action::DrainHeld(gpu) => Endpoint::drain_held(gpu.bind(py))?,
         Action::Expire(unit) => MergeUnit::expire(unit.bind(py))?,
         Action::Step(p) => Process::step(p.bind(py), py.None())?,
+        Action::ResolveHbm(hbm) => HbmShare::resolve(hbm.bind(py), sim)?,
     }
     Ok(())
 }
@@ -297,7 +301,7 @@ impl Simulator {
                 break;
             };
             me.clock.set(time);
-            if let Err(err) = dispatch(py, action) {
+            if let Err(err) = dispatch(py, slf, action) {
                 outcome = Err(err);
                 break;
             }
@@ -347,6 +351,7 @@ impl Simulator {
                 Action::DrainHeld(g) => visit.call(g)?,
                 Action::Expire(u) => visit.call(u)?,
                 Action::Step(p) => visit.call(p)?,
+                Action::ResolveHbm(h) => visit.call(h)?,
             }
         }
         Ok(())

@@ -10,12 +10,13 @@
 
 use std::collections::VecDeque;
 
-use pyo3::exceptions::{PyRuntimeError, PyStopIteration, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyInt;
-use pyo3::{intern, PyTraverseError, PyVisit};
+use pyo3::{PyTraverseError, PyVisit};
 
 use crate::cell::{unit, GilCell, Unit, UnitState};
+use crate::hbm::{HbmPhase, HbmShare};
 use crate::sim::{Action, Simulator};
 use crate::stream::LoadStream;
 
@@ -55,7 +56,7 @@ pub(crate) struct SignalState {
 unit!(Signal, SignalState);
 
 impl Signal {
-    fn blank(py: Python<'_>) -> Signal {
+    pub(crate) fn blank(py: Python<'_>) -> Signal {
         Signal::from(SignalState {
             fired: false,
             value: py.None(),
@@ -368,27 +369,97 @@ pub(crate) struct ProcessState {
     sim: Py<Simulator>,
     gen: Py<PyAny>,
     done: Py<Signal>,
+    /// The GPU's HBM that times the [`HbmPhase`]s the program yields (None: it yields none).
+    hbm: Option<Py<HbmShare>>,
+    /// Factor on the compute delays the program yields (a straggler GPU; 1: none).
+    slowdown: f64,
+    /// Waiting for the HBM share to time a phase: whether the program times it itself.
+    phase: Option<bool>,
 }
 
 unit!(Process, ProcessState);
 
+/// What a program's `send` gave back.
+enum Sent<'py> {
+    Yielded(Bound<'py, PyAny>),
+    Returned,
+}
+
+/// `gen.send(value)`, without raising StopIteration when the program ends.
+fn send<'py>(gen: &Bound<'py, PyAny>, value: Py<PyAny>) -> PyResult<Sent<'py>> {
+    let py = gen.py();
+    let mut result: *mut pyo3::ffi::PyObject = std::ptr::null_mut();
+    // SAFETY: `gen` and `value` are live objects and the GIL is held; PyIter_Send
+    // borrows `value` and hands back a new reference (or NULL with an error set).
+    let status = unsafe { pyo3::ffi::PyIter_Send(gen.as_ptr(), value.as_ptr(), &mut result) };
+    match status {
+        pyo3::ffi::PySendResult::PYGEN_NEXT => {
+            // SAFETY: a new reference on PYGEN_NEXT.
+            Ok(Sent::Yielded(unsafe { Bound::from_owned_ptr(py, result) }))
+        }
+        pyo3::ffi::PySendResult::PYGEN_RETURN => {
+            // SAFETY: the return value is a new reference; dropped at once.
+            drop(unsafe { Bound::from_owned_ptr(py, result) });
+            Ok(Sent::Returned)
+        }
+        _ => Err(PyErr::fetch(py)),
+    }
+}
+
 impl Process {
+    /// A compute delay the program yielded, stretched by the GPU's slowdown.
+    fn slowed(slowdown: f64, delay: i64) -> i64 {
+        if slowdown == 1.0 {
+            delay
+        } else {
+            (delay as f64 * slowdown).round_ties_even() as i64
+        }
+    }
+
+    /// Resume the program after `delay` (its own units: stretched here).
+    fn sleep(slf: &Bound<'_, Self>, sim: &Py<Simulator>, slowdown: f64, delay: i64) -> PyResult<()> {
+        let py = slf.py();
+        let s = sim.get();
+        let time = s.now() + Process::slowed(slowdown, delay);
+        s.schedule(py, time, Action::Step(slf.clone().unbind()))
+    }
+
     /// Send `value` into the program and follow it to its next wait.
     pub(crate) fn step(slf: &Bound<'_, Self>, value: Py<PyAny>) -> PyResult<()> {
         let py = slf.py();
-        let (gen, sim, done) = {
-            let me = slf.st();
-            (me.gen.clone_ref(py), me.sim.clone_ref(py), me.done.clone_ref(py))
+        let (gen, sim, done, hbm, slowdown, phase) = {
+            let mut me = slf.st();
+            (
+                me.gen.clone_ref(py),
+                me.sim.clone_ref(py),
+                me.done.clone_ref(py),
+                me.hbm.as_ref().map(|h| h.clone_ref(py)),
+                me.slowdown,
+                me.phase.take(),
+            )
         };
+        let gen = gen.into_bound(py);
         let mut value = value;
+        if let Some(overlapped) = phase {
+            // the HBM share has timed the phase (at its real duration): in the program's units
+            let took: i64 = value.extract(py)?;
+            let took = if slowdown == 1.0 {
+                took
+            } else {
+                (took as f64 / slowdown).round_ties_even() as i64
+            };
+            if !overlapped {
+                return Process::sleep(slf, &sim, slowdown, took);
+            }
+            value = took.into_pyobject(py)?.into_any().unbind(); // the program times it: hand it the time
+        }
         loop {
-            let waited = match gen.call_method1(py, intern!(py, "send"), (value,)) {
-                Ok(w) => w.into_bound(py),
-                Err(e) if e.is_instance_of::<PyStopIteration>(py) => {
+            let waited = match send(&gen, value)? {
+                Sent::Yielded(w) => w,
+                Sent::Returned => {
                     let now = sim.get().now();
                     return Signal::fire_now(done.bind(py), now, py.None());
                 }
-                Err(e) => return Err(e),
             };
             if let Ok(sig) = waited.cast::<Signal>() {
                 let mut s = sig.st();
@@ -401,12 +472,27 @@ impl Process {
             }
             if waited.is_instance_of::<PyInt>() {
                 let delay: i64 = waited.extract()?;
-                let s = sim.get();
-                let time = s.now() + delay;
-                return s.schedule(py, time, Action::Step(slf.clone().unbind()));
+                return Process::sleep(slf, &sim, slowdown, delay);
+            }
+            if let (Ok(ph), Some(h)) = (waited.cast::<HbmPhase>(), hbm.as_ref()) {
+                let ph = ph.get();
+                if h.get().enabled(py) && ph.ps > 0 && ph.nbytes > 0.0 {
+                    // timed at its real duration, known at the end of this instant
+                    let ps = Process::slowed(slowdown, ph.ps);
+                    let timed = HbmShare::phase(h.bind(py), sim.bind(py), ps, ph.nbytes)?;
+                    slf.st().phase = Some(ph.overlapped);
+                    timed.get().st(py).waiters.push(Waiter::Resume(slf.clone().unbind()));
+                    return Ok(());
+                }
+                if !ph.overlapped {
+                    return Process::sleep(slf, &sim, slowdown, ph.ps);
+                }
+                value = ph.ps.into_pyobject(py)?.into_any().unbind();
+                continue;
             }
             return Err(PyTypeError::new_err(format!(
-                "a program may yield an int delay or a Signal, not {}",
+                "a program may yield an int delay, a Signal{}, not {}",
+                if hbm.is_some() { " or an HbmPhase" } else { "" },
                 waited.get_type().name()?
             )));
         }
@@ -416,8 +502,15 @@ impl Process {
 #[pymethods]
 impl Process {
     #[new]
-    #[pyo3(signature = (sim, gen, start = true))]
-    fn new(py: Python<'_>, sim: Py<Simulator>, gen: Py<PyAny>, start: bool) -> PyResult<Py<Process>> {
+    #[pyo3(signature = (sim, gen, start = true, hbm = None, slowdown = 1.0))]
+    fn new(
+        py: Python<'_>,
+        sim: Py<Simulator>,
+        gen: Py<PyAny>,
+        start: bool,
+        hbm: Option<Py<HbmShare>>,
+        slowdown: f64,
+    ) -> PyResult<Py<Process>> {
         let done = Py::new(py, Signal::blank(py))?;
         let p = Py::new(
             py,
@@ -425,6 +518,9 @@ impl Process {
                 sim: sim.clone_ref(py),
                 gen,
                 done,
+                hbm,
+                slowdown,
+                phase: None,
             }),
         )?;
         if start {
@@ -442,6 +538,7 @@ impl Process {
         visit.call(&me.sim)?;
         visit.call(&me.gen)?;
         visit.call(&me.done)?;
+        visit.call(&me.hbm)?;
         Ok(())
     }
 

@@ -180,12 +180,27 @@ class SwitchChip:
     @property
     def group_sync(self) -> tuple[int, int] | None: ...
 
-class HbmStreams:
+class HbmPhase:
+    ps: int
+    nbytes: float
+    overlapped: bool
+    def __init__(self, ps: int, nbytes: float, overlapped: bool = False) -> None: ...
+
+class HbmShare:
+    supply: float
+    streams_yield: bool
     window: int
     enabled: bool
     stream_bytes: float
+    phases: int
+    stretched: int
+    added_ps: int
+    saturated: int
+    saturated_demand: list[float]
     def __init__(self, bytes_per_ps: float, window_ps: int, enabled: bool = True,
                  streams_yield: bool = False) -> None: ...
+    def request(self, sim: Simulator, ps: int, nbytes: float) -> Signal: ...
+    def kernel_rate(self, now: int) -> float: ...
     def stream(self, now: int, nbytes: float) -> None: ...
     def stream_rate(self, now: int) -> float: ...
 
@@ -198,12 +213,12 @@ class Endpoint:
     memory_latency_ps: int
     serve_bytes: int
     serving: int
-    hbm: HbmStreams
+    hbm: HbmShare
     handlers: dict[int, Callable[[Train], bool]]
     signals: dict[int, int]
     injected: int
     def __init__(self, sim: Simulator, index: int, sms: int, memory: Any, packetizer: Any, memory_latency_ps: int,
-                 vcmap: Any, serve_bytes: int, chips: int, vcs: int, hbm: HbmStreams | None = None,
+                 vcmap: Any, serve_bytes: int, chips: int, vcs: int, hbm: HbmShare | None = None,
                  remote_outstanding: int = ...) -> None: ...
     def connect(self, up: list[Channel], switches: list[SwitchChip], write_ack_flits: int) -> None: ...
     def receive(self, train: Train) -> None: ...
@@ -331,4 +346,5 @@ class Bound:
 class Process:
     sim: Simulator
     done: Signal
-    def __init__(self, sim: Simulator, gen: Any, start: bool = True) -> None: ...
+    def __init__(self, sim: Simulator, gen: Any, start: bool = True, hbm: HbmShare | None = None,
+                 slowdown: float = 1.0) -> None: ...

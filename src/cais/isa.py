@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from cais.engine import Bound, Completion, Countdown, Train
+from cais.engine import Bound, Completion, Countdown, Signal, Train
 from cais.hw.gpu import LoadStream, SmPort
 from cais.hw.memory import Region, as_run
 from cais.hw.packets import Kind
@@ -203,23 +203,19 @@ class Isa:
         self.m.gpus[src].issue_pieces(Kind.LD_CAIS_REQ, home, pieces, self._gather(region, pieces, done), None, stream,
                                       True, expect=expect, quorum=quorum)
 
-    def ld_stream(self, src: int, loads: list[tuple[int, Region, DoneData | None]], window: Bound, bound: Bound,
-                  arrived: Countdown, unit: int | None = None, cais: bool = False, quorum: int = 0) -> None:
-        """A TB mainloop's remote loads, (home, region, placed) each, issued in this
-        order by the core (:class:`cais._core.LoadStream`): each takes its bytes
-        (at most a bound's limit) in the SM's ``window`` and then in the GPU's
-        ``bound``, waiting first come, first served while either is full, and goes
-        out as ``ld`` (``cais``: ``ld.cais``, with ``quorum`` as for :meth:`ld_cais`).
-        When its data is in it gives its bytes back, calls ``placed(data)`` (if
-        given; data is None in timing mode) and counts into ``arrived``. Every home
-        must be another GPU."""
+    def ld_stream(self, src: int, loads: list[tuple[int, Region, list[tuple[Region, int]], DoneData | None]],
+                  window: Bound, bound: Bound, arrived: Countdown, cais: bool = False, quorum: int = 0) -> None:
+        """A TB mainloop's remote loads, (home, region, stripes, placed) each (the
+        stripes as :meth:`stripes` cuts the region), issued in this order by the core
+        (:class:`cais._core.LoadStream`): each takes its bytes (at most a bound's
+        limit) in the SM's ``window`` and then in the GPU's ``bound``, waiting first
+        come, first served while either is full, and goes out as ``ld`` (``cais``:
+        ``ld.cais``, with ``quorum`` as for :meth:`ld_cais`). When its data is in it
+        gives its bytes back, calls ``placed(data)`` (if given; data is None in timing
+        mode) and counts into ``arrived``. Every home must be another GPU."""
         kind = Kind.LD_CAIS_REQ if cais else Kind.READ_REQ
-        items = []
-        for home, region, placed in loads:
-            pieces = self.stripes(region, unit)
-            self.ops += len(pieces)
-            items.append((home, region, pieces, placed))
-        LoadStream(self.m.gpus[src], kind, items, window, bound, arrived, _assemble, quorum).start()
+        self.ops += sum(len(load[2]) for load in loads)
+        LoadStream(self.m.gpus[src], kind, loads, window, bound, arrived, _assemble, quorum).start()
 
     def red_cais(self, src: int, home: int, region: Region, data: np.ndarray | None, signal: int,
                  done: Done | None = None, port: SmPort | None = None, stream: int = 0, unit: int | None = None,
@@ -251,16 +247,19 @@ class Isa:
         and flags raise): ``reached`` runs once it is at least ``target``."""
         self.m.gpus[gpu].wait_signal(key, target, reached)
 
-    def group_sync(self, src: int, group: int, members: int, released: Done) -> None:
+    def group_sync(self, src: int, group: int, members: int) -> Signal:
         """A TB registers with TB group ``group`` (``members`` GPUs) at the Group Sync
-        Table of the chip the group's key maps to (one empty packet up); ``released``
-        runs when the switch's release has come back (one empty packet down), i.e.
-        once every member has registered."""
+        Table of the chip the group's key maps to (one empty packet up). The signal it
+        returns fires when the switch's release has come back (one empty packet down),
+        i.e. once every member has registered; the core fires it, so a TB program
+        waiting on it resumes without a Python call in between."""
         self.ops += 1
         kind = Kind.GROUP_SYNC
+        released = Signal()
         train = Train(0, *self.pk.wire(kind, 0), kind=kind, src=src, dst=-1, chip=self.flag_chip(group),
-                      done=lambda _t: released(), vc=self.vcmap.vc(kind), tag=group, expect=members)
+                      done=released, vc=self.vcmap.vc(kind), tag=group, expect=members)
         self.fab.inject(train)
+        return released
 
     # ---- NVLS --------------------------------------------------------------------
     def multimem_st(self, src: int, region: Region, data: np.ndarray | None, done: Done | None = None,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from cais._core import Endpoint, LoadStream, SmPort
 from cais.engine import Bound, Process, Signal, Simulator
 from cais.engine.sim import ProgramGen
-from cais.hw.hbm import HbmPhase, HbmShare
+from cais.hw.hbm import HbmShare
 from cais.hw.memory import Memory
 from cais.hw.packets import Packetizer, VcMap
 __all__ = ["Gpu", "Kernel", "LoadStream", "SmPort", "TbProgram"]
@@ -138,11 +138,9 @@ class Gpu(Endpoint):
             if kernel.started_at is None:
                 kernel.started_at = self.sim.now
             program = kernel.tbs[tb_index](sm, self.busy_sms)
-            if kernel.hbm_phases:
-                program = _phased(program, self.sim, self.hbm, self.slowdown)
-            if self.slowdown != 1.0:
-                program = _slowed(program, self.slowdown)
-            proc = Process(self.sim, program)
+            # the process times the program's HBM phases against this GPU's share
+            # and stretches its compute delays by the GPU's slowdown
+            proc = Process(self.sim, program, hbm=self.hbm if kernel.hbm_phases else None, slowdown=self.slowdown)
             proc.done.on_fire(self._tb_finisher(kernel, sm, self.sim.now))
 
     def _pick_sm(self, allowed: frozenset[int] | None) -> int | None:
@@ -177,41 +175,3 @@ class Gpu(Endpoint):
 
 def _by_priority(kernel: Kernel) -> int:
     return -kernel.priority  # sorted() is stable: launch order among equal priorities
-
-
-def _phased(program: ProgramGen, sim: Simulator, hbm: HbmShare, slowdown: float = 1.0) -> ProgramGen:
-    """``program`` with each :class:`HbmPhase` it yields turned into a delay: its time
-    alone, stretched by the GPU's HBM share at the instant it starts (with sharing
-    off: its time alone, exactly as before). ``slowdown``: the factor :func:`_slowed`
-    applies to the delays afterwards; the share is asked with the phase's real
-    duration, so a faster GPU's phases ask for proportionally more bandwidth."""
-    value = None
-    while True:
-        try:
-            item = program.send(value)
-        except StopIteration:
-            return
-        if isinstance(item, HbmPhase):
-            overlapped = item.overlapped
-            if hbm.enabled and item.ps > 0 and item.nbytes > 0:
-                # timed at its real duration, known this instant; handed back in the
-                # program's units (_slowed scales them again; exact when slowdown is 1)
-                item = round((yield hbm.request(sim, round(item.ps * slowdown), item.nbytes)) / slowdown)
-            else:
-                item = item.ps
-            if overlapped:  # the program times it itself: hand it the time
-                value = item
-                continue
-        value = yield item
-
-
-def _slowed(program: ProgramGen, factor: float) -> ProgramGen:
-    """``program`` with every compute delay it yields stretched by ``factor`` (what it
-    waits for, signals, is unchanged)."""
-    value = None
-    while True:
-        try:
-            item = program.send(value)
-        except StopIteration:
-            return
-        value = yield (round(item * factor) if isinstance(item, int) else item)

@@ -42,7 +42,7 @@ from cais.hw.gpu import Kernel, TbProgram
 from cais.hw.hbm import HbmPhase
 from cais.hw.memory import Memory, Region
 from cais.hw.packets import Traffic
-from cais.isa import SmPort
+from cais.isa import Isa, SmPort
 from cais.kernels.common import RequestSlots, split
 from cais.kernels.gemm import GemmShape, raster, store_epilogue, tile_hbm_bytes, tile_product
 from cais.machine import Machine
@@ -148,6 +148,48 @@ class Load(NamedTuple):
     ncols: int
 
 
+# One load of a TB's stream, as ``Isa.ld_stream`` takes it: (home, region, its
+# stripes, where its data goes in functional mode or None).
+StreamLoad = tuple[int, Region, list[tuple[Region, int]], Callable[[np.ndarray | None], None] | None]
+
+
+class TilePlan:
+    """One tile's planned mainloop loads, shared by the GPUs that run its GEMM: each
+    GPU takes the plan once (``users`` counts those still to come). The loads are cut
+    into request pieces of at most ``piece_unit`` bytes and the pieces into stripes of
+    ``unit`` (``Isa.stripes``) once, for every GPU: the cut does not depend on who
+    loads. With one user (mirror mode, where striping counts what it cuts) only the
+    pieces that GPU loads are striped, in its order."""
+
+    __slots__ = ("loads", "piece_unit", "unit", "users", "_shared", "_pieces", "_striped")
+
+    def __init__(self, loads: list[Load], piece_unit: int, unit: int, users: int) -> None:
+        self.loads = loads
+        self.piece_unit = piece_unit
+        self.unit = unit
+        self.users = users
+        self._shared = users > 1
+        self._pieces: list[tuple[Load, Region]] | None = None
+        self._striped: list[tuple[int, Region, list[tuple[Region, int]], Load]] | None = None
+
+    def pieces(self, isa: Isa) -> list[tuple[Load, Region]]:
+        """Every load's request pieces, in the plan's order."""
+        if self._pieces is None:
+            self._pieces = [(ld, pc) for ld in self.loads for pc in isa.pieces(ld.region, self.piece_unit)]
+        return self._pieces
+
+    def stream(self, isa: Isa, g: int, blocks: list[np.ndarray] | None) -> list[StreamLoad]:
+        """GPU ``g``'s remote pieces in the plan's order, as ``Isa.ld_stream`` takes
+        them (``blocks``: the tile's operand blocks in functional mode)."""
+        striped = self._striped
+        if striped is None:
+            striped = self._striped = [(ld.home, pc, isa.stripes(pc, self.unit), ld) for ld, pc in self.pieces(isa)
+                                       if self._shared or ld.home != g]
+        if blocks is None:
+            return [(home, pc, st, None) for home, pc, st, _ in striped if home != g]
+        return [(home, pc, st, _placer(ld, pc, blocks)) for home, pc, st, ld in striped if home != g]
+
+
 class Drain:
     """A kernel's remote reductions and its closing fence: ``done`` fires once the
     kernel has ended and a fence behind its last reductions (a probe down every path
@@ -236,12 +278,11 @@ class RemoteAccess:
         that changes it changes :meth:`load_stream` alike.)"""
         self.m.isa.ld(g, home, region, done, unit=unit)
 
-    def load_stream(self, g: int, loads: list[tuple[int, Region, Callable[[np.ndarray | None], None] | None]],
-                    slots: RequestSlots, arrived: Countdown, unit: int) -> None:
-        """A TB's mainloop loads, (home, region, placed) each, in order: each as
-        :meth:`load` would issue it once ``slots`` have room, counted into ``arrived``
-        when its data is in (``Isa.ld_stream``)."""
-        self.m.isa.ld_stream(g, loads, slots.sm, slots.gpu, arrived, unit)
+    def load_stream(self, g: int, loads: list[StreamLoad], slots: RequestSlots, arrived: Countdown) -> None:
+        """A TB's mainloop loads, (home, region, stripes, placed) each, in order: each
+        as :meth:`load` would issue it once ``slots`` have room, counted into
+        ``arrived`` when its data is in (``Isa.ld_stream``)."""
+        self.m.isa.ld_stream(g, loads, slots.sm, slots.gpu, arrived)
 
 
 class MergeableAccess(RemoteAccess):
@@ -282,9 +323,8 @@ class MergeableAccess(RemoteAccess):
     def load(self, g: int, home: int, region: Region, done: Callable[[np.ndarray | None], None], unit: int) -> None:
         self.m.isa.ld_cais(g, home, region, done, unit=unit, quorum=self.quorum)
 
-    def load_stream(self, g: int, loads: list[tuple[int, Region, Callable[[np.ndarray | None], None] | None]],
-                    slots: RequestSlots, arrived: Countdown, unit: int) -> None:
-        self.m.isa.ld_stream(g, loads, slots.sm, slots.gpu, arrived, unit, cais=True, quorum=self.quorum)
+    def load_stream(self, g: int, loads: list[StreamLoad], slots: RequestSlots, arrived: Countdown) -> None:
+        self.m.isa.ld_stream(g, loads, slots.sm, slots.gpu, arrived, cais=True, quorum=self.quorum)
 
 
 # ---- GEMM-RS: partial rows reduced into their owner ------------------------------------
@@ -383,19 +423,19 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
                     loads.append(Load(o, owner, region, ft - base_t, col0 - base_c, cnt, ncol))
         return loads
 
-    def tile_plan(i: int, j: int, t: int, piece_unit: int) -> tuple[list[Load], list[tuple[Load, Region]]]:
-        """Tile (i, j)'s loads (the ``t``-th launched) and their request pieces of at
-        most ``piece_unit`` bytes, for every home: the same on every GPU, so the GPUs
-        of a layer share them through ``plans``."""
-        key = (shape, tuple(ops), eb, access.load_bytes, i, j, access.k_start(steps, t), piece_unit)  # all it reads
+    def tile_plan(i: int, j: int, t: int, piece_unit: int) -> TilePlan:
+        """Tile (i, j)'s plan (the ``t``-th launched) with request pieces of at most
+        ``piece_unit`` bytes, for every home: the same on every GPU, so the GPUs of a
+        layer share it through ``plans``."""
+        first = access.k_start(steps, t)
+        key = (shape, tuple(ops), eb, access.load_bytes, i, j, first, piece_unit, unit)  # all it reads
         hit = plans.get(key)
         if hit is None:
-            loads = plan(i, j, t)
-            hit = plans[key] = [loads, [(ld, pc) for ld in loads for pc in isa.pieces(ld.region, piece_unit)], users]
-        hit[2] -= 1
-        if hit[2] == 0:  # every GPU running the GEMM has it: drop it (memory)
+            hit = plans[key] = TilePlan(plan(i, j, t), piece_unit, unit, users)
+        hit.users -= 1
+        if hit.users == 0:  # every GPU running the GEMM has it: drop it (memory)
             del plans[key]
-        return hit[0], hit[1]
+        return hit
 
     def tile_tb(t: int, i: int, j: int) -> TbProgram:
         def program(sm: int, busy: int) -> ProgramGen:
@@ -408,19 +448,22 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
             compute = yield HbmPhase(max(floor_ps, cm.tile_time_ps(shape.bm, shape.bn, shape.k, busy)),
                                      tile_bytes, overlapped=True)
             slots = RequestSlots(Bound(sim, limit), bound)
-            loads, pieces = tile_plan(i, j, t, min(unit, slots.piece))
+            tp = tile_plan(i, j, t, min(unit, slots.piece))
             yield from access.first_access(g, t)
             blocks = _blocks(shape, ops, i, j) if mem is not None else None
-            remote = [(ld, pc) for ld, pc in pieces if ld.home != g]
             if blocks is not None and mem is not None:
-                for ld in loads:
+                for ld in tp.loads:
                     if ld.home == g:  # its own rows: read locally
                         _place(blocks, ld, ld.region, mem.read(ld.region))
-            arrived = Countdown(len(remote))
             if kept is None:  # the core issues them in order, under the TB's slots
-                access.load_stream(g, [(ld.home, pc, _placer(ld, pc, blocks)) for ld, pc in remote], slots, arrived,
-                                   unit)
-            else:  # an L2 that keeps peer reads: a load may join another TB's, so the TB issues each itself
+                stream = tp.stream(isa, g, blocks)
+                arrived = Countdown(len(stream))
+                access.load_stream(g, stream, slots, arrived)
+                remote = stream
+            else:
+                # an L2 that keeps peer reads: a load may join another TB's, so the TB issues each itself
+                remote = [(ld, pc) for ld, pc in tp.pieces(isa) if ld.home != g]
+                arrived = Countdown(len(remote))
                 for ld, pc in remote:
                     key = (ld.home, pc)
                     line = kept.get(key)

@@ -107,9 +107,7 @@ class CoordinatedAccess(MergeableAccess):
         cfg = self.m.cfg.cais
         if not self.coord or self.group is None or not (cfg.pre_launch_sync, cfg.pre_access_sync)[phase]:
             return
-        released = Signal()
-        self.m.isa.group_sync(g, self.group + t * _PHASES + phase, self.m.n, lambda: released.fire(self.m.sim))
-        yield released
+        yield self.m.isa.group_sync(g, self.group + t * _PHASES + phase, self.m.n)
 
     # ---- TB-level dependencies -------------------------------------------------------
     def operands_ready(self, g: int, shape: GemmShape, i: int) -> list[Signal]:
