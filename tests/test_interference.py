@@ -231,3 +231,42 @@ def test_a_faster_gpu_is_still_held_to_its_hbm_bandwidth(slowdown: float) -> Non
     m.run()
     assert k.finished_at == pytest.approx(work, abs=2)
     assert m.gpus[0].hbm.stretched == (66 if slowdown < 1 else 0)
+
+
+@pytest.mark.parametrize("enabled, slowdown, took, end", [(True, 1.0, 1500, 2100), (True, 2.0, 1000, 2200),
+                                                          (False, 1.0, 1000, 1100)])
+def test_a_process_times_its_programs_phases_against_the_share(enabled: bool, slowdown: float, took: int,
+                                                                end: int) -> None:
+    """What the dispatcher's process does with a TB's phases, by hand. Shared: a phase
+    of 1.5 B/ps alone takes 1.5x and is handed back (overlapped); the next, 0.5 B/ps
+    beside the first still running, 2x and is slept; a plain delay stays 100 ps. A 2x
+    slower GPU asks with its real durations (0.75 + 0.25 B/ps: not over the supply)
+    and is handed its own units back; its delays stretch 2x. Sharing off: times alone."""
+    from cais.engine import Process
+    from cais.hw.hbm import HbmPhase
+
+    sim = Simulator()
+    share = HbmShare(bytes_per_ps=1.0, window_ps=1000, enabled=enabled)
+    got = []
+
+    def program():
+        got.append((sim.now, (yield HbmPhase(1000, 1500.0, overlapped=True))))
+        yield HbmPhase(1000, 500.0)
+        yield 100
+    Process(sim, program(), hbm=share, slowdown=slowdown)
+    sim.run()
+    assert got == [(0, took)] and sim.now == end
+    assert share.phases == (2 if enabled else 0)
+
+
+def test_a_process_without_a_share_refuses_a_phase() -> None:
+    from cais.engine import Process
+    from cais.hw.hbm import HbmPhase
+
+    sim = Simulator()
+
+    def program():
+        yield HbmPhase(1000, 1.0)
+    Process(sim, program())
+    with pytest.raises(TypeError, match=r"int delay or a Signal \(an HbmPhase only in a kernel with hbm_phases\), not HbmPhase"):
+        sim.run()

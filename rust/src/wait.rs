@@ -490,9 +490,13 @@ impl Process {
                 value = ph.ps.into_pyobject(py)?.into_any().unbind();
                 continue;
             }
+            let allowed = if hbm.is_some() {
+                "an int delay, a Signal or an HbmPhase"
+            } else {
+                "an int delay or a Signal (an HbmPhase only in a kernel with hbm_phases)"
+            };
             return Err(PyTypeError::new_err(format!(
-                "a program may yield an int delay, a Signal{}, not {}",
-                if hbm.is_some() { " or an HbmPhase" } else { "" },
+                "a program may yield {allowed}, not {}",
                 waited.get_type().name()?
             )));
         }
