@@ -22,7 +22,7 @@ use crate::wait::Signal;
 /// completed: as `done(data)` for a load (`assemble` given: the data of every piece,
 /// by start element, put together by `assemble(region, pieces, parts)`, or None when
 /// some piece carried none), else as `done()`.
-#[pyclass(module = "cais._core", frozen)]
+#[pyclass(module = "cais._core", frozen, freelist = 4096)]
 pub struct Completion {
     st: GilCell<CompletionState>,
 }

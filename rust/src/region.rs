@@ -12,7 +12,7 @@ use pyo3::types::{PyString, PyTuple};
 ///
 /// Immutable, compared and hashed by its fields (a merge unit's CAM and an L2's
 /// kept lines key on it).
-#[pyclass(module = "cais._core", frozen)]
+#[pyclass(module = "cais._core", frozen, freelist = 4096)]
 pub struct Region {
     #[pyo3(get)]
     pub buffer: Py<PyString>,

@@ -26,7 +26,7 @@ use crate::credits::Credits;
 /// carries the number it sums), `expect` (how many requests a mergeable access
 /// expects to merge with) and `quorum` (TB-aware throttling: how many of them must
 /// have arrived before it is acknowledged; 0: at once).
-#[pyclass(module = "cais._core", frozen)]
+#[pyclass(module = "cais._core", frozen, freelist = 4096)]
 pub struct Train {
     st: GilCell<TrainState>,
 }
