@@ -47,6 +47,9 @@ Done = Callable[[], None]
 # Kinds whose payload the issuing GPU reads from its HBM to send (hw/hbm.py counts it).
 FLAG_BYTES = 8  # a synchronisation flag: one 64-bit word (on the wire; not counted as payload data)
 DoneData = Callable[[np.ndarray | None], None]
+# One load of a TB's stream, as :meth:`Isa.ld_stream` takes it: (home, region, the
+# region's stripes as :meth:`Isa.stripes` cuts it, where its data goes or None).
+StreamLoad = tuple[int, Region, list[tuple[Region, int]], DoneData | None]
 
 
 class Isa:
@@ -203,16 +206,16 @@ class Isa:
         self.m.gpus[src].issue_pieces(Kind.LD_CAIS_REQ, home, pieces, self._gather(region, pieces, done), None, stream,
                                       True, expect=expect, quorum=quorum)
 
-    def ld_stream(self, src: int, loads: list[tuple[int, Region, list[tuple[Region, int]], DoneData | None]],
-                  window: Bound, bound: Bound, arrived: Countdown, cais: bool = False, quorum: int = 0) -> None:
-        """A TB mainloop's remote loads, (home, region, stripes, placed) each (the
-        stripes as :meth:`stripes` cuts the region), issued in this order by the core
-        (:class:`cais._core.LoadStream`): each takes its bytes (at most a bound's
-        limit) in the SM's ``window`` and then in the GPU's ``bound``, waiting first
-        come, first served while either is full, and goes out as ``ld`` (``cais``:
-        ``ld.cais``, with ``quorum`` as for :meth:`ld_cais`). When its data is in it
-        gives its bytes back, calls ``placed(data)`` (if given; data is None in timing
-        mode) and counts into ``arrived``. Every home must be another GPU."""
+    def ld_stream(self, src: int, loads: list[StreamLoad], window: Bound, bound: Bound, arrived: Countdown,
+                  cais: bool = False, quorum: int = 0) -> None:
+        """A TB mainloop's remote loads (a :data:`StreamLoad` each), issued in this
+        order by the core (:class:`cais._core.LoadStream`): each takes its bytes (at
+        most a bound's limit) in the SM's ``window`` and then in the GPU's ``bound``,
+        waiting first come, first served while either is full, and goes out as ``ld``
+        (``cais``: ``ld.cais``, with ``quorum`` as for :meth:`ld_cais`). When its data
+        is in it gives its bytes back, calls its placer with the data (if it has one;
+        data is None in timing mode) and counts into ``arrived``. Every home must be
+        another GPU."""
         kind = Kind.LD_CAIS_REQ if cais else Kind.READ_REQ
         self.ops += sum(len(load[2]) for load in loads)
         LoadStream(self.m.gpus[src], kind, loads, window, bound, arrived, _assemble, quorum).start()

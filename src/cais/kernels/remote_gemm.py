@@ -42,7 +42,7 @@ from cais.hw.gpu import Kernel, TbProgram
 from cais.hw.hbm import HbmPhase
 from cais.hw.memory import Memory, Region
 from cais.hw.packets import Traffic
-from cais.isa import Isa, SmPort
+from cais.isa import Isa, SmPort, StreamLoad
 from cais.kernels.common import RequestSlots, split
 from cais.kernels.gemm import GemmShape, raster, store_epilogue, tile_hbm_bytes, tile_product
 from cais.machine import Machine
@@ -146,11 +146,6 @@ class Load(NamedTuple):
     col: int
     nrows: int
     ncols: int
-
-
-# One load of a TB's stream, as ``Isa.ld_stream`` takes it: (home, region, its
-# stripes, where its data goes in functional mode or None).
-StreamLoad = tuple[int, Region, list[tuple[Region, int]], Callable[[np.ndarray | None], None] | None]
 
 
 class TilePlan:
@@ -456,10 +451,9 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
                     if ld.home == g:  # its own rows: read locally
                         _place(blocks, ld, ld.region, mem.read(ld.region))
             if kept is None:  # the core issues them in order, under the TB's slots
-                stream = tp.stream(isa, g, blocks)
-                arrived = Countdown(len(stream))
-                access.load_stream(g, stream, slots, arrived)
-                remote = stream
+                remote = tp.stream(isa, g, blocks)
+                arrived = Countdown(len(remote))
+                access.load_stream(g, remote, slots, arrived)
             else:
                 # an L2 that keeps peer reads: a load may join another TB's, so the TB issues each itself
                 remote = [(ld, pc) for ld, pc in tp.pieces(isa) if ld.home != g]
