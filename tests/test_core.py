@@ -311,3 +311,62 @@ def test_a_load_stream_issues_as_a_tb_loop_would_and_keeps_its_bounds(h100) -> N
     assert window.peak == 32 * 1024 and window.waited > 0  # the window bound, and loads waited for it
     assert window.used == 0 and m2.isa.request_bound(0).used == 0  # every byte given back
     assert placed == [None] * len(loads)  # timing mode: each load's placer ran, with no data
+
+
+def _reductions_by_hand(m: Machine, pieces: list, window_limit: int, signal: int, local: list, done_at: list) -> None:
+    """A TB epilogue's loop, as a Python program would run it: each piece takes its
+    room, goes out as ``red.cais`` through the SM's port and gives the room back once
+    the switch has taken it; an add into the GPU's own memory in its turn."""
+    from cais.engine import Bound, Process
+    from cais.kernels.common import RequestSlots
+
+    def program():
+        slots = RequestSlots(Bound(m.sim, window_limit), m.isa.request_bound(0))
+        port = m.isa.sm_port()
+        for home, region in pieces:
+            if home == 0:
+                local.append(m.sim.now)
+                continue
+            yield from slots.acquire(region.nbytes)
+            m.isa.red_cais(0, home, region, None, signal, lambda n=region.nbytes: slots.release(n), port,
+                           unit=8192)
+        if port.free_at > m.sim.now:
+            yield port.free_at - m.sim.now
+        done_at.append(m.sim.now)
+    Process(m.sim, program())
+
+
+def test_a_reduction_stream_issues_as_a_tb_epilogue_would_and_keeps_its_bounds(h100) -> None:
+    from cais.engine import Bound, Process
+    from cais.hw.memory import Region
+
+    # 16 KiB pieces for GPUs 1-3, with an add into GPU 0's own memory in the middle
+    pieces = [(k % 4, Region("p", k * 8192, 8192)) for k in range(20)]
+    by_hand: list = []
+    local_by_hand: list = []
+    m = Machine(h100.with_overrides(gpus=4, switch={**h100.switch.model_dump(), "model": "cais"}))
+    _reductions_by_hand(m, pieces, 32 * 1024, 7, local_by_hand, by_hand)
+    m.run()
+
+    m2 = Machine(h100.with_overrides(gpus=4, switch={**h100.switch.model_dump(), "model": "cais"}))
+    window = Bound(m2.sim, 32 * 1024)
+    local: list = []
+    streamed: list = []
+
+    def program():
+        port = m2.isa.sm_port()
+        items = [(lambda: local.append(m2.sim.now)) if home == 0 else
+                 (region.nbytes, [m2.isa.red_cais_op(home, region, None, 7, 8192)]) for home, region in pieces]
+        yield m2.isa.red_stream(0, items, window, m2.isa.request_bound(0), port)
+        if port.free_at > m2.sim.now:
+            yield port.free_at - m2.sim.now
+        streamed.append(m2.sim.now)
+    Process(m2.sim, program())
+    m2.run()
+    assert by_hand and streamed == by_hand  # the same picosecond
+    assert local and local == local_by_hand  # the local adds in their turn
+    assert m2.sim.events == m.sim.events  # and the same events
+    assert window.peak == 32 * 1024 and window.waited > 0  # the window bound, and pieces waited for it
+    assert window.used == 0 and m2.isa.request_bound(0).used == 0  # every byte given back
+    landed = [m2.gpus[h].signals.get(7, 0) for h in (1, 2, 3)]
+    assert landed == [m.gpus[h].signals.get(7, 0) for h in (1, 2, 3)] and min(landed) > 0  # every piece signalled

@@ -151,15 +151,15 @@ impl ChannelState {
     }
 
     /// Arbitrate at `at`, unless an arbitration is already due by then.
-    fn arm(&mut self, py: Python<'_>, this: &Bound<'_, Channel>, at: i64) {
+    fn arm(&mut self, py: Python<'_>, this: &Bound<'_, Channel>, at: i64) -> PyResult<()> {
         if 0 <= self.armed_at && self.armed_at <= at {
-            return;
+            return Ok(());
         }
         self.armed_at = at;
         self.generation += 1;
         self.sim
             .get()
-            .push(py, at, Action::Arbitrate(this.clone().unbind(), self.generation));
+            .push(py, at, Action::Arbitrate(this.clone().unbind(), self.generation))
     }
 
     /// The earliest start the credits allow the VC's head train (no earlier than the
@@ -183,11 +183,10 @@ impl ChannelState {
 
     /// Arbitrate again when the wire is free and some VC's head has credits (if
     /// none can have them before more come back, `credits_back` arms it).
-    fn arm_next(&mut self, py: Python<'_>, this: &Bound<'_, Channel>, now: i64) {
+    fn arm_next(&mut self, py: Python<'_>, this: &Bound<'_, Channel>, now: i64) -> PyResult<()> {
         let free_at = self.free_at;
         if self.credits.is_none() {
-            self.arm(py, this, free_at.max(now));
-            return;
+            return self.arm(py, this, free_at.max(now));
         }
         let mut soonest = BLOCKED;
         for i in 0..self.active.len() {
@@ -205,8 +204,9 @@ impl ChannelState {
         }
         if soonest < BLOCKED {
             let t = soonest.max(free_at);
-            self.arm(py, this, t.max(now));
+            self.arm(py, this, t.max(now))?;
         }
+        Ok(())
     }
 }
 
@@ -226,7 +226,7 @@ impl Channel {
             let now = me.now(py);
             if me.free_at > now {
                 let at = me.free_at;
-                me.arm(py, slf, at);
+                me.arm(py, slf, at)?;
                 return Ok(());
             }
             let n_active = me.active.len();
@@ -254,7 +254,7 @@ impl Channel {
                 }
             }
             let Some(pick) = pick else {
-                me.arm_next(py, slf, now);
+                me.arm_next(py, slf, now)?;
                 return Ok(());
             };
             let q = me.queues[pick].pop_front().expect("an active VC has a train");
@@ -271,7 +271,7 @@ impl Channel {
         Channel::start(slf, q.train.into_bound(py), q.deliver, q.on_start, q.ser, credit_t)?;
         let mut me = slf.get().st(py);
         if me.queued > 0 {
-            me.arm_next(py, slf, now);
+            me.arm_next(py, slf, now)?;
         }
         Ok(())
     }
@@ -345,7 +345,7 @@ impl Channel {
             py,
             arrive,
             Action::Arrive(slf.clone().unbind(), train.unbind(), deliver),
-        );
+        )?;
         Ok(())
     }
 
@@ -400,7 +400,7 @@ impl Channel {
         });
         me.queued += 1;
         if me.queues[vc].len() == 1 {
-            me.arm_next(py, slf, now);
+            me.arm_next(py, slf, now)?;
         }
         Ok(())
     }
@@ -426,7 +426,7 @@ impl Channel {
         let t = me.when_ready(py, vc);
         if t < BLOCKED {
             let t = t.max(free_at);
-            me.arm(py, slf, t.max(now));
+            me.arm(py, slf, t.max(now))?;
         }
         Ok(())
     }

@@ -13,8 +13,8 @@ use pyo3::types::PyDict;
 use pyo3::{PyTraverseError, PyVisit};
 
 use crate::cell::{unit, GilCell, Unit, UnitState};
-use crate::region::{region_bytes, Region};
-use crate::stream::LoadStream;
+use crate::region::Region;
+use crate::stream::{LoadStream, RedStream, StreamRef};
 use crate::train::Train;
 use crate::wait::Signal;
 
@@ -37,8 +37,9 @@ pub(crate) struct CompletionState {
     /// A load's pieces that carried data, by start element.
     parts: Option<Py<PyDict>>,
     with_data: i64,
-    /// The load stream that issued this load, if one did: told when it is in.
-    stream: Option<Py<LoadStream>>,
+    /// The stream that issued this request, if one did, and the request's bytes:
+    /// told when it is in.
+    stream: Option<(StreamRef, i64)>,
 }
 
 unit!(Completion, CompletionState);
@@ -68,21 +69,22 @@ impl Completion {
         if !finished {
             return Ok(());
         }
-        let stream = slf.st().stream.as_ref().map(|s| s.clone_ref(py));
+        let stream = slf.st().stream.as_ref().map(|(s, n)| (s.clone_ref(py), *n));
         match stream {
             None => Completion::call_done(slf, gather),
-            Some(stream) => {
+            Some((StreamRef::Load(stream), nbytes)) => {
                 // as a TB's mainloop does: room back first, then the data, then the count
-                let nbytes = region_bytes(slf.st().region.bind(py))?;
                 LoadStream::release(stream.bind(py), nbytes)?;
                 Completion::call_done(slf, gather)?;
                 LoadStream::landed(stream.bind(py))
             }
+            Some((StreamRef::Red(stream), nbytes)) => RedStream::release(stream.bind(py), nbytes),
         }
     }
 
-    /// A load of a [`LoadStream`]: `count` trains over `pieces` of `region`; `placed`
-    /// (or None) gets the data.
+    /// A load of a [`LoadStream`]: `count` trains over `pieces` of `region` (`nbytes`);
+    /// `placed` (or None) gets the data.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn of_stream_item(
         py: Python<'_>,
         count: i64,
@@ -91,9 +93,23 @@ impl Completion {
         pieces: Py<PyAny>,
         assemble: Py<PyAny>,
         stream: Py<LoadStream>,
+        nbytes: i64,
     ) -> PyResult<Py<Completion>> {
         let c = Completion::new(py, count, Some(placed), Some(region), Some(pieces), Some(assemble));
-        c.st(py).stream = Some(stream);
+        c.st(py).stream = Some((StreamRef::Load(stream), nbytes));
+        Py::new(py, c)
+    }
+
+    /// A request of `nbytes` that `stream` issued as `count` trains, with no callback
+    /// of its own.
+    pub(crate) fn of_stream_request(
+        py: Python<'_>,
+        count: i64,
+        stream: StreamRef,
+        nbytes: i64,
+    ) -> PyResult<Py<Completion>> {
+        let c = Completion::new(py, count, None, None, None, None);
+        c.st(py).stream = Some((stream, nbytes));
         Py::new(py, c)
     }
 
@@ -191,7 +207,9 @@ impl Completion {
         visit.call(&me.pieces)?;
         visit.call(&me.assemble)?;
         visit.call(&me.parts)?;
-        visit.call(&me.stream)?;
+        if let Some((s, _)) = &me.stream {
+            s.visit(&visit)?;
+        }
         Ok(())
     }
 

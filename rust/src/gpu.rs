@@ -174,7 +174,7 @@ impl Endpoint {
         let at = me.now(py) + me.memory_latency_ps;
         me.sim
             .get()
-            .push(py, at, Action::Respond(slf.clone().unbind(), req.clone().unbind()));
+            .push(py, at, Action::Respond(slf.clone().unbind(), req.clone().unbind()))?;
         Ok(true)
     }
 
@@ -224,7 +224,7 @@ impl Endpoint {
         me.serving -= want;
         if me.holding != 0 {
             let now = me.now(py);
-            me.sim.get().push(py, now, Action::DrainHeld(slf.clone().unbind()));
+            me.sim.get().push(py, now, Action::DrainHeld(slf.clone().unbind()))?;
         }
         Ok(())
     }
@@ -375,7 +375,7 @@ impl Endpoint {
 }
 
 impl EndpointState {
-    fn now(&self, py: Python<'_>) -> i64 {
+    pub(crate) fn now(&self, py: Python<'_>) -> i64 {
         let _ = py;
         self.clock.now()
     }
@@ -574,7 +574,7 @@ impl Endpoint {
     #[pyo3(signature = (kind, dst, stripes, done, port = None, stream = 0, loads = false, data = None, tag = -1,
                         expect = 0, quorum = 0, encoding = 1.0, fences = None))]
     #[allow(clippy::too_many_arguments)]
-    fn issue_pieces(
+    pub(crate) fn issue_pieces(
         slf: &Bound<'_, Self>,
         kind: i64,
         dst: i64,
@@ -659,15 +659,16 @@ impl Endpoint {
     }
 
     /// Run `fn` once signal word `key` reaches `target` (a kernel polling it).
-    fn wait_signal(&self, py: Python<'_>, key: i64, target: i64, r#fn: Py<PyAny>) {
+    fn wait_signal(&self, py: Python<'_>, key: i64, target: i64, r#fn: Py<PyAny>) -> PyResult<()> {
         let mut me = self.st(py);
         if me.signals.get(&key).copied().unwrap_or(0) >= target {
             let now = me.now(py);
             me.sim
                 .get()
-                .push(py, now, Action::Call(r#fn, PyTuple::empty(py).unbind()));
+                .push(py, now, Action::Call(r#fn, PyTuple::empty(py).unbind()))
         } else {
             me.signal_waits.entry(key).or_default().push((target, r#fn));
+            Ok(())
         }
     }
 

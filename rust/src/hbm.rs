@@ -229,7 +229,7 @@ impl HbmShare {
         };
         if first {
             let s = sim.get();
-            s.push(py, s.now(), Action::ResolveHbm(slf.clone().unbind()));
+            s.push(py, s.now(), Action::ResolveHbm(slf.clone().unbind()))?;
         }
         Ok(sig)
     }

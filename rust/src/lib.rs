@@ -49,6 +49,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<wait::ByteBound>()?;
     m.add_class::<wait::Process>()?;
     m.add_class::<stream::LoadStream>()?;
+    m.add_class::<stream::RedStream>()?;
     m.add_class::<channel::Channel>()?;
     m.add_class::<credits::Credits>()?;
     m.add_class::<switch::SwitchChip>()?;

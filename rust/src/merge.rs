@@ -843,7 +843,7 @@ impl MergeUnit {
         if !me.timer {
             me.timer = true;
             let due = now + me.timeout_ps;
-            me.sim.get().push(py, due, Action::Expire(slf.clone().unbind()));
+            me.sim.get().push(py, due, Action::Expire(slf.clone().unbind()))?;
         }
         Ok(())
     }
@@ -882,7 +882,9 @@ impl MergeUnit {
             .map(|e| e.touched + limit);
         if let Some(t) = next {
             me.timer = true;
-            me.sim.get().push(py, t.max(now), Action::Expire(slf.clone().unbind()));
+            me.sim
+                .get()
+                .push(py, t.max(now), Action::Expire(slf.clone().unbind()))?;
         }
         Ok(())
     }

@@ -45,17 +45,32 @@ pub(crate) enum Action {
     ResolveHbm(Py<HbmShare>),
 }
 
-/// An event's place in the queue: when it runs (time, then schedule order) and the
-/// slot of its action. The heap moves these small keys, not the actions.
+/// An event's place in the queue, one 16-byte key the heap moves (not the action):
+/// time << 64 | schedule order << 24 | the slot of its action. One comparison orders
+/// by time, then schedule order (no two events share one); the slot rides along.
 struct Event {
-    /// time << 64 | schedule order: one comparison orders both.
     key: u128,
-    slot: u32,
 }
 
+/// Bits of an event's key that hold its action's slot, and so the most events that
+/// may wait in the queue at once (16,777,216); the schedule order has the other 40.
+const SLOT_BITS: u32 = 24;
+const SLOT_MASK: u64 = (1 << SLOT_BITS) - 1;
+const MAX_SEQ: u64 = (1 << (64 - SLOT_BITS)) - 1;
+
 impl Event {
+    fn new(time: i64, seq: u64, slot: u32) -> Self {
+        Event {
+            key: (time as u128) << 64 | ((seq << SLOT_BITS) | slot as u64) as u128,
+        }
+    }
+
     fn time(&self) -> i64 {
         (self.key >> 64) as i64
+    }
+
+    fn slot(&self) -> usize {
+        (self.key as u64 & SLOT_MASK) as usize
     }
 }
 
@@ -118,24 +133,34 @@ struct Queue {
 }
 
 impl Queue {
-    /// Queue an action at `time`.
-    fn push(&mut self, time: i64, action: Action) {
+    /// Queue an action at `time`. Refused (the queue unchanged) past what a key
+    /// holds: 2^24 events waiting at once, or 2^40 scheduled in one run.
+    fn push(&mut self, time: i64, action: Action) -> PyResult<()> {
         debug_assert!(time >= 0, "times are not negative");
-        self.seq += 1;
+        if self.seq >= MAX_SEQ {
+            return Err(PyValueError::new_err(format!(
+                "a simulation schedules at most {MAX_SEQ} events"
+            )));
+        }
         let slot = match self.free.pop() {
             Some(slot) => {
                 self.actions[slot as usize] = Some(action);
                 slot
             }
             None => {
+                if self.actions.len() > SLOT_MASK as usize {
+                    return Err(PyValueError::new_err(format!(
+                        "at most {} events may wait in the queue at once",
+                        SLOT_MASK + 1
+                    )));
+                }
                 self.actions.push(Some(action));
                 (self.actions.len() - 1) as u32
             }
         };
-        self.heap.push(Event {
-            key: (time as u128) << 64 | self.seq as u128,
-            slot,
-        });
+        self.seq += 1;
+        self.heap.push(Event::new(time, self.seq, slot));
+        Ok(())
     }
 
     /// The earliest event (its time and action), if any is due by `until`.
@@ -145,10 +170,9 @@ impl Queue {
             return None;
         }
         let e = self.heap.pop().expect("peeked");
-        let action = self.actions[e.slot as usize]
-            .take()
-            .expect("a queued event has its action");
-        self.free.push(e.slot);
+        let slot = e.slot();
+        let action = self.actions[slot].take().expect("a queued event has its action");
+        self.free.push(slot as u32);
         Some((time, action))
     }
 }
@@ -172,13 +196,12 @@ impl Simulator {
                 "event scheduled in the past: {time} < {now}"
             )));
         }
-        self.push(py, time, action);
-        Ok(())
+        self.push(py, time, action)
     }
 
     /// Schedule an action at `time` (the caller has checked it is not in the past).
-    pub(crate) fn push(&self, py: Python<'_>, time: i64, action: Action) {
-        self.q.borrow_mut(py).push(time, action);
+    pub(crate) fn push(&self, py: Python<'_>, time: i64, action: Action) -> PyResult<()> {
+        self.q.borrow_mut(py).push(time, action)
     }
 }
 
@@ -379,7 +402,7 @@ mod tests {
             let mut q = sim.q.borrow_mut(py);
             let call = |i: i64| Action::Call(py.None(), PyTuple::new(py, [i]).unwrap().unbind());
             for (i, time) in [10, 5, 10, 5, 0].into_iter().enumerate() {
-                q.push(time, call(i as i64));
+                q.push(time, call(i as i64)).unwrap();
             }
             let mut order = Vec::new();
             while let Some((time, action)) = q.pop(None) {
@@ -390,8 +413,8 @@ mod tests {
             }
             assert_eq!(order, vec![(0, 4), (5, 1), (5, 3), (10, 0), (10, 2)]);
             // what popped frees its slot: the next events reuse them
-            q.push(20, call(5));
-            q.push(30, call(6));
+            q.push(20, call(5)).unwrap();
+            q.push(30, call(6)).unwrap();
             assert_eq!(q.actions.len(), 5);
             assert!(q.pop(Some(19)).is_none(), "nothing is due by 19");
             assert_eq!(q.pop(Some(25)).map(|(t, _)| t), Some(20));

@@ -1,14 +1,98 @@
-//! A TB mainloop's remote loads, issued by the core in the order the TB planned them.
+//! A TB's remote requests, issued by the core in the order the TB planned them: its
+//! mainloop's loads ([`LoadStream`]) and its epilogue's reductions ([`RedStream`]).
+//! Each request first takes room for its bytes in the SM's request window and then
+//! in its GPU's bound on outstanding remote requests ([`Grants`]), and gives it back
+//! when it is acknowledged.
 
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 use pyo3::{PyTraverseError, PyVisit};
 
 use crate::cell::{unit, GilCell, Unit, UnitState};
-use crate::completion::Completion;
+use crate::completion::{Completion, SmPort};
 use crate::gpu::Endpoint;
 use crate::region::region_bytes;
 use crate::wait::{ByteBound, Countdown, Signal};
+
+/// A request's room in the SM's window, then in its GPU's bound: at most each
+/// bound's limit (a request larger than a bound takes all of it), waiting first come,
+/// first served while either is full.
+struct Grants {
+    /// The SM's window, then the GPU's bound.
+    bounds: [Py<ByteBound>; 2],
+    /// How many of the two the next request holds.
+    held: usize,
+}
+
+impl Grants {
+    /// Take what the next request of `nbytes` does not hold yet: None once it holds
+    /// both, else the signal its grant fires (which counts as one more held).
+    fn take(&mut self, py: Python<'_>, nbytes: i64) -> PyResult<Option<Py<Signal>>> {
+        while self.held < 2 {
+            let granted = {
+                let mut b = self.bounds[self.held].get().st(py);
+                let n = nbytes.min(b.limit);
+                b.acquire(py, n)?
+            };
+            match granted {
+                None => self.held += 1,
+                Some(sig) => return Ok(Some(sig)),
+            }
+        }
+        Ok(None)
+    }
+
+    /// Give a request's room back to both bounds (`bounds`: cloned out of the stream,
+    /// whose waiting request a release may resume), first-come waiters first.
+    fn give_back(py: Python<'_>, bounds: [Py<ByteBound>; 2], nbytes: i64) -> PyResult<()> {
+        for bound in bounds {
+            let n = nbytes.min(bound.get().st(py).limit);
+            ByteBound::release(bound.bind(py), n)?;
+        }
+        Ok(())
+    }
+
+    fn clone_bounds(&self, py: Python<'_>) -> [Py<ByteBound>; 2] {
+        [self.bounds[0].clone_ref(py), self.bounds[1].clone_ref(py)]
+    }
+
+    fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        for b in &self.bounds {
+            visit.call(b)?;
+        }
+        Ok(())
+    }
+}
+
+/// A stream a bound's grant resumes, or whose request an acknowledgement completes.
+pub(crate) enum StreamRef {
+    Load(Py<LoadStream>),
+    Red(Py<RedStream>),
+}
+
+impl StreamRef {
+    /// A bound granted the waiting request its room: on to the next grant, or out.
+    pub(crate) fn granted(&self, py: Python<'_>) -> PyResult<()> {
+        match self {
+            StreamRef::Load(s) => LoadStream::granted(s.bind(py)),
+            StreamRef::Red(s) => RedStream::granted(s.bind(py)),
+        }
+    }
+
+    pub(crate) fn clone_ref(&self, py: Python<'_>) -> StreamRef {
+        match self {
+            StreamRef::Load(s) => StreamRef::Load(s.clone_ref(py)),
+            StreamRef::Red(s) => StreamRef::Red(s.clone_ref(py)),
+        }
+    }
+
+    pub(crate) fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        match self {
+            StreamRef::Load(s) => visit.call(s),
+            StreamRef::Red(s) => visit.call(s),
+        }
+    }
+}
 
 /// One planned load: its home GPU, its region and that region's stripes (one train
 /// per transfer unit and chip), and what to call with its data (functional mode).
@@ -41,11 +125,9 @@ pub(crate) struct LoadStreamState {
     kind: i64,
     quorum: i64,
     items: Vec<Item>,
-    /// The next load to issue, and how many of its two grants it holds.
+    /// The next load to issue, and its room.
     next: usize,
-    held: usize,
-    /// The SM's window, then the GPU's bound.
-    bounds: [Py<ByteBound>; 2],
+    grants: Grants,
     arrived: Py<Countdown>,
     assemble: Py<PyAny>,
     /// Loads issued so far.
@@ -60,27 +142,15 @@ impl LoadStream {
     fn advance(slf: &Bound<'_, Self>) -> PyResult<()> {
         let py = slf.py();
         loop {
-            let me = slf.st();
+            let mut me = slf.st();
             if me.next >= me.items.len() {
                 return Ok(());
             }
-            if me.held < 2 {
-                let bound = me.bounds[me.held].clone_ref(py);
-                let want = me.items[me.next].nbytes;
+            let want = me.items[me.next].nbytes;
+            if let Some(sig) = me.grants.take(py, want)? {
                 drop(me);
-                let granted = {
-                    let mut b = bound.get().st(py);
-                    let n = want.min(b.limit);
-                    b.acquire(py, n)?
-                };
-                match granted {
-                    None => slf.st().held += 1,
-                    Some(sig) => {
-                        Signal::wait_stream(sig.bind(py), slf.clone().unbind());
-                        return Ok(());
-                    }
-                }
-                continue;
+                Signal::wait_stream(sig.bind(py), StreamRef::Load(slf.clone().unbind()));
+                return Ok(());
             }
             let index = me.next;
             let item = &me.items[index];
@@ -94,21 +164,19 @@ impl LoadStream {
                 stripes.clone_ref(py).into_any(),
                 me.assemble.clone_ref(py),
                 slf.clone().unbind(),
+                item.nbytes,
             )?;
+            me.next += 1;
+            me.grants.held = 0;
+            me.issued += 1;
             drop(me);
-            {
-                let mut me = slf.st();
-                me.next += 1;
-                me.held = 0;
-                me.issued += 1;
-            }
             Endpoint::issue_loads(gpu.bind(py), kind, home, stripes.bind(py), done.into_any(), quorum)?;
         }
     }
 
     /// A bound granted the waiting load its room: on to the next grant, or out.
     pub(crate) fn granted(slf: &Bound<'_, Self>) -> PyResult<()> {
-        slf.st().held += 1;
+        slf.st().grants.held += 1;
         LoadStream::advance(slf)
     }
 
@@ -116,15 +184,8 @@ impl LoadStream {
     /// first (the SM's window, then the GPU's bound).
     pub(crate) fn release(slf: &Bound<'_, Self>, nbytes: i64) -> PyResult<()> {
         let py = slf.py();
-        let bounds = {
-            let me = slf.st();
-            [me.bounds[0].clone_ref(py), me.bounds[1].clone_ref(py)]
-        };
-        for bound in bounds {
-            let n = nbytes.min(bound.get().st(py).limit);
-            ByteBound::release(bound.bind(py), n)?;
-        }
-        Ok(())
+        let bounds = slf.st().grants.clone_bounds(py);
+        Grants::give_back(py, bounds, nbytes)
     }
 
     /// ... and count it into what the TB waits on.
@@ -132,7 +193,7 @@ impl LoadStream {
         let py = slf.py();
         let (arrived, window) = {
             let me = slf.st();
-            (me.arrived.clone_ref(py), me.bounds[0].clone_ref(py))
+            (me.arrived.clone_ref(py), me.grants.bounds[0].clone_ref(py))
         };
         let sim = window.get().st(py).sim.clone_ref(py);
         Countdown::arrive(arrived.bind(py), sim.bind(py), 1)
@@ -176,8 +237,10 @@ impl LoadStream {
             quorum,
             items,
             next: 0,
-            held: 0,
-            bounds: [window, bound],
+            grants: Grants {
+                bounds: [window, bound],
+                held: 0,
+            },
             arrived,
             assemble,
             issued: 0,
@@ -194,9 +257,7 @@ impl LoadStream {
             return Ok(());
         };
         visit.call(&me.gpu)?;
-        for b in &me.bounds {
-            visit.call(b)?;
-        }
+        me.grants.visit(&visit)?;
         visit.call(&me.arrived)?;
         visit.call(&me.assemble)?;
         for item in &me.items {
@@ -216,5 +277,252 @@ impl LoadStream {
     #[getter]
     fn issued(&self, py: Python<'_>) -> usize {
         self.st(py).issued
+    }
+}
+
+/// One reduction of an epilogue piece: its kind (`red`, `red.cais`), destination
+/// GPU, stripes (one train per transfer unit and chip), each stripe's data
+/// (functional mode), signal word (`red.cais`; -1: none) and quorum.
+struct Red {
+    kind: i64,
+    dst: i64,
+    stripes: Py<PyList>,
+    data: Option<Py<PyList>>,
+    tag: i64,
+    quorum: i64,
+}
+
+/// What a TB's epilogue does next, in its order: an add into its own GPU's memory
+/// (a Python call, at once), or a piece of partial rows for an owner, which takes
+/// its `nbytes` of room and goes out as one or more reductions (one per signal word
+/// it touches).
+enum RedItem {
+    Local(Py<PyAny>),
+    Piece { nbytes: i64, reds: Vec<Red> },
+}
+
+/// The reductions of one TB's epilogue, issued in order as the TB issues them: each
+/// piece takes room for its bytes in the SM's window and then in its GPU's bound
+/// (as a [`LoadStream`]'s loads), goes out through the SM's store port, and gives
+/// its room back once all its trains are acknowledged (the switch took them, or the
+/// owner did). `issued` fires when the last item is out: the TB then waits for its
+/// port to drain and ends.
+///
+/// This is the loop a TB program would otherwise run in Python, one resumption per
+/// piece; what to reduce, where and in which order stays the kernel's.
+#[pyclass(module = "cais._core", frozen)]
+pub struct RedStream {
+    st: GilCell<RedStreamState>,
+}
+
+/// The mutable state of a [`RedStream`] (see there), borrowed while holding the GIL.
+pub(crate) struct RedStreamState {
+    gpu: Py<Endpoint>,
+    port: Py<SmPort>,
+    items: Vec<RedItem>,
+    next: usize,
+    grants: Grants,
+    /// Fired once every item is out (taken when it fires).
+    issued: Option<Py<Signal>>,
+    started: bool,
+    /// Reductions issued so far.
+    reductions: usize,
+}
+
+unit!(RedStream, RedStreamState);
+
+impl RedStream {
+    /// Issue what the bounds admit, in order; stop at the first piece that must wait
+    /// (its grant resumes the stream).
+    fn advance(slf: &Bound<'_, Self>) -> PyResult<()> {
+        let py = slf.py();
+        loop {
+            let mut me = slf.st();
+            let index = me.next;
+            let (nbytes, count) = match me.items.get(index) {
+                None => {
+                    let issued = me.issued.take();
+                    let now = me.gpu.get().st(py).now(py);
+                    drop(me);
+                    return match issued {
+                        Some(sig) => Signal::fire_now(sig.bind(py), now, py.None()),
+                        None => Ok(()),
+                    };
+                }
+                Some(RedItem::Local(add)) => {
+                    let add = add.clone_ref(py);
+                    me.next += 1;
+                    drop(me);
+                    add.call0(py)?;
+                    continue;
+                }
+                Some(RedItem::Piece { nbytes, reds }) => (
+                    *nbytes,
+                    reds.iter().map(|r| r.stripes.bind(py).len() as i64).sum::<i64>(),
+                ),
+            };
+            if let Some(sig) = me.grants.take(py, nbytes)? {
+                drop(me);
+                Signal::wait_stream(sig.bind(py), StreamRef::Red(slf.clone().unbind()));
+                return Ok(());
+            }
+            let reds = match std::mem::replace(&mut me.items[index], RedItem::Local(py.None())) {
+                RedItem::Piece { reds, .. } => reds,
+                RedItem::Local(_) => unreachable!("a piece"),
+            };
+            me.next += 1;
+            me.grants.held = 0;
+            me.reductions += reds.len();
+            let (gpu, port) = (me.gpu.clone_ref(py), me.port.clone_ref(py));
+            drop(me);
+            // one completion over all the piece's trains: its room comes back with the last
+            let done =
+                Completion::of_stream_request(py, count, StreamRef::Red(slf.clone().unbind()), nbytes)?.into_any();
+            let port = port.into_bound(py);
+            for r in reds {
+                Endpoint::issue_pieces(
+                    gpu.bind(py),
+                    r.kind,
+                    r.dst,
+                    r.stripes.bind(py),
+                    done.clone_ref(py),
+                    Some(port.clone()),
+                    0,
+                    false,
+                    r.data.map(|d| d.into_bound(py)),
+                    r.tag,
+                    0,
+                    r.quorum,
+                    1.0,
+                    None,
+                )?;
+            }
+        }
+    }
+
+    /// A bound granted the waiting piece its room: on to the next grant, or out.
+    pub(crate) fn granted(slf: &Bound<'_, Self>) -> PyResult<()> {
+        slf.st().grants.held += 1;
+        RedStream::advance(slf)
+    }
+
+    /// A piece's trains are all acknowledged: its room goes back to both bounds.
+    pub(crate) fn release(slf: &Bound<'_, Self>, nbytes: i64) -> PyResult<()> {
+        let py = slf.py();
+        let bounds = slf.st().grants.clone_bounds(py);
+        Grants::give_back(py, bounds, nbytes)
+    }
+}
+
+#[pymethods]
+impl RedStream {
+    /// `items`, in issue order: a callable (an add into the GPU's own memory, called
+    /// when the stream reaches it), or `(nbytes, reds)`, a piece of `nbytes` whose
+    /// reductions are `(kind, dst, stripes, data, tag, quorum)` each (`data`: one entry
+    /// per stripe, or None); `window`, `bound`: the SM's and the GPU's bounds; `port`:
+    /// the SM's store path.
+    #[new]
+    fn new(
+        py: Python<'_>,
+        gpu: Py<Endpoint>,
+        items: &Bound<'_, PyList>,
+        window: Py<ByteBound>,
+        bound: Py<ByteBound>,
+        port: Py<SmPort>,
+    ) -> PyResult<Self> {
+        let mut out = Vec::with_capacity(items.len());
+        for item in items.iter() {
+            if item.is_callable() {
+                out.push(RedItem::Local(item.unbind()));
+                continue;
+            }
+            let (nbytes, reds): (i64, Bound<'_, PyList>) = item.extract()?;
+            let mut rs = Vec::with_capacity(reds.len());
+            for red in reds.iter() {
+                let (kind, dst, stripes, data, tag, quorum): (
+                    i64,
+                    i64,
+                    Bound<'_, PyList>,
+                    Option<Bound<'_, PyList>>,
+                    i64,
+                    i64,
+                ) = red.extract()?;
+                rs.push(Red {
+                    kind,
+                    dst,
+                    stripes: stripes.unbind(),
+                    data: data.map(Bound::unbind),
+                    tag,
+                    quorum,
+                });
+            }
+            out.push(RedItem::Piece { nbytes, reds: rs });
+        }
+        Ok(RedStream::from(RedStreamState {
+            gpu,
+            port,
+            items: out,
+            next: 0,
+            grants: Grants {
+                bounds: [window, bound],
+                held: 0,
+            },
+            issued: Some(Py::new(py, Signal::blank(py))?),
+            started: false,
+            reductions: 0,
+        }))
+    }
+
+    /// Issue what the bounds admit now (the rest follows as room frees); return the
+    /// signal that fires once every item is out.
+    fn start(slf: &Bound<'_, Self>) -> PyResult<Py<Signal>> {
+        let py = slf.py();
+        let issued = {
+            let mut me = slf.st();
+            if me.started {
+                return Err(pyo3::exceptions::PyRuntimeError::new_err(
+                    "a reduction stream starts once",
+                ));
+            }
+            me.started = true;
+            me.issued.as_ref().expect("not started").clone_ref(py)
+        };
+        RedStream::advance(slf)?;
+        Ok(issued)
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        let Some(me) = self.st.during_gc() else {
+            return Ok(());
+        };
+        visit.call(&me.gpu)?;
+        visit.call(&me.port)?;
+        me.grants.visit(&visit)?;
+        visit.call(&me.issued)?;
+        for item in &me.items {
+            match item {
+                RedItem::Local(f) => visit.call(f)?,
+                RedItem::Piece { reds, .. } => {
+                    for r in reds {
+                        visit.call(&r.stripes)?;
+                        visit.call(&r.data)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn __clear__(&self) {
+        if let Some(mut me) = self.st.during_gc_mut() {
+            me.items.clear();
+            me.issued = None;
+        }
+    }
+
+    /// Reductions issued so far.
+    #[getter]
+    fn reductions(&self, py: Python<'_>) -> usize {
+        self.st(py).reductions
     }
 }

@@ -18,14 +18,14 @@ use pyo3::{PyTraverseError, PyVisit};
 use crate::cell::{unit, GilCell, Unit, UnitState};
 use crate::hbm::{HbmPhase, HbmShare};
 use crate::sim::{Action, Simulator};
-use crate::stream::LoadStream;
+use crate::stream::StreamRef;
 
 /// Whom a signal wakes: a process waiting on it, or a Python callable `fn(value)`.
 enum Waiter {
     Resume(Py<Process>),
     Call(Py<PyAny>),
-    /// A load stream whose next load waits for this grant.
-    Stream(Py<LoadStream>),
+    /// A stream whose next request waits for this grant.
+    Stream(StreamRef),
 }
 
 impl Waiter {
@@ -33,7 +33,7 @@ impl Waiter {
         match self {
             Waiter::Resume(p) => visit.call(p),
             Waiter::Call(f) => visit.call(f),
-            Waiter::Stream(s) => visit.call(s),
+            Waiter::Stream(s) => s.visit(visit),
         }
     }
 }
@@ -84,7 +84,7 @@ impl Signal {
                 Waiter::Call(f) => {
                     f.call1(py, (value.clone_ref(py),))?;
                 }
-                Waiter::Stream(s) => LoadStream::granted(s.bind(py))?,
+                Waiter::Stream(s) => s.granted(py)?,
             }
         }
         Ok(())
@@ -93,7 +93,7 @@ impl Signal {
 
 impl Signal {
     /// Resume `stream` when the signal fires (it has not).
-    pub(crate) fn wait_stream(slf: &Bound<'_, Self>, stream: Py<LoadStream>) {
+    pub(crate) fn wait_stream(slf: &Bound<'_, Self>, stream: StreamRef) {
         slf.st().waiters.push(Waiter::Stream(stream));
     }
 }

@@ -64,6 +64,14 @@ class LoadStream:
                  quorum: int = 0) -> None: ...
     def start(self) -> None: ...
 
+class RedStream:
+    """A TB epilogue's reductions, issued in order under the SM's window and the GPU's
+    bound through the SM's store port; an item is a local add (a callable) or a piece
+    ``(nbytes, [(kind, dst, stripes, data, tag, quorum), ...])``."""
+    reductions: int
+    def __init__(self, gpu: Endpoint, items: list[Any], window: Bound, bound: Bound, port: SmPort) -> None: ...
+    def start(self) -> Signal: ...
+
 class Train:
     payload: int
     wire: int

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from cais.engine import Bound, Completion, Countdown, Signal, Train
-from cais.hw.gpu import LoadStream, SmPort
+from cais.hw.gpu import LoadStream, RedStream, SmPort
 from cais.hw.memory import Region, as_run
 from cais.hw.packets import Kind
 
@@ -50,6 +50,13 @@ DoneData = Callable[[np.ndarray | None], None]
 # One load of a TB's stream, as :meth:`Isa.ld_stream` takes it: (home, region, the
 # region's stripes as :meth:`Isa.stripes` cuts it, where its data goes or None).
 StreamLoad = tuple[int, Region, list[tuple[Region, int]], DoneData | None]
+# One reduction of a piece of a TB's epilogue, as :meth:`Isa.red_stream` takes it:
+# (kind, destination GPU, stripes, each stripe's data or None, signal word or -1,
+# quorum); :meth:`Isa.red_op` and :meth:`Isa.red_cais_op` make them.
+StreamRed = tuple[int, int, list[tuple[Region, int]], list[np.ndarray | None] | None, int, int]
+# An item of a TB's epilogue: an add into the GPU's own memory (called in its turn),
+# or a piece of partial rows for an owner, (its bytes, its reductions).
+StreamItem = Callable[[], None] | tuple[int, list[StreamRed]]
 
 
 class Isa:
@@ -220,6 +227,30 @@ class Isa:
         self.ops += sum(len(load[2]) for load in loads)
         LoadStream(self.m.gpus[src], kind, loads, window, bound, arrived, _assemble, quorum).start()
 
+    def red_op(self, dst: int, region: Region, data: np.ndarray | None, unit: int | None = None) -> StreamRed:
+        """A ``red`` into GPU ``dst`` as a stream issues it (see :meth:`red_stream`)."""
+        pieces = self.stripes(region, unit)
+        return (Kind.RED, dst, pieces, self._data(data, region, pieces), -1, 0)
+
+    def red_cais_op(self, home: int, region: Region, data: np.ndarray | None, signal: int,
+                    unit: int | None = None, quorum: int = 0) -> StreamRed:
+        """A ``red.cais`` into another GPU, ``home``, as a stream issues it (see
+        :meth:`red_cais` and :meth:`red_stream`)."""
+        pieces = self.stripes(region, unit)
+        return (Kind.RED_CAIS, home, pieces, self._data(data, region, pieces), signal, quorum)
+
+    def red_stream(self, src: int, items: list[StreamItem], window: Bound, bound: Bound, port: SmPort) -> Signal:
+        """A TB epilogue's reductions, issued in this order by the core
+        (:class:`cais._core.RedStream`): an item that is a callable (an add into the
+        GPU's own memory) is called when the stream reaches it; a piece ``(nbytes,
+        reds)`` takes ``nbytes`` (at most a bound's limit) in the SM's ``window`` and
+        then in the GPU's ``bound``, waiting first come, first served while either is
+        full, and its reductions (:meth:`red_op`, :meth:`red_cais_op`) go out through
+        ``port``; it gives its bytes back once all their trains are acknowledged. The
+        signal returned fires when the last item is out."""
+        self.ops += sum(len(red[2]) for item in items if not callable(item) for red in item[1])
+        return RedStream(self.m.gpus[src], items, window, bound, port).start()
+
     def red_cais(self, src: int, home: int, region: Region, data: np.ndarray | None, signal: int,
                  done: Done | None = None, port: SmPort | None = None, stream: int = 0, unit: int | None = None,
                  expect: int = 0, quorum: int = 0) -> None:
@@ -257,11 +288,9 @@ class Isa:
         i.e. once every member has registered; the core fires it, so a TB program
         waiting on it resumes without a Python call in between."""
         self.ops += 1
-        kind = Kind.GROUP_SYNC
         released = Signal()
-        train = Train(0, *self.pk.wire(kind, 0), kind=kind, src=src, dst=-1, chip=self.flag_chip(group),
-                      done=released, vc=self.vcmap.vc(kind), tag=group, expect=members)
-        self.fab.inject(train)
+        self.m.gpus[src].issue(Kind.GROUP_SYNC, -1, self.flag_chip(group), None, None, released, 0, 0, tag=group,
+                               expect=members)
         return released
 
     # ---- NVLS --------------------------------------------------------------------

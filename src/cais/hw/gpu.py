@@ -9,13 +9,13 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from cais._core import Endpoint, LoadStream, SmPort
+from cais._core import Endpoint, LoadStream, RedStream, SmPort
 from cais.engine import Bound, Process, Signal, Simulator
 from cais.engine.sim import ProgramGen
 from cais.hw.hbm import HbmShare
 from cais.hw.memory import Memory
 from cais.hw.packets import Packetizer, VcMap
-__all__ = ["Gpu", "Kernel", "LoadStream", "SmPort", "TbProgram"]
+__all__ = ["Gpu", "Kernel", "LoadStream", "RedStream", "SmPort", "TbProgram"]
 
 # A TB program: called with (sm index, SMs busy when it starts) it returns the
 # generator the SM runs.

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import NamedTuple
 
 import numpy as np
@@ -42,7 +43,7 @@ from cais.hw.gpu import Kernel, TbProgram
 from cais.hw.hbm import HbmPhase
 from cais.hw.memory import Memory, Region
 from cais.hw.packets import Traffic
-from cais.isa import Isa, SmPort, StreamLoad
+from cais.isa import Isa, SmPort, StreamItem, StreamLoad, StreamRed
 from cais.kernels.common import RequestSlots, split
 from cais.kernels.gemm import GemmShape, raster, store_epilogue, tile_hbm_bytes, tile_product
 from cais.machine import Machine
@@ -185,6 +186,28 @@ class TilePlan:
         return [(home, pc, st, _placer(ld, pc, blocks)) for home, pc, st, ld in striped if home != g]
 
 
+class EpiloguePlan:
+    """One tile's epilogue pieces for each owner of its rows, as ``Isa.red_stream``
+    takes them (``(nbytes, reductions)`` each), shared by the GPUs that run its GEMM
+    in timing mode (no data: the pieces do not depend on who reduces); ``users``
+    counts the GPUs still to take it. An owner's pieces are cut when a GPU first
+    needs them, so with one user (mirror mode, where striping counts what it cuts)
+    only that GPU's are."""
+
+    __slots__ = ("users", "_by_owner")
+
+    def __init__(self, users: int) -> None:
+        self.users = users
+        self._by_owner: dict[int, list[tuple[int, list[StreamRed]]]] = {}
+
+    def pieces(self, owner: int, cut: Callable[[], list[tuple[int, list[StreamRed]]]]
+               ) -> list[tuple[int, list[StreamRed]]]:
+        hit = self._by_owner.get(owner)
+        if hit is None:
+            hit = self._by_owner[owner] = cut()
+        return hit
+
+
 class Drain:
     """A kernel's remote reductions and its closing fence: ``done`` fires once the
     kernel has ended and a fence behind its last reductions (a probe down every path
@@ -239,13 +262,13 @@ class RemoteAccess:
         """The K step tile ``t`` (in launch order) starts its mainloop at: the first."""
         return 0
 
-    def tb_start(self, g: int, t: int) -> ProgramGen:
-        """What TB ``t`` (in launch order) does before its work: nothing."""
-        yield from ()
+    def tb_start(self, g: int, t: int) -> Signal | None:
+        """What TB ``t`` (in launch order) waits for before its work: nothing (None)."""
+        return None
 
-    def first_access(self, g: int, t: int) -> ProgramGen:
-        """What TB ``t`` does before its first remote access: nothing."""
-        yield from ()
+    def first_access(self, g: int, t: int) -> Signal | None:
+        """What TB ``t`` waits for before its first remote access: nothing (None)."""
+        return None
 
     def operands_ready(self, g: int, shape: GemmShape, i: int) -> list[Signal]:
         """Signals a tile of row tile ``i`` waits for before loading its operands: none
@@ -261,12 +284,10 @@ class RemoteAccess:
         """The owner's own partial rows: added to its memory in place."""
         self.m.isa.add_local(g, region, data)
 
-    def reduce(self, g: int, owner: int, region: Region, data: np.ndarray | None, done: Callable[[], None],
-               port: SmPort, drain: Drain | None) -> None:
-        """A piece of one epilogue's partial rows into their owner: a plain remote ``red``."""
-        assert drain is not None
-        drain.issue(owner)
-        self.m.isa.red(g, owner, region, data, done, port, unit=self.red_unit())
+    def reductions(self, g: int, owner: int, region: Region, data: np.ndarray | None) -> list[StreamRed]:
+        """What a piece of one epilogue's partial rows into their owner (another GPU)
+        goes out as: a plain remote ``red`` (the kernel's drain fences it)."""
+        return [self.m.isa.red_op(owner, region, data, self.red_unit())]
 
     def load(self, g: int, home: int, region: Region, done: Callable[[np.ndarray | None], None], unit: int) -> None:
         """One mainloop load of remote operand rows: a plain remote ``ld``. (A strategy
@@ -310,10 +331,8 @@ class MergeableAccess(RemoteAccess):
     def add_own(self, g: int, region: Region, data: np.ndarray | None) -> None:
         self.m.isa.red_cais(g, g, region, data, self.signal)  # a local add that signals
 
-    def reduce(self, g: int, owner: int, region: Region, data: np.ndarray | None, done: Callable[[], None],
-               port: SmPort, drain: Drain | None) -> None:
-        self.m.isa.red_cais(g, owner, region, data, self.signal, done, port, unit=self.red_unit(),
-                            quorum=self.quorum)
+    def reductions(self, g: int, owner: int, region: Region, data: np.ndarray | None) -> list[StreamRed]:
+        return [self.m.isa.red_cais_op(owner, region, data, self.signal, self.red_unit(), self.quorum)]
 
     def load(self, g: int, home: int, region: Region, done: Callable[[np.ndarray | None], None], unit: int) -> None:
         self.m.isa.ld_cais(g, home, region, done, unit=unit, quorum=self.quorum)
@@ -325,9 +344,12 @@ class MergeableAccess(RemoteAccess):
 # ---- GEMM-RS: partial rows reduced into their owner ------------------------------------
 def reduce_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape, floor_ps: int, eb: int,
                 reduced: Sharded, access: RemoteAccess, sm_set: frozenset[int] | None = None,
-                mem: Memory | None = None) -> tuple[Kernel, Drain | None]:
+                mem: Memory | None = None, plans: dict[tuple, EpiloguePlan] | None = None
+                ) -> tuple[Kernel, Drain | None]:
     """GPU ``g``'s GEMM whose tiles' epilogues reduce their partial rows into the
-    owners' ``reduced`` shards; ``mem``: the GPU's memory in functional mode."""
+    owners' ``reduced`` shards; ``mem``: the GPU's memory in functional mode;
+    ``plans``: the tiles' epilogue pieces in timing mode, shared by the GPUs that run
+    this GEMM (a layer's)."""
     # A and B are local; of the output only the GPU's own rows stay (the rest leaves
     # as partial sums, counted where they land)
     tile_bytes = tile_hbm_bytes(shape, eb, c=1.0 / m.n)
@@ -338,13 +360,34 @@ def reduce_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmSha
     bound = isa.request_bound(g)
     unit = access.red_unit()
     per_sm: dict[int, tuple[RequestSlots, SmPort]] = {}  # the SM's store window and port, across its tiles
+    plans = {} if plans is None else plans
+    users = 1 if m.fabric.mirror else m.n  # the GPUs that run this GEMM's programs
+
+    def tile_plan(i: int, j: int, piece_unit: int) -> EpiloguePlan:
+        key = ("epilogue", access, reduced, shape, eb, i, j, piece_unit)  # all its pieces depend on
+        hit = plans.get(key)
+        if hit is None:
+            hit = plans[key] = EpiloguePlan(users)
+        hit.users -= 1
+        if hit.users == 0:  # every GPU running the GEMM has it: drop it (memory)
+            del plans[key]
+        return hit
+
+    def cut(owner: int, region: Region, data: np.ndarray | None, piece_unit: int
+            ) -> list[tuple[int, list[StreamRed]]]:
+        """A block of partial rows for ``owner`` in request pieces, each taking its own
+        room, and the reductions each goes out as."""
+        return [(piece.nbytes, access.reductions(g, owner, piece, isa.piece_data(data, region, piece)))
+                for piece in isa.pieces(region, piece_unit)]
 
     def tile_tb(t: int, i: int, j: int) -> TbProgram:
         def program(sm: int, busy: int) -> ProgramGen:
             sim = m.sim
-            yield from access.tb_start(g, t)
+            if (started := access.tb_start(g, t)) is not None:
+                yield started
             yield HbmPhase(max(floor_ps, cm.tile_time_ps(shape.bm, shape.bn, shape.k, busy)), tile_bytes)
-            yield from access.first_access(g, t)
+            if (cleared := access.first_access(g, t)) is not None:
+                yield cleared
             tile = tile_product(mem, gemm.ops, shape, i, j) if mem is not None else None
             if sm not in per_sm:
                 per_sm[sm] = (RequestSlots(Bound(sim, limit), bound), isa.sm_port())
@@ -352,30 +395,29 @@ def reduce_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmSha
             piece_unit = min(unit, slots.piece)
             r0, nr = shape.rows(i)
             c0, nc = shape.cols(j)
+            items: list[StreamItem] = []  # in the epilogue's order, issued by the core
+            plan = tile_plan(i, j, piece_unit) if tile is None else None
             for owner, t0, cnt in reduced.owners(r0, nr):
                 region = Region.block(reduced.shard, reduced.cols, t0 - owner * reduced.rows_l, cnt, c0, nc, eb)
                 data = tile[t0 - r0:t0 - r0 + cnt] if tile is not None else None
                 if data is not None and region.rows == 1:  # whole rows: a contiguous run
                     data = data.reshape(-1)
                 if owner == g:
-                    access.add_own(g, region, data)
+                    items.append(partial(access.add_own, g, region, data))
                     continue
-                for piece in isa.pieces(region, piece_unit):  # each takes its own room
-                    yield from slots.acquire(piece.nbytes)
-                    access.reduce(g, owner, piece, isa.piece_data(data, region, piece),
-                                  _released(slots, piece.nbytes), port, drain)
+                if drain is not None:
+                    drain.issue(owner)
+                if plan is None:
+                    items += cut(owner, region, data, piece_unit)
+                else:
+                    items += plan.pieces(owner, partial(cut, owner, region, None, piece_unit))
+            yield isa.red_stream(g, items, slots.sm, slots.gpu, port)
             if port.free_at > sim.now:  # the SM pushes the tile out before it is free
                 yield port.free_at - sim.now
         return program
 
     kernel.tbs = [tile_tb(t, i, j) for t, (i, j) in enumerate(access.tile_order(shape, True))]
     return kernel, drain
-
-
-def _released(slots: RequestSlots, nbytes: int) -> Callable[[], None]:
-    def done() -> None:
-        slots.release(nbytes)
-    return done
 
 
 # ---- AG-GEMM and weight gradients: operands loaded from their owners ---------------------
@@ -435,7 +477,8 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
     def tile_tb(t: int, i: int, j: int) -> TbProgram:
         def program(sm: int, busy: int) -> ProgramGen:
             sim = m.sim
-            yield from access.tb_start(g, t)
+            if (started := access.tb_start(g, t)) is not None:
+                yield started
             for ready in access.operands_ready(g, shape, i):
                 yield ready
             start = sim.now
@@ -444,7 +487,8 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
                                      tile_bytes, overlapped=True)
             slots = RequestSlots(Bound(sim, limit), bound)
             tp = tile_plan(i, j, t, min(unit, slots.piece))
-            yield from access.first_access(g, t)
+            if (cleared := access.first_access(g, t)) is not None:
+                yield cleared
             blocks = _blocks(shape, ops, i, j) if mem is not None else None
             if blocks is not None and mem is not None:
                 for ld in tp.loads:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from cais.errors import UserError
 from cais.engine import Countdown, Signal, Simulator
@@ -82,7 +83,8 @@ class LayerRun:
         # image of GPU 0's k-th kernel of that name (its done signal stands for it).
         self._images: dict[str, list[Kernel]] = {}
         self._image_seen: dict[tuple[int, str], int] = {}
-        self.plans: dict[tuple, list] = {}  # remote-loading GEMM tiles' planned loads, shared by the GPUs
+        # remote GEMM tiles' planned loads and epilogue pieces, shared by the GPUs
+        self.plans: dict[tuple, Any] = {}
 
     # ---- scheduling --------------------------------------------------------------
     def when(self, deps: Sequence[Signal], fn: Callable[[], None]) -> None:
@@ -166,7 +168,7 @@ class LayerRun:
         mem = self._memory(g)
         return remote_gemm.reduce_gemm(self.m, self.cm, g, gemm, shape, self.gemm_floor_ps(gemm, shape, sms),
                                        self.model.dtype_bytes, Sharded(reduced, self.d.rows_l, shape.n), access,
-                                       sm_set, mem if mem.functional else None)
+                                       sm_set, mem if mem.functional else None, self.plans)
 
     def load_gemm(self, g: int, gemm: Gemm, ops: list[Operand], access: RemoteAccess,
                   sm_set: frozenset[int] | None = None) -> Kernel:

@@ -34,18 +34,15 @@ run as in ``cais-base``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 
 from cais.engine import Signal
-from cais.engine.sim import ProgramGen
 from cais.hw.gpu import Kernel
 from cais.hw.memory import Region
-from cais.isa import SmPort
+from cais.isa import StreamRed
 from cais.kernels.gemm import GemmShape
 from cais.kernels.local import ROWS_PER_TB
-from cais.kernels.remote_gemm import Drain, MergeableAccess, remote_operands, sharded_activations, tile_order
+from cais.kernels.remote_gemm import MergeableAccess, remote_operands, sharded_activations, tile_order
 from cais.machine import Machine
 from cais.opt.fusion import asymmetric_split, fuse
 from cais.opt.tb_dependencies import TbDependencies, tb_dependencies
@@ -96,18 +93,18 @@ class CoordinatedAccess(MergeableAccess):
         first = k_start_owner(t, self.m.n) * self.rows_l  # the owner's first token row
         return next((s for s, (k0, _) in enumerate(steps) if k0 >= first), 0)
 
-    def tb_start(self, g: int, t: int) -> ProgramGen:
-        yield from self._sync(g, t, 0)
+    def tb_start(self, g: int, t: int) -> Signal | None:
+        return self._sync(g, t, 0)
 
-    def first_access(self, g: int, t: int) -> ProgramGen:
-        yield from self._sync(g, t, 1)
+    def first_access(self, g: int, t: int) -> Signal | None:
+        return self._sync(g, t, 1)
 
-    def _sync(self, g: int, t: int, phase: int) -> ProgramGen:
-        """Register TB ``t`` with its TB group at the switch and wait for the release."""
+    def _sync(self, g: int, t: int, phase: int) -> Signal | None:
+        """Register TB ``t`` with its TB group at the switch: the release it waits for."""
         cfg = self.m.cfg.cais
         if not self.coord or self.group is None or not (cfg.pre_launch_sync, cfg.pre_access_sync)[phase]:
-            return
-        yield self.m.isa.group_sync(g, self.group + t * _PHASES + phase, self.m.n)
+            return None
+        return self.m.isa.group_sync(g, self.group + t * _PHASES + phase, self.m.n)
 
     # ---- TB-level dependencies -------------------------------------------------------
     def operands_ready(self, g: int, shape: GemmShape, i: int) -> list[Signal]:
@@ -117,19 +114,10 @@ class CoordinatedAccess(MergeableAccess):
             raise ValueError(f"tiled {shape}, its TB dependencies were derived for {self.deps.gemm2}")
         return [self.ready[g][key] for key in self.deps.waits(i)]
 
-    def reduce(self, g: int, owner: int, region: Region, data: np.ndarray | None, done: Callable[[], None],
-               port: SmPort, drain: Drain | None) -> None:
+    def reductions(self, g: int, owner: int, region: Region, data: np.ndarray | None) -> list[StreamRed]:
         """One ``red.cais`` per LN row block the piece covers, into the block's signal word."""
-        pieces = self._by_block(owner, region, data)
-        left = [len(pieces)]
-
-        def one() -> None:
-            left[0] -= 1
-            if left[0] == 0:
-                done()
-        for b, sub, part in pieces:
-            self.m.isa.red_cais(g, owner, sub, part, self.block_keys[b], one, port, unit=self.red_unit(),
-                                quorum=self.quorum)
+        return [self.m.isa.red_cais_op(owner, sub, part, self.block_keys[b], self.red_unit(), self.quorum)
+                for b, sub, part in self._by_block(owner, region, data)]
 
     def add_own(self, g: int, region: Region, data: np.ndarray | None) -> None:
         for b, sub, part in self._by_block(g, region, data):
