@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from importlib import resources
 from typing import Any
 
@@ -88,11 +89,23 @@ class ComputeModel:
         """Fixed cost of one GEMM kernel, added once to the tiles' makespan."""
         return round(self.gemm_overhead_ns * PS_PER_NS)
 
+    @cached_property
+    def _tile_times(self) -> dict[tuple[int, int, int, int], int]:
+        """The tile times asked for so far: a layer's TBs ask for a few shapes many times."""
+        return {}
+
     def tile_time_ps(self, bm: int, bn: int, k: int, busy_sms: int) -> int:
         """Time one SM spends on one bm x bn output tile of depth k while ``busy_sms``
         SMs run tiles: a fixed prologue/epilogue plus, per step of k, a smooth max of the
         SM's MMA time (slowed by clock droop as more SMs are busy) and the time to pull
         its A/B slices through its 1/busy share of L2 bandwidth."""
+        key = (bm, bn, k, busy_sms)
+        hit = self._tile_times.get(key)
+        if hit is None:
+            hit = self._tile_times[key] = self._tile_time_ps(bm, bn, k, busy_sms)
+        return hit
+
+    def _tile_time_ps(self, bm: int, bn: int, k: int, busy_sms: int) -> int:
         _positive(bm=bm, bn=bn, k=k, busy_sms=busy_sms)
         flop_per_ps = self.peak_tflops / self.sms * self.mma_efficiency  # 1e12 flop/s == 1 flop/ps
         mma = 2 * bm * bn / flop_per_ps * (1 + self.droop * busy_sms / self.sms)

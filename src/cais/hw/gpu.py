@@ -43,6 +43,7 @@ class Kernel:
     finished_at: int | None = None
     _next: int = 0
     _running: int = 0
+    _sm_mask: int = -1  # its SM set as bits (-1: every SM), fixed when it becomes dispatchable
 
 
 class Gpu(Endpoint):
@@ -78,7 +79,7 @@ class Gpu(Endpoint):
         self.remote = Bound(sim, remote_outstanding)
         self.hbm = hbm if hbm is not None else HbmShare(1.0, 1, enabled=False)
         self.n_sms = sms
-        self._free = set(range(sms))
+        self._free = (1 << sms) - 1  # the free SMs, as bits (SM i: bit i)
         self._kernels: deque[Kernel] = deque()
         self._dispatch_pending = False
         self._prioritised = False  # some kernel has a non-zero priority: sort before dispatching
@@ -105,6 +106,7 @@ class Gpu(Endpoint):
         kernel.done.fire(self.sim)
 
     def _enqueue(self, kernel: Kernel) -> None:
+        kernel._sm_mask = -1 if kernel.sms is None else sum(1 << sm for sm in kernel.sms)
         self._kernels.append(kernel)
         if kernel.priority:
             self._prioritised = True
@@ -122,18 +124,19 @@ class Gpu(Endpoint):
         self._dispatch_pending = False
         starts: list[tuple[Kernel, int, int]] = []
         order = sorted(self._kernels, key=_by_priority) if self._prioritised else list(self._kernels)
+        free = self._free
         for kernel in order:
-            while kernel._next < len(kernel.tbs) and self._free:
-                sm = self._pick_sm(kernel.sms)
-                if sm is None:
-                    break
-                self._free.discard(sm)
-                starts.append((kernel, sm, kernel._next))
+            tbs = len(kernel.tbs)
+            while kernel._next < tbs and (usable := free & kernel._sm_mask):
+                lowest = usable & -usable  # the lowest-numbered free SM the kernel may use
+                free ^= lowest
+                starts.append((kernel, lowest.bit_length() - 1, kernel._next))
                 kernel._next += 1
                 kernel._running += 1
-            if kernel._next == len(kernel.tbs):
+            if kernel._next == tbs:
                 self._kernels.remove(kernel)
-        self.busy_sms = self.n_sms - len(self._free)
+        self._free = free
+        self.busy_sms = self.n_sms - free.bit_count()
         for kernel, sm, tb_index in starts:
             if kernel.started_at is None:
                 kernel.started_at = self.sim.now
@@ -143,16 +146,10 @@ class Gpu(Endpoint):
             proc = Process(self.sim, program, hbm=self.hbm if kernel.hbm_phases else None, slowdown=self.slowdown)
             proc.done.on_fire(self._tb_finisher(kernel, sm, self.sim.now))
 
-    def _pick_sm(self, allowed: frozenset[int] | None) -> int | None:
-        if allowed is None:
-            return min(self._free)
-        usable = self._free & allowed
-        return min(usable) if usable else None
-
     def _tb_finisher(self, kernel: Kernel, sm: int, start: int) -> Callable[[object], None]:
         def finished(_: object) -> None:
             self.tbs_finished += 1
-            self._free.add(sm)
+            self._free |= 1 << sm
             self.busy_sms -= 1
             kernel._running -= 1
             if self.tb_log is not None:
