@@ -9,7 +9,10 @@ tile, more GPUs), so this script runs the reproduction's *quick* size, the one
 ``cais reproduce fig17 --quick`` uses: hidden 1024, FFN 4096 and 8 heads at 8 GPUs
 (grown in proportion), one sequence of 512 tokens, prefill, 66 SMs per GPU.
 
-    .venv/bin/python scripts/fig17_nvl72.py [--gpus 8 16 32 64 72] [--workers 2] [--out FILE.md]
+    .venv/bin/python scripts/fig17_nvl72.py [--gpus 8 16 32 64 72] [--seq 512] [--workers 2] [--out FILE.md]
+
+``--seq``: the tokens of the one sequence (512: the quick size; more tiles per GPU,
+and about proportionally more events, with more).
 
 Each point runs in its own process (its peak memory is its own). Prints a table and
 writes it, with the command, to ``--out`` (default
@@ -33,14 +36,14 @@ HIDDEN, FFN, HEADS, N0 = 1024, 4096, 8, 8  # the quick Fig. 17 size at 8 GPUs
 SCHEMES = ("cais", "coconet-nvls")
 
 
-def point(gpus: int, scheme: str) -> dict[str, object]:
+def point(gpus: int, scheme: str, seq: int = 512) -> dict[str, object]:
     """One weak-scaling point: its time, GEMM throughput per GPU and merge metrics."""
     from cais.experiments.spec import LayerSpec, SystemSpec
 
     k = gpus // N0 if gpus % N0 == 0 else gpus / N0
     shape = (("hidden", int(HIDDEN * k)), ("ffn_hidden", int(FFN * k)), ("heads", int(HEADS * k)))
     spec = LayerSpec(model="paper-mega-gpt-4b", scheme=scheme, mode="prefill", system=SystemSpec("nvl72", gpus=gpus),
-                     sms=66, batch=1, seq=512, shape=shape)
+                     sms=66, batch=1, seq=seq, shape=shape)
     t0 = time.perf_counter()
     r = spec.run()
     j = r.as_json()
@@ -61,11 +64,12 @@ def _fmt(v: object, spec: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gpus", type=int, nargs="+", default=[8, 16, 32, 64, 72])
+    ap.add_argument("--seq", type=int, default=512, help="tokens of the one sequence (default: 512, the quick size)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "reproduce-results" / "fig17_nvl72.md")
     args = ap.parse_args(argv)
-    if args.workers < 1 or any(g < 2 or g > 72 for g in args.gpus):
-        print("fig17_nvl72: --workers must be at least 1 and --gpus each in 2..72", file=sys.stderr)
+    if args.workers < 1 or any(g < 2 or g > 72 for g in args.gpus) or args.seq < 1:
+        print("fig17_nvl72: --workers and --seq must be at least 1 and --gpus each in 2..72", file=sys.stderr)
         return 2
     if not args.out.parent.is_dir():
         print(f"fig17_nvl72: --out: no such directory: {args.out.parent}", file=sys.stderr)
@@ -75,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     jobs = [(g, s) for g in sorted(args.gpus, reverse=True) for s in SCHEMES]  # the longest first
     try:
         with ProcessPoolExecutor(args.workers, max_tasks_per_child=1) as pool:
-            rows = list(pool.map(point, *zip(*jobs)))
+            rows = list(pool.map(point, *zip(*jobs), [args.seq] * len(jobs)))
     except UserError as e:  # a size the model refuses (heads or tokens that do not split over the GPUs)
         print(f"fig17_nvl72: {e}", file=sys.stderr)
         return 2
@@ -90,16 +94,18 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['tflops_per_gpu']:.1f}", f"{r['tflops_per_gpu'] / ref:.3f}", _fmt(r["table_peak_kB"], ".1f"),
               _fmt(r["table_mean_kB"], ".2f"), _fmt(r["bypassed"], ","), f"{r['events']:,}", f"{r['wall_s']:.0f}",
               str(r["rss_MB"])] for r in rows]
-    table = Table(title="Fig. 17 on nvl72 (quick size): weak scaling, full model")
+    size = "quick size" if args.seq == 512 else f"{args.seq:,} tokens"
+    table = Table(title=f"Fig. 17 on nvl72 ({size}): weak scaling, full model")
     for c in cols:
         table.add_column(c, justify="right")
     for line in lines:
         table.add_row(*line)
     Console().print(table)
-    md = ["# Fig. 17 on `nvl72`, 8 to 72 GPUs (quick size, full model)", "",
-          f"`.venv/bin/python scripts/fig17_nvl72.py --gpus {' '.join(map(str, args.gpus))}`: prefill, 66 SMs per "
-          f"GPU, one sequence of 512 tokens, hidden {HIDDEN} / FFN {FFN} / {HEADS} heads at {N0} GPUs grown with the "
-          "GPU count (`scripts/fig17_nvl72.py` says why not the paper's LLaMA-7B size).", "",
+    seq_flag = "" if args.seq == 512 else f" --seq {args.seq}"
+    md = [f"# Fig. 17 on `nvl72`, {min(args.gpus)} to {max(args.gpus)} GPUs ({size}, full model)", "",
+          f"`.venv/bin/python scripts/fig17_nvl72.py --gpus {' '.join(map(str, args.gpus))}{seq_flag}`: prefill, 66 "
+          f"SMs per GPU, one sequence of {args.seq:,} tokens, hidden {HIDDEN} / FFN {FFN} / {HEADS} heads at {N0} GPUs "
+          "grown with the GPU count (`scripts/fig17_nvl72.py` says why not the paper's LLaMA-7B size).", "",
           "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     md += ["| " + " | ".join(line) + " |" for line in lines]
     args.out.write_text("\n".join(md) + "\n")
