@@ -77,6 +77,8 @@ class CoordinatedAccess(MergeableAccess):
         self.coord = coord
         self.spreads = coord and cfg.spread  # merging-aware TB scheduling (opt/tb_order.py)
         self.group = group
+        # which of the two sync points (pre-launch, pre-access) a TB registers at
+        self._syncs = (cfg.pre_launch_sync, cfg.pre_access_sync) if coord and group is not None else (False, False)
         self.deps = deps
         self.block_keys = block_keys or []
         self.ready = ready
@@ -101,9 +103,9 @@ class CoordinatedAccess(MergeableAccess):
 
     def _sync(self, g: int, t: int, phase: int) -> Signal | None:
         """Register TB ``t`` with its TB group at the switch: the release it waits for."""
-        cfg = self.m.cfg.cais
-        if not self.coord or self.group is None or not (cfg.pre_launch_sync, cfg.pre_access_sync)[phase]:
+        if not self._syncs[phase]:
             return None
+        assert self.group is not None
         return self.m.isa.group_sync(g, self.group + t * _PHASES + phase, self.m.n)
 
     # ---- TB-level dependencies -------------------------------------------------------
