@@ -286,7 +286,9 @@ class RemoteAccess:
 
     def reductions(self, g: int, owner: int, region: Region, data: np.ndarray | None) -> list[StreamRed]:
         """What a piece of one epilogue's partial rows into their owner (another GPU)
-        goes out as: a plain remote ``red`` (the kernel's drain fences it)."""
+        goes out as: a plain remote ``red`` (the kernel's drain fences it). Without
+        data (timing mode) the answer must not depend on the issuing GPU ``g``: the
+        GPUs that run a GEMM share it (``EpiloguePlan``)."""
         return [self.m.isa.red_op(owner, region, data, self.red_unit())]
 
     def load(self, g: int, home: int, region: Region, done: Callable[[np.ndarray | None], None], unit: int) -> None:
