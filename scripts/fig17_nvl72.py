@@ -9,10 +9,13 @@ tile, more GPUs), so this script runs the reproduction's *quick* size, the one
 ``cais reproduce fig17 --quick`` uses: hidden 1024, FFN 4096 and 8 heads at 8 GPUs
 (grown in proportion), one sequence of 512 tokens, prefill, 66 SMs per GPU.
 
-    .venv/bin/python scripts/fig17_nvl72.py [--gpus 8 16 32 64 72] [--seq 512] [--workers 2] [--out FILE.md]
+    .venv/bin/python scripts/fig17_nvl72.py [--gpus 8 16 32 64 72] [--seq 512] [--schemes cais coconet-nvls]
+        [--set KEY=VALUE ...] [--workers 2] [--out FILE.md]
 
 ``--seq``: the tokens of the one sequence (512: the quick size; more tiles per GPU,
-and about proportionally more events, with more).
+and about proportionally more events, with more). ``--set``: system overrides, as
+``cais run --set`` takes them (e.g. ``gpu.l2_keeps_peer_reads=true``, the paper's
+traffic model).
 
 Each point runs in its own process (its peak memory is its own). Prints a table and
 writes it, with the command, to ``--out`` (default
@@ -36,13 +39,14 @@ HIDDEN, FFN, HEADS, N0 = 1024, 4096, 8, 8  # the quick Fig. 17 size at 8 GPUs
 SCHEMES = ("cais", "coconet-nvls")
 
 
-def point(gpus: int, scheme: str, seq: int = 512) -> dict[str, object]:
+def point(gpus: int, scheme: str, seq: int = 512, sets: tuple[tuple[str, str], ...] = ()) -> dict[str, object]:
     """One weak-scaling point: its time, GEMM throughput per GPU and merge metrics."""
     from cais.experiments.spec import LayerSpec, SystemSpec
 
     k = gpus // N0 if gpus % N0 == 0 else gpus / N0
     shape = (("hidden", int(HIDDEN * k)), ("ffn_hidden", int(FFN * k)), ("heads", int(HEADS * k)))
-    spec = LayerSpec(model="paper-mega-gpt-4b", scheme=scheme, mode="prefill", system=SystemSpec("nvl72", gpus=gpus),
+    spec = LayerSpec(model="paper-mega-gpt-4b", scheme=scheme, mode="prefill",
+                     system=SystemSpec("nvl72", gpus=gpus, sets=sets, set_label="--set"),
                      sms=66, batch=1, seq=seq, shape=shape)
     t0 = time.perf_counter()
     r = spec.run()
@@ -65,21 +69,27 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gpus", type=int, nargs="+", default=[8, 16, 32, 64, 72])
     ap.add_argument("--seq", type=int, default=512, help="tokens of the one sequence (default: 512, the quick size)")
+    ap.add_argument("--schemes", nargs="+", default=list(SCHEMES), choices=SCHEMES)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a system override (repeatable)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "reproduce-results" / "fig17_nvl72.md")
     args = ap.parse_args(argv)
     if args.workers < 1 or any(g < 2 or g > 72 for g in args.gpus) or args.seq < 1:
         print("fig17_nvl72: --workers and --seq must be at least 1 and --gpus each in 2..72", file=sys.stderr)
         return 2
+    sets = tuple(tuple(s.split("=", 1)) for s in args.set)
+    if any(len(s) != 2 for s in sets):
+        print("fig17_nvl72: --set takes KEY=VALUE", file=sys.stderr)
+        return 2
     if not args.out.parent.is_dir():
         print(f"fig17_nvl72: --out: no such directory: {args.out.parent}", file=sys.stderr)
         return 2
     from cais.errors import UserError
 
-    jobs = [(g, s) for g in sorted(args.gpus, reverse=True) for s in SCHEMES]  # the longest first
+    jobs = [(g, s) for g in sorted(args.gpus, reverse=True) for s in args.schemes]  # the longest first
     try:
         with ProcessPoolExecutor(args.workers, max_tasks_per_child=1) as pool:
-            rows = list(pool.map(point, *zip(*jobs), [args.seq] * len(jobs)))
+            rows = list(pool.map(point, *zip(*jobs), [args.seq] * len(jobs), [sets] * len(jobs)))
     except UserError as e:  # a size the model refuses (heads or tokens that do not split over the GPUs)
         print(f"fig17_nvl72: {e}", file=sys.stderr)
         return 2
@@ -87,8 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         print("fig17_nvl72: interrupted; nothing written", file=sys.stderr)
         return 130
     rows.sort(key=lambda r: (r["scheme"], r["gpus"]))
-    ref = next(r["tflops_per_gpu"] for r in rows if r["scheme"] == "cais" and r["gpus"] == min(args.gpus))
-    cols = ["scheme", "GPUs", "hidden", "time (us)", "TFLOP/s per GPU", "vs smallest CAIS", "table peak (kB/port)",
+    first = rows[0]["scheme"]  # the reference: the first scheme's smallest size
+    ref = next(r["tflops_per_gpu"] for r in rows if r["scheme"] == first and r["gpus"] == min(args.gpus))
+    cols = ["scheme", "GPUs", "hidden", "time (us)", "TFLOP/s per GPU", f"vs smallest {first}", "table peak (kB/port)",
             "table mean (kB/port)", "bypassed", "events", "wall (s)", "RSS (MB)"]
     lines = [[str(r["scheme"]), str(r["gpus"]), f"{r['hidden']:,}", f"{r['total_us']:,.1f}",
               f"{r['tflops_per_gpu']:.1f}", f"{r['tflops_per_gpu'] / ref:.3f}", _fmt(r["table_peak_kB"], ".1f"),
@@ -101,7 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     for line in lines:
         table.add_row(*line)
     Console().print(table)
-    seq_flag = "" if args.seq == 512 else f" --seq {args.seq}"
+    seq_flag = ("" if args.seq == 512 else f" --seq {args.seq}") + "".join(f" --set {k}={v}" for k, v in sets)
+    if args.schemes != list(SCHEMES):
+        seq_flag += " --schemes " + " ".join(args.schemes)
     md = [f"# Fig. 17 on `nvl72`, {min(args.gpus)} to {max(args.gpus)} GPUs ({size}, full model)", "",
           f"`.venv/bin/python scripts/fig17_nvl72.py --gpus {' '.join(map(str, args.gpus))}{seq_flag}`: prefill, 66 "
           f"SMs per GPU, one sequence of {args.seq:,} tokens, hidden {HIDDEN} / FFN {FFN} / {HEADS} heads at {N0} GPUs "
