@@ -38,7 +38,7 @@ def test_tick_every_n_events_and_no_change_to_results() -> None:
 def test_log_lines_when_not_a_terminal_and_notice_for_long_runs() -> None:
     out = io.StringIO()
     p = RunProgress(show=True, after_s=0.0, stream=out)
-    p.begin(1e9, "a big run")  # about 1.9 h at the assumed rate: announced
+    p.begin(1e9, "a big run")  # about 33 min at the assumed rate: announced
     p.tick(5_000_000, 4096)
     p.end()
     lines = out.getvalue().splitlines()
@@ -57,12 +57,12 @@ def test_log_lines_when_not_a_terminal_and_notice_for_long_runs() -> None:
 def test_ctrl_c_is_one_line_and_exit_130() -> None:
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     proc = subprocess.Popen([sys.executable, "-m", "cais", "collective", "--system", "nvl72", "--gpus", "16",
-                             "--op", "allreduce", "--algo", "nvls", "--bytes", "2G", "--progress",
-                             "--set", "collective.nvls_buffers=registered"],  # about 10 s
+                             "--op", "allreduce", "--algo", "nvls", "--bytes", "8G", "--progress",
+                             "--set", "collective.nvls_buffers=registered"],  # about 10 s; the first line at 2 s
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     first = proc.stderr.readline()  # the first progress line: the event loop is running
-    assert first.startswith("cais: progress: nvls allreduce of 2G on 16 GPUs"), first
+    assert first.startswith("cais: progress: nvls allreduce of 8G on 16 GPUs"), first
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130

@@ -6,10 +6,10 @@ The estimates are deliberately simple upper-ish counts, fitted to measured runs
 (docs/errors.md, "Size limits"): a collective moves its bytes in packet trains
 (a transfer unit striped over the switch chips), and each train costs a handful of
 events; a GEMM, attention or row-wise kernel costs a few events per thread block.
-The simulator runs roughly 150,000 (a CAIS layer) to 900,000 (a collective) events
-per second with the compiled core (docs/validation.md section 15), so
-:data:`MAX_EVENTS` is a run of one to a few minutes; the largest shipped run, the 16
-GiB ring AllReduce of ``scripts/validate_fabric.py``, is about 22 million events.
+The simulator runs roughly 350,000 (a layer on 72 GPUs) to 2,500,000 (a collective on
+8) events per second with the compiled core (docs/validation.md section 15), so
+:data:`MAX_EVENTS` is a run of half a minute to a few minutes; the largest shipped run,
+the 16 GiB ring AllReduce of ``scripts/validate_fabric.py``, is about 22 million events.
 Set the environment variable ``CAIS_MAX_EVENTS`` to move the limit.
 """
 

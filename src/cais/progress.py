@@ -27,10 +27,10 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 # Events per second of wall time on the 2-core development machine with the compiled
-# core (docs/validation.md section 15: about 150 k/s for a CAIS layer, whose merge unit
-# and TB programs are Python, up to 900 k/s for a collective); only used for the
-# notice's estimate.
-EVENTS_PER_S = 150_000
+# core (docs/validation.md section 15, seventh part: about 350-750 k/s for a layer on
+# 72 GPUs, 1.0-1.6 M/s for a CAIS layer on 8, 2.5 M/s for an 8-GPU collective); only
+# used for the notice's estimate, so the low end of those.
+EVENTS_PER_S = 500_000
 # A run estimated longer than this (seconds) is announced before it starts.
 NOTICE_S = 120.0
 # The rate is measured over at least this much wall time (from the first tick) before
