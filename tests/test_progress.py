@@ -59,7 +59,10 @@ def test_ctrl_c_is_one_line_and_exit_130() -> None:
     proc = subprocess.Popen([sys.executable, "-m", "cais", "collective", "--system", "nvl72", "--gpus", "16",
                              "--op", "allreduce", "--algo", "nvls", "--bytes", "8G", "--progress",
                              "--set", "collective.nvls_buffers=registered"],  # about 10 s; the first line at 2 s
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # as a terminal's Ctrl-C finds it: a suite started in the background
+                            # (a shell's `&`) hands its children SIGINT ignored
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stderr is not None
     first = proc.stderr.readline()  # the first progress line: the event loop is running
     assert first.startswith("cais: progress: nvls allreduce of 8G on 16 GPUs"), first
