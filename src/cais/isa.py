@@ -270,11 +270,10 @@ class Isa:
                 gpu.signal(signal, region.nbytes)
             self._local(add, done)
             return
-        pieces = self.stripes(region, unit)
+        kind, _, pieces, parts, _, _ = self.red_cais_op(home, region, data, signal, unit, quorum)
         self.ops += len(pieces)
-        self.m.gpus[src].issue_pieces(Kind.RED_CAIS, home, pieces, self._counter(len(pieces), done), port, stream,
-                                      False, self._data(data, region, pieces), tag=signal, expect=expect,
-                                      quorum=quorum)
+        self.m.gpus[src].issue_pieces(kind, home, pieces, self._counter(len(pieces), done), port, stream, False,
+                                      parts, tag=signal, expect=expect, quorum=quorum)
 
     def wait_signal(self, gpu: int, key: int, target: int, reached: Done) -> None:
         """A kernel on GPU ``gpu`` polling its signal word ``key`` (which ``red.cais``
