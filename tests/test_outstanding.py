@@ -15,7 +15,7 @@ from cais.experiments.layer import run_layer
 from cais.hw.config import apply_overrides, load_system
 from cais.isa import Isa
 from cais.kernels.gemm import GemmShape
-from cais.opt.tb_order import owner_interleaved_order
+from cais.opt.tb_order import band_rows, owner_interleaved_order
 
 from test_schemes import GPT
 
@@ -106,6 +106,33 @@ def test_owner_interleaved_order_is_a_permutation_whose_bands_cover_every_owner(
     for o in range(n):
         mine = [i for i, j in order if j == 0 and shape.rows(i)[0] // rows_l == o]
         assert mine == sorted(mine)
+
+
+def test_bands_are_cut_so_the_chain_can_start_before_the_gemm_rs_ends() -> None:
+    # weak scaling's shape: 3,072 tokens are 24 row tiles, fewer than 32 GPUs (96 rows each)
+    shape = GemmShape(m=3072, n=1024, k=512, bm=128, bn=128)
+    n, rows_l = 32, 96
+    whole = owner_interleaved_order(shape, rows_l, n)  # bands of n: one band, the whole GEMM
+    halves = owner_interleaved_order(shape, rows_l, n, bands=2)
+    for order in (whole, halves):
+        assert sorted(order) == [(i, j) for i in range(shape.tiles_m) for j in range(shape.tiles_n)]
+
+    def first_rows_done(order: list[tuple[int, int]]) -> float:
+        """The share of the GEMM launched when the first row tile launched has all its columns."""
+        first = order[0][0]
+        return (max(t for t, (i, _) in enumerate(order) if i == first) + 1) / len(order)
+
+    assert first_rows_done(whole) > 0.85  # LN and the AG-GEMM wait for nearly the whole GEMM-RS
+    assert first_rows_done(halves) <= 0.5
+    assert band_rows(shape.tiles_m, n, 2) == 12
+    first_band = {i for i, _ in halves[:12 * shape.tiles_n]}
+    assert len(first_band) == 12  # half the row tiles, done after half the GEMM-RS
+    spans = [shape.rows(i) for i in first_band]  # (first row, rows)
+    owners = {o for r0, cnt in spans for o in range(r0 // rows_l, (r0 + cnt - 1) // rows_l + 1)}
+    assert len(owners) >= n // 2  # its running TBs still spread over half the homes or more
+    # a GEMM with at least 2n row tiles keeps bands of one row tile per owner
+    assert band_rows(24, 8, 2) == 8 and band_rows(72, 8, 2) == 8 and band_rows(24, 8, 1) == 8
+    assert band_rows(1, 8, 2) == 1
 
 
 # 8 GPUs, 4 row tiles of 128 tokens per owner: enough rows for the order to matter

@@ -233,6 +233,12 @@ class CaisConfig(_Strict):
                                            "tiles of GEMM-RS and AG-GEMM in an owner-interleaved order, so the "
                                            "running TB groups spread over every home GPU (opt/tb_order.py); off: "
                                            "CUTLASS's row raster")
+    bands: int = Field(2, gt=0, description="merging-aware TB scheduling: the fewest bands the owner-interleaved "
+                                            "order cuts a GEMM's row tiles into (a band holds at most one row "
+                                            "tile per owner), so that the fused chain's LN row blocks and "
+                                            "AG-GEMM tiles can start once the GEMM-RS's first band is done "
+                                            "(1: bands of one row tile per owner only, whole-GEMM bands where "
+                                            "there are no more row tiles than GPUs)")
     request_kB: float = Field(32.0, gt=0, description="bytes of one ld.cais / red.cais as a TB issues it (the "
                                                       "ISA's transfer unit for mergeable accesses; its share of "
                                                       "one chip is one merge session)")

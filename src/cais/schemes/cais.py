@@ -86,7 +86,7 @@ class CoordinatedAccess(MergeableAccess):
     # ---- merging-aware TB scheduling and group sync ------------------------------------
     def tile_order(self, shape: GemmShape, token_rows: bool) -> list[tuple[int, int]]:
         if token_rows and self.spreads:
-            return owner_interleaved_order(shape, self.rows_l, self.m.n)
+            return owner_interleaved_order(shape, self.rows_l, self.m.n, self.m.cfg.cais.bands)
         return tile_order(shape)
 
     def k_start(self, steps: list[tuple[int, int]], t: int) -> int:
