@@ -9,7 +9,7 @@ tile, more GPUs), so this script runs the reproduction's *quick* size, the one
 ``cais reproduce fig17 --quick`` uses: hidden 1024, FFN 4096 and 8 heads at 8 GPUs
 (grown in proportion), one sequence of 512 tokens, prefill, 66 SMs per GPU.
 
-    .venv/bin/python scripts/fig17_nvl72.py [--gpus 8 16 32 64 72] [--seq 512] [--schemes cais coconet-nvls]
+    [CAIS_MAX_EVENTS=400000000] .venv/bin/python scripts/fig17_nvl72.py [--gpus 8 16 32 64 72] [--seq 512] [--schemes cais coconet-nvls]
         [--set KEY=VALUE ...] [--workers 2] [--out FILE.md]
 
 ``--seq``: the tokens of the one sequence (512: the quick size; more tiles per GPU,
@@ -25,6 +25,7 @@ docs/reproduce-results/fig17_nvl72.md).
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import sys
 import time
@@ -115,8 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     seq_flag = ("" if args.seq == 512 else f" --seq {args.seq}") + "".join(f" --set {k}={v}" for k, v in sets)
     if args.schemes != list(SCHEMES):
         seq_flag += " --schemes " + " ".join(args.schemes)
+    limit = os.environ.get("CAIS_MAX_EVENTS")  # the larger sizes pass the default event limit
+    env = f"CAIS_MAX_EVENTS={limit} " if limit else ""
     md = [f"# Fig. 17 on `nvl72`, {min(args.gpus)} to {max(args.gpus)} GPUs ({size}, full model)", "",
-          f"`.venv/bin/python scripts/fig17_nvl72.py --gpus {' '.join(map(str, args.gpus))}{seq_flag}`: prefill, 66 "
+          f"`{env}.venv/bin/python scripts/fig17_nvl72.py --gpus {' '.join(map(str, args.gpus))}{seq_flag}`: prefill, 66 "
           f"SMs per GPU, one sequence of {args.seq:,} tokens, hidden {HIDDEN} / FFN {FFN} / {HEADS} heads at {N0} GPUs "
           "grown with the GPU count (`scripts/fig17_nvl72.py` says why not the paper's LLaMA-7B size).", "",
           "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
