@@ -65,7 +65,8 @@ def fig17_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, Secti
     sec.img("fig17.png").table(pd.DataFrame([compare(
         f"CAIS per-GPU throughput at {int(last['gpus'])} GPUs / {n0} GPUs", float(last["normalised"]),
         1 - P.FIG17_DROP_32 if int(last["gpus"]) == n_last else None,
-        "larger GEMMs at more GPUs raise the compute share; our CAIS is limited by merging, not by the wire")]),
+        "with few row tiles per GPU the TB order's bands decide when the fused chain's LN and AG-GEMM can "
+        "start (cais.bands; docs/cais.md, 'How wide a band'); the paper gives no tile order")]),
         summary=True)
     sec.table(t)
     return t, sec
