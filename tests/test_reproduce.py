@@ -101,6 +101,24 @@ def test_a_rerun_resumes_without_simulating(quick: Path, tmp_path: Path) -> None
     assert again["provenance.command"].iloc[0] != first["provenance.command"].iloc[0]
 
 
+def test_a_report_says_when_it_reuses_runs_made_by_other_code(quick: Path, tmp_path: Path) -> None:
+    shutil.copytree(quick / "runs", tmp_path / "runs")
+    logged: list[str] = []
+    reproduce(["fig11"], Context(quick=True, out=tmp_path), log=logged.append)
+    assert not any("other code" in line for line in logged)  # every run made by this code: nothing to say
+    assert "other code" not in (tmp_path / "report.md").read_text()
+    table = tmp_path / "runs" / "layer_point.parquet"
+    runs = pd.read_parquet(table)
+    runs["provenance.commit"] = "0123456789abcdef"  # as if an older checkout had made them
+    runs.to_parquet(table)
+    reproduce(["fig11"], Context(quick=True, out=tmp_path), log=logged.append)
+    notes = [line for line in logged if "other code" in line]
+    assert len(notes) == 1 and "commit 0123456789ab" in notes[0] and "delete runs/" in notes[0]
+    used = re.search(r"(\d+) of (\d+) runs", notes[0])
+    assert used is not None and int(used.group(1)) == int(used.group(2)) >= 13  # fig11's runs, every one
+    assert notes[0].split("note: ", 1)[-1] in (tmp_path / "report.md").read_text()
+
+
 def test_unknown_experiment_is_a_user_error() -> None:
     with pytest.raises(UserError, match="unknown 'fig99'"):
         expand(["fig99"])

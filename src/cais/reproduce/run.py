@@ -78,6 +78,23 @@ def rows_of(tables: Mapping[str, pd.DataFrame], points: list[tuple[str, dict]]) 
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
+def runs_of_other_code(tables: Mapping[str, pd.DataFrame], plans: list[tuple[str, list[tuple[str, dict]]]],
+                       commit: str) -> str | None:
+    """A sentence when some of the runs the report uses were made by another commit
+    than ``commit`` (a resumed ``runs/`` keeps a point's row whatever code made it;
+    rows of an unknown or uncommitted tree compare as they are); None when all were
+    made by this one."""
+    rows = rows_of(tables, [job for _, points in plans for job in points])
+    if rows.empty or "provenance.commit" not in rows:
+        return None
+    other = rows[rows["provenance.commit"] != commit]
+    if other.empty:
+        return None
+    made = ", ".join(sorted(str(c)[:12] for c in other["provenance.commit"].unique()))
+    return (f"{len(other)} of {len(rows)} runs in runs/ were made by other code (commit {made}, this is "
+            f"{commit[:12]}); their rows are reused as they are: delete runs/ to run them again.")
+
+
 def reproduce(names: list[str], ctx: Context, workers: int | None = None,
               log: Callable[[str], None] = print, cached: bool = False,
               on_section: Callable[[Section], None] | None = None,
@@ -116,6 +133,9 @@ def reproduce(names: list[str], ctx: Context, workers: int | None = None,
     else:
         run_sweeps([job for _, points in plans for job in points], outs, workers=workers, progress=True,
                    desc="reproduce", on_batch=analyse_ready)
+    older = runs_of_other_code({fn: read_table(out) for fn, out in outs.items()}, plans, provenance.commit)
+    if older:
+        log(f"note: {older}")
     facts = [f"System preset: {ctx.system}" + (f", with --set {' '.join(f'{k}={v}' for k, v in ctx.sets.items())}"
                                                 if ctx.sets else "") + (". Quick grid (reduced)." if ctx.quick
                                                                          else ". Full grid."),
@@ -127,7 +147,7 @@ def reproduce(names: list[str], ctx: Context, workers: int | None = None,
               "Simulation time per experiment (s; its points' runs added up, a point two experiments share "
               "in each, and its analysis; the points run in parallel, so these add up to more than the "
               "wall time): " + ", ".join(f"{k} {v:.0f}" for k, v in res.seconds.items())
-              + f"; wall time in all {time.perf_counter() - t_all:.0f}.")]
+              + f"; wall time in all {time.perf_counter() - t_all:.0f}.")] + ([older] if older else [])
     res.wall_s = time.perf_counter() - t_all
     verdict = [f"{s.title}: {s.verdict}" for s in res.sections if s.verdict] or ["No experiment produced a verdict."]
     models = [str(m) for t in res.tables.values() if "model" in t for m in t["model"].unique()]
