@@ -29,10 +29,9 @@ Where a GEMM has no more row tiles than GPUs (weak scaling: 3,072 tokens are 24 
 tiles, fewer than 32 GPUs; an owner's 96 rows are less than one tile), bands of ``n``
 are one band, the whole GEMM-RS, and nothing downstream starts before it ends: on
 LLaMA-7B at 32 GPUs an FC1 TB held its SM for up to 909 us, against 85 us
-for the median one. So a band
-is also at most ``1/bands`` of the row tiles (``cais.bands``, default 2), which
-leaves every GEMM of at least ``2n`` row tiles (the Table I layers on 8 GPUs) as it
-was (docs/cais.md, "How wide a band").
+for the median one. So a band is also at most ``1/bands`` of the row tiles
+(``cais.bands``, default 2), which leaves every GEMM of at least ``2n`` row tiles (the
+Table I layers on 8 GPUs) as it was (docs/cais.md, "How wide a band").
 
 The same order on every GPU keeps TB groups aligned: group ``t`` is one tile, every
 GPU's copy of it.
