@@ -5,12 +5,17 @@ need per port at each size.
 The paper stops at 32 GPUs (Fig. 17: LLaMA-7B at 8 GPUs, hidden size grown with the
 GPU count, CAIS's per-GPU throughput within 5 % at 32). Simulated events grow about
 as the cube of the GPU count under weak scaling (more tiles per GPU, longer K per
-tile, more GPUs), so this script runs the reproduction's *quick* size, the one
-``cais reproduce fig17 --quick`` uses: hidden 1024, FFN 4096 and 8 heads at 8 GPUs
+tile, more GPUs), so by default this script runs the reproduction's *quick* size, the
+one ``cais reproduce fig17 --quick`` uses: hidden 1024, FFN 4096 and 8 heads at 8 GPUs
 (grown in proportion), one sequence of 512 tokens, prefill, 66 SMs per GPU.
+``--size paper`` runs the paper's own size instead: Table I's LLaMA-7B at 8 GPUs
+(hidden 4096, FFN 11264, 32 heads, grown the same way), with the tokens given. With
+``--seq 3072 --set gpu.l2_keeps_peer_reads=true`` (the paper's traffic model) CAIS at
+72 GPUs is 0.3 billion events, about 11 minutes; without the flag every column tile
+reloads its rows and 32 GPUs alone are 0.27 billion (72 GPUs: about 3 billion).
 
-    [CAIS_MAX_EVENTS=400000000] .venv/bin/python scripts/fig17_nvl72.py [--gpus 8 16 32 64 72] [--seq 512] [--schemes cais coconet-nvls]
-        [--set KEY=VALUE ...] [--workers 2] [--out FILE.md]
+    [CAIS_MAX_EVENTS=400000000] .venv/bin/python scripts/fig17_nvl72.py [--gpus 8 16 32 64 72] [--seq 512]
+        [--size quick|paper] [--schemes cais coconet-nvls] [--set KEY=VALUE ...] [--workers 2] [--out FILE.md]
 
 ``--seq``: the tokens of the one sequence (512: the quick size; more tiles per GPU,
 and about proportionally more events, with more). ``--set``: system overrides, as
@@ -36,17 +41,30 @@ from rich.console import Console
 from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
-HIDDEN, FFN, HEADS, N0 = 1024, 4096, 8, 8  # the quick Fig. 17 size at 8 GPUs
+N0 = 8  # the GPU count the sizes below are given at
+SIZES = ("quick", "paper")  # `cais reproduce fig17 --quick`'s size; the paper's (Table I's LLaMA-7B)
+
+
+def base_size(size: str) -> tuple[str, int, int, int]:
+    """The model a ``--size`` grows and its hidden, FFN and heads at ``N0`` GPUs."""
+    if size == "quick":
+        return "paper-mega-gpt-4b", 1024, 4096, 8
+    from cais.workload.models import load_model
+
+    llama = load_model("paper-llama-7b")  # as `cais reproduce fig17` grows it
+    return "paper-llama-7b", llama.hidden, llama.ffn_hidden, llama.heads
 SCHEMES = ("cais", "coconet-nvls")
 
 
-def point(gpus: int, scheme: str, seq: int = 512, sets: tuple[tuple[str, str], ...] = ()) -> dict[str, object]:
+def point(gpus: int, scheme: str, seq: int = 512, sets: tuple[tuple[str, str], ...] = (),
+          size: str = "quick") -> dict[str, object]:
     """One weak-scaling point: its time, GEMM throughput per GPU and merge metrics."""
     from cais.experiments.spec import LayerSpec, SystemSpec
 
+    model, hidden0, ffn0, heads0 = base_size(size)
     k = gpus // N0 if gpus % N0 == 0 else gpus / N0
-    shape = (("hidden", int(HIDDEN * k)), ("ffn_hidden", int(FFN * k)), ("heads", int(HEADS * k)))
-    spec = LayerSpec(model="paper-mega-gpt-4b", scheme=scheme, mode="prefill",
+    shape = (("hidden", int(hidden0 * k)), ("ffn_hidden", int(ffn0 * k)), ("heads", int(heads0 * k)))
+    spec = LayerSpec(model=model, scheme=scheme, mode="prefill",
                      system=SystemSpec("nvl72", gpus=gpus, sets=sets, set_label="--set"),
                      sms=66, batch=1, seq=seq, shape=shape)
     t0 = time.perf_counter()
@@ -70,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gpus", type=int, nargs="+", default=[8, 16, 32, 64, 72])
     ap.add_argument("--seq", type=int, default=512, help="tokens of the one sequence (default: 512, the quick size)")
+    ap.add_argument("--size", default="quick", choices=SIZES,
+                    help="the model grown with the GPUs (quick: hidden 1024 at 8 GPUs; paper: LLaMA-7B)")
     ap.add_argument("--schemes", nargs="+", default=list(SCHEMES), choices=SCHEMES)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a system override (repeatable)")
     ap.add_argument("--workers", type=int, default=2)
@@ -90,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     jobs = [(g, s) for g in sorted(args.gpus, reverse=True) for s in args.schemes]  # the longest first
     try:
         with ProcessPoolExecutor(args.workers, max_tasks_per_child=1) as pool:
-            rows = list(pool.map(point, *zip(*jobs), [args.seq] * len(jobs), [sets] * len(jobs)))
+            rows = list(pool.map(point, *zip(*jobs), [args.seq] * len(jobs), [sets] * len(jobs),
+                                 [args.size] * len(jobs)))
     except UserError as e:  # a size the model refuses (heads or tokens that do not split over the GPUs)
         print(f"fig17_nvl72: {e}", file=sys.stderr)
         return 2
@@ -106,22 +127,26 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['tflops_per_gpu']:.1f}", f"{r['tflops_per_gpu'] / ref:.3f}", _fmt(r["table_peak_kB"], ".1f"),
               _fmt(r["table_mean_kB"], ".2f"), _fmt(r["bypassed"], ","), f"{r['events']:,}", f"{r['wall_s']:.0f}",
               str(r["rss_MB"])] for r in rows]
-    size = "quick size" if args.seq == 512 else f"{args.seq:,} tokens"
+    model, hidden0, ffn0, heads0 = base_size(args.size)
+    size = ("quick size" if args.seq == 512 else f"{args.seq:,} tokens") if args.size == "quick" \
+        else f"LLaMA-7B, {args.seq:,} tokens"
     table = Table(title=f"Fig. 17 on nvl72 ({size}): weak scaling, full model")
     for c in cols:
         table.add_column(c, justify="right")
     for line in lines:
         table.add_row(*line)
     Console().print(table)
-    seq_flag = ("" if args.seq == 512 else f" --seq {args.seq}") + "".join(f" --set {k}={v}" for k, v in sets)
+    seq_flag = ("" if args.seq == 512 else f" --seq {args.seq}") + ("" if args.size == "quick" else f" --size {args.size}") + "".join(f" --set {k}={v}" for k, v in sets)
     if args.schemes != list(SCHEMES):
         seq_flag += " --schemes " + " ".join(args.schemes)
     limit = os.environ.get("CAIS_MAX_EVENTS")  # the larger sizes pass the default event limit
     env = f"CAIS_MAX_EVENTS={limit} " if limit else ""
     md = [f"# Fig. 17 on `nvl72`, {min(args.gpus)} to {max(args.gpus)} GPUs ({size}, full model)", "",
           f"`{env}.venv/bin/python scripts/fig17_nvl72.py --gpus {' '.join(map(str, args.gpus))}{seq_flag}`: prefill, 66 "
-          f"SMs per GPU, one sequence of {args.seq:,} tokens, hidden {HIDDEN} / FFN {FFN} / {HEADS} heads at {N0} GPUs "
-          "grown with the GPU count (`scripts/fig17_nvl72.py` says why not the paper's LLaMA-7B size).", "",
+          f"SMs per GPU, one sequence of {args.seq:,} tokens, `{model}` with hidden {hidden0} / FFN {ffn0} / {heads0} "
+          f"heads at {N0} GPUs grown with the GPU count"
+          + (" (`scripts/fig17_nvl72.py` says why not the paper's LLaMA-7B size)." if args.size == "quick" else "."),
+          "",
           "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     md += ["| " + " | ".join(line) + " |" for line in lines]
     args.out.write_text("\n".join(md) + "\n")
