@@ -43,6 +43,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 N0 = 8  # the GPU count the sizes below are given at
 SIZES = ("quick", "paper")  # `cais reproduce fig17 --quick`'s size; the paper's (Table I's LLaMA-7B)
+SCHEMES = ("cais", "coconet-nvls")
 
 
 def base_size(size: str) -> tuple[str, int, int, int]:
@@ -53,7 +54,6 @@ def base_size(size: str) -> tuple[str, int, int, int]:
 
     llama = load_model("paper-llama-7b")  # as `cais reproduce fig17` grows it
     return "paper-llama-7b", llama.hidden, llama.ffn_hidden, llama.heads
-SCHEMES = ("cais", "coconet-nvls")
 
 
 def point(gpus: int, scheme: str, seq: int = 512, sets: tuple[tuple[str, str], ...] = (),
@@ -136,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     for line in lines:
         table.add_row(*line)
     Console().print(table)
-    seq_flag = ("" if args.seq == 512 else f" --seq {args.seq}") + ("" if args.size == "quick" else f" --size {args.size}") + "".join(f" --set {k}={v}" for k, v in sets)
+    seq_flag = ("" if args.seq == 512 else f" --seq {args.seq}") + ("" if args.size == "quick" else f" --size {args.size}")
+    seq_flag += "".join(f" --set {k}={v}" for k, v in sets)
     if args.schemes != list(SCHEMES):
         seq_flag += " --schemes " + " ".join(args.schemes)
     limit = os.environ.get("CAIS_MAX_EVENTS")  # the larger sizes pass the default event limit
