@@ -21,6 +21,7 @@ from cais.errors import UserError
 from cais.reproduce.experiments import EXPERIMENTS, Context
 from cais.reproduce.paper import SCHEMES
 from cais.reproduce.run import expand, reproduce
+from cais.sweep.grid import point_id
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -93,8 +94,11 @@ def test_report_opens_with_verdict_warning_and_provenance(quick: Path) -> None:
 
 def test_a_rerun_resumes_without_simulating(quick: Path, tmp_path: Path) -> None:
     shutil.copytree(quick / "runs", tmp_path / "runs")  # the report in `quick` stays whole for the tests after
-    res = reproduce(["fig11"], Context(quick=True, out=tmp_path), log=lambda _: None)
-    assert res.seconds["fig11"] < 10
+    ctx = Context(quick=True, out=tmp_path)
+    res = reproduce(["fig11"], ctx, log=lambda _: None)
+    fig11 = {point_id(p) for _, p in EXPERIMENTS["fig11"].points(ctx)}
+    assert res.points_run == 0 and res.points_reused == len(fig11) >= 13  # every run read back, none simulated
+    assert "0 points simulated now" in (tmp_path / "report.md").read_text()
     again, first = pd.read_csv(tmp_path / "fig11.csv"), pd.read_csv(quick / "fig11.csv")
     results = [c for c in first.columns if not c.startswith("provenance.")]  # the date and command differ
     assert len(results) == 5 and again[results].equals(first[results])
@@ -162,7 +166,6 @@ def test_an_experiments_rows_come_in_the_order_of_its_points(quick: Path) -> Non
     """Points run in parallel finish in any order; the rows an experiment analyses (and
     so its CSV) follow its points, so two runs write the same file."""
     from cais.reproduce.run import rows_of, runs_table
-    from cais.sweep.grid import point_id
     from cais.sweep.store import read_table
 
     ctx = Context("dgx-h100", {}, True, quick)

@@ -32,7 +32,8 @@ class ReproduceError(UserError):
 class Outcome:
     """What a reproduction produced: per experiment its table, section and seconds (its
     runs' wall times added up, and its analysis), and the whole reproduction's wall
-    time."""
+    time; ``points_run``: the points it simulated, ``points_reused``: those whose row
+    was already in ``runs/`` (a resumed or ``--cached`` reproduction reuses them)."""
 
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     sections: list[Section] = field(default_factory=list)
@@ -40,6 +41,8 @@ class Outcome:
     report_md: Path | None = None
     report_html: Path | None = None
     wall_s: float = 0.0
+    points_run: int = 0
+    points_reused: int = 0
 
 
 def expand(names: list[str]) -> list[str]:
@@ -129,10 +132,16 @@ def reproduce(names: list[str], ctx: Context, workers: int | None = None,
             _analyse(name, points, rows_of(tables, points), ctx, cached, provenance, res, log, on_section)
 
     if cached:
-        analyse_ready({fn: read_table(out) for fn, out in outs.items()}, set())
+        tables = {fn: read_table(out) for fn, out in outs.items()}
+        analyse_ready(tables, set())
+        ids = {(f, point_id(p)) for _, points in plans for f, p in points}
+        res.points_reused = sum((fn, pid) in ids for fn, t in tables.items()
+                                for pid in t.loc[t["status"] == "ok", "point_id"].unique())
     else:
-        run_sweeps([job for _, points in plans for job in points], outs, workers=workers, progress=True,
-                   desc="reproduce", on_batch=analyse_ready)
+        tables = run_sweeps([job for _, points in plans for job in points], outs, workers=workers, progress=True,
+                            desc="reproduce", on_batch=analyse_ready)
+        res.points_run = sum(t.attrs["points_run"] for t in tables.values())
+        res.points_reused = sum(t.attrs["points_reused"] for t in tables.values())
     older = runs_of_other_code({fn: read_table(out) for fn, out in outs.items()}, plans, provenance.commit)
     if older:
         log(f"note: {older}")
@@ -147,7 +156,8 @@ def reproduce(names: list[str], ctx: Context, workers: int | None = None,
               "Simulation time per experiment (s; its points' runs added up, a point two experiments share "
               "in each, and its analysis; the points run in parallel, so these add up to more than the "
               "wall time): " + ", ".join(f"{k} {v:.0f}" for k, v in res.seconds.items())
-              + f"; wall time in all {time.perf_counter() - t_all:.0f}.")] + ([older] if older else [])
+              + f"; wall time in all {time.perf_counter() - t_all:.0f}; {res.points_run} points simulated now, "
+              f"{res.points_reused} reused from runs/.")] + ([older] if older else [])
     res.wall_s = time.perf_counter() - t_all
     verdict = [f"{s.title}: {s.verdict}" for s in res.sections if s.verdict] or ["No experiment produced a verdict."]
     models = [str(m) for t in res.tables.values() if "model" in t for m in t["model"].unique()]

@@ -218,7 +218,9 @@ def run_sweep(points: list[Point], out: str | Path, *, fn: str | PointFn = DEFAU
     its one-line message; the others go on. Every row carries its provenance
     (``provenance.version``, ``.commit``, ``.date`` it finished, ``.command``: what
     started the sweep). Returns the whole table: earlier rows and new ones, one row
-    per point id (a rerun point's row replaces its old one)."""
+    per point id (a rerun point's row replaces its old one). What this call did is in
+    the table's ``attrs``: ``attrs["points_run"]`` points it ran (simulated, or tried
+    to), ``attrs["points_reused"]`` points whose finished row was already in ``out``."""
     tables = run_sweeps([(fn, p) for p in points], {_name(fn): out}, workers=workers, ray_address=ray_address,
                         progress=progress, desc=desc, keep_errors=keep_errors, command=command)
     return tables[_name(fn)]
@@ -236,7 +238,8 @@ def run_sweeps(jobs: Sequence[Job], outs: Mapping[str, str | Path], *, workers: 
     ``module:function`` name). ``on_batch(tables, pending)``, if given, is called
     once before anything runs and again after each batch of finished points, with
     every function's table so far and the (function name, point id) pairs not yet
-    finished. Returns every function's whole table."""
+    finished. Returns every function's whole table, each with the counts of this call
+    in its ``attrs`` (``points_run``, ``points_reused``: see :func:`run_sweep`)."""
     if workers is not None and workers < 1:
         raise UserError(f"workers: expected a positive number, got {workers}")
     if workers is not None and ray_address:
@@ -251,6 +254,9 @@ def run_sweeps(jobs: Sequence[Job], outs: Mapping[str, str | Path], *, workers: 
         unique = {(_name(fn), point_id(p)): (fn, p) for fn, p in jobs}
         todo = [job for (name, pid), job in unique.items() if pid not in finished[name]]
         pending = {(_name(fn), point_id(p)) for fn, p in todo}
+        counts = {name: {"points_run": sum(n == name for n, _ in pending),
+                         "points_reused": sum(n == name and pid in finished[name] for n, pid in unique)}
+                  for name in outs}
         bar, task = _progress(progress, desc, len(todo), len(unique) - len(todo))
         failed = 0
         if on_batch is not None:
@@ -271,7 +277,10 @@ def run_sweeps(jobs: Sequence[Job], outs: Mapping[str, str | Path], *, workers: 
                 bar.update(task, advance=len(batch), failed=failed)
                 if on_batch is not None:
                     on_batch({name: store.table for name, store in stores.items()}, set(pending))
-    return {name: read_table(out) for name, out in outs.items()}  # as written: the same dtypes as read_parquet
+    tables = {name: read_table(out) for name, out in outs.items()}  # as written: the same dtypes as read_parquet
+    for name, table in tables.items():
+        table.attrs.update(counts[name])
+    return tables
 
 
 def summary(table: pd.DataFrame, points: Sequence[Point]) -> tuple[int, int]:
