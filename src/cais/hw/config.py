@@ -247,6 +247,26 @@ class CaisConfig(_Strict):
                                                               "calibrated times, or a fraction in (0, 1)")
 
 
+class RemoteReadConfig(_Strict):
+    """How the TBs of one GEMM that read the same remote rows (the column tiles of an
+    AG-GEMM, or of any GEMM whose operand is a token-sharded activation) get them:
+    a software strategy of the remote-load kernels (LADM, CAIS-Base, CAIS and its
+    variants), built on a feature the GPU has (docs/remote-access.md). Where
+    ``gpu.l2_keeps_peer_reads`` is true the L2 shares them whatever the strategy."""
+
+    strategy: Literal["reload", "cluster", "staged"] = Field(
+        "reload", description="reload: every TB loads its remote rows itself (a mainloop streams them through "
+                              "shared memory; nothing keeps them); cluster: TB clusters of cluster_ctas CTAs along "
+                              "the shared operand's other dimension, whose remote loads are TMA loads multicast "
+                              "into every CTA of the cluster (one remote read per cluster); staged: the first TB "
+                              "of a GPU that needs a remote block pulls it into a local staging buffer in HBM "
+                              "(written once, read by every TB that needs it; the pulls are ld.cais where the "
+                              "scheme merges)")
+    cluster_ctas: int = Field(2, ge=2, le=16, description="CTAs per thread-block cluster (strategy cluster): "
+                                                          "Hopper allows 8 portably and 16 with the non-portable "
+                                                          "opt-in; a cluster's CTAs are co-scheduled on one GPC")
+
+
 class SystemConfig(_Strict):
     """A whole NVLink/NVSwitch system: GPUs, links, switch chips, collectives, and the
     transfer unit the network moves."""
@@ -263,6 +283,7 @@ class SystemConfig(_Strict):
     switch: SwitchConfig = SwitchConfig()
     collective: CollectiveConfig = CollectiveConfig()
     cais: CaisConfig = CaisConfig()
+    remote_read: RemoteReadConfig = RemoteReadConfig()
     gpu_slowdown: dict[int, float] = Field(default_factory=dict,
                                            description="GPU index -> factor on the time its TBs compute (a "
                                                        "straggler, for experiments); absent GPUs run at 1")

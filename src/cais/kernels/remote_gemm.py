@@ -21,10 +21,11 @@ into the owner's signal word (:class:`MergeableAccess`, CAIS); a scheme may refi
 it with merging-aware TB coordination (pre-launch and pre-access syncs, TB-aware
 throttling, the tile order, TB-level operand dependencies).
 
-Reuse of remote data: TBs that need the same rows do not share what they loaded
-(a mainloop streams its block through shared memory, and a Hopper GPU caches peer
-memory only in the home GPU's L2), unless ``gpu.l2_keeps_peer_reads``: then a
-second request of a GPU for a remote piece joins the first.
+Reuse of remote data: by default TBs that need the same rows do not share what they
+loaded (a mainloop streams its block through shared memory); an L2 that keeps peer
+reads (``gpu.l2_keeps_peer_reads``), TMA multicast in a TB cluster or a staging
+buffer lets a second request for a remote piece join the first
+(:mod:`cais.kernels.remote_reuse`, ``remote_read.strategy``).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from cais.hw.packets import Traffic
 from cais.isa import Isa, SmPort, StreamItem, StreamLoad, StreamRed
 from cais.kernels.common import RequestSlots, split
 from cais.kernels.gemm import GemmShape, raster, store_epilogue, tile_hbm_bytes, tile_product
+from cais.kernels.remote_reuse import RemoteReuse
 from cais.machine import Machine
 from cais.workload.graph import Gather, Gemm, Period
 
@@ -438,13 +440,16 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
     limit = access.window()
     isa = m.isa
     bound = isa.request_bound(g)
-    # the sharded operands come from their owners (this GPU holds 1/n of them)
-    local = {op.which: 1.0 / m.n for op in ops}
-    tile_bytes = tile_hbm_bytes(shape, eb, **local)
+    loaded = [op.which for op in ops]
+    reuse = RemoteReuse.of(m.cfg, loaded)
+    tile_bytes = tile_hbm_bytes(shape, eb, **reuse.local_shares(loaded, m.n))
     store = store_epilogue(mem, gemm.ops, shape) if mem is not None else None
-    # with l2_keeps_peer_reads: remote lines already fetched (or on their way) for
-    # this kernel, shared by its TBs; keyed by (home GPU, request piece of its buffer)
-    kept: dict[tuple[int, Region], Signal] | None = {} if m.cfg.gpu.l2_keeps_peer_reads else None
+    # remote lines already fetched (or on their way) that later TBs of the same scope
+    # (this kernel, or one TB cluster) share; keyed by (scope, home GPU, request piece)
+    kept: dict[tuple[int, int, Region], Signal] | None = {} if reuse.shares else None
+    order = reuse.launch_order(access.tile_order(shape, any(op.which == "a" and not op.k_is_tokens for op in ops)),
+                               shape)
+    lead = reuse.leaders(order, shape)
 
     def plan(i: int, j: int, t: int) -> list[Load]:
         loads = []
@@ -465,8 +470,9 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
     def tile_plan(i: int, j: int, t: int, piece_unit: int) -> TilePlan:
         """Tile (i, j)'s plan (the ``t``-th launched) with request pieces of at most
         ``piece_unit`` bytes, for every home: the same on every GPU, so the GPUs of a
-        layer share it through ``plans``."""
-        first = access.k_start(steps, t)
+        layer share it through ``plans``. A cluster's CTAs walk K in step: each starts
+        where the cluster's first does."""
+        first = access.k_start(steps, t if lead is None else lead[(i, j)])
         key = (shape, tuple(ops), eb, access.load_bytes, i, j, first, piece_unit, unit)  # all it reads
         hit = plans.get(key)
         if hit is None:
@@ -501,11 +507,13 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
                 arrived = Countdown(len(remote))
                 access.load_stream(g, remote, slots, arrived)
             else:
-                # an L2 that keeps peer reads: a load may join another TB's, so the TB issues each itself
+                # a load may join another TB's of its scope (an L2 that keeps peer reads,
+                # a TMA multicast to the cluster, a staged block): the TB issues each itself
                 remote = [(ld, pc) for ld, pc in tp.pieces(isa) if ld.home != g]
                 arrived = Countdown(len(remote))
+                scope = reuse.scope((i, j), shape)
                 for ld, pc in remote:
-                    key = (ld.home, pc)
+                    key = (scope, ld.home, pc)
                     line = kept.get(key)
                     if line is None:
                         yield from slots.acquire(pc.nbytes)
@@ -530,9 +538,7 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
                 store(i, j, _tile(mem, gemm, shape, ops, blocks, i, j))
         return program
 
-    token_rows = any(op.which == "a" and not op.k_is_tokens for op in ops)
-    return Kernel(gemm.name, [tile_tb(t, i, j) for t, (i, j) in enumerate(access.tile_order(shape, token_rows))],
-                  sm_set, hbm_phases=True)
+    return Kernel(gemm.name, [tile_tb(t, i, j) for t, (i, j) in enumerate(order)], sm_set, hbm_phases=True)
 
 
 def k_steps(shape: GemmShape, ops: list[Operand], eb: int, load_bytes: int) -> list[tuple[int, int]]:
