@@ -35,6 +35,15 @@ def _hash(cfg: SystemConfig) -> dict[str, str]:
     return {"provenance.system_sha256": content_hash(cfg.model_dump())}
 
 
+def _wire(j: dict[str, Any]) -> dict[str, float]:
+    """Bytes on the wire per GPU and direction, the mean over the GPUs (GB): what a
+    remote-access strategy changes (each column tile's reload, or one pull)."""
+    wire = list((j.get("wire_bytes") or {}).values())
+    if not wire:
+        return {"wire_up_GB": float("nan"), "wire_down_GB": float("nan")}
+    return {f"wire_{d}_GB": sum(w[d] for w in wire) / len(wire) / 1e9 for d in ("up", "down")}
+
+
 def layer_spec(point: dict[str, Any]) -> LayerSpec:
     """The point's layer period: ``model``, ``scheme``, ``mode``, ``sms``; optional
     ``batch``, ``seq`` and the model dimensions ``hidden``, ``ffn_hidden``, ``heads``,
@@ -74,7 +83,7 @@ def layer_point(point: dict[str, Any]) -> dict[str, Any]:
     out.update(table_mean_kB=FLOAT((j.get("merge_table_mean_kB") or {}).get("mean", float("nan"))),
                ports_holding=FLOAT(ports.get("holding_sessions", float("nan"))),
                busiest_port_share=FLOAT(ports.get("busiest_share", float("nan"))),
-               remote_peak_kB=FLOAT(remote.get("peak_kB", float("nan"))), **_hash(cfg))
+               remote_peak_kB=FLOAT(remote.get("peak_kB", float("nan"))), **_wire(j), **_hash(cfg))
     return out
 
 

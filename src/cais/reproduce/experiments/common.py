@@ -22,7 +22,8 @@ from cais.sweep.grid import Point
 
 __all__ = ["LAYER", "TIMELINE", "COLLECTIVE", "WHY_CAIS", "WHY_BOTH", "UNBOUNDED", "Context", "Experiment",
            "geomean", "compare", "ok_rows", "failures", "grid_models", "grid_modes", "one_model",
-           "scalable_system", "grid_words", "fig11_points", "no_points", "entries_of"]
+           "scalable_system", "grid_words", "fig11_points", "no_points", "entries_of", "World", "worlds",
+           "world_rows", "PAPER_L2"]
 
 #: the point functions (cais.reproduce.points) an experiment's points name
 LAYER = "cais.reproduce.points:layer_point"
@@ -132,11 +133,50 @@ def grid_words(ctx: Context, t: pd.DataFrame) -> str:
     return f"the {'quick' if ctx.quick else 'full'} grid on {ctx.system} ({models})"
 
 
-def fig11_points(ctx: Context, system: str | None = None) -> list[tuple[str, Point]]:
+def fig11_points(ctx: Context, system: str | None = None, **extra_sets: Any) -> list[tuple[str, Point]]:
     """The Fig. 11 grid, which Figs. 11, 12, 15, bound and worlds analyse: every model x
-    mode x the 13 schemes at the half set-up's 66 SMs."""
-    return [(LAYER, {**ctx.base(system), **m, "scheme": s, "mode": mode, "sms": P.SMS_HALF})
+    mode x the 13 schemes at the half set-up's 66 SMs (``extra_sets``: a world's
+    overrides on top of the context's)."""
+    return [(LAYER, {**ctx.base(system, **extra_sets), **m, "scheme": s, "mode": mode, "sms": P.SMS_HALF})
             for m in grid_models(ctx) for mode in grid_modes(ctx) for s in P.SCHEMES]
+
+
+@dataclass(frozen=True)
+class World:
+    """One of the three worlds every Fig. 11 verdict names (docs/reproduce.md): the
+    system a run uses and the overrides that make the world."""
+
+    key: str
+    label: str
+    system: str
+    sets: tuple[tuple[str, str], ...] = ()
+
+    def points(self, ctx: Context) -> list[tuple[str, Point]]:
+        return fig11_points(ctx, self.system, **dict(self.sets))
+
+    def base(self, ctx: Context) -> Point:
+        return ctx.base(self.system, **dict(self.sets))
+
+
+#: what the paper's traffic model needs, and the only change from world (i) to (ii):
+#: the requesting GPU's L2 keeps peer reads (each remote row block reaches a GPU once)
+PAPER_L2 = (("gpu.l2_keeps_peer_reads", "true"),)
+
+
+def worlds(ctx: Context) -> list[World]:
+    """(i) the context's system as it is (on dgx-h100: the H100 as sold, with the
+    evidence's L2 behaviour, CAIS's staged remote reads and NCCL's own choice per
+    collective), (ii) the same with the paper's L2 assumption, (iii) paper-world."""
+    system = "dgx-h100" if ctx.system == "paper-world" else ctx.system
+    return [World("as-sold", f"{system} (as sold)" if system.startswith("dgx-h") else system, system),
+            World("paper-l2", f"{system} with the paper's L2 assumption", system, PAPER_L2),
+            World("paper-world", "paper-world", "paper-world")]
+
+
+def world_rows(ctx: Context, world: World, df: pd.DataFrame) -> pd.DataFrame:
+    """The rows of ``df`` (ok_rows of layer points) that ran in ``world``."""
+    base = world.base(ctx)
+    return df[(df["system"] == base["system"]) & (df["sets"] == base["sets"])]
 
 
 def no_points(ctx: Context) -> list[tuple[str, Point]]:

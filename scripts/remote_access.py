@@ -1,0 +1,82 @@
+"""Remote-access strategies on the H100 as sold (docs/remote-access.md): each Table I
+model's layer period under CAIS, CAIS-Base and LADM with every ``remote_read.strategy``
+(and the paper's L2 assumption for scale), 8 GPUs x 66 SMs as Fig. 11 runs them,
+beside TP-NVLS on the same system. Prints Markdown: time per period, CAIS's speedup
+over TP-NVLS, and the bytes each GPU receives and sends over NVLink, against the
+paper's traffic model (each remote row block reaches each GPU once).
+
+    .venv/bin/python scripts/remote_access.py --workers 2 > /tmp/remote_access.md
+
+About 10 minutes on 2 cores with the defaults (three models, prefill).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from cais.experiments.baselines import TABLE1, geomean
+from cais.sweep.runner import sweep_rows
+
+FN = "cais.reproduce.points:layer_point"
+STRATEGIES: dict[str, dict[str, str]] = {
+    "reload": {"remote_read.strategy": "reload"},
+    "cluster 2": {"remote_read.strategy": "cluster", "remote_read.cluster_ctas": "2"},
+    "cluster 4": {"remote_read.strategy": "cluster", "remote_read.cluster_ctas": "4"},
+    "cluster 8": {"remote_read.strategy": "cluster", "remote_read.cluster_ctas": "8"},
+    "cluster 16": {"remote_read.strategy": "cluster", "remote_read.cluster_ctas": "16"},
+    "staged": {"remote_read.strategy": "staged"},
+    "L2 keeps (paper)": {"gpu.l2_keeps_peer_reads": "true"},
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--system", default="dgx-h100")
+    ap.add_argument("--models", nargs="+", default=list(TABLE1))
+    ap.add_argument("--modes", nargs="+", default=["prefill"])
+    ap.add_argument("--schemes", nargs="+", default=["cais", "cais-base", "ladm"])
+    ap.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=list(STRATEGIES))
+    ap.add_argument("--sms", type=int, default=66)
+    ap.add_argument("--workers", type=int, default=None)
+    args = ap.parse_args()
+
+    def point(model: str, mode: str, scheme: str, sets: dict[str, str]) -> dict[str, object]:
+        return {"system": args.system, "sets": json.dumps(sets, sort_keys=True), "model": model, "mode": mode,
+                "scheme": scheme, "sms": args.sms}
+
+    points = [point(m, mode, "tp-nvls", {}) for m in args.models for mode in args.modes]
+    points += [point(m, mode, s, STRATEGIES[k]) for m in args.models for mode in args.modes for s in args.schemes
+               for k in args.strategies]
+    rows = sweep_rows(points, FN, workers=args.workers, progress=True)
+    bad = [r for r in rows if r["status"] != "ok"]
+    for r in bad:
+        print(f"FAILED: {r['point.scheme']} {r['point.model']} {r['point.sets']}: {r['error']}")
+    by = {(r["point.model"], r["point.mode"], r["point.scheme"], r["point.sets"]): r for r in rows
+          if r["status"] == "ok"}
+    print(f"system {args.system}, {args.sms} SMs per GPU; default run of each model (Table I); "
+          f"wire = bytes per GPU and direction over NVLink, mean over the GPUs (GB)\n")
+    for mode in args.modes:
+        tp = {m: by[(m, mode, "tp-nvls", "{}")]["total_us"] for m in args.models if (m, mode, "tp-nvls", "{}") in by}
+        print(f"#### {mode}\n")
+        print("| scheme | strategy | " + " | ".join(f"{m} (us)" for m in args.models)
+              + " | over TP-NVLS (geomean) | wire down / up (GB, " + args.models[0] + ") |")
+        print("|---|---|" + "---|" * len(args.models) + "---|---|")
+        print("| tp-nvls | - | " + " | ".join(f"{tp.get(m, float('nan')):,.1f}" for m in args.models)
+              + " | 1.00x | " + _wire(by.get((args.models[0], mode, "tp-nvls", "{}"))) + " |")
+        for s in args.schemes:
+            for k in args.strategies:
+                key = json.dumps(STRATEGIES[k], sort_keys=True)
+                ts = {m: by[(m, mode, s, key)]["total_us"] for m in args.models if (m, mode, s, key) in by}
+                sp = geomean([tp[m] / ts[m] for m in ts if m in tp])
+                print(f"| {s} | {k} | " + " | ".join(f"{ts.get(m, float('nan')):,.1f}" for m in args.models)
+                      + f" | {sp:.2f}x | " + _wire(by.get((args.models[0], mode, s, key))) + " |")
+        print()
+
+
+def _wire(r: dict | None) -> str:
+    return "-" if r is None else f"{r['wire_down_GB']:.3f} / {r['wire_up_GB']:.3f}"
+
+
+if __name__ == "__main__":
+    main()
