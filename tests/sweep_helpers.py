@@ -11,11 +11,17 @@ from typing import Any
 
 
 def square(point: dict[str, Any]) -> dict[str, Any]:
-    """Record the call as a file in ``point["calls"]``, sleep ``point["sleep"]`` s, fail
-    for ``x == point["fail"]``, kill its process for ``x == point["die"]``, else return x squared (and a nested dict)."""
+    """Record the call as a file in ``point["calls"]``, sleep ``point["sleep"]`` s, wait
+    until the file ``point["release"]`` exists (if given; at most 2 minutes), fail for
+    ``x == point["fail"]``, kill its process for ``x == point["die"]``, else return x
+    squared (and a nested dict)."""
     x = point["x"]
     Path(point["calls"], f"x{x}-{os.getpid()}-{uuid.uuid4().hex[:8]}").touch()
     time.sleep(point.get("sleep", 0))
+    if "release" in point:
+        deadline = time.monotonic() + 120
+        while not Path(point["release"]).exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
     if x == point.get("die"):
         os._exit(1)  # the worker process dies without a word
     if x == point.get("fail"):
@@ -27,3 +33,18 @@ def cube(point: dict[str, Any]) -> dict[str, Any]:
     """A second point function: sleep ``point["sleep"]`` s, return x cubed."""
     time.sleep(point.get("sleep", 0))
     return {"z": point["x"] ** 3}
+
+
+def held_point(point: dict[str, Any]) -> dict[str, Any]:
+    """:func:`cais.sweep.point.run_point` on ``point`` without this helper's keys, after
+    recording the call as a file ``<point["calls"]>/<bytes>-<pid>-<random>`` and, for a
+    point with ``hold``, waiting until the file ``point["release"]`` exists (at most 10
+    minutes): a test can kill the process running a point while it runs."""
+    from cais.sweep.point import run_point
+
+    Path(point["calls"], f"{point['bytes']}-{os.getpid()}-{uuid.uuid4().hex[:8]}").touch()
+    if point.get("hold"):
+        deadline = time.monotonic() + 600
+        while not Path(point["release"]).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    return run_point({k: v for k, v in point.items() if k not in ("calls", "hold", "release")})
