@@ -71,3 +71,24 @@ def test_report_lines_name_every_set() -> None:
     labels = dict(p.lines())
     assert labels["--set"] == "link.bandwidth_GBps=50" and labels["command"] == "cais reproduce fig2"
     assert set(p.columns()) == {f"provenance.{k}" for k in p.as_json()}
+
+
+def test_a_python_api_result_carries_its_provenance() -> None:
+    """``CollectiveRunSpec(...).run().as_json()`` (and a LayerSpec's) says what made it:
+    version, commit, the spec as the command, the system and the hash of its config
+    after the overrides (the same hash as a sweep row of the same run), the overrides."""
+    from cais.experiments.spec import CollectiveRunSpec, SystemSpec
+    from cais.sweep.point import run_point
+
+    spec = CollectiveRunSpec("allreduce", "nvls", "64KiB", SystemSpec(gpus=4, sets=(("link.bandwidth_GBps", "50"),)))
+    result = spec.run()
+    prov = result.as_json()["provenance"]
+    assert prov["version"] == package_version() and prov["commit"] == git_commit() and prov["system"] == "dgx-h100"
+    assert prov["command"] == ("python: CollectiveRunSpec(op='allreduce', algo='nvls', nbytes='64KiB', "
+                               "system=SystemSpec(gpus=4, sets=(('link.bandwidth_GBps', '50'),))).run()")
+    assert json.loads(prov["sets"]) == {"link.bandwidth_GBps": 50}
+    want = load_system("dgx-h100", gpus=4, link={"bandwidth_GBps": 50.0})
+    assert prov["system_sha256"] == content_hash(want.model_dump())
+    row = run_point({"op": "allreduce", "algo": "nvls", "bytes": "64K", "gpus": 4, "set.link.bandwidth_GBps": 50})
+    assert row["provenance.system_sha256"] == prov["system_sha256"] and row["busbw_GBps"] == result.busbw_GBps
+    assert set(prov) == {k.removeprefix("provenance.") for k in result.provenance.columns()}

@@ -81,10 +81,14 @@ class Provenance:
                 ("command", self.command), ("system", f"{self.system} (config sha256 {self.system_sha256})"),
                 ("--set", sets)]
 
+    def flat(self) -> dict[str, str]:
+        """Every field as text, ``sets`` as JSON: the values of a table's
+        ``provenance.<field>`` columns (a result's ``as_json()["provenance"]``)."""
+        return {k: v if isinstance(v, str) else json.dumps(v, sort_keys=True) for k, v in self.as_json().items()}
+
     def columns(self) -> dict[str, str]:
         """Flat ``provenance.<field>`` columns for a results table."""
-        return {f"provenance.{k}": v if isinstance(v, str) else json.dumps(v, sort_keys=True)
-                for k, v in self.as_json().items()}
+        return {f"provenance.{k}": v for k, v in self.flat().items()}
 
 
 def collect(command: str, system: str, config: Mapping[str, Any] | None, sets: Mapping[str, Any]) -> Provenance:

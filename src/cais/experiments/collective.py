@@ -49,6 +49,7 @@ class CollectiveResult:
     protocol: str = "simple"  # the wire protocol (kernels/protocols.py)
     chosen_by: str = "asked"  # "asked": as given; "nccl": NCCL's choice by size (kernels/tuning.py)
     nvls_buffers: str | None = None  # NVLS: "staged" (kernels/nvls_staged.py) or "registered" (zero-copy)
+    provenance: Provenance | None = None  # what made it (CollectiveRunSpec.run sets it; cais.provenance)
 
     @property
     def link_util(self) -> LinkUtil:
@@ -64,7 +65,7 @@ class CollectiveResult:
                 "nvls_buffers": self.nvls_buffers, "gpus": self.gpus, "bytes": self.nbytes,
                 "time_us": self.time_us, "algbw_GBps": self.algbw_GBps, "busbw_GBps": self.busbw_GBps,
                 "wire_util": self.wire_util, **self.metrics.as_json(), "events": self.events, "wall_s": self.wall_s,
-                "sim": self.sim}
+                "sim": self.sim, **({"provenance": self.provenance.flat()} if self.provenance is not None else {})}
 
 
 def _fill(m: Machine, spec: CollectiveSpec, rng: np.random.Generator) -> list[np.ndarray]:

@@ -22,6 +22,7 @@ from cais.schemes.base import LayerRun
 from cais.workload import reference as ref
 from cais.workload.footprint import Footprint, check_fits, footprint
 from cais.workload.graph import Chain, Period, build_period
+from cais.provenance import Provenance
 from cais.workload.models import ModelSpec
 
 if TYPE_CHECKING:
@@ -59,6 +60,7 @@ class LayerResult:
     hbm_capacity_GB: float = 0.0  # the GPU's HBM it was checked against
     collective_choice: str = "scheme"  # collective.layer_choice: the scheme's, or NCCL's by size
     collectives_ran: dict[str, int] = field(default_factory=dict)  # "algo/protocol" -> NCCL calls (choice nccl)
+    provenance: Provenance | None = None  # what made it (LayerSpec.run sets it; cais.provenance)
 
     @property
     def padding(self) -> int:
@@ -77,7 +79,8 @@ class LayerResult:
                 "segments_us": self.segments, "kernel_us": self.kernel_us, "sim": self.sim,
                 "collectives": {"choice": self.collective_choice, "ran": self.collectives_ran},
                 **({"memory": {**self.memory.as_json(), "capacity_GB": self.hbm_capacity_GB}}
-                   if self.memory is not None else {})}
+                   if self.memory is not None else {}),
+                **({"provenance": self.provenance.flat()} if self.provenance is not None else {})}
 
 
 def chain_bound_ps(r: LayerRun, c: Chain) -> tuple[int, int]:

@@ -10,13 +10,14 @@ nothing is simulated or read from disk until ``build``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
 from typing import Any
 
 from cais.experiments.collective import CollectiveResult, check_collective, resolve_choice, run_collective
 from cais.experiments.layer import LayerResult, check_layer, run_layer
 from cais.hw.config import SystemConfig, apply_overrides, load_system, overridden
 from cais.progress import RunProgress
+from cais.provenance import collect
 from cais.results.recorder import Recorder
 from cais.workload.models import ModelSpec, load_model
 
@@ -98,10 +99,11 @@ class LayerSpec:
     def run(self, built: tuple[SystemConfig, dict[str, Any], ModelSpec] | None = None,
             recorder: Recorder | None = None, progress: RunProgress | None = None,
             functional: bool = False, seed: int = 0) -> LayerResult:
-        """Simulate the period (on ``built``, if the caller built it already)."""
-        cfg, _, model = built or self.build()
-        return run_layer(cfg, model, self.scheme, self.mode, self.sms, functional=functional, seed=seed,
-                         recorder=recorder, progress=progress, sim=self.sim)
+        """Simulate the period (on ``built``, if the caller built it already); the
+        result carries its provenance (:func:`_stamped`)."""
+        cfg, overrides, model = built or self.build()
+        return _stamped(run_layer(cfg, model, self.scheme, self.mode, self.sms, functional=functional, seed=seed,
+                                  recorder=recorder, progress=progress, sim=self.sim), self, cfg, overrides)
 
 
 @dataclass(frozen=True)
@@ -129,7 +131,30 @@ class CollectiveRunSpec:
 
     def run(self, built: tuple[SystemConfig, dict[str, Any]] | None = None, recorder: Recorder | None = None,
             progress: RunProgress | None = None, functional: bool = False) -> CollectiveResult:
-        """Simulate the collective (on ``built``, if the caller built it already)."""
-        cfg, _ = built or self.build()
-        return run_collective(cfg, self.op, self.algo, self.nbytes, functional=functional, recorder=recorder,
-                              progress=progress, sim=self.sim, protocol=self.protocol)
+        """Simulate the collective (on ``built``, if the caller built it already); the
+        result carries its provenance (:func:`_stamped`)."""
+        cfg, overrides = built or self.build()
+        return _stamped(run_collective(cfg, self.op, self.algo, self.nbytes, functional=functional, recorder=recorder,
+                                       progress=progress, sim=self.sim, protocol=self.protocol), self, cfg, overrides)
+
+
+def _stamped(result: Any, spec: LayerSpec | CollectiveRunSpec, cfg: SystemConfig, overrides: dict[str, Any]) -> Any:
+    """``result`` with its provenance: this package's version and commit, the date, the
+    spec as the command (``python: LayerSpec(...).run()``), the system's name and the
+    content hash of its configuration after the overrides, and the overrides; the
+    same ``system_sha256`` as ``cais run --json`` and a sweep row of the same run."""
+    return replace(result, provenance=collect(f"python: {_call(spec)}.run()", spec.system.name, cfg.model_dump(),
+                                              overrides))
+
+
+def _call(value: Any) -> str:
+    """A spec as the call that makes it, its fields left at their defaults left out:
+    ``LayerSpec(model='m', scheme='cais', mode='prefill', seq=64)``."""
+    if not is_dataclass(value) or isinstance(value, type):
+        return repr(value)
+    args = []
+    for f in fields(value):
+        default = f.default_factory() if f.default_factory is not MISSING else f.default
+        if getattr(value, f.name) != default:
+            args.append(f"{f.name}={_call(getattr(value, f.name))}")
+    return f"{type(value).__name__}({', '.join(args)})"
