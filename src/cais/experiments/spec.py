@@ -10,6 +10,7 @@ nothing is simulated or read from disk until ``build``.
 
 from __future__ import annotations
 
+import json
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
 from typing import Any
 
@@ -26,7 +27,10 @@ from cais.workload.models import ModelSpec, load_model
 class SystemSpec:
     """The system a run simulates: a preset or system JSON file, how many of its GPUs
     take part, the transfer unit of a collective, and dotted config overrides as the
-    user wrote them (``link.bandwidth_GBps`` -> ``"50"``), applied last.
+    user wrote them (``link.bandwidth_GBps`` -> ``"50"``), applied last. ``sets`` may
+    also be given as a dict, and a value as a number (or any JSON value): it is kept
+    as (key, text) pairs, a value that is not text written as JSON
+    (``sets={"link.bandwidth_GBps": 50}`` is ``(("link.bandwidth_GBps", "50"),)``).
 
     ``set_label`` and ``gpus_label`` are how a refusal names the overrides, in the
     user's words (a sweep spec's ``set.*`` keys, the command line's flags). With
@@ -41,6 +45,11 @@ class SystemSpec:
     set_label: str = "sets"
     gpus_label: str = "sets gpus="
     gpus_after_sets: bool = False
+
+    def __post_init__(self) -> None:
+        pairs = self.sets.items() if isinstance(self.sets, dict) else self.sets
+        object.__setattr__(self, "sets", tuple((str(k), v if isinstance(v, str) else json.dumps(v))
+                                               for k, v in pairs))
 
     def build(self) -> tuple[SystemConfig, dict[str, Any]]:
         """The system config and the values the overrides set (ConfigError, one line)."""
