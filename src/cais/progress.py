@@ -49,6 +49,81 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def _clock(seconds: float) -> str:
+    """Elapsed wall time as h:mm:ss."""
+    s = int(seconds)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+class BarView:
+    """What the bar shows, laid out for the terminal's width when drawn: the run's
+    name on its own line (wrapped, never cut), then the bar and ``parts`` (the ETA
+    first) joined by ``|``; where the line is too narrow for them all and a bar of
+    :attr:`MIN_BAR` cells, the last parts are left out, the first (the ETA, once
+    measured) never."""
+
+    MIN_BAR = 10
+    MAX_BAR = 40
+
+    def __init__(self, what: str, total: float) -> None:
+        self.what = what
+        self.total = total
+        self.completed = 0.0
+        self.parts: list[str] = []
+
+    def update(self, completed: float, parts: list[str]) -> None:
+        self.completed, self.parts = completed, parts
+
+    def line(self, width: int) -> tuple[int, str]:
+        """The bar's width and the text beside it on a line of ``width`` cells (bar
+        width 0: no room for a bar)."""
+        parts = list(self.parts)
+        while len(parts) > 1 and len(" | ".join(parts)) + 1 + self.MIN_BAR > width:
+            parts.pop()
+        text = " | ".join(parts)
+        bar = width - len(text) - 1
+        return (bar, text) if bar >= self.MIN_BAR else (0, text)
+
+    def __rich_console__(self, console: Any, options: Any) -> Any:
+        from rich.progress_bar import ProgressBar
+        from rich.table import Table
+        from rich.text import Text
+
+        width = options.max_width
+        yield Text(self.what, overflow="fold")
+        bar, text = self.line(width)
+        bar = min(bar, self.MAX_BAR)
+        if not bar:
+            yield Text(text, overflow="fold")
+            return
+        grid = Table.grid(padding=(0, 1))
+        grid.add_column(width=bar, no_wrap=True)
+        grid.add_column(no_wrap=True)
+        grid.add_row(ProgressBar(total=self.total, completed=self.completed, width=bar), Text(text))
+        yield grid
+
+
+def fitted_progress(parts: Callable[[Any], list[str]], **kwargs: Any) -> Any:
+    """A rich ``Progress`` (its ``kwargs``: console, disable, ...) that draws each task
+    as a :class:`BarView`: its description, then the bar and ``parts(task)`` (most
+    important first), fitted to the terminal's width."""
+    from rich.progress import Progress
+
+    class Fitted(Progress):
+        def get_renderables(self) -> Any:
+            for task in self.tasks:
+                view = BarView(task.description, task.total or 0)
+                view.update(task.completed, parts(task))
+                yield view
+
+    return Fitted(**kwargs)
+
+
+def clock_text(seconds: float | None) -> str:
+    """A time as h:mm:ss (``-:--:--`` if unknown)."""
+    return "-:--:--" if seconds is None else _clock(seconds)
+
+
 class RunProgress:
     """Reports one run's progress on ``stream`` (stderr): ``show`` draws the bar,
     ``notice`` prints the one-line estimate of a run of minutes before it starts, ending
@@ -71,8 +146,8 @@ class RunProgress:
         self.ticks = 0
         self._t0 = 0.0
         self._next = 0.0
-        self._bar: Any = None
-        self._task: Any = None
+        self._bar: Any = None  # rich's Live display of :attr:`view` while the bar is shown
+        self.view: BarView | None = None
         self._first: tuple[float, int] | None = None  # (wall, events) at the first tick: the rate's origin
         self._last: tuple[float, int] | None = None  # (wall, events) the rate was last updated at
         self.rate = 0.0  # events per wall second, smoothed; 0 until measured
@@ -100,18 +175,22 @@ class RunProgress:
         if t < self._next:
             return
         elapsed = t - self._t0
-        info = f"sim {now_ps / 1e6:,.1f} us | {events:,} events"
+        sim, done = f"sim {now_ps / 1e6:,.1f} us", f"{events:,} events"
         eta = self.eta(events)
-        if eta is not None:
-            info += f" | {self.rate / 1e3:,.0f} k/s | {eta}"
-        if not self._tty():  # a log file: a plain line now and then
+        rate = f"{self.rate / 1e3:,.0f} k/s"
+        if not self._tty():  # a log file: a plain line now and then, never cut
             self._next = t + self.log_every_s
+            info = " | ".join([sim, done, *((rate, eta) if eta is not None else ())])
             print(f"cais: progress: {self.what}: {info} ({elapsed:.0f} s)", file=self.stream, flush=True)
             return
         self._next = t + self.every_s
         if self._bar is None:
             self._start_bar()
-        self._bar.update(self._task, completed=min(events, self.estimate), info=info)
+        # the bar's line keeps its first parts where the terminal is narrow: the ETA first
+        assert self.view is not None
+        self.view.update(min(events, self.estimate), [*((eta,) if eta is not None else ()), sim, done,
+                                                      *((rate,) if eta is not None else ()), _clock(elapsed)])
+        self._bar.refresh()
 
     def _measure(self, t: float, events: int) -> None:
         """Update the smoothed rate with the events done since the last update."""
@@ -149,12 +228,11 @@ class RunProgress:
 
     def _start_bar(self) -> None:
         from rich.console import Console
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.live import Live
 
-        self._bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
-                             TimeElapsedColumn(), console=Console(file=self.stream), transient=True)
+        self.view = BarView(self.what, self.estimate)
+        self._bar = Live(self.view, console=Console(file=self.stream), auto_refresh=False, transient=True)
         self._bar.start()
-        self._task = self._bar.add_task(self.what, total=self.estimate, info="")
 
     def end(self) -> None:
         """The run is over (or interrupted): remove the bar."""

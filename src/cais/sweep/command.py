@@ -13,6 +13,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
+from cais.results.fit import print_table
 from cais.sweep.grid import Point, expand, load_spec, point_id
 from cais.sweep.point import kind_of
 from cais.sweep.runner import run_sweep, summary
@@ -71,6 +72,6 @@ def sweep_command(spec_path: str, out: str, workers: int | None, ray: str | None
     for kind in dict.fromkeys(kind_of(p) for p in points):
         some = [p for p in points if kind_of(p) == kind]
         shown = f", first {MAX_ROWS} shown" if len(some) > MAX_ROWS else ""
-        console.print(summary_table(table, some, f"{Path(spec_path).name}: {len(some)} {kind} points{shown}"))
+        print_table(console, summary_table(table, some, f"{Path(spec_path).name}: {len(some)} {kind} points{shown}"))
     console.print(f"{ok} ok, {failed} failed" + (" (see the status and error columns)" if failed else ""))
     console.print(f"results: {out} ({len(table)} rows; pandas.read_parquet)")

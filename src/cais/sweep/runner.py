@@ -21,6 +21,7 @@ from typing import Any
 import pandas as pd
 
 from cais.errors import UserError
+from cais.progress import clock_text, fitted_progress
 from cais.provenance import git_commit, now_utc, package_version
 from cais.results.table import flatten
 from cais.sweep.grid import Point, point_id
@@ -189,16 +190,17 @@ def _reachable(address: str) -> None:
 
 
 def _progress(enabled: bool, desc: str, total: int, skipped: int) -> Any:
-    """A rich progress bar on stderr (done/total, failures, elapsed, ETA); disabled when
-    asked or when stderr is not a terminal."""
+    """A rich progress bar on stderr (ETA, done/total, failures, elapsed; the ETA kept
+    where the terminal is narrow, cais.progress.BarView); disabled when asked or when
+    stderr is not a terminal."""
     from rich.console import Console
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn)
+
+    def parts(task: Any) -> list[str]:
+        return [f"ETA {clock_text(task.time_remaining)}", f"{task.completed:.0f}/{task.total:.0f}",
+                f"{task.fields['failed']} failed", clock_text(task.elapsed or 0.0)]
 
     console = Console(stderr=True)
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("{task.fields[failed]} failed"), TimeElapsedColumn(), TextColumn("ETA"),
-                        TimeRemainingColumn(), console=console, disable=not (enabled and console.is_terminal))
+    progress = fitted_progress(parts, console=console, disable=not (enabled and console.is_terminal))
     label = f"{desc} ({skipped} done before)" if skipped else desc
     return progress, progress.add_task(label, total=total, failed=0)
 

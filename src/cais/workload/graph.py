@@ -42,6 +42,13 @@ SUBLAYERS = {
     "L3": "backward: first FFN dgrad -> reduce -> LayerNorm bwd -> gather -> output-projection dgrad",
     "L4": "backward: QKV dgrad -> reduce -> LayerNorm bwd -> gather -> second FFN dgrad",
 }
+NORM_NAMES = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
+
+
+def sublayer_legend(name: str, norm: str = "layernorm") -> str:
+    """The sub-layer ``name``'s line of :data:`SUBLAYERS`, naming the model's norm
+    (``ModelSpec.norm``: ``layernorm`` or ``rmsnorm``); "" for a name not there."""
+    return SUBLAYERS.get(name, "").replace("LayerNorm", NORM_NAMES.get(norm, norm))
 
 
 @dataclass(frozen=True)
