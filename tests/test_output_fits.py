@@ -128,6 +128,16 @@ def test_a_word_longer_than_the_terminal_is_folded_not_cut() -> None:
     assert path in "".join(re.sub(r"[\u2500-\u257f]", "", text).split())  # every character, in order
 
 
+def test_a_title_longer_than_its_table_widens_the_table() -> None:
+    title = "AllReduce on my-own-system-file-with-a-rather-long-name.json (8 GPUs), 256 MiB"
+    t = _table(["a", "b"], [["1", "2"]])
+    t.title = title
+    assert "my-own-system-file-with-a-rather-long-name.json" not in rendered(t, fitted=False)  # rich: fragments
+    text = rendered(t)
+    assert_fits(text)
+    assert text.splitlines()[0].strip() == title
+
+
 @pytest.mark.parametrize("width", [40, 60, 80, 120])
 def test_the_layout_fits_other_widths_too(width: int) -> None:
     headers = ["mode", "scheme", "ours, paper-world (prediction)", "total (us)", "status"]

@@ -168,13 +168,25 @@ def fit(table: Table, console: Console) -> list[RenderableType]:
     if widths is not None:
         if sum(b for _, b in _ranges(console, table)) > room:  # rich's own narrowing may cut: set them
             _set_widths(table, widths)
-        return [table]
-    if not table.show_header or len(table.columns) < 2:
-        return [_folded(console, table, width)]
-    legend = _abbreviated(console, table, width)
-    if legend is not None:
-        return [table, legend]
-    return [_vertical(console, table, width)]
+        out: list[RenderableType] = [table]
+    elif not table.show_header or len(table.columns) < 2:
+        out = [_folded(console, table, width)]
+    else:
+        legend = _abbreviated(console, table, width)
+        out = [table, legend] if legend is not None else [_vertical(console, table, width)]
+    _room_for_title(console, out[0], width)  # type: ignore[arg-type]
+    return out
+
+
+def _room_for_title(console: Console, table: Table, width: int) -> None:
+    """Widen a table narrower than its title (up to ``width``): rich wraps a title to
+    the table's width, a long one into a column of fragments."""
+    if table.title is None:
+        return
+    title = table.title if isinstance(table.title, Text) else console.render_str(str(table.title))
+    natural = sum(hi for _, hi in _ranges(console, table)) + table._extra_width
+    if title.cell_len > natural:
+        table.min_width = min(width, title.cell_len)
 
 
 def print_table(console: Console, table: Table) -> None:
