@@ -123,6 +123,32 @@ def test_a_report_says_when_it_reuses_runs_made_by_other_code(quick: Path, tmp_p
     assert notes[0].split("note: ", 1)[-1] in (tmp_path / "report.md").read_text()
 
 
+def test_each_quick_claim_agrees_with_the_shipped_full_grid_or_says_so(quick: Path) -> None:
+    """A quick verdict never states the opposite of the full grid's answer silently."""
+    import json
+
+    from cais.reproduce.claims import shipped
+
+    full = shipped("dgx-h100")
+    assert full is not None
+    mine = json.loads((quick / "claims.json").read_text())
+    assert mine["grid"] == "quick" and mine["system"] == "dgx-h100"
+    verdict = (quick / "report.md").read_text().split("## Verdict")[1].split("## Provenance")[0]
+    compared = differ = 0
+    for exp, claims in mine["claims"].items():
+        theirs = {c["name"]: c for c in full["claims"].get(exp, [])}
+        for c in claims:
+            if c["name"] not in theirs:
+                continue
+            compared += 1
+            if c["holds"] != theirs[c["name"]]["holds"]:
+                differ += 1
+                line = next(ln for ln in verdict.splitlines() if f"'{c['name']}'" in ln)
+                assert "The full grid points the other way" in line and theirs[c["name"]]["figure"] in line
+    assert compared >= 10, compared  # the experiments' claims met the shipped ones
+    assert verdict.count("The full grid points the other way") <= differ
+
+
 def test_unknown_experiment_is_a_user_error() -> None:
     with pytest.raises(UserError, match="unknown 'fig99'"):
         expand(["fig99"])

@@ -17,6 +17,16 @@ import pandas as pd
 WHY_COLUMN = "why they differ (> 10 %)"
 
 
+@dataclass(frozen=True)
+class Claim:
+    """One claim of the paper as a run judged it: its name (the same on the quick and
+    the full grid), whether it holds, and the figure that decided it."""
+
+    name: str
+    holds: bool
+    figure: str
+
+
 @dataclass
 class Section:
     """One experiment's part of the report: a title, a ``verdict`` (one or two
@@ -30,10 +40,18 @@ class Section:
     blocks: list[tuple[str, object]] = field(default_factory=list)
     verdict: str = ""
     summary: pd.DataFrame | None = None
+    claims: list[Claim] = field(default_factory=list)
 
     def p(self, text: str) -> "Section":
         self.blocks.append(("p", text))
         return self
+
+    def claim(self, name: str, ok: bool, figure: str) -> str:
+        """Record one of the paper's claims as this run judged it (``name``: the same on
+        every grid; ``figure``: the number that decided it, in words) and return
+        ``holds`` or ``does not hold`` for the verdict's sentence."""
+        self.claims.append(Claim(name, bool(ok), figure))
+        return "holds" if ok else "does not hold"
 
     def says(self, verdict: str) -> "Section":
         """Set the section's verdict."""

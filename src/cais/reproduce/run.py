@@ -14,6 +14,7 @@ import pandas as pd
 from cais.errors import UserError
 from cais.hw.config import apply_overrides, load_system
 from cais.provenance import Provenance, collect
+from cais.reproduce.claims import against_full, shipped, write_claims
 from cais.reproduce.experiments import EXPERIMENTS, PAPER_SET, Context
 from cais.reproduce.report import Front, Section, write_report
 from cais.reproduce.verdict import quick_warning, why_links
@@ -164,6 +165,8 @@ def reproduce(names: list[str], ctx: Context, workers: int | None = None,
     front = Front(verdict, quick_warning(ctx.quick, list(dict.fromkeys(models))), facts, provenance.lines(),
                   why_links(ctx.out))
     res.report_md, res.report_html = write_report(ctx.out, res.sections, front)
+    write_claims(ctx.out, res.sections, {"system": ctx.system, "sets": ctx.sets, "grid": "quick" if ctx.quick
+                                         else "full", "commit": provenance.commit, "date": provenance.date})
     return res
 
 
@@ -183,6 +186,9 @@ def _analyse(name: str, points: list[tuple[str, dict]], rows: pd.DataFrame, ctx:
         except Exception as exc:  # noqa: BLE001 - partial runs: the report says so, the rest goes on
             table, section = pd.DataFrame(), Section(name, exp.title).p(
                 f"ANALYSIS FAILED on these runs ({len(rows)} rows): {type(exc).__name__}: {exc}")
+    full = shipped(ctx.system) if ctx.quick and not ctx.sets else None
+    if full is not None and section.verdict:
+        section.verdict += against_full(section, full)
     table.assign(**provenance.columns()).to_csv(ctx.out / f"{name}.csv", index=False)
     runs_s = float(pd.to_numeric(rows["wall_s"], errors="coerce").sum()) if "wall_s" in rows else 0.0
     res.tables[name], res.seconds[name] = table, runs_s + time.perf_counter() - t0

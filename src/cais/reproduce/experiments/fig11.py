@@ -153,6 +153,13 @@ def fig11_analyse(ctx: Context, rows: pd.DataFrame, name: str = "fig11",
     answers = world_answers(ctx, every) if "sets" in every else pd.DataFrame()
     l2 = world_rows(ctx, worlds(ctx)[1], every) if "sets" in every else None
     sec = Section(name, f"Fig. 11: end-to-end speedup of CAIS over every scheme{world}")
+    for mode in dict.fromkeys(g["mode"]):
+        b = g[(g["mode"] == mode) & g["scheme"].isin(P.BASELINES)]
+        k, n = count_faster(b["ours"])
+        sec.claim(f"CAIS beats every baseline in {mode}", k == n, f"{k} of {n} baselines")
+    for _, a in answers.iterrows():
+        sec.claim(f"CAIS beats TP-NVLS in {a['mode']}, {a['world']}", a["over TP-NVLS"] >= 1,
+                  f"{a['over TP-NVLS']:.2f}x")
     sec.says(fig11_verdict(g, df, grid_words(ctx, t), l2)
              + (" " + answers_sentence(answers) if len(answers) else ""))
     sec.p(f"One layer period per (model, mode, scheme) on {ctx.system}, 8 GPUs x {P.SMS_HALF} SMs"

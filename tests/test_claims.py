@@ -1,0 +1,46 @@
+"""The paper's claims as a reproduction records them, and the quick grid held to the
+shipped full grid: a quick claim that points the other way from the full grid's gets
+the full grid's figure in its verdict; one that agrees gets nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from cais.reproduce.claims import against_full, claims_of, shipped, write_claims
+from cais.reproduce.report import Section
+
+FULL = {"system": "dgx-h100", "commit": "0123456789abcdef", "grid": "full",
+        "claims": {"fig17": [{"name": "throughput holds", "holds": False, "figure": "-11.4 % from 8 to 32 GPUs"}]}}
+
+
+def test_a_claim_that_points_the_other_way_gets_the_full_grids_figure() -> None:
+    sec = Section("fig17", "Fig. 17")
+    assert sec.claim("throughput holds", True, "+70.3 % from 8 to 16 GPUs") == "holds"
+    said = against_full(sec, FULL)
+    assert "full grid points the other way" in said and "-11.4 % from 8 to 32 GPUs" in said
+    assert "+70.3 %" in said and "commit 0123456" in said
+
+
+def test_agreeing_or_unknown_claims_add_nothing() -> None:
+    sec = Section("fig17", "Fig. 17")
+    assert sec.claim("throughput holds", False, "-3 %") == "does not hold"
+    sec.claim("a claim the full grid does not have", True, "1x")
+    assert against_full(sec, FULL) == ""
+    assert against_full(Section("fig11", "Fig. 11"), FULL) == ""
+
+
+def test_claims_are_written_with_their_facts(tmp_path: Path) -> None:
+    sec = Section("fig2", "Fig. 2")
+    sec.claim("communication dominates", False, "0.56x")
+    path = write_claims(tmp_path, [sec, Section("area", "area")], {"system": "dgx-h100", "grid": "quick"})
+    data = json.loads(path.read_text())
+    assert data["grid"] == "quick" and data["claims"] == claims_of([sec])
+    assert data["claims"]["fig2"] == [{"name": "communication dominates", "holds": False, "figure": "0.56x"}]
+
+
+def test_the_default_system_ships_its_full_grid() -> None:
+    full = shipped("dgx-h100")
+    assert full is not None and full["grid"] == "full" and not full["sets"]
+    assert sum(len(c) for c in full["claims"].values()) >= 10
+    assert shipped("no-such-system") is None
