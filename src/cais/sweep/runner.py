@@ -219,7 +219,8 @@ def run_sweep(points: list[Point], out: str | Path, *, fn: str | PointFn = DEFAU
     ``ray_address``. A point that raises becomes a row with status ``error`` and
     its one-line message; the others go on. Every row carries its provenance
     (``provenance.version``, ``.commit``, ``.date`` it finished, ``.command``: what
-    started the sweep). Returns the whole table: earlier rows and new ones, one row
+    started the sweep; without one, what the point function said, e.g. ``python:
+    LayerSpec(...).run()``). Returns the whole table: earlier rows and new ones, one row
     per point id (a rerun point's row replaces its old one). What this call did is in
     the table's ``attrs``: ``attrs["points_run"]`` points it ran (simulated, or tried
     to), ``attrs["points_reused"]`` points whose finished row was already in ``out``."""
@@ -268,10 +269,11 @@ def run_sweeps(jobs: Sequence[Job], outs: Mapping[str, str | Path], *, workers: 
         with bar, closing(batches):
             for batch in batches:
                 stamp = {"provenance.version": package_version(), "provenance.commit": git_commit(),
-                         "provenance.date": now_utc(), "provenance.command": command}
+                         "provenance.date": now_utc()}
                 by_fn: dict[str, list[dict[str, Any]]] = {}
-                for name, row in batch:
-                    by_fn.setdefault(name, []).append({**row, **stamp})
+                for name, row in batch:  # without a command, a row's own (a spec's call, run_point) stays
+                    mine = command or str(row.get("provenance.command") or "")
+                    by_fn.setdefault(name, []).append({**row, **stamp, "provenance.command": mine})
                 for name, rows in by_fn.items():
                     stores[name].add(rows)
                     pending -= {(name, r["point_id"]) for r in rows}
