@@ -180,8 +180,8 @@ def test_a_table_being_written_by_another_sweep_is_refused(tmp_path) -> None:
         with pytest.raises(UserError, match="another sweep is writing"):
             run_sweep([{"x": 1}], out, fn=HELPER, workers=1, progress=False)
     assert not list(tmp_path.glob(".*lock"))  # removed when the sweep ends
-    with pytest.raises(UserError, match="must end in .parquet"):
-        run_sweep([{"x": 1}], tmp_path / "r.csv", fn=HELPER, workers=1, progress=False)
+    with pytest.raises(UserError, match="^out: .*must end in .parquet"):  # (or .csv, where sweeps write CSV)
+        run_sweep([{"x": 1}], tmp_path / "r.txt", fn=HELPER, workers=1, progress=False)
     with pytest.raises(UserError, match="^ray: no Ray cluster answers|^ray: Ray is not installed"):
         run_sweep([{"x": 1}], out, fn=HELPER, ray_address=f"127.0.0.1:{_free_port()}", progress=False)
 
