@@ -60,20 +60,24 @@ def _ranges(console: Console, table: Table, headers: bool = True) -> list[tuple[
     return out
 
 
-def _widths(ranges: list[tuple[int, int]], room: int) -> list[int] | None:
+def _widths(ranges: list[tuple[int, int]], room: int, first: list[int] | None = None) -> list[int] | None:
     """Column widths that add up to at most ``room``, each between its narrowest and
-    widest, narrowing the widest columns first; None if the narrowest do not fit."""
+    widest, narrowing the widest columns first, and none below ``first`` (the
+    widths at which only headers wrap, not cells) while that is enough; None if the
+    narrowest do not fit."""
     lo = [a for a, _ in ranges]
     if sum(lo) > room:
         return None
     widths = [b for _, b in ranges]
     excess = sum(widths) - room
-    while excess > 0:
-        top = max(w for w, m in zip(widths, lo) if w > m)
-        for i, (w, m) in enumerate(zip(widths, lo)):
-            if w == top and w > m and excess > 0:
-                widths[i] -= 1
-                excess -= 1
+    floors = [lo] if first is None else [[min(max(f, m), w) for f, m, w in zip(first, lo, widths)], lo]
+    for floor in floors:
+        while excess > 0 and any(w > m for w, m in zip(widths, floor)):
+            top = max(w for w, m in zip(widths, floor) if w > m)
+            for i, (w, m) in enumerate(zip(widths, floor)):
+                if w == top and w > m and excess > 0:
+                    widths[i] -= 1
+                    excess -= 1
     return widths
 
 
@@ -164,7 +168,8 @@ def fit(table: Table, console: Console) -> list[RenderableType]:
     Changes ``table``'s column widths and headers; a vertical layout is a new table."""
     width = console.width
     room = _room(table, width)
-    widths = _widths(_ranges(console, table), room)
+    cells = [hi for _, hi in _ranges(console, table, headers=False)]
+    widths = _widths(_ranges(console, table), room, cells)
     if widths is not None:
         if sum(b for _, b in _ranges(console, table)) > room:  # rich's own narrowing may cut: set them
             _set_widths(table, widths)
