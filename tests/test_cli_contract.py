@@ -4,7 +4,11 @@ runs, a closed stdout is exit 141 on every command (rich tables included), bare
 ``cais`` is the help and ``cais --version`` the version, a slow machine is not a
 stalled one (and an absurdly slow one is refused as a user's mistake, while a real
 deadlock is still exit 3), and the event limit offers ``--sim mirror`` where a run is
-symmetric.
+symmetric. Then where issue 36 found it broken (section 7 of the cases): a scheme
+refuses a switch it cannot run on, a step the run could add up past the clock is
+refused with the bound of that run (and that bound runs), empty and unwritable output
+paths are refused before simulating, messages name the flag, byte sizes are read
+strictly (``1GB`` refused), and run, collective and sweep write the same formats.
 
 Every case is a subprocess (``python -m cais``); they run in parallel threads once per
 module and each test checks one. A failure case must end with its exit code, exactly
@@ -30,6 +34,7 @@ from typing import Callable
 import pytest
 
 from cais.hw.config import load_system
+from cais.schemes import schemes
 from cli_harness import SRC, TIME_LIMIT_S, Outcome, cais_env, files_of, run_cais
 ROOT = os.geteuid() == 0
 SETPRIV = shutil.which("setpriv")
@@ -40,6 +45,11 @@ TINY_RUN = ["run", "--model", "paper-mega-gpt-4b", "--scheme", "tp-nvls", "--mod
             "--seq", "128"]
 NVL72_1G = ["collective", "--system", "nvl72", "--gpus", "72", "--algo", "nvls", "--op", "allreduce", "--bytes", "1G"]
 BIG_TRAIN = ["run", "--model", "paper-llama-7b", "--mode", "train", "--batch", "64"]
+RING_1M = ["collective", "--op", "allreduce", "--algo", "ring", "--bytes", "1M"]
+SMALL_LAYER = ["run", "--model", "paper-mega-gpt-4b", "--mode", "prefill", "--batch", "1", "--seq", "64"]
+# the schemes that need merge units in the switch (ld.cais / red.cais): every one is refused on NVLS-only chips
+MERGING_SCHEMES = [name for name, cls in schemes().items() if cls.switch == "cais"]
+SWEEP_SPEC = "fixed: {kind: collective, op: allreduce, algo: nvls, bytes: 64K, gpus: 4}\n"
 
 
 def _mkdir(*names: str, mode: int | None = None) -> Callable[[Path], None]:
@@ -108,6 +118,7 @@ class Case:
     as_nobody: bool = False  # needs permissions to hold: run as an unprivileged user where we are root
     check: Callable[[subprocess.CompletedProcess], None] | None = None  # more checks of a success
     env: dict[str, str] = field(default_factory=dict)
+    creates: tuple[str, ...] = ()  # files the command must leave in its folder (a sweep's table); no others
 
 
 def _version_line(proc: subprocess.CompletedProcess) -> None:
@@ -124,7 +135,26 @@ def _help(proc: subprocess.CompletedProcess) -> None:
 
 def _slow_but_finished(proc: subprocess.CompletedProcess) -> None:
     out = json.loads(proc.stdout)
-    assert out["time_us"] > 1e7  # ~96 s of simulated time: far past the watchdog's 0.1 s horizon
+    # ~0.19 s and ~33 s of simulated time: far past the watchdog's horizon (1 ms in the bandwidth case, 0.1 s in
+    # the latency case)
+    assert out["time_us"] > 1e5
+
+
+def _bytes_are(n: int) -> Callable[[subprocess.CompletedProcess], None]:
+    def check(proc: subprocess.CompletedProcess) -> None:
+        assert json.loads(proc.stdout)["bytes"] == n
+    return check
+
+
+def _ran_on(switch: str) -> Callable[[subprocess.CompletedProcess], None]:
+    def check(proc: subprocess.CompletedProcess) -> None:
+        out = json.loads(proc.stdout)
+        assert out["switch"] == switch and out["total_us"] > 0
+    return check
+
+
+def _wrote_csv(proc: subprocess.CompletedProcess) -> None:
+    assert re.search(r"results: .*s\.csv \(1 rows; pandas\.read_csv\)", proc.stdout), proc.stdout
 
 
 CASES = [
@@ -170,12 +200,15 @@ CASES = [
     Case("bare-cais-is-the-help", [], code=0, check=_help),
     Case("version", ["--version"], code=0, check=_version_line),
     # 5. slow is not stuck; absurdly slow is refused before running; a deadlock is still exit 3
+    # (issue 36: 1e-6 GB/s and 1e12 ns are past the bound of these runs now; these are within it)
     Case("slow-link-finishes", ["collective", "--op", "allreduce", "--algo", "nvls", "--bytes", "1M", "--set",
-                                "link.bandwidth_GBps=1e-6", "--json"], code=0, check=_slow_but_finished),
-    Case("slow-latency-finishes", ["collective", "--op", "allreduce", "--algo", "ring", "--bytes", "1M", "--set",
-                                   "link.latency_ns=1e12", "--json"], code=0, check=_slow_but_finished),
+                                "link.bandwidth_GBps=5e-4", "--set", "watchdog_horizon_us=1000", "--json"], code=0,
+         check=_slow_but_finished),
+    Case("slow-latency-finishes", [*RING_1M, "--set", "link.latency_ns=1e9", "--json"], code=0,
+         check=_slow_but_finished),
     Case("bandwidth-too-small-for-the-clock", [*COLL, "--set", "link.bandwidth_GBps=1e-320"],
-         says=r"link.bandwidth_GBps: 1e-320 makes one transfer unit .* slow, not stuck\); use at least"),
+         says=r"link.bandwidth_GBps: 1e-320 makes one transfer unit .* \(slow, not stuck, but past what the clock "
+              r"counts\); use at least"),
     Case("latency-infinite", [*COLL, "--set", "link.latency_ns=inf"], says=r"link.latency_ns: inf .* use at most"),
     Case("slowdown-too-big-for-the-clock", [*TINY_RUN, "--set", 'gpu_slowdown={"1": 1e300}'],
          says=r"gpu_slowdown.1: 1e\+300 makes 1 us of GPU work take"),
@@ -192,6 +225,71 @@ CASES = [
          says=r"use bytes of at most about [0-9.]+[KMG]?$"),
     Case("limit-no-mirror-for-a-slowed-gpu", [*NVL72_1G, "--set", 'gpu_slowdown={"3": 2}'],
          says=r"use bytes of at most about [0-9.]+[KMG]?$"),
+    # 7. issue 36
+    # a scheme refuses a switch it cannot run on (before building the machine), naming switch.model and the
+    # values allowed; a scheme that needs NVLS only runs on a CAIS switch (it has NVLS too)
+    *[Case(f"{name}-on-an-nvls-switch", [*SMALL_LAYER, "--scheme", name, "--set", "switch.model=nvls"],
+           says=rf"switch\.model: scheme '{name}' needs a 'cais' switch \(.*merge unit.*\); 'nvls' has .* only; "
+                r"allowed with this scheme: auto, cais$") for name in MERGING_SCHEMES],
+    Case("tp-nvls-on-a-cais-switch", [*SMALL_LAYER, "--scheme", "tp-nvls", "--set", "switch.model=cais", "--json"],
+         code=0, check=_ran_on("cais")),
+    # a step the run's events could add up past the clock: refused with this run's bound (test_the_offered_bound_runs)
+    Case("latency-1e15", [*RING_1M, "--set", "link.latency_ns=1e15"],
+         says=r"link\.latency_ns: 1e\+15 makes one step take 1e\+18 ps .*this run's [0-9,]+ estimated events.* "
+              r"half the 64-bit picosecond clock.*; use at most [0-9.]+e\+0\d$"),
+    Case("latency-5e15", [*RING_1M, "--set", "link.latency_ns=5e15"], says=r"link\.latency_ns: 5e\+15 .* use at most"),
+    Case("latency-9.2e15", [*RING_1M, "--set", "link.latency_ns=9.2e15"], says=r"link\.latency_ns: 9\.2e\+15 .* use at"),
+    Case("bandwidth-1e-6", [*RING_1M, "--set", "link.bandwidth_GBps=1e-6"],
+         says=r"link\.bandwidth_GBps: 1e-06 makes one transfer unit .*; use at least [0-9.e-]+$"),
+    Case("horizon-past-the-clock", [*RING_1M, "--set", "watchdog_horizon_us=1e13"],
+         says=r"watchdog_horizon_us: 1e\+13 .* past the 4\.61e\+18 ps .*; use at most 4\.61e\+12$"),
+    # sweep on a closed stdout: exit 141 like every command; the table is written before anything is printed
+    Case("closed-stdout-sweep", ["sweep", "{d}/s.yaml", "--out", "{d}/x.parquet", "--no-progress"], code=141,
+         closed_stdout=True, setup=_write("s.yaml", SWEEP_SPEC), creates=("x.parquet",)),
+    # output paths: checked before anything runs, the path the user gave named
+    Case("reproduce-out-in-proc", ["reproduce", "fig11", "--quick", "--out", "/proc/rp"],
+         says=r"--out: cannot (write '/proc/rp': creating a file in /proc failed|create 'rp' in directory /proc)"),
+    Case("run-out-in-proc", [*TINY_RUN, "--out", "/proc/x.parquet"],
+         says=r"--out: cannot write '/proc/x\.parquet': (creating a file in /proc failed|no write permission)"),
+    Case("collective-trace-in-proc", [*COLL, "--trace", "/proc/x.json"],
+         says=r"--trace: cannot write '/proc/x\.json': (creating a file in /proc failed|no write permission)"),
+    *[Case(f"{cmd}-{flag[2:]}-empty", [*args, flag, ""], says=rf"{flag}: the path is empty; give {what}")
+      for cmd, args, flag, what in (
+          ("reproduce", ["reproduce", "fig11", "--quick"], "--out", "a directory"),
+          ("run", TINY_RUN, "--out", r"a file name ending in \.parquet or \.csv"),
+          ("run", TINY_RUN, "--trace", r"a file name ending in \.json"),
+          ("collective", COLL, "--out", r"a file name ending in \.parquet or \.csv"),
+          ("collective", COLL, "--trace", r"a file name ending in \.json"),
+          ("sweep", ["sweep", "{d}/s.yaml"], "--out", r"a file name ending in \.parquet or \.csv"))],
+    # messages name the flag the user gave, not a config field
+    Case("collective-gpus-1", [*COLL, "--gpus", "1"],
+         says=r"error: --gpus: 1 is refused as gpus: Input should be greater than or equal to 2"),
+    Case("collective-unit-7", [*COLL, "--unit", "7"],
+         says=r"error: --unit: 7 is refused as transfer_unit_bytes: Input should be greater than or equal to 128"),
+    Case("reproduce-models-unknown", ["reproduce", "fig11", "--quick", "--out", "{d}/out", "--models", "nosuch"],
+         says=r"error: --models: unknown model 'nosuch'; valid: .*paper-mega-gpt-4b"),
+    Case("reproduce-set-unknown", ["reproduce", "fig11", "--quick", "--out", "{d}/out", "--set", "foo=bar"],
+         says=r"error: --set: unknown key 'foo'; valid keys at the top level: "),
+    Case("reproduce-cached-set-unknown", ["reproduce", "fig11", "--quick", "--cached", "--out", "{d}/out", "--set",
+                                          "foo=bar"], says=r"error: --set: unknown key 'foo'"),
+    # byte sizes: binary units (1M = 2**20), numbers of bytes (1e5); KB/MB/GB refused as ambiguous, and so says
+    Case("bytes-1GB", [*RING_1M[:-1], "1GB"],
+         says=r"--bytes: '1GB': GB is ambiguous .*; write G or GiB for binary units \(1G = 2\*\*30\) .* 1e9$"),
+    Case("bytes-64kb", [*RING_1M[:-1], "64kb"], says=r"--bytes: '64kb': kb is ambiguous"),
+    Case("bytes-fraction", [*RING_1M[:-1], "0.1K"], says=r"--bytes: '0.1K' is 102.4 bytes, not a whole number"),
+    Case("demo-bytes-1MB", ["demo", "--bytes", "1MB"], says=r"--bytes: '1MB': MB is ambiguous"),
+    Case("unit-1KB", [*COLL, "--unit", "1KB"], says=r"--unit: '1KB': KB is ambiguous"),
+    Case("sweep-bytes-1GB", ["sweep", "{d}/s.yaml", "--out", "{d}/s.parquet"],
+         says=r"point 1 of 1 .*: key 'bytes': '1GB': GB is ambiguous",
+         setup=_write("s.yaml", SWEEP_SPEC.replace("64K", "1GB"))),
+    Case("bytes-1e5-is-decimal", [*COLL[:-1], "1e5", "--json"], code=0, check=_bytes_are(100_000)),
+    Case("bytes-64KiB-is-binary", [*COLL[:-1], "64KiB", "--json"], code=0, check=_bytes_are(65_536)),
+    # output formats: .parquet and .csv on every command, anything else refused with the same line
+    Case("sweep-out-csv", ["sweep", "{d}/s.yaml", "--out", "{d}/s.csv", "--no-progress"], code=0,
+         setup=_write("s.yaml", SWEEP_SPEC), check=_wrote_csv, creates=("s.csv",)),
+    *[Case(f"{cmd}-out-txt", [*args, "--out", "{d}/s.txt"],
+           says=r"--out: results table must end in \.parquet or \.csv, got '.*/s\.txt'$", setup=_write("s.yaml", SWEEP_SPEC))
+      for cmd, args in (("run", TINY_RUN), ("collective", COLL), ("sweep", ["sweep", "{d}/s.yaml"]))],
 ]
 
 
@@ -254,10 +352,15 @@ def test_the_contract(case: Case, outcomes: dict[str, Outcome]) -> None:
     assert "Traceback" not in o.proc.stderr
     assert o.proc.returncode == case.code, o.proc.stderr
     lines = o.proc.stderr.splitlines()
+    after = files_of(o.dir)
+    for name in case.creates:  # the files it must write, and only those
+        assert name in after and name not in o.before, name
+        after.pop(name)
     if case.code == 0:
         assert o.proc.stderr == "", o.proc.stderr
         assert case.check is not None
         case.check(o.proc)
+        assert not case.creates or after == o.before
         return
     if case.code == 141:  # quietly, as a process SIGPIPE ended
         assert o.proc.stderr == ""
@@ -268,7 +371,7 @@ def test_the_contract(case: Case, outcomes: dict[str, Outcome]) -> None:
         assert re.search(case.says, lines[0]), lines[0]
         assert "sim='" not in lines[0]  # the command shows parameters as its flags
         assert o.proc.stdout == ""
-    assert files_of(o.dir) == o.before  # nothing written, no temporary file, inputs untouched
+    assert after == o.before  # nothing written (but what it must create), no temporary file, inputs untouched
 
 
 # ---- the watchdog in process: slow is not stuck ------------------------------------
@@ -312,3 +415,143 @@ def test_a_livelock_slower_than_the_horizon_is_still_stalled() -> None:
     with pytest.raises(Stalled, match=r"no progress for 10,000 wake-ups over .*poller"):
         m.run()
     assert m.sim.events <= STALL_WAKEUPS + 10
+
+
+# ---- issue 36, beyond the table of cases -------------------------------------------
+def _offered(line: str) -> str:
+    m = re.search(r"; use at (?:most|least) (\S+)$", line)
+    assert m, line
+    return m[1]
+
+
+@pytest.mark.parametrize("case_id, field", [("latency-1e15", "link.latency_ns"),
+                                            ("bandwidth-1e-6", "link.bandwidth_GBps")])
+def test_the_offered_bound_runs(case_id: str, field: str, outcomes: dict[str, Outcome], tmp_path: Path) -> None:
+    """The value a refusal offers ("use at most X") is honest: X itself passes the check
+    and the run finishes (its time far from the clock's end), and a value 1 % past X is
+    refused with the same X."""
+    o = outcomes[case_id]
+    assert o.proc is not None and o.proc.returncode == 2, o.proc and o.proc.stderr
+    bound = _offered(o.proc.stderr.strip())
+    env = cais_env(MPLCONFIGDIR=str(tmp_path))
+    ok = run_cais([*RING_1M, "--set", f"{field}={bound}", "--json"], env, cwd=tmp_path)
+    assert ok is not None and ok.returncode == 0, ok and ok.stderr
+    assert 0 < json.loads(ok.stdout)["time_us"] < 2**62 / 1e6
+    past = float(bound) * (1.01 if "latency" in field else 0.99)
+    refused = run_cais([*RING_1M, "--set", f"{field}={past:.6g}"], env, cwd=tmp_path)
+    assert refused is not None and refused.returncode == 2 and refused.stdout == ""
+    assert _offered(refused.stderr.strip()) == bound
+
+
+def test_the_bound_keeps_every_sum_of_the_run_within_the_clock() -> None:
+    """check_times' bound: a step at the bound, times the steps one delay adds up, times
+    the run's estimated events, stays within the half of the clock a run may reach (so
+    the sums the machine forms stay below 2**63); a step just past it is refused."""
+    from cais.limits import MAX_TIME_PS, STEPS_PER_DELAY, check_times, collective_events, step_bound_ps
+    from cais.machine import CLOCK_GUARD_PS
+
+    assert MAX_TIME_PS == CLOCK_GUARD_PS and 2 * MAX_TIME_PS <= 2**63
+    cfg = load_system("dgx-h100")
+    events = collective_events(cfg, "allreduce", "ring", 1 << 20)
+    bound_ns = step_bound_ps(events) / 1000
+    assert bound_ns * 1000 * STEPS_PER_DELAY * events <= MAX_TIME_PS
+    check_times(cfg.model_copy(update={"link": cfg.link.model_copy(update={"latency_ns": bound_ns})}), events)
+    with pytest.raises(ValueError, match=r"link\.latency_ns: .* use at most"):
+        check_times(cfg.model_copy(update={"link": cfg.link.model_copy(update={"latency_ns": 1.01 * bound_ns})}),
+                    events)
+
+
+def test_a_run_past_the_clock_guard_stops_as_a_user_error_not_a_wrap() -> None:
+    """What the checks before a run cannot foresee (a TB's work stretched past half the
+    clock): Machine.run stops with ClockOverflow (a UserError, one line) before any time
+    wraps around, never a deadlock at a negative time or an internal error."""
+    from cais.errors import UserError
+    from cais.hw.gpu import Kernel
+    from cais.machine import CLOCK_GUARD_PS, ClockOverflow
+
+    m = _machine()
+
+    def long(sm: int, busy: int):
+        for _ in range(3):
+            yield CLOCK_GUARD_PS // 2 + 1  # the third step's end is past the guard (and below 2**63)
+
+    m.gpus[0].launch(Kernel("long", [long]))
+    with pytest.raises(ClockOverflow, match=r"simulated time would go past 4\.61e\+18 ps") as info:
+        m.run()
+    assert isinstance(info.value, UserError) and "\n" not in str(info.value)
+    assert 0 < m.sim.now <= CLOCK_GUARD_PS
+
+
+def test_the_python_api_refuses_a_scheme_on_a_switch_it_cannot_run_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check is where the scheme meets the system (run_layer, check_layer), so a
+    LayerSpec refuses it as the command does, before any machine is built; and every
+    scheme that needs merge units is refused, the others run on either switch."""
+    import cais.experiments.layer as layer
+    from cais.experiments.spec import LayerSpec, SystemSpec
+    from cais.schemes.base import SwitchMismatch
+
+    def no_machine(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a machine was built")
+
+    monkeypatch.setattr(layer, "Machine", no_machine)
+    assert {"cais", "cais-partial", "cais-base", "cais-wo-coord"} <= set(MERGING_SCHEMES)
+    nvls = SystemSpec(sets=(("switch.model", "nvls"),))
+    for name in MERGING_SCHEMES:
+        spec = LayerSpec("paper-mega-gpt-4b", name, "prefill", nvls, batch=1, seq=64)
+        with pytest.raises(SwitchMismatch, match=r"^switch\.model: .*allowed with this scheme: auto, cais$"):
+            spec.check()
+        with pytest.raises(SwitchMismatch):
+            spec.run()
+    for name, cls in schemes().items():
+        assert cls().switch_model("cais") == "cais"
+        assert cls().switch_model("auto") == cls.switch
+        if cls.switch == "nvls":
+            assert cls().switch_model("nvls") == "nvls"
+
+
+def test_byte_sizes_are_read_by_one_parser_everywhere() -> None:
+    """--bytes, --unit, demo --bytes, a sweep point's bytes and unit, and the Python
+    API's CollectiveRunSpec(nbytes=...) read sizes alike: K/M/G/KiB binary, numbers of
+    bytes as written (1e9 = 10**9), KB/MB/GB refused with the same words."""
+    from cais.cli import build_parser
+    from cais.experiments.spec import CollectiveRunSpec
+    from cais.sweep.point import prepare
+    from cais.units import SizeError, parse_size
+
+    cases = {"1M": 1 << 20, "1MiB": 1 << 20, "1e9": 10**9, "1.5K": 1536, "512B": 512, "2G": 2 << 30, "64k": 65536}
+    for text, n in cases.items():
+        assert parse_size(text) == n
+        args = build_parser().parse_args(["collective", "--op", "allreduce", "--algo", "ring", "--bytes", text,
+                                          "--unit", text])
+        assert args.bytes == args.unit == n
+        assert build_parser().parse_args(["demo", "--bytes", text]).bytes == n
+        spec = prepare({"kind": "collective", "op": "allreduce", "algo": "ring", "bytes": text, "unit": text})
+        assert spec.size() == n and spec.system.unit == n
+        assert CollectiveRunSpec("allreduce", "ring", text).size() == n
+    for text in ("1GB", "1KB", "1mb", "0.1K", "0", "-1M", "inf", "nan", "1e40", "lots"):
+        with pytest.raises(SizeError):
+            parse_size(text)
+        with pytest.raises(SizeError, match=r"^nbytes: "):
+            CollectiveRunSpec("allreduce", "ring", text).check()
+        with pytest.raises(ValueError, match=r"^key 'bytes': "):
+            prepare({"kind": "collective", "op": "allreduce", "algo": "ring", "bytes": text})
+    with pytest.raises(SizeError, match=r"GB is ambiguous .* write G or GiB .* e\.g\. 1e9$"):
+        parse_size("1GB")
+
+
+def test_a_csv_sweep_table_resumes(tmp_path: Path) -> None:
+    """A sweep into a .csv table (as run and collective write) keeps its rows and, rerun,
+    reuses them: nothing runs the second time, and the point ids read back as text."""
+    import pandas as pd
+
+    from cais.sweep.grid import point_id
+    from cais.sweep.runner import run_sweep
+
+    point = {"kind": "collective", "op": "allreduce", "algo": "nvls", "bytes": "64K", "gpus": 4}
+    out = tmp_path / "t.csv"
+    first = run_sweep([point], out, workers=1, progress=False)
+    assert first.attrs["points_run"] == 1 and list(first["status"]) == ["ok"]
+    again = run_sweep([point], out, workers=1, progress=False)
+    assert again.attrs == {"points_run": 0, "points_reused": 1}
+    assert list(pd.read_csv(out, dtype={"point_id": str})["point_id"]) == [point_id(point)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.csv"]  # no lock or temporary file left

@@ -24,8 +24,9 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "cais"
 
 # Every part may import cais.errors: the error type every layer raises for a user's
-# mistake (it imports nothing).
-EVERYONE = ("cais.errors",)
+# mistake (it imports nothing); and cais.units, the one reading of byte sizes
+# ("64K", "1e9") that the command, sweep files and the Python API share.
+EVERYONE = ("cais.errors", "cais.units")
 
 # part -> what it may import besides itself and EVERYONE. A module belongs to the
 # longest key that is it or a package above it (cais.hw.config is its own part, not
@@ -35,6 +36,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     # ---- leaves: import nothing of cais (but errors) ----------------------------
     "cais": (),  # the package root: __version__, DISTRIBUTION
     "cais.errors": (),
+    "cais.units": (),  # byte sizes as text: imports only cais.errors
     "cais.progress": (),  # the progress bar; the simulator calls it through a callback
     # the compiled core (rust/; its interface is the stub _core.pyi): event queue,
     # channels, credits, switch chips' crossbar and NVLS engine

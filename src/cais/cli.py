@@ -28,6 +28,7 @@ from cais.provenance import Provenance, collect
 from cais.report.trace import DEFAULT_TB_LIMIT
 from cais.results.fit import print_table
 from cais.results.recorder import DEFAULT_BIN_PS, Recorder
+from cais.units import parse_size
 from cais.workload.graph import sublayer_legend
 
 if TYPE_CHECKING:
@@ -97,19 +98,12 @@ def _positive_int(text: str) -> int:
 
 
 def _size(text: str) -> int:
-    """Bytes, with an optional K/M/G (binary) suffix: 1G = 2**30."""
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    t = text.strip().upper().removesuffix("IB").removesuffix("B")
-    mult = units.get(t[-1:], 1)
-    if mult > 1:
-        t = t[:-1]
+    """Bytes, as :func:`cais.units.parse_size` reads them everywhere: a whole number
+    (1048576, 1e9) or K/M/G/T, KiB/MiB/GiB/TiB (binary: 1G = 2**30); KB/MB/GB refused."""
     try:
-        value = int(float(t) * mult)
-    except (ValueError, OverflowError):  # not a number; inf, nan
-        raise argparse.ArgumentTypeError(f"expected a size like 1048576, 64K, 16M or 1G, got '{text}'") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive size, got '{text}'")
-    return value
+        return parse_size(text)
+    except UserError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _system(args: argparse.Namespace, **overrides: object) -> SystemConfig:
@@ -190,12 +184,14 @@ def _check_outputs(args: argparse.Namespace) -> None:
         args.trace_tb_limit = DEFAULT_TB_LIMIT
     if args.trace_bin_us is None:
         args.trace_bin_us = DEFAULT_BIN_PS / PS_PER_US
-    if args.out:
+    _nonempty("--out", args.out, "a file name ending in .parquet or .csv")
+    _nonempty("--trace", args.trace, "a file name ending in .json")
+    if args.out is not None:
         _for_flag("--out", table_format, args.out)
-    if args.trace and Path(args.trace).suffix.lower() != ".json":
+    if args.trace is not None and Path(args.trace).suffix.lower() != ".json":
         raise UsageError(f"--trace: the timeline is a JSON file; its name must end in .json, got '{args.trace}'")
     for flag, path in (("--trace", args.trace), ("--out", args.out)):
-        if not path:
+        if path is None:
             continue
         parent = Path(path).parent
         try:
@@ -206,7 +202,29 @@ def _check_outputs(args: argparse.Namespace) -> None:
         except OSError as exc:  # a directory on the way that may not be entered
             raise UsageError(f"{flag}: cannot reach '{path}': {exc.strerror}") from None
         if not os.access(parent, os.W_OK):
-            raise UsageError(f"{flag}: cannot write in directory {parent}")
+            raise UsageError(f"{flag}: cannot write '{path}': no write permission in directory {parent}")
+        _probe(flag, path, parent)
+
+
+def _nonempty(flag: str, path: str | None, what: str) -> None:
+    """UsageError if a path option was given as the empty string (``--out ''``): it
+    names no file, and would otherwise mean "none" or the current directory."""
+    if path is not None and not path:
+        raise UsageError(f"{flag}: the path is empty; give {what}")
+
+
+def _probe(flag: str, path: str | Path, where: Path) -> None:
+    """Create and remove a file in directory ``where``, as the writer of ``path`` will
+    (its temporary file goes there), so that a directory that takes no files although
+    it looks writable (``/proc``, a read-only mount, a full disk) is refused before the
+    run, naming the path the user gave. Leaves nothing behind."""
+    probe = where / f".{Path(path).name or 'out'}.{os.getpid()}.probe"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError as exc:
+        raise UsageError(f"{flag}: cannot write '{path}': creating a file in {where} failed "
+                         f"({exc.strerror or exc})") from None
+    probe.unlink(missing_ok=True)
 
 
 def _recorder(args: argparse.Namespace) -> Recorder | None:
@@ -442,8 +460,9 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     """Run a grid of points (docs/sweeps.md); failed points are rows, not an exit code."""
     from cais.sweep.command import sweep_command
 
+    _nonempty("--out", args.out, "a file name ending in .parquet or .csv")
     sweep_command(args.spec, args.out, args.workers, args.ray, args.keep_errors, not args.no_progress,
-                  args.command_line)
+                  args.command_line, Console())
 
 
 def cmd_schemes(args: argparse.Namespace) -> None:
@@ -526,6 +545,7 @@ def _check_reproduce(args: argparse.Namespace) -> None:
     parent must be a directory one may write in, as for ``run --out``); and with
     --cached, DIR/runs must hold runs of the experiments asked for. The paths come
     first: they need none of the experiments' (slow) imports."""
+    _nonempty("--out", args.out, "a directory (the CSVs, PNGs, runs and report go in it)")
     out = Path(args.out)
     try:
         _check_out_dir(out)
@@ -535,13 +555,24 @@ def _check_reproduce(args: argparse.Namespace) -> None:
 
     names = expand(args.experiments)
     if args.cached:  # the system and models first: the runs asked for depend on them
-        from cais.hw.config import apply_overrides
-        from cais.workload.models import load_model
-
-        apply_overrides(_system(args), dict(args.set))
-        for m in args.models or ():
-            load_model(m)
+        _reproduce_system(args)
         _check_cached(args, names, out)
+
+
+def _reproduce_system(args: argparse.Namespace) -> SystemConfig:
+    """reproduce's system with its --set values, after checking them and --models;
+    a mistake names its flag (``--set foo=bar: ...``, ``--models: unknown model ...``),
+    as ``cais run`` does."""
+    from cais.hw.config import apply_overrides
+    from cais.workload.models import load_model
+
+    cfg = _for_flag("--set", apply_overrides, _system(args), dict(args.set))
+    for m in args.models or ():
+        try:
+            load_model(m)
+        except UserError as exc:
+            raise UsageError(f"--models: {str(exc).removeprefix('model: ')}") from None
+    return cfg
 
 
 def _check_out_dir(out: Path) -> None:
@@ -550,6 +581,7 @@ def _check_out_dir(out: Path) -> None:
     if out.is_dir():
         if not os.access(out, os.W_OK | os.X_OK):
             raise UsageError(f"--out: cannot write in directory {out}")
+        _probe("--out", out, out)
         runs = out / "runs"
         if runs.exists() and not runs.is_dir():
             raise UsageError(f"--out: {runs} is a file; the runs go in a directory of that name")
@@ -563,6 +595,7 @@ def _check_out_dir(out: Path) -> None:
                              if not parent.exists() else f"--out: {parent} is not a directory, in '{out}'")
         if not os.access(parent, os.W_OK | os.X_OK):
             raise UsageError(f"--out: cannot create '{out.name}' in directory {parent}: not writable")
+        _probe("--out", out, parent)
 
 
 def _check_cached(args: argparse.Namespace, names: list[str], out: Path) -> None:
@@ -601,17 +634,13 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
     report.md and report.html in --out; prints each experiment's summary table and
     verdict as it finishes."""
     _check_reproduce(args)
-    from cais.hw.config import apply_overrides
     from cais.reproduce.experiments import Context
     from cais.reproduce.run import expand, reproduce
     from cais.reproduce.verdict import quick_warning
-    from cais.workload.models import load_model
 
     names = expand(args.experiments)  # every argument is checked before anything runs
     sets = dict(args.set)
-    cfg = apply_overrides(_system(args), sets)
-    for m in args.models or ():
-        load_model(m)
+    cfg = _reproduce_system(args)
     ctx = Context(args.system, sets, args.quick, Path(args.out), tuple(args.models or ()), tuple(args.modes or ()))
     prov = collect(args.command_line, args.system, cfg.model_dump(), sets)
     res = reproduce(names, ctx, args.workers or os.cpu_count(), cached=args.cached, provenance=prov,
@@ -748,7 +777,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--bytes", required=True, type=_size,
                    help="buffer size, e.g. 1G or 256M (nccl-tests convention: the full buffer)")
     c.add_argument("--gpus", type=_positive_int, default=None, help="GPUs taking part (default: the system's)")
-    c.add_argument("--unit", type=_positive_int, default=None,
+    c.add_argument("--unit", type=_size, default=None,
                    help="transfer unit in bytes (default: the system's transfer_unit_bytes)")
     c.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
     _sim_option(c)
@@ -784,8 +813,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     w = sub.add_parser("sweep", help="run a grid of layer or collective points (docs/sweeps.md)")
     w.add_argument("spec", metavar="SPEC.yaml", help="the sweep: fixed, grid and points (docs/sweeps.md)")
-    w.add_argument("--out", required=True, metavar="FILE.parquet",
-                   help="results table: a row per point, appended as points finish; rerun to resume")
+    w.add_argument("--out", required=True, metavar="FILE.parquet|FILE.csv",
+                   help="results table (Parquet or CSV, by the suffix): a row per point, appended as points "
+                        "finish; rerun to resume")
     w.add_argument("--workers", type=_positive_int, default=None, metavar="N",
                    help="local processes (default: CPUs; 1: in-process)")
     w.add_argument("--ray", metavar="ADDRESS", default=None, help="run on the Ray cluster at ADDRESS (host:port)")

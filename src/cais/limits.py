@@ -48,12 +48,22 @@ EVENTS_PER_VC = 25
 EVENTS_PER_SM = 5
 # cuBLAS takes 32-bit GEMM dimensions.
 MAX_GEMM_DIM = 2**31 - 1
-# The longest one step of the machine may take, in simulated picoseconds: the range of
-# a 64-bit picosecond clock (about 107 days). A slow link or a long latency only
-# stretches simulated time (the events, and so the wall time, stay the same), but a
-# step past this is no machine anyone simulates, and past about 1e308 ps the times
-# are no longer numbers (check_times).
-MAX_STEP_PS = 2**63 - 1
+# The simulated clock: integer picoseconds, a signed 64-bit count in the compiled core
+# (about 107 days). A run's simulated time may reach half of it (MAX_TIME_PS, 53 days;
+# cais.machine.CLOCK_GUARD_PS, where Machine.run stops a run that gets there), so that
+# no sum formed on the way (an event's time plus one delay, the watchdog's look-ahead)
+# passes the clock. A slow link or a long latency only stretches simulated time (the
+# events, and so the wall time, stay the same), but a run's time is a sum of its
+# steps along its longest chain of events, and that chain is at most all of the run's
+# events: check_times refuses, before the run, a step that the run's estimated events
+# could add up past MAX_TIME_PS.
+MAX_TIME_PS = 2**62
+# The most steps one event's delay adds up: a remote read's round trip is four link
+# crossings, two switch pipelines and the home's memory latency; a credit's return one more.
+STEPS_PER_DELAY = 8
+# Fields that are no delay an event schedules: the watchdog's look-ahead is added once
+# to the present time (and capped at the guard), so it is checked against MAX_TIME_PS alone.
+ONCE_FIELDS = ("watchdog_horizon_us",)
 _PS_PER = {"_ps": 1, "_ns": 1_000, "_us": 1_000_000}
 
 
@@ -122,57 +132,91 @@ def _human(ps: float) -> str:
     return f"{s:.3g} s"
 
 
-def _steps(cfg: SystemConfig) -> list[tuple[str, float, str, float, float]]:
-    """(field, value, what one step of it is, that step in ps, the bound on the value)
-    for every time and bandwidth field of ``cfg`` that is set: a time (``*_ns``,
-    ``*_us``) is its own step and may be at most the bound, a bandwidth (``*_GBps``)
-    moves one transfer unit and must be at least it, a ``gpu_slowdown`` factor
-    stretches 1 us of a GPU's work and may be at most it."""
+def _steps(cfg: SystemConfig) -> list[tuple[str, float, str, float]]:
+    """(field, value, what one step of it is, that step in ps) for every time and
+    bandwidth field of ``cfg`` that is set: a time (``*_ns``, ``*_us``) is its own
+    step, a bandwidth (``*_GBps``) moves one transfer unit (the largest train), a
+    ``gpu_slowdown`` factor stretches 1 us of a GPU's work."""
     unit = max(cfg.transfer_unit_bytes, cfg.collective_unit_bytes)
-    out: list[tuple[str, float, str, float, float]] = []
+    out: list[tuple[str, float, str, float]] = []
 
     def walk(data: dict, prefix: str) -> None:
         for key, value in data.items():
             name = prefix + key
             if key == "gpu_slowdown":
                 for g, factor in value.items():
-                    f = float(factor)
-                    out.append((f"gpu_slowdown.{g}", f, "1 us of GPU work", f * 1e6, MAX_STEP_PS / 1e6))
+                    out.append((f"gpu_slowdown.{g}", float(factor), "1 us of GPU work", float(factor) * 1e6))
             elif isinstance(value, dict):
                 walk(value, name + ".")
             elif isinstance(value, bool) or not isinstance(value, (int, float)):
                 continue
             elif key.endswith("_GBps"):  # GB/s == bytes per ns
                 ps = unit * 1_000 / value if value > 0 else math.inf
-                out.append((name, float(value), f"one transfer unit ({size_text(unit)} bytes)", ps,
-                            unit * 1_000 / MAX_STEP_PS))
+                out.append((name, float(value), f"one transfer unit ({size_text(unit)} bytes)", ps))
             elif key[-3:] in _PS_PER:
-                per = _PS_PER[key[-3:]]
-                out.append((name, float(value), "one step", float(value) * per, MAX_STEP_PS / per))
+                out.append((name, float(value), "one step", float(value) * _PS_PER[key[-3:]]))
     walk(cfg.model_dump(), "")
     return out
 
 
-def check_times(cfg: SystemConfig) -> None:
+def _safe(x: float, down: bool) -> float:
+    """``x`` to 3 significant digits, rounded toward the safe side (down for an upper
+    bound, up for a lower one), so that the value a message offers passes the check."""
+    r = float(f"{x:.3g}")
+    if not math.isfinite(r) or r <= 0:
+        return r
+    step = 10.0 ** (math.floor(math.log10(r)) - 2)
+    if down and r > x:
+        r = float(f"{r - step:.3g}")
+    elif not down and r < x:
+        r = float(f"{r + step:.3g}")
+    return r
+
+
+def step_bound_ps(events: float) -> float:
+    """The longest step a run of ``events`` (estimated) events may have: every event's
+    delay is at most STEPS_PER_DELAY steps, so its time stays within MAX_TIME_PS."""
+    return MAX_TIME_PS / (STEPS_PER_DELAY * max(1.0, events))
+
+
+def check_times(cfg: SystemConfig, events: float) -> None:
     """UserError (one line) naming the field if one step of ``cfg``'s machine (a
-    latency, a timeout, a transfer unit on a link, a GPU slowed down) is not a
-    finite time or takes longer than :data:`MAX_STEP_PS`. A slow machine is not a
-    stalled one: its run takes as many events (and wall time) as a fast one and only
-    ends later in simulated time, so anything within the bound runs."""
-    for name, value, what, ps, bound in _steps(cfg):
-        if not math.isfinite(value) or not math.isfinite(ps) or ps > MAX_STEP_PS:
-            took = f"{ps:.3g} ps ({_human(ps)})" if math.isfinite(ps) else "longer than any number of ps"
-            side = "at least" if name.endswith("_GBps") else "at most"
-            raise UserError(f"{name}: {value:.3g} makes {what} take {took} of simulated time, beyond the "
-                            f"{MAX_STEP_PS:.3g} ps ({_human(MAX_STEP_PS)}) one step of the machine may take "
-                            f"(such a run would be slow, not stuck); use {side} {bound:.3g}")
+    latency, a timeout, a transfer unit on a link, 1 us of a slowed GPU's work) is not
+    a finite time, or is so long that a run of ``events`` (its estimate) could add its
+    steps up past :data:`MAX_TIME_PS`: its time is a sum along its longest chain of
+    events, at most every event, each at most :data:`STEPS_PER_DELAY` steps after the
+    one it follows. The refusal offers the bound of this run (3 digits, on the safe
+    side: that value passes). A slow machine is not a stalled one: its run takes as
+    many events (and wall time) as a fast one and only ends later in simulated time,
+    so anything within the bound runs."""
+    # a run beyond the event limit is refused for its size (check_events); here only a step past the clock alone
+    too_big = events > max_events()
+    limit = step_bound_ps(events)
+    for name, value, what, ps in _steps(cfg):
+        once = too_big or name in ONCE_FIELDS
+        bound_ps = MAX_TIME_PS if once else limit
+        if math.isfinite(value) and math.isfinite(ps) and ps <= bound_ps:
+            continue
+        took = f"{ps:.3g} ps ({_human(ps)})" if math.isfinite(ps) else "longer than any number of ps"
+        if name.endswith("_GBps"):  # one transfer unit within the bound: unit * 1000 / bound_ps
+            unit = max(cfg.transfer_unit_bytes, cfg.collective_unit_bytes)
+            side, bound = "at least", _safe(unit * 1_000 / bound_ps, down=False)
+        else:
+            per = 1e6 if name.startswith("gpu_slowdown.") else _PS_PER[name[-3:]]
+            side, bound = "at most", _safe(bound_ps / per, down=True)
+        half = f"{MAX_TIME_PS:.3g} ps ({_human(MAX_TIME_PS)}, half the 64-bit picosecond clock)"
+        why = (f"past the {half} a run's time may reach" if once else
+               f"; this run's {events:,.0f} estimated events, each up to {STEPS_PER_DELAY} steps after the one it "
+               f"follows, could add such steps up past the {half} a run's time may reach")
+        raise UserError(f"{name}: {value:.3g} makes {what} take {took}{' ' if once else ''}{why} (slow, not "
+                        f"stuck, but past what the clock counts); use {side} {bound:.3g}")
 
 
-def check_machine(cfg: SystemConfig) -> None:
+def check_machine(cfg: SystemConfig, events: float) -> None:
     """UserError (one line) if building ``cfg``'s machine alone (its SMs and the VCs of
-    its switch ports) is beyond the limit, or one of its steps takes longer than the
-    simulated clock counts (check_times)."""
-    check_times(cfg)
+    its switch ports) is beyond the limit, or one of its steps is too long for a run
+    of ``events`` estimated events (check_times)."""
+    check_times(cfg, events)
     ports = 2 * cfg.gpus * cfg.switch.chips
     estimate = cfg.gpus * EVENTS_PER_SM * cfg.gpu.sms + ports * EVENTS_PER_VC * cfg.link.vcs
     check_events(estimate, f"the system {cfg.name} ({cfg.gpus:,} GPUs x {cfg.gpu.sms:,} SMs, {ports:,} port "

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from cais.engine import Channel, Simulator
+from cais.errors import UserError
 from cais.engine.sim import fewer_collections
 from cais.hw.compute import ComputeModel
 from cais.hw.config import PS_PER_NS, PS_PER_US, SystemConfig
@@ -18,10 +19,23 @@ from cais.hw.packets import Packetizer, VcMap
 from cais.isa import Isa
 
 
+# The simulated clock counts picoseconds in a signed 64-bit integer (the compiled
+# core's i64, about 107 days). A run stops with ClockOverflow once its next event is
+# past half of it, so that no sum formed on the way (an event's time plus one delay,
+# the watchdog's look-ahead) can pass the clock and wrap around. cais.limits refuses
+# before a run the steps that could get it there (MAX_TIME_PS, the same value).
+CLOCK_GUARD_PS = 2**62
+
 # A livelock whose events come less often than the horizon: stopped after this many
 # stretches of events in a row in which nothing moved or finished (a slow machine
 # moves a train or finishes a TB every few).
 STALL_WAKEUPS = 10_000
+
+
+class ClockOverflow(UserError):
+    """A run's simulated time went past :data:`CLOCK_GUARD_PS`: its steps (latencies,
+    bandwidths, GPU slowdowns) are too long for the picosecond clock. A user's mistake
+    that ``cais.limits.check_times`` did not foresee; one line, as any UserError."""
 
 
 class Stalled(RuntimeError):
@@ -135,8 +149,9 @@ class Machine:
 
         A slow machine (``link.bandwidth_GBps`` of 1e-6, a latency of seconds) takes
         as many events as a fast one and only ends later in simulated time; steps
-        beyond what the clock counts are refused before the run
-        (``cais.limits.check_times``)."""
+        that could add up beyond what the clock counts are refused before the run
+        (``cais.limits.check_times``), and a run whose time reaches
+        :data:`CLOCK_GUARD_PS` anyway stops with :class:`ClockOverflow`."""
         sim = self.sim
         horizon = round(self.cfg.watchdog_horizon_us * PS_PER_US)
         mark, since = self._progress(), sim.now
@@ -144,7 +159,8 @@ class Machine:
         wakeups = 0  # and the stretches of events (after a jump) that did so
         with fewer_collections():
             while (nxt := sim.next_time()) is not None:
-                sim.run(until=nxt + horizon)
+                self._check_clock(nxt)
+                sim.run(until=min(nxt + horizon, CLOCK_GUARD_PS))
                 now_mark = self._progress()
                 if now_mark != mark or self._moving():
                     mark, since, idle, wakeups = now_mark, sim.now, 0, 0
@@ -160,6 +176,17 @@ class Machine:
                 raise Stalled(f"deadlock at t = {sim.now / PS_PER_US:,.1f} us, nothing left to happen: "
                               + self._stuck_line())
         return sim.now
+
+    def _check_clock(self, nxt: int) -> None:
+        """ClockOverflow if the next event is past :data:`CLOCK_GUARD_PS`, or before
+        the present (a time that wrapped around the clock)."""
+        now = self.sim.now
+        if nxt > CLOCK_GUARD_PS or nxt < now:
+            at = f"{nxt:,} ps" if nxt >= now else "a time past the clock's end"
+            raise ClockOverflow(f"simulated time would go past {CLOCK_GUARD_PS:.3g} ps ({CLOCK_GUARD_PS / 864e17:.0f} "
+                                f"days), half of what the 64-bit picosecond clock counts: the next event is at {at}, "
+                                f"after {self.sim.events:,} events; the system's steps are too long for this run: use "
+                                "shorter latencies and timeouts, larger bandwidths or smaller gpu_slowdown factors")
 
     def _moving(self) -> bool:
         """Whether some wire is carrying a train now (serialising it, or the train is in

@@ -109,9 +109,9 @@ def check_collective(cfg: SystemConfig, op: str, algo: str, nbytes: int, elem_by
         count -= count % cfg.gpus  # nccl-tests rounds AllGather/ReduceScatter sizes to n equal shards
         if count == 0:
             raise UserError(f"bytes: {op} needs at least {cfg.gpus * elem_bytes} bytes on {cfg.gpus} GPUs")
-    check_machine(cfg)
     per = cfg.gpus if mirror else 1  # mirror mode simulates one GPU's share
     estimate = collective_events(cfg, op, algo, count * elem_bytes) / per
+    check_machine(cfg, estimate)
     fixed = collective_events(cfg, op, algo, 0) / per  # the TBs alone, whatever the size
     hint = ("its TBs alone come near the limit: use fewer GPUs or channels (collective.*_channels)"
             if 2 * fixed > max_events() else

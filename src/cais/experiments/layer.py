@@ -275,8 +275,9 @@ def _check_size(cfg: SystemConfig, model: ModelSpec, scheme: str, switch: str, m
                 mirror: bool = False) -> None:
     """UserError (one line) if the period is estimated beyond what the simulator can
     finish (cais.limits; mirror mode simulates one GPU's share)."""
-    check_machine(cfg)
-    check_events(period_events(cfg, period, model.dtype_bytes, switch) / (cfg.gpus if mirror else 1),
+    estimate = period_events(cfg, period, model.dtype_bytes, switch) / (cfg.gpus if mirror else 1)
+    check_machine(cfg, estimate)
+    check_events(estimate,
                  f"{model.name} {mode} under {scheme} with batch {model.batch} and seq {model.seq} on {cfg.gpus} GPUs",
                  "use a smaller batch or seq")
 
@@ -291,10 +292,12 @@ def check_memory(cfg: SystemConfig, model: ModelSpec, mode: str, sp: bool) -> Fo
 
 def check_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: int | None = None) -> None:
     """Raise the UserError :func:`run_layer` would raise before simulating anything (an
-    unknown scheme or mode, a bad ``sms``, a model that does not split over the GPUs,
+    unknown scheme or mode, a bad ``sms``, a switch model the scheme cannot run on
+    (``SwitchMismatch``), a model that does not split over the GPUs,
     a period too big to simulate, a footprint beyond the GPUs' HBM), without running it."""
     sch = get_scheme(scheme)
     _check_sms(cfg, sms)
+    sch.switch_model(cfg.switch.model)  # a scheme on a switch without what it needs (SwitchMismatch)
     _check_size(cfg, model, scheme, sch.switch, mode, build_period(model, cfg.gpus, mode, sch.sp))
     check_memory(cfg, model, mode, sch.sp)
 
@@ -310,8 +313,9 @@ def run_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: 
     _check_sms(cfg, sms)
     if sms is not None:
         cfg = cfg.with_overrides(gpu={**cfg.gpu.model_dump(), "sms": sms})
-    if cfg.switch.model == "auto":
-        cfg = cfg.with_overrides(switch={**cfg.switch.model_dump(), "model": sch.switch})
+    switch = sch.switch_model(cfg.switch.model)  # auto resolved; a switch it cannot run on refused
+    if switch != cfg.switch.model:
+        cfg = cfg.with_overrides(switch={**cfg.switch.model_dump(), "model": switch})
     if sch.vc_policy is not None:
         cfg = cfg.with_overrides(link={**cfg.link.model_dump(), "vc_policy": sch.vc_policy})
     mirror = _mirror_mode(cfg, scheme, sim, functional)

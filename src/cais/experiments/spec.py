@@ -14,12 +14,15 @@ import json
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
 from typing import Any
 
+from pydantic import ValidationError
+
 from cais.experiments.collective import CollectiveResult, check_collective, resolve_choice, run_collective
 from cais.experiments.layer import LayerResult, check_layer, run_layer
-from cais.hw.config import SystemConfig, apply_overrides, load_system, overridden
+from cais.hw.config import ConfigError, SystemConfig, apply_overrides, check_gpus, load_system, overridden
 from cais.progress import RunProgress
 from cais.provenance import collect
 from cais.results.recorder import Recorder
+from cais.units import SizeError, parse_size
 from cais.workload.models import ModelSpec, load_model
 
 
@@ -58,9 +61,28 @@ class SystemSpec:
             if self.sets:
                 cfg = apply_overrides(cfg, dict(self.sets))
             return _resized(cfg, self.gpus), {}
-        cfg = load_system(self.name, gpus=self.gpus, transfer_unit_bytes=self.unit,
-                          collective_unit_bytes=self.unit)
+        cfg = load_system(self.name)
+        if self.gpus is not None:
+            check_gpus(cfg, self.gpus)  # more GPUs than a system that does not scale has: "gpus 16: ..."
+            cfg = _option(cfg, "gpus", self.gpus, gpus=self.gpus)
+        if self.unit is not None:
+            cfg = _option(cfg, "unit", self.unit, transfer_unit_bytes=self.unit, collective_unit_bytes=self.unit)
         return overridden(cfg, dict(self.sets), self.set_label, self.gpus_label)
+
+
+def _option(cfg: SystemConfig, option: str, value: int, **fields: int) -> SystemConfig:
+    """``cfg`` with the config ``fields`` one run option sets (``gpus``; ``unit``: both
+    transfer units); a value they refuse is a ConfigError (one line) that starts with
+    the option's name, as the user gave it (the command shows it as ``--gpus``,
+    ``--unit``), then the field and what it allows."""
+    try:
+        return cfg.with_overrides(**fields)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        raise ConfigError(f"{option}: {value:,} is refused" + (f" as {where}: " if where else ": ") + msg
+                          + f" (on {cfg.name})") from None
 
 
 def _resized(cfg: SystemConfig, gpus: int | None) -> SystemConfig:
@@ -119,11 +141,13 @@ class LayerSpec:
 class CollectiveRunSpec:
     """One collective to simulate (``cais collective``): the operation, the algorithm
     and protocol (either may be ``auto``: NCCL's choice by size), the buffer size in
-    bytes (nccl-tests' size), the system, and full or mirror simulation."""
+    bytes (nccl-tests' size: a whole number, or text with a binary unit such as
+    ``"16M"``, read as ``--bytes`` is, :func:`cais.units.parse_size`), the system, and
+    full or mirror simulation."""
 
     op: str
     algo: str
-    nbytes: int
+    nbytes: int | str
     system: SystemSpec = field(default_factory=SystemSpec)
     protocol: str = "simple"
     sim: str = "full"
@@ -132,18 +156,27 @@ class CollectiveRunSpec:
         """The system and the values its overrides set."""
         return self.system.build()
 
+    def size(self) -> int:
+        """The buffer size in bytes (``nbytes`` read by :func:`cais.units.parse_size`;
+        a SizeError, one line naming ``nbytes``, if it is not a size)."""
+        try:
+            return parse_size(self.nbytes)
+        except SizeError as exc:
+            raise SizeError(f"nbytes: {exc}") from None
+
     def check(self) -> None:
         """Everything :meth:`run` would refuse about the size, without simulating."""
         cfg, _ = self.build()
-        algo, _, _ = resolve_choice(cfg, self.op, self.algo, self.protocol, self.nbytes)
-        check_collective(cfg, self.op, algo, self.nbytes, mirror=self.sim == "mirror")
+        nbytes = self.size()
+        algo, _, _ = resolve_choice(cfg, self.op, self.algo, self.protocol, nbytes)
+        check_collective(cfg, self.op, algo, nbytes, mirror=self.sim == "mirror")
 
     def run(self, built: tuple[SystemConfig, dict[str, Any]] | None = None, recorder: Recorder | None = None,
             progress: RunProgress | None = None, functional: bool = False) -> CollectiveResult:
         """Simulate the collective (on ``built``, if the caller built it already); the
         result carries its provenance (:func:`_stamped`)."""
         cfg, overrides = built or self.build()
-        return _stamped(run_collective(cfg, self.op, self.algo, self.nbytes, functional=functional, recorder=recorder,
+        return _stamped(run_collective(cfg, self.op, self.algo, self.size(), functional=functional, recorder=recorder,
                                        progress=progress, sim=self.sim, protocol=self.protocol), self, cfg, overrides)
 
 

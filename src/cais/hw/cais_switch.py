@@ -19,6 +19,8 @@ class CaisSwitch(NvlsSwitch):
     its input buffer while the table is full). The chip hands ``ld.cais`` requests and
     data, ``red.cais`` contributions and the registrations to them itself (compiled)."""
 
+    has = "NVLS plus a merge unit per port for ld.cais/red.cais and the Group Sync Table"
+
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         n = len(self.gpus)

@@ -37,6 +37,7 @@ class Switch(SwitchChip):
     train is in :class:`cais._core.SwitchChip`."""
 
     absorbs: frozenset[int] = frozenset()
+    has = "unicast forwarding"  # what it offers the programs, in a few words (a refusal names it)
 
 
 class NvlsSwitch(Switch):
@@ -45,6 +46,7 @@ class NvlsSwitch(Switch):
     every replica summed in the switch, as NVIDIA's NVLS (Klenk et al., ISCA'20)."""
 
     absorbs = frozenset({Kind.MC_PULL_RESP})
+    has = "NVLS multicast and in-switch reduction"
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         self.nvls = True

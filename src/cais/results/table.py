@@ -88,6 +88,7 @@ def stage_row(path: str | Path, row: Mapping[str, Scalar]) -> tuple[Path, int]:
         tmp.unlink(missing_ok=True)
         if not isinstance(exc, Exception):
             raise
-        why = exc.strerror if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
-        raise UserError(f"cannot write {path}: {str(why).splitlines()[0]}") from None
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
+        why = str(why).replace(str(tmp), str(path))  # name the file the user gave, not the temporary one
+        raise UserError(f"cannot write {path}: {why.splitlines()[0]}") from None
     return tmp, len(table)

@@ -49,6 +49,11 @@ class AsymmetricRun(UserError):
     """Mirror mode was asked for a run whose GPUs do not all run GPU 0's program."""
 
 
+class SwitchMismatch(UserError):
+    """A scheme asked of a system whose switch chips lack what it needs (a CAIS scheme
+    on a switch without merge units): refused before the machine is built."""
+
+
 @dataclass
 class Span:
     """When a segment ran: first kernel start to last kernel end, over all GPUs."""
@@ -283,6 +288,25 @@ class Scheme:
     switch = "nvls"  # the switch model it needs when the system's is "auto" (cais: with merge units)
     vc_policy: str | None = None  # a VC policy the scheme is defined with (None: the system's)
     ablation = False  # an ablation of another scheme (the demo leaves it out)
+
+    def switch_model(self, configured: str) -> str:
+        """The switch model this scheme runs on, given the system's ``switch.model``
+        (``configured``): ``auto`` becomes the one it needs (:attr:`switch`); any model
+        that has what that one has (its class or a subclass: a CAIS switch also does
+        NVLS) is kept. A model without it (an NVLS-only switch under a CAIS scheme,
+        whose ld.cais/red.cais need merge units) is a :class:`SwitchMismatch` naming
+        ``switch.model`` and the values allowed with this scheme."""
+        from cais.hw.switches import SWITCH_MODELS, switch_model
+
+        if configured == "auto":
+            return self.switch
+        needed = switch_model(self.switch)
+        if issubclass(switch_model(configured), needed):
+            return configured
+        allowed = ["auto", *(name for name, cls in SWITCH_MODELS.items() if issubclass(cls, needed))]
+        raise SwitchMismatch(f"switch.model: scheme '{self.name}' needs a '{self.switch}' switch ({needed.has}); "
+                             f"'{configured}' has {switch_model(configured).has} only; allowed with this scheme: "
+                             f"{', '.join(allowed)}")
 
     def run(self, r: LayerRun) -> None:
         ready: Deps = [Signal() for _ in range(r.m.n)]

@@ -1,4 +1,4 @@
-"""``cais sweep SPEC.yaml --out FILE.parquet``: expand and check the spec, run it, and
+"""``cais sweep SPEC.yaml --out FILE.parquet|FILE.csv``: expand and check the spec, run it, and
 print a summary table (the keys that vary, the status and the main metric) and where
 the table is."""
 
@@ -61,17 +61,20 @@ def summary_table(table: pd.DataFrame, points: Sequence[Point], title: str) -> T
 
 
 def sweep_command(spec_path: str, out: str, workers: int | None, ray: str | None, keep_errors: bool,
-                  progress: bool, command: str = "") -> None:
-    """The ``cais sweep`` command (UserError for a bad spec or output, before any runs)."""
+                  progress: bool, command: str = "", console: Console | None = None) -> None:
+    """The ``cais sweep`` command (UserError for a bad spec or output, before any runs).
+    It prints through ``console`` (the command's, which turns a closed stdout into
+    exit code 141; a plain rich Console if None)."""
     spec = load_spec(spec_path)
     points = expand(spec)
     table = run_sweep(points, out, workers=workers, ray_address=ray, progress=progress, keep_errors=keep_errors,
                       desc=Path(spec_path).stem, command=command)
     ok, failed = summary(table, points)
-    console = Console()
+    console = console or Console()
     for kind in dict.fromkeys(kind_of(p) for p in points):
         some = [p for p in points if kind_of(p) == kind]
         shown = f", first {MAX_ROWS} shown" if len(some) > MAX_ROWS else ""
         print_table(console, summary_table(table, some, f"{Path(spec_path).name}: {len(some)} {kind} points{shown}"))
     console.print(f"{ok} ok, {failed} failed" + (" (see the status and error columns)" if failed else ""))
-    console.print(f"results: {out} ({len(table)} rows; pandas.read_parquet)")
+    reader = "read_csv" if Path(out).suffix.lower() == ".csv" else "read_parquet"
+    console.print(f"results: {out} ({len(table)} rows; pandas.{reader})")

@@ -15,7 +15,8 @@ key                meaning (as the ``cais run`` / ``cais collective`` option)
 ``batch``/``seq``  layer: run shape (default: the model's)
 ``op``/``algo``    collective: ``allreduce|allgather|reducescatter``, ``ring|nvls``
 ``bytes``          collective: buffer size, a number or ``64K`` / ``16M`` / ``1G``
-``unit``           collective: transfer unit in bytes
+                   (binary units, :mod:`cais.units`)
+``unit``           collective: transfer unit in bytes (a size, as ``bytes``)
 ``set.<key>``      any system config field by its dotted path, as ``--set``
                    (also written nested: ``set: {link.bandwidth_GBps: 50}``)
 ``tag``/``tag.*``  any value, not used by the run: labels a point (``tag.figure:
@@ -40,7 +41,6 @@ COLLECTIVE_KEYS = ("op", "algo", "bytes", "unit")
 KINDS = ("layer", "collective")
 MODES = ("train", "prefill", "decode")
 REQUIRED = {"layer": ("model", "scheme", "mode"), "collective": ("op", "algo", "bytes")}
-_SIZE_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
 def kind_of(point: Mapping[str, Any]) -> str:
@@ -61,20 +61,16 @@ def config_sets(point: Mapping[str, Any]) -> dict[str, str]:
     return {k: v if isinstance(v, str) else json.dumps(v) for k, v in pairs.items()}
 
 
-def parse_bytes(value: Any) -> int:
-    """A collective's size: a positive whole number, or text like ``64K``, ``16M``, ``1G``."""
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return value
-    if isinstance(value, str):
-        t = value.strip().upper().removesuffix("IB").removesuffix("B")
-        mult = _SIZE_UNITS.get(t[-1:], 1)
-        try:
-            n = int(float(t[:-1] if mult > 1 else t) * mult)
-        except (ValueError, OverflowError):
-            n = 0
-        if n > 0:
-            return n
-    raise UserError(f"key 'bytes': expected a positive size like 65536, 64K, 16M or 1G, got {json.dumps(value)}")
+def parse_bytes(value: Any, key: str = "bytes") -> int:
+    """A size in bytes (``bytes``, ``unit``): a positive whole number, or text like
+    ``64K``, ``16M``, ``1G``, read by :func:`cais.units.parse_size` as everywhere
+    (binary units; ``1GB`` is refused as ambiguous)."""
+    from cais.units import parse_size
+
+    try:
+        return parse_size(value)
+    except UserError as exc:
+        raise UserError(f"key '{key}': {exc}") from None
 
 
 def _positive(key: str, value: Any) -> int | None:
@@ -126,7 +122,7 @@ def prepare(point: Mapping[str, Any]) -> LayerSpec | CollectiveRunSpec:
     op = _choice("op", point["op"], OPS)
     algo = _choice("algo", point["algo"], ALGOS)
     nbytes = parse_bytes(point["bytes"])
-    unit = _positive("unit", point.get("unit"))
+    unit = None if point.get("unit") is None else parse_bytes(point["unit"], "unit")
     sets = tuple(config_sets(point).items())
     return CollectiveRunSpec(op, algo, nbytes, SystemSpec(system, gpus, sets, unit, *_LABELS))
 

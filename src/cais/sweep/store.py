@@ -1,4 +1,5 @@
-"""The results table of a sweep: one Parquet file, one row per point id.
+"""The results table of a sweep: one Parquet or CSV file (by its suffix, as ``cais run
+--out``), one row per point id.
 
 Every append writes the whole table to a temporary file next to it and moves it over
 the old one with ``os.replace`` (atomic on POSIX), so at any moment, ``kill -9``
@@ -21,6 +22,7 @@ from typing import Any
 import pandas as pd
 
 from cais.errors import UserError
+from cais.results.table import table_format
 
 META_COLUMNS = ("point_id", "status", "error", "wall_s")
 
@@ -52,18 +54,30 @@ def normalise(table: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
+def _format(path: Path) -> str:
+    """``parquet`` or ``csv`` by the suffix; UserError naming ``out`` for any other."""
+    try:
+        return table_format(path)
+    except UserError as exc:
+        raise UserError(f"out: {exc}") from None
+
+
 def read_table(path: str | Path) -> pd.DataFrame:
     """The sweep table at ``path`` (empty, with the meta columns, if there is none);
-    UserError if the file is not a readable Parquet table with a ``point_id`` column."""
+    UserError if the file is not a readable Parquet or CSV table (by its suffix) with
+    a ``point_id`` column. A CSV's meta columns are read as text (a point id of digits
+    only stays the same text)."""
     path = Path(path)
+    fmt = _format(path)
     if not path.exists():
         return pd.DataFrame({c: pd.Series(dtype=object) for c in META_COLUMNS})
     if path.is_dir():
-        raise UserError(f"out: '{path}' is a directory; give a .parquet file name")
+        raise UserError(f"out: '{path}' is a directory; give a .parquet or .csv file name")
     try:
-        table = pd.read_parquet(path)
+        table = (pd.read_parquet(path) if fmt == "parquet" else
+                 pd.read_csv(path, dtype={"point_id": str, "status": str, "error": str}))
     except Exception as exc:  # noqa: BLE001 - any reader failure means "not a table we can extend"
-        raise UserError(f"out: cannot resume {path}: not a readable Parquet table ({type(exc).__name__})") from None
+        raise UserError(f"out: cannot resume {path}: not a readable {fmt} table ({type(exc).__name__})") from None
     if "point_id" not in table.columns:
         raise UserError(f"out: {path} is not a sweep table (no point_id column); give another file name")
     return table
@@ -77,8 +91,7 @@ class ResultStore:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        if self.path.suffix.lower() != ".parquet":
-            raise UserError(f"out: the sweep table is a Parquet file; its name must end in .parquet, got '{path}'")
+        self.format = _format(self.path)
         if not self.path.parent.is_dir():
             raise UserError(f"out: no directory {self.path.parent} for '{path}'")
         self.table = read_table(self.path)
@@ -131,7 +144,10 @@ class ResultStore:
         table = normalise(pd.concat([old, new], ignore_index=True) if len(old) else new)
         tmp = _tmp_name(self.path, os.getpid())
         try:
-            table.to_parquet(tmp, index=False)
+            if self.format == "parquet":
+                table.to_parquet(tmp, index=False)
+            else:
+                table.to_csv(tmp, index=False)
             os.replace(tmp, self.path)
         except BaseException as exc:
             tmp.unlink(missing_ok=True)
