@@ -209,7 +209,7 @@ def run_sweep(points: list[Point], out: str | Path, *, fn: str | PointFn = DEFAU
               ray_address: str | None = None, progress: bool = True, desc: str = "sweep",
               keep_errors: bool = False, command: str = "") -> pd.DataFrame:
     """Run every point of ``points`` not already finished in the table ``out`` (a
-    ``.parquet`` file) through ``fn`` (a function defined at the top level of a
+    ``.parquet`` or ``.csv`` file) through ``fn`` (a function defined at the top level of a
     module, or its ``module:function`` name; it takes a point and returns a flat or
     nested dict) and append each row to ``out`` as it finishes.
 
