@@ -241,6 +241,9 @@ CASES = [
     Case("latency-9.2e15", [*RING_1M, "--set", "link.latency_ns=9.2e15"], says=r"link\.latency_ns: 9\.2e\+15 .* use at"),
     Case("bandwidth-1e-6", [*RING_1M, "--set", "link.bandwidth_GBps=1e-6"],
          says=r"link\.bandwidth_GBps: 1e-06 makes one transfer unit .*; use at least [0-9.e-]+$"),
+    Case("outstanding-past-the-counters", [*RING_1M, "--set", "gpu.remote_outstanding_kB=1e16"],
+         says=r"gpu\.remote_outstanding_kB: 1e\+16 makes a quantity of 1\.02e\+19 bytes, beyond the 4\.61e\+18 bytes "
+              r"\(half a 64-bit count\).*; use at most 4\.5e\+15$"),
     Case("horizon-past-the-clock", [*RING_1M, "--set", "watchdog_horizon_us=1e13"],
          says=r"watchdog_horizon_us: 1e\+13 .* past the 4\.61e\+18 ps .*; use at most 4\.61e\+12$"),
     # sweep on a closed stdout: exit 141 like every command; the table is written before anything is printed
@@ -425,11 +428,12 @@ def _offered(line: str) -> str:
 
 
 @pytest.mark.parametrize("case_id, field", [("latency-1e15", "link.latency_ns"),
-                                            ("bandwidth-1e-6", "link.bandwidth_GBps")])
+                                            ("bandwidth-1e-6", "link.bandwidth_GBps"),
+                                            ("outstanding-past-the-counters", "gpu.remote_outstanding_kB")])
 def test_the_offered_bound_runs(case_id: str, field: str, outcomes: dict[str, Outcome], tmp_path: Path) -> None:
-    """The value a refusal offers ("use at most X") is honest: X itself passes the check
-    and the run finishes (its time far from the clock's end), and a value 1 % past X is
-    refused with the same X."""
+    """The value a refusal offers ("use at most X") is honest: X itself passes the checks
+    and the run finishes (its time far from the clock's end; a size reaches the
+    compiled core as a 64-bit count), and a value 1 % past X is refused with the same X."""
     o = outcomes[case_id]
     assert o.proc is not None and o.proc.returncode == 2, o.proc and o.proc.stderr
     bound = _offered(o.proc.stderr.strip())
@@ -437,7 +441,7 @@ def test_the_offered_bound_runs(case_id: str, field: str, outcomes: dict[str, Ou
     ok = run_cais([*RING_1M, "--set", f"{field}={bound}", "--json"], env, cwd=tmp_path)
     assert ok is not None and ok.returncode == 0, ok and ok.stderr
     assert 0 < json.loads(ok.stdout)["time_us"] < 2**62 / 1e6
-    past = float(bound) * (1.01 if "latency" in field else 0.99)
+    past = float(bound) * (1.01 if "; use at most" in o.proc.stderr else 0.99)
     refused = run_cais([*RING_1M, "--set", f"{field}={past:.6g}"], env, cwd=tmp_path)
     assert refused is not None and refused.returncode == 2 and refused.stdout == ""
     assert _offered(refused.stderr.strip()) == bound

@@ -65,6 +65,10 @@ STEPS_PER_DELAY = 8
 # to the present time (and capped at the guard), so it is checked against MAX_TIME_PS alone.
 ONCE_FIELDS = ("watchdog_horizon_us",)
 _PS_PER = {"_ps": 1, "_ns": 1_000, "_us": 1_000_000}
+# The most bytes one quantity of the machine may hold (a buffer's capacity, a bound on
+# outstanding requests, a unit): half the core's signed 64-bit count, so that such a
+# count plus one more quantity (a credit, a request) stays in range.
+MAX_BYTES = 2**62
 
 
 def max_events() -> int:
@@ -132,29 +136,44 @@ def _human(ps: float) -> str:
     return f"{s:.3g} s"
 
 
-def _steps(cfg: SystemConfig) -> list[tuple[str, float, str, float]]:
-    """(field, value, what one step of it is, that step in ps) for every time and
-    bandwidth field of ``cfg`` that is set: a time (``*_ns``, ``*_us``) is its own
-    step, a bandwidth (``*_GBps``) moves one transfer unit (the largest train), a
+def _wire_bytes(cfg: SystemConfig, unit: int) -> int:
+    """The most bytes ``unit`` payload bytes take on a link: its packets, each of whole
+    flits with its header and the most extra flits any packet carries."""
+    p = cfg.packet
+    packets = -(-unit // p.max_payload_bytes)
+    flits = -(-p.max_payload_bytes // p.flit_bytes) + p.header_flits + max(
+        p.request_extra_flits, p.write_extra_flits, p.write_ack_flits)
+    return packets * flits * p.flit_bytes
+
+
+def _steps(cfg: SystemConfig) -> list[tuple[str, float, str, float, int]]:
+    """(field, value, what one step of it is, that step in ps, the bytes a bandwidth's
+    step moves or 0) for every time and bandwidth field of ``cfg`` that is set: a
+    time (``*_ns``, ``*_us``) is its own step, a bandwidth (``*_GBps``) moves one
+    transfer unit (the largest train; on a link with its packets' flits), a
     ``gpu_slowdown`` factor stretches 1 us of a GPU's work."""
     unit = max(cfg.transfer_unit_bytes, cfg.collective_unit_bytes)
-    out: list[tuple[str, float, str, float]] = []
+    wire = _wire_bytes(cfg, unit)
+    out: list[tuple[str, float, str, float, int]] = []
 
     def walk(data: dict, prefix: str) -> None:
         for key, value in data.items():
             name = prefix + key
             if key == "gpu_slowdown":
                 for g, factor in value.items():
-                    out.append((f"gpu_slowdown.{g}", float(factor), "1 us of GPU work", float(factor) * 1e6))
+                    out.append((f"gpu_slowdown.{g}", float(factor), "1 us of GPU work", float(factor) * 1e6, 0))
             elif isinstance(value, dict):
                 walk(value, name + ".")
             elif isinstance(value, bool) or not isinstance(value, (int, float)):
                 continue
             elif key.endswith("_GBps"):  # GB/s == bytes per ns
-                ps = unit * 1_000 / value if value > 0 else math.inf
-                out.append((name, float(value), f"one transfer unit ({size_text(unit)} bytes)", ps))
+                moved = wire if name == "link.bandwidth_GBps" else unit
+                ps = moved * 1_000 / value if value > 0 else math.inf
+                what = f"one transfer unit ({size_text(unit)} bytes" + (
+                    f", {size_text(wire)} on the wire)" if moved == wire else ")")
+                out.append((name, float(value), what, ps, moved))
             elif key[-3:] in _PS_PER:
-                out.append((name, float(value), "one step", float(value) * _PS_PER[key[-3:]]))
+                out.append((name, float(value), "one step", float(value) * _PS_PER[key[-3:]], 0))
     walk(cfg.model_dump(), "")
     return out
 
@@ -192,15 +211,14 @@ def check_times(cfg: SystemConfig, events: float) -> None:
     # a run beyond the event limit is refused for its size (check_events); here only a step past the clock alone
     too_big = events > max_events()
     limit = step_bound_ps(events)
-    for name, value, what, ps in _steps(cfg):
+    for name, value, what, ps, moved in _steps(cfg):
         once = too_big or name in ONCE_FIELDS
         bound_ps = MAX_TIME_PS if once else limit
         if math.isfinite(value) and math.isfinite(ps) and ps <= bound_ps:
             continue
         took = f"{ps:.3g} ps ({_human(ps)})" if math.isfinite(ps) else "longer than any number of ps"
-        if name.endswith("_GBps"):  # one transfer unit within the bound: unit * 1000 / bound_ps
-            unit = max(cfg.transfer_unit_bytes, cfg.collective_unit_bytes)
-            side, bound = "at least", _safe(unit * 1_000 / bound_ps, down=False)
+        if name.endswith("_GBps"):  # the bytes of one step within the bound: moved * 1000 / bound_ps
+            side, bound = "at least", _safe(moved * 1_000 / bound_ps, down=False)
         else:
             per = 1e6 if name.startswith("gpu_slowdown.") else _PS_PER[name[-3:]]
             side, bound = "at most", _safe(bound_ps / per, down=True)
@@ -212,10 +230,64 @@ def check_times(cfg: SystemConfig, events: float) -> None:
                         f"stuck, but past what the clock counts); use {side} {bound:.3g}")
 
 
+def _byte_fields(cfg: SystemConfig) -> list[tuple[str, float, float]]:
+    """(field, value, the most bytes one quantity of the machine holds per unit of the
+    field) for every size field of ``cfg`` that is set: ``*_bytes`` (1), ``*_kB``
+    (1024), ``*_flits`` (packet.flit_bytes; a VC's depth times the links it spans where
+    buffers are per link: a VC's capacity, blamed on packet.flit_bytes where a flit
+    alone fills it past the bound)."""
+    flit = cfg.packet.flit_bytes
+    links = max(cfg.switch.links_per_gpu) if cfg.link.buffer_scope == "link" else 1
+    depth = cfg.link.vc_depth_flits * links
+    out: list[tuple[str, float, float]] = []
+
+    def walk(data: dict, prefix: str) -> None:
+        for key, value in data.items():
+            if not isinstance(key, str):  # gpu_slowdown's GPU numbers: factors, no sizes
+                continue
+            name = prefix + key
+            if isinstance(value, dict):
+                walk(value, name + ".")
+            elif isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            elif name == "link.vc_depth_flits" and flit * links * value > MAX_BYTES and flit * links > MAX_BYTES:
+                out.append(("packet.flit_bytes", float(flit), float(depth)))  # the flit, not the depth, is too big
+            elif name == "link.vc_depth_flits":
+                out.append((name, float(value), float(flit * links)))
+            elif key.endswith(("_bytes", "_kB", "_flits")):
+                out.append((name, float(value), {"_kB": 1024.0, "_flits": float(flit)}.get(key[key.rfind("_"):], 1.0)))
+    walk(cfg.model_dump(), "")
+    return out
+
+
+def check_bytes(cfg: SystemConfig) -> None:
+    """UserError (one line) naming the field if a size of ``cfg`` (a buffer, a bound on
+    outstanding requests, a unit; or the default outstanding bound, link bandwidth x
+    a read's round trip) makes a quantity of the machine past :data:`MAX_BYTES`,
+    beyond what the compiled core's 64-bit counts hold; with the bound to use (3
+    digits, on the safe side: that value passes)."""
+    for name, value, per in _byte_fields(cfg):
+        if math.isfinite(value) and value * per <= MAX_BYTES:
+            continue
+        took = f"{value * per:.3g} bytes" if math.isfinite(value) else "no number of bytes"
+        raise UserError(f"{name}: {value:.3g} makes a quantity of {took}, beyond the {MAX_BYTES:.3g} bytes (half "
+                        f"a 64-bit count) the simulator's counters hold; use at most {_safe(MAX_BYTES / per, True):.3g}")
+    if cfg.gpu.remote_outstanding_kB is None:
+        rtt_ns = 4 * cfg.link.latency_ns + 2 * cfg.switch.pipeline_latency_ns + cfg.gpu.memory_latency_ns
+        product = sum(cfg.switch.links_per_gpu) * cfg.link.bandwidth_GBps * rtt_ns
+        if not product <= MAX_BYTES:
+            raise UserError(f"gpu.remote_outstanding_kB: null takes the link bandwidth x a read's round trip, "
+                            f"{product:.3g} bytes, beyond the {MAX_BYTES:.3g} bytes the simulator's counters hold; "
+                            f"set gpu.remote_outstanding_kB (at most {_safe(MAX_BYTES / 1024, True):.3g}) or a "
+                            "smaller link.bandwidth_GBps or link.latency_ns")
+
+
 def check_machine(cfg: SystemConfig, events: float) -> None:
     """UserError (one line) if building ``cfg``'s machine alone (its SMs and the VCs of
-    its switch ports) is beyond the limit, or one of its steps is too long for a run
-    of ``events`` estimated events (check_times)."""
+    its switch ports) is beyond the limit, one of its sizes is past what the core's
+    counts hold (check_bytes), or one of its steps is too long for a run of
+    ``events`` estimated events (check_times)."""
+    check_bytes(cfg)
     check_times(cfg, events)
     ports = 2 * cfg.gpus * cfg.switch.chips
     estimate = cfg.gpus * EVENTS_PER_SM * cfg.gpu.sms + ports * EVENTS_PER_VC * cfg.link.vcs

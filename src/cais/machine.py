@@ -183,7 +183,7 @@ class Machine:
         now = self.sim.now
         if nxt > CLOCK_GUARD_PS or nxt < now:
             at = f"{nxt:,} ps" if nxt >= now else "a time past the clock's end"
-            raise ClockOverflow(f"simulated time would go past {CLOCK_GUARD_PS:.3g} ps ({CLOCK_GUARD_PS / 864e17:.0f} "
+            raise ClockOverflow(f"simulated time would go past {CLOCK_GUARD_PS:.3g} ps ({CLOCK_GUARD_PS / 8.64e16:.1f} "
                                 f"days), half of what the 64-bit picosecond clock counts: the next event is at {at}, "
                                 f"after {self.sim.events:,} events; the system's steps are too long for this run: use "
                                 "shorter latencies and timeouts, larger bandwidths or smaller gpu_slowdown factors")
