@@ -63,7 +63,8 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "cais.limits": ("cais.hw.config", "cais.workload"),
     # ---- running things -------------------------------------------------------------
     "cais.experiments": ("cais.engine", "cais.hw", "cais.isa", "cais.machine", "cais.kernels", "cais.opt",
-                         "cais.schemes", "cais.workload", "cais.results", "cais.limits", "cais.progress"),
+                         "cais.schemes", "cais.workload", "cais.results", "cais.limits", "cais.progress",
+                         "cais.provenance"),  # a run's result says what made it (LayerSpec.run)
     "cais.sweep": ("cais.experiments", "cais.schemes", "cais.kernels", "cais.hw.config", "cais.workload",
                    "cais.results", "cais.provenance", "cais.progress"),
     # reproduce runs its points through the one run description, experiments/spec.py

@@ -311,11 +311,19 @@ def collective_events(cfg: SystemConfig, op: str, algo: str, nbytes: int) -> flo
     per_train = EVENTS_PER_TRAIN_NVLS if algo == "nvls" else EVENTS_PER_TRAIN
     events = n * (per_train * trains(cfg, nbytes * factor, unit) + EVENTS_PER_TB * channels)
     if algo == "nvls" and op == "allreduce" and cfg.collective.nvls_buffers == "staged":
-        from cais.kernels.nvls_staged import chunk_bytes
-        chunk = chunk_bytes(nbytes, channels, n, cfg.collective.nvls_chunk_bytes)
-        steps = -(-nbytes // (channels * n * chunk))
-        events += n * channels * steps * EVENTS_PER_STAGED_STEP * cfg.switch.chips / 4
+        events += _staged_steps(cfg, nbytes, channels)
     return events
+
+
+def _staged_steps(cfg: SystemConfig, nbytes: int, channels: int) -> float:
+    """Events of a staged NVLS AllReduce's steps beyond its data (every GPU, channel
+    and step)."""
+    from cais.kernels.nvls_staged import chunk_bytes
+
+    n = cfg.gpus
+    chunk = chunk_bytes(nbytes, channels, n, cfg.collective.nvls_chunk_bytes)
+    steps = -(-nbytes // (channels * n * chunk))
+    return n * channels * steps * EVENTS_PER_STAGED_STEP * cfg.switch.chips / 4
 
 
 def gemm_events(tiles: int) -> float:
@@ -356,7 +364,12 @@ def period_events(cfg: SystemConfig, period: Period, dtype_bytes: int,
             tbs += -(-d.tokens // ROWS_PER_TB)
     unit = min(cfg.transfer_unit_bytes, cfg.collective_unit_bytes)
     factor = LAYER_FACTOR_CAIS if switch == "cais" else LAYER_FACTOR
-    return factor * cfg.gpus * (EVENTS_PER_TB * tbs + EVENTS_PER_TRAIN * trains(cfg, moved, unit))
+    events = factor * cfg.gpus * (EVENTS_PER_TB * tbs + EVENTS_PER_TRAIN * trains(cfg, moved, unit))
+    if switch != "cais" and cfg.collective.layer_choice == "nccl" and cfg.collective.nvls_buffers == "staged":
+        # NCCL's own NVLS AllReduce on its own buffers: the steps' polls and fences, as standalone
+        chains = sum(isinstance(seg, Chain) for seg in period.segments)
+        events += chains * _staged_steps(cfg, int(act), cfg.collective.nvls_channels)
+    return events
 
 
 def size_text(nbytes: float) -> str:
