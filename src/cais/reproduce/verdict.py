@@ -25,9 +25,10 @@ WHY_DIFFER: tuple[tuple[str, str, str], ...] = (
      "on an H200), so the baselines' overlap hides more of it and there is less left for CAIS to win.",
      "validation.md", "6. The baselines against the paper (Table I models, 66 SMs)"),
     ("CAIS depends on the paper's stated mechanisms (TB coordination, merging-aware TB order, the per-GPU bound "
-     "on outstanding requests) and on peer reads kept in L2; without L2-kept reads every TB loads its operands "
-     "again through the switch.",
-     "validation.md", "13. CAIS as the paper designed it (issue 18)"),
+     "on outstanding requests) and on each remote row block reaching a GPU once: the paper's traffic model "
+     "needs peer reads kept in L2, which the H100 as sold does not do; staging each block once gives the same "
+     "times, and without either every column tile loads its rows again through the switch.",
+     "validation.md", "18. CAIS on the H100 as sold (issue 39; 2026-12-02)"),
     ("The paper's world (Accel-Sim GEMMs, its baselines' time ratios) is approximated by the paper-world preset, "
      "fitted to the baselines only; its CAIS numbers are a prediction.",
      "validation.md", "Fig. 11 at 40 KB in `paper-world` (the paper's world, fitted to its baselines only)"),
