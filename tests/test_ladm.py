@@ -6,7 +6,7 @@ import pytest
 import cais.experiments.layer as layer
 from cais.experiments.layer import run_layer
 from cais.hw.compute import ComputeModel
-from cais.hw.config import load_system
+from cais.hw.config import apply_overrides, load_system
 from cais.machine import Machine
 from cais.schemes.base import LayerRun
 from cais.kernels.remote_gemm import RemoteAccess, remote_operands, tile_order
@@ -20,7 +20,9 @@ GPT = ModelSpec(name="tiny-gpt", family="gpt", hidden=256, ffn_hidden=512, heads
 
 @pytest.fixture(scope="module")
 def four_gpus():
-    return load_system("dgx-h100").with_overrides(gpus=4)
+    """Four GPUs whose LADM tiles load their rows themselves, as LADM's mainloop does
+    (the H100 presets stage each remote block once: tests/test_remote_reuse.py)."""
+    return apply_overrides(load_system("dgx-h100").with_overrides(gpus=4), {"remote_read.strategy": "reload"})
 
 
 class _FineLoads(Ladm):

@@ -132,8 +132,9 @@ def test_a_layer_with_nccl_s_choice_is_exact_and_says_what_ran(scheme: str) -> N
     from cais.experiments.layer import run_layer
     from cais.workload.models import load_model
 
-    cfg = load_system("dgx-h100", gpus=4)
-    nccl = cfg.with_overrides(collective={**cfg.collective.model_dump(), "layer_choice": "nccl"})
+    nccl = load_system("dgx-h100", gpus=4)  # the H100 as sold: NCCL's own choice per call
+    assert nccl.collective.layer_choice == "nccl"
+    cfg = nccl.with_overrides(collective={**nccl.collective.model_dump(), "layer_choice": "scheme"})
     model = load_model("paper-mega-gpt-4b").with_run(batch=8, seq=256)
     r = run_layer(nccl, model, scheme, "decode", functional=True, seed=5)
     assert r.checked > 0 and r.mismatches == []
