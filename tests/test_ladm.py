@@ -86,25 +86,6 @@ def test_a_missing_global_dependency_is_caught(four_gpus, monkeypatch, variant) 
     assert r.mismatches
 
 
-def test_traffic_is_one_red_per_partial_row_and_one_ld_per_column_tile(four_gpus) -> None:
-    """No collective; every GPU sends the partial rows it does not own once, and loads
-    the activation rows it does not own once per column tile of each consumer."""
-    period = build_period(GPT, four_gpus.gpus, "prefill", True)
-    m = Machine(four_gpus)
-    run = LayerRun(m, GPT, period, ComputeModel.load(four_gpus.gpu.compute_model))
-    Ladm().run(run)
-    m.run()
-    d, eb, n = period.dims, GPT.dtype_bytes, four_gpus.gpus
-    remote_rows = d.tokens - d.rows_l
-    want = 0
-    for c in period.chains:
-        want += remote_rows * d.hidden * eb  # reductions
-        shape = run.shape(c.gemm2)
-        want += remote_rows * d.hidden * eb * shape.tiles_n  # loads (responses carry the data)
-    assert run.collectives == 0
-    assert m.fabric.injected == n * want
-
-
 def test_tile_order_follows_the_cutlass_heuristic() -> None:
     from cais.kernels.gemm import GemmShape
 

@@ -62,6 +62,9 @@ def test_the_strategy_comes_from_the_system_and_the_l2_overrides_it() -> None:
 
 @pytest.mark.parametrize("name", list(STRATEGIES))
 def test_ladm_wire_bytes_match_the_closed_form(name: str) -> None:
+    """No collective; every GPU sends the partial rows it does not own once, and loads
+    the activation rows it does not own once per column tile of each consumer (reload,
+    LADM's own mainloop), once per cluster, or once."""
     cfg = _four(**STRATEGIES[name])
     period = build_period(GPT, cfg.gpus, "prefill", True)
     m = Machine(cfg)

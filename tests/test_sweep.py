@@ -447,15 +447,21 @@ def _pids(calls: Path, size: str) -> list[int]:
     return sorted(int(f.name.split("-")[1]) for f in calls.glob(f"{size}-*"))
 
 
+def _start_ray_sweep(ray_head, tmp_path: Path, held: str):  # type: ignore[no-untyped-def]
+    """The Ray sweep of the four points, the ``held`` one waiting for its release file,
+    started on the module's head: (calls, release, out, points, driver)."""
+    address, env = ray_head
+    calls, release, out = tmp_path / "calls", tmp_path / "release", tmp_path / "ray.parquet"
+    calls.mkdir()
+    points = _ray_points(calls, release, held=held)
+    return calls, release, out, points, _ray_sweep(points, out, address, env)
+
+
 def test_a_killed_ray_worker_s_point_runs_again_and_the_sweep_completes_the_same(ray_head, tmp_path) -> None:
     """SIGKILL to the Ray worker in the middle of a point: Ray runs the point again in
     another worker (the task's one retry), and the sweep ends with every point ok and
     the rows a local run gives."""
-    address, env = ray_head
-    calls, release, out = tmp_path / "calls", tmp_path / "release", tmp_path / "ray.parquet"
-    calls.mkdir()
-    points = _ray_points(calls, release, held="96K")
-    driver = _ray_sweep(points, out, address, env)
+    calls, release, out, points, driver = _start_ray_sweep(ray_head, tmp_path, "96K")
     victim = _running(calls, "96K", driver, set())
     os.kill(victim, signal.SIGKILL)  # the point is running: it waits for its release
     release.touch()
@@ -474,11 +480,7 @@ def test_a_point_whose_ray_worker_dies_twice_is_an_error_row_and_the_rerun_compl
     """A point whose worker is killed on both tries is an error row ("worker failed"),
     the other points finish; running the sweep again runs only that point, and the
     table is then whole and the same as a local run's."""
-    address, env = ray_head
-    calls, release, out = tmp_path / "calls", tmp_path / "release", tmp_path / "ray.parquet"
-    calls.mkdir()
-    points = _ray_points(calls, release, held="128K")
-    driver = _ray_sweep(points, out, address, env)
+    calls, release, out, points, driver = _start_ray_sweep(ray_head, tmp_path, "128K")
     first = _running(calls, "128K", driver, set())
     os.kill(first, signal.SIGKILL)
     second = _running(calls, "128K", driver, {first})
@@ -490,7 +492,7 @@ def test_a_point_whose_ray_worker_dies_twice_is_an_error_row_and_the_rerun_compl
     assert before.loc["128K", "status"] == "error" and before.loc["128K", "error"].startswith("worker failed: ")
     assert list(before.drop("128K")["status"]) == ["ok"] * 3
     release.touch()
-    rerun = _ray_sweep(points, out, address, env)
+    rerun = _ray_sweep(points, out, *ray_head)
     stdout, stderr = rerun.communicate(timeout=600)
     assert rerun.returncode == 0, stderr[-2000:]
     assert stdout.strip().splitlines()[-1] == '{"points_run": 1, "points_reused": 3}'  # only the failed point
