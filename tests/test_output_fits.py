@@ -375,6 +375,7 @@ def test_the_sweep_bar_keeps_its_eta(width: int, monkeypatch: pytest.MonkeyPatch
     from cais.sweep.runner import _progress
 
     monkeypatch.setenv("COLUMNS", str(width))
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")  # the bar of a terminal (in a pipe: PlainProgress, test_progress.py)
     bar, task = _progress(True, "a-sweep-spec-with-a-long-name-to-push-the-bar-off", 12_345, 1_234)
     bar.update(task, completed=2_345, failed=123)
     out = io.StringIO()

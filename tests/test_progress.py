@@ -139,3 +139,22 @@ def test_the_rate_is_smoothed_over_the_run_so_far() -> None:
 def test_past_the_estimate() -> None:
     p, lines = _logged(10_000, [(0.0, 4096), (2.0, 12288)])
     assert p.eta(12288) == "ETA: past the estimate" and lines[-1].endswith("ETA: past the estimate (2 s)")
+
+
+def test_a_sweep_in_a_pipe_prints_whole_lines_with_the_eta_first() -> None:
+    """stderr not a terminal: a plain line at most every ``every_s`` (none for a short
+    sweep), the ETA first and never cut."""
+    import io
+
+    from cais.sweep.runner import PlainProgress
+
+    now = [0.0]
+    out = io.StringIO()
+    with PlainProgress("sweep", 4, every_s=10.0, clock=lambda: now[0], stream=out) as bar:
+        now[0] = 5.0
+        bar.update(0, advance=1)
+        assert out.getvalue() == ""  # before the first interval: nothing
+        now[0] = 20.0
+        bar.update(0, advance=1, failed=1)
+    lines = out.getvalue().splitlines()
+    assert lines == ["cais: sweep: ETA 0:00:20 | 2/4 | 1 failed | 0:00:20"]

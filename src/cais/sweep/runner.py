@@ -9,6 +9,7 @@ import multiprocessing
 import os
 import signal
 import socket
+import sys
 import tempfile
 import time
 from contextlib import ExitStack, closing
@@ -189,10 +190,44 @@ def _reachable(address: str) -> None:
         raise UserError(f"ray: no Ray cluster answers at {address}: {exc.strerror or exc}") from None
 
 
+class PlainProgress:
+    """A sweep's progress where stderr is not a terminal (a pipe, a log file): a whole
+    line at most every ``every_s`` seconds, ETA first, never cut; a sweep shorter than
+    that prints nothing. It takes the calls rich's Progress takes here."""
+
+    def __init__(self, label: str, total: int, every_s: float = 10.0,
+                 clock: Callable[[], float] = time.perf_counter, stream: Any = None) -> None:
+        self.label, self.total, self.every_s, self.clock = label, total, every_s, clock
+        self.stream = stream if stream is not None else sys.stderr
+        self.done = self.failed = 0
+        self.t0 = self.next = 0.0
+
+    def __enter__(self) -> "PlainProgress":
+        self.t0 = self.clock()
+        self.next = self.t0 + self.every_s
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def update(self, _task: int, advance: int = 0, failed: int = 0) -> None:
+        self.done += advance
+        self.failed = failed
+        now = self.clock()
+        if now < self.next:
+            return
+        self.next = now + self.every_s
+        elapsed = now - self.t0
+        eta = elapsed / self.done * (self.total - self.done) if self.done else None
+        print(f"cais: {self.label}: ETA {clock_text(eta)} | {self.done}/{self.total} | {self.failed} failed | "
+              f"{clock_text(elapsed)}", file=self.stream, flush=True)
+
+
 def _progress(enabled: bool, desc: str, total: int, skipped: int) -> Any:
     """A rich progress bar on stderr (ETA, done/total, failures, elapsed; the ETA kept
-    where the terminal is narrow, cais.progress.BarView); disabled when asked or when
-    stderr is not a terminal."""
+    where the terminal is narrow, cais.progress.BarView); where stderr is not a
+    terminal, plain lines now and then (:class:`PlainProgress`); nothing when not
+    asked."""
     from rich.console import Console
 
     def parts(task: Any) -> list[str]:
@@ -200,8 +235,10 @@ def _progress(enabled: bool, desc: str, total: int, skipped: int) -> Any:
                 f"{task.fields['failed']} failed", clock_text(task.elapsed or 0.0)]
 
     console = Console(stderr=True)
-    progress = fitted_progress(parts, console=console, disable=not (enabled and console.is_terminal))
     label = f"{desc} ({skipped} done before)" if skipped else desc
+    if enabled and not console.is_terminal:
+        return PlainProgress(label, total), 0
+    progress = fitted_progress(parts, console=console, disable=not enabled)
     return progress, progress.add_task(label, total=total, failed=0)
 
 
