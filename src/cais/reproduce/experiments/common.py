@@ -23,7 +23,7 @@ from cais.sweep.grid import Point
 __all__ = ["LAYER", "TIMELINE", "COLLECTIVE", "WHY_CAIS", "WHY_BOTH", "UNBOUNDED", "Context", "Experiment",
            "geomean", "compare", "ok_rows", "failures", "grid_models", "grid_modes", "one_model",
            "scalable_system", "grid_words", "fig11_points", "no_points", "entries_of", "World", "worlds",
-           "world_rows", "PAPER_L2"]
+           "world_rows", "PAPER_L2", "why_measured"]
 
 #: the point functions (cais.reproduce.points) an experiment's points name
 LAYER = "cais.reproduce.points:layer_point"
@@ -36,6 +36,28 @@ WHY_CAIS = ("without TB coordination and merging-aware TB order the GPUs drift h
             "(docs/validation.md §13)")
 WHY_BOTH = ("communication weighs less here than in the paper, so the baselines' overlap already hides most of it "
             "and there is less for CAIS to win (docs/validation.md §6, §13)")
+
+def why_measured(df: pd.DataFrame) -> tuple[str, str]:
+    """(why a baseline's speedup differs, why a CAIS variant's does) from the runs
+    ``df`` (layer_point rows): TP-NVLS's communication against its computation beside
+    the paper's Fig. 2, and the arrival skew without coordination against with it; the
+    fixed sentences where the runs lack them."""
+    tp = df[df["scheme"] == "tp-nvls"] if "scheme" in df else df.iloc[0:0]
+    both = WHY_BOTH
+    if len(tp) and {"comm_kernel_us", "compute_kernel_us"} <= set(tp.columns):
+        ratio = geomean(list(tp["comm_kernel_us"] / tp["compute_kernel_us"]))
+        if ratio == ratio:
+            both = (f"TP-NVLS's collectives take {ratio:.2f}x its other kernels' time in these runs, against "
+                    f"{P.FIG2_COMM_OVER_COMPUTE_8GPU}x in the paper's Fig. 2, so the baselines' overlap already "
+                    "hides more of it and there is less for CAIS to win (docs/validation.md §6, §18)")
+    cais = WHY_CAIS
+    skew = df.groupby("scheme")["skew_mean_us"].mean() if "skew_mean_us" in df else pd.Series(dtype=float)
+    if {"cais", "cais-wo-coord"} <= set(skew.index) and skew["cais-wo-coord"] == skew["cais-wo-coord"]:
+        cais = (f"without coordination the GPUs walk the owners in CUTLASS's raster and each owner runs ahead "
+                f"(mean arrival skew {skew['cais-wo-coord']:.0f} us, {skew['cais']:.1f} us with coordination; the "
+                f"paper: 35 and 3 us), so the {P.TABLE_KB:.0f} KB table starves (docs/validation.md §18)")
+    return both, cais
+
 
 #: merge-table entries of a table that never fills here (2.5 MB per port)
 UNBOUNDED = 20000

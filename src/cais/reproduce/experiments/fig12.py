@@ -8,8 +8,8 @@ import pandas as pd
 
 from cais.reproduce import paper as P
 from cais.reproduce import plots
-from cais.reproduce.experiments.common import (WHY_BOTH, WHY_CAIS, Context, Experiment, compare, fig11_points,
-                                               geomean, grid_words, ok_rows)
+from cais.reproduce.experiments.common import (Context, Experiment, compare, fig11_points, geomean, grid_words,
+                                               ok_rows, why_measured)
 from cais.reproduce.report import Section
 from cais.reproduce.verdict import count_faster, span
 
@@ -30,13 +30,14 @@ def fig12_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, Secti
     t = pd.DataFrame(out)
     sec = Section("fig12", "Fig. 12: sub-layer (L1-L4) speedup of CAIS")
     comp = []
+    why_base, why_cais = why_measured(df)
     for s in P.SCHEMES:
         if s == "cais":
             continue
         ours = geomean(list(t[t["scheme"] == s]["speedup_of_cais"]))
         pp = P.FIG12_GEOMEAN.get(s, P.FIG12_OVER_BASE if s == "cais-base" else None)
         comp.append({"scheme": s, **compare(f"CAIS over {s}, sub-layers", ours, pp,
-                                            WHY_CAIS if s in P.CAIS_VARIANTS else WHY_BOTH)})
+                                            why_cais if s in P.CAIS_VARIANTS else why_base)})
     c = pd.DataFrame(comp).drop(columns=["quantity"])
     subs = sorted(set(t["sublayer"]))
     schemes = [s for s in P.SCHEMES if s != "cais"]
