@@ -40,8 +40,7 @@ def main() -> None:
     cfg = cfg.with_overrides(gpu={**cfg.gpu.model_dump(), "sms": args.sms})
     sch = get_scheme(args.scheme)
     cfg = cfg.with_overrides(switch={**cfg.switch.model_dump(), "model": sch.switch_model(cfg.switch.model)})
-    if sch.vc_policy is not None:
-        cfg = cfg.with_overrides(link={**cfg.link.model_dump(), "vc_policy": sch.vc_policy})
+    cfg = cfg.with_overrides(link={**cfg.link.model_dump(), "vc_policy": sch.vc_policy_for(cfg.link.vc_policy)})
     model = load_model(args.model)
     period = build_period(model, cfg.gpus, args.mode, sch.sp, 0, True)
     m = Machine(cfg)

@@ -233,6 +233,11 @@ CASES = [
                 r"allowed with this scheme: auto, cais$") for name in MERGING_SCHEMES],
     Case("tp-nvls-on-a-cais-switch", [*SMALL_LAYER, "--scheme", "tp-nvls", "--set", "switch.model=cais", "--json"],
          code=0, check=_ran_on("cais")),
+    # CAIS's traffic control on one request VC would be cais-partial: refused, naming link.vc_policy (issue 38)
+    *[Case(f"{name}-on-one-request-vc", [*SMALL_LAYER, "--scheme", name, "--set", "link.vc_policy=one"],
+           says=rf"link\.vc_policy: scheme '{name}' keeps loads and reductions on separate VCs .*'one' puts them "
+                r"on one, which is another scheme's \(cais-partial\); allowed with this scheme: class, kernel$")
+      for name in ("cais", "cais-wo-coord")],
     # a step the run's events could add up past the clock: refused with this run's bound (test_the_offered_bound_runs)
     Case("latency-1e15", [*RING_1M, "--set", "link.latency_ns=1e15"],
          says=r"link\.latency_ns: 1e\+15 makes one step take 1e\+18 ps .*this run's [0-9,]+ estimated events.* "

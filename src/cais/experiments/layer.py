@@ -298,6 +298,7 @@ def check_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms
     sch = get_scheme(scheme)
     _check_sms(cfg, sms)
     sch.switch_model(cfg.switch.model)  # a scheme on a switch without what it needs (SwitchMismatch)
+    sch.vc_policy_for(cfg.link.vc_policy)  # a VC policy that undoes the scheme (VcMismatch)
     _check_size(cfg, model, scheme, sch.switch, mode, build_period(model, cfg.gpus, mode, sch.sp))
     check_memory(cfg, model, mode, sch.sp)
 
@@ -316,8 +317,9 @@ def run_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: 
     switch = sch.switch_model(cfg.switch.model)  # auto resolved; a switch it cannot run on refused
     if switch != cfg.switch.model:
         cfg = cfg.with_overrides(switch={**cfg.switch.model_dump(), "model": switch})
-    if sch.vc_policy is not None:
-        cfg = cfg.with_overrides(link={**cfg.link.model_dump(), "vc_policy": sch.vc_policy})
+    vc_policy = sch.vc_policy_for(cfg.link.vc_policy)
+    if vc_policy != cfg.link.vc_policy:
+        cfg = cfg.with_overrides(link={**cfg.link.model_dump(), "vc_policy": vc_policy})
     mirror = _mirror_mode(cfg, scheme, sim, functional)
     period = build_period(model, cfg.gpus, mode, sch.sp, seed, regather)
     _check_size(cfg, model, scheme, sch.switch, mode, period, mirror)

@@ -54,6 +54,12 @@ class SwitchMismatch(UserError):
     on a switch without merge units): refused before the machine is built."""
 
 
+class VcMismatch(UserError):
+    """A scheme asked of links whose VC policy undoes what defines it (CAIS's traffic
+    control on one request VC, which is CAIS-Partial): refused before the machine is
+    built."""
+
+
 @dataclass
 class Span:
     """When a segment ran: first kernel start to last kernel end, over all GPUs."""
@@ -287,6 +293,7 @@ class Scheme:
     summary = ""
     switch = "nvls"  # the switch model it needs when the system's is "auto" (cais: with merge units)
     vc_policy: str | None = None  # a VC policy the scheme is defined with (None: the system's)
+    vc_policies: tuple[str, ...] | None = None  # the system's VC policies it runs with (None: any)
     ablation = False  # an ablation of another scheme (the demo leaves it out)
 
     def switch_model(self, configured: str) -> str:
@@ -307,6 +314,18 @@ class Scheme:
         raise SwitchMismatch(f"switch.model: scheme '{self.name}' needs a '{self.switch}' switch ({needed.has}); "
                              f"'{configured}' has {switch_model(configured).has} only; allowed with this scheme: "
                              f"{', '.join(allowed)}")
+
+    def vc_policy_for(self, configured: str) -> str:
+        """The VC policy this scheme runs with, given the system's ``link.vc_policy``:
+        the one it is defined with, else the system's where the scheme allows it; one
+        it does not allow is a :class:`VcMismatch` naming ``link.vc_policy``."""
+        if self.vc_policy is not None:
+            return self.vc_policy
+        if self.vc_policies is not None and configured not in self.vc_policies:
+            raise VcMismatch(f"link.vc_policy: scheme '{self.name}' keeps loads and reductions on separate VCs (its "
+                             f"traffic control); '{configured}' puts them on one, which is another scheme's "
+                             f"(cais-partial); allowed with this scheme: {', '.join(self.vc_policies)}")
+        return configured
 
     def run(self, r: LayerRun) -> None:
         ready: Deps = [Signal() for _ in range(r.m.n)]

@@ -174,7 +174,7 @@ class Cais(Scheme):
     algo = "p2p"
     switch = "cais"
     coord = True
-    traffic_control = True
+    vc_policies = ("class", "kernel")  # traffic control: loads and reductions on their own VCs
     summary = "CAIS: merge unit + TB coordination (group sync, throttling) + fused GEMM-RS/LN/AG-GEMM pipeline"
 
     def run(self, r: LayerRun) -> None:
@@ -240,7 +240,6 @@ class CaisPartial(Cais):
 
     name = "cais-partial"
     ablation = True
-    traffic_control = False
     vc_policy = "one"
     summary = "CAIS without traffic control (loads and reductions share one VC)"
 
