@@ -44,3 +44,5 @@ def test_the_default_system_ships_its_full_grid() -> None:
     assert full is not None and full["grid"] == "full" and not full["sets"]
     assert sum(len(c) for c in full["claims"].values()) >= 10
     assert shipped("no-such-system") is None
+    pw = shipped("paper-world")  # the paper's world is held to its own full grid too
+    assert pw is not None and pw["system"] == "paper-world" and pw["grid"] == "full"

@@ -23,7 +23,7 @@ from cais.sweep.grid import Point
 __all__ = ["LAYER", "TIMELINE", "COLLECTIVE", "WHY_CAIS", "WHY_BOTH", "UNBOUNDED", "Context", "Experiment",
            "geomean", "compare", "ok_rows", "failures", "grid_models", "grid_modes", "one_model",
            "scalable_system", "grid_words", "fig11_points", "no_points", "entries_of", "World", "worlds",
-           "world_rows", "PAPER_L2", "why_measured"]
+           "world_rows", "own_world", "PAPER_L2", "why_measured"]
 
 #: the point functions (cais.reproduce.points) an experiment's points name
 LAYER = "cais.reproduce.points:layer_point"
@@ -193,6 +193,12 @@ def worlds(ctx: Context) -> list[World]:
     return [World("as-sold", f"{system} (as sold)" if system.startswith("dgx-h") else system, system),
             World("paper-l2", f"{system} with the paper's L2 assumption", system, PAPER_L2),
             World("paper-world", "paper-world", "paper-world")]
+
+
+def own_world(ctx: Context) -> World:
+    """The world of the context itself (its system with no world overrides): the one
+    whose runs Fig. 11's table and charts show."""
+    return next(w for w in worlds(ctx) if w.system == ctx.system and not w.sets)
 
 
 def world_rows(ctx: Context, world: World, df: pd.DataFrame) -> pd.DataFrame:

@@ -12,7 +12,8 @@ import pandas as pd
 from cais.reproduce import paper as P
 from cais.reproduce import plots
 from cais.reproduce.experiments.common import (WHY_BOTH, WHY_CAIS, Context, Experiment, compare, failures,
-                                               geomean, grid_words, ok_rows, why_measured, world_rows, worlds)
+                                               geomean, grid_words, ok_rows, own_world, why_measured, world_rows,
+                                               worlds)
 from cais.sweep.grid import Point
 from cais.reproduce.report import Section
 from cais.reproduce.verdict import count_faster, holds, span
@@ -147,8 +148,7 @@ def fig11_analyse(ctx: Context, rows: pd.DataFrame, name: str = "fig11",
     geomean as a diamond), the time per scheme and model, the geomeans beside the
     paper's, and CAIS against TP-NVLS and the best baseline in each world."""
     every = ok_rows(rows)
-    first = worlds(ctx)[0]
-    df = world_rows(ctx, first, every) if "sets" in every else every
+    df = world_rows(ctx, own_world(ctx), every) if "sets" in every else every
     t = fig11_table(df)
     g = geomean_table(t, why_measured(df))
     answers = world_answers(ctx, every) if "sets" in every else pd.DataFrame()
