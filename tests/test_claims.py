@@ -46,3 +46,14 @@ def test_the_default_system_ships_its_full_grid() -> None:
     assert shipped("no-such-system") is None
     pw = shipped("paper-world")  # the paper's world is held to its own full grid too
     assert pw is not None and pw["system"] == "paper-world" and pw["grid"] == "full"
+
+
+def test_a_quick_run_without_a_shipped_full_grid_says_its_claims_are_unchecked(tmp_path: Path) -> None:
+    from cais.reproduce.experiments import Context
+    from cais.reproduce.run import reproduce
+
+    assert shipped("dgx-h200") is None
+    logged: list[str] = []
+    reproduce(["fig2"], Context(system="dgx-h200", quick=True, out=tmp_path), workers=1, log=logged.append)
+    assert any("not checked against a full grid: no full grid of dgx-h200" in line for line in logged)
+    assert "Its claims are not checked against a full grid" in (tmp_path / "report.md").read_text()
