@@ -102,3 +102,56 @@ def summary(points: list[Point]) -> pd.DataFrame:
                      "mean |error| < 1 MB (%)": 100 * mean_small,
                      "met": (not big or mean_big <= TARGETS[0]) and (not small or mean_small <= TARGETS[1])})
     return pd.DataFrame(rows)
+
+
+#: the sizes tensor-parallel layers issue (issue 37): 8 KB to 128 MiB
+TP_RANGE = (8 * 1024, 128 << 20)
+#: issue 37's targets over TP_RANGE, per (preset, GPUs, op, source): mean and max |error|
+TP_TARGETS = (0.05, 0.10)
+
+#: The points each calibrated constant was fitted on (system, GPUs, source prefix,
+#: smallest and largest size, the constant); every other point is a check. The
+#: constants and their fits: docs/validation.md §14 and "Collectives at the sizes TP
+#: layers issue".
+FIT_SETS: tuple[tuple[str, int, str, int, int, str], ...] = (
+    ("dgx-h100", 8, "NVIDIA/dgxc-benchmarking", 8, 2048, "collective.host_us"),
+    ("dgx-h100", 8, "NVIDIA/dgxc-benchmarking", 64 << 20, 2 << 30, "collective.nvls_copy_GBps"),
+    ("nvl72", 8, "oracle-quickstart/oci-hpc-oke", 8, 64, "collective.host_us"),
+    ("nvl72", 8, "oracle-quickstart/oci-hpc-oke", 2 << 30, 8 << 30, "collective.nvls_copy_GBps"),
+    ("nvl72", 72, "coreweave/nccl-tests", 8 << 30, 8 << 30, "switch.reduce_GBps"),
+)
+
+
+def source_label(source: str) -> str:
+    """A source's short name: its text before the first " (" (repository and file or
+    issue)."""
+    return source.split(" (")[0]
+
+
+def fitted_by(p: Point) -> list[str]:
+    """The calibrated constants ``p`` was in the fit set of (none: a check point)."""
+    return [c for system, gpus, src, lo, hi, c in FIT_SETS
+            if p.system == system and p.gpus == gpus and p.source.startswith(src) and lo <= p.nbytes <= hi]
+
+
+def tp_summary(points: list[Point], lo: int = TP_RANGE[0], hi: int = TP_RANGE[1]) -> pd.DataFrame:
+    """Per (system, GPUs, op, source), over the points of ``lo``..``hi`` bytes: how
+    many, how many were fitted on, mean and max |error| (%) over all of them and over
+    the check points alone, and whether issue 37's targets (:data:`TP_TARGETS`) hold
+    over all of them."""
+    rows = []
+    keys = sorted({(p.system, p.gpus, p.op, source_label(p.source)) for p in points if lo <= p.nbytes <= hi})
+    for system, gpus, op, src in keys:
+        ps = [p for p in points if (p.system, p.gpus, p.op, source_label(p.source)) == (system, gpus, op, src)
+              and lo <= p.nbytes <= hi]
+        errs = [abs(p.error) for p in ps]
+        checks = [abs(p.error) for p in ps if not fitted_by(p)]
+        mean, worst = sum(errs) / len(errs), max(errs)
+        rows.append({"system": system, "gpus": gpus, "op": op, "source": src, "points": len(ps),
+                     "fit points": len(ps) - len(checks),
+                     "mean |error| (%)": 100 * mean, "max |error| (%)": 100 * worst,
+                     "check mean |error| (%)": 100 * sum(checks) / len(checks) if checks else math.nan,
+                     "check max |error| (%)": 100 * max(checks) if checks else math.nan,
+                     "met": mean <= TP_TARGETS[0] and worst <= TP_TARGETS[1]})
+    return pd.DataFrame(rows)
+

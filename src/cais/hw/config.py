@@ -208,6 +208,17 @@ class CollectiveConfig(_Strict):
                                                                     "nccl = NCCL's algorithm and protocol by size, "
                                                                     "as a real call with NVLS enabled would run "
                                                                     "(small decode messages go Ring/LL)")
+    ring_launch: Literal["fixed", "nccl"] = Field(
+        "fixed", description="how many channels and threads a ring collective runs: fixed = ring_channels at every "
+                             "size, each LL/LL128 channel at its full rate; nccl = NCCL's launch by size "
+                             "(enqueue.cc topoGetAlgoInfo): below channels x threads x NCCL's per-thread threshold "
+                             "(64 B per thread for Ring LL on 8 GPUs) it drops channels, then halves one channel's "
+                             "threads, so an 8-GPU LL AllReduce of 8-32 KiB runs on one SM, 128 KiB on 4; an LL or "
+                             "LL128 channel's rate (ll_channel_GBps, ll128_channel_GBps, at NCCL's most threads) "
+                             "scales with its threads. NCCL's rule, not fitted (kernels/tuning.py ring_launch). Every "
+                             "preset keeps fixed: with nccl our LL step (a per-channel rate) makes 8 KiB-512 KiB "
+                             "+9 to +27 % slow on dgx-h100 against -17 to +9 % with fixed (docs/validation.md, "
+                             "\"Collectives at the sizes TP layers issue\")")
     tuning: Literal["sm90", "sm100"] = Field("sm90", description="NCCL's tuning table that chooses algorithm and "
                                                                  "protocol by size when a run asks for auto "
                                                                  "(kernels/tuning.py): sm90 Hopper, sm100 Blackwell")

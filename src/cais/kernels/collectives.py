@@ -44,6 +44,7 @@ from cais.hw.memory import Region
 from cais.kernels.common import Window, pause, split
 from cais.kernels.nvls_staged import nvls_staged_kernels
 from cais.kernels.protocols import SIMPLE, Protocol, protocol
+from cais.kernels.tuning import MAX_THREADS, ring_launch
 
 OPS = ("allreduce", "allgather", "reducescatter")
 ALGOS = ("ring", "nvls")
@@ -211,7 +212,8 @@ def _ring_plan(spec: CollectiveSpec, n: int, channels: int, step: int) -> list[l
 
 
 def _ring_tb(m: Machine, spec: CollectiveSpec, gpu: int, ch: int, plan: list[list[tuple[int, int]]],
-             state: _RingState, slot_elems: int, unit: int, key: int, proto: Protocol) -> TbProgram:
+             state: _RingState, slot_elems: int, unit: int, key: int, proto: Protocol,
+             threads: int | None = None) -> TbProgram:
     n, eb, isa, sim = m.n, spec.elem_bytes, m.isa, m.sim
     mem = m.gpus[gpu].memory
     nxt, prv = (gpu + 1) % n, (gpu - 1) % n
@@ -236,6 +238,8 @@ def _ring_tb(m: Machine, spec: CollectiveSpec, gpu: int, ch: int, plan: list[lis
         return Region(spec.recv, at, cnt, eb)
 
     rate = {"ll": m.cfg.collective.ll_channel_GBps, "ll128": m.cfg.collective.ll128_channel_GBps}.get(proto.name)
+    if rate is not None and threads is not None:  # LL/LL128 on fewer threads than NCCL's most: the
+        rate *= threads / MAX_THREADS[proto.name]  # poll-and-store loop's rate scales with them
 
     def program(sm: int, busy: int) -> ProgramGen:
         if spec.host_ps:  # the host's per-call cost on a standalone call's critical path
@@ -293,7 +297,10 @@ def ring_kernels(m: Machine, spec: CollectiveSpec) -> list[Kernel]:
     n, cfg = m.n, m.cfg.collective
     proto = protocol(spec.protocol)
     step = max(1, (cfg.ring_step_bytes if proto is SIMPLE else proto.step_bytes) // spec.elem_bytes)
-    plans = _ring_plan(spec, n, spec.channels or cfg.ring_channels, step)
+    channels, threads = spec.channels or cfg.ring_channels, None
+    if spec.channels is None and cfg.ring_launch == "nccl":  # NCCL's channels and threads by size
+        channels, threads = ring_launch(spec.nbytes, n, proto.name, cfg.ring_channels)
+    plans = _ring_plan(spec, n, channels, step)
     slot_elems = max((c for plan in plans for it in plan for _, c in it), default=1)
     unit = m.cfg.unit_for(slot_elems * spec.elem_bytes)
     key = m.flag_key() * 1_000_003  # the flags of this collective: one per channel and slot
@@ -303,7 +310,7 @@ def ring_kernels(m: Machine, spec: CollectiveSpec) -> list[Kernel]:
         if gpu.memory.functional and spec.staging not in gpu.memory.buffers:
             gpu.memory.alloc(spec.staging, len(plans) * cfg.ring_slots * slot_elems)
     for g in range(n):
-        tbs = [_ring_tb(m, spec, g, ch, plan, state, slot_elems, unit, key, proto)
+        tbs = [_ring_tb(m, spec, g, ch, plan, state, slot_elems, unit, key, proto, threads)
                for ch, plan in enumerate(plans) if plan]
         kernels.append(Kernel(f"ring-{spec.op}", tbs, spec.sms, role="communication"))
     return kernels

@@ -60,6 +60,31 @@ class Choice:
     estimate_us: float
 
 
+#: NCCL's per-thread work thresholds before it adds threads or channels (comm.h), and
+#: the most threads a ring channel runs per protocol (device.h): LL's threshold is
+#: multiplied by the ranks for Ring (tuning.cc).
+THREAD_THRESHOLD = {"ll": 8, "ll128": 8, "simple": 64}
+MAX_THREADS = {"ll": 512, "ll128": 640, "simple": 512}
+
+
+def ring_launch(nbytes: int, n: int, protocol: str, max_channels: int) -> tuple[int, int]:
+    """The channels and threads per channel NCCL launches a ring collective of
+    ``nbytes`` (the larger of its send and receive buffers) with: from ``max_channels``
+    it drops a channel while ``nbytes < channels x threads x threshold``, then on one
+    channel halves the threads (multiples of 128 only) while the same holds
+    (NVIDIA/nccl ``src/enqueue.cc``, ``topoGetAlgoInfo``; summarised, not copied).
+    On 8 GPUs in LL: one channel up to 32 KiB (128 threads at 8 KiB, 256 at 16 KiB),
+    2 at 64 KiB, 4 at 128 KiB, 8 at 256 KiB, all 16 from 512 KiB."""
+    threshold = THREAD_THRESHOLD[protocol] * (n if protocol == "ll" else 1)
+    nt = MAX_THREADS[protocol]
+    nc = max_channels
+    while nbytes < nc * nt * threshold and nc >= 2:
+        nc -= 1
+    while nbytes < nc * nt * threshold and nt % 128 == 0:
+        nt //= 2
+    return nc, max(nt, 96)  # at least three warps (enqueue.cc)
+
+
 def ring_steps(op: str, n: int) -> int:
     return 2 * (n - 1) if op == "allreduce" else n - 1
 
