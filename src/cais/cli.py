@@ -21,7 +21,7 @@ from rich.table import Table
 from cais import DISTRIBUTION, __version__
 from cais.errors import UserError
 from cais.hw.config import PS_PER_US, SystemConfig, list_systems, load_system
-from cais.kernels.collectives import ALGOS, OPS
+from cais.kernels.collectives import ALGOS, ALL_ALGOS, OPS
 from cais.kernels.protocols import PROTOCOL_CHOICES
 from cais.machine import Stalled
 from cais.provenance import Provenance, collect
@@ -768,9 +768,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = with_system(sub.add_parser("collective", help="time one collective"))
     c.add_argument("--op", required=True, choices=OPS, help="the collective")
-    c.add_argument("--algo", required=True, choices=("auto", *ALGOS),
+    c.add_argument("--algo", required=True, choices=("auto", *ALL_ALGOS),
                    help="ring: NCCL-style ring on SMs; nvls: NVLink SHARP; auto: NCCL's choice by size "
-                        "(docs/fabric-model.md, \"Protocols\")")
+                        "(docs/fabric-model.md, \"Protocols\"); AllReduce only: custom-oneshot, custom-twoshot, "
+                        "custom (vLLM's custom all-reduce, its path by size), multimem-oneshot, multimem-twoshot, "
+                        "multimem (PyTorch symmetric memory), fused-oneshot, fused-twoshot, fused (TensorRT-LLM's "
+                        "all-reduce fusion kernel without its norm); kernels/production_ar.py")
     c.add_argument("--protocol", choices=PROTOCOL_CHOICES, default="auto",
                    help="the ring's wire protocol: ll (flags in 16 B lines, half payload), ll128 (120 of 128 B), "
                         "simple (data, fence, flag); auto (default): NCCL's choice by size; NVLS runs simple")

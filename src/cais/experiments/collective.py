@@ -11,7 +11,7 @@ import numpy as np
 from cais.errors import UserError
 from cais.hw.config import PS_PER_US, SystemConfig
 from cais.machine import Conservation, Machine
-from cais.kernels.collectives import ALGOS, OPS, CollectiveSpec, build, shard_bounds
+from cais.kernels.collectives import ALL_ALGOS, PRODUCTION_ALGOS, OPS, CollectiveSpec, build, shard_bounds
 from cais.kernels.protocols import PROTOCOL_CHOICES
 from cais.kernels.tuning import choose_for
 from cais.limits import check_events, check_machine, collective_events, max_events, size_text
@@ -100,8 +100,10 @@ def check_collective(cfg: SystemConfig, op: str, algo: str, nbytes: int, elem_by
     too small to shard, or a run too big to simulate (cais.limits)."""
     if op not in OPS:
         raise UserError(f"op: unknown collective '{op}'; valid: {', '.join(OPS)}")
-    if algo not in ALGOS:
-        raise UserError(f"algo: unknown algorithm '{algo}'; valid: {', '.join(ALGOS)}")
+    if algo not in ALL_ALGOS:
+        raise UserError(f"algo: unknown algorithm '{algo}'; valid: {', '.join(ALL_ALGOS)}")
+    if algo in PRODUCTION_ALGOS and op != "allreduce":
+        raise UserError(f"op: algorithm '{algo}' is an AllReduce kernel; valid with it: allreduce")
     if nbytes <= 0 or nbytes % elem_bytes:
         raise UserError(f"bytes: must be a positive multiple of {elem_bytes} (bf16 elements), got {nbytes}")
     count = nbytes // elem_bytes
@@ -172,8 +174,12 @@ def resolve_choice(cfg: SystemConfig, op: str, algo: str, protocol: str, nbytes:
     NCCL's choice by size (kernels/tuning.py) among what the other allows."""
     if protocol not in PROTOCOL_CHOICES:
         raise UserError(f"protocol: unknown '{protocol}'; valid: {', '.join(PROTOCOL_CHOICES)}")
-    if algo not in ("auto", *ALGOS):
-        raise UserError(f"algo: unknown algorithm '{algo}'; valid: auto, {', '.join(ALGOS)}")
+    if algo not in ("auto", *ALL_ALGOS):
+        raise UserError(f"algo: unknown algorithm '{algo}'; valid: auto, {', '.join(ALL_ALGOS)}")
+    if algo in PRODUCTION_ALGOS:  # not NCCL's: one protocol, nothing to choose
+        if protocol not in ("auto", "simple"):
+            raise UserError(f"protocol: '{algo}' has one protocol (simple), got '{protocol}'")
+        return algo, "simple", "asked"
     if algo != "auto" and protocol != "auto":
         if algo == "nvls" and protocol != "simple":
             raise UserError(f"protocol: NVLS runs the simple protocol only, got '{protocol}'")

@@ -42,12 +42,19 @@ from cais.hw.gpu import Kernel, TbProgram
 from cais.machine import Machine
 from cais.hw.memory import Region
 from cais.kernels.common import Window, pause, split
+from cais.kernels import production_ar as pa
 from cais.kernels.nvls_staged import nvls_staged_kernels
+from cais.kernels.production_ar import ProductionAr, production_kernels
 from cais.kernels.protocols import SIMPLE, Protocol, protocol
 from cais.kernels.tuning import MAX_THREADS, ring_launch
 
 OPS = ("allreduce", "allgather", "reducescatter")
-ALGOS = ("ring", "nvls")
+ALGOS = ("ring", "nvls")  # NCCL's algorithms (every op)
+# The production all-reduce kernels (kernels/production_ar.py; AllReduce only): a
+# family and a path, or the family alone for the path its stack picks by size.
+PRODUCTION_ALGOS = ("custom-oneshot", "custom-twoshot", "custom", "multimem-oneshot", "multimem-twoshot", "multimem",
+                    "fused-oneshot", "fused-twoshot", "fused")
+ALL_ALGOS = ALGOS + PRODUCTION_ALGOS
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,8 @@ class CollectiveSpec:
     protocol: str = "simple"  # ring only: simple, ll or ll128 (kernels/protocols.py); NVLS runs simple
     host_ps: int = 0  # the host's cost of the call before its data moves (collective.host_us; standalone calls)
     staged: bool = False  # NVLS AllReduce through NCCL's staging buffers (kernels/nvls_staged.py)
+    registered: bool = False  # custom*: the input is in vLLM's registered buffer (else copied into it first)
+    row_elems: int = 4096  # fused*: elements per token row (sets the tokens, hence the path and the grid)
 
     def full(self, n: int, start: int) -> int:
         """Element offset in the whole-buffer side of logical element ``start``."""
@@ -316,14 +325,46 @@ def ring_kernels(m: Machine, spec: CollectiveSpec) -> list[Kernel]:
     return kernels
 
 
+def production_spec(m: Machine, spec: CollectiveSpec) -> ProductionAr:
+    """The production all-reduce ``spec.algo`` names, as its source launches it for
+    this size on ``m``: the path (the family alone: the one its stack picks by size),
+    the block count, vLLM's copy into its registered buffer (``spec.registered``
+    off). NCCL's host cost (``spec.host_ps``) is not charged: these kernels are
+    launched directly, without NCCL's enqueue."""
+    n, nbytes = m.n, spec.nbytes
+    kind, _, path = spec.algo.partition("-")
+    if kind == "custom":
+        if n not in pa.CUSTOM_WORLD_SIZES:
+            raise UserError(f"gpus: vLLM's custom all-reduce runs on {', '.join(map(str, pa.CUSTOM_WORLD_SIZES))} "
+                            f"GPUs, got {n}")
+        path = path or pa.custom_path(n, nbytes)
+        return ProductionAr(kind, path, spec.count, spec.elem_bytes, spec.send, spec.recv, pa.custom_blocks(nbytes),
+                            0 if spec.registered else pa.copy_time_ps(m, nbytes), stream=spec.stream)
+    if kind == "multimem":
+        path = path or "twoshot"
+        blocks = pa.multimem_blocks(nbytes, n if path == "twoshot" else 1)
+        return ProductionAr(kind, path, spec.count, spec.elem_bytes, spec.send, spec.recv, blocks, stream=spec.stream)
+    tokens = max(1, spec.count // spec.row_elems)
+    path = path or pa.fused_path(tokens)
+    blocks = pa.fused_grid(tokens, spec.row_elems, n, m.cfg.gpu.sms, spec.elem_bytes, path == "oneshot")
+    return ProductionAr(kind, path, spec.count, spec.elem_bytes, spec.send, spec.recv, blocks, stream=spec.stream,
+                        staging=spec.staging, row_elems=spec.row_elems)
+
+
 def build(m: Machine, spec: CollectiveSpec) -> list[Kernel]:
     """One kernel per GPU implementing ``spec`` on machine ``m``."""
     if spec.full_stride is not None and (spec.op == "allreduce" or spec.count % m.n):
         raise ValueError("a strided layout needs ReduceScatter or AllGather with equal shards")
     if spec.op not in OPS:
         raise UserError(f"op: unknown collective '{spec.op}'; valid: {', '.join(OPS)}")
-    if spec.algo not in ALGOS:
-        raise UserError(f"algo: unknown algorithm '{spec.algo}'; valid: {', '.join(ALGOS)}")
+    if spec.algo not in ALL_ALGOS:
+        raise UserError(f"algo: unknown algorithm '{spec.algo}'; valid: {', '.join(ALL_ALGOS)}")
+    if spec.algo in PRODUCTION_ALGOS:
+        if spec.op != "allreduce":
+            raise UserError(f"op: algorithm '{spec.algo}' is an AllReduce kernel; valid with it: allreduce")
+        if spec.protocol != "simple":
+            raise UserError(f"protocol: '{spec.algo}' has one protocol (simple), got '{spec.protocol}'")
+        return production_kernels(m, production_spec(m, spec))
     if spec.algo == "nvls" and spec.protocol != "simple":
         raise UserError(f"protocol: NVLS runs the simple protocol only, got '{spec.protocol}'")
     if spec.algo == "nvls" and spec.staged and spec.op == "allreduce" and spec.full_stride is None:

@@ -66,3 +66,36 @@ def notify(m: Machine, arrive: Sequence[Signal], owner: int, name: str = "flags"
     for g, sig in enumerate(arrive):
         sig.on_fire(lambda _v, g=g: m.isa.flag(g, owner, key, landed))
     return seen
+
+
+class BlockFlags:
+    """Per-block flag exchange over P2P stores, the barrier of the custom all-reduce
+    kernels (vLLM's ``start_sync``/``end_sync``, PyTorch symmetric memory's
+    ``sync_remote_blocks``, TensorRT-LLM's per-block ``Barrier``): block ``b`` of GPU
+    ``g`` stores one flag into every peer's signal pad (slot [b][g]; n - 1 flag
+    packets) and passes once every peer's block ``b`` has stored its flag into
+    ``g``'s pad. Blocks with different indices never wait for each other, so a GPU's
+    blocks leave the barrier at different times. One object is one use of the pads
+    (one barrier); a kernel with two barriers makes two.
+
+    Mirror mode: GPU 0 alone runs; its flags landing on its peers stand for the
+    peers' flags landing on it (every GPU's program is GPU 0's, shifted)."""
+
+    def __init__(self, m: Machine, blocks: int, name: str = "flags") -> None:
+        n = m.n
+        self.m = m
+        self.name = name
+        self.key = m.flag_key() * 1_000_003  # one flag address per block
+        self.seen = [[Countdown(n - 1) for _ in range(blocks)] for _ in range(n)]
+
+    def arrive(self, g: int, b: int) -> Signal:
+        """Block ``b`` of GPU ``g`` stores its flags now; the signal fires when it has
+        seen every peer's block ``b``."""
+        m, n = self.m, self.m.n
+        sim = m.sim
+        mirror = m.fabric.mirror
+        for k in range(1, n):
+            peer = (g + k) % n
+            seen = self.seen[0 if mirror else peer][b]
+            m.isa.flag(g, peer, self.key + b, lambda s=seen: s.arrive(sim))
+        return self.seen[g][b]

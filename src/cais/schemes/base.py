@@ -12,7 +12,7 @@ scheme overrides :meth:`Scheme.chain`.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cais.errors import UserError
@@ -23,6 +23,7 @@ from cais.hw.memory import Memory
 from cais.machine import Machine
 from cais.kernels import activation, attention, fused_workers, remote_gemm, rowop, sync
 from cais.kernels.collectives import CollectiveSpec, build
+from cais.kernels.production_ar import ProductionAr, production_kernels
 from cais.kernels.fused_workers import FusedPath, RowWise
 from cais.kernels.gemm import Epilogue, GemmShape, gemm_kernel, gemm_shape, store_epilogue
 from cais.kernels.remote_gemm import Drain, Operand, RemoteAccess, Sharded
@@ -281,6 +282,16 @@ class LayerRun:
             k.sms = sms
         return kernels
 
+    def production_allreduce(self, spec: ProductionAr) -> list[Kernel]:
+        """One kernel per GPU for a production all-reduce (kernels/production_ar.py)
+        over the layer's token rows; counted in :attr:`choices` under its family and
+        path (``custom-oneshot``, ...), beside NCCL's choices."""
+        self.collectives += 1
+        key = (spec.name.removesuffix("-allreduce"), "simple")
+        self.choices[key] = self.choices.get(key, 0) + 1
+        return production_kernels(self.m, replace(spec, stream=self.collectives,
+                                                  staging=f"{spec.staging}{self.collectives}"))
+
 
 class Scheme:
     """A way of running tensor-parallel layers: a name, whether activations are
@@ -370,6 +381,13 @@ class Scheme:
             return r.barrier(done, f"{segment} {op} end")
         return [r.submit(g, k, [deps[g]], launch, segment) for g, k in enumerate(kernels)]
 
+    def allreduce(self, r: LayerRun, src: str, dst: str, deps: Deps, segment: str) -> Deps:
+        """The AllReduce of a sub-layer's partial sums without sequence parallelism
+        (basic TP): the scheme's NCCL collective (:meth:`collective_step`). The seam
+        for a scheme that runs another all-reduce kernel there (tp-custom-ar,
+        tp-multimem)."""
+        return self.collective_step(r, "allreduce", src, dst, deps, segment)
+
     def gather(self, r: LayerRun, name: str, src: str, dst: str, deps: Deps) -> Deps:
         return self.collective_step(r, "allgather", src, dst, deps, name)
 
@@ -377,8 +395,10 @@ class Scheme:
         """GEMM -> RS (AR without SP) -> row-wise -> AG -> GEMM, each a kernel."""
         n, over = r.m.n, r.cm.kernel_overhead_ps
         g1 = [r.submit(g, r.gemm_kernel(g, c.gemm1), [deps[g]], over, c.name) for g in range(n)]
-        red = self.collective_step(r, "reducescatter" if r.d.sp else "allreduce", c.gemm1.ops.c, c.reduced, g1,
-                                   c.name)
+        if r.d.sp:
+            red = self.collective_step(r, "reducescatter", c.gemm1.ops.c, c.reduced, g1, c.name)
+        else:
+            red = self.allreduce(r, c.gemm1.ops.c, c.reduced, g1, c.name)
         mem_over = r.cm_mem_overhead_ps
         rows = [r.submit(g, r.rowop_kernel(g, c.rowop), [red[g]], mem_over, c.name) for g in range(n)]
         if r.d.sp:
