@@ -8,6 +8,7 @@ import pytest
 from cais.experiments.collective import run_collective
 from cais.experiments.published import FIT_SETS, TP_RANGE, Point, fitted_by, published, source_label, tp_summary
 from cais.hw.config import load_system
+from cais.kernels.nvls_staged import spin_end
 from cais.kernels.tuning import ring_launch
 
 
@@ -24,22 +25,72 @@ def test_ring_launch_follows_nccl_thresholds() -> None:
     assert ring_launch(128 << 20, 8, "simple", 16) == (16, 512)
 
 
-def _ring_ll(launch: str, nbytes: int) -> float:
+def _cfg(**collective: object):
     cfg = load_system("dgx-h100")
-    cfg = cfg.model_validate({**cfg.model_dump(), "collective": {**cfg.collective.model_dump(), "ring_launch": launch}})
-    return run_collective(cfg, "allreduce", "ring", nbytes, protocol="ll").time_us
+    return cfg.model_validate({**cfg.model_dump(), "collective": {**cfg.collective.model_dump(), **collective}})
+
+
+def _ring_ll(launch: str, nbytes: int, **collective: object) -> float:
+    return run_collective(_cfg(ring_launch=launch, **collective), "allreduce", "ring", nbytes, protocol="ll").time_us
 
 
 def test_ring_launch_moves_time_only_through_channels_and_threads() -> None:
-    # From 512 KiB NCCL launches all 16 channels at full threads: the same run as fixed.
-    assert _ring_ll("nccl", 512 << 10) == _ring_ll("fixed", 512 << 10)
-    # At 32 KiB it runs one channel: slower than 16 channels, never faster.
+    # Simple at 128 MiB: NCCL launches all 16 channels at full threads, the same run as fixed.
+    big = {launch: run_collective(_cfg(ring_launch=launch), "allreduce", "ring", 128 << 20, protocol="simple",
+                                  sim="mirror").time_us for launch in ("fixed", "nccl")}
+    assert big["fixed"] == big["nccl"]
+    # At 32 KiB LL it runs one channel: slower than 16 channels, never faster.
     assert _ring_ll("nccl", 32 << 10) > _ring_ll("fixed", 32 << 10)
 
 
-def test_presets_keep_fixed_launch() -> None:
-    for name in ("dgx-h100", "dgx-h200", "h100-nvswitch", "nvl72", "dgx-h100-paper", "paper-world"):
+def test_ll_first_wave_changes_time_only_through_its_rate() -> None:
+    # ll_wave_GBps is NCCL-launch LL only: fixed runs, and Simple, ignore it.
+    assert _ring_ll("fixed", 32 << 10, ll_wave_GBps=1.0) == _ring_ll("fixed", 32 << 10)
+    simple = [run_collective(_cfg(ring_launch="nccl", ll_wave_GBps=w), "allreduce", "ring", 1 << 20,
+                             protocol="simple").time_us for w in (1.0, 14.0)]
+    assert simple[0] == simple[1]
+    # 32 KiB on one 512-thread channel: each of the 14 steps stores one wave of 4 KiB
+    # (one line per thread); the wave's rate adds 4 KiB / rate per step, no more.
+    fast, slow = _ring_ll("nccl", 32 << 10, ll_wave_GBps=1e6), _ring_ll("nccl", 32 << 10, ll_wave_GBps=14.0)
+    per_step = 4096 / 14.0e3  # us
+    assert 0.8 * 14 * per_step < slow - fast < 1.2 * 14 * per_step
+    # 1 MiB on 16 channels: two lines per thread, the second at the loop's rate after the first
+    assert _ring_ll("nccl", 1 << 20) > _ring_ll("nccl", 1 << 20, ll_wave_GBps=1e6)
+
+
+def test_hopper_presets_as_sold_launch_as_nccl_and_the_papers_keep_fixed() -> None:
+    for name in ("dgx-h100", "dgx-h200", "h100-nvswitch"):
+        assert load_system(name).collective.ring_launch == "nccl"
+    for name in ("dgx-h100-paper", "paper-world", "nvl72"):
         assert load_system(name).collective.ring_launch == "fixed"
+
+
+def test_spin_end_is_the_first_poll_reading_after_the_flag_landed() -> None:
+    rtt = 1000
+    for t0 in (0, 7, 333):
+        for landed in range(t0 - 2000, t0 + 5000, 37):
+            end, read = spin_end(t0, landed, rtt)
+            assert end - read == rtt - rtt // 2 and (end - t0) % rtt == 0
+            k = (read - t0 - rtt // 2) // rtt
+            assert read >= landed or k == 0  # the successful poll read after the flag landed...
+            assert k == 0 or read - rtt < landed  # ...and the one before it read too early
+            # against a poll issued when the flag landed (oracle): between R/2 earlier and R/2 later
+            assert -rtt // 2 <= end - (max(t0, landed) + rtt) <= rtt - rtt // 2
+
+
+def test_spin_polls_move_staged_nvls_only_through_its_waits() -> None:
+    # 2 MiB: one step per channel, so two multimem waits (scatter -> reduce) and one
+    # local wait (reduce -> gather) on each channel's path; each moves the end by at
+    # most its bound (a multimem round trip is under 3 us here, a local one 0.5 us).
+    t = {p: run_collective(_cfg(poll=p), "allreduce", "nvls", 2 << 20).time_us for p in ("oracle", "spin")}
+    assert t["spin"] != t["oracle"] and -1.5 <= t["spin"] - t["oracle"] <= 1.5 + 2 * 0.5
+    # The zero-copy NVLS kernel and the ring do not poll this way.
+    for algo, proto, extra in (("nvls", "simple", {"nvls_buffers": "registered"}), ("ring", "ll", {})):
+        got = {p: run_collective(_cfg(poll=p, **extra), "allreduce", algo, 2 << 20, protocol=proto).time_us
+               for p in ("oracle", "spin")}
+        assert got["spin"] == got["oracle"]
+    # Functional: the sums are right with spinning waits.
+    assert run_collective(_cfg(poll="spin"), "allreduce", "nvls", 8 * 130 * 2, functional=True).correct
 
 
 def test_published_rows_parse_and_name_sources() -> None:
@@ -80,7 +131,8 @@ def test_tp_summary_on_a_fixture() -> None:
 def test_fit_marker_names_the_constant() -> None:
     src = "NVIDIA/dgxc-benchmarking nccl/README.md @46e42015 (8x H100 80GB HBM3, one host, NCCL default choice)"
     assert fitted_by(Point("dgx-h100", 8, "allreduce", "auto", 1024, 1, 1, "", src)) == ["collective.host_us"]
-    assert fitted_by(Point("dgx-h100", 8, "allreduce", "auto", 8192, 1, 1, "", src)) == []
+    assert fitted_by(Point("dgx-h100", 8, "allreduce", "auto", 8192, 1, 1, "", src)) == ["collective.ll_wave_GBps"]
+    assert fitted_by(Point("dgx-h100", 8, "allreduce", "auto", 65536, 1, 1, "", src)) == []
     assert fitted_by(Point("dgx-h100", 8, "allreduce", "auto", 64 << 20, 1, 1, "", src)) == \
         ["collective.nvls_copy_GBps"]
     assert source_label(src) == "NVIDIA/dgxc-benchmarking nccl/README.md @46e42015"

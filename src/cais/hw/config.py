@@ -215,10 +215,28 @@ class CollectiveConfig(_Strict):
                              "(64 B per thread for Ring LL on 8 GPUs) it drops channels, then halves one channel's "
                              "threads, so an 8-GPU LL AllReduce of 8-32 KiB runs on one SM, 128 KiB on 4; an LL or "
                              "LL128 channel's rate (ll_channel_GBps, ll128_channel_GBps, at NCCL's most threads) "
-                             "scales with its threads. NCCL's rule, not fitted (kernels/tuning.py ring_launch). Every "
-                             "preset keeps fixed: with nccl our LL step (a per-channel rate) makes 8 KiB-512 KiB "
-                             "+9 to +27 % slow on dgx-h100 against -17 to +9 % with fixed (docs/validation.md, "
-                             "\"Collectives at the sizes TP layers issue\")")
+                             "scales with its threads, and a step's first line per thread goes at ll_wave_GBps. NCCL's "
+                             "rule, not fitted (kernels/tuning.py ring_launch). The Hopper presets as sold run nccl "
+                             "(dgx-h100 8 KiB-1 MiB within -5 to +2 %); the paper's presets and nvl72 keep fixed "
+                             "(docs/validation.md, \"Collectives at the sizes TP layers issue\")")
+    ll_wave_GBps: float = Field(14.0, gt=0, description="ring LL with ring_launch=nccl: payload rate at which one "
+                                                         "channel's SM stores a step's first wave of lines (one "
+                                                         "16-byte line, 8 B of data, per thread) to the next GPU; the "
+                                                         "lines beyond one per thread follow at ll_channel_GBps x "
+                                                         "threads / 512 (prims_ll.h: one line per thread per "
+                                                         "iteration). A calibration: least squares on the dgxc 8 x "
+                                                         "H100 table's 8-32 KiB points (one channel), checked on 64 "
+                                                         "KiB-1 MiB (docs/validation.md, \"Collectives at the sizes TP "
+                                                         "layers issue\")")
+    poll: Literal["oracle", "spin"] = Field(
+        "oracle", description="how a staged NVLS AllReduce's warps wait for a step counter (kernels/nvls_staged.py): "
+                              "oracle = one poll issued once the value it waits for is there (multimem.ld_reduce."
+                              "min round trip for the reduce warps, nothing for the local flags); spin = as NCCL's "
+                              "waitPeer loop does it: polls back to back from when the warp starts waiting, the "
+                              "wait ending with the first poll whose read reaches the flag after it landed (a "
+                              "multimem poll's read at half its simulated round trip; a local ld.volatile poll "
+                              "of gpu.memory_latency_ns), a value a past poll already read needing none. NCCL's "
+                              "mechanism, nothing fitted")
     tuning: Literal["sm90", "sm100"] = Field("sm90", description="NCCL's tuning table that chooses algorithm and "
                                                                  "protocol by size when a run asks for auto "
                                                                  "(kernels/tuning.py): sm90 Hopper, sm100 Blackwell")

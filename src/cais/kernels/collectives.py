@@ -250,10 +250,18 @@ def _ring_tb(m: Machine, spec: CollectiveSpec, gpu: int, ch: int, plan: list[lis
     if rate is not None and threads is not None:  # LL/LL128 on fewer threads than NCCL's most: the
         rate *= threads / MAX_THREADS[proto.name]  # poll-and-store loop's rate scales with them
 
+    # LL with NCCL's threads (ring_launch=nccl): each thread stores its first line of a
+    # step as soon as it has it, so that wave (threads x 8 B) goes out at the SM's
+    # remote-store rate (collective.ll_wave_GBps); each thread's further lines follow,
+    # one per iteration of the poll-and-store loop (prims_ll.h), at the channel's LL
+    # rate scaled by its threads.
+    wave = threads * proto.line_payload // eb if proto.name == "ll" and threads is not None else 0
+
     def program(sm: int, busy: int) -> ProgramGen:
         if spec.host_ps:  # the host's per-call cost on a standalone call's critical path
             yield pause(sim, spec.host_ps)
         port = isa.sm_port(rate)
+        first_port = isa.sm_port(m.cfg.collective.ll_wave_GBps) if wave else None
         s_send = s_recv = 0  # step counters across iterations (slot sequence numbers)
 
         def receive(j: int, start: int, cnt: int) -> ProgramGen:
@@ -288,7 +296,20 @@ def _ring_tb(m: Machine, spec: CollectiveSpec, gpu: int, ch: int, plan: list[lis
 
                 def post(sig: Signal = arrived, k: int = flag_key) -> None:
                     isa.flag(gpu, nxt, k, lambda: sig.fire(sim))
-                if cnt and proto.inline_flag:  # the flags are in the lines: the slot is full when they land
+                if cnt and proto.inline_flag and wave:  # the first wave at once, the rest at the loop's rate
+                    first = min(cnt, wave)
+                    landed = Countdown(1 if first == cnt else 2)
+                    landed.on_fire(lambda _v, sig=arrived: sig.fire(sim))
+                    whole = slot(s_send, cnt)
+                    head = Region(whole.buffer, whole.start, first, eb)
+                    isa.st(gpu, nxt, head, None if data is None else data[:first], lambda c=landed: c.arrive(sim),
+                           first_port, spec.stream, unit, encoding=proto.encoding)
+                    if first < cnt:  # each thread's next lines follow its first
+                        yield pause(sim, round(first * eb * first_port.ps_per_byte))
+                        tail = Region(whole.buffer, whole.start + first, cnt - first, eb)
+                        isa.st(gpu, nxt, tail, None if data is None else data[first:], lambda c=landed: c.arrive(sim),
+                               port, spec.stream, unit, encoding=proto.encoding)
+                elif cnt and proto.inline_flag:  # the flags are in the lines: the slot is full when they land
                     isa.st(gpu, nxt, slot(s_send, cnt), data, lambda sig=arrived: sig.fire(sim), port, spec.stream,
                            unit, encoding=proto.encoding)
                 elif cnt:

@@ -26,9 +26,22 @@ Modelling decisions: the staging copies are local (no link sees them) and take
 ``n x chunk / collective.nvls_copy_GBps`` each (the copy warps' loads in flight
 over the memory latency; a calibration, docs/fabric-model.md); the data path reads
 the user's input and writes the user's output directly, which moves the same bytes
-on the wire as the staging buffers would and gives the same sums. A poll is issued
-when the value it waits for is there (real polling spins, so it is late by up to one
-poll; we take the poll that succeeds).
+on the wire as the staging buffers would and gives the same sums.
+
+How a warp waits for a counter is ``collective.poll``. ``oracle``: the reduce warps
+issue one ``multimem.ld_reduce.min`` once the value is there, the scatter and gather
+see their local flags the moment they land. ``spin``: as NCCL's ``waitPeer`` loop
+(``prims_simple.h``): the warp polls back to back from when it starts waiting, and
+the wait ends with the first poll whose read reaches the flag after it landed; a
+value an earlier poll already read (NCCL's ``connStepCache``) needs no poll. The
+reduce warps' polls are ``multimem.ld_reduce.min`` through the switch (the first is
+simulated, its round trip R measured, its read taken at R / 2, and the later ones,
+back to back and alike, are counted arithmetically: the k-th reads at t0 + k R +
+R / 2); the scatter's credit and the gather's tail are ``ld.volatile`` of the
+GPU's own memory, a round trip of ``gpu.memory_latency_ns``. Against ``oracle``
+a spinning multimem wait ends between R / 2 earlier and R / 2 later (its
+successful poll was already in flight when the flag landed, or just missed it), a
+local one between 0 and two local round trips later.
 """
 
 from __future__ import annotations
@@ -60,6 +73,15 @@ def chunk_bytes(nbytes: int, channels: int, heads: int, max_chunk: int) -> int:
     return chunk
 
 
+def spin_end(t0: int, landed: int, rtt: int) -> tuple[int, int]:
+    """Polls issued back to back from ``t0``, each a round trip of ``rtt`` whose read
+    reaches the flag halfway: (when the first poll that reads the flag after it
+    ``landed`` returns, when that poll read it)."""
+    half = rtt // 2
+    k = max(0, -(-(landed - t0 - half) // rtt))
+    return t0 + k * rtt + rtt, t0 + k * rtt + half
+
+
 class _Channel:
     """The signals of one channel across GPUs: per step, every GPU has scattered it
     (the heads' tail poll then succeeds) and every GPU has gathered it (its
@@ -84,16 +106,35 @@ def _staged_tb(m: Machine, gpu: int, steps: list[Region], step_bytes: list[int],
     limit = max(cfg.outstanding_bytes_per_sm, 2 * unit)
     key = m.flag_key()
 
+    spinning = cfg.poll == "spin"
+    local_rtt = max(1, round(m.cfg.gpu.memory_latency_ns * 1000))
+
+    def wait_local(flag: Signal, seen: list[int]) -> ProgramGen:
+        """An ``ld.volatile`` loop on a flag of this GPU's own memory (``seen[0]``:
+        when the last successful poll read it)."""
+        if not spinning:
+            yield flag
+            return
+        if flag.fired and flag.time <= seen[0]:
+            return  # an earlier poll already read this value
+        t0 = sim.now
+        yield flag
+        end, seen[0] = spin_end(t0, flag.time, local_rtt)
+        if end > sim.now:
+            yield pause(sim, end - sim.now)
+
+    scatter_seen, gather_seen = [-1], [-1]
+
     def scatter() -> ProgramGen:
         for i, nbytes in enumerate(step_bytes):
             if i >= NCCL_STEPS:  # the slot is free once every head has reduced it
-                yield state.credits[gpu][i - NCCL_STEPS]
+                yield from wait_local(state.credits[gpu][i - NCCL_STEPS], scatter_seen)
             yield round(nbytes * ps_per_byte)
             state.scattered[i].arrive(sim)
 
     def gather() -> ProgramGen:
         for i, nbytes in enumerate(step_bytes):
-            yield state.tails[gpu][i]
+            yield from wait_local(state.tails[gpu][i], gather_seen)
             yield round(nbytes * ps_per_byte)
             state.gathered[i].arrive(sim)
 
@@ -106,6 +147,21 @@ def _staged_tb(m: Machine, gpu: int, steps: list[Region], step_bytes: list[int],
         isa.multimem_ld_reduce(gpu, flag, lambda _d: sig.fire(sim), stream)
         return sig
 
+    def wait_multimem(flag: Signal, region: Region, seen: list[int]) -> ProgramGen:
+        """The reduce warps' ``multimem.ld_reduce.min`` loop on a counter every GPU
+        raises (``seen[0]``: when the last successful poll read it)."""
+        if flag.fired and flag.time <= seen[0]:
+            return
+        t0 = sim.now
+        first = poll(region)
+        yield flag
+        yield first
+        end, seen[0] = spin_end(t0, flag.time, max(1, first.time - t0))
+        if end > sim.now:
+            yield pause(sim, end - sim.now)
+
+    recv_seen, send_seen = [-1], [-1]
+
     def program(sm: int, busy: int) -> ProgramGen:
         if host_ps:  # the host's per-call cost on a standalone call's critical path
             yield pause(sim, host_ps)
@@ -116,13 +172,20 @@ def _staged_tb(m: Machine, gpu: int, steps: list[Region], step_bytes: list[int],
         for i, region in enumerate(steps):
             # waitPeer: the recv side (every GPU scattered step i) and the send side
             # (every GPU gathered step i - NCCL_STEPS) poll at once.
-            yield state.scattered[i]
-            ready = [poll(region)]
-            if i >= NCCL_STEPS:
-                yield state.gathered[i - NCCL_STEPS]
-                ready.append(poll(region))
-            for sig in ready:
-                yield sig
+            if spinning:
+                waits = [Process(sim, wait_multimem(state.scattered[i], region, recv_seen)).done]
+                if i >= NCCL_STEPS:
+                    waits.append(Process(sim, wait_multimem(state.gathered[i - NCCL_STEPS], region, send_seen)).done)
+                for sig in waits:
+                    yield sig
+            else:
+                yield state.scattered[i]
+                ready = [poll(region)]
+                if i >= NCCL_STEPS:
+                    yield state.gathered[i - NCCL_STEPS]
+                    ready.append(poll(region))
+                for sig in ready:
+                    yield sig
             pieces = isa.pieces(region, unit) if region.count else []
             loaded = Countdown(len(pieces))
 
