@@ -15,6 +15,7 @@ same code checks ``src/cais`` and the small synthetic trees that show it can fai
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -287,3 +288,102 @@ def test_no_library_error_speaks_of_command_line_flags() -> None:
                             and re.search(r"(^|[\s(])--[a-z]", const.value)):
                         bad.append(f"{path.relative_to(SRC)}:{node.lineno}: {const.value!r}")
     assert bad == []
+
+
+# ---- the compiled core (rust/src): the same arrows between its folders ----------------
+# rust/src/engine, hw and isa mirror cais.engine, cais.hw and cais.isa; lib.rs (the
+# crate root, which registers the units and adds the classes) sees them all. A folder
+# may use (`crate::x`, `super::super::x`) only itself and the folders it lists; and the
+# engine names no type of the layers above it (its seam, engine/unit.rs, is how it calls
+# them), nor a GPU, outside comments and string literals.
+RUST = Path(__file__).resolve().parents[1] / "rust" / "src"
+RUST_ALLOWED: dict[str, tuple[str, ...]] = {
+    "engine": (),
+    "hw": ("engine",),
+    "isa": ("engine", "hw"),
+}
+# names the engine must not use whether or not a type of that name is defined above it
+RUST_HARDWARE_WORDS = ("Endpoint", "SwitchChip", "MergeUnit", "HbmShare", "HbmPhase", "Gpu", "GroupSyncTable")
+RUST_FIXTURES = Path(__file__).resolve().parent / "fixtures" / "rust_layering"
+
+
+def _rust_code(text: str) -> list[str]:
+    """The lines of a Rust file with comments and string literals blanked (line
+    numbers kept)."""
+    text = re.sub(r"/\*.*?\*/", lambda m: "\n" * m.group().count("\n"), text, flags=re.S)
+    text = re.sub(r'r#*"(?:.|\n)*?"#*|"(?:\\.|[^"\\])*"', lambda m: '""' + "\n" * m.group().count("\n"), text)
+    return [line.split("//", 1)[0] for line in text.split("\n")]
+
+
+def _rust_defined(root: Path, folders: Sequence[str]) -> set[str]:
+    """The names of the types, traits and macros defined under ``folders`` of ``root``."""
+    names: set[str] = set()
+    for folder in folders:
+        for path in sorted((root / folder).rglob("*.rs")):
+            for line in _rust_code(path.read_text()):
+                # items at the top of a file (an associated `type State` in an impl is not one)
+                names.update(re.findall(r"^(?:pub(?:\([^)]*\))?\s+)?(?:struct|enum|trait|type|union)\s+([A-Z]\w*)",
+                                        line))
+    return names
+
+
+def rust_violations(root: Path, table: Mapping[str, Sequence[str]] = RUST_ALLOWED,
+                    words: Sequence[str] = RUST_HARDWARE_WORDS) -> list[str]:
+    """``file:line: what`` for each use of a folder of ``root`` that ``table`` does not
+    allow its folder, and each name in an engine file of a type defined above the engine
+    (or one of ``words``)."""
+    # a name the engine defines itself (its trait Unit's associated `type State`) is its own
+    own = {name for path in (root / "engine").rglob("*.rs") for line in _rust_code(path.read_text())
+           for name in re.findall(r"\b(?:struct|enum|trait|type|union)\s+([A-Z]\w*)", line)}
+    above = (_rust_defined(root, [f for f in table if f != "engine"]) - own) | set(words)
+    bad = []
+    for path in sorted(root.rglob("*.rs")):
+        rel = path.relative_to(root)
+        if len(rel.parts) < 2:
+            continue  # the crate root
+        folder = rel.parts[0]
+        if folder not in table:
+            bad.append(f"{rel}:0: a folder the table does not place")
+            continue
+        allowed = {folder, *table[folder]}
+        up = r"super::" if path.name == "mod.rs" and len(rel.parts) == 2 else r"super::super::"
+        for n, line in enumerate(_rust_code(path.read_text()), 1):
+            for used in re.findall(rf"(?:\bcrate|{up[:-2]})::(\w+)", line):
+                if used in table and used not in allowed:
+                    bad.append(f"{rel}:{n}: uses {used}")
+            if folder == "engine":
+                for name in sorted(set(re.findall(r"\b[A-Z]\w*", line)) & above):
+                    bad.append(f"{rel}:{n}: names {name}")
+    return bad
+
+
+def test_rust_layers_keep_their_arrows() -> None:
+    """rust/src/engine uses nothing above it and names no hardware type; hw uses only
+    the engine; isa the engine and hw."""
+    assert rust_violations(RUST) == []
+    assert {p.name for p in RUST.iterdir() if p.is_dir()} == set(RUST_ALLOWED)
+
+
+def test_rust_checker_flags_an_engine_file_that_names_hardware(tmp_path: Path) -> None:
+    """The fixture (an engine file that uses hw and names Endpoint and MergeUnit in its
+    code, and speaks of more only in comments and a string) fails the check on exactly
+    those lines; the same tree without it passes."""
+    root = tmp_path / "src"
+    for folder, text in {"engine/sim.rs": "pub struct Simulator;\n",
+                         "engine/train.rs": "pub struct Train;\n",
+                         "hw/merge.rs": "use crate::engine::train::Train;\npub struct MergeUnit;\n",
+                         "hw/gpu.rs": "pub(crate) struct Endpoint;\n",
+                         "isa/stream.rs": "use crate::hw::gpu::Endpoint;\npub struct LoadStream;\n"}.items():
+        (root / folder).parent.mkdir(parents=True, exist_ok=True)
+        (root / folder).write_text(text)
+    assert rust_violations(root) == []
+    (root / "engine" / "bad.rs").write_text((RUST_FIXTURES / "engine_names_hardware.rs").read_text())
+    assert rust_violations(root) == [
+        "engine/bad.rs:7: uses hw",
+        "engine/bad.rs:7: names MergeUnit",
+        "engine/bad.rs:12: names Endpoint",
+        "engine/bad.rs:13: names MergeUnit",
+    ]
+    # and hw may not use isa
+    (root / "hw" / "gpu.rs").write_text("use crate::isa::stream::LoadStream;\npub(crate) struct Endpoint;\n")
+    assert "hw/gpu.rs:1: uses isa" in rust_violations(root)

@@ -1,34 +1,47 @@
-//! The compiled event core of cais-sim.
+//! The compiled event core of cais-sim, in three layers that mirror `src/cais`:
 //!
-//! What runs once per packet train lives here: the event queue and its clock
-//! ([`sim::Simulator`]), trains ([`train::Train`]), serialising channels with
-//! virtual channels ([`channel::Channel`]), the credit flow control of the
-//! buffers they feed ([`credits::Credits`]), the switch chips' crossbar and NVLS
-//! engine ([`switch::SwitchChip`], with the CAIS merge unit, [`merge::MergeUnit`], and
-//! Group Sync Table, `group_sync::GroupSyncTable`) and the GPUs' NVLink endpoints
-//! ([`gpu::Endpoint`], with their HBM share, [`hbm::HbmShare`]). Python drives it through the same
-//! classes the pure-Python engine had (`cais.engine`); a channel's arbitrations
-//! and a train's arrival run here without entering the interpreter.
+//! * [`engine`] (`cais.engine`): the event queue and its clock
+//!   ([`engine::sim::Simulator`]), trains, serialising channels with virtual channels
+//!   ([`engine::channel::Channel`]), the credit flow control of the buffers they feed
+//!   ([`engine::credits::Credits`]), what TB programs wait on and an operation's
+//!   completion. It names nothing built on it: a unit takes the engine's events
+//!   through its seam, [`engine::unit::Handler`].
+//! * [`hw`] (`cais.hw`): the switch chips' crossbar and NVLS engine
+//!   ([`hw::switch::SwitchChip`], with the CAIS merge unit, [`hw::merge::MergeUnit`],
+//!   and Group Sync Table), the GPUs' NVLink endpoints ([`hw::gpu::Endpoint`], with
+//!   their HBM share, [`hw::hbm::HbmShare`]), packet kinds and format, regions and the
+//!   address interleave. It uses the engine.
+//! * [`isa`] (`cais.isa`): a TB's streams of remote loads and reductions. It uses
+//!   both.
+//!
+//! Python drives it through the same classes the pure-Python engine had; a
+//! channel's arbitrations and a train's arrival run here without entering the
+//! interpreter. This file is the one place that knows every layer: it registers the
+//! units Python may hand to the engine and adds the classes to the module.
 
 use pyo3::prelude::*;
 
-pub mod cell;
-pub mod channel;
-pub mod completion;
-pub mod credits;
-pub mod gpu;
-pub mod group_sync;
-pub mod hbm;
-pub mod interleave;
-pub mod kinds;
-pub mod merge;
-pub mod packets;
-pub mod region;
-pub mod sim;
-pub mod stream;
-pub mod switch;
-pub mod train;
-pub mod wait;
+pub mod engine;
+pub mod hw;
+pub mod isa;
+
+use engine::{channel, completion, credits, sim, train, unit, wait};
+use hw::{gpu, hbm, interleave, kinds, merge, region, sm_port, switch};
+use isa::stream;
+
+/// The units Python may hand to the engine as such (a channel's far end, a
+/// process's pacer, a buffer's waiter), the most frequent first.
+pub(crate) fn register_units() {
+    unit::register(vec![
+        unit::kind::<switch::SwitchChip>(),
+        unit::kind::<gpu::Endpoint>(),
+        unit::kind::<channel::Channel>(),
+        unit::kind::<hbm::HbmShare>(),
+        unit::kind::<merge::MergeUnit>(),
+        unit::kind::<stream::LoadStream>(),
+        unit::kind::<stream::RedStream>(),
+    ]);
+}
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -40,6 +53,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
             "cais._core needs the global interpreter lock; run without PYTHON_GIL=0",
         ));
     }
+    register_units();
     m.add_class::<sim::Simulator>()?;
     m.add_class::<train::Train>()?;
     m.add_class::<region::Region>()?;
@@ -58,7 +72,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<hbm::HbmShare>()?;
     m.add_class::<hbm::HbmPhase>()?;
     m.add_class::<completion::Completion>()?;
-    m.add_class::<completion::SmPort>()?;
+    m.add_class::<sm_port::SmPort>()?;
     m.add_class::<merge::MergeUnit>()?;
     m.add_class::<merge::MergeStats>()?;
     m.add_class::<merge::PortSpread>()?;

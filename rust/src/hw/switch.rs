@@ -20,16 +20,17 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use pyo3::{PyTraverseError, PyVisit};
 
-use crate::cell::{unit, GilCell, Unit, UnitState};
-use crate::channel::{Channel, Hook, Sink};
-use crate::credits::Credits;
-use crate::gpu::Endpoint;
-use crate::group_sync::{Admitted, GroupSyncTable};
-use crate::kinds::*;
-use crate::merge::MergeUnit;
-use crate::packets::PacketBook;
-use crate::sim::{Clock, Simulator};
-use crate::train::{Train, TrainState};
+use crate::engine::cell::{unit, GilCell, Unit, UnitState};
+use crate::engine::channel::{Channel, Hook, Sink};
+use crate::engine::credits::Credits;
+use crate::engine::sim::{Clock, Simulator};
+use crate::engine::train::{Train, TrainState};
+use crate::engine::unit::{unexpected, Event, Handler, UnitRef};
+use crate::hw::gpu::Endpoint;
+use crate::hw::group_sync::{Admitted, GroupSyncTable};
+use crate::hw::kinds::*;
+use crate::hw::merge::MergeUnit;
+use crate::hw::packets::PacketBook;
 
 const NEVER: i64 = 1 << 62;
 
@@ -50,6 +51,20 @@ pub(crate) struct SwitchLedgerState {
 }
 
 unit!(SwitchLedger, SwitchLedgerState);
+
+impl Handler for SwitchChip {
+    fn on_event(slf: &Bound<'_, Self>, ev: Event<'_, '_>) -> PyResult<()> {
+        match ev {
+            // a train from a GPU reaches its input port
+            Event::Arrived(train) => SwitchChip::receive_train(slf, train),
+            // a train leaves its input buffer
+            Event::Started {
+                train, start, finish, ..
+            } => SwitchChip::departed(slf, train, start, finish),
+            _ => Err(unexpected("SwitchChip")),
+        }
+    }
+}
 
 #[pymethods]
 impl SwitchLedger {
@@ -256,7 +271,7 @@ impl SwitchChip {
                 if !out.is(entry) {
                     out.st().parent = entry.clone().into_any().unbind();
                 }
-                Hook::Departed(slf.clone().unbind())
+                Hook::Unit(UnitRef::of_bound(slf), (0, 0))
             }
         };
         Channel::offer(channel.bind(py), out.clone(), receiver, hook)
@@ -688,7 +703,7 @@ impl SwitchChip {
         let receivers = gpus
             .iter()
             .map(|g| match g.cast::<Endpoint>() {
-                Ok(_) => Ok(Sink::of(&g)),
+                Ok(gpu) => Ok(Sink::Unit(UnitRef::of_bound(gpu))),
                 Err(_) => Ok(Sink::Call(g.getattr("receive")?.unbind())),
             })
             .collect::<PyResult<Vec<_>>>()?;

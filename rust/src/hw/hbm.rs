@@ -11,9 +11,10 @@ use pyo3::prelude::*;
 use pyo3::types::PyList;
 use pyo3::{PyTraverseError, PyVisit};
 
-use crate::cell::{unit, GilCell, Unit};
-use crate::sim::{Action, Simulator};
-use crate::wait::Signal;
+use crate::engine::cell::{unit, GilCell, Unit};
+use crate::engine::sim::{Action, Simulator};
+use crate::engine::unit::{unexpected, Event, Handler, Paced, UnitRef};
+use crate::engine::wait::{slowed, Signal};
 
 /// Relative: float sums of rates that equal the supply do not count as over it.
 const SLACK: f64 = 1e-6;
@@ -229,7 +230,7 @@ impl HbmShare {
         };
         if first {
             let s = sim.get();
-            s.push(py, s.now(), Action::ResolveHbm(slf.clone().unbind()))?;
+            s.push(py, s.now(), Action::Due(UnitRef::of_bound(slf), 0, None))?;
         }
         Ok(sig)
     }
@@ -243,6 +244,41 @@ impl HbmShare {
             Signal::fire_now(sig.bind(py), now, took.into_pyobject(py)?.into_any().unbind())?;
         }
         Ok(())
+    }
+}
+
+impl Handler for HbmShare {
+    /// The end of an instant in which phases started.
+    fn on_event(slf: &Bound<'_, Self>, ev: Event<'_, '_>) -> PyResult<()> {
+        match ev {
+            Event::Due { sim, .. } => HbmShare::resolve(slf, sim),
+            _ => Err(unexpected("HbmShare")),
+        }
+    }
+
+    /// The share paces the kernel phases ([`HbmPhase`]) a TB program yields: timed at
+    /// their real duration (the program's, stretched by its GPU's `slowdown`) against
+    /// the others starting at this instant, or at their own when sharing is off.
+    fn pace(
+        slf: &Bound<'_, Self>,
+        sim: &Bound<'_, Simulator>,
+        yielded: &Bound<'_, PyAny>,
+        slowdown: f64,
+    ) -> PyResult<Paced> {
+        let Ok(ph) = yielded.cast::<HbmPhase>() else {
+            return Ok(Paced::NotMine);
+        };
+        let ph = ph.get();
+        if slf.get().enabled(slf.py()) && ph.ps > 0 && ph.nbytes > 0.0 {
+            let ps = slowed(slowdown, ph.ps);
+            let timed = HbmShare::phase(slf, sim, ps, ph.nbytes)?;
+            return Ok(Paced::Wait(timed, ph.overlapped));
+        }
+        Ok(if ph.overlapped {
+            Paced::Value(ph.ps)
+        } else {
+            Paced::Sleep(ph.ps)
+        })
     }
 }
 

@@ -1,8 +1,10 @@
 //! The event loop: integer picosecond time and a heap of timed actions.
 //!
-//! An action is either a Python call (a TB program's wake-up, a hardware unit's
-//! callback) or one of the engine's own (a channel's arbitration, a train's
-//! arrival), which run here without entering the interpreter.
+//! An action is either a Python call (a TB program's wake-up, a unit's Python
+//! callback), one of the engine's own (a channel's arbitration, a train's arrival, a
+//! process's step), or a unit's own timed event, handed to it through the engine's
+//! seam ([`super::unit`]); all but the first run here without entering the
+//! interpreter.
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
@@ -14,13 +16,11 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use pyo3::{PyTraverseError, PyVisit};
 
-use crate::cell::{GilCell, Unit};
-use crate::channel::{Channel, Sink};
-use crate::gpu::Endpoint;
-use crate::hbm::HbmShare;
-use crate::merge::MergeUnit;
-use crate::train::Train;
-use crate::wait::Process;
+use super::cell::{GilCell, Unit};
+use super::channel::{Channel, Sink};
+use super::train::Train;
+use super::unit::{Event as UnitEvent, UnitRef};
+use super::wait::Process;
 
 /// Events between two looks at the interpreter's pending signals (Ctrl-C).
 const SIGNAL_CHECK_EVERY: i64 = 4096;
@@ -33,16 +33,10 @@ pub(crate) enum Action {
     Arbitrate(Py<Channel>, u64),
     /// A train's tail reaches the far end of a channel, which delivers it.
     Arrive(Py<Channel>, Py<Train>, Sink),
-    /// A GPU's memory has read what a request asks for: it responds.
-    Respond(Py<Endpoint>, Py<Train>),
-    /// A GPU's input buffers may take the requests they hold.
-    DrainHeld(Py<Endpoint>),
-    /// A CAIS merge unit's idle timer.
-    Expire(Py<MergeUnit>),
     /// A TB program resumes after a delay it yielded.
     Step(Py<Process>),
-    /// The end of an instant in which kernel phases started on a GPU's HBM.
-    ResolveHbm(Py<HbmShare>),
+    /// A unit's own event (`Event::Due`): which of its own, and the train it concerns.
+    Due(UnitRef, u8, Option<Py<Train>>),
 }
 
 /// An event's place in the queue, one 16-byte key the heap moves (not the action):
@@ -216,11 +210,15 @@ fn dispatch(py: Python<'_>, sim: &Bound<'_, Simulator>, action: Action) -> PyRes
             ch.get().st(py).delivered_payload += payload;
             deliver.deliver(train.into_bound(py))?;
         }
-        Action::Respond(gpu, req) => Endpoint::respond(gpu.bind(py), req.into_bound(py))?,
-        Action::DrainHeld(gpu) => Endpoint::drain_held(gpu.bind(py))?,
-        Action::Expire(unit) => MergeUnit::expire(unit.bind(py))?,
         Action::Step(p) => Process::step(p.bind(py), py.None())?,
-        Action::ResolveHbm(hbm) => HbmShare::resolve(hbm.bind(py), sim)?,
+        Action::Due(unit, what, train) => unit.on_event(
+            py,
+            UnitEvent::Due {
+                sim,
+                what,
+                train: train.map(|t| t.into_bound(py)),
+            },
+        )?,
     }
     Ok(())
 }
@@ -367,14 +365,11 @@ impl Simulator {
                     visit.call(t)?;
                     d.visit(&visit)?;
                 }
-                Action::Respond(g, t) => {
-                    visit.call(g)?;
+                Action::Step(p) => visit.call(p)?,
+                Action::Due(u, _, t) => {
+                    u.visit(&visit)?;
                     visit.call(t)?;
                 }
-                Action::DrainHeld(g) => visit.call(g)?,
-                Action::Expire(u) => visit.call(u)?,
-                Action::Step(p) => visit.call(p)?,
-                Action::ResolveHbm(h) => visit.call(h)?,
             }
         }
         Ok(())

@@ -13,75 +13,63 @@ use pyo3::exceptions::PyIndexError;
 use pyo3::prelude::*;
 use pyo3::{PyTraverseError, PyVisit};
 
-use crate::cell::{unit, GilCell, Unit, UnitState};
-use crate::credits::{true_div, Credits};
-use crate::gpu::Endpoint;
-use crate::merge::MergeUnit;
-use crate::sim::{Action, Clock, Simulator};
-use crate::switch::SwitchChip;
-use crate::train::Train;
+use super::cell::{unit, GilCell, Unit, UnitState};
+use super::credits::{true_div, Credits};
+use super::sim::{Action, Clock, Simulator};
+use super::train::Train;
+use super::unit::{unexpected, Event, Handler, UnitRef};
 
 /// Not computed since the VC's head train or its credits changed.
 const UNKNOWN: i64 = -1;
 /// Not before more credits come back.
 const BLOCKED: i64 = 1 << 62;
 
-/// Where a channel delivers a train: a unit of the core (a switch chip's input
-/// port), bound when the train is sent, or any Python callable `deliver(train)`.
+/// Where a channel delivers a train: a unit (a switch chip's or a GPU's input port),
+/// bound when the train is sent, or any Python callable `deliver(train)`.
 pub(crate) enum Sink {
-    Switch(Py<SwitchChip>),
-    Gpu(Py<Endpoint>),
+    Unit(UnitRef),
     Call(Py<PyAny>),
 }
 
 impl Sink {
-    /// A unit of the core given as the far end (its input port), or a callable.
+    /// A registered unit given as the far end (its input port), or a callable.
     pub(crate) fn of(deliver: &Bound<'_, PyAny>) -> Sink {
-        if let Ok(sw) = deliver.cast::<SwitchChip>() {
-            return Sink::Switch(sw.clone().unbind());
+        match UnitRef::of(deliver) {
+            Some(unit) => Sink::Unit(unit),
+            None => Sink::Call(deliver.clone().unbind()),
         }
-        if let Ok(gpu) = deliver.cast::<Endpoint>() {
-            return Sink::Gpu(gpu.clone().unbind());
-        }
-        Sink::Call(deliver.clone().unbind())
     }
 
     pub(crate) fn clone_ref(&self, py: Python<'_>) -> Sink {
         match self {
-            Sink::Switch(sw) => Sink::Switch(sw.clone_ref(py)),
-            Sink::Gpu(g) => Sink::Gpu(g.clone_ref(py)),
+            Sink::Unit(u) => Sink::Unit(u.clone_ref(py)),
             Sink::Call(f) => Sink::Call(f.clone_ref(py)),
         }
     }
 
     pub(crate) fn deliver(&self, train: Bound<'_, Train>) -> PyResult<()> {
         match self {
-            Sink::Switch(sw) => SwitchChip::receive_train(sw.bind(train.py()), train),
-            Sink::Gpu(g) => Endpoint::receive_train(g.bind(train.py()), train),
+            Sink::Unit(u) => u.on_event(train.py(), Event::Arrived(train)),
             Sink::Call(f) => f.bind(train.py()).call1((train,)).map(|_| ()),
         }
     }
 
     pub(crate) fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
         match self {
-            Sink::Switch(sw) => visit.call(sw),
-            Sink::Gpu(g) => visit.call(g),
+            Sink::Unit(u) => u.visit(visit),
             Sink::Call(f) => visit.call(f),
         }
     }
 }
 
-/// Whom a channel tells when a train goes on the wire: nobody, a switch chip
-/// whose input buffer the train (or the train it was copied from) leaves, a GPU
-/// whose read response it is, or any Python callable `on_start(train, start,
-/// finish)`.
+/// Whom a channel tells when a train goes on the wire: nobody, a unit (told
+/// `Event::Started` with the argument it gave: a switch chip whose input buffer the
+/// train leaves, a GPU whose read response it is, a merge unit whose lines it frees),
+/// or any Python callable `on_start(train, start, finish)`.
 pub(crate) enum Hook {
     None,
-    Departed(Py<SwitchChip>),
-    Served(Py<Endpoint>),
+    Unit(UnitRef, (i64, usize)),
     Call(Py<PyAny>),
-    /// A merge unit whose flushed sum this is: its lines (of a tensor) free.
-    Freed(Py<MergeUnit>, i64, usize),
 }
 
 /// A train waiting for the wire, with whom to tell when it starts and arrives.
@@ -315,12 +303,18 @@ impl Channel {
         match on_start {
             // before the train's buffer fields change hands
             Hook::None => {}
-            Hook::Departed(sw) => SwitchChip::departed(sw.bind(py), &train, start, finish)?,
-            Hook::Served(gpu) => Endpoint::served(gpu.bind(py), &train)?,
+            Hook::Unit(unit, arg) => unit.on_event(
+                py,
+                Event::Started {
+                    train: &train,
+                    start,
+                    finish,
+                    arg,
+                },
+            )?,
             Hook::Call(cb) => {
                 cb.call1(py, (&train, start, finish))?;
             }
-            Hook::Freed(unit, lines, tensor) => MergeUnit::occupy(unit.bind(py), -lines, tensor)?,
         }
         let me = slf.get().st(py);
         let lat = me.latency_ps;
@@ -429,6 +423,16 @@ impl Channel {
             me.arm(py, slf, t.max(now))?;
         }
         Ok(())
+    }
+}
+
+impl Handler for Channel {
+    /// The buffer it sends into gives credits back (it is the buffer's waiter).
+    fn on_event(slf: &Bound<'_, Self>, ev: Event<'_, '_>) -> PyResult<()> {
+        match ev {
+            Event::CreditsBack(vc) => Channel::credits_back(slf, vc),
+            _ => Err(unexpected("Channel")),
+        }
     }
 }
 
@@ -604,10 +608,8 @@ impl Channel {
                 e.deliver.visit(&visit)?;
                 match &e.on_start {
                     Hook::None => {}
-                    Hook::Departed(sw) => visit.call(sw)?,
-                    Hook::Served(g) => visit.call(g)?,
+                    Hook::Unit(u, _) => u.visit(&visit)?,
                     Hook::Call(f) => visit.call(f)?,
-                    Hook::Freed(u, _, _) => visit.call(u)?,
                 }
             }
         }

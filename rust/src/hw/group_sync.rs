@@ -13,7 +13,7 @@ use rustc_hash::FxHashMap as HashMap;
 use pyo3::prelude::*;
 use pyo3::{PyTraverseError, PyVisit};
 
-use crate::train::Train;
+use crate::engine::train::Train;
 
 /// Registrations per TB group key, up to `entries` groups at once.
 pub(crate) struct GroupSyncTable {

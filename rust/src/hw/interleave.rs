@@ -7,7 +7,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
-use crate::region::Region;
+use crate::hw::region::Region;
 
 /// Fibonacci hashing's multiplier: spreads consecutive keys over the links.
 const SPREAD: i128 = 0x9E37_79B9_7F4A_7C15;

@@ -25,13 +25,14 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
 
-use crate::cell::{unit, GilCell, Unit, UnitState};
-use crate::channel::Hook;
-use crate::completion::complete;
-use crate::region::Region;
-use crate::sim::{Action, Clock, Simulator};
-use crate::switch::SwitchChip;
-use crate::train::Train;
+use crate::engine::cell::{unit, GilCell, Unit, UnitState};
+use crate::engine::channel::Hook;
+use crate::engine::completion::complete;
+use crate::engine::sim::{Action, Clock, Simulator};
+use crate::engine::train::Train;
+use crate::engine::unit::{unexpected, Event, Handler, UnitRef};
+use crate::hw::region::Region;
+use crate::hw::switch::SwitchChip;
 
 /// The CAM's request types.
 const LOAD: u8 = 0;
@@ -757,7 +758,7 @@ impl MergeUnit {
         };
         match host {
             Host::Chip(chip) => {
-                let hook = Hook::Freed(slf.clone().unbind(), e.lines, e.tensor);
+                let hook = Hook::Unit(UnitRef::of_bound(slf), (e.lines, e.tensor));
                 SwitchChip::write_home_sum(
                     chip.bind(py),
                     port,
@@ -843,7 +844,9 @@ impl MergeUnit {
         if !me.timer {
             me.timer = true;
             let due = now + me.timeout_ps;
-            me.sim.get().push(py, due, Action::Expire(slf.clone().unbind()))?;
+            me.sim
+                .get()
+                .push(py, due, Action::Due(UnitRef::of_bound(slf), 0, None))?;
         }
         Ok(())
     }
@@ -884,7 +887,7 @@ impl MergeUnit {
             me.timer = true;
             me.sim
                 .get()
-                .push(py, t.max(now), Action::Expire(slf.clone().unbind()))?;
+                .push(py, t.max(now), Action::Due(UnitRef::of_bound(slf), 0, None))?;
         }
         Ok(())
     }
@@ -948,6 +951,20 @@ impl MergeUnitState {
         self.cam.remove(&e.key);
         self.lru.remove(&e.seq);
         e
+    }
+}
+
+impl Handler for MergeUnit {
+    fn on_event(slf: &Bound<'_, Self>, ev: Event<'_, '_>) -> PyResult<()> {
+        match ev {
+            // its idle timer
+            Event::Due { .. } => MergeUnit::expire(slf),
+            // a flushed sum goes on the wire: its lines (of a tensor) free
+            Event::Started {
+                arg: (lines, tensor), ..
+            } => MergeUnit::occupy(slf, -lines, tensor),
+            _ => Err(unexpected("MergeUnit")),
+        }
     }
 }
 

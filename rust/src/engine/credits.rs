@@ -27,8 +27,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyFrozenSet;
 use pyo3::{PyTraverseError, PyVisit};
 
-use crate::cell::{unit, GilCell, Unit};
-use crate::channel::Channel;
+use super::cell::{unit, GilCell, Unit};
+use super::unit::{Event, UnitRef};
 
 /// A ramp of returning credits: from `a` to `b` (ps), `n` bytes in all, linearly.
 type Ramp = (i64, i64, i64);
@@ -51,8 +51,9 @@ pub(crate) fn true_div(num: i128, den: i128) -> f64 {
 /// Whom to wake, with the VC, when credits are given back.
 pub(crate) enum Waiter {
     None,
-    /// The channel that sends into this buffer (its arbiter looks again).
-    Channel(Py<Channel>),
+    /// A unit (the channel that sends into this buffer: its arbiter looks again),
+    /// told `Event::CreditsBack`.
+    Unit(UnitRef),
     /// Any Python callable `fn(vc)`.
     Call(Py<PyAny>),
 }
@@ -123,12 +124,12 @@ impl Credits {
             }
             match &me.waiter {
                 Waiter::None => return Ok(()),
-                Waiter::Channel(c) => Waiter::Channel(c.clone_ref(py)),
+                Waiter::Unit(u) => Waiter::Unit(u.clone_ref(py)),
                 Waiter::Call(f) => Waiter::Call(f.clone_ref(py)),
             }
         };
         match waiter {
-            Waiter::Channel(c) => Channel::credits_back(c.bind(py), vc as usize),
+            Waiter::Unit(u) => u.on_event(py, Event::CreditsBack(vc as usize)),
             Waiter::Call(f) => f.call1(py, (vc,)).map(|_| ()),
             Waiter::None => Ok(()),
         }
@@ -443,9 +444,9 @@ impl Credits {
     /// sends here, or any callable.
     fn on_return(&self, py: Python<'_>, waiter: &Bound<'_, PyAny>) {
         let mut me = self.st(py);
-        me.waiter = match waiter.cast::<Channel>() {
-            Ok(ch) => Waiter::Channel(ch.clone().unbind()),
-            Err(_) => Waiter::Call(waiter.clone().unbind()),
+        me.waiter = match UnitRef::of(waiter) {
+            Some(unit) => Waiter::Unit(unit),
+            None => Waiter::Call(waiter.clone().unbind()),
         };
     }
 
@@ -454,7 +455,7 @@ impl Credits {
             return Ok(());
         };
         match &me.waiter {
-            Waiter::Channel(c) => visit.call(c)?,
+            Waiter::Unit(u) => u.visit(&visit)?,
             Waiter::Call(f) => visit.call(f)?,
             Waiter::None => {}
         }

@@ -8,11 +8,13 @@ use pyo3::prelude::*;
 use pyo3::types::PyList;
 use pyo3::{PyTraverseError, PyVisit};
 
-use crate::cell::{unit, GilCell, Unit, UnitState};
-use crate::completion::{Completion, SmPort};
-use crate::gpu::Endpoint;
-use crate::region::region_bytes;
-use crate::wait::{ByteBound, Countdown, Signal};
+use crate::engine::cell::{unit, GilCell, Unit, UnitState};
+use crate::engine::completion::Completion;
+use crate::engine::unit::{Event, Handler, UnitRef};
+use crate::engine::wait::{ByteBound, Countdown, Signal};
+use crate::hw::gpu::Endpoint;
+use crate::hw::region::region_bytes;
+use crate::hw::sm_port::SmPort;
 
 /// A request's room in the SM's window, then in its GPU's bound: at most each
 /// bound's limit (a request larger than a bound takes all of it), waiting first come,
@@ -61,36 +63,6 @@ impl Grants {
             visit.call(b)?;
         }
         Ok(())
-    }
-}
-
-/// A stream a bound's grant resumes, or whose request an acknowledgement completes.
-pub(crate) enum StreamRef {
-    Load(Py<LoadStream>),
-    Red(Py<RedStream>),
-}
-
-impl StreamRef {
-    /// A bound granted the waiting request its room: on to the next grant, or out.
-    pub(crate) fn granted(&self, py: Python<'_>) -> PyResult<()> {
-        match self {
-            StreamRef::Load(s) => LoadStream::granted(s.bind(py)),
-            StreamRef::Red(s) => RedStream::granted(s.bind(py)),
-        }
-    }
-
-    pub(crate) fn clone_ref(&self, py: Python<'_>) -> StreamRef {
-        match self {
-            StreamRef::Load(s) => StreamRef::Load(s.clone_ref(py)),
-            StreamRef::Red(s) => StreamRef::Red(s.clone_ref(py)),
-        }
-    }
-
-    pub(crate) fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
-        match self {
-            StreamRef::Load(s) => visit.call(s),
-            StreamRef::Red(s) => visit.call(s),
-        }
     }
 }
 
@@ -149,7 +121,7 @@ impl LoadStream {
             let want = me.items[me.next].nbytes;
             if let Some(sig) = me.grants.take(py, want)? {
                 drop(me);
-                Signal::wait_stream(sig.bind(py), StreamRef::Load(slf.clone().unbind()));
+                Signal::wait_unit(sig.bind(py), UnitRef::of_bound(slf));
                 return Ok(());
             }
             let index = me.next;
@@ -163,7 +135,7 @@ impl LoadStream {
                 item.region.clone_ref(py),
                 stripes.clone_ref(py).into_any(),
                 me.assemble.clone_ref(py),
-                slf.clone().unbind(),
+                UnitRef::of_bound(slf),
                 item.nbytes,
             )?;
             me.next += 1;
@@ -197,6 +169,19 @@ impl LoadStream {
         };
         let sim = window.get().st(py).sim.clone_ref(py);
         Countdown::arrive(arrived.bind(py), sim.bind(py), 1)
+    }
+}
+
+impl Handler for LoadStream {
+    fn on_event(slf: &Bound<'_, Self>, ev: Event<'_, '_>) -> PyResult<()> {
+        match ev {
+            // a bound granted the waiting load its room
+            Event::Fired => LoadStream::granted(slf),
+            // a load's data is in: its room back, then (after its callback) the count
+            Event::Acked(nbytes) => LoadStream::release(slf, nbytes),
+            Event::Landed => LoadStream::landed(slf),
+            _ => Err(crate::engine::unit::unexpected("LoadStream")),
+        }
     }
 }
 
@@ -363,7 +348,7 @@ impl RedStream {
             };
             if let Some(sig) = me.grants.take(py, nbytes)? {
                 drop(me);
-                Signal::wait_stream(sig.bind(py), StreamRef::Red(slf.clone().unbind()));
+                Signal::wait_unit(sig.bind(py), UnitRef::of_bound(slf));
                 return Ok(());
             }
             let reds = match std::mem::replace(&mut me.items[index], RedItem::Local(py.None())) {
@@ -376,8 +361,7 @@ impl RedStream {
             let (gpu, port) = (me.gpu.clone_ref(py), me.port.clone_ref(py));
             drop(me);
             // one completion over all the piece's trains: its room comes back with the last
-            let done =
-                Completion::of_stream_request(py, count, StreamRef::Red(slf.clone().unbind()), nbytes)?.into_any();
+            let done = Completion::of_stream_request(py, count, UnitRef::of_bound(slf), nbytes)?.into_any();
             let port = port.into_bound(py);
             for r in reds {
                 Endpoint::issue_pieces(
@@ -411,6 +395,19 @@ impl RedStream {
         let py = slf.py();
         let bounds = slf.st().grants.clone_bounds(py);
         Grants::give_back(py, bounds, nbytes)
+    }
+}
+
+impl Handler for RedStream {
+    fn on_event(slf: &Bound<'_, Self>, ev: Event<'_, '_>) -> PyResult<()> {
+        match ev {
+            // a bound granted the waiting piece its room
+            Event::Fired => RedStream::granted(slf),
+            // a piece's trains are all acknowledged: its room goes back
+            Event::Acked(nbytes) => RedStream::release(slf, nbytes),
+            Event::Landed => Ok(()),
+            _ => Err(crate::engine::unit::unexpected("RedStream")),
+        }
     }
 }
 

@@ -78,9 +78,9 @@ pub(crate) trait Unit: pyo3::PyClass<Frozen = pyo3::pyclass::boolean_struct::Tru
 /// [`Unit`], made from its state with `From`.
 macro_rules! unit {
     ($unit:ident, $state:ident) => {
-        impl $crate::cell::Unit for $unit {
+        impl $crate::engine::cell::Unit for $unit {
             type State = $state;
-            fn cell(&self) -> &$crate::cell::GilCell<$state> {
+            fn cell(&self) -> &$crate::engine::cell::GilCell<$state> {
                 &self.st
             }
         }
@@ -88,7 +88,7 @@ macro_rules! unit {
         impl From<$state> for $unit {
             fn from(state: $state) -> Self {
                 $unit {
-                    st: $crate::cell::GilCell::new(state),
+                    st: $crate::engine::cell::GilCell::new(state),
                 }
             }
         }

@@ -1,5 +1,5 @@
 //! What an ISA operation waits for: one completion for all the trains it was cut
-//! into, and the store path of the SM that issues it.
+//! into.
 //!
 //! An operation (`ld`, `ld.cais`, `red.cais`, a store) is cut into one train per
 //! transfer unit and switch chip; each train carries the operation's [`Completion`]
@@ -12,11 +12,10 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use pyo3::{PyTraverseError, PyVisit};
 
-use crate::cell::{unit, GilCell, Unit, UnitState};
-use crate::region::Region;
-use crate::stream::{LoadStream, RedStream, StreamRef};
-use crate::train::Train;
-use crate::wait::Signal;
+use super::cell::{unit, GilCell, Unit, UnitState};
+use super::train::Train;
+use super::unit::{Event, UnitRef};
+use super::wait::Signal;
 
 /// A completion counter over an operation's trains. `done` runs when `count` have
 /// completed: as `done(data)` for a load (`assemble` given: the data of every piece,
@@ -37,9 +36,10 @@ pub(crate) struct CompletionState {
     /// A load's pieces that carried data, by start element.
     parts: Option<Py<PyDict>>,
     with_data: i64,
-    /// The stream that issued this request, if one did, and the request's bytes:
-    /// told when it is in.
-    stream: Option<(StreamRef, i64)>,
+    /// The unit that issued this request (a stream), if one did, and the request's
+    /// bytes: told when it is in (`Event::Acked`, then `Event::Landed` after the
+    /// callback).
+    stream: Option<(UnitRef, i64)>,
 }
 
 unit!(Completion, CompletionState);
@@ -54,10 +54,7 @@ impl Completion {
             if let (true, Some(train)) = (gather, train) {
                 let data = train.st().data.clone_ref(py);
                 if !data.is_none(py) {
-                    let start = match train.st().addr.bind(py).cast::<Region>() {
-                        Ok(r) => r.get().start,
-                        Err(_) => train.st().addr.bind(py).getattr("start")?.extract()?,
-                    };
+                    let start: i64 = train.st().addr.bind(py).getattr("start")?.extract()?;
                     let parts = me.parts.get_or_insert_with(|| PyDict::new(py).unbind());
                     parts.bind(py).set_item(start, data)?;
                     me.with_data += 1;
@@ -72,17 +69,16 @@ impl Completion {
         let stream = slf.st().stream.as_ref().map(|(s, n)| (s.clone_ref(py), *n));
         match stream {
             None => Completion::call_done(slf, gather),
-            Some((StreamRef::Load(stream), nbytes)) => {
+            Some((stream, nbytes)) => {
                 // as a TB's mainloop does: room back first, then the data, then the count
-                LoadStream::release(stream.bind(py), nbytes)?;
+                stream.on_event(py, Event::Acked(nbytes))?;
                 Completion::call_done(slf, gather)?;
-                LoadStream::landed(stream.bind(py))
+                stream.on_event(py, Event::Landed)
             }
-            Some((StreamRef::Red(stream), nbytes)) => RedStream::release(stream.bind(py), nbytes),
         }
     }
 
-    /// A load of a [`LoadStream`]: `count` trains over `pieces` of `region` (`nbytes`);
+    /// A load of a stream: `count` trains over `pieces` of `region` (`nbytes`);
     /// `placed` (or None) gets the data.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn of_stream_item(
@@ -92,11 +88,11 @@ impl Completion {
         region: Py<PyAny>,
         pieces: Py<PyAny>,
         assemble: Py<PyAny>,
-        stream: Py<LoadStream>,
+        stream: UnitRef,
         nbytes: i64,
     ) -> PyResult<Py<Completion>> {
         let c = Completion::new(py, count, Some(placed), Some(region), Some(pieces), Some(assemble));
-        c.st(py).stream = Some((StreamRef::Load(stream), nbytes));
+        c.st(py).stream = Some((stream, nbytes));
         Py::new(py, c)
     }
 
@@ -105,7 +101,7 @@ impl Completion {
     pub(crate) fn of_stream_request(
         py: Python<'_>,
         count: i64,
-        stream: StreamRef,
+        stream: UnitRef,
         nbytes: i64,
     ) -> PyResult<Py<Completion>> {
         let c = Completion::new(py, count, None, None, None, None);
@@ -227,84 +223,5 @@ impl Completion {
     #[getter]
     fn left(&self, py: Python<'_>) -> i64 {
         self.st(py).left
-    }
-}
-
-/// The load/store path of one SM: data it stores leaves at most at `ps_per_byte`
-/// (the SM's copy bandwidth), so a store's train has its head when the SM starts
-/// pushing it and its tail when the SM has pushed all of it.
-#[pyclass(module = "cais._core", frozen)]
-pub struct SmPort {
-    st: GilCell<SmPortState>,
-}
-
-/// The mutable state of a [`SmPort`] (see there), borrowed while holding the GIL.
-pub(crate) struct SmPortState {
-    pub ps_per_byte: f64,
-    pub free_at: i64,
-}
-
-unit!(SmPort, SmPortState);
-
-impl SmPortState {
-    /// (head, tail) of `nbytes` pushed from `now` on.
-    pub(crate) fn push_at(&mut self, now: i64, nbytes: i64) -> (i64, i64) {
-        let head = now.max(self.free_at);
-        self.free_at = head + (nbytes as f64 * self.ps_per_byte).round_ties_even() as i64;
-        (head, self.free_at)
-    }
-}
-
-#[pymethods]
-impl SmPort {
-    #[new]
-    fn new(ps_per_byte: f64) -> Self {
-        SmPort::from(SmPortState {
-            ps_per_byte,
-            free_at: 0,
-        })
-    }
-
-    /// (head, tail) of `nbytes` pushed from `now` on.
-    fn push(&self, py: Python<'_>, now: i64, nbytes: i64) -> (i64, i64) {
-        let mut me = self.st(py);
-        me.push_at(now, nbytes)
-    }
-
-    #[getter]
-    fn ps_per_byte(&self, py: Python<'_>) -> f64 {
-        self.st(py).ps_per_byte
-    }
-
-    #[setter]
-    fn set_ps_per_byte(&self, py: Python<'_>, value: f64) {
-        self.st(py).ps_per_byte = value;
-    }
-
-    #[getter]
-    fn free_at(&self, py: Python<'_>) -> i64 {
-        self.st(py).free_at
-    }
-
-    #[setter]
-    fn set_free_at(&self, py: Python<'_>, value: i64) {
-        self.st(py).free_at = value;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_sm_port_pushes_back_to_back_and_rounds_half_to_even() {
-        let mut port = SmPortState {
-            ps_per_byte: 0.5,
-            free_at: 0,
-        };
-        assert_eq!(port.push_at(10, 4), (10, 12));
-        assert_eq!(port.push_at(11, 1), (12, 12)); // 0.5 ps rounds to 0
-        assert_eq!(port.push_at(11, 3), (12, 14)); // 1.5 ps rounds to 2
-        assert_eq!(port.push_at(100, 0), (100, 100));
     }
 }

@@ -10,17 +10,23 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
 
-use crate::cell::{unit, GilCell, Unit, UnitState};
-use crate::channel::{Channel, Hook, Sink};
-use crate::completion::{complete, SmPort};
-use crate::credits::Credits;
-use crate::hbm::HbmShare;
-use crate::kinds::*;
-use crate::packets::PacketBook;
-use crate::region::region_bytes;
-use crate::sim::{Action, Clock, Simulator};
-use crate::switch::SwitchChip;
-use crate::train::{Train, TrainState};
+use crate::engine::cell::{unit, GilCell, Unit, UnitState};
+use crate::engine::channel::{Channel, Hook, Sink};
+use crate::engine::completion::complete;
+use crate::engine::credits::Credits;
+use crate::engine::sim::{Action, Clock, Simulator};
+use crate::engine::train::{Train, TrainState};
+use crate::engine::unit::{unexpected, Event, Handler, UnitRef};
+use crate::hw::hbm::HbmShare;
+use crate::hw::kinds::*;
+use crate::hw::packets::PacketBook;
+use crate::hw::region::region_bytes;
+use crate::hw::sm_port::SmPort;
+use crate::hw::switch::SwitchChip;
+
+/// The endpoint's own timed events (`Event::Due`).
+const RESPOND: u8 = 0;
+const DRAIN_HELD: u8 = 1;
 
 /// A GPU's NVLink endpoint. An input buffer per switch chip and VC, drained as
 /// packets arrive: writes and reductions land in memory; read requests (plain,
@@ -172,9 +178,11 @@ impl Endpoint {
         }
         me.serving += want;
         let at = me.now(py) + me.memory_latency_ps;
-        me.sim
-            .get()
-            .push(py, at, Action::Respond(slf.clone().unbind(), req.clone().unbind()))?;
+        me.sim.get().push(
+            py,
+            at,
+            Action::Due(UnitRef::of_bound(slf), RESPOND, Some(req.clone().unbind())),
+        )?;
         Ok(true)
     }
 
@@ -213,7 +221,7 @@ impl Endpoint {
             t.tag = r.tag;
             Bound::new(py, Train::from(t))?
         };
-        Endpoint::inject_train(slf, resp, None, None, Hook::Served(slf.clone().unbind()))
+        Endpoint::inject_train(slf, resp, None, None, Hook::Unit(UnitRef::of_bound(slf), (0, 0)))
     }
 
     /// A response is on the wire: its bytes stop counting; held requests may go.
@@ -224,7 +232,9 @@ impl Endpoint {
         me.serving -= want;
         if me.holding != 0 {
             let now = me.now(py);
-            me.sim.get().push(py, now, Action::DrainHeld(slf.clone().unbind()))?;
+            me.sim
+                .get()
+                .push(py, now, Action::Due(UnitRef::of_bound(slf), DRAIN_HELD, None))?;
         }
         Ok(())
     }
@@ -305,7 +315,7 @@ impl Endpoint {
             let c = py_index(t.chip, me.up.len())?;
             (me.up[c].clone_ref(py), me.switches[c].clone_ref(py))
         };
-        Channel::offer(channel.bind(py), train, Sink::Switch(switch), on_start)
+        Channel::offer(channel.bind(py), train, Sink::Unit(UnitRef::new(switch)), on_start)
     }
 
     /// Build one train of operation `op` and put it on this GPU's port to `chip` (a
@@ -415,6 +425,24 @@ impl Endpoint {
         Endpoint::issue_pieces(
             slf, kind, home, stripes, done, None, 0, true, None, -1, 0, quorum, 1.0, None,
         )
+    }
+}
+
+impl Handler for Endpoint {
+    fn on_event(slf: &Bound<'_, Self>, ev: Event<'_, '_>) -> PyResult<()> {
+        match ev {
+            // a train from a switch chip reaches its input port
+            Event::Arrived(train) => Endpoint::receive_train(slf, train),
+            // a read response goes on the wire
+            Event::Started { train, .. } => Endpoint::served(slf, train),
+            Event::Due {
+                what: RESPOND,
+                train: Some(req),
+                ..
+            } => Endpoint::respond(slf, req),
+            Event::Due { what: DRAIN_HELD, .. } => Endpoint::drain_held(slf),
+            _ => Err(unexpected("Endpoint")),
+        }
     }
 }
 

@@ -3,8 +3,8 @@
 use pyo3::prelude::*;
 use pyo3::{PyTraverseError, PyVisit};
 
-use crate::cell::{unit, GilCell, Unit};
-use crate::credits::Credits;
+use super::cell::{unit, GilCell, Unit};
+use super::credits::Credits;
 
 /// A train of packets (a transfer unit) in flight.
 ///

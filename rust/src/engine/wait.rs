@@ -15,17 +15,16 @@ use pyo3::prelude::*;
 use pyo3::types::PyInt;
 use pyo3::{PyTraverseError, PyVisit};
 
-use crate::cell::{unit, GilCell, Unit, UnitState};
-use crate::hbm::{HbmPhase, HbmShare};
-use crate::sim::{Action, Simulator};
-use crate::stream::StreamRef;
+use super::cell::{unit, GilCell, Unit, UnitState};
+use super::sim::{Action, Simulator};
+use super::unit::{Event, Paced, UnitRef};
 
-/// Whom a signal wakes: a process waiting on it, or a Python callable `fn(value)`.
+/// Whom a signal wakes: a process waiting on it, a Python callable `fn(value)`, or
+/// a unit (a stream whose next request waits for this grant), told `Event::Fired`.
 enum Waiter {
     Resume(Py<Process>),
     Call(Py<PyAny>),
-    /// A stream whose next request waits for this grant.
-    Stream(StreamRef),
+    Unit(UnitRef),
 }
 
 impl Waiter {
@@ -33,7 +32,7 @@ impl Waiter {
         match self {
             Waiter::Resume(p) => visit.call(p),
             Waiter::Call(f) => visit.call(f),
-            Waiter::Stream(s) => s.visit(visit),
+            Waiter::Unit(u) => u.visit(visit),
         }
     }
 }
@@ -84,7 +83,7 @@ impl Signal {
                 Waiter::Call(f) => {
                     f.call1(py, (value.clone_ref(py),))?;
                 }
-                Waiter::Stream(s) => s.granted(py)?,
+                Waiter::Unit(u) => u.on_event(py, Event::Fired)?,
             }
         }
         Ok(())
@@ -92,9 +91,9 @@ impl Signal {
 }
 
 impl Signal {
-    /// Resume `stream` when the signal fires (it has not).
-    pub(crate) fn wait_stream(slf: &Bound<'_, Self>, stream: StreamRef) {
-        slf.st().waiters.push(Waiter::Stream(stream));
+    /// Tell `unit` when the signal fires (it has not).
+    pub(crate) fn wait_unit(slf: &Bound<'_, Self>, unit: UnitRef) {
+        slf.st().waiters.push(Waiter::Unit(unit));
     }
 }
 
@@ -369,8 +368,9 @@ pub(crate) struct ProcessState {
     sim: Py<Simulator>,
     gen: Py<PyAny>,
     done: Py<Signal>,
-    /// The GPU's HBM that times the [`HbmPhase`]s the program yields (None: it yields none).
-    hbm: Option<Py<HbmShare>>,
+    /// The unit that times the values of its own the program yields (`Handler::pace`):
+    /// the GPU's HBM share, which times kernel phases (None: it yields none).
+    hbm: Option<UnitRef>,
     /// Factor on the compute delays the program yields (a straggler GPU; 1: none).
     slowdown: f64,
     /// Waiting for the HBM share to time a phase: whether the program times it itself.
@@ -406,21 +406,21 @@ fn send<'py>(gen: &Bound<'py, PyAny>, value: Py<PyAny>) -> PyResult<Sent<'py>> {
     }
 }
 
-impl Process {
-    /// A compute delay the program yielded, stretched by the GPU's slowdown.
-    fn slowed(slowdown: f64, delay: i64) -> i64 {
-        if slowdown == 1.0 {
-            delay
-        } else {
-            (delay as f64 * slowdown).round_ties_even() as i64
-        }
+/// A compute delay a program yielded, stretched by its GPU's slowdown.
+pub(crate) fn slowed(slowdown: f64, delay: i64) -> i64 {
+    if slowdown == 1.0 {
+        delay
+    } else {
+        (delay as f64 * slowdown).round_ties_even() as i64
     }
+}
 
+impl Process {
     /// Resume the program after `delay` (its own units: stretched here).
     fn sleep(slf: &Bound<'_, Self>, sim: &Py<Simulator>, slowdown: f64, delay: i64) -> PyResult<()> {
         let py = slf.py();
         let s = sim.get();
-        let time = s.now() + Process::slowed(slowdown, delay);
+        let time = s.now() + slowed(slowdown, delay);
         s.schedule(py, time, Action::Step(slf.clone().unbind()))
     }
 
@@ -474,21 +474,21 @@ impl Process {
                 let delay: i64 = waited.extract()?;
                 return Process::sleep(slf, &sim, slowdown, delay);
             }
-            if let (Ok(ph), Some(h)) = (waited.cast::<HbmPhase>(), hbm.as_ref()) {
-                let ph = ph.get();
-                if h.get().enabled(py) && ph.ps > 0 && ph.nbytes > 0.0 {
-                    // timed at its real duration, known at the end of this instant
-                    let ps = Process::slowed(slowdown, ph.ps);
-                    let timed = HbmShare::phase(h.bind(py), sim.bind(py), ps, ph.nbytes)?;
-                    slf.st().phase = Some(ph.overlapped);
-                    timed.get().st(py).waiters.push(Waiter::Resume(slf.clone().unbind()));
-                    return Ok(());
+            if let Some(h) = hbm.as_ref() {
+                match h.pace(sim.bind(py), &waited, slowdown)? {
+                    Paced::NotMine => {}
+                    Paced::Wait(timed, overlapped) => {
+                        // timed at its real duration, known at the end of this instant
+                        slf.st().phase = Some(overlapped);
+                        timed.get().st(py).waiters.push(Waiter::Resume(slf.clone().unbind()));
+                        return Ok(());
+                    }
+                    Paced::Sleep(ps) => return Process::sleep(slf, &sim, slowdown, ps),
+                    Paced::Value(ps) => {
+                        value = ps.into_pyobject(py)?.into_any().unbind();
+                        continue;
+                    }
                 }
-                if !ph.overlapped {
-                    return Process::sleep(slf, &sim, slowdown, ph.ps);
-                }
-                value = ph.ps.into_pyobject(py)?.into_any().unbind();
-                continue;
             }
             let allowed = if hbm.is_some() {
                 "an int delay, a Signal or an HbmPhase"
@@ -512,9 +512,13 @@ impl Process {
         sim: Py<Simulator>,
         gen: Py<PyAny>,
         start: bool,
-        hbm: Option<Py<HbmShare>>,
+        hbm: Option<Bound<'_, PyAny>>,
         slowdown: f64,
     ) -> PyResult<Py<Process>> {
+        let hbm = match hbm {
+            Some(h) => Some(UnitRef::expect(&h, "a pacer (an HbmShare)")?),
+            None => None,
+        };
         let done = Py::new(py, Signal::blank(py))?;
         let p = Py::new(
             py,
@@ -542,7 +546,9 @@ impl Process {
         visit.call(&me.sim)?;
         visit.call(&me.gen)?;
         visit.call(&me.done)?;
-        visit.call(&me.hbm)?;
+        if let Some(h) = &me.hbm {
+            h.visit(&visit)?;
+        }
         Ok(())
     }
 

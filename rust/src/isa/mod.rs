@@ -1,0 +1,5 @@
+//! What the ISA issues on the core's side (`cais.isa`): a TB's remote loads and its
+//! epilogue's reductions, issued in order under the SM's and the GPU's bounds.
+//! Built on the engine and the hardware.
+
+pub mod stream;
