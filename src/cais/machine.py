@@ -108,11 +108,8 @@ class Machine:
             self.sim.tick = progress.tick
         self.pk = Packetizer(cfg.packet)
         self.vcmap = VcMap(cfg.link)
-        mem_lat = round(cfg.gpu.memory_latency_ns * PS_PER_NS)
         hbm = hbm_share_args(cfg)
-        self.gpus = [Gpu(self.sim, g, cfg.gpu.sms, Memory(functional), self.pk, mem_lat, self.vcmap,
-                         round(cfg.gpu.read_serve_kB * 1024), cfg.switch.chips, cfg.link.vcs, HbmShare(*hbm),
-                         cfg.remote_outstanding_bytes())
+        self.gpus = [Gpu(self.sim, g, cfg, Memory(functional), self.pk, self.vcmap, HbmShare(*hbm))
                      for g in range(cfg.gpus)]
         for g, factor in cfg.gpu_slowdown.items():
             self.gpus[g].slowdown = factor

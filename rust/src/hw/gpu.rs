@@ -20,6 +20,7 @@ use crate::engine::unit::{unexpected, Event, Handler, UnitRef};
 use crate::hw::hbm::HbmShare;
 use crate::hw::kinds::*;
 use crate::hw::packets::PacketBook;
+use crate::hw::params::{ps, SystemParams};
 use crate::hw::region::region_bytes;
 use crate::hw::sm_port::SmPort;
 use crate::hw::switch::SwitchChip;
@@ -448,39 +449,35 @@ impl Handler for Endpoint {
 
 #[pymethods]
 impl Endpoint {
+    /// GPU `index` on `sim`, with what it reads of the system config `cfg`
+    /// (`gpu.memory_latency_ns`, `gpu.read_serve_kB`, `switch.chips`, `link.vcs`: see
+    /// `params.rs`), its `memory`, the packet format and VC map, and its HBM share.
     #[new]
-    #[pyo3(signature = (sim, index, sms, memory, packetizer, memory_latency_ps, vcmap, serve_bytes, chips, vcs,
-                        hbm = None, remote_outstanding = 1 << 40))]
-    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (sim, index, cfg, memory, packetizer, vcmap, hbm = None))]
     fn new(
-        py: Python<'_>,
-        sim: Py<Simulator>,
+        sim: Bound<'_, Simulator>,
         index: i64,
-        sms: i64,
-        memory: Py<PyAny>,
+        cfg: SystemParams,
+        memory: Bound<'_, PyAny>,
         packetizer: Py<PyAny>,
-        memory_latency_ps: i64,
         vcmap: Py<PyAny>,
-        serve_bytes: i64,
-        chips: usize,
-        vcs: usize,
         hbm: Option<Py<HbmShare>>,
-        remote_outstanding: i64,
     ) -> PyResult<Self> {
-        let _ = (sms, remote_outstanding); // the SM side's (the Python subclass)
-        let functional = memory.bind(py).getattr("functional")?.is_truthy()?;
+        let py = sim.py();
+        let functional = memory.getattr("functional")?.is_truthy()?;
         let clock = sim.get().clock();
+        let (chips, vcs) = (cfg.switch.chips, cfg.link.vcs);
         Ok(Endpoint::from(EndpointState {
             clock,
-            sim,
+            sim: sim.unbind(),
             index,
-            memory,
+            memory: memory.unbind(),
             functional,
             packets: PacketBook::new(packetizer.clone_ref(py), vcmap.clone_ref(py)),
             pk: packetizer,
             vcmap,
-            memory_latency_ps,
-            serve_bytes,
+            memory_latency_ps: ps(cfg.gpu.memory_latency_ns, 1e3),
+            serve_bytes: ps(cfg.gpu.read_serve_kB, 1024.0),
             serving: 0,
             hbm,
             held: (0..chips)

@@ -31,6 +31,7 @@ use crate::engine::completion::complete;
 use crate::engine::sim::{Action, Clock, Simulator};
 use crate::engine::train::Train;
 use crate::engine::unit::{unexpected, Event, Handler, UnitRef};
+use crate::hw::params::{ps, MergeConfig};
 use crate::hw::region::Region;
 use crate::hw::switch::SwitchChip;
 
@@ -976,7 +977,7 @@ impl MergeUnit {
         py: Python<'_>,
         host: &Bound<'_, PyAny>,
         port: i64,
-        cfg: &Bound<'_, PyAny>,
+        cfg: MergeConfig,
         gpus: i64,
         spread: Option<Py<PortSpread>>,
     ) -> PyResult<Self> {
@@ -985,8 +986,6 @@ impl MergeUnit {
             Ok(chip) => Host::Chip(chip.clone().unbind()),
             Err(_) => Host::Object(host.clone().unbind()),
         };
-        let timeout_us: f64 = cfg.getattr("timeout_us")?.extract()?;
-        let latency_ns: f64 = cfg.getattr("latency_ns")?.extract()?;
         let clock = sim.get().clock();
         Ok(MergeUnit::from(MergeUnitState {
             host,
@@ -997,10 +996,10 @@ impl MergeUnit {
                 None => Py::new(py, PortSpread::from(PortSpreadState::default()))?,
             },
             port,
-            capacity: cfg.getattr("entries")?.extract()?,
-            line_bytes: cfg.getattr("line_bytes")?.extract()?,
-            timeout_ps: (timeout_us * 1e6).round_ties_even() as i64,
-            latency_ps: (latency_ns * 1e3).round_ties_even() as i64,
+            capacity: cfg.entries,
+            line_bytes: cfg.line_bytes,
+            timeout_ps: ps(cfg.timeout_us, 1e6),
+            latency_ps: ps(cfg.latency_ns, 1e3),
             default_expect: gpus - 1,
             cam: HashMap::default(),
             entries: HashMap::default(),

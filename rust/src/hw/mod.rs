@@ -11,6 +11,7 @@ pub mod interleave;
 pub mod kinds;
 pub mod merge;
 pub mod packets;
+pub mod params;
 pub mod region;
 pub mod sm_port;
 pub mod switch;

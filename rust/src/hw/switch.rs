@@ -31,6 +31,7 @@ use crate::hw::group_sync::{Admitted, GroupSyncTable};
 use crate::hw::kinds::*;
 use crate::hw::merge::MergeUnit;
 use crate::hw::packets::PacketBook;
+use crate::hw::params::{ps, SwitchConfig, SystemParams};
 
 const NEVER: i64 = 1 << 62;
 
@@ -675,25 +676,22 @@ impl SwitchChipState {
 
 #[pymethods]
 impl SwitchChip {
+    /// Chip `chip` on `sim`: its channels `down` to the GPUs, the GPUs (their input
+    /// ports), the packet format and VC map, and what it reads of the system config
+    /// `cfg` (`link.vcs`, `switch.pipeline_latency_ns`, `switch.reduce_latency_ns`,
+    /// `switch.reduce_GBps`, `switch.merge`, `cais.sync_entries`: see `params.rs`).
     #[new]
-    #[pyo3(signature = (sim, chip, down, gpus, packetizer, vcmap, vcs, pipeline_ps, reduce_ps, merge = None,
-                        sync_entries = 256, reduce_GBps = None))]
-    #[allow(clippy::too_many_arguments, non_snake_case)]
+    #[pyo3(signature = (sim, chip, down, gpus, packetizer, vcmap, cfg))]
     fn new(
-        py: Python<'_>,
         sim: Py<Simulator>,
         chip: i64,
         down: &Bound<'_, PyAny>,
         gpus: &Bound<'_, PyAny>,
         packetizer: Py<PyAny>,
         vcmap: Py<PyAny>,
-        vcs: usize,
-        pipeline_ps: i64,
-        reduce_ps: i64,
-        merge: Option<Py<PyAny>>,
-        sync_entries: i64,
-        reduce_GBps: Option<f64>,
+        cfg: SystemParams,
     ) -> PyResult<Self> {
+        let py = down.py();
         let down = PyList::new(py, down.try_iter()?.collect::<PyResult<Vec<_>>>()?)?;
         let gpus = PyList::new(py, gpus.try_iter()?.collect::<PyResult<Vec<_>>>()?)?;
         let channels = down
@@ -707,10 +705,16 @@ impl SwitchChip {
                 Err(_) => Ok(Sink::Call(g.getattr("receive")?.unbind())),
             })
             .collect::<PyResult<Vec<_>>>()?;
-        let merge_cfg = match merge {
-            Some(m) if !m.is_none(py) => m,
-            _ => py.import("cais.hw.config")?.getattr("MergeConfig")?.call0()?.unbind(),
-        };
+        let vcs = cfg.link.vcs;
+        let SwitchConfig {
+            pipeline_latency_ns,
+            reduce_latency_ns,
+            reduce_GBps,
+            merge: merge_cfg,
+            ..
+        } = cfg.switch;
+        let (pipeline_ps, reduce_ps) = (ps(pipeline_latency_ns, 1e3), ps(reduce_latency_ns, 1e3));
+        let sync_entries = cfg.cais.sync_entries;
         let clock = sim.get().clock();
         Ok(SwitchChip::from(SwitchChipState {
             clock,

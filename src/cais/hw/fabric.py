@@ -43,7 +43,6 @@ class Fabric:
         vcs = cfg.link.vcs
         n, chips = cfg.gpus, cfg.switch.chips
         pipe = round(cfg.switch.pipeline_latency_ns * PS_PER_NS)
-        red = round(cfg.switch.reduce_latency_ns * PS_PER_NS)
         back = cfg.credit_latency_ps
         # The credit loop of an input buffer: a byte crosses the link, (in a switch)
         # the pipeline, and its credit comes back.
@@ -62,9 +61,7 @@ class Fabric:
                    for g in range(n)]
         self.down = [[channel(f"sw{c}->gpu{g}", c, f"gpu{g}.in{c}", rtt_down, True) for g in range(n)]
                      for c in range(chips)]
-        self.switches = [model(sim, c, self.down[c], gpus, packetizer, vcmap, vcs, pipe, red, merge=cfg.switch.merge,
-                               sync_entries=cfg.cais.sync_entries, reduce_GBps=cfg.switch.reduce_GBps)
-                         for c in range(chips)]
+        self.switches = [model(sim, c, self.down[c], gpus, packetizer, vcmap, cfg) for c in range(chips)]
         # Mirror mode: only GPU 0 runs a program; every switch output goes to GPU 0
         # (a train for GPU g stands for its image, the one GPU -g sends to GPU 0).
         # Exact only for a workload that every GPU runs alike, shifted by its index.

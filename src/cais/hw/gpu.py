@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from cais._core import Endpoint, LoadStream, RedStream, SmPort
 from cais.engine import Bound, Process, Signal, Simulator
 from cais.engine.sim import ProgramGen
+from cais.hw.config import SystemConfig
 from cais.hw.hbm import HbmShare
 from cais.hw.memory import Memory
 from cais.hw.packets import Packetizer, VcMap
@@ -70,14 +71,16 @@ class Gpu(Endpoint):
     running on the SMs and the traffic the endpoint and copy engines move.
     """
 
-    def __init__(self, sim: Simulator, index: int, sms: int, memory: Memory, packetizer: Packetizer,
-                 memory_latency_ps: int, vcmap: VcMap, serve_bytes: int, chips: int, vcs: int,
-                 hbm: HbmShare | None = None, remote_outstanding: int = 1 << 40) -> None:
-        # (the endpoint's fields were set by Endpoint's constructor, from the same arguments)
+    def __init__(self, sim: Simulator, index: int, cfg: SystemConfig, memory: Memory, packetizer: Packetizer,
+                 vcmap: VcMap, hbm: HbmShare | None = None) -> None:
+        # (Endpoint's constructor, from the same arguments, read what the endpoint needs of
+        # cfg: gpu.memory_latency_ns, gpu.read_serve_kB, switch.chips, link.vcs)
         # the GPU's bound on outstanding remote SM requests (its request-tracking
-        # entries): every TB that loads from or reduces into a peer takes its bytes here
-        self.remote = Bound(sim, remote_outstanding)
+        # entries, gpu.remote_outstanding_kB): every TB that loads from or reduces into a
+        # peer takes its bytes here
+        self.remote = Bound(sim, cfg.remote_outstanding_bytes())
         self.hbm = hbm if hbm is not None else HbmShare(1.0, 1, enabled=False)
+        sms = cfg.gpu.sms
         self.n_sms = sms
         self._free = (1 << sms) - 1  # the free SMs, as bits (SM i: bit i)
         self._kernels: deque[Kernel] = deque()

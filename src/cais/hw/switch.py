@@ -13,8 +13,10 @@ packet kind is served by the handler registered for it in ``handlers``; a kind w
 no handler is forwarded to its destination GPU.
 
 The crossbar and the NVLS engine are compiled (:class:`cais._core.SwitchChip`,
-``rust/src/switch.rs``): a train crosses the chip without entering the interpreter
-unless a Python unit (the CAIS merge unit) registered a handler for its kind.
+``rust/src/hw/switch.rs``), and so are the CAIS chip's merge units and Group Sync
+Table (``rust/src/hw/merge.rs``, ``rust/src/hw/group_sync.rs``): a train crosses the
+chip without entering the interpreter unless a Python handler was registered for its
+kind in ``handlers`` (as a test does).
 """
 
 from __future__ import annotations
@@ -32,9 +34,11 @@ class Switch(SwitchChip):
     for the packet kinds they serve; ``absorbs`` names the kinds a unit consumes as
     they arrive (their credits go back without waiting for an output).
 
-    Built as ``Switch(sim, chip, down, gpus, packetizer, vcmap, vcs, pipeline_ps,
-    reduce_ps, merge=None, sync_entries=256, reduce_GBps=None)``; what it does with a
-    train is in :class:`cais._core.SwitchChip`."""
+    Built as ``Switch(sim, chip, down, gpus, packetizer, vcmap, cfg)``: the chip reads
+    what it needs of the system config ``cfg`` by the fields' own names (``link.vcs``,
+    ``switch.pipeline_latency_ns``, ``switch.reduce_latency_ns``, ``switch.reduce_GBps``,
+    ``switch.merge``, ``cais.sync_entries``; ``rust/src/hw/params.rs``); what it does
+    with a train is in :class:`cais._core.SwitchChip`."""
 
     absorbs: frozenset[int] = frozenset()
     has = "unicast forwarding"  # what it offers the programs, in a few words (a refusal names it)
