@@ -200,7 +200,7 @@ def test_demo_prints_within_80_columns_and_the_baselines_its_help_counts(tmp_pat
     table = out[out.index(" prefill, one layer period"):]
     rows = [line.split("│")[1].strip() for line in table.splitlines() if line.startswith("│")]
     baselines = [r for r in rows if r and r != "cais"]
-    assert rows and sorted(rows) == sorted(n for n, c in schemes().items() if not c.ablation)
+    assert rows and sorted(rows) == sorted(n for n, c in schemes().items() if c().in_demo)
     found = re.search(r"CAIS and the (\w+) baselines", " ".join(cais("demo", "--help").split()))
     assert found, "demo --help counts the baselines"
     count = found.group(1)

@@ -516,7 +516,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
     for algo in ALGOS:
         check_collective(cfg, "allreduce", algo, args.bytes)
     for name, cls in schemes().items():
-        if not cls.ablation:
+        if cls().in_demo:
             check_layer(cfg, model, name, "prefill", 66)
     table = Table(title=f"AllReduce on {cfg.name} ({cfg.gpus} GPUs), {args.bytes / 2**20:g} MiB")
     for col in ("algorithm", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "busiest link busy", "correct"):
@@ -696,7 +696,7 @@ def _demo_layers(cfg: SystemConfig, model: ModelSpec) -> None:
         lt.add_column(col, justify="right")
     base = None
     for name, cls in schemes().items():
-        if cls.ablation:
+        if not cls().in_demo:
             continue
         r = run_layer(cfg, model, name, "prefill", 66)
         base = base or r.total_us

@@ -305,7 +305,14 @@ class Scheme:
     switch = "nvls"  # the switch model it needs when the system's is "auto" (cais: with merge units)
     vc_policy: str | None = None  # a VC policy the scheme is defined with (None: the system's)
     vc_policies: tuple[str, ...] | None = None  # the system's VC policies it runs with (None: any)
-    ablation = False  # an ablation of another scheme (the demo leaves it out)
+    #: "baseline" (a system the paper compares, or plain Megatron), "ablation" (a variant of another
+    #: scheme), "production" (a kernel production TP stacks run; the production experiment runs them)
+    family: str = "baseline"
+
+    @property
+    def in_demo(self) -> bool:
+        """Whether ``cais demo`` runs it: the baselines and CAIS, not ablations or production kernels."""
+        return self.family == "baseline"
 
     def switch_model(self, configured: str) -> str:
         """The switch model this scheme runs on, given the system's ``switch.model``

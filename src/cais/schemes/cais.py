@@ -239,7 +239,7 @@ class CaisPartial(Cais):
     """CAIS without traffic control: loads and reductions share one request VC."""
 
     name = "cais-partial"
-    ablation = True
+    family = "ablation"
     vc_policy = "one"
     summary = "CAIS without traffic control (loads and reductions share one VC)"
 
@@ -248,6 +248,6 @@ class CaisWoCoord(Cais):
     """CAIS without merging-aware TB coordination (no group sync, no throttling)."""
 
     name = "cais-wo-coord"
-    ablation = True
+    family = "ablation"
     coord = False
     summary = "CAIS without TB coordination: merge unit + fused pipeline + traffic control"

@@ -45,7 +45,7 @@ class CaisBase(Scheme):
     sp = True
     algo = "p2p"
     switch = "cais"
-    ablation = True
+    family = "ablation"
     summary = "CAIS ISA + switch merge unit only: GEMM -> red.cais | LN | GEMM with ld.cais; no TB coordination"
 
     def run(self, r: LayerRun) -> None:

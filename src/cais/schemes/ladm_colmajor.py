@@ -32,7 +32,7 @@ class LadmColMajor(Ladm):
     """LADM whose GEMM tiles launch in column-major order on every GPU."""
 
     name = "ladm-colmajor"
-    ablation = True
+    family = "ablation"
     summary = "LADM with column-major tile order (tiles down M first): every owner's rows in flight at once"
 
     def access(self, r: LayerRun) -> RemoteAccess:

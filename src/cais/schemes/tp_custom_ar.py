@@ -28,7 +28,7 @@ class TpCustomAr(Scheme):
 
     name = "tp-custom-ar"
     sp = False
-    ablation = True  # not one of the paper's baselines: left out of the demo (the production experiment runs it)
+    family = "production"
     algo = "nvls"  # the fallback's algorithm where NCCL's choice is off (collective.layer_choice = scheme)
     summary = "basic TP: GEMM -> vLLM custom all-reduce (P2P loads, one-/two-shot by size) -> LN -> GEMM"
     registered = False

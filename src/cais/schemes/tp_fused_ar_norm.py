@@ -35,7 +35,7 @@ class TpFusedArNorm(Scheme):
 
     name = "tp-fused-ar-norm"
     sp = False
-    ablation = True  # not one of the paper's baselines: left out of the demo (the production experiment runs it)
+    family = "production"
     algo = "nvls"  # the fallback's algorithm where NCCL's choice is off
     summary = "basic TP: GEMM -> all-reduce fused with residual + RMSNorm (TensorRT-LLM, one kernel) -> GEMM"
 

@@ -24,7 +24,7 @@ class TpMultimem(Scheme):
 
     name = "tp-multimem"
     sp = False
-    ablation = True  # not one of the paper's baselines: left out of the demo (the production experiment runs it)
+    family = "production"
     algo = "nvls"  # the fallback's algorithm where NCCL's choice is off
     summary = "basic TP: GEMM -> symmetric-memory multimem all-reduce (ld_reduce + multimem.st, no NCCL) -> LN -> GEMM"
 
