@@ -1,7 +1,8 @@
 """The CAIS merge unit (hw/merge.py) against hand-computed outcomes, driven directly
 through a stand-in switch: load and reduction merging with 2, 4 and 8 requesters,
 LRU eviction and bypass, a late requester after eviction, a reduction evicted half
-way, the idle timeout, and a table that never holds more lines than it has."""
+way, the idle timeout, a table that never holds more lines than it has, and the
+replacement policies (LRU, FIFO) choosing different victims."""
 
 from __future__ import annotations
 
@@ -180,3 +181,46 @@ def test_load_ready_answers_come_from_the_cache_after_the_lookup_latency() -> No
     assert mu.table[(0, "x")].state == LOAD_READY
     mu.load(load(2, "x"))
     assert host.answers[-1][:2] == (2, "X") and not host.answers[-1][3]
+
+
+def _evicted_first(replacement: str | None) -> tuple[str, int]:
+    """Two lines, three requesters: X opens, Y opens, X is accessed again, Z needs a
+    line. The partial sum that goes home first is the evicted session's."""
+    host = Host()
+    cfg = MergeConfig(entries=2) if replacement is None else MergeConfig(entries=2, replacement=replacement)
+    mu = MergeUnit(host, 0, cfg, 4)
+    at(host, 1.0, mu.reduce, red(1, "x", 1.0))  # X opens
+    at(host, 2.0, mu.reduce, red(1, "y", 10.0))  # Y opens: the table is full
+    at(host, 3.0, mu.reduce, red(2, "x", 2.0))  # X accessed (Count 2 of 3): most recently used
+    at(host, 4.0, mu.reduce, red(1, "z", 100.0))  # Z needs a line: the policy's victim goes home
+    host.sim.run(until=5 * US)
+    assert mu.stats.evicted == 1 and mu.replacement == (replacement or "lru")
+    addr, count, _ = host.sums[0]
+    return addr, count
+
+
+def test_lru_evicts_the_session_accessed_longest_ago_and_fifo_the_one_opened_first() -> None:
+    """switch.merge.replacement (rust/src/hw/replacement/): on the same accesses LRU
+    sends Y's partial sum home (X was accessed after it) and FIFO sends X's (opened
+    first), with the two contributions it holds; LRU is the default."""
+    assert _evicted_first(None) == _evicted_first("lru") == ("y", 1)
+    assert _evicted_first("fifo") == ("x", 2)
+
+
+def test_a_system_file_may_leave_out_the_replacement_policy(tmp_path) -> None:
+    """A knob added after the presets (cais.hw.config.knob) may be left out of a file:
+    the presets do not list switch.merge.replacement and get LRU; a file may set it."""
+    import json
+
+    from cais.hw.config import load_system, missing_field
+
+    cfg = load_system("dgx-h100")
+    assert cfg.switch.merge.replacement == "lru"
+    data = cfg.model_dump(mode="json")
+    del data["switch"]["merge"]["replacement"]
+    assert missing_field(data) is None
+    del data["switch"]["merge"]["entries"]
+    assert missing_field(data) == "switch.merge.entries"  # a field of before still must be given
+    path = tmp_path / "fifo.json"
+    path.write_text(json.dumps({"base": "dgx-h100", "switch": {"merge": {"replacement": "fifo"}}}))
+    assert load_system(str(path)).switch.merge.replacement == "fifo"

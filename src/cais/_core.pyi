@@ -295,6 +295,7 @@ class MergeUnit:
     port: int
     capacity: int
     line_bytes: int
+    replacement: str  # switch.merge.replacement: "lru" or "fifo"
     timeout_ps: int
     latency_ps: int
     default_expect: int
@@ -303,7 +304,7 @@ class MergeUnit:
     tensor_peak: dict[str, int]
     table: dict[tuple[int, Any], Session]
     log: list[tuple[int, int]] | None
-    # cfg: a cais.hw.config.MergeConfig (switch.merge); read: entries, line_bytes, timeout_us, latency_ns
+    # cfg: a cais.hw.config.MergeConfig (switch.merge); read: entries, line_bytes, timeout_us, latency_ns, replacement
     def __init__(self, host: Any, port: int, cfg: Any, gpus: int, spread: PortSpread | None = None) -> None: ...
     def load(self, req: Train) -> None: ...
     def load_data(self, resp: Train) -> bool: ...

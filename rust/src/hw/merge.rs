@@ -5,8 +5,10 @@
 //! merging table, whose entries are lines of `line_bytes`; a session is `Load-Wait`
 //! (the first load went to the home and its data is not back), `Load-Ready` (the data
 //! is cached; later loads are answered from it) or `Reduction` (partial sums being
-//! accumulated), and counts the requests merged into it. Eviction is LRU; a session
-//! idle for `timeout_us` is flushed like an eviction; the merge tracker ends a session
+//! accumulated), and counts the requests merged into it. Which session is evicted
+//! when lines are needed is the replacement policy's (`replacement/`: LRU by default,
+//! FIFO); a session idle for `timeout_us` is flushed like an eviction (the idle timer
+//! keeps its own queue, in order of last access, whatever the policy); the merge tracker ends a session
 //! once every requester of its address has come. `cais/hw/merge.py` has the whole
 //! description (the policy is the same; this is its compiled form).
 //!
@@ -33,6 +35,7 @@ use crate::engine::train::Train;
 use crate::engine::unit::{unexpected, Event, Handler, UnitRef};
 use crate::hw::params::{ps, MergeConfig};
 use crate::hw::region::Region;
+use crate::hw::replacement::{self, Replacement};
 use crate::hw::switch::SwitchChip;
 
 /// The CAM's request types.
@@ -168,7 +171,7 @@ struct Entry {
     head: i64,
     touched: i64,
     doomed: bool,
-    /// Its place in the LRU order.
+    /// Its place in the order of last access (the idle timer's).
     seq: u64,
 }
 
@@ -213,8 +216,8 @@ impl Session {
 }
 
 /// What one merge unit did: requests merged into a session another opened, requests
-/// that bypassed it (`bypassed_loads` of them loads), sessions evicted by LRU and
-/// flushed by the idle timer, sessions the merge tracker ended once every requester
+/// that bypassed it (`bypassed_loads` of them loads), sessions evicted (by the
+/// replacement policy) and flushed by the idle timer, sessions the merge tracker ended once every requester
 /// of their address had come (`tracked`), sessions opened, lines in use (peak, the
 /// integral over time, and the time it held any: `busy_ps`), and the arrival skew per
 /// address: first to last of the requests one access expects (merged or not).
@@ -390,9 +393,13 @@ pub(crate) struct MergeUnitState {
     cam: HashMap<Key, i64>,
     /// The sessions by id.
     entries: HashMap<i64, Entry>,
-    /// LRU order: sequence -> session id (first: least recently used).
-    lru: BTreeMap<u64, i64>,
+    /// The idle timer's queue: order of last access -> session id (first: idle
+    /// longest).
+    idle: BTreeMap<u64, i64>,
     seq: u64,
+    /// Which session goes when lines are needed (`switch.merge.replacement`).
+    policy: Box<dyn Replacement>,
+    replacement: String,
     /// Lines held (sessions, and sums waiting to leave).
     used: i64,
     since: i64,
@@ -627,7 +634,8 @@ impl MergeUnit {
         Ok(())
     }
 
-    /// A new session for `first` (a CAM miss), making room by LRU eviction; None (and
+    /// A new session for `first` (a CAM miss), making room by evicting the replacement
+    /// policy's victims; None (and
     /// `first` forwarded unmerged) when it cannot have the lines.
     fn open(
         slf: &Bound<'_, Self>,
@@ -683,7 +691,8 @@ impl MergeUnit {
                 seq,
             };
             me.cam.insert(key.clone(), sid);
-            me.lru.insert(seq, sid);
+            me.idle.insert(seq, sid);
+            me.policy.open(sid);
             me.entries.insert(sid, entry);
             me.stats.sessions += 1;
             (sid, tensor)
@@ -702,7 +711,7 @@ impl MergeUnit {
                 if me.capacity - me.used >= lines {
                     return Ok(true);
                 }
-                let Some((_, &sid)) = me.lru.iter().next() else {
+                let Some(sid) = me.policy.victim() else {
                     return Ok(false); // the lines are held by sums waiting to leave
                 };
                 let e = me.entries.get_mut(&sid).expect("session");
@@ -829,8 +838,9 @@ impl MergeUnit {
         Ok(())
     }
 
-    /// An access: the session becomes the most recently used (the LRU order is the
-    /// order of last access, so the idle timer need only look at the front).
+    /// An access: the session goes to the back of the idle timer's queue (the order
+    /// of last access, so the timer need only look at the front) and the replacement
+    /// policy is told.
     fn touch(slf: &Bound<'_, Self>, sid: i64) -> PyResult<()> {
         let py = slf.py();
         let mut me = slf.st();
@@ -840,8 +850,9 @@ impl MergeUnit {
         let e = me.entries.get_mut(&sid).expect("session");
         e.touched = now;
         let old = std::mem::replace(&mut e.seq, seq);
-        me.lru.remove(&old);
-        me.lru.insert(seq, sid);
+        me.idle.remove(&old);
+        me.idle.insert(seq, sid);
+        me.policy.touch(sid);
         if !me.timer {
             me.timer = true;
             let due = now + me.timeout_ps;
@@ -862,7 +873,7 @@ impl MergeUnit {
             let now = me.now(py);
             let limit = me.timeout_ps;
             let mut due = Vec::new();
-            for sid in me.lru.values() {
+            for sid in me.idle.values() {
                 let e = &me.entries[sid];
                 if e.touched + limit > now {
                     break;
@@ -879,7 +890,7 @@ impl MergeUnit {
         }
         let mut me = slf.st();
         let next = me
-            .lru
+            .idle
             .values()
             .map(|sid| &me.entries[sid])
             .find(|e| e.state != State::LoadWait)
@@ -950,7 +961,8 @@ impl MergeUnitState {
     fn forget(&mut self, sid: i64) -> Entry {
         let e = self.entries.remove(&sid).expect("session");
         self.cam.remove(&e.key);
-        self.lru.remove(&e.seq);
+        self.idle.remove(&e.seq);
+        self.policy.close(sid);
         e
     }
 }
@@ -1003,8 +1015,10 @@ impl MergeUnit {
             default_expect: gpus - 1,
             cam: HashMap::default(),
             entries: HashMap::default(),
-            lru: BTreeMap::new(),
+            idle: BTreeMap::new(),
             seq: 0,
+            policy: replacement::by_name(&cfg.replacement)?,
+            replacement: cfg.replacement.clone(),
             used: 0,
             since: 0,
             next: 0,
@@ -1052,12 +1066,12 @@ impl MergeUnit {
         Ok(out)
     }
 
-    /// The open sessions in LRU order, by CAM key `(type, address)` (a copy).
+    /// The open sessions in order of last access, by CAM key `(type, address)` (a copy).
     #[getter]
     fn table<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let me = self.st(py);
         let out = PyDict::new(py);
-        for sid in me.lru.values() {
+        for sid in me.idle.values() {
             let e = &me.entries[sid];
             out.set_item((e.key.0, e.addr.clone_ref(py)), Session::of(py, e))?;
         }
@@ -1127,7 +1141,7 @@ impl MergeUnit {
         if let Some(mut me) = self.st.during_gc_mut() {
             me.entries.clear();
             me.cam.clear();
-            me.lru.clear();
+            me.idle.clear();
         }
     }
 
@@ -1154,6 +1168,12 @@ impl MergeUnit {
     #[getter]
     fn line_bytes(&self, py: Python<'_>) -> i64 {
         self.st(py).line_bytes
+    }
+
+    /// The replacement policy (`switch.merge.replacement`).
+    #[getter]
+    fn replacement(&self, py: Python<'_>) -> String {
+        self.st(py).replacement.clone()
     }
 
     #[getter]

@@ -13,5 +13,6 @@ pub mod merge;
 pub mod packets;
 pub mod params;
 pub mod region;
+pub mod replacement;
 pub mod sm_port;
 pub mod switch;

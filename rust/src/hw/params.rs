@@ -25,6 +25,8 @@ pub(crate) struct MergeConfig {
     pub timeout_us: f64,
     /// CAM lookup and merge time added to a merged response or sum.
     pub latency_ns: f64,
+    /// Which session goes when lines are needed: "lru" or "fifo" (`replacement/`).
+    pub replacement: String,
 }
 
 /// `gpu`: what a GPU's endpoint reads.
@@ -106,6 +108,7 @@ mod tests {
                     kw.set_item(k, v as i64).unwrap();
                 }
             }
+            kw.set_item("replacement", "lru").unwrap();
             let cfg: MergeConfig = ns.call((), Some(&kw)).unwrap().extract().unwrap();
             assert_eq!((cfg.entries, cfg.line_bytes, cfg.timeout_us), (320, 128, 20.0));
             kw.del_item("entries").unwrap();

@@ -5,7 +5,10 @@ A *system* is GPUs + NVLink + NVSwitch chips. Presets live as JSON files in
 their own JSON file, which gives every field or names the preset it inherits the rest
 from (``"base": "dgx-h100"``; docs/errors.md). Nothing in the simulator hard-codes a
 DGX-H100 number: it reads them from a :class:`SystemConfig`. The field defaults below
-serve code that builds a ``SystemConfig`` directly; files never fall back on them.
+serve code that builds a ``SystemConfig`` directly; files never fall back on them,
+except for a field made with :func:`knob`: a setting added after the presets whose
+default is the behaviour before it existed (``switch.merge.replacement``), which a file
+may leave out, so that a new knob does not mean editing every preset.
 
 Time in the simulator is integer picoseconds; the configs are written in the units
 people quote (GB/s, ns, us) and converted by the helper properties here.
@@ -26,6 +29,18 @@ from cais.errors import UserError, looks_like_path
 
 PS_PER_NS = 1_000
 PS_PER_US = 1_000_000
+
+
+def knob(default: Any, **kwargs: Any) -> Any:
+    """A field a system file may leave out (it then has ``default``): a setting added
+    after the presets, whose default is the behaviour before it. Otherwise a pydantic
+    ``Field``."""
+    return Field(default, json_schema_extra={"optional_in_files": True}, **kwargs)
+
+
+def _optional_in_files(field: FieldInfo) -> bool:
+    extra = field.json_schema_extra
+    return isinstance(extra, dict) and extra.get("optional_in_files") is True
 
 
 class _Strict(BaseModel):
@@ -80,6 +95,10 @@ class MergeConfig(_Strict):
     timeout_us: float = Field(20.0, gt=0, description="an entry idle this long is flushed (Reduction: its partial sum "
                                                       "goes home; Load-Ready: dropped)")
     latency_ns: float = Field(0.0, ge=0, description="CAM lookup and merge time added to a merged response or sum")
+    replacement: Literal["lru", "fifo"] = knob(
+        "lru", description="which session is evicted when a new one needs lines: lru (the one accessed longest "
+                           "ago, the paper's) or fifo (the one opened first); rust/src/hw/replacement/ has one "
+                           "file per policy")
 
 
 class SwitchConfig(_Strict):
@@ -466,11 +485,14 @@ def _unknown_key(data: dict[str, Any], model: type[BaseModel], where: str = "") 
 
 def missing_field(data: dict[str, Any], model: type[BaseModel] | None = None, where: str = "") -> str | None:
     """The first field of ``model`` (default SystemConfig; recursively through the
-    sections ``data`` gives as objects) that ``data`` does not give; None if complete."""
+    sections ``data`` gives as objects) that ``data`` does not give; None if complete.
+    A field made with :func:`knob` may be left out."""
     model = model or SystemConfig
     for key, field in model.model_fields.items():
         dotted = f"{where}.{key}" if where else key
         if key not in data:
+            if _optional_in_files(field):
+                continue
             return dotted
         sub = _submodel(field.annotation)
         if sub is not None and isinstance(data[key], dict):

@@ -15,7 +15,10 @@ merged into it.
   requesters it expects (every GPU but the home: the home reads its own memory).
 * Reductions: ``red.cais`` contributions are summed in the table; when all expected
   contributions are in, one reduction carrying their count goes to the home GPU.
-* Eviction (LRU) when a new session needs lines and the table is full: a
+* Eviction when a new session needs lines and the table is full, of the session the
+  replacement policy names (``switch.merge.replacement``: ``lru``, the session
+  accessed longest ago, by default, or ``fifo``, the one opened first;
+  ``rust/src/hw/replacement/``, one file per policy): a
   ``Load-Ready`` session is dropped; a ``Reduction`` session sends its partial sum
   home (the home accumulates: the write is an add); a ``Load-Wait`` session cannot
   go before its data is back, so it is released once the data has been handed out,
@@ -23,7 +26,8 @@ merged into it.
   thrashing, no deadlock).
 * Idle timeout: a session not accessed for ``timeout_us`` is flushed like an
   eviction, so a session whose other requesters never come (they merged into an
-  earlier, evicted session) still completes.
+  earlier, evicted session) still completes. The timer keeps its own queue, in order
+  of last access, whatever the replacement policy.
 
 Requests move as trains of whole packets (a transfer unit's share of one chip): a
 session covers one train's address range and holds one line per 128 B of it; a
@@ -32,7 +36,7 @@ accesses to one address alike). The table never holds more lines than it has: wh
 does not fit travels on unmerged through the switch's buffers and links, under
 their credits.
 
-The unit is compiled (``rust/src/merge.rs``, re-exported here): it serves its switch
+The unit is compiled (``rust/src/hw/merge.rs``, re-exported here): it serves its switch
 chip without entering Python, and any object with :class:`MergeHost`'s methods (the
 unit tests drive it through such a stand-in).
 """

@@ -1,0 +1,28 @@
+//! First in, first out: the session opened first goes first, however recently it
+//! was accessed.
+
+use std::collections::BTreeSet;
+
+use super::Replacement;
+
+/// Open sessions in the order they opened (session ids grow with each one).
+#[derive(Default)]
+pub(crate) struct Fifo {
+    open: BTreeSet<i64>,
+}
+
+impl Replacement for Fifo {
+    fn open(&mut self, sid: i64) {
+        self.open.insert(sid);
+    }
+
+    fn touch(&mut self, _sid: i64) {}
+
+    fn close(&mut self, sid: i64) {
+        self.open.remove(&sid);
+    }
+
+    fn victim(&self) -> Option<i64> {
+        self.open.first().copied()
+    }
+}

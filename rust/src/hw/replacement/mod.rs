@@ -1,0 +1,70 @@
+//! Which session a CAIS merge unit evicts when a new one needs lines: the unit's
+//! replacement policy (`switch.merge.replacement` in the system config).
+//!
+//! A policy sees sessions open, get accessed and end, and names the victim; it knows
+//! nothing else of the unit. The unit evicts the victim (a Reduction's partial sum goes
+//! home), or, if the victim still waits for its data (Load-Wait), marks it to end once
+//! its data is out and lets the new request bypass. The idle timer is not the policy's:
+//! the unit keeps sessions in order of last access for it whatever the policy.
+//!
+//! A new policy is a file here implementing [`Replacement`], its name in [`by_name`],
+//! and its name among the values `cais.hw.config.MergeConfig.replacement` accepts.
+
+mod fifo;
+mod lru;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::PyResult;
+
+pub(crate) use fifo::Fifo;
+pub(crate) use lru::Lru;
+
+/// A replacement policy over a merge unit's open sessions (by session id; ids grow
+/// with each session opened).
+pub(crate) trait Replacement: Send {
+    /// Session `sid` opened.
+    fn open(&mut self, sid: i64);
+    /// Session `sid` was accessed: a request merged into it, or its data came.
+    fn touch(&mut self, sid: i64);
+    /// Session `sid` ended (flushed, closed or evicted).
+    fn close(&mut self, sid: i64);
+    /// The session to evict first, if any is open.
+    fn victim(&self) -> Option<i64>;
+}
+
+/// The policy called `name` in the config.
+pub(crate) fn by_name(name: &str) -> PyResult<Box<dyn Replacement>> {
+    match name {
+        "lru" => Ok(Box::new(Lru::default())),
+        "fifo" => Ok(Box::new(Fifo::default())),
+        _ => Err(PyValueError::new_err(format!(
+            "switch.merge.replacement: expected one of lru, fifo; got {name:?}"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Open 1, 2, 3; touch 1; the victim, then after it ends, the next.
+    fn victims(mut p: Box<dyn Replacement>) -> Vec<i64> {
+        for sid in 1..=3 {
+            p.open(sid);
+        }
+        p.touch(1);
+        let mut out = Vec::new();
+        while let Some(v) = p.victim() {
+            out.push(v);
+            p.close(v);
+        }
+        out
+    }
+
+    #[test]
+    fn lru_evicts_the_least_recently_used_and_fifo_the_oldest() {
+        assert_eq!(victims(by_name("lru").unwrap()), vec![2, 3, 1]);
+        assert_eq!(victims(by_name("fifo").unwrap()), vec![1, 2, 3]);
+        assert!(by_name("mru").is_err());
+    }
+}
