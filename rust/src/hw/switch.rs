@@ -9,10 +9,11 @@
 //! until its last copy is on the wire. Head-of-line blocking comes from the shared
 //! buffer: when trains for a congested output fill a VC's buffer, the sender has no
 //! credits left for anything else on that VC, whatever its output; other VCs are
-//! not affected. A packet kind is served by the Python handler registered for it in
-//! `handlers` (the units a subclass adds, such as the CAIS merge unit), else by the
-//! NVLS engine for the NVLS kinds when it is enabled, else forwarded to its
-//! destination GPU.
+//! not affected. A packet kind is served by a Python handler registered for it in
+//! `handlers`, if any (a test's unit); else, on a CAIS chip, by the compiled merge
+//! unit of the home's port (`ld.cais`, `red.cais`: `merge.rs`) or the Group Sync
+//! Table (registrations: `group_sync.rs`); else by the NVLS engine for the NVLS kinds
+//! when it is enabled; else it is forwarded to its destination GPU.
 
 use rustc_hash::FxHashMap as HashMap;
 
@@ -138,8 +139,9 @@ struct Reduction {
 /// ISCA'20): multicast of `multimem.st`/`multimem.red` (and of barrier flags) to
 /// every replica, and `multimem.ld_reduce` as pulls from every replica summed in
 /// the switch, admitted in order at the engine's operand rate (`reduce_GBps`;
-/// None: unlimited). Python subclasses add in-switch units by registering handlers
-/// for the packet kinds they serve in `handlers`.
+/// None: unlimited). The CAIS chip's merge units (`units`) and Group Sync Table
+/// (`enable_group_sync`) are compiled and served here; a Python unit may still serve
+/// a kind by registering a handler for it in `handlers`.
 #[pyclass(module = "cais._core", subclass, frozen)]
 pub struct SwitchChip {
     st: GilCell<SwitchChipState>,
