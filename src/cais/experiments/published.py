@@ -117,6 +117,7 @@ FIT_SETS: tuple[tuple[str, int, str, int, int, str], ...] = (
     ("dgx-h100", 8, "NVIDIA/dgxc-benchmarking", 8, 2048, "collective.host_us"),
     ("dgx-h100", 8, "NVIDIA/dgxc-benchmarking", 64 << 20, 2 << 30, "collective.nvls_copy_GBps"),
     ("dgx-h100", 8, "NVIDIA/dgxc-benchmarking", 8 << 10, 32 << 10, "collective.ll_wave_GBps"),
+    ("dgx-h100", 8, "NVIDIA/dgxc-benchmarking", 2 << 20, 8 << 20, "collective.nvls_copy_step_us"),
     ("nvl72", 8, "oracle-quickstart/oci-hpc-oke", 8, 64, "collective.host_us"),
     ("nvl72", 8, "oracle-quickstart/oci-hpc-oke", 2 << 30, 8 << 30, "collective.nvls_copy_GBps"),
     ("nvl72", 72, "coreweave/nccl-tests", 8 << 30, 8 << 30, "switch.reduce_GBps"),

@@ -222,6 +222,16 @@ class CollectiveConfig(_Strict):
     nvls_copy_GBps: float = Field(18.0, gt=0, description="rate of one channel's staging copies in a staged NVLS "
                                                           "AllReduce (its copy warps' loads in flight over the "
                                                           "memory latency); a calibration (docs/fabric-model.md)")
+    nvls_copy_step_us: float = Field(0.0, ge=0, description="fixed cost of each step of one channel's staging copy "
+                                                             "in a staged NVLS AllReduce, scatter and gather alike, "
+                                                             "on top of step bytes / nvls_copy_GBps: the copy warps' "
+                                                             "first loads waiting out the memory latency, the "
+                                                             "system-scope fence after their stores and the flag "
+                                                             "store (NCCL prims_simple.h). A calibration: fitted on "
+                                                             "the dgxc 8 x H100 table's 2-8 MiB points, checked on "
+                                                             "16-128 MiB and 256 MiB-1 GiB and on the OCI GB200 "
+                                                             "two-tray table (docs/validation.md, \"Collectives at "
+                                                             "the sizes TP layers issue\"); 0 on the paper's presets")
     layer_choice: Literal["scheme", "nccl"] = Field("scheme", description="a layer's collectives: scheme = the "
                                                                     "scheme's algorithm in the Simple protocol; "
                                                                     "nccl = NCCL's algorithm and protocol by size, "

@@ -52,6 +52,7 @@ import numpy as np
 
 from cais.engine import Countdown, Signal
 from cais.engine.sim import ProgramGen, Process
+from cais.hw.config import PS_PER_US
 from cais.hw.gpu import Kernel, TbProgram
 from cais.hw.memory import Region
 from cais.hw.packets import Traffic
@@ -103,6 +104,7 @@ def _staged_tb(m: Machine, gpu: int, steps: list[Region], step_bytes: list[int],
     isa, sim, n = m.isa, m.sim, m.n
     cfg = m.cfg.collective
     ps_per_byte = 1e3 / cfg.nvls_copy_GBps
+    copy_step_ps = round(cfg.nvls_copy_step_us * PS_PER_US)
     limit = max(cfg.outstanding_bytes_per_sm, 2 * unit)
     key = m.flag_key()
 
@@ -129,13 +131,13 @@ def _staged_tb(m: Machine, gpu: int, steps: list[Region], step_bytes: list[int],
         for i, nbytes in enumerate(step_bytes):
             if i >= NCCL_STEPS:  # the slot is free once every head has reduced it
                 yield from wait_local(state.credits[gpu][i - NCCL_STEPS], scatter_seen)
-            yield round(nbytes * ps_per_byte)
+            yield copy_step_ps + round(nbytes * ps_per_byte)
             state.scattered[i].arrive(sim)
 
     def gather() -> ProgramGen:
         for i, nbytes in enumerate(step_bytes):
             yield from wait_local(state.tails[gpu][i], gather_seen)
-            yield round(nbytes * ps_per_byte)
+            yield copy_step_ps + round(nbytes * ps_per_byte)
             state.gathered[i].arrive(sim)
 
     def poll(region: Region) -> Signal:
