@@ -21,7 +21,6 @@ from typing import Any
 
 import pandas as pd
 
-from cais.errors import UserError
 from cais.reproduce import plots
 from cais.reproduce import paper as P
 from cais.reproduce.experiments.common import LAYER, PAPER_L2, Context, Experiment, failures, geomean, ok_rows
@@ -67,14 +66,13 @@ def _runs(ctx: Context) -> list[tuple[str, Point, tuple[str, ...]]]:
 
 def fits(point: Point) -> bool:
     """Whether the point's weights and KV cache fit in its GPUs' HBM (the check a run
-    makes first, :func:`cais.experiments.layer.check_memory`)."""
-    from cais.experiments.layer import check_memory
+    makes first, :mod:`cais.workload.footprint`)."""
     from cais.reproduce.points import layer_spec
-    from cais.workload.footprint import MemoryCapacityError
+    from cais.workload.footprint import MemoryCapacityError, check_fits, footprint
 
     cfg, _, model = layer_spec(point).build()
     try:
-        check_memory(cfg, model, point["mode"], sp=False)
+        check_fits(footprint(model, cfg.gpus, point["mode"], sp=False), cfg.gpu.hbm_capacity_GB, cfg.gpu.name)
     except MemoryCapacityError:
         return False
     return True
@@ -203,14 +201,4 @@ def production_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, 
     return t, sec
 
 
-def _checked(ctx: Context) -> list[tuple[str, Point]]:
-    """The points, or a one-line UserError if a production scheme is missing."""
-    from cais.schemes import schemes
-
-    missing = [s for s in SCHEMES if s not in schemes()]
-    if missing:
-        raise UserError(f"production: schemes {', '.join(missing)} are not installed")
-    return production_points(ctx)
-
-
-EXPERIMENT = Experiment("production", "production", _checked, production_analyse)
+EXPERIMENT = Experiment("production", "production", production_points, production_analyse)
