@@ -3,10 +3,41 @@ interface, typed. The classes are documented where they are defined (``rust/src`
 ``cais.engine`` and ``cais.hw.switch`` are where the rest of the simulator meets them."""
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Self, final
+
+from typing_extensions import disjoint_base
+
+__all__ = [
+    "Simulator",
+    "Train",
+    "Region",
+    "Interleave",
+    "Signal",
+    "Countdown",
+    "Bound",
+    "Process",
+    "LoadStream",
+    "RedStream",
+    "Channel",
+    "Credits",
+    "SwitchChip",
+    "SwitchLedger",
+    "Endpoint",
+    "HbmShare",
+    "HbmPhase",
+    "Completion",
+    "SmPort",
+    "MergeUnit",
+    "MergeStats",
+    "PortSpread",
+    "Session",
+    "FreeLines",
+    "CORE_KINDS",
+]
 
 CORE_KINDS: dict[str, int]
 
+@final
 class Simulator:
     TICK_EVERY: int
     now: int
@@ -14,12 +45,13 @@ class Simulator:
     pending: int  # events waiting in the queue
     tick: Callable[[int, int], None] | None
     tick_every: int
-    def __init__(self) -> None: ...
+    def __new__(cls) -> Self: ...
     def at(self, time: int, fn: Callable[..., Any], *args: Any) -> None: ...
     def after(self, delay: int, fn: Callable[..., Any], *args: Any) -> None: ...
     def next_time(self) -> int | None: ...
     def run(self, until: int | None = None) -> int: ...
 
+@final
 class Region:
     """Elements of a named buffer: ``rows`` runs of ``count`` elements from ``start``,
     each ``stride`` after the previous; ``elem_bytes`` per element. Immutable."""
@@ -29,8 +61,8 @@ class Region:
     elem_bytes: int
     rows: int
     stride: int
-    def __init__(self, buffer: str, start: int, count: int, elem_bytes: int = 2, rows: int = 1,
-                 stride: int = 0) -> None: ...
+    def __new__(cls, buffer: str, start: int, count: int, elem_bytes: int = 2, rows: int = 1,
+                 stride: int = 0) -> Self: ...
     @property
     def nbytes(self) -> int: ...
     @property
@@ -41,37 +73,41 @@ class Region:
     def block(buffer: str, row_len: int, r0: int, nrows: int, c0: int, ncols: int,
               elem_bytes: int = 2) -> Region: ...
     def __hash__(self) -> int: ...
-    def __eq__(self, other: object) -> bool: ...
+    def __eq__(self, other: object, /) -> bool: ...
 
+@final
 class Interleave:
     """NVLink's address interleave: units cut from regions, dealt over the links."""
     mirror: bool
     uneven_units: int
     uneven_packets: int
     mirror_packets: int
-    def __init__(self, link_chip: list[int], max_payload: int, mirror: bool = False) -> None: ...
+    def __new__(cls, link_chip: list[int], max_payload: int, mirror: bool = False) -> Self: ...
     def stripe(self, unit_index: int, slots: int) -> list[tuple[int, int]]: ...
     def chip_of(self, key: int) -> int: ...
     def pieces(self, region: Region, unit: int) -> list[Region]: ...
     def trains(self, region: Region, unit: int) -> list[tuple[Region, int]]: ...
 
+@final
 class LoadStream:
     """A TB mainloop's remote loads, issued in order under the SM's window and the
     GPU's bound; each load's data goes to its placer, and ``arrived`` counts them."""
     issued: int
-    def __init__(self, gpu: Endpoint, kind: int, loads: list[tuple[int, Region, list[tuple[Region, int]], Any]],
+    def __new__(cls, gpu: Endpoint, kind: int, loads: list[tuple[int, Region, list[tuple[Region, int]], Any]],
                  window: Bound, bound: Bound, arrived: Countdown, assemble: Callable[..., Any],
-                 quorum: int = 0) -> None: ...
+                 quorum: int = 0) -> Self: ...
     def start(self) -> None: ...
 
+@final
 class RedStream:
     """A TB epilogue's reductions, issued in order under the SM's window and the GPU's
     bound through the SM's store port; an item is a local add (a callable) or a piece
     ``(nbytes, [(kind, dst, stripes, data, tag, quorum), ...])``."""
     reductions: int
-    def __init__(self, gpu: Endpoint, items: list[Any], window: Bound, bound: Bound, port: SmPort) -> None: ...
+    def __new__(cls, gpu: Endpoint, items: list[Any], window: Bound, bound: Bound, port: SmPort) -> Self: ...
     def start(self) -> Signal: ...
 
+@final
 class Train:
     payload: int
     wire: int
@@ -99,11 +135,13 @@ class Train:
     count: int
     expect: int
     quorum: int
-    def __init__(self, payload: int, wire: int, packet_wire: int, kind: int, src: int, dst: int, chip: int = -1,
+    # chip and tag default to -1 (none), written `...` as the runtime's text signature shows a negative default
+    def __new__(klass, payload: int, wire: int, packet_wire: int, kind: int, src: int, dst: int, chip: int = ...,
                  addr: Any = None, data: Any = None, done: Callable[[Train], None] | None = None, vc: int = 0,
-                 cls: int = 0, want: int = 0, tag: int = -1, count: int = 1, expect: int = 0,
-                 quorum: int = 0) -> None: ...
+                 cls: int = 0, want: int = 0, tag: int = ..., count: int = 1, expect: int = 0,
+                 quorum: int = 0) -> Self: ...
 
+@final
 class Credits:
     name: str
     vcs: int
@@ -116,8 +154,8 @@ class Credits:
     held: list[int]
     peak: list[int]
     log: list[tuple[int, int, int]] | None
-    def __init__(self, name: str, vcs: int, capacity: int, return_ps: int, drains: bool = False,
-                 drain_kinds: Iterable[int] | None = None) -> None: ...
+    def __new__(cls, name: str, vcs: int, capacity: int, return_ps: int, drains: bool = False,
+                 drain_kinds: Iterable[int] | None = None) -> Self: ...
     def footprint(self, wire: int) -> int: ...
     def earliest(self, vc: int, fp: int, ser_ps: int, now: int) -> int | None: ...
     def take(self, vc: int, fp: int, arrive_ps: int) -> None: ...
@@ -127,6 +165,7 @@ class Credits:
     def on_return(self, waiter: Channel | Callable[[int], None]) -> None: ...
     def _fold(self, vc: int, now: int) -> None: ...
 
+@disjoint_base
 class Channel:
     name: str
     ps_per_byte: float
@@ -140,13 +179,14 @@ class Channel:
     timeline: list[tuple[int, int, int]] | None
     credits: Credits | None
     credit_rtt_ps: int
-    def __init__(self, sim: Simulator, name: str, ps_per_byte: float, latency_ps: int, vcs: int = 1,
-                 record_timeline: bool = False, credits: Credits | None = None, credit_rtt_ps: int = 0) -> None: ...
+    def __new__(cls, sim: Simulator, name: str, ps_per_byte: float, latency_ps: int, vcs: int = 1,
+                 record_timeline: bool = False, credits: Credits | None = None, credit_rtt_ps: int = 0) -> Self: ...
     def send(self, train: Train, deliver: SwitchChip | Endpoint | Callable[[Train], None],
              on_start: Callable[[Train, int, int], None] | None = None) -> None: ...
     def waiting(self) -> list[tuple[int, int, bool]]: ...
     def utilisation(self, span_ps: int) -> float: ...
 
+@final
 class SwitchLedger:
     bytes_in: int
     bytes_out: int
@@ -154,6 +194,7 @@ class SwitchLedger:
     reduction_absorbed: int
     def balanced(self) -> bool: ...
 
+@disjoint_base
 class SwitchChip:
     sim: Simulator
     chip: int
@@ -175,8 +216,8 @@ class SwitchChip:
     units: list[MergeUnit]
     # cfg: a cais.hw.config.SystemConfig; read: link.vcs, switch.pipeline_latency_ns, switch.reduce_latency_ns,
     # switch.reduce_GBps, switch.merge, cais.sync_entries
-    def __init__(self, sim: Simulator, chip: int, down: Iterable[Channel], gpus: Iterable[Any], packetizer: Any,
-                 vcmap: Any, cfg: Any) -> None: ...
+    def __new__(cls, sim: Simulator, chip: int, down: Iterable[Channel], gpus: Iterable[Any], packetizer: Any,
+                 vcmap: Any, cfg: Any) -> Self: ...
     def receive(self, train: Train) -> None: ...
     def emit(self, out: Train, dst: int, entry: Train | None,
              on_start: Callable[[Train, int, int], None] | None = None) -> None: ...
@@ -189,12 +230,14 @@ class SwitchChip:
     @property
     def group_sync(self) -> tuple[int, int] | None: ...
 
+@final
 class HbmPhase:
     ps: int
     nbytes: float
     overlapped: bool
-    def __init__(self, ps: int, nbytes: float, overlapped: bool = False) -> None: ...
+    def __new__(cls, ps: int, nbytes: float, overlapped: bool = False) -> Self: ...
 
+@final
 class HbmShare:
     supply: float
     streams_yield: bool
@@ -206,13 +249,14 @@ class HbmShare:
     added_ps: int
     saturated: int
     saturated_demand: list[float]
-    def __init__(self, bytes_per_ps: float, window_ps: int, enabled: bool = True,
-                 streams_yield: bool = False) -> None: ...
+    def __new__(cls, bytes_per_ps: float, window_ps: int, enabled: bool = True,
+                 streams_yield: bool = False) -> Self: ...
     def request(self, sim: Simulator, ps: int, nbytes: float) -> Signal: ...
     def kernel_rate(self, now: int) -> float: ...
     def stream(self, now: int, nbytes: float) -> None: ...
     def stream_rate(self, now: int) -> float: ...
 
+@disjoint_base
 class Endpoint:
     sim: Simulator
     index: int
@@ -227,25 +271,27 @@ class Endpoint:
     signals: dict[int, int]
     injected: int
     # cfg: a cais.hw.config.SystemConfig; read: gpu.memory_latency_ns, gpu.read_serve_kB, switch.chips, link.vcs
-    def __init__(self, sim: Simulator, index: int, cfg: Any, memory: Any, packetizer: Any, vcmap: Any,
-                 hbm: HbmShare | None = None) -> None: ...
+    def __new__(cls, sim: Simulator, index: int, cfg: Any, memory: Any, packetizer: Any, vcmap: Any,
+                 hbm: HbmShare | None = None) -> Self: ...
     def connect(self, up: list[Channel], switches: list[SwitchChip], write_ack_flits: int) -> None: ...
     def receive(self, train: Train) -> None: ...
     def inject(self, train: Train, head: int | None = None, tail: int | None = None,
                on_start: Callable[[Train, int, int], None] | None = None) -> None: ...
+    # tag defaults to -1 (none), here and in issue_pieces, written `...` as in Train
     def issue(self, kind: int, dst: int, chip: int, addr: Any, data: Any, done: Callable[[Train], None] | None,
-              payload: int, nbytes: int, want: int = 0, fence: Callable[[Train], None] | None = None, tag: int = -1,
+              payload: int, nbytes: int, want: int = 0, fence: Callable[[Train], None] | None = None, tag: int = ...,
               expect: int = 0, quorum: int = 0, stream: int = 0, head: int | None = None,
               tail: int | None = None) -> None: ...
     def issue_pieces(self, kind: int, dst: int, stripes: list[tuple[Any, int]], done: Completion,
                      port: SmPort | None = None, stream: int = 0, loads: bool = False, data: list[Any] | None = None,
-                     tag: int = -1, expect: int = 0, quorum: int = 0, encoding: float = 1.0,
+                     tag: int = ..., expect: int = 0, quorum: int = 0, encoding: float = 1.0,
                      fences: list[Completion | None] | None = None) -> None: ...
     def ack(self, write: Train) -> None: ...
     def signal(self, key: int, amount: int) -> None: ...
     def wait_signal(self, key: int, target: int, fn: Callable[[], None]) -> None: ...
     def stuck(self) -> list[str]: ...
 
+@final
 class MergeStats:
     merged: int
     bypassed: int
@@ -261,15 +307,17 @@ class MergeStats:
     skew_sum_ps: int
     skew_max_ps: int
 
+@final
 class PortSpread:
     active: int
     since: int
     any_ps: int
     port_ps: int
-    def __init__(self) -> None: ...
+    def __new__(cls) -> Self: ...
     def change(self, now: int, delta: int) -> None: ...
     def until(self, end: int) -> tuple[int, int]: ...
 
+@final
 class Session:
     id: int
     state: str
@@ -286,9 +334,11 @@ class Session:
     touched: int
     doomed: bool
 
+@final
 class FreeLines:
     def __call__(self, *args: Any) -> None: ...
 
+@final
 class MergeUnit:
     sim: Simulator
     spread: PortSpread
@@ -305,7 +355,7 @@ class MergeUnit:
     table: dict[tuple[int, Any], Session]
     log: list[tuple[int, int]] | None
     # cfg: a cais.hw.config.MergeConfig (switch.merge); read: entries, line_bytes, timeout_us, latency_ns, replacement
-    def __init__(self, host: Any, port: int, cfg: Any, gpus: int, spread: PortSpread | None = None) -> None: ...
+    def __new__(cls, host: Any, port: int, cfg: Any, gpus: int, spread: PortSpread | None = None) -> Self: ...
     def load(self, req: Train) -> None: ...
     def load_data(self, resp: Train) -> bool: ...
     def reduce(self, red: Train) -> None: ...
@@ -313,43 +363,49 @@ class MergeUnit:
     def busy_ps_until(self, end: int) -> int: ...
     def stuck(self) -> list[str]: ...
 
+@final
 class Completion:
     left: int
-    def __init__(self, count: int, done: Callable[..., None] | None = None, region: Any = None, pieces: Any = None,
-                 assemble: Callable[[Any, Any, dict[int, Any]], Any] | None = None) -> None: ...
+    def __new__(cls, count: int, done: Callable[..., None] | None = None, region: Any = None, pieces: Any = None,
+                 assemble: Callable[[Any, Any, dict[int, Any]], Any] | None = None) -> Self: ...
     def __call__(self, train: Any) -> None: ...
 
+@final
 class SmPort:
     ps_per_byte: float
     free_at: int
-    def __init__(self, ps_per_byte: float) -> None: ...
+    def __new__(cls, ps_per_byte: float) -> Self: ...
     def push(self, now: int, nbytes: int) -> tuple[int, int]: ...
 
+@disjoint_base
 class Signal:
     fired: bool
     value: Any
     time: int | None
-    def __init__(self) -> None: ...
+    def __new__(cls) -> Self: ...
     def on_fire(self, fn: Callable[[Any], None]) -> None: ...
     def fire(self, sim: Simulator, value: Any = None) -> None: ...
 
+@disjoint_base
 class Countdown(Signal):
     remaining: int
-    def __init__(self, count: int) -> None: ...
+    def __new__(cls, count: int) -> Self: ...
     def arrive(self, sim: Simulator, n: int = 1) -> None: ...
 
+@final
 class Bound:
     sim: Simulator
     limit: int
     used: int
     peak: int
     waited: int
-    def __init__(self, sim: Simulator, limit: int) -> None: ...
+    def __new__(cls, sim: Simulator, limit: int) -> Self: ...
     def acquire(self, nbytes: int) -> Signal | None: ...
     def release(self, nbytes: int) -> None: ...
 
+@final
 class Process:
     sim: Simulator
     done: Signal
-    def __init__(self, sim: Simulator, gen: Any, start: bool = True, hbm: HbmShare | None = None,
-                 slowdown: float = 1.0) -> None: ...
+    def __new__(cls, sim: Simulator, gen: Any, start: bool = True, hbm: HbmShare | None = None,
+                 slowdown: float = 1.0) -> Self: ...
