@@ -227,11 +227,13 @@ class CollectiveConfig(_Strict):
                                                              "on top of step bytes / nvls_copy_GBps: the copy warps' "
                                                              "first loads waiting out the memory latency, the "
                                                              "system-scope fence after their stores and the flag "
-                                                             "store (NCCL prims_simple.h). A calibration: fitted on "
-                                                             "the dgxc 8 x H100 table's 2-8 MiB points, checked on "
-                                                             "16-128 MiB and 256 MiB-1 GiB and on the OCI GB200 "
-                                                             "two-tray table (docs/validation.md, \"Collectives at "
-                                                             "the sizes TP layers issue\"); 0 on the paper's presets")
+                                                             "store (NCCL prims_simple.h). A calibration, with "
+                                                             "nvls_copy_GBps: least squares on the dgxc 8 x H100 "
+                                                             "table's 2-8 MiB and 64 MiB-2 GiB points, checked on "
+                                                             "16-32 MiB and across systems on the OCI GB200 two-tray "
+                                                             "table at 4-128 MiB (docs/validation.md, \"Collectives "
+                                                             "at the sizes TP layers issue\"); 0 on the paper's "
+                                                             "presets")
     layer_choice: Literal["scheme", "nccl"] = Field("scheme", description="a layer's collectives: scheme = the "
                                                                     "scheme's algorithm in the Simple protocol; "
                                                                     "nccl = NCCL's algorithm and protocol by size, "
