@@ -149,6 +149,19 @@ def test_each_quick_claim_agrees_with_the_shipped_full_grid_or_says_so(quick: Pa
     assert verdict.count("The full grid points the other way") <= differ
 
 
+def test_fig14_has_the_fifo_curve_at_every_table_size(quick: Path) -> None:
+    """Issue 38's second replacement policy, as a third curve of Fig. 14: cais with
+    switch.merge.replacement=fifo at each size cais runs at, the same run as LRU's with a
+    table that never fills, and the section's sentence comparing the two at 40 KB."""
+    t = pd.read_csv(quick / "fig14.csv")
+    lru, fifo = t[t["scheme"] == "cais"], t[t["scheme"] == "cais (FIFO)"]
+    assert len(fifo) >= 3 and list(fifo["table_kB"]) == list(lru["table_kB"])
+    assert np.isclose(fifo["total_us"].iloc[-1], lru["total_us"].iloc[-1])  # unbounded: nothing evicted
+    section = (quick / "report.md").read_text().split("## Fig. 14")[1].split("\n## ")[0]
+    assert "Replacement policy: with the merge unit evicting first-in first-out" in section
+    assert "| cais (FIFO) |" in section
+
+
 def test_unknown_experiment_is_a_user_error() -> None:
     with pytest.raises(UserError, match="unknown 'fig99'"):
         expand(["fig99"])

@@ -6,6 +6,7 @@ speedup is above it."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 import matplotlib.ticker
@@ -84,12 +85,15 @@ def bars(path: Path, groups: list[str], series: dict[str, list[float]], ylabel: 
 
 def lines(path: Path, series: dict[str, tuple[list[float], list[float]]], xlabel: str, ylabel: str, title: str,
           paper: dict[str, tuple[list[float], list[float]]] | None = None, logx: bool = False,
-          hline: float | None = None, vlines: dict[str, float] | None = None, hline_label: str | None = None) -> Path:
+          hline: float | None = None, vlines: dict[str, float] | None = None, hline_label: str | None = None,
+          styles: dict[str, dict[str, Any]] | None = None) -> Path:
     """Lines over a swept axis; the paper's points as black markers; ``vlines`` label ->
-    x of marked points (e.g. the calibrated and the paper's stated point)."""
+    x of marked points (e.g. the calibrated and the paper's stated point); ``styles``
+    name -> matplotlib line options of that series (e.g. dashed, where it may lie on
+    another)."""
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for name, (xs, ys) in series.items():
-        ax.plot(xs, ys, marker="o", markersize=3, label=name)
+        ax.plot(xs, ys, **{"marker": "o", "markersize": 3, **(styles or {}).get(name, {})}, label=name)
     for i, (name, (xs, ys)) in enumerate((paper or {}).items()):
         ax.plot(xs, ys, label=name, **{**PAPER_STYLE, "marker": "DsX^"[i % 4]})
     if hline is not None:
