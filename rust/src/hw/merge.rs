@@ -5,9 +5,10 @@
 //! merging table, whose entries are lines of `line_bytes`; a session is `Load-Wait`
 //! (the first load went to the home and its data is not back), `Load-Ready` (the data
 //! is cached; later loads are answered from it) or `Reduction` (partial sums being
-//! accumulated), and counts the requests merged into it. Which session is evicted
-//! when lines are needed is the replacement policy's (`replacement/`: LRU by default,
-//! FIFO); a session idle for `timeout_us` is flushed like an eviction (the idle timer
+//! accumulated), and counts the requests merged into it. How many lines a session
+//! takes and when it may open is the session rule's (`session_rule.rs`: all or
+//! nothing); which session is evicted when lines are needed is the replacement
+//! policy's (`replacement/`: LRU by default, FIFO); a session idle for `timeout_us` is flushed like an eviction (the idle timer
 //! keeps its own queue, in order of last access, whatever the policy); the merge tracker ends a session
 //! once every requester of its address has come. `cais/hw/merge.py` has the whole
 //! description (the policy is the same; this is its compiled form).
@@ -36,6 +37,7 @@ use crate::engine::unit::{unexpected, Event, Handler, UnitRef};
 use crate::hw::params::{ps, MergeConfig};
 use crate::hw::region::Region;
 use crate::hw::replacement::{self, Replacement};
+use crate::hw::session_rule::{AllOrNothing, Room, SessionRule};
 use crate::hw::switch::SwitchChip;
 
 /// The CAM's request types.
@@ -399,6 +401,8 @@ pub(crate) struct MergeUnitState {
     seq: u64,
     /// Which session goes when lines are needed (`switch.merge.replacement`).
     policy: Box<dyn Replacement>,
+    /// How many lines a session takes and when it may open (all or nothing).
+    rule: Box<dyn SessionRule>,
     replacement: String,
     /// Lines held (sessions, and sums waiting to leave).
     used: i64,
@@ -701,15 +705,17 @@ impl MergeUnit {
         Ok(Some(sid))
     }
 
+    /// Room for a session of `lines` lines, as the session rule says: true once it has
+    /// them (evicting the replacement policy's victims on the way), false if its
+    /// request is to bypass.
     fn make_room(slf: &Bound<'_, Self>, lines: i64) -> PyResult<bool> {
-        if lines > slf.st().capacity {
-            return Ok(false);
-        }
         loop {
             let victim = {
                 let mut me = slf.st();
-                if me.capacity - me.used >= lines {
-                    return Ok(true);
+                match me.rule.room(lines, me.capacity - me.used, me.capacity) {
+                    Room::Open => return Ok(true),
+                    Room::Bypass => return Ok(false),
+                    Room::Evict => {}
                 }
                 let Some(sid) = me.policy.victim() else {
                     return Ok(false); // the lines are held by sums waiting to leave
@@ -921,8 +927,9 @@ impl MergeUnitState {
         i
     }
 
+    /// The lines a session for a request of `nbytes` takes (the session rule's).
     fn lines_for(&self, nbytes: i64) -> i64 {
-        1.max(-((-nbytes).div_euclid(self.line_bytes)))
+        self.rule.lines(nbytes, self.line_bytes)
     }
 
     fn host(&self, py: Python<'_>) -> Host {
@@ -1018,6 +1025,7 @@ impl MergeUnit {
             idle: BTreeMap::new(),
             seq: 0,
             policy: replacement::by_name(&cfg.replacement)?,
+            rule: Box::new(AllOrNothing),
             replacement: cfg.replacement.clone(),
             used: 0,
             since: 0,

@@ -14,5 +14,6 @@ pub mod packets;
 pub mod params;
 pub mod region;
 pub mod replacement;
+pub mod session_rule;
 pub mod sm_port;
 pub mod switch;
