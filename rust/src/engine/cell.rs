@@ -107,3 +107,100 @@ impl<T: Unit> UnitState<T> for pyo3::Bound<'_, T> {
         self.get().cell().borrow_mut(self.py())
     }
 }
+
+/// A field of a unit's state as a Python property hands it out: a copy, or for a
+/// Python object a new reference to it.
+pub(crate) trait Property {
+    fn property(&self, py: Python<'_>) -> Self;
+}
+
+macro_rules! by_clone {
+    ($($t:ty),*) => {
+        $(impl Property for $t {
+            #[inline]
+            fn property(&self, _py: Python<'_>) -> Self {
+                self.clone()
+            }
+        })*
+    };
+}
+by_clone!(i64, usize, f64, bool, String);
+
+impl<T> Property for pyo3::Py<T> {
+    #[inline]
+    fn property(&self, py: Python<'_>) -> Self {
+        self.clone_ref(py)
+    }
+}
+
+impl<T: Property> Property for Option<T> {
+    #[inline]
+    fn property(&self, py: Python<'_>) -> Self {
+        self.as_ref().map(|v| v.property(py))
+    }
+}
+
+impl<T: Property> Property for Vec<T> {
+    fn property(&self, py: Python<'_>) -> Self {
+        self.iter().map(|v| v.property(py)).collect()
+    }
+}
+
+impl<A: Property, B: Property> Property for (A, B) {
+    fn property(&self, py: Python<'_>) -> Self {
+        (self.0.property(py), self.1.property(py))
+    }
+}
+
+impl<A: Property, B: Property, C: Property> Property for (A, B, C) {
+    fn property(&self, py: Python<'_>) -> Self {
+        (self.0.property(py), self.1.property(py), self.2.property(py))
+    }
+}
+
+/// Python properties over fields of a [`Unit`]'s state, generated: a getter for each
+/// field listed (`name: Type;`, the field's own name and type), and a setter where
+/// one is named (`name: Type, set set_name;`); doc comments go with them. It makes a
+/// `#[pymethods]` block of its own (PyO3's `multiple-pymethods`), beside the unit's
+/// hand-written one.
+///
+/// ```text
+/// properties!(SmPort {
+///     ps_per_byte: f64, set set_ps_per_byte;
+///     free_at: i64;
+/// });
+/// ```
+macro_rules! properties {
+    ($unit:ident { $($fields:tt)* }) => {
+        $crate::engine::cell::properties!(@munch $unit [] $($fields)*);
+    };
+    (@munch $unit:ident [$($out:tt)*]) => {
+        #[pyo3::pymethods]
+        impl $unit {
+            $($out)*
+        }
+    };
+    (@munch $unit:ident [$($out:tt)*] $(#[$m:meta])* $f:ident: $t:ty, set $s:ident; $($rest:tt)*) => {
+        $crate::engine::cell::properties!(@munch $unit [$($out)*
+            $(#[$m])*
+            #[getter]
+            fn $f(&self, py: pyo3::Python<'_>) -> $t {
+                $crate::engine::cell::Property::property(&$crate::engine::cell::Unit::st(self, py).$f, py)
+            }
+            #[setter]
+            fn $s(&self, py: pyo3::Python<'_>, value: $t) {
+                $crate::engine::cell::Unit::st(self, py).$f = value;
+            }
+        ] $($rest)*);
+    };
+    (@munch $unit:ident [$($out:tt)*] $(#[$m:meta])* $f:ident: $t:ty; $($rest:tt)*) => {
+        $crate::engine::cell::properties!(@munch $unit [$($out)*
+            $(#[$m])*
+            #[getter]
+            fn $f(&self, py: pyo3::Python<'_>) -> $t {
+                $crate::engine::cell::Property::property(&$crate::engine::cell::Unit::st(self, py).$f, py)
+            }
+        ] $($rest)*);
+    };
+}
+pub(crate) use properties;

@@ -13,7 +13,7 @@ use pyo3::exceptions::PyIndexError;
 use pyo3::prelude::*;
 use pyo3::{PyTraverseError, PyVisit};
 
-use super::cell::{unit, GilCell, Unit, UnitState};
+use super::cell::{properties, unit, GilCell, Unit, UnitState};
 use super::credits::{true_div, Credits};
 use super::sim::{Action, Clock, Simulator};
 use super::train::Train;
@@ -524,73 +524,6 @@ impl Channel {
         }
     }
 
-    /// What was recorded (None: not recording).
-    #[getter]
-    fn timeline(&self, py: Python<'_>) -> Option<Vec<(i64, i64, i64)>> {
-        self.st(py).timeline.clone()
-    }
-
-    /// Start recording (a list: what to start from) or stop (None).
-    #[setter]
-    fn set_timeline(&self, py: Python<'_>, timeline: Option<Vec<(i64, i64, i64)>>) {
-        self.st(py).timeline = timeline;
-    }
-
-    #[getter]
-    fn name(&self, py: Python<'_>) -> String {
-        self.st(py).name.clone()
-    }
-
-    #[getter]
-    fn ps_per_byte(&self, py: Python<'_>) -> f64 {
-        self.st(py).ps_per_byte
-    }
-
-    #[getter]
-    fn latency_ps(&self, py: Python<'_>) -> i64 {
-        self.st(py).latency_ps
-    }
-
-    #[getter]
-    fn free_at(&self, py: Python<'_>) -> i64 {
-        self.st(py).free_at
-    }
-
-    #[getter]
-    fn trains(&self, py: Python<'_>) -> i64 {
-        self.st(py).trains
-    }
-
-    #[getter]
-    fn payload_bytes(&self, py: Python<'_>) -> i64 {
-        self.st(py).payload_bytes
-    }
-
-    #[getter]
-    fn wire_bytes(&self, py: Python<'_>) -> i64 {
-        self.st(py).wire_bytes
-    }
-
-    #[getter]
-    fn busy_ps(&self, py: Python<'_>) -> i64 {
-        self.st(py).busy_ps
-    }
-
-    #[getter]
-    fn delivered_payload(&self, py: Python<'_>) -> i64 {
-        self.st(py).delivered_payload
-    }
-
-    #[getter]
-    fn credits(&self, py: Python<'_>) -> Option<Py<Credits>> {
-        self.st(py).credits.as_ref().map(|c| c.clone_ref(py))
-    }
-
-    #[getter]
-    fn credit_rtt_ps(&self, py: Python<'_>) -> i64 {
-        self.st(py).credit_rtt_ps
-    }
-
     fn __repr__(&self, py: Python<'_>) -> String {
         let me = self.st(py);
         format!("Channel({:?}, free_at={}, queued={})", me.name, me.free_at, me.queued)
@@ -626,3 +559,20 @@ impl Channel {
         }
     }
 }
+
+properties!(Channel {
+    /// What was recorded (None: not recording); set a list to start recording (what to
+    /// start from), None to stop.
+    timeline: Option<Vec<(i64, i64, i64)>>, set set_timeline;
+    credits: Option<Py<Credits>>;
+    name: String;
+    ps_per_byte: f64;
+    latency_ps: i64;
+    free_at: i64;
+    trains: i64;
+    payload_bytes: i64;
+    wire_bytes: i64;
+    busy_ps: i64;
+    delivered_payload: i64;
+    credit_rtt_ps: i64;
+});

@@ -12,7 +12,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use pyo3::{PyTraverseError, PyVisit};
 
-use super::cell::{unit, GilCell, Unit, UnitState};
+use super::cell::{properties, unit, GilCell, Unit, UnitState};
 use super::train::Train;
 use super::unit::{Event, UnitRef};
 use super::wait::Signal;
@@ -219,9 +219,8 @@ impl Completion {
             me.stream = None;
         }
     }
-
-    #[getter]
-    fn left(&self, py: Python<'_>) -> i64 {
-        self.st(py).left
-    }
 }
+
+properties!(Completion {
+    left: i64;
+});

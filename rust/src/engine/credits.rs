@@ -27,7 +27,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyFrozenSet;
 use pyo3::{PyTraverseError, PyVisit};
 
-use super::cell::{unit, GilCell, Unit};
+use super::cell::{properties, unit, GilCell, Unit};
 use super::unit::{Event, UnitRef};
 
 /// A ramp of returning credits: from `a` to `b` (ps), `n` bytes in all, linearly.
@@ -364,20 +364,6 @@ impl Credits {
         })
     }
 
-    /// What was recorded (None: not recording).
-    #[getter]
-    fn log(&self, py: Python<'_>) -> Option<Vec<(i64, usize, i64)>> {
-        let me = self.st(py);
-        me.log.clone()
-    }
-
-    /// Start recording (a list: what to start from) or stop (None).
-    #[setter]
-    fn set_log(&self, py: Python<'_>, log: Option<Vec<(i64, usize, i64)>>) {
-        let mut me = self.st(py);
-        me.log = log;
-    }
-
     #[getter]
     fn drain_kinds<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyFrozenSet>> {
         let me = self.st(py);
@@ -468,52 +454,22 @@ impl Credits {
             me.waiter = Waiter::None;
         }
     }
-
-    #[getter]
-    fn name(&self, py: Python<'_>) -> String {
-        self.st(py).name.clone()
-    }
-
-    #[getter]
-    fn vcs(&self, py: Python<'_>) -> usize {
-        self.st(py).vcs
-    }
-
-    #[getter]
-    fn capacity(&self, py: Python<'_>) -> i64 {
-        self.st(py).capacity
-    }
-
-    #[getter]
-    fn return_ps(&self, py: Python<'_>) -> i64 {
-        self.st(py).return_ps
-    }
-
-    #[getter]
-    fn drains(&self, py: Python<'_>) -> bool {
-        self.st(py).drains
-    }
-
-    #[getter]
-    fn free(&self, py: Python<'_>) -> Vec<i64> {
-        self.st(py).free.clone()
-    }
-
-    #[getter]
-    fn ramped(&self, py: Python<'_>) -> Vec<i64> {
-        self.st(py).ramped.clone()
-    }
-
-    #[getter]
-    fn held(&self, py: Python<'_>) -> Vec<i64> {
-        self.st(py).held.clone()
-    }
-
-    #[getter]
-    fn peak(&self, py: Python<'_>) -> Vec<i64> {
-        self.st(py).peak.clone()
-    }
 }
+
+properties!(Credits {
+    name: String;
+    vcs: usize;
+    capacity: i64;
+    return_ps: i64;
+    drains: bool;
+    free: Vec<i64>;
+    ramped: Vec<i64>;
+    held: Vec<i64>;
+    peak: Vec<i64>;
+    /// What was recorded (None: not recording); set a list to start recording (what to
+    /// start from), None to stop.
+    log: Option<Vec<(i64, usize, i64)>>, set set_log;
+});
 
 #[cfg(test)]
 mod tests {

@@ -3,7 +3,7 @@
 use pyo3::prelude::*;
 use pyo3::{PyTraverseError, PyVisit};
 
-use super::cell::{unit, GilCell, Unit};
+use super::cell::{properties, unit, GilCell, Unit};
 use super::credits::Credits;
 
 /// A train of packets (a transfer unit) in flight.
@@ -180,264 +180,33 @@ impl Train {
             me.parent = py.None();
         }
     }
-
-    #[getter]
-    fn payload(&self, py: Python<'_>) -> i64 {
-        self.st(py).payload
-    }
-
-    #[setter]
-    fn set_payload(&self, py: Python<'_>, value: i64) {
-        self.st(py).payload = value;
-    }
-
-    #[getter]
-    fn wire(&self, py: Python<'_>) -> i64 {
-        self.st(py).wire
-    }
-
-    #[setter]
-    fn set_wire(&self, py: Python<'_>, value: i64) {
-        self.st(py).wire = value;
-    }
-
-    #[getter]
-    fn packet_wire(&self, py: Python<'_>) -> i64 {
-        self.st(py).packet_wire
-    }
-
-    #[setter]
-    fn set_packet_wire(&self, py: Python<'_>, value: i64) {
-        self.st(py).packet_wire = value;
-    }
-
-    #[getter]
-    fn head(&self, py: Python<'_>) -> i64 {
-        self.st(py).head
-    }
-
-    #[setter]
-    fn set_head(&self, py: Python<'_>, value: i64) {
-        self.st(py).head = value;
-    }
-
-    #[getter]
-    fn tail(&self, py: Python<'_>) -> i64 {
-        self.st(py).tail
-    }
-
-    #[setter]
-    fn set_tail(&self, py: Python<'_>, value: i64) {
-        self.st(py).tail = value;
-    }
-
-    #[getter]
-    fn vc(&self, py: Python<'_>) -> i64 {
-        self.st(py).vc
-    }
-
-    #[setter]
-    fn set_vc(&self, py: Python<'_>, value: i64) {
-        self.st(py).vc = value;
-    }
-
-    #[getter]
-    fn fp(&self, py: Python<'_>) -> i64 {
-        self.st(py).fp
-    }
-
-    #[setter]
-    fn set_fp(&self, py: Python<'_>, value: i64) {
-        self.st(py).fp = value;
-    }
-
-    #[getter]
-    fn credits(&self, py: Python<'_>) -> Option<Py<Credits>> {
-        self.st(py).credits.as_ref().map(|v| v.clone_ref(py))
-    }
-
-    #[setter]
-    fn set_credits(&self, py: Python<'_>, value: Option<Py<Credits>>) {
-        self.st(py).credits = value;
-    }
-
-    #[getter]
-    fn kind(&self, py: Python<'_>) -> i64 {
-        self.st(py).kind
-    }
-
-    #[setter]
-    fn set_kind(&self, py: Python<'_>, value: i64) {
-        self.st(py).kind = value;
-    }
-
-    #[getter]
-    fn cls(&self, py: Python<'_>) -> i64 {
-        self.st(py).cls
-    }
-
-    #[setter]
-    fn set_cls(&self, py: Python<'_>, value: i64) {
-        self.st(py).cls = value;
-    }
-
-    #[getter]
-    fn src(&self, py: Python<'_>) -> i64 {
-        self.st(py).src
-    }
-
-    #[setter]
-    fn set_src(&self, py: Python<'_>, value: i64) {
-        self.st(py).src = value;
-    }
-
-    #[getter]
-    fn dst(&self, py: Python<'_>) -> i64 {
-        self.st(py).dst
-    }
-
-    #[setter]
-    fn set_dst(&self, py: Python<'_>, value: i64) {
-        self.st(py).dst = value;
-    }
-
-    #[getter]
-    fn chip(&self, py: Python<'_>) -> i64 {
-        self.st(py).chip
-    }
-
-    #[setter]
-    fn set_chip(&self, py: Python<'_>, value: i64) {
-        self.st(py).chip = value;
-    }
-
-    #[getter]
-    fn addr(&self, py: Python<'_>) -> Py<PyAny> {
-        self.st(py).addr.clone_ref(py)
-    }
-
-    #[setter]
-    fn set_addr(&self, py: Python<'_>, value: Py<PyAny>) {
-        self.st(py).addr = value;
-    }
-
-    #[getter]
-    fn data(&self, py: Python<'_>) -> Py<PyAny> {
-        self.st(py).data.clone_ref(py)
-    }
-
-    #[setter]
-    fn set_data(&self, py: Python<'_>, value: Py<PyAny>) {
-        self.st(py).data = value;
-    }
-
-    #[getter]
-    fn done(&self, py: Python<'_>) -> Py<PyAny> {
-        self.st(py).done.clone_ref(py)
-    }
-
-    #[setter]
-    fn set_done(&self, py: Python<'_>, value: Py<PyAny>) {
-        self.st(py).done = value;
-    }
-
-    #[getter]
-    fn fence(&self, py: Python<'_>) -> Py<PyAny> {
-        self.st(py).fence.clone_ref(py)
-    }
-
-    #[setter]
-    fn set_fence(&self, py: Python<'_>, value: Py<PyAny>) {
-        self.st(py).fence = value;
-    }
-
-    #[getter]
-    fn want(&self, py: Python<'_>) -> i64 {
-        self.st(py).want
-    }
-
-    #[setter]
-    fn set_want(&self, py: Python<'_>, value: i64) {
-        self.st(py).want = value;
-    }
-
-    #[getter]
-    fn tag(&self, py: Python<'_>) -> i64 {
-        self.st(py).tag
-    }
-
-    #[setter]
-    fn set_tag(&self, py: Python<'_>, value: i64) {
-        self.st(py).tag = value;
-    }
-
-    #[getter]
-    fn parent(&self, py: Python<'_>) -> Py<PyAny> {
-        self.st(py).parent.clone_ref(py)
-    }
-
-    #[setter]
-    fn set_parent(&self, py: Python<'_>, value: Py<PyAny>) {
-        self.st(py).parent = value;
-    }
-
-    #[getter]
-    fn left(&self, py: Python<'_>) -> i64 {
-        self.st(py).left
-    }
-
-    #[setter]
-    fn set_left(&self, py: Python<'_>, value: i64) {
-        self.st(py).left = value;
-    }
-
-    #[getter]
-    fn dep0(&self, py: Python<'_>) -> i64 {
-        self.st(py).dep0
-    }
-
-    #[setter]
-    fn set_dep0(&self, py: Python<'_>, value: i64) {
-        self.st(py).dep0 = value;
-    }
-
-    #[getter]
-    fn dep1(&self, py: Python<'_>) -> i64 {
-        self.st(py).dep1
-    }
-
-    #[setter]
-    fn set_dep1(&self, py: Python<'_>, value: i64) {
-        self.st(py).dep1 = value;
-    }
-
-    #[getter]
-    fn count(&self, py: Python<'_>) -> i64 {
-        self.st(py).count
-    }
-
-    #[setter]
-    fn set_count(&self, py: Python<'_>, value: i64) {
-        self.st(py).count = value;
-    }
-
-    #[getter]
-    fn expect(&self, py: Python<'_>) -> i64 {
-        self.st(py).expect
-    }
-
-    #[setter]
-    fn set_expect(&self, py: Python<'_>, value: i64) {
-        self.st(py).expect = value;
-    }
-
-    #[getter]
-    fn quorum(&self, py: Python<'_>) -> i64 {
-        self.st(py).quorum
-    }
-
-    #[setter]
-    fn set_quorum(&self, py: Python<'_>, value: i64) {
-        self.st(py).quorum = value;
-    }
 }
+
+properties!(Train {
+    payload: i64, set set_payload;
+    wire: i64, set set_wire;
+    packet_wire: i64, set set_packet_wire;
+    head: i64, set set_head;
+    tail: i64, set set_tail;
+    vc: i64, set set_vc;
+    fp: i64, set set_fp;
+    credits: Option<Py<Credits>>, set set_credits;
+    kind: i64, set set_kind;
+    cls: i64, set set_cls;
+    src: i64, set set_src;
+    dst: i64, set set_dst;
+    chip: i64, set set_chip;
+    addr: Py<PyAny>, set set_addr;
+    data: Py<PyAny>, set set_data;
+    done: Py<PyAny>, set set_done;
+    fence: Py<PyAny>, set set_fence;
+    want: i64, set set_want;
+    tag: i64, set set_tag;
+    parent: Py<PyAny>, set set_parent;
+    left: i64, set set_left;
+    dep0: i64, set set_dep0;
+    dep1: i64, set set_dep1;
+    count: i64, set set_count;
+    expect: i64, set set_expect;
+    quorum: i64, set set_quorum;
+});

@@ -15,7 +15,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyInt;
 use pyo3::{PyTraverseError, PyVisit};
 
-use super::cell::{unit, GilCell, Unit, UnitState};
+use super::cell::{properties, unit, GilCell, Unit, UnitState};
 use super::sim::{Action, Simulator};
 use super::unit::{Event, Paced, UnitRef};
 
@@ -143,22 +143,13 @@ impl Signal {
             me.waiters.clear();
         }
     }
-
-    #[getter]
-    fn fired(&self, py: Python<'_>) -> bool {
-        self.st(py).fired
-    }
-
-    #[getter]
-    fn value(&self, py: Python<'_>) -> Py<PyAny> {
-        self.st(py).value.clone_ref(py)
-    }
-
-    #[getter]
-    fn time(&self, py: Python<'_>) -> Option<i64> {
-        self.st(py).time
-    }
 }
+
+properties!(Signal {
+    fired: bool;
+    value: Py<PyAny>;
+    time: Option<i64>;
+});
 
 /// A signal that fires when `count` arrivals have been reported (a completion
 /// counter, like a TB-done counter or an NVLS reduction's response counter).
@@ -202,12 +193,11 @@ impl Countdown {
         }
         Ok(())
     }
-
-    #[getter]
-    fn remaining(&self, py: Python<'_>) -> i64 {
-        self.st(py).remaining
-    }
 }
+
+properties!(Countdown {
+    remaining: i64;
+});
 
 /// At most `limit` bytes outstanding; `acquire` grants in FIFO order. Real memory
 /// systems bound what an issuer keeps outstanding by a fixed number of tracking
@@ -327,32 +317,15 @@ impl ByteBound {
             me.queue.clear();
         }
     }
-
-    #[getter]
-    fn sim(&self, py: Python<'_>) -> Py<Simulator> {
-        self.st(py).sim.clone_ref(py)
-    }
-
-    #[getter]
-    fn limit(&self, py: Python<'_>) -> i64 {
-        self.st(py).limit
-    }
-
-    #[getter]
-    fn used(&self, py: Python<'_>) -> i64 {
-        self.st(py).used
-    }
-
-    #[getter]
-    fn peak(&self, py: Python<'_>) -> i64 {
-        self.st(py).peak
-    }
-
-    #[getter]
-    fn waited(&self, py: Python<'_>) -> i64 {
-        self.st(py).waited
-    }
 }
+
+properties!(ByteBound {
+    sim: Py<Simulator>;
+    limit: i64;
+    used: i64;
+    peak: i64;
+    waited: i64;
+});
 
 /// Runs a generator as a simulated program (a thread block's control flow). The
 /// generator yields an `int` (sleep that many picoseconds) or a [`Signal`] (wait until
@@ -557,14 +530,9 @@ impl Process {
             me.gen = py.None();
         }
     }
-
-    #[getter]
-    fn sim(&self, py: Python<'_>) -> Py<Simulator> {
-        self.st(py).sim.clone_ref(py)
-    }
-
-    #[getter]
-    fn done(&self, py: Python<'_>) -> Py<Signal> {
-        self.st(py).done.clone_ref(py)
-    }
 }
+
+properties!(Process {
+    sim: Py<Simulator>;
+    done: Py<Signal>;
+});

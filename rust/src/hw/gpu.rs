@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
 
-use crate::engine::cell::{unit, GilCell, Unit, UnitState};
+use crate::engine::cell::{properties, unit, GilCell, Unit, UnitState};
 use crate::engine::channel::{Channel, Hook, Sink};
 use crate::engine::completion::complete;
 use crate::engine::credits::Credits;
@@ -756,54 +756,17 @@ impl Endpoint {
             me.switches.clear();
         }
     }
-
-    #[getter]
-    fn sim(&self, py: Python<'_>) -> Py<Simulator> {
-        self.st(py).sim.clone_ref(py)
-    }
-
-    #[getter]
-    fn index(&self, py: Python<'_>) -> i64 {
-        self.st(py).index
-    }
-
-    #[getter]
-    fn memory(&self, py: Python<'_>) -> Py<PyAny> {
-        self.st(py).memory.clone_ref(py)
-    }
-
-    #[getter]
-    fn pk(&self, py: Python<'_>) -> Py<PyAny> {
-        self.st(py).pk.clone_ref(py)
-    }
-
-    #[getter]
-    fn vcmap(&self, py: Python<'_>) -> Py<PyAny> {
-        self.st(py).vcmap.clone_ref(py)
-    }
-
-    #[getter]
-    fn memory_latency_ps(&self, py: Python<'_>) -> i64 {
-        self.st(py).memory_latency_ps
-    }
-
-    #[getter]
-    fn serve_bytes(&self, py: Python<'_>) -> i64 {
-        self.st(py).serve_bytes
-    }
-
-    #[getter]
-    fn serving(&self, py: Python<'_>) -> i64 {
-        self.st(py).serving
-    }
-
-    #[getter]
-    fn handlers(&self, py: Python<'_>) -> Py<PyDict> {
-        self.st(py).handlers.clone_ref(py)
-    }
-
-    #[getter]
-    fn injected(&self, py: Python<'_>) -> i64 {
-        self.st(py).injected
-    }
 }
+
+properties!(Endpoint {
+    sim: Py<Simulator>;
+    index: i64;
+    memory: Py<PyAny>;
+    pk: Py<PyAny>;
+    vcmap: Py<PyAny>;
+    memory_latency_ps: i64;
+    serve_bytes: i64;
+    serving: i64;
+    handlers: Py<PyDict>;
+    injected: i64;
+});

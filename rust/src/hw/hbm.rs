@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyList;
 use pyo3::{PyTraverseError, PyVisit};
 
-use crate::engine::cell::{unit, GilCell, Unit};
+use crate::engine::cell::{properties, unit, GilCell, Unit};
 use crate::engine::sim::{Action, Simulator};
 use crate::engine::unit::{unexpected, Event, Handler, Paced, UnitRef};
 use crate::engine::wait::{slowed, Signal};
@@ -321,22 +321,6 @@ impl HbmShare {
         self.st(py).rate(now)
     }
 
-    /// Achievable bandwidth, bytes per ps.
-    #[getter]
-    fn supply(&self, py: Python<'_>) -> f64 {
-        self.st(py).supply
-    }
-
-    #[getter]
-    fn streams_yield(&self, py: Python<'_>) -> bool {
-        self.st(py).streams_yield
-    }
-
-    #[getter]
-    fn window(&self, py: Python<'_>) -> i64 {
-        self.st(py).window
-    }
-
     #[getter(enabled)]
     fn py_enabled(&self, py: Python<'_>) -> bool {
         self.enabled(py)
@@ -345,35 +329,6 @@ impl HbmShare {
     #[setter]
     fn set_enabled(&self, py: Python<'_>, value: bool) {
         self.st(py).enabled = value;
-    }
-
-    #[getter]
-    fn stream_bytes(&self, py: Python<'_>) -> f64 {
-        self.st(py).stream_bytes
-    }
-
-    /// Phases timed.
-    #[getter]
-    fn phases(&self, py: Python<'_>) -> i64 {
-        self.st(py).phases
-    }
-
-    /// Phases that took longer than alone.
-    #[getter]
-    fn stretched(&self, py: Python<'_>) -> i64 {
-        self.st(py).stretched
-    }
-
-    /// Time added to phases, summed.
-    #[getter]
-    fn added_ps(&self, py: Python<'_>) -> i64 {
-        self.st(py).added_ps
-    }
-
-    /// Instants at which the demand exceeded the supply.
-    #[getter]
-    fn saturated(&self, py: Python<'_>) -> i64 {
-        self.st(py).saturated
     }
 
     /// What asked at those instants, in units of the supply: [starting, running, streams].
@@ -398,6 +353,22 @@ impl HbmShare {
         }
     }
 }
+
+properties!(HbmShare {
+    /// Achievable bandwidth, bytes per ps.
+    supply: f64;
+    streams_yield: bool;
+    window: i64;
+    stream_bytes: f64;
+    /// Phases timed.
+    phases: i64;
+    /// Phases that took longer than alone.
+    stretched: i64;
+    /// Time added to phases, summed.
+    added_ps: i64;
+    /// Instants at which the demand exceeded the supply.
+    saturated: i64;
+});
 
 #[cfg(test)]
 mod tests {

@@ -28,7 +28,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
 
-use crate::engine::cell::{unit, GilCell, Unit, UnitState};
+use crate::engine::cell::{properties, unit, GilCell, Unit, UnitState};
 use crate::engine::channel::Hook;
 use crate::engine::completion::complete;
 use crate::engine::sim::{Action, Clock, Simulator};
@@ -284,27 +284,14 @@ impl PortSpread {
         let tail = if me.active != 0 { (end - me.since).max(0) } else { 0 };
         (me.any_ps + tail, me.port_ps + me.active * tail)
     }
-
-    #[getter]
-    fn active(&self, py: Python<'_>) -> i64 {
-        self.st(py).active
-    }
-
-    #[getter]
-    fn since(&self, py: Python<'_>) -> i64 {
-        self.st(py).since
-    }
-
-    #[getter]
-    fn any_ps(&self, py: Python<'_>) -> i64 {
-        self.st(py).any_ps
-    }
-
-    #[getter]
-    fn port_ps(&self, py: Python<'_>) -> i64 {
-        self.st(py).port_ps
-    }
 }
+
+properties!(PortSpread {
+    active: i64;
+    since: i64;
+    any_ps: i64;
+    port_ps: i64;
+});
 
 /// Whom the unit asks to move trains: its switch chip, or a Python stand-in.
 enum Host {
@@ -1086,20 +1073,6 @@ impl MergeUnit {
         Ok(out)
     }
 
-    /// What was recorded (None: not recording).
-    #[getter]
-    fn log(&self, py: Python<'_>) -> Option<Vec<(i64, i64)>> {
-        let me = self.st(py);
-        me.log.clone()
-    }
-
-    /// Start recording (a list: what to start from) or stop (None).
-    #[setter]
-    fn set_log(&self, py: Python<'_>, log: Option<Vec<(i64, i64)>>) {
-        let mut me = self.st(py);
-        me.log = log;
-    }
-
     /// The integral of lines in use over [0, `end`] (line-picoseconds).
     fn line_ps_until(&self, py: Python<'_>, end: i64) -> i64 {
         let me = self.st(py);
@@ -1152,58 +1125,24 @@ impl MergeUnit {
             me.idle.clear();
         }
     }
-
-    #[getter]
-    fn sim(&self, py: Python<'_>) -> Py<Simulator> {
-        self.st(py).sim.clone_ref(py)
-    }
-
-    #[getter]
-    fn spread(&self, py: Python<'_>) -> Py<PortSpread> {
-        self.st(py).spread.clone_ref(py)
-    }
-
-    #[getter]
-    fn port(&self, py: Python<'_>) -> i64 {
-        self.st(py).port
-    }
-
-    #[getter]
-    fn capacity(&self, py: Python<'_>) -> i64 {
-        self.st(py).capacity
-    }
-
-    #[getter]
-    fn line_bytes(&self, py: Python<'_>) -> i64 {
-        self.st(py).line_bytes
-    }
-
-    /// The replacement policy (`switch.merge.replacement`).
-    #[getter]
-    fn replacement(&self, py: Python<'_>) -> String {
-        self.st(py).replacement.clone()
-    }
-
-    #[getter]
-    fn timeout_ps(&self, py: Python<'_>) -> i64 {
-        self.st(py).timeout_ps
-    }
-
-    #[getter]
-    fn latency_ps(&self, py: Python<'_>) -> i64 {
-        self.st(py).latency_ps
-    }
-
-    #[getter]
-    fn default_expect(&self, py: Python<'_>) -> i64 {
-        self.st(py).default_expect
-    }
-
-    #[getter]
-    fn used(&self, py: Python<'_>) -> i64 {
-        self.st(py).used
-    }
 }
+
+properties!(MergeUnit {
+    sim: Py<Simulator>;
+    spread: Py<PortSpread>;
+    port: i64;
+    capacity: i64;
+    line_bytes: i64;
+    /// The replacement policy (`switch.merge.replacement`).
+    replacement: String;
+    timeout_ps: i64;
+    latency_ps: i64;
+    default_expect: i64;
+    used: i64;
+    /// What was recorded (None: not recording); set a list to start recording (what to
+    /// start from), None to stop.
+    log: Option<Vec<(i64, i64)>>, set set_log;
+});
 
 #[cfg(test)]
 mod tests {

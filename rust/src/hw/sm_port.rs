@@ -2,7 +2,7 @@
 
 use pyo3::prelude::*;
 
-use crate::engine::cell::{unit, GilCell, Unit};
+use crate::engine::cell::{properties, unit, GilCell, Unit};
 
 /// The load/store path of one SM: data it stores leaves at most at `ps_per_byte`
 /// (the SM's copy bandwidth), so a store's train has its head when the SM starts
@@ -44,27 +44,12 @@ impl SmPort {
         let mut me = self.st(py);
         me.push_at(now, nbytes)
     }
-
-    #[getter]
-    fn ps_per_byte(&self, py: Python<'_>) -> f64 {
-        self.st(py).ps_per_byte
-    }
-
-    #[setter]
-    fn set_ps_per_byte(&self, py: Python<'_>, value: f64) {
-        self.st(py).ps_per_byte = value;
-    }
-
-    #[getter]
-    fn free_at(&self, py: Python<'_>) -> i64 {
-        self.st(py).free_at
-    }
-
-    #[setter]
-    fn set_free_at(&self, py: Python<'_>, value: i64) {
-        self.st(py).free_at = value;
-    }
 }
+
+properties!(SmPort {
+    ps_per_byte: f64, set set_ps_per_byte;
+    free_at: i64, set set_free_at;
+});
 
 #[cfg(test)]
 mod tests {

@@ -21,7 +21,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use pyo3::{PyTraverseError, PyVisit};
 
-use crate::engine::cell::{unit, GilCell, Unit, UnitState};
+use crate::engine::cell::{properties, unit, GilCell, Unit, UnitState};
 use crate::engine::channel::{Channel, Hook, Sink};
 use crate::engine::credits::Credits;
 use crate::engine::sim::{Clock, Simulator};
@@ -79,47 +79,14 @@ impl SwitchLedger {
         let me = self.st(py);
         me.bytes_in + me.multicast_created == me.bytes_out + me.reduction_absorbed
     }
-
-    #[getter]
-    fn bytes_in(&self, py: Python<'_>) -> i64 {
-        self.st(py).bytes_in
-    }
-
-    #[setter]
-    fn set_bytes_in(&self, py: Python<'_>, value: i64) {
-        self.st(py).bytes_in = value;
-    }
-
-    #[getter]
-    fn bytes_out(&self, py: Python<'_>) -> i64 {
-        self.st(py).bytes_out
-    }
-
-    #[setter]
-    fn set_bytes_out(&self, py: Python<'_>, value: i64) {
-        self.st(py).bytes_out = value;
-    }
-
-    #[getter]
-    fn multicast_created(&self, py: Python<'_>) -> i64 {
-        self.st(py).multicast_created
-    }
-
-    #[setter]
-    fn set_multicast_created(&self, py: Python<'_>, value: i64) {
-        self.st(py).multicast_created = value;
-    }
-
-    #[getter]
-    fn reduction_absorbed(&self, py: Python<'_>) -> i64 {
-        self.st(py).reduction_absorbed
-    }
-
-    #[setter]
-    fn set_reduction_absorbed(&self, py: Python<'_>, value: i64) {
-        self.st(py).reduction_absorbed = value;
-    }
 }
+
+properties!(SwitchLedger {
+    bytes_in: i64, set set_bytes_in;
+    bytes_out: i64, set set_bytes_out;
+    multicast_created: i64, set set_multicast_created;
+    reduction_absorbed: i64, set set_reduction_absorbed;
+});
 
 /// State of one in-flight `multimem.ld_reduce`: responses still expected, the
 /// running sum, and the latest head time among the responses.
@@ -750,13 +717,6 @@ impl SwitchChip {
         }))
     }
 
-    /// Trains in each input buffer, per GPU port and VC.
-    #[getter]
-    fn held(&self, py: Python<'_>) -> Vec<Vec<i64>> {
-        let me = self.st(py);
-        me.held.clone()
-    }
-
     /// A train's tail has arrived on the input port of GPU `train.src`.
     fn receive(slf: &Bound<'_, Self>, train: Bound<'_, Train>) -> PyResult<()> {
         SwitchChip::receive_train(slf, train)
@@ -909,94 +869,25 @@ impl SwitchChip {
             }
         }
     }
-
-    #[getter]
-    fn sim(&self, py: Python<'_>) -> Py<Simulator> {
-        self.st(py).sim.clone_ref(py)
-    }
-
-    #[getter]
-    fn chip(&self, py: Python<'_>) -> i64 {
-        self.st(py).chip
-    }
-
-    #[getter]
-    fn down(&self, py: Python<'_>) -> Py<PyList> {
-        self.st(py).down.clone_ref(py)
-    }
-
-    #[getter]
-    fn gpus(&self, py: Python<'_>) -> Py<PyList> {
-        self.st(py).gpus.clone_ref(py)
-    }
-
-    #[getter]
-    fn pk(&self, py: Python<'_>) -> Py<PyAny> {
-        self.st(py).pk.clone_ref(py)
-    }
-
-    #[getter]
-    fn vcmap(&self, py: Python<'_>) -> Py<PyAny> {
-        self.st(py).vcmap.clone_ref(py)
-    }
-
-    #[getter]
-    fn pipeline_ps(&self, py: Python<'_>) -> i64 {
-        self.st(py).pipeline_ps
-    }
-
-    #[getter]
-    fn reduce_ps(&self, py: Python<'_>) -> i64 {
-        self.st(py).reduce_ps
-    }
-
-    #[getter]
-    fn reduce_ps_per_byte(&self, py: Python<'_>) -> f64 {
-        self.st(py).reduce_ps_per_byte
-    }
-
-    #[getter]
-    fn engine_free_at(&self, py: Python<'_>) -> i64 {
-        self.st(py).engine_free_at
-    }
-
-    #[getter]
-    fn ledger(&self, py: Python<'_>) -> Py<SwitchLedger> {
-        self.st(py).ledger.clone_ref(py)
-    }
-
-    #[getter]
-    fn handlers(&self, py: Python<'_>) -> Py<PyDict> {
-        self.st(py).handlers.clone_ref(py)
-    }
-
-    #[getter]
-    fn merge_cfg(&self, py: Python<'_>) -> Py<PyAny> {
-        self.st(py).merge_cfg.clone_ref(py)
-    }
-
-    #[getter]
-    fn sync_entries(&self, py: Python<'_>) -> i64 {
-        self.st(py).sync_entries
-    }
-
-    #[getter]
-    fn mirror(&self, py: Python<'_>) -> bool {
-        self.st(py).mirror
-    }
-
-    #[setter]
-    fn set_mirror(&self, py: Python<'_>, value: bool) {
-        self.st(py).mirror = value;
-    }
-
-    #[getter]
-    fn nvls(&self, py: Python<'_>) -> bool {
-        self.st(py).nvls
-    }
-
-    #[setter]
-    fn set_nvls(&self, py: Python<'_>, value: bool) {
-        self.st(py).nvls = value;
-    }
 }
+
+properties!(SwitchChip {
+    sim: Py<Simulator>;
+    chip: i64;
+    down: Py<PyList>;
+    gpus: Py<PyList>;
+    pk: Py<PyAny>;
+    vcmap: Py<PyAny>;
+    pipeline_ps: i64;
+    reduce_ps: i64;
+    reduce_ps_per_byte: f64;
+    engine_free_at: i64;
+    ledger: Py<SwitchLedger>;
+    /// Trains in each input buffer, per GPU port and VC.
+    held: Vec<Vec<i64>>;
+    handlers: Py<PyDict>;
+    merge_cfg: Py<PyAny>;
+    sync_entries: i64;
+    mirror: bool, set set_mirror;
+    nvls: bool, set set_nvls;
+});

@@ -8,7 +8,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyList;
 use pyo3::{PyTraverseError, PyVisit};
 
-use crate::engine::cell::{unit, GilCell, Unit, UnitState};
+use crate::engine::cell::{properties, unit, GilCell, Unit, UnitState};
 use crate::engine::completion::Completion;
 use crate::engine::unit::{Event, Handler, UnitRef};
 use crate::engine::wait::{ByteBound, Countdown, Signal};
@@ -258,12 +258,11 @@ impl LoadStream {
             me.items.clear();
         }
     }
-
-    #[getter]
-    fn issued(&self, py: Python<'_>) -> usize {
-        self.st(py).issued
-    }
 }
+
+properties!(LoadStream {
+    issued: usize;
+});
 
 /// One reduction of an epilogue piece: its kind (`red`, `red.cais`), destination
 /// GPU, stripes (one train per transfer unit and chip), each stripe's data
@@ -516,10 +515,9 @@ impl RedStream {
             me.issued = None;
         }
     }
-
-    /// Reductions issued so far.
-    #[getter]
-    fn reductions(&self, py: Python<'_>) -> usize {
-        self.st(py).reductions
-    }
 }
+
+properties!(RedStream {
+    /// Reductions issued so far.
+    reductions: usize;
+});
