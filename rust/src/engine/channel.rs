@@ -441,7 +441,7 @@ impl Channel {
     #[new]
     #[pyo3(signature = (sim, name, ps_per_byte, latency_ps, vcs = 1, record_timeline = false, credits = None,
                         credit_rtt_ps = 0))]
-    #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments)] // the Python constructor's parameters
     fn new(
         py: Python<'_>,
         sim: Py<Simulator>,

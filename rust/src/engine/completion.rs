@@ -44,6 +44,14 @@ pub(crate) struct CompletionState {
 
 unit!(Completion, CompletionState);
 
+/// How a load's data is put back together: its `region`, the `pieces` its trains
+/// carry, and the function that assembles them (`cais.isa._assemble`).
+pub(crate) struct Assembly {
+    pub region: Py<PyAny>,
+    pub pieces: Py<PyAny>,
+    pub assemble: Py<PyAny>,
+}
+
 impl Completion {
     /// One of the operation's trains has completed.
     pub(crate) fn arrive(slf: &Bound<'_, Self>, train: Option<&Bound<'_, Train>>) -> PyResult<()> {
@@ -78,19 +86,21 @@ impl Completion {
         }
     }
 
-    /// A load of a stream: `count` trains over `pieces` of `region` (`nbytes`);
-    /// `placed` (or None) gets the data.
-    #[allow(clippy::too_many_arguments)]
+    /// A load of `nbytes` that `stream` issued as `count` trains, its data put
+    /// together as `assembly` says; `placed` (or None) gets the data.
     pub(crate) fn of_stream_item(
         py: Python<'_>,
         count: i64,
         placed: Py<PyAny>,
-        region: Py<PyAny>,
-        pieces: Py<PyAny>,
-        assemble: Py<PyAny>,
+        assembly: Assembly,
         stream: UnitRef,
         nbytes: i64,
     ) -> PyResult<Py<Completion>> {
+        let Assembly {
+            region,
+            pieces,
+            assemble,
+        } = assembly;
         let c = Completion::new(py, count, Some(placed), Some(region), Some(pieces), Some(assemble));
         c.st(py).stream = Some((stream, nbytes));
         Py::new(py, c)

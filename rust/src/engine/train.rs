@@ -111,7 +111,7 @@ impl Train {
     #[new]
     #[pyo3(signature = (payload, wire, packet_wire, kind, src, dst, chip = -1, addr = None, data = None,
                         done = None, vc = 0, cls = 0, want = 0, tag = -1, count = 1, expect = 0, quorum = 0))]
-    #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments)] // the Python constructor's parameters
     fn new(
         py: Python<'_>,
         payload: i64,

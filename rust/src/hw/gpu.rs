@@ -319,25 +319,22 @@ impl Endpoint {
         Channel::offer(channel.bind(py), train, Sink::Unit(UnitRef::new(switch)), on_start)
     }
 
-    /// Build one train of operation `op` and put it on this GPU's port to `chip` (a
-    /// store or reduction reads its payload from this GPU's HBM first).
-    #[allow(clippy::too_many_arguments)]
-    fn issue_train(
-        slf: &Bound<'_, Self>,
-        op: &Op,
-        chip: i64,
-        addr: Py<PyAny>,
-        data: Py<PyAny>,
-        done: Py<PyAny>,
-        payload: i64,
-        nbytes: i64,
-        want: i64,
-        fence: Py<PyAny>,
-        head: Option<i64>,
-        tail: Option<i64>,
-    ) -> PyResult<()> {
+    /// Build the train `piece` of operation `op` and put it on this GPU's port to its
+    /// chip, its head and tail at `head`/`tail` (default now; a store or reduction reads
+    /// its payload from this GPU's HBM first).
+    fn issue_train(slf: &Bound<'_, Self>, op: &Op, piece: Piece, head: Option<i64>, tail: Option<i64>) -> PyResult<()> {
         let py = slf.py();
         let kind = op.kind;
+        let Piece {
+            chip,
+            addr,
+            data,
+            done,
+            payload,
+            nbytes,
+            want,
+            fence,
+        } = piece;
         let train = {
             let mut me = slf.st();
             if payload != 0 && matches!(kind, WRITE | RED | MC_STORE | MC_RED | RED_CAIS) {
@@ -402,19 +399,61 @@ impl EndpointState {
     }
 }
 
-/// What the trains of one ISA operation share.
-struct Op {
-    kind: i64,
-    dst: i64,
-    stream: i64,
-    tag: i64,
-    expect: i64,
-    quorum: i64,
+/// What the trains of one ISA operation share: its kind, its destination, the
+/// issuing kernel's stream (for the VC), its signal word or session (`tag`, -1: none),
+/// and the requesters its merge session expects and the quorum that answers them.
+pub(crate) struct Op {
+    pub kind: i64,
+    pub dst: i64,
+    pub stream: i64,
+    pub tag: i64,
+    pub expect: i64,
+    pub quorum: i64,
+}
+
+/// One train of an operation: the chip it crosses, its address (a region) and data,
+/// its completion and its write response's (`fence`), the payload it carries, the
+/// bytes its wire size is counted from and the bytes it asks for (`want`: a load).
+struct Piece {
+    chip: i64,
+    addr: Py<PyAny>,
+    data: Py<PyAny>,
+    done: Py<PyAny>,
+    payload: i64,
+    nbytes: i64,
+    want: i64,
+    fence: Py<PyAny>,
+}
+
+/// What an operation's stripes carry: with `loads` each asks for its region's bytes
+/// and carries none; else each carries them, pushed through the SM's `port` (if any)
+/// and read from this GPU's HBM. `data`: each stripe's data (functional mode);
+/// `fences`: each stripe's completion of its write response; `encoding`: wire bytes
+/// per data byte of a protocol's line format.
+pub(crate) struct Carry<'py> {
+    pub loads: bool,
+    pub port: Option<Bound<'py, SmPort>>,
+    pub data: Option<Bound<'py, PyList>>,
+    pub fences: Option<Bound<'py, PyList>>,
+    pub encoding: f64,
+}
+
+impl Carry<'_> {
+    /// A load's: no data, no port.
+    pub(crate) fn loads() -> Self {
+        Carry {
+            loads: true,
+            port: None,
+            data: None,
+            fences: None,
+            encoding: 1.0,
+        }
+    }
 }
 
 impl Endpoint {
-    /// A load's stripes (as [`Endpoint::issue_pieces`] takes them, for a load: no data,
-    /// no port, stream 0) to `home`, completing into `done`.
+    /// A load's stripes (as [`Endpoint::issue_stripes`] takes them) to `home`,
+    /// completing into `done`.
     pub(crate) fn issue_loads(
         slf: &Bound<'_, Self>,
         kind: i64,
@@ -423,9 +462,70 @@ impl Endpoint {
         done: Py<PyAny>,
         quorum: i64,
     ) -> PyResult<()> {
-        Endpoint::issue_pieces(
-            slf, kind, home, stripes, done, None, 0, true, None, -1, 0, quorum, 1.0, None,
-        )
+        let op = Op {
+            kind,
+            dst: home,
+            stream: 0,
+            tag: -1,
+            expect: 0,
+            quorum,
+        };
+        Endpoint::issue_stripes(slf, &op, stripes, done, Carry::loads())
+    }
+
+    /// Operation `op` cut into `stripes`, a list of (region, chip), one train each,
+    /// with `done` as each train's completion, carrying what `carry` says
+    /// ([`Endpoint::issue_pieces`] from Python).
+    pub(crate) fn issue_stripes(
+        slf: &Bound<'_, Self>,
+        op: &Op,
+        stripes: &Bound<'_, PyList>,
+        done: Py<PyAny>,
+        carry: Carry<'_>,
+    ) -> PyResult<()> {
+        let py = slf.py();
+        for (i, stripe) in stripes.iter().enumerate() {
+            let stripe = stripe.cast::<PyTuple>()?;
+            let region = stripe.get_item(0)?;
+            let chip: i64 = stripe.get_item(1)?.extract()?;
+            let raw = region_bytes(&region)?;
+            let mut nbytes = raw;
+            if carry.encoding != 1.0 {
+                // a protocol's line format (LL, LL128): flags ride in the lines
+                let scaled = (raw as f64 * carry.encoding * 1024.0) as i64;
+                nbytes = -((-scaled).div_euclid(1024));
+            }
+            let (payload, want) = if carry.loads { (0, raw) } else { (raw, 0) };
+            let (mut head, mut tail) = (None, None);
+            if let Some(port) = carry.port.as_ref() {
+                if payload != 0 {
+                    // the SM pushes the data at its rate
+                    let now = slf.st().now(py);
+                    let (h, t) = port.st().push_at(now, payload);
+                    (head, tail) = (Some(h), Some(t));
+                }
+            }
+            let data = match carry.data.as_ref() {
+                Some(d) => d.get_item(i)?.unbind(),
+                None => py.None(),
+            };
+            let fence = match carry.fences.as_ref() {
+                Some(f) => f.get_item(i)?.unbind(),
+                None => py.None(),
+            };
+            let piece = Piece {
+                chip,
+                addr: region.unbind(),
+                data,
+                done: done.clone_ref(py),
+                payload,
+                nbytes,
+                want,
+                fence,
+            };
+            Endpoint::issue_train(slf, op, piece, head, tail)?;
+        }
+        Ok(())
     }
 }
 
@@ -554,7 +654,7 @@ impl Endpoint {
     /// or reduction reads its payload from this GPU's HBM first.
     #[pyo3(signature = (kind, dst, chip, addr, data, done, payload, nbytes, want = 0, fence = None, tag = -1,
                         expect = 0, quorum = 0, stream = 0, head = None, tail = None))]
-    #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments)] // the Python method's parameters
     fn issue(
         slf: &Bound<'_, Self>,
         kind: i64,
@@ -583,10 +683,17 @@ impl Endpoint {
             expect,
             quorum,
         };
-        let fence = fence.unwrap_or_else(|| py.None());
-        Endpoint::issue_train(
-            slf, &op, chip, addr, data, done, payload, nbytes, want, fence, head, tail,
-        )
+        let piece = Piece {
+            chip,
+            addr,
+            data,
+            done,
+            payload,
+            nbytes,
+            want,
+            fence: fence.unwrap_or_else(|| py.None()),
+        };
+        Endpoint::issue_train(slf, &op, piece, head, tail)
     }
 
     /// An operation cut into `stripes`, a list of (region, chip), one train each: what
@@ -598,8 +705,8 @@ impl Endpoint {
     /// `encoding`: wire bytes per data byte of a protocol's line format.
     #[pyo3(signature = (kind, dst, stripes, done, port = None, stream = 0, loads = false, data = None, tag = -1,
                         expect = 0, quorum = 0, encoding = 1.0, fences = None))]
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn issue_pieces(
+    #[allow(clippy::too_many_arguments)] // the Python method's parameters
+    fn issue_pieces(
         slf: &Bound<'_, Self>,
         kind: i64,
         dst: i64,
@@ -615,7 +722,6 @@ impl Endpoint {
         encoding: f64,
         fences: Option<Bound<'_, PyList>>,
     ) -> PyResult<()> {
-        let py = slf.py();
         let op = Op {
             kind,
             dst,
@@ -624,51 +730,14 @@ impl Endpoint {
             expect,
             quorum,
         };
-        for (i, stripe) in stripes.iter().enumerate() {
-            let stripe = stripe.cast::<PyTuple>()?;
-            let piece = stripe.get_item(0)?;
-            let chip: i64 = stripe.get_item(1)?.extract()?;
-            let raw = region_bytes(&piece)?;
-            let mut nbytes = raw;
-            if encoding != 1.0 {
-                // a protocol's line format (LL, LL128): flags ride in the lines
-                let scaled = (raw as f64 * encoding * 1024.0) as i64;
-                nbytes = -((-scaled).div_euclid(1024));
-            }
-            let (payload, want) = if loads { (0, raw) } else { (raw, 0) };
-            let (mut head, mut tail) = (None, None);
-            if let Some(port) = port.as_ref() {
-                if payload != 0 {
-                    // the SM pushes the data at its rate
-                    let now = slf.st().now(py);
-                    let (h, t) = port.st().push_at(now, payload);
-                    (head, tail) = (Some(h), Some(t));
-                }
-            }
-            let piece_data = match data.as_ref() {
-                Some(d) => d.get_item(i)?.unbind(),
-                None => py.None(),
-            };
-            let fence = match fences.as_ref() {
-                Some(f) => f.get_item(i)?.unbind(),
-                None => py.None(),
-            };
-            Endpoint::issue_train(
-                slf,
-                &op,
-                chip,
-                piece.unbind(),
-                piece_data,
-                done.clone_ref(py),
-                payload,
-                nbytes,
-                want,
-                fence,
-                head,
-                tail,
-            )?;
-        }
-        Ok(())
+        let carry = Carry {
+            loads,
+            port,
+            data,
+            fences,
+            encoding,
+        };
+        Endpoint::issue_stripes(slf, &op, stripes, done, carry)
     }
 
     /// Send the write response of a delivered write back to its issuer.

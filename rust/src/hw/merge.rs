@@ -38,7 +38,7 @@ use crate::hw::params::{ps, MergeConfig};
 use crate::hw::region::Region;
 use crate::hw::replacement::{self, Replacement};
 use crate::hw::session_rule::{AllOrNothing, Room, SessionRule};
-use crate::hw::switch::SwitchChip;
+use crate::hw::switch::{HomeSum, SwitchChip};
 
 /// The CAM's request types.
 const LOAD: u8 = 0;
@@ -762,19 +762,18 @@ impl MergeUnit {
         match host {
             Host::Chip(chip) => {
                 let hook = Hook::Unit(UnitRef::of_bound(slf), (e.lines, e.tensor));
-                SwitchChip::write_home_sum(
-                    chip.bind(py),
-                    port,
-                    e.nbytes,
-                    e.addr,
-                    e.data,
-                    e.vc,
-                    e.cls,
-                    e.signal,
-                    e.count,
+                let sum = HomeSum {
+                    home: port,
+                    nbytes: e.nbytes,
+                    addr: e.addr,
+                    data: e.data,
+                    vc: e.vc,
+                    cls: e.cls,
+                    signal: e.signal,
+                    count: e.count,
                     head,
-                    hook,
-                )
+                };
+                SwitchChip::write_home_sum(chip.bind(py), sum, hook)
             }
             Host::Object(o) => {
                 let view = Session::of(py, &e);

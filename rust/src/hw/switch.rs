@@ -88,6 +88,22 @@ properties!(SwitchLedger {
     reduction_absorbed: i64, set set_reduction_absorbed;
 });
 
+/// A merge unit's (partial) sum on its way to its home GPU `home`: `nbytes` at `addr`
+/// (its `data` in functional mode), on VC `vc` with class `cls`, for signal word
+/// `signal`, carrying `count` contributions, its head ready at `head` (before the
+/// chip's reduction latency).
+pub(crate) struct HomeSum {
+    pub home: i64,
+    pub nbytes: i64,
+    pub addr: Py<PyAny>,
+    pub data: Py<PyAny>,
+    pub vc: i64,
+    pub cls: i64,
+    pub signal: i64,
+    pub count: i64,
+    pub head: i64,
+}
+
 /// State of one in-flight `multimem.ld_reduce`: responses still expected, the
 /// running sum, and the latest head time among the responses.
 struct Reduction {
@@ -587,23 +603,21 @@ impl SwitchChip {
         Ok(())
     }
 
-    /// A merge unit's (partial) sum of `nbytes` at `addr` goes to its home GPU as one
-    /// reduction carrying `count` contributions; `on_start` frees the unit's lines.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn write_home_sum(
-        slf: &Bound<'_, Self>,
-        home: i64,
-        nbytes: i64,
-        addr: Py<PyAny>,
-        data: Py<PyAny>,
-        vc: i64,
-        cls: i64,
-        signal: i64,
-        count: i64,
-        head: i64,
-        on_start: Hook,
-    ) -> PyResult<()> {
+    /// A merge unit's (partial) sum goes to its home GPU as one reduction;
+    /// `on_start` frees the unit's lines.
+    pub(crate) fn write_home_sum(slf: &Bound<'_, Self>, sum: HomeSum, on_start: Hook) -> PyResult<()> {
         let py = slf.py();
+        let HomeSum {
+            home,
+            nbytes,
+            addr,
+            data,
+            vc,
+            cls,
+            signal,
+            count,
+            head,
+        } = sum;
         let out = {
             let mut me = slf.st();
             let (wire, last) = me.packets.wire(py, RED_CAIS, nbytes)?;

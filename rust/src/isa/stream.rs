@@ -9,10 +9,10 @@ use pyo3::types::PyList;
 use pyo3::{PyTraverseError, PyVisit};
 
 use crate::engine::cell::{properties, unit, GilCell, Unit, UnitState};
-use crate::engine::completion::Completion;
+use crate::engine::completion::{Assembly, Completion};
 use crate::engine::unit::{Event, Handler, UnitRef};
 use crate::engine::wait::{ByteBound, Countdown, Signal};
-use crate::hw::gpu::Endpoint;
+use crate::hw::gpu::{Carry, Endpoint, Op};
 use crate::hw::region::region_bytes;
 use crate::hw::sm_port::SmPort;
 
@@ -128,13 +128,16 @@ impl LoadStream {
             let item = &me.items[index];
             let (gpu, kind, home, quorum) = (me.gpu.clone_ref(py), me.kind, item.home, me.quorum);
             let stripes = item.stripes.clone_ref(py);
+            let assembly = Assembly {
+                region: item.region.clone_ref(py),
+                pieces: stripes.clone_ref(py).into_any(),
+                assemble: me.assemble.clone_ref(py),
+            };
             let done = Completion::of_stream_item(
                 py,
                 stripes.bind(py).len() as i64,
                 item.placed.clone_ref(py),
-                item.region.clone_ref(py),
-                stripes.clone_ref(py).into_any(),
-                me.assemble.clone_ref(py),
+                assembly,
                 UnitRef::of_bound(slf),
                 item.nbytes,
             )?;
@@ -193,7 +196,7 @@ impl LoadStream {
     /// parts)`: puts a load's data together from its stripes' (functional mode).
     #[new]
     #[pyo3(signature = (gpu, kind, loads, window, bound, arrived, assemble, quorum = 0))]
-    #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments)] // the Python constructor's parameters
     fn new(
         gpu: Py<Endpoint>,
         kind: i64,
@@ -363,22 +366,22 @@ impl RedStream {
             let done = Completion::of_stream_request(py, count, UnitRef::of_bound(slf), nbytes)?.into_any();
             let port = port.into_bound(py);
             for r in reds {
-                Endpoint::issue_pieces(
-                    gpu.bind(py),
-                    r.kind,
-                    r.dst,
-                    r.stripes.bind(py),
-                    done.clone_ref(py),
-                    Some(port.clone()),
-                    0,
-                    false,
-                    r.data.map(|d| d.into_bound(py)),
-                    r.tag,
-                    0,
-                    r.quorum,
-                    1.0,
-                    None,
-                )?;
+                let op = Op {
+                    kind: r.kind,
+                    dst: r.dst,
+                    stream: 0,
+                    tag: r.tag,
+                    expect: 0,
+                    quorum: r.quorum,
+                };
+                let carry = Carry {
+                    loads: false,
+                    port: Some(port.clone()),
+                    data: r.data.map(|d| d.into_bound(py)),
+                    fences: None,
+                    encoding: 1.0,
+                };
+                Endpoint::issue_stripes(gpu.bind(py), &op, r.stripes.bind(py), done.clone_ref(py), carry)?;
             }
         }
     }
