@@ -37,7 +37,7 @@ use crate::engine::unit::{unexpected, Event, Handler, UnitRef};
 use crate::hw::params::{ps, MergeConfig};
 use crate::hw::region::Region;
 use crate::hw::replacement::{self, Replacement};
-use crate::hw::session_rule::{AllOrNothing, Room, SessionRule};
+use crate::hw::session_rule::{self, Room, SessionRule};
 use crate::hw::switch::{HomeSum, SwitchChip};
 
 /// The CAM's request types.
@@ -699,7 +699,7 @@ impl MergeUnit {
         loop {
             let victim = {
                 let mut me = slf.st();
-                match me.rule.room(lines, me.capacity - me.used, me.capacity) {
+                match me.rule.room(lines, me.capacity - me.used) {
                     Room::Open => return Ok(true),
                     Room::Bypass => return Ok(false),
                     Room::Evict => {}
@@ -915,7 +915,7 @@ impl MergeUnitState {
 
     /// The lines a session for a request of `nbytes` takes (the session rule's).
     fn lines_for(&self, nbytes: i64) -> i64 {
-        self.rule.lines(nbytes, self.line_bytes)
+        self.rule.lines(nbytes)
     }
 
     fn host(&self, py: Python<'_>) -> Host {
@@ -1011,7 +1011,7 @@ impl MergeUnit {
             idle: BTreeMap::new(),
             seq: 0,
             policy: replacement::by_name(&cfg.replacement)?,
-            rule: Box::new(AllOrNothing),
+            rule: session_rule::of(&cfg),
             replacement: cfg.replacement.clone(),
             used: 0,
             since: 0,
