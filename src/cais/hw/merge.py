@@ -30,7 +30,8 @@ merged into it.
   of last access, whatever the replacement policy.
 
 Requests move as trains of whole packets (a transfer unit's share of one chip): a
-session covers one train's address range and holds one line per 128 B of it; a
+session covers one train's address range and holds one line per 128 B of it, all
+of them or none (the session rule, ``rust/src/hw/session_rule.rs``); a
 request merges with requests for exactly the same range (the ISA cuts every GPU's
 accesses to one address alike). The table never holds more lines than it has: what
 does not fit travels on unmerged through the switch's buffers and links, under
