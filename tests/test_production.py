@@ -33,6 +33,8 @@ def test_table_picks_the_best_production_kernel_and_divides_by_cais() -> None:
     assert w1["case"] == "8b decode b1 kv1k"
     w2 = t[t["world"] == "w2"].iloc[0]
     assert w2["cais_over_best"] == 70.0 / 37.5
+    # outside any kernel: total less busy time (70 - 17.5 - 35 for the fused kernel)
+    assert w1["best_gap_us"] == 70.0 - 17.5 - 35.0 and w2["cais_gap_us"] == 0.0
 
 
 def test_analysis_gives_a_verdict_per_world_and_judges_the_claim(tmp_path: Path) -> None:
