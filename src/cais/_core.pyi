@@ -394,6 +394,9 @@ class Countdown(Signal):
 
 @final
 class Bound:
+    """At most ``limit`` bytes outstanding, granted first come, first served; strict: a
+    request over the limit is refused. Not :class:`cais.kernels.common.Window` (a soft
+    limit, one owner, no queue; its docstring has the difference)."""
     sim: Simulator
     limit: int
     used: int

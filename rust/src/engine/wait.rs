@@ -204,7 +204,10 @@ properties!(Countdown {
 /// entries (MSHRs, request tables): a request that finds them full waits, and
 /// waiting requests are served first come, first served. This is that, in bytes:
 /// nothing is ever admitted past the limit, not even a first request, so a caller
-/// must cut its requests to at most `limit` bytes each.
+/// must cut its requests to at most `limit` bytes each. (`cais.kernels.common.Window`,
+/// the Python kernels' per-TB window, is the other byte bound, and differs on purpose:
+/// a soft limit that admits any request when nothing is in flight, one owner and no
+/// queue; its docstring says why it stays apart.)
 #[pyclass(module = "cais._core", name = "Bound", frozen)]
 pub struct ByteBound {
     st: GilCell<ByteBoundState>,

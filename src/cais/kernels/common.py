@@ -8,7 +8,26 @@ from cais.engine.sim import ProgramGen
 
 class Window:
     """Bounds the bytes a TB keeps in flight (outstanding loads, or stores not yet
-    delivered): the SM's memory-level parallelism and the backpressure of its port."""
+    delivered): the SM's memory-level parallelism and the backpressure of its port.
+
+    Not the core's :class:`~cais.engine.Bound`, on purpose, and the two differ in
+    three ways (issue 38 asked for one or the difference stated here):
+
+    * **soft limit**: a request is admitted whenever nothing is in flight, however
+      large (``full`` is ``used > 0 and used + nbytes > limit``), so a caller need not
+      cut its transfers to the limit; a ``Bound`` refuses a request over its limit;
+    * **one owner, no queue**: one program (a collective's TB, a DMA engine) takes and
+      releases it, checking ``full`` between its own sends; a release wakes whoever
+      waits and they look again. A ``Bound`` is shared by many TBs (a GPU's bound on
+      outstanding remote requests) and grants in first-come, first-served order;
+    * **Python**: its users are per-transfer loops in Python kernels (collectives,
+      the staged NVLS AllReduce, production AllReduces, DMA), whose results the
+      goldens and the fitted collective constants rest on; a ``Bound`` lives in the
+      core beside the ``LoadStream`` and ``RedStream`` that take it without entering
+      the interpreter.
+
+    Folding it into ``Bound`` would change when those kernels' transfers start.
+    """
 
     __slots__ = ("sim", "limit", "used", "_waiter")
 
