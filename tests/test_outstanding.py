@@ -13,6 +13,7 @@ import pytest
 from cais.engine import Bound, Simulator
 from cais.experiments.layer import run_layer
 from cais.hw.config import apply_overrides, load_system
+import cais.isa as isa_module
 from cais.isa import Isa
 from cais.kernels.gemm import GemmShape
 from cais.opt.tb_order import band_rows, owner_interleaved_order
@@ -73,23 +74,31 @@ def test_a_tighter_bound_costs_time() -> None:
 @pytest.mark.parametrize("scheme", ["cais-base", "cais"])
 def test_with_l2_kept_reads_a_gpu_loads_each_remote_piece_once(monkeypatch, scheme: str) -> None:
     """A TB that waited for room must look the L2 up again: another TB may have asked
-    for the same lines meanwhile (on real hardware the second request joins the first)."""
-    issued: Counter = Counter()
-    real = Isa.ld_cais
+    for the same lines meanwhile (on real hardware the second request joins the first).
+    The core's LoadStream enters each load it sends in the GPU's ``kept`` table under a
+    key of its own and joins a load whose key is there; a piece sent twice would find
+    its key taken, so per table the loads sent equal the keys."""
+    made: list[tuple[dict, object]] = []
+    real = isa_module.LoadStream
 
-    def record(self, src, home, region, done, **kw):
-        issued[(src, home, region)] += 1
-        return real(self, src, home, region, done, **kw)
+    def record(*args, **kw):
+        stream = real(*args, **kw)
+        if args[8] is not None:
+            made.append((args[8], stream))
+        return stream
 
-    monkeypatch.setattr(Isa, "ld_cais", record)
+    monkeypatch.setattr(isa_module, "LoadStream", record)
     # small windows so that TBs wait for room while their neighbours load the same rows
     cfg = _four(**{"gpu.l2_keeps_peer_reads": "true", "gpu.remote_outstanding_kB": "8", "cais.request_kB": "2",
                    "cais.outstanding_kB": "4", "collective.outstanding_bytes_per_sm": "4096"})
     r = run_layer(cfg, GPT, scheme, "prefill", functional=True, seed=5)  # prefill: each shard is read by one kernel
     assert r.mismatches == []
-    assert len(issued) > 0
-    dups = {k: v for k, v in issued.items() if v > 1}
-    assert dups == {}, f"{len(dups)} of {len(issued)} pieces loaded more than once"
+    sent: Counter = Counter()
+    tables = {id(kept): kept for kept, _ in made}
+    for kept, stream in made:
+        sent[id(kept)] += stream.issued
+    assert sum(sent.values()) > 0
+    assert {k: sent[k] for k in tables} == {k: len(kept) for k, kept in tables.items()}
 
 
 # ---- merging-aware TB scheduling ---------------------------------------------------------

@@ -95,7 +95,8 @@ class LoadStream:
     issued: int
     def __new__(cls, gpu: Endpoint, kind: int, loads: list[tuple[int, Region, list[tuple[Region, int]], Any]],
                  window: Bound, bound: Bound, arrived: Countdown, assemble: Callable[..., Any],
-                 quorum: int = 0) -> Self: ...
+                 quorum: int = 0, kept: dict[tuple[Any, int, Region], Signal] | None = None,
+                 scope: Any = None) -> Self: ...
     def start(self) -> None: ...
 
 @final

@@ -214,7 +214,8 @@ class Isa:
                                       True, expect=expect, quorum=quorum)
 
     def ld_stream(self, src: int, loads: list[StreamLoad], window: Bound, bound: Bound, arrived: Countdown,
-                  cais: bool = False, quorum: int = 0) -> None:
+                  cais: bool = False, quorum: int = 0, kept: dict[tuple[object, int, Region], Signal] | None = None,
+                  scope: object = None) -> None:
         """A TB mainloop's remote loads (a :data:`StreamLoad` each), issued in this
         order by the core (:class:`cais._core.LoadStream`): each takes its bytes (at
         most a bound's limit) in the SM's ``window`` and then in the GPU's ``bound``,
@@ -222,10 +223,15 @@ class Isa:
         (``cais``: ``ld.cais``, with ``quorum`` as for :meth:`ld_cais`). When its data
         is in it gives its bytes back, calls its placer with the data (if it has one;
         data is None in timing mode) and counts into ``arrived``. Every home must be
-        another GPU."""
+        another GPU. ``kept`` (a dict shared by the GPU's TBs; None: every load goes
+        out): a load whose ``(scope, home, region)`` is there joins the one asked for
+        first (an L2 that keeps peer reads: a hit, or a miss in flight), taking no room
+        and sending nothing; it checks before taking room and again once granted (then
+        giving the room back). A load that goes out is entered there, a signal that
+        fires with its data once it is in."""
         kind = Kind.LD_CAIS_REQ if cais else Kind.READ_REQ
         self.ops += sum(len(load[2]) for load in loads)
-        LoadStream(self.m.gpus[src], kind, loads, window, bound, arrived, _assemble, quorum).start()
+        LoadStream(self.m.gpus[src], kind, loads, window, bound, arrived, _assemble, quorum, kept, scope).start()
 
     def red_op(self, dst: int, region: Region, data: np.ndarray | None, unit: int | None = None) -> StreamRed:
         """A ``red`` into GPU ``dst`` as a stream issues it (see :meth:`red_stream`)."""

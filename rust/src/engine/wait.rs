@@ -105,7 +105,7 @@ impl Signal {
     }
 
     /// Run `fn(value)` when the signal fires (now, if it has).
-    fn on_fire(slf: &Bound<'_, Self>, r#fn: Py<PyAny>) -> PyResult<()> {
+    pub(crate) fn on_fire(slf: &Bound<'_, Self>, r#fn: Py<PyAny>) -> PyResult<()> {
         let py = slf.py();
         let value = {
             let mut me = slf.st();

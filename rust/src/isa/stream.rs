@@ -5,11 +5,12 @@
 //! when it is acknowledged.
 
 use pyo3::prelude::*;
-use pyo3::types::PyList;
+use pyo3::types::{PyDict, PyList, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
 
 use crate::engine::cell::{properties, unit, GilCell, Unit, UnitState};
 use crate::engine::completion::{Assembly, Completion};
+use crate::engine::sim::Simulator;
 use crate::engine::unit::{Event, Handler, UnitRef};
 use crate::engine::wait::{ByteBound, Countdown, Signal};
 use crate::hw::gpu::{Carry, Endpoint, Op};
@@ -104,9 +105,131 @@ pub(crate) struct LoadStreamState {
     assemble: Py<PyAny>,
     /// Loads issued so far.
     issued: usize,
+    /// Loads that may join another TB's (an L2 that keeps peer reads, a cluster's
+    /// multicast, a staged block): what this GPU has asked for, by (scope, home,
+    /// region), each a signal that fires with the data; None: every load goes out.
+    kept: Option<Py<PyDict>>,
+    scope: Py<PyAny>,
 }
 
 unit!(LoadStream, LoadStreamState);
+
+impl LoadStreamState {
+    /// The key item `index` has in `kept`: (scope, home, region).
+    fn key<'py>(&self, py: Python<'py>, index: usize) -> PyResult<Bound<'py, PyTuple>> {
+        let item = &self.items[index];
+        PyTuple::new(
+            py,
+            [
+                self.scope.bind(py).clone(),
+                item.home.into_pyobject(py)?.into_any(),
+                item.region.bind(py).clone(),
+            ],
+        )
+    }
+
+    fn sim(&self, py: Python<'_>) -> Py<Simulator> {
+        self.grants.bounds[0].get().st(py).sim.clone_ref(py)
+    }
+
+    /// What item `index` does when the load it joins has its data.
+    fn joined(&self, py: Python<'_>, index: usize) -> PyResult<Py<PyAny>> {
+        let join = JoinedLoad {
+            placed: self.items[index].placed.clone_ref(py),
+            arrived: self.arrived.clone_ref(py),
+            sim: self.sim(py),
+        };
+        Ok(Py::new(py, join)?.into_any())
+    }
+}
+
+/// A load that joined one another TB of its GPU asked for first: when that one's
+/// data is in (its line fires), the data goes to this load's placer and the load
+/// counts into its TB's `arrived`. It took no room: it sent nothing.
+#[pyclass(module = "cais._core", frozen)]
+pub struct JoinedLoad {
+    placed: Py<PyAny>,
+    arrived: Py<Countdown>,
+    sim: Py<Simulator>,
+}
+
+#[pymethods]
+impl JoinedLoad {
+    fn __call__(&self, py: Python<'_>, data: Py<PyAny>) -> PyResult<()> {
+        if !self.placed.is_none(py) {
+            self.placed.call1(py, (data,))?;
+        }
+        Countdown::arrive(self.arrived.bind(py), self.sim.bind(py), 1)
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.placed)?;
+        visit.call(&self.arrived)?;
+        visit.call(&self.sim)
+    }
+}
+
+/// A load whose data is kept for those that join it (an L2 that keeps peer reads):
+/// it completes as any load of its stream (its room back, its data placed, counted
+/// in) and then fires its `line` with the data.
+#[pyclass(module = "cais._core", frozen)]
+pub struct KeptLoad {
+    st: GilCell<KeptLoadState>,
+}
+
+/// The mutable state of a [`KeptLoad`] (see there), borrowed while holding the GIL.
+pub(crate) struct KeptLoadState {
+    stream: Py<LoadStream>,
+    placed: Py<PyAny>,
+    line: Py<Signal>,
+    /// The data, once its completion has put it together (None in timing mode).
+    data: Py<PyAny>,
+}
+
+unit!(KeptLoad, KeptLoadState);
+
+impl Handler for KeptLoad {
+    fn on_event(slf: &Bound<'_, Self>, ev: Event<'_, '_>) -> PyResult<()> {
+        let py = slf.py();
+        let stream = slf.st().stream.clone_ref(py);
+        match ev {
+            Event::Acked(nbytes) => LoadStream::release(stream.bind(py), nbytes),
+            Event::Landed => {
+                LoadStream::landed(stream.bind(py))?;
+                let (line, data) = {
+                    let me = slf.st();
+                    (me.line.clone_ref(py), me.data.clone_ref(py))
+                };
+                let now = stream.get().st(py).sim(py).get().now();
+                Signal::fire_now(line.bind(py), now, data)
+            }
+            _ => Err(crate::engine::unit::unexpected("KeptLoad")),
+        }
+    }
+}
+
+#[pymethods]
+impl KeptLoad {
+    /// The load's data is in (its completion's callback): placed, and kept for the line.
+    fn __call__(&self, py: Python<'_>, data: Py<PyAny>) -> PyResult<()> {
+        let placed = self.st(py).placed.clone_ref(py);
+        if !placed.is_none(py) {
+            placed.call1(py, (data.clone_ref(py),))?;
+        }
+        self.st(py).data = data;
+        Ok(())
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        let Some(me) = self.st.during_gc() else {
+            return Ok(());
+        };
+        visit.call(&me.stream)?;
+        visit.call(&me.placed)?;
+        visit.call(&me.line)?;
+        visit.call(&me.data)
+    }
+}
 
 impl LoadStream {
     /// Issue what the bounds admit, in order; stop at the first load that must wait
@@ -118,13 +241,41 @@ impl LoadStream {
             if me.next >= me.items.len() {
                 return Ok(());
             }
-            let want = me.items[me.next].nbytes;
+            let index = me.next;
+            let kept = me.kept.as_ref().map(|k| k.clone_ref(py));
+            if let (Some(kept), 0) = (kept.as_ref(), me.grants.held) {
+                // asked for already (an L2 hit, or a miss in flight): join it
+                if let Some(line) = kept.bind(py).get_item(me.key(py, index)?)? {
+                    me.next += 1;
+                    let join = me.joined(py, index)?;
+                    drop(me);
+                    Signal::on_fire(line.cast::<Signal>()?, join)?;
+                    continue;
+                }
+            }
+            let want = me.items[index].nbytes;
             if let Some(sig) = me.grants.take(py, want)? {
                 drop(me);
                 Signal::wait_unit(sig.bind(py), UnitRef::of_bound(slf));
                 return Ok(());
             }
-            let index = me.next;
+            let mut kept_line = None;
+            if let Some(kept) = kept.as_ref() {
+                // another TB of this GPU may have asked for it meanwhile: join that
+                let key = me.key(py, index)?;
+                if let Some(line) = kept.bind(py).get_item(&key)? {
+                    me.next += 1;
+                    me.grants.held = 0;
+                    let (bounds, join) = (me.grants.clone_bounds(py), me.joined(py, index)?);
+                    drop(me);
+                    Grants::give_back(py, bounds, want)?;
+                    Signal::on_fire(line.cast::<Signal>()?, join)?;
+                    continue;
+                }
+                let line = Py::new(py, Signal::blank(py))?;
+                kept.bind(py).set_item(key, line.clone_ref(py))?;
+                kept_line = Some(line);
+            }
             let item = &me.items[index];
             let (gpu, kind, home, quorum) = (me.gpu.clone_ref(py), me.kind, item.home, me.quorum);
             let stripes = item.stripes.clone_ref(py);
@@ -133,14 +284,31 @@ impl LoadStream {
                 pieces: stripes.clone_ref(py).into_any(),
                 assemble: me.assemble.clone_ref(py),
             };
-            let done = Completion::of_stream_item(
-                py,
-                stripes.bind(py).len() as i64,
-                item.placed.clone_ref(py),
-                assembly,
-                UnitRef::of_bound(slf),
-                item.nbytes,
-            )?;
+            let count = stripes.bind(py).len() as i64;
+            let done = match kept_line {
+                None => Completion::of_stream_item(
+                    py,
+                    count,
+                    item.placed.clone_ref(py),
+                    assembly,
+                    UnitRef::of_bound(slf),
+                    item.nbytes,
+                )?,
+                Some(line) => {
+                    // its data kept for the loads that join it, once this one has it
+                    let keep = Bound::new(
+                        py,
+                        KeptLoad::from(KeptLoadState {
+                            stream: slf.clone().unbind(),
+                            placed: item.placed.clone_ref(py),
+                            line,
+                            data: py.None(),
+                        }),
+                    )?;
+                    let unit = UnitRef::of_bound(&keep);
+                    Completion::of_stream_item(py, count, keep.into_any().unbind(), assembly, unit, item.nbytes)?
+                }
+            };
             me.next += 1;
             me.grants.held = 0;
             me.issued += 1;
@@ -194,8 +362,11 @@ impl LoadStream {
     /// callable taking the load's data, or None); `window`, `bound`: the SM's and the
     /// GPU's bounds; `arrived`: counts the loads in; `assemble(region, stripes,
     /// parts)`: puts a load's data together from its stripes' (functional mode).
+    /// `kept`: a load may join one its GPU already asked for, keyed `(scope, home,
+    /// region)` there (a signal firing with the data); None: each goes out.
     #[new]
-    #[pyo3(signature = (gpu, kind, loads, window, bound, arrived, assemble, quorum = 0))]
+    #[pyo3(signature = (gpu, kind, loads, window, bound, arrived, assemble, quorum = 0, kept = None,
+                        scope = None))]
     #[allow(clippy::too_many_arguments)] // the Python constructor's parameters
     fn new(
         gpu: Py<Endpoint>,
@@ -206,7 +377,10 @@ impl LoadStream {
         arrived: Py<Countdown>,
         assemble: Py<PyAny>,
         quorum: i64,
+        kept: Option<Py<PyDict>>,
+        scope: Option<Py<PyAny>>,
     ) -> PyResult<Self> {
+        let py = loads.py();
         let mut items = Vec::with_capacity(loads.len());
         for load in loads.iter() {
             let (home, region, stripes, placed): (i64, Bound<'_, PyAny>, Bound<'_, PyList>, Bound<'_, PyAny>) =
@@ -232,6 +406,8 @@ impl LoadStream {
             arrived,
             assemble,
             issued: 0,
+            kept,
+            scope: scope.unwrap_or_else(|| py.None()),
         }))
     }
 
@@ -248,6 +424,10 @@ impl LoadStream {
         me.grants.visit(&visit)?;
         visit.call(&me.arrived)?;
         visit.call(&me.assemble)?;
+        if let Some(kept) = &me.kept {
+            visit.call(kept)?;
+        }
+        visit.call(&me.scope)?;
         for item in &me.items {
             visit.call(&item.region)?;
             visit.call(&item.stripes)?;

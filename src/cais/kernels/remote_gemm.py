@@ -293,16 +293,13 @@ class RemoteAccess:
         GPUs that run a GEMM share it (``EpiloguePlan``)."""
         return [self.m.isa.red_op(owner, region, data, self.red_unit())]
 
-    def load(self, g: int, home: int, region: Region, done: Callable[[np.ndarray | None], None], unit: int) -> None:
-        """One mainloop load of remote operand rows: a plain remote ``ld``. (A strategy
-        that changes it changes :meth:`load_stream` alike.)"""
-        self.m.isa.ld(g, home, region, done, unit=unit)
-
-    def load_stream(self, g: int, loads: list[StreamLoad], slots: RequestSlots, arrived: Countdown) -> None:
+    def load_stream(self, g: int, loads: list[StreamLoad], slots: RequestSlots, arrived: Countdown,
+                    kept: dict[tuple[object, int, Region], Signal] | None = None, scope: object = None) -> None:
         """A TB's mainloop loads, (home, region, stripes, placed) each, in order: each
-        as :meth:`load` would issue it once ``slots`` have room, counted into
-        ``arrived`` when its data is in (``Isa.ld_stream``)."""
-        self.m.isa.ld_stream(g, loads, slots.sm, slots.gpu, arrived)
+        a plain remote ``ld`` once ``slots`` have room, counted into ``arrived`` when its
+        data is in; with ``kept``, a load this GPU already asked for in ``scope`` joins
+        that one (``Isa.ld_stream``). The one path a TB's remote loads take."""
+        self.m.isa.ld_stream(g, loads, slots.sm, slots.gpu, arrived, kept=kept, scope=scope)
 
 
 class MergeableAccess(RemoteAccess):
@@ -338,11 +335,10 @@ class MergeableAccess(RemoteAccess):
     def reductions(self, g: int, owner: int, region: Region, data: np.ndarray | None) -> list[StreamRed]:
         return [self.m.isa.red_cais_op(owner, region, data, self.signal, self.red_unit(), self.quorum)]
 
-    def load(self, g: int, home: int, region: Region, done: Callable[[np.ndarray | None], None], unit: int) -> None:
-        self.m.isa.ld_cais(g, home, region, done, unit=unit, quorum=self.quorum)
-
-    def load_stream(self, g: int, loads: list[StreamLoad], slots: RequestSlots, arrived: Countdown) -> None:
-        self.m.isa.ld_stream(g, loads, slots.sm, slots.gpu, arrived, cais=True, quorum=self.quorum)
+    def load_stream(self, g: int, loads: list[StreamLoad], slots: RequestSlots, arrived: Countdown,
+                    kept: dict[tuple[object, int, Region], Signal] | None = None, scope: object = None) -> None:
+        self.m.isa.ld_stream(g, loads, slots.sm, slots.gpu, arrived, cais=True, quorum=self.quorum, kept=kept,
+                             scope=scope)
 
 
 # ---- GEMM-RS: partial rows reduced into their owner ------------------------------------
@@ -502,31 +498,15 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
                 for ld in tp.loads:
                     if ld.home == g:  # its own rows: read locally
                         _place(blocks, ld, ld.region, mem.read(ld.region))
-            if kept is None:  # the core issues them in order, under the TB's slots
-                remote = tp.stream(isa, g, blocks)
-                arrived = Countdown(len(remote))
+            # the core issues them in order, under the TB's slots; where a load may join
+            # another TB's of its scope (an L2 that keeps peer reads, a TMA multicast to
+            # the cluster, a staged block), one this GPU already asked for is joined
+            remote = tp.stream(isa, g, blocks)
+            arrived = Countdown(len(remote))
+            if kept is None:
                 access.load_stream(g, remote, slots, arrived)
             else:
-                # a load may join another TB's of its scope (an L2 that keeps peer reads,
-                # a TMA multicast to the cluster, a staged block): the TB issues each itself
-                remote = [(ld, pc) for ld, pc in tp.pieces(isa) if ld.home != g]
-                arrived = Countdown(len(remote))
-                scope = reuse.scope((i, j), shape)
-                for ld, pc in remote:
-                    key = (scope, ld.home, pc)
-                    line = kept.get(key)
-                    if line is None:
-                        yield from slots.acquire(pc.nbytes)
-                        # another TB of this GPU may have asked for the piece meanwhile:
-                        # a second request for a line in flight joins the first
-                        line = kept.get(key)
-                        if line is not None:
-                            slots.release(pc.nbytes)
-                    if line is not None:  # an L2 hit (or a miss already in flight)
-                        line.on_fire(_hit(m, ld, pc, blocks, arrived))
-                        continue
-                    kept[key] = line = Signal()
-                    access.load(g, ld.home, pc, _keep(m, _got(m, slots, ld, pc, blocks, arrived), line), unit)
+                access.load_stream(g, remote, slots, arrived, kept, reuse.scope((i, j), shape))
             if remote:
                 yield arrived
             # the mainloop computes each K-slice once it has landed: after the last
@@ -557,15 +537,6 @@ def k_steps(shape: GemmShape, ops: list[Operand], eb: int, load_bytes: int) -> l
     return [(k0, min(step, shape.k - k0)) for k0 in range(0, shape.k, step)]
 
 
-def _got(m: Machine, slots: RequestSlots, ld: Load, piece: Region, blocks: list[np.ndarray] | None,
-         arrived: Countdown) -> Callable[[np.ndarray | None], None]:
-    def done(data: np.ndarray | None) -> None:
-        slots.release(piece.nbytes)
-        if blocks is not None and data is not None:
-            _place(blocks, ld, piece, data)
-        arrived.arrive(m.sim)
-    return done
-
 
 def _placer(ld: Load, piece: Region, blocks: list[np.ndarray] | None) -> Callable[[np.ndarray | None], None] | None:
     """Where a load's data goes in functional mode (None in timing mode: no data)."""
@@ -578,21 +549,6 @@ def _placer(ld: Load, piece: Region, blocks: list[np.ndarray] | None) -> Callabl
     return placed
 
 
-def _keep(m: Machine, got: Callable[[np.ndarray | None], None], line: Signal) -> Callable[[np.ndarray | None], None]:
-    """A load whose data the L2 keeps: ``line`` fires with it for later readers."""
-    def done(data: np.ndarray | None) -> None:
-        got(data)
-        line.fire(m.sim, data)
-    return done
-
-
-def _hit(m: Machine, ld: Load, piece: Region, blocks: list[np.ndarray] | None,
-         arrived: Countdown) -> Callable[[np.ndarray | None], None]:
-    def done(data: np.ndarray | None) -> None:
-        if blocks is not None and data is not None:
-            _place(blocks, ld, piece, data)
-        arrived.arrive(m.sim)
-    return done
 
 
 def _blocks(shape: GemmShape, ops: list[Operand], i: int, j: int) -> list[np.ndarray]:
