@@ -32,4 +32,4 @@ def test_every_issue_40_row_has_its_target() -> None:
 
 def test_the_yardstick_times_a_small_loop() -> None:
     wall, cpu = bench.heapq_million(n=1_000, pending=10)
-    assert 0 < wall < 1 and 0 <= cpu < 1
+    assert wall > 0 and cpu >= 0  # timed, not bounded: no test asserts wall time
