@@ -74,3 +74,58 @@ def test_a_layer_with_nccl_s_choice_runs_staged_nvls_exactly() -> None:
     zero_copy = _cfg("registered", 4, **{"collective.layer_choice": "nccl"})
     assert run_layer(zero_copy, model, "tp-nvls", "prefill").total_us < run_layer(staged, model, "tp-nvls",
                                                                                    "prefill").total_us
+
+
+def test_fences_and_multicast_flags_are_built_and_counted_in_the_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 40: Isa.fence has the core build and send its probes (Endpoint.fence_probes)
+    and the staged kernel's tail and credit flags land on their countdowns through
+    ArrivePerGpu, with no Python call per copy; the run is the one the Python path
+    (a Train per probe, a callback per landed copy) gives, to the picosecond."""
+    import cais.isa as isa_mod
+    from cais.engine import ArrivePerGpu, Train
+    from cais.hw.packets import Kind
+    from cais.isa import FLAG_BYTES, Isa
+
+    built: dict[str, int] = {"probes": 0, "counted": 0, "called": 0}
+
+    def counting_train(*args, **kw):  # every Train the Python ISA builds
+        t = Train(*args, **kw)
+        if t.kind == Kind.FLAG:
+            built["probes"] += 1
+        elif t.kind == Kind.MC_FLAG:
+            built["counted" if isinstance(t.done, ArrivePerGpu) else "called"] += 1
+        return t
+
+    monkeypatch.setattr(isa_mod, "Train", counting_train)
+    cfg = _cfg("staged")
+    size = 2 * MIB
+    core = run_collective(cfg, "allreduce", "nvls", size, functional=True)
+    assert core.correct
+    assert built["probes"] == 0  # no fence probe built in Python
+    assert built["counted"] > 0 and built["called"] == 0
+    flags = built["counted"]
+
+    def python_fence(self, src, dsts, traffic, done):  # the path before issue 40
+        paths = [(d, c) for d in sorted(set(dsts)) if d != src for c in range(len(self.fab.switches))]
+        if not paths:
+            self._local(lambda: None, done)
+            return
+        acked = self._counter(len(paths), done)
+        wire, last = self.pk.wire(Kind.FLAG, FLAG_BYTES)
+        vc = self.vcmap.vc(Kind.FLAG, traffic)
+        for d, c in paths:
+            probe = isa_mod.Train(0, wire, last, kind=Kind.FLAG, src=src, dst=d, chip=c, vc=vc, cls=traffic)
+            probe.fence = acked
+            self.fab.inject(probe)
+
+    def python_counts(self, src, key, counts):
+        self.flag_multicast(src, key, lambda g: counts[g].arrive(self.sim))
+
+    monkeypatch.setattr(Isa, "fence", python_fence)
+    monkeypatch.setattr(Isa, "flag_multicast_counts", python_counts)
+    built.update(probes=0, counted=0, called=0)
+    ref = run_collective(cfg, "allreduce", "nvls", size, functional=True)
+    assert ref.correct
+    assert built["probes"] > 0 and built["called"] == flags and built["counted"] == 0
+    assert (core.time_us, core.events) == (ref.time_us, ref.events)
+    assert core.metrics.as_json() == ref.metrics.as_json()

@@ -72,6 +72,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<hbm::HbmShare>()?;
     m.add_class::<hbm::HbmPhase>()?;
     m.add_class::<completion::Completion>()?;
+    m.add_class::<completion::ArrivePerGpu>()?;
     m.add_class::<sm_port::SmPort>()?;
     m.add_class::<merge::MergeUnit>()?;
     m.add_class::<merge::MergeStats>()?;

@@ -26,6 +26,7 @@ __all__ = [
     "HbmShare",
     "HbmPhase",
     "Completion",
+    "ArrivePerGpu",
     "SmPort",
     "MergeUnit",
     "MergeStats",
@@ -278,6 +279,8 @@ class Endpoint:
     def receive(self, train: Train) -> None: ...
     def inject(self, train: Train, head: int | None = None, tail: int | None = None,
                on_start: Callable[[Train, int, int], None] | None = None) -> None: ...
+    def fence_probes(self, dsts: list[int], chips: int, wire: int, last: int, vc: int, cls: int,
+                     acked: Completion) -> None: ...
     # tag defaults to -1 (none), here and in issue_pieces, written `...` as in Train
     def issue(self, kind: int, dst: int, chip: int, addr: Any, data: Any, done: Callable[[Train], None] | None,
               payload: int, nbytes: int, want: int = 0, fence: Callable[[Train], None] | None = None, tag: int = ...,
@@ -370,6 +373,13 @@ class Completion:
     def __new__(cls, count: int, done: Callable[..., None] | None = None, region: Any = None, pieces: Any = None,
                  assemble: Callable[[Any, Any, dict[int, Any]], Any] | None = None) -> Self: ...
     def __call__(self, train: Any) -> None: ...
+
+@final
+class ArrivePerGpu:
+    """A multicast flag's completion: each copy landing on GPU g arrives once on
+    ``counts[g]``, in the core."""
+    def __new__(cls, sim: Simulator, counts: list[Countdown]) -> Self: ...
+    def __call__(self, train: Train) -> None: ...
 
 @final
 class SmPort:

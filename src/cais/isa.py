@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from cais.engine import Bound, Completion, Countdown, Signal, Train
+from cais.engine import ArrivePerGpu, Bound, Completion, Countdown, Signal, Train
 from cais.hw.gpu import LoadStream, RedStream, SmPort
 from cais.hw.memory import Region, as_run
 from cais.hw.packets import Kind
@@ -74,6 +74,8 @@ class Isa:
         # stripes() per (region, unit): every GPU that loads or reduces one address cuts
         # it alike (not in mirror mode, where striping counts uneven units)
         self._stripes: dict[tuple, list[tuple[Region, int]]] = {}
+        # a fence probe's (wire bytes, last packet's wire bytes, VC) per traffic class
+        self._probes: dict[int, tuple[int, int, int]] = {}
 
     def request_bound(self, src: int) -> Bound:
         """GPU ``src``'s bound on outstanding remote SM requests (every TB that loads
@@ -342,6 +344,16 @@ class Isa:
                       chip=self.flag_chip(key), done=lambda t: landed(t.dst), vc=self.vcmap.vc(kind))
         self.fab.inject(train)
 
+    def flag_multicast_counts(self, src: int, key: int, counts: list[Countdown]) -> None:
+        """:meth:`flag_multicast` whose landing on GPU ``g`` is ``counts[g].arrive(sim)``,
+        counted in the core (:class:`cais._core.ArrivePerGpu`) without a Python call
+        per copy."""
+        self.ops += 1
+        kind = Kind.MC_FLAG
+        train = Train(0, *self.pk.wire(kind, FLAG_BYTES), kind=kind, src=src, dst=-1,
+                      chip=self.flag_chip(key), done=ArrivePerGpu(self.sim, counts), vc=self.vcmap.vc(kind))
+        self.fab.inject(train)
+
     def release_flag(self, src: int, dst: int, traffic: int, landed: Done) -> None:
         """A flag stored on ``dst`` behind this GPU's earlier writes of class
         ``traffic`` to it (``st.release``/``red.release`` of a counter): one flag down
@@ -384,19 +396,19 @@ class Isa:
         ``dsts``: a zero-payload probe follows the writes down every chip's path to
         every destination, on their VC (so it lands after them), and ``done`` runs
         when every probe's write response is back."""
-        paths = [(d, c) for d in sorted(set(dsts)) if d != src for c in range(len(self.fab.switches))]
-        if not paths:
+        chips = len(self.fab.switches)
+        peers = sorted(d for d in set(dsts) if d != src)
+        if not peers or not chips:
             self._local(lambda: None, done)
             return
-        acked = self._counter(len(paths), done)
-        kind = Kind.FLAG
-        wire, last = self.pk.wire(kind, FLAG_BYTES)
-        vc = self.vcmap.vc(kind, traffic)
-        for d, c in paths:
-            self.ops += 1
-            probe = Train(0, wire, last, kind=kind, src=src, dst=d, chip=c, vc=vc, cls=traffic)
-            probe.fence = acked
-            self.fab.inject(probe)
+        acked = self._counter(len(peers) * chips, done)
+        probe = self._probes.get(traffic)
+        if probe is None:  # (wire, last packet's wire, VC) of a probe of this class
+            kind = Kind.FLAG
+            probe = self._probes[traffic] = (*self.pk.wire(kind, FLAG_BYTES), self.vcmap.vc(kind, traffic))
+        self.ops += len(peers) * chips
+        # one probe per (destination, chip), in that order, built and put on the ports by the core
+        self.fab.gpus[src].fence_probes(peers, chips, *probe, traffic, acked)
 
     def flag_chip(self, key: int) -> int:
         """The chip a flag's address maps to (every GPU's copy of one flag, alike): a

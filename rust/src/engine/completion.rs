@@ -13,9 +13,10 @@ use pyo3::types::PyDict;
 use pyo3::{PyTraverseError, PyVisit};
 
 use super::cell::{properties, unit, GilCell, Unit, UnitState};
+use super::sim::Simulator;
 use super::train::Train;
 use super::unit::{Event, UnitRef};
-use super::wait::Signal;
+use super::wait::{Countdown, Signal};
 
 /// A completion counter over an operation's trains. `done` runs when `count` have
 /// completed: as `done(data)` for a load (`assemble` given: the data of every piece,
@@ -170,7 +171,83 @@ pub(crate) fn complete(train: &Bound<'_, Train>, now: i64) -> PyResult<()> {
     if let Ok(sig) = done.cast::<Signal>() {
         return Signal::fire_now(sig, now, py.None());
     }
+    if let Ok(each) = done.cast::<ArrivePerGpu>() {
+        return ArrivePerGpu::arrive(each, train);
+    }
     done.call1((train,)).map(|_| ())
+}
+
+/// A multicast flag's completion (`cais.isa.Isa.flag_multicast_counts`): each copy
+/// that lands on GPU `g` arrives once on `counts[g]`, counted in the core without
+/// entering Python (a Python callback would run once per copy).
+#[pyclass(module = "cais._core", frozen)]
+pub struct ArrivePerGpu {
+    st: GilCell<ArrivePerGpuState>,
+}
+
+/// The state of an [`ArrivePerGpu`] (see there), borrowed while holding the GIL.
+pub(crate) struct ArrivePerGpuState {
+    sim: Option<Py<Simulator>>,
+    counts: Vec<Py<Countdown>>,
+}
+
+unit!(ArrivePerGpu, ArrivePerGpuState);
+
+impl ArrivePerGpu {
+    /// A copy has landed on GPU `train.dst`.
+    pub(crate) fn arrive(slf: &Bound<'_, Self>, train: &Bound<'_, Train>) -> PyResult<()> {
+        let py = slf.py();
+        let dst = train.st().dst;
+        let (sim, count) = {
+            let me = slf.st();
+            let count = usize::try_from(dst)
+                .ok()
+                .and_then(|g| me.counts.get(g))
+                .ok_or_else(|| {
+                    pyo3::exceptions::PyIndexError::new_err(format!(
+                        "a flag landed on GPU {dst}, with {} countdowns",
+                        me.counts.len()
+                    ))
+                })?;
+            let sim = me
+                .sim
+                .as_ref()
+                .ok_or_else(|| pyo3::exceptions::PyRuntimeError::new_err("ArrivePerGpu was cleared"))?;
+            (sim.clone_ref(py), count.clone_ref(py))
+        };
+        Countdown::arrive(count.bind(py), sim.bind(py), 1)
+    }
+}
+
+#[pymethods]
+impl ArrivePerGpu {
+    #[new]
+    fn new(sim: Py<Simulator>, counts: Vec<Py<Countdown>>) -> Self {
+        ArrivePerGpu::from(ArrivePerGpuState { sim: Some(sim), counts })
+    }
+
+    /// A copy has landed (as the core calls it): `counts[train.dst].arrive(sim)`.
+    fn __call__(slf: &Bound<'_, Self>, train: Bound<'_, Train>) -> PyResult<()> {
+        ArrivePerGpu::arrive(slf, &train)
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        let Some(me) = self.st.during_gc() else {
+            return Ok(());
+        };
+        visit.call(&me.sim)?;
+        for c in &me.counts {
+            visit.call(c)?;
+        }
+        Ok(())
+    }
+
+    fn __clear__(&self) {
+        if let Some(mut me) = self.st.during_gc_mut() {
+            me.sim = None;
+            me.counts.clear();
+        }
+    }
 }
 
 #[pymethods]

@@ -647,6 +647,38 @@ impl Endpoint {
         Endpoint::inject_train(slf, train, head, tail, hook)
     }
 
+    /// A `__threadfence_system`'s probes (`cais.isa.Isa.fence`): for each of `dsts` in
+    /// order, one zero-payload flag of `wire` bytes (`last`: its last packet's) down
+    /// each chip `0..chips` in turn, on VC `vc` and traffic class `cls`, its write
+    /// response completing `acked`; each put on its port as `inject` does (head and
+    /// tail now).
+    #[allow(clippy::too_many_arguments)] // the Python method's parameters
+    fn fence_probes(
+        slf: &Bound<'_, Self>,
+        dsts: Vec<i64>,
+        chips: i64,
+        wire: i64,
+        last: i64,
+        vc: i64,
+        cls: i64,
+        acked: Py<PyAny>,
+    ) -> PyResult<()> {
+        let py = slf.py();
+        let src = slf.st().index;
+        for &dst in &dsts {
+            for chip in 0..chips {
+                let mut t = TrainState::blank(py, 0, wire, last, FLAG, src, dst);
+                t.chip = chip;
+                t.vc = vc;
+                t.cls = cls;
+                t.fence = acked.clone_ref(py);
+                let probe = Bound::new(py, Train::from(t))?;
+                Endpoint::inject_train(slf, probe, None, None, Hook::None)?;
+            }
+        }
+        Ok(())
+    }
+
     /// What an SM issues (`cais.isa`): a train of `kind` for `nbytes` of data (or, for
     /// a request, the bytes it asks for) to `dst` across chip `chip`, carrying
     /// `payload` bytes, on the VC of `kind` and the issuing kernel's `stream`, put on

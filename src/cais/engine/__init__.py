@@ -2,10 +2,11 @@
 signals, serialising channels with virtual channels, and credit flow control.
 Knows nothing of GPUs."""
 
-from cais._core import Completion
+from cais._core import ArrivePerGpu, Completion
 from cais.engine.bound import Bound
 from cais.engine.channel import Channel, Train
 from cais.engine.credits import Credits
 from cais.engine.sim import Countdown, Process, Signal, Simulator
 
-__all__ = ["Bound", "Channel", "Completion", "Countdown", "Credits", "Process", "Signal", "Simulator", "Train"]
+__all__ = ["ArrivePerGpu", "Bound", "Channel", "Completion", "Countdown", "Credits", "Process", "Signal", "Simulator",
+           "Train"]

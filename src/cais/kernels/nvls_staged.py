@@ -207,9 +207,10 @@ def _staged_tb(m: Machine, gpu: int, steps: list[Region], step_bytes: list[int],
                 fenced = Signal()  # postPeer: fence the broadcast, then store the counters
                 isa.fence(gpu, range(n), Traffic.STORE, lambda s=fenced: s.fire(sim))
                 yield fenced
-            tails, credits = state.tails, state.credits
-            isa.flag_multicast(gpu, key + 2 * i, lambda g, i=i: tails[g][i].arrive(sim))
-            isa.flag_multicast(gpu, key + 2 * i + 1, lambda g, i=i: credits[g][i].arrive(sim))
+            # every GPU's copy of the tail and credit flags arrives on its step-i
+            # countdown, counted in the core
+            isa.flag_multicast_counts(gpu, key + 2 * i, [row[i] for row in state.tails])
+            isa.flag_multicast_counts(gpu, key + 2 * i + 1, [row[i] for row in state.credits])
         yield gathering.done
     return program
 
