@@ -9,7 +9,8 @@
 //! * [`hw`] (`cais.hw`): the switch chips' crossbar and NVLS engine
 //!   ([`hw::switch::SwitchChip`], with the CAIS merge unit, [`hw::merge::MergeUnit`],
 //!   and Group Sync Table), the GPUs' NVLink endpoints ([`hw::gpu::Endpoint`], with
-//!   their HBM share, [`hw::hbm::HbmShare`]), packet kinds and format, regions and the
+//!   their HBM share, [`hw::hbm::HbmShare`], and TB dispatcher,
+//!   [`hw::tb_dispatch::TbDispatcher`]), packet kinds and format, regions and the
 //!   address interleave. It uses the engine.
 //! * [`isa`] (`cais.isa`): a TB's streams of remote loads and reductions. It uses
 //!   both.
@@ -26,7 +27,7 @@ pub mod hw;
 pub mod isa;
 
 use engine::{channel, completion, credits, sim, train, unit, wait};
-use hw::{gpu, hbm, interleave, kinds, merge, region, sm_port, switch};
+use hw::{gpu, hbm, interleave, kinds, merge, region, sm_port, switch, tb_dispatch};
 use isa::stream;
 
 /// The units Python may hand to the engine as such (a channel's far end, a
@@ -62,7 +63,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<wait::Countdown>()?;
     m.add_class::<wait::ByteBound>()?;
     m.add_class::<wait::Process>()?;
+    m.add_class::<stream::LoadPlan>()?;
     m.add_class::<stream::LoadStream>()?;
+    m.add_class::<stream::RedPlan>()?;
     m.add_class::<stream::RedStream>()?;
     m.add_class::<channel::Channel>()?;
     m.add_class::<credits::Credits>()?;
@@ -74,6 +77,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<completion::Completion>()?;
     m.add_class::<completion::ArrivePerGpu>()?;
     m.add_class::<sm_port::SmPort>()?;
+    m.add_class::<tb_dispatch::TbDispatcher>()?;
+    m.add_class::<tb_dispatch::TbEnd>()?;
     m.add_class::<merge::MergeUnit>()?;
     m.add_class::<merge::MergeStats>()?;
     m.add_class::<merge::PortSpread>()?;

@@ -16,7 +16,9 @@ __all__ = [
     "Countdown",
     "Bound",
     "Process",
+    "LoadPlan",
     "LoadStream",
+    "RedPlan",
     "RedStream",
     "Channel",
     "Credits",
@@ -28,6 +30,8 @@ __all__ = [
     "Completion",
     "ArrivePerGpu",
     "SmPort",
+    "TbDispatcher",
+    "TbEnd",
     "MergeUnit",
     "MergeStats",
     "PortSpread",
@@ -90,15 +94,34 @@ class Interleave:
     def trains(self, region: Region, unit: int) -> list[tuple[Region, int]]: ...
 
 @final
+class LoadPlan:
+    """A tile's planned mainloop loads, (home, region, stripes, placed) each, converted
+    once and shared by the GPUs that run the tile; a GPU's stream skips its own."""
+    def __new__(cls, loads: list[tuple[int, Region, list[tuple[Region, int]], Any]]) -> Self: ...
+    def loads(self, skip: int | None = None) -> int: ...
+    def stripes(self, skip: int | None = None) -> int: ...
+    def __len__(self) -> int: ...
+
+@final
 class LoadStream:
     """A TB mainloop's remote loads, issued in order under the SM's window and the
     GPU's bound; each load's data goes to its placer, and ``arrived`` counts them."""
     issued: int
-    def __new__(cls, gpu: Endpoint, kind: int, loads: list[tuple[int, Region, list[tuple[Region, int]], Any]],
+    def __new__(cls, gpu: Endpoint, kind: int,
+                 loads: LoadPlan | list[tuple[int, Region, list[tuple[Region, int]], Any]],
                  window: Bound, bound: Bound, arrived: Countdown, assemble: Callable[..., Any],
                  quorum: int = 0, kept: dict[tuple[Any, int, Region], Signal] | None = None,
-                 scope: Any = None) -> Self: ...
+                 scope: Any = None, skip: int | None = None) -> Self: ...
     def start(self) -> None: ...
+
+@final
+class RedPlan:
+    """A tile's epilogue, (owner, region, pieces) blocks in order, converted once and
+    shared by the GPUs that run the tile; a GPU adds its own block locally."""
+    def __new__(cls, blocks: list[tuple[int, Region, list[tuple[int, list[Any]]]]]) -> Self: ...
+    def owners(self, g: int) -> list[int]: ...
+    def stripes(self, g: int) -> int: ...
+    def __len__(self) -> int: ...
 
 @final
 class RedStream:
@@ -106,7 +129,8 @@ class RedStream:
     bound through the SM's store port; an item is a local add (a callable) or a piece
     ``(nbytes, [(kind, dst, stripes, data, tag, quorum), ...])``."""
     reductions: int
-    def __new__(cls, gpu: Endpoint, items: list[Any], window: Bound, bound: Bound, port: SmPort) -> Self: ...
+    def __new__(cls, gpu: Endpoint, items: RedPlan | list[Any], window: Bound, bound: Bound, port: SmPort,
+                own: int | None = None, add: Callable[[Region], Any] | None = None) -> Self: ...
     def start(self) -> Signal: ...
 
 @final
@@ -387,6 +411,24 @@ class SmPort:
     free_at: int
     def __new__(cls, ps_per_byte: float) -> Self: ...
     def push(self, now: int, nbytes: int) -> tuple[int, int]: ...
+
+@final
+class TbDispatcher:
+    """A GPU's TB dispatcher: places the TBs of launched kernels on free SMs and runs
+    their programs (``tbs[i](sm, busy)``, a generator each)."""
+    busy: int
+    tbs_finished: int
+    slowdown: float
+    tb_log: list[tuple[str, int, int, int]] | None
+    queued: int
+    def __new__(cls, sim: Simulator, sms: int, hbm: Any = None, slowdown: float = 1.0) -> Self: ...
+    def enqueue(self, kernel: Any, name: str, tbs: list[Callable[[int, int], Any]], sms: list[int] | None,
+                priority: int, hbm_phases: bool, done: Signal) -> None: ...
+
+@final
+class TbEnd:
+    """What ends a TB: called when its program returns, it frees the TB's SM."""
+    def __call__(self, value: Any, /) -> None: ...
 
 @disjoint_base
 class Signal:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from cais.engine import ArrivePerGpu, Bound, Completion, Countdown, Signal, Train
-from cais.hw.gpu import LoadStream, RedStream, SmPort
+from cais.hw.gpu import LoadPlan, LoadStream, RedPlan, RedStream, SmPort
 from cais.hw.memory import Region, as_run
 from cais.hw.packets import Kind
 
@@ -215,9 +215,9 @@ class Isa:
         self.m.gpus[src].issue_pieces(Kind.LD_CAIS_REQ, home, pieces, self._gather(region, pieces, done), None, stream,
                                       True, expect=expect, quorum=quorum)
 
-    def ld_stream(self, src: int, loads: list[StreamLoad], window: Bound, bound: Bound, arrived: Countdown,
-                  cais: bool = False, quorum: int = 0, kept: dict[tuple[object, int, Region], Signal] | None = None,
-                  scope: object = None) -> None:
+    def ld_stream(self, src: int, loads: LoadPlan | list[StreamLoad], window: Bound, bound: Bound,
+                  arrived: Countdown, cais: bool = False, quorum: int = 0,
+                  kept: dict[tuple[object, int, Region], Signal] | None = None, scope: object = None) -> None:
         """A TB mainloop's remote loads (a :data:`StreamLoad` each), issued in this
         order by the core (:class:`cais._core.LoadStream`): each takes its bytes (at
         most a bound's limit) in the SM's ``window`` and then in the GPU's ``bound``,
@@ -230,10 +230,13 @@ class Isa:
         first (an L2 that keeps peer reads: a hit, or a miss in flight), taking no room
         and sending nothing; it checks before taking room and again once granted (then
         giving the room back). A load that goes out is entered there, a signal that
-        fires with its data once it is in."""
+        fires with its data once it is in. ``loads`` may be a :class:`LoadPlan` shared by
+        the GPUs that run a tile: the loads whose home is ``src`` are skipped (read
+        locally)."""
         kind = Kind.LD_CAIS_REQ if cais else Kind.READ_REQ
-        self.ops += sum(len(load[2]) for load in loads)
-        LoadStream(self.m.gpus[src], kind, loads, window, bound, arrived, _assemble, quorum, kept, scope).start()
+        plan = loads if isinstance(loads, LoadPlan) else LoadPlan(loads)
+        self.ops += plan.stripes(src)
+        LoadStream(self.m.gpus[src], kind, plan, window, bound, arrived, _assemble, quorum, kept, scope, src).start()
 
     def red_op(self, dst: int, region: Region, data: np.ndarray | None, unit: int | None = None) -> StreamRed:
         """A ``red`` into GPU ``dst`` as a stream issues it (see :meth:`red_stream`)."""
@@ -247,7 +250,8 @@ class Isa:
         pieces = self.stripes(region, unit)
         return (Kind.RED_CAIS, home, pieces, self._data(data, region, pieces), signal, quorum)
 
-    def red_stream(self, src: int, items: list[StreamItem], window: Bound, bound: Bound, port: SmPort) -> Signal:
+    def red_stream(self, src: int, items: list[StreamItem] | RedPlan, window: Bound, bound: Bound, port: SmPort,
+                   add: Callable[[Region], None] | None = None) -> Signal:
         """A TB epilogue's reductions, issued in this order by the core
         (:class:`cais._core.RedStream`): an item that is a callable (an add into the
         GPU's own memory) is called when the stream reaches it; a piece ``(nbytes,
@@ -255,7 +259,12 @@ class Isa:
         then in the GPU's ``bound``, waiting first come, first served while either is
         full, and its reductions (:meth:`red_op`, :meth:`red_cais_op`) go out through
         ``port``; it gives its bytes back once all their trains are acknowledged. The
-        signal returned fires when the last item is out."""
+        signal returned fires when the last item is out. ``items`` may be a
+        :class:`RedPlan` shared by the GPUs that run a tile: its blocks owned by ``src``
+        are added locally, ``add(region)``, in their turn."""
+        if isinstance(items, RedPlan):
+            self.ops += items.stripes(src)
+            return RedStream(self.m.gpus[src], items, window, bound, port, src, add).start()
         self.ops += sum(len(red[2]) for item in items if not callable(item) for red in item[1])
         return RedStream(self.m.gpus[src], items, window, bound, port).start()
 

@@ -78,6 +78,10 @@ struct Queued {
     deliver: Sink,
     on_start: Hook,
     ser: i64,
+    /// The train's wire bytes and head time when it was offered (a queued train is
+    /// not changed), kept here so the arbiter need not reach into the train.
+    wire: i64,
+    head: i64,
 }
 
 /// One direction of a port: trains are serialised onto the wire one at a time at
@@ -157,12 +161,11 @@ impl ChannelState {
         let cr = self.credits.as_ref().expect("a channel with credits");
         let mut c = cr.get().st(py);
         let head = &self.queues[vc][0];
-        let t = head.train.get().st(py);
-        let fp = c.footprint_of(t.wire);
+        let fp = c.footprint_of(head.wire);
         let ready = if c.has_free(vc, fp) {
             0
         } else {
-            let lower = self.free_at.max(t.head);
+            let lower = self.free_at.max(head.head);
             c.earliest_at(vc, fp, head.ser, lower).unwrap_or(BLOCKED)
         };
         self.ready[vc] = ready;
@@ -391,6 +394,8 @@ impl Channel {
             deliver,
             on_start,
             ser,
+            wire,
+            head,
         });
         me.queued += 1;
         if me.queues[vc].len() == 1 {

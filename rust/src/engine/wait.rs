@@ -392,6 +392,41 @@ pub(crate) fn slowed(slowdown: f64, delay: i64) -> i64 {
 }
 
 impl Process {
+    /// Run the program `gen` (from now, if `start`), its HBM phases paced by `hbm`
+    /// and its compute delays stretched by `slowdown`.
+    pub(crate) fn spawn(
+        py: Python<'_>,
+        sim: &Py<Simulator>,
+        gen: Py<PyAny>,
+        start: bool,
+        hbm: Option<UnitRef>,
+        slowdown: f64,
+    ) -> PyResult<Py<Process>> {
+        let done = Py::new(py, Signal::blank(py))?;
+        let p = Py::new(
+            py,
+            Process::from(ProcessState {
+                sim: sim.clone_ref(py),
+                gen,
+                done,
+                hbm,
+                slowdown,
+                phase: None,
+            }),
+        )?;
+        if start {
+            let s = sim.get();
+            let now = s.now();
+            s.schedule(py, now, Action::Step(p.clone_ref(py)))?;
+        }
+        Ok(p)
+    }
+
+    /// The signal that fires when the program returns.
+    pub(crate) fn done_signal(&self, py: Python<'_>) -> Py<Signal> {
+        self.st(py).done.clone_ref(py)
+    }
+
     /// Resume the program after `delay` (its own units: stretched here).
     fn sleep(slf: &Bound<'_, Self>, sim: &Py<Simulator>, slowdown: f64, delay: i64) -> PyResult<()> {
         let py = slf.py();
@@ -495,24 +530,7 @@ impl Process {
             Some(h) => Some(UnitRef::expect(&h, "a pacer (an HbmShare)")?),
             None => None,
         };
-        let done = Py::new(py, Signal::blank(py))?;
-        let p = Py::new(
-            py,
-            Process::from(ProcessState {
-                sim: sim.clone_ref(py),
-                gen,
-                done,
-                hbm,
-                slowdown,
-                phase: None,
-            }),
-        )?;
-        if start {
-            let s = sim.get();
-            let now = s.now();
-            s.schedule(py, now, Action::Step(p.clone_ref(py)))?;
-        }
-        Ok(p)
+        Process::spawn(py, &sim, gen, start, hbm, slowdown)
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {

@@ -1,7 +1,7 @@
-//! The hardware (`cais.hw`): a GPU's NVLink endpoint, its SMs' store path and its
-//! HBM share; the switch chips (crossbar, NVLS engine) with the CAIS merge units and
-//! Group Sync Table; the packet kinds and the packet format the core asks of Python;
-//! memory regions and the fabric's address interleave. Built on the engine; each unit
+//! The hardware (`cais.hw`): a GPU's NVLink endpoint, its TB dispatcher, its SMs'
+//! store path and its HBM share; the switch chips (crossbar, NVLS engine) with the
+//! CAIS merge units and Group Sync Table; the packet kinds and the packet format the
+//! core asks of Python; memory regions and the fabric's address interleave. Built on the engine; each unit
 //! takes the engine's events through `engine::unit::Handler`.
 
 pub mod gpu;
@@ -17,3 +17,4 @@ pub mod replacement;
 pub mod session_rule;
 pub mod sm_port;
 pub mod switch;
+pub mod tb_dispatch;

@@ -77,6 +77,73 @@ struct Item {
     nbytes: i64,
 }
 
+/// A tile's planned mainloop loads, converted once and shared by every GPU that runs
+/// the tile (a GEMM's tiles are the same on each): a GPU's [`LoadStream`] walks it,
+/// skipping the loads whose home is that GPU (it reads its own rows locally). The
+/// plan is the kernel's; only its form is the core's.
+#[pyclass(module = "cais._core", frozen)]
+pub struct LoadPlan {
+    items: Vec<Item>,
+}
+
+impl LoadPlan {
+    fn of_list(loads: &Bound<'_, PyList>) -> PyResult<Self> {
+        let mut items = Vec::with_capacity(loads.len());
+        for load in loads.iter() {
+            let (home, region, stripes, placed): (i64, Bound<'_, PyAny>, Bound<'_, PyList>, Bound<'_, PyAny>) =
+                load.extract()?;
+            items.push(Item {
+                home,
+                nbytes: region_bytes(&region)?,
+                region: region.unbind(),
+                stripes: stripes.unbind(),
+                placed: placed.unbind(),
+            });
+        }
+        Ok(LoadPlan { items })
+    }
+
+    fn others(&self, skip: i64) -> impl Iterator<Item = &Item> {
+        self.items.iter().filter(move |item| item.home != skip)
+    }
+}
+
+#[pymethods]
+impl LoadPlan {
+    /// `loads`: (home, region, stripes, placed) each, in issue order.
+    #[new]
+    fn new(loads: &Bound<'_, PyList>) -> PyResult<Self> {
+        LoadPlan::of_list(loads)
+    }
+
+    /// The loads GPU `skip` issues (those whose home is another GPU; None: all).
+    #[pyo3(signature = (skip = None))]
+    fn loads(&self, skip: Option<i64>) -> usize {
+        self.others(skip.unwrap_or(-1)).count()
+    }
+
+    /// The trains those loads go out as (their stripes), for the ISA's op count.
+    #[pyo3(signature = (skip = None))]
+    fn stripes(&self, py: Python<'_>, skip: Option<i64>) -> usize {
+        self.others(skip.unwrap_or(-1))
+            .map(|item| item.stripes.bind(py).len())
+            .sum()
+    }
+
+    fn __len__(&self) -> usize {
+        self.items.len()
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        for item in &self.items {
+            visit.call(&item.region)?;
+            visit.call(&item.stripes)?;
+            visit.call(&item.placed)?;
+        }
+        Ok(())
+    }
+}
+
 /// The remote loads of one TB's mainloop, issued in order as the TB issues them:
 /// each takes room for its bytes in the SM's request window and then in its GPU's
 /// bound on outstanding remote requests (at most each bound's limit: a load larger
@@ -97,7 +164,9 @@ pub(crate) struct LoadStreamState {
     gpu: Py<Endpoint>,
     kind: i64,
     quorum: i64,
-    items: Vec<Item>,
+    /// The TB's loads, and the home whose loads it skips (its own GPU; -1: none).
+    plan: Py<LoadPlan>,
+    skip: i64,
     /// The next load to issue, and its room.
     next: usize,
     grants: Grants,
@@ -117,7 +186,7 @@ unit!(LoadStream, LoadStreamState);
 impl LoadStreamState {
     /// The key item `index` has in `kept`: (scope, home, region).
     fn key<'py>(&self, py: Python<'py>, index: usize) -> PyResult<Bound<'py, PyTuple>> {
-        let item = &self.items[index];
+        let item = &self.plan.get().items[index];
         PyTuple::new(
             py,
             [
@@ -135,7 +204,7 @@ impl LoadStreamState {
     /// What item `index` does when the load it joins has its data.
     fn joined(&self, py: Python<'_>, index: usize) -> PyResult<Py<PyAny>> {
         let join = JoinedLoad {
-            placed: self.items[index].placed.clone_ref(py),
+            placed: self.plan.get().items[index].placed.clone_ref(py),
             arrived: self.arrived.clone_ref(py),
             sim: self.sim(py),
         };
@@ -238,7 +307,12 @@ impl LoadStream {
         let py = slf.py();
         loop {
             let mut me = slf.st();
-            if me.next >= me.items.len() {
+            let plan = me.plan.clone_ref(py);
+            let items = &plan.get().items;
+            while me.next < items.len() && items[me.next].home == me.skip {
+                me.next += 1; // its own rows: read locally
+            }
+            if me.next >= items.len() {
                 return Ok(());
             }
             let index = me.next;
@@ -253,7 +327,7 @@ impl LoadStream {
                     continue;
                 }
             }
-            let want = me.items[index].nbytes;
+            let want = items[index].nbytes;
             if let Some(sig) = me.grants.take(py, want)? {
                 drop(me);
                 Signal::wait_unit(sig.bind(py), UnitRef::of_bound(slf));
@@ -276,7 +350,7 @@ impl LoadStream {
                 kept.bind(py).set_item(key, line.clone_ref(py))?;
                 kept_line = Some(line);
             }
-            let item = &me.items[index];
+            let item = &items[index];
             let (gpu, kind, home, quorum) = (me.gpu.clone_ref(py), me.kind, item.home, me.quorum);
             let stripes = item.stripes.clone_ref(py);
             let assembly = Assembly {
@@ -358,20 +432,22 @@ impl Handler for LoadStream {
 
 #[pymethods]
 impl LoadStream {
-    /// `loads`: (home, region, stripes, placed) each, in issue order (`placed`: a
-    /// callable taking the load's data, or None); `window`, `bound`: the SM's and the
-    /// GPU's bounds; `arrived`: counts the loads in; `assemble(region, stripes,
-    /// parts)`: puts a load's data together from its stripes' (functional mode).
-    /// `kept`: a load may join one its GPU already asked for, keyed `(scope, home,
-    /// region)` there (a signal firing with the data); None: each goes out.
+    /// `loads`: a [`LoadPlan`], or its list: (home, region, stripes, placed) each, in
+    /// issue order (`placed`: a callable taking the load's data, or None); `skip`: a
+    /// home whose loads are not issued (the GPU's own; None: none); `window`, `bound`:
+    /// the SM's and the GPU's bounds; `arrived`: counts the loads in;
+    /// `assemble(region, stripes, parts)`: puts a load's data together from its
+    /// stripes' (functional mode). `kept`: a load may join one its GPU already asked
+    /// for, keyed `(scope, home, region)` there (a signal firing with the data); None:
+    /// each goes out.
     #[new]
     #[pyo3(signature = (gpu, kind, loads, window, bound, arrived, assemble, quorum = 0, kept = None,
-                        scope = None))]
+                        scope = None, skip = None))]
     #[allow(clippy::too_many_arguments)] // the Python constructor's parameters
     fn new(
         gpu: Py<Endpoint>,
         kind: i64,
-        loads: &Bound<'_, PyList>,
+        loads: &Bound<'_, PyAny>,
         window: Py<ByteBound>,
         bound: Py<ByteBound>,
         arrived: Py<Countdown>,
@@ -379,25 +455,19 @@ impl LoadStream {
         quorum: i64,
         kept: Option<Py<PyDict>>,
         scope: Option<Py<PyAny>>,
+        skip: Option<i64>,
     ) -> PyResult<Self> {
         let py = loads.py();
-        let mut items = Vec::with_capacity(loads.len());
-        for load in loads.iter() {
-            let (home, region, stripes, placed): (i64, Bound<'_, PyAny>, Bound<'_, PyList>, Bound<'_, PyAny>) =
-                load.extract()?;
-            items.push(Item {
-                home,
-                nbytes: region_bytes(&region)?,
-                region: region.unbind(),
-                stripes: stripes.unbind(),
-                placed: placed.unbind(),
-            });
-        }
+        let plan = match loads.cast::<LoadPlan>() {
+            Ok(plan) => plan.clone().unbind(),
+            Err(_) => Py::new(py, LoadPlan::of_list(loads.cast::<PyList>()?)?)?,
+        };
         Ok(LoadStream::from(LoadStreamState {
             gpu,
             kind,
             quorum,
-            items,
+            plan,
+            skip: skip.unwrap_or(-1),
             next: 0,
             grants: Grants {
                 bounds: [window, bound],
@@ -428,18 +498,7 @@ impl LoadStream {
             visit.call(kept)?;
         }
         visit.call(&me.scope)?;
-        for item in &me.items {
-            visit.call(&item.region)?;
-            visit.call(&item.stripes)?;
-            visit.call(&item.placed)?;
-        }
-        Ok(())
-    }
-
-    fn __clear__(&self) {
-        if let Some(mut me) = self.st.during_gc_mut() {
-            me.items.clear();
-        }
+        visit.call(&me.plan)
     }
 }
 
@@ -459,13 +518,153 @@ struct Red {
     quorum: i64,
 }
 
+impl Red {
+    fn of(red: &Bound<'_, PyAny>) -> PyResult<Red> {
+        let (kind, dst, stripes, data, tag, quorum): (
+            i64,
+            i64,
+            Bound<'_, PyList>,
+            Option<Bound<'_, PyList>>,
+            i64,
+            i64,
+        ) = red.extract()?;
+        Ok(Red {
+            kind,
+            dst,
+            stripes: stripes.unbind(),
+            data: data.map(Bound::unbind),
+            tag,
+            quorum,
+        })
+    }
+
+    fn clone_ref(&self, py: Python<'_>) -> Red {
+        Red {
+            kind: self.kind,
+            dst: self.dst,
+            stripes: self.stripes.clone_ref(py),
+            data: self.data.as_ref().map(|d| d.clone_ref(py)),
+            tag: self.tag,
+            quorum: self.quorum,
+        }
+    }
+
+    fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.stripes)?;
+        visit.call(&self.data)
+    }
+}
+
+/// A piece of partial rows: its bytes, and the reductions it goes out as.
+fn piece_of(item: &Bound<'_, PyAny>) -> PyResult<(i64, Vec<Red>)> {
+    let (nbytes, reds): (i64, Bound<'_, PyList>) = item.extract()?;
+    let reds = reds.iter().map(|red| Red::of(&red)).collect::<PyResult<Vec<Red>>>()?;
+    Ok((nbytes, reds))
+}
+
 /// What a TB's epilogue does next, in its order: an add into its own GPU's memory
-/// (a Python call, at once), or a piece of partial rows for an owner, which takes
-/// its `nbytes` of room and goes out as one or more reductions (one per signal word
-/// it touches).
+/// (a Python call, at once: `add()`, or `add(region)` for a plan's own block), or a
+/// piece of partial rows for an owner, which takes its `nbytes` of room and goes out
+/// as one or more reductions (one per signal word it touches).
 enum RedItem {
     Local(Py<PyAny>),
+    LocalAt(Py<PyAny>, Py<PyAny>),
     Piece { nbytes: i64, reds: Vec<Red> },
+}
+
+/// One block of a tile's partial rows: its owner GPU, its region there, and the
+/// pieces it goes out as from any other GPU.
+struct RedBlock {
+    owner: i64,
+    region: Py<PyAny>,
+    pieces: Vec<(i64, Vec<Red>)>,
+}
+
+/// A tile's epilogue, converted once and shared by every GPU that runs the tile (in
+/// timing mode its pieces do not depend on who reduces): blocks of partial rows in
+/// order, each for its owner. A GPU's [`RedStream`] adds its own block locally and
+/// sends the others' pieces. The plan is the kernel's; only its form is the core's.
+#[pyclass(module = "cais._core", frozen)]
+pub struct RedPlan {
+    blocks: Vec<RedBlock>,
+}
+
+#[pymethods]
+impl RedPlan {
+    /// `blocks`: (owner, region, pieces) each, in the epilogue's order; `pieces`:
+    /// `(nbytes, reds)` each, as [`RedStream`] takes them (empty where no GPU sends
+    /// the block: its owner alone runs the tile).
+    #[new]
+    fn new(blocks: &Bound<'_, PyList>) -> PyResult<Self> {
+        let mut out = Vec::with_capacity(blocks.len());
+        for block in blocks.iter() {
+            let (owner, region, pieces): (i64, Bound<'_, PyAny>, Bound<'_, PyList>) = block.extract()?;
+            out.push(RedBlock {
+                owner,
+                region: region.unbind(),
+                pieces: pieces.iter().map(|p| piece_of(&p)).collect::<PyResult<_>>()?,
+            });
+        }
+        Ok(RedPlan { blocks: out })
+    }
+
+    /// The owners GPU `g` sends partial rows to, in order (each once).
+    fn owners(&self, g: i64) -> Vec<i64> {
+        let mut out: Vec<i64> = Vec::new();
+        for b in self.blocks.iter().filter(|b| b.owner != g) {
+            if !out.contains(&b.owner) {
+                out.push(b.owner);
+            }
+        }
+        out
+    }
+
+    /// The trains GPU `g`'s reductions go out as (their stripes), for the ISA's count.
+    fn stripes(&self, py: Python<'_>, g: i64) -> usize {
+        self.blocks
+            .iter()
+            .filter(|b| b.owner != g)
+            .flat_map(|b| b.pieces.iter())
+            .flat_map(|(_, reds)| reds.iter())
+            .map(|r| r.stripes.bind(py).len())
+            .sum()
+    }
+
+    fn __len__(&self) -> usize {
+        self.blocks.len()
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        for b in &self.blocks {
+            visit.call(&b.region)?;
+            for (_, reds) in &b.pieces {
+                for r in reds {
+                    r.visit(&visit)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl RedPlan {
+    /// GPU `g`'s items: its own blocks as `add(region)`, the others' pieces.
+    fn items(&self, py: Python<'_>, g: i64, add: &Py<PyAny>) -> Vec<RedItem> {
+        let mut out = Vec::new();
+        for b in &self.blocks {
+            if b.owner == g {
+                out.push(RedItem::LocalAt(add.clone_ref(py), b.region.clone_ref(py)));
+                continue;
+            }
+            for (nbytes, reds) in &b.pieces {
+                out.push(RedItem::Piece {
+                    nbytes: *nbytes,
+                    reds: reds.iter().map(|r| r.clone_ref(py)).collect(),
+                });
+            }
+        }
+        out
+    }
 }
 
 /// The reductions of one TB's epilogue, issued in order as the TB issues them: each
@@ -523,6 +722,13 @@ impl RedStream {
                     add.call0(py)?;
                     continue;
                 }
+                Some(RedItem::LocalAt(add, region)) => {
+                    let (add, region) = (add.clone_ref(py), region.clone_ref(py));
+                    me.next += 1;
+                    drop(me);
+                    add.call1(py, (region,))?;
+                    continue;
+                }
                 Some(RedItem::Piece { nbytes, reds }) => (
                     *nbytes,
                     reds.iter().map(|r| r.stripes.bind(py).len() as i64).sum::<i64>(),
@@ -535,7 +741,7 @@ impl RedStream {
             }
             let reds = match std::mem::replace(&mut me.items[index], RedItem::Local(py.None())) {
                 RedItem::Piece { reds, .. } => reds,
-                RedItem::Local(_) => unreachable!("a piece"),
+                RedItem::Local(_) | RedItem::LocalAt(..) => unreachable!("a piece"),
             };
             me.next += 1;
             me.grants.held = 0;
@@ -598,45 +804,41 @@ impl RedStream {
     /// `items`, in issue order: a callable (an add into the GPU's own memory, called
     /// when the stream reaches it), or `(nbytes, reds)`, a piece of `nbytes` whose
     /// reductions are `(kind, dst, stripes, data, tag, quorum)` each (`data`: one entry
-    /// per stripe, or None); `window`, `bound`: the SM's and the GPU's bounds; `port`:
-    /// the SM's store path.
+    /// per stripe, or None); or a [`RedPlan`], whose blocks owned by GPU `own` are
+    /// added locally as `add(region)`; `window`, `bound`: the SM's and the GPU's
+    /// bounds; `port`: the SM's store path.
     #[new]
+    #[pyo3(signature = (gpu, items, window, bound, port, own = None, add = None))]
+    #[allow(clippy::too_many_arguments)] // the Python constructor's parameters
     fn new(
         py: Python<'_>,
         gpu: Py<Endpoint>,
-        items: &Bound<'_, PyList>,
+        items: &Bound<'_, PyAny>,
         window: Py<ByteBound>,
         bound: Py<ByteBound>,
         port: Py<SmPort>,
+        own: Option<i64>,
+        add: Option<Py<PyAny>>,
     ) -> PyResult<Self> {
-        let mut out = Vec::with_capacity(items.len());
-        for item in items.iter() {
-            if item.is_callable() {
-                out.push(RedItem::Local(item.unbind()));
-                continue;
+        let out = match items.cast::<RedPlan>() {
+            Ok(plan) => {
+                let add = add.unwrap_or_else(|| py.None());
+                plan.get().items(py, own.unwrap_or(-1), &add)
             }
-            let (nbytes, reds): (i64, Bound<'_, PyList>) = item.extract()?;
-            let mut rs = Vec::with_capacity(reds.len());
-            for red in reds.iter() {
-                let (kind, dst, stripes, data, tag, quorum): (
-                    i64,
-                    i64,
-                    Bound<'_, PyList>,
-                    Option<Bound<'_, PyList>>,
-                    i64,
-                    i64,
-                ) = red.extract()?;
-                rs.push(Red {
-                    kind,
-                    dst,
-                    stripes: stripes.unbind(),
-                    data: data.map(Bound::unbind),
-                    tag,
-                    quorum,
-                });
+            Err(_) => {
+                let items = items.cast::<PyList>()?;
+                let mut out = Vec::with_capacity(items.len());
+                for item in items.iter() {
+                    if item.is_callable() {
+                        out.push(RedItem::Local(item.unbind()));
+                    } else {
+                        let (nbytes, reds) = piece_of(&item)?;
+                        out.push(RedItem::Piece { nbytes, reds });
+                    }
+                }
+                out
             }
-            out.push(RedItem::Piece { nbytes, reds: rs });
-        }
+        };
         Ok(RedStream::from(RedStreamState {
             gpu,
             port,
@@ -681,10 +883,13 @@ impl RedStream {
         for item in &me.items {
             match item {
                 RedItem::Local(f) => visit.call(f)?,
+                RedItem::LocalAt(f, region) => {
+                    visit.call(f)?;
+                    visit.call(region)?;
+                }
                 RedItem::Piece { reds, .. } => {
                     for r in reds {
-                        visit.call(&r.stripes)?;
-                        visit.call(&r.data)?;
+                        r.visit(&visit)?;
                     }
                 }
             }

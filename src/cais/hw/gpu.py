@@ -5,18 +5,17 @@ dispatcher that places kernels' TBs on them. An SM's store path is
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from cais._core import Endpoint, LoadStream, RedStream, SmPort
-from cais.engine import Bound, Process, Signal, Simulator
+from cais._core import Endpoint, LoadPlan, LoadStream, RedPlan, RedStream, SmPort, TbDispatcher
+from cais.engine import Bound, Signal, Simulator
 from cais.engine.sim import ProgramGen
 from cais.hw.config import SystemConfig
 from cais.hw.hbm import HbmShare
 from cais.hw.memory import Memory
 from cais.hw.packets import Packetizer, VcMap
-__all__ = ["Gpu", "Kernel", "LoadStream", "RedStream", "SmPort", "TbProgram"]
+__all__ = ["Gpu", "Kernel", "LoadPlan", "LoadStream", "RedPlan", "RedStream", "SmPort", "TbProgram"]
 
 # A TB program: called with (sm index, SMs busy when it starts) it returns the
 # generator the SM runs.
@@ -42,9 +41,6 @@ class Kernel:
     done: Signal = field(default_factory=Signal)
     started_at: int | None = None
     finished_at: int | None = None
-    _next: int = 0
-    _running: int = 0
-    _sm_mask: int = -1  # its SM set as bits (-1: every SM), fixed when it becomes dispatchable
 
 
 class Gpu(Endpoint):
@@ -80,18 +76,39 @@ class Gpu(Endpoint):
         # peer takes its bytes here
         self.remote = Bound(sim, cfg.remote_outstanding_bytes())
         self.hbm = hbm if hbm is not None else HbmShare(1.0, 1, enabled=False)
-        sms = cfg.gpu.sms
-        self.n_sms = sms
-        self._free = (1 << sms) - 1  # the free SMs, as bits (SM i: bit i)
-        self._kernels: deque[Kernel] = deque()
-        self._dispatch_pending = False
-        self._prioritised = False  # some kernel has a non-zero priority: sort before dispatching
-        self.busy_sms = 0
-        self.tbs_finished = 0
+        self.n_sms = cfg.gpu.sms
+        # the TB dispatcher (compiled): it places TBs on free SMs and runs their programs,
+        # timing their HBM phases against ``hbm``
+        self.dispatcher = TbDispatcher(sim, self.n_sms, self.hbm)
         self._running: list[Kernel] = []
-        self.tb_log: list[tuple[str, int, int, int]] | None = None  # (kernel, sm, start, end)
-        self.slowdown = 1.0  # factor on the time its TBs compute (a straggler)
         self.kernel_log: list[Kernel] | None = None  # every kernel launched, when not None
+
+    @property
+    def busy_sms(self) -> int:
+        """SMs running a TB."""
+        return self.dispatcher.busy
+
+    @property
+    def tbs_finished(self) -> int:
+        return self.dispatcher.tbs_finished
+
+    @property
+    def slowdown(self) -> float:
+        """Factor on the time its TBs compute (a straggler; 1: none)."""
+        return self.dispatcher.slowdown
+
+    @slowdown.setter
+    def slowdown(self, factor: float) -> None:
+        self.dispatcher.slowdown = factor
+
+    @property
+    def tb_log(self) -> list[tuple[str, int, int, int]] | None:
+        """(kernel, sm, start, end) of every TB, when recording (set a list to start)."""
+        return self.dispatcher.tb_log
+
+    @tb_log.setter
+    def tb_log(self, log: list[tuple[str, int, int, int]] | None) -> None:
+        self.dispatcher.tb_log = log
 
     # ---- SMs and the TB dispatcher ----------------------------------------------
     def launch(self, kernel: Kernel, delay_ps: int = 0) -> Signal:
@@ -109,69 +126,15 @@ class Gpu(Endpoint):
         kernel.done.fire(self.sim)
 
     def _enqueue(self, kernel: Kernel) -> None:
-        kernel._sm_mask = -1 if kernel.sms is None else sum(1 << sm for sm in kernel.sms)
-        self._kernels.append(kernel)
-        if kernel.priority:
-            self._prioritised = True
+        sms = None if kernel.sms is None else sorted(kernel.sms)
+        self.dispatcher.enqueue(kernel, kernel.name, kernel.tbs, sms, kernel.priority, kernel.hbm_phases, kernel.done)
         self._running.append(kernel)
-        self._request_dispatch()
-
-    def _request_dispatch(self) -> None:
-        # Deferred to the end of the current instant, so TBs that finish together free
-        # their SMs before new ones start (wave behaviour).
-        if not self._dispatch_pending:
-            self._dispatch_pending = True
-            self.sim.after(0, self._dispatch)
-
-    def _dispatch(self) -> None:
-        self._dispatch_pending = False
-        starts: list[tuple[Kernel, int, int]] = []
-        order = sorted(self._kernels, key=_by_priority) if self._prioritised else list(self._kernels)
-        free = self._free
-        for kernel in order:
-            tbs = len(kernel.tbs)
-            while kernel._next < tbs and (usable := free & kernel._sm_mask):
-                lowest = usable & -usable  # the lowest-numbered free SM the kernel may use
-                free ^= lowest
-                starts.append((kernel, lowest.bit_length() - 1, kernel._next))
-                kernel._next += 1
-                kernel._running += 1
-            if kernel._next == tbs:
-                self._kernels.remove(kernel)
-        self._free = free
-        self.busy_sms = self.n_sms - free.bit_count()
-        for kernel, sm, tb_index in starts:
-            if kernel.started_at is None:
-                kernel.started_at = self.sim.now
-            program = kernel.tbs[tb_index](sm, self.busy_sms)
-            # the process times the program's HBM phases against this GPU's share
-            # and stretches its compute delays by the GPU's slowdown
-            proc = Process(self.sim, program, hbm=self.hbm if kernel.hbm_phases else None, slowdown=self.slowdown)
-            proc.done.on_fire(self._tb_finisher(kernel, sm, self.sim.now))
-
-    def _tb_finisher(self, kernel: Kernel, sm: int, start: int) -> Callable[[object], None]:
-        def finished(_: object) -> None:
-            self.tbs_finished += 1
-            self._free |= 1 << sm
-            self.busy_sms -= 1
-            kernel._running -= 1
-            if self.tb_log is not None:
-                self.tb_log.append((kernel.name, sm, start, self.sim.now))
-            if kernel._running == 0 and kernel._next == len(kernel.tbs):
-                kernel.finished_at = self.sim.now
-                kernel.done.fire(self.sim)
-            self._request_dispatch()
-        return finished
 
     def queued_kernels(self) -> int:
         """Kernels with TBs not yet placed on an SM."""
-        return len(self._kernels)
+        return self.dispatcher.queued
 
     def running_kernels(self) -> list[str]:
         """Names of launched kernels that have not finished."""
         self._running = [k for k in self._running if k.finished_at is None]
         return [k.name for k in self._running]
-
-
-def _by_priority(kernel: Kernel) -> int:
-    return -kernel.priority  # sorted() is stable: launch order among equal priorities

@@ -30,6 +30,7 @@ buffer lets a second request for a remote piece join the first
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -40,11 +41,11 @@ import numpy as np
 from cais.engine import Bound, Countdown, Signal
 from cais.engine.sim import ProgramGen
 from cais.hw.compute import ComputeModel
-from cais.hw.gpu import Kernel, TbProgram
+from cais.hw.gpu import Kernel, LoadPlan, RedPlan, TbProgram
 from cais.hw.hbm import HbmPhase
 from cais.hw.memory import Memory, Region
 from cais.hw.packets import Traffic
-from cais.isa import Isa, SmPort, StreamItem, StreamLoad, StreamRed
+from cais.isa import Isa, SmPort, StreamItem, StreamRed
 from cais.kernels.common import RequestSlots, split
 from cais.kernels.gemm import GemmShape, raster, store_epilogue, tile_hbm_bytes, tile_product
 from cais.kernels.remote_reuse import RemoteReuse
@@ -152,23 +153,26 @@ class Load(NamedTuple):
 
 
 class TilePlan:
-    """One tile's planned mainloop loads, shared by the GPUs that run its GEMM: each
-    GPU takes the plan once (``users`` counts those still to come). The loads are cut
+    """One tile's planned mainloop loads, shared by the GPUs that run its GEMM and by
+    the tiles that load the same operand blocks (the same rows of A, or columns of B,
+    from the same K step): each takes the plan once (``users`` counts those still to
+    come; ``shared``: more than one GPU takes it). The loads are cut
     into request pieces of at most ``piece_unit`` bytes and the pieces into stripes of
     ``unit`` (``Isa.stripes``) once, for every GPU: the cut does not depend on who
     loads. With one user (mirror mode, where striping counts what it cuts) only the
     pieces that GPU loads are striped, in its order."""
 
-    __slots__ = ("loads", "piece_unit", "unit", "users", "_shared", "_pieces", "_striped")
+    __slots__ = ("loads", "piece_unit", "unit", "users", "_shared", "_pieces", "_striped", "_plan")
 
-    def __init__(self, loads: list[Load], piece_unit: int, unit: int, users: int) -> None:
+    def __init__(self, loads: list[Load], piece_unit: int, unit: int, users: int, shared: bool) -> None:
         self.loads = loads
         self.piece_unit = piece_unit
         self.unit = unit
         self.users = users
-        self._shared = users > 1
+        self._shared = shared
         self._pieces: list[tuple[Load, Region]] | None = None
         self._striped: list[tuple[int, Region, list[tuple[Region, int]], Load]] | None = None
+        self._plan: LoadPlan | None = None  # timing mode: the pieces in the core's form, for every GPU
 
     def pieces(self, isa: Isa) -> list[tuple[Load, Region]]:
         """Every load's request pieces, in the plan's order."""
@@ -176,38 +180,40 @@ class TilePlan:
             self._pieces = [(ld, pc) for ld in self.loads for pc in isa.pieces(ld.region, self.piece_unit)]
         return self._pieces
 
-    def stream(self, isa: Isa, g: int, blocks: list[np.ndarray] | None) -> list[StreamLoad]:
+    def stream(self, isa: Isa, g: int, blocks: list[np.ndarray] | None) -> LoadPlan:
         """GPU ``g``'s remote pieces in the plan's order, as ``Isa.ld_stream`` takes
-        them (``blocks``: the tile's operand blocks in functional mode)."""
+        them: those whose home is ``g`` are there too, and ``Isa.ld_stream`` skips them
+        (``LoadPlan.loads(g)`` counts the others). In timing mode the plan is converted
+        once and shared by the GPUs; in functional mode (``blocks``: the tile's operand
+        blocks) each GPU's pieces carry its placers."""
         striped = self._striped
         if striped is None:
             striped = self._striped = [(ld.home, pc, isa.stripes(pc, self.unit), ld) for ld, pc in self.pieces(isa)
                                        if self._shared or ld.home != g]
         if blocks is None:
-            return [(home, pc, st, None) for home, pc, st, _ in striped if home != g]
-        return [(home, pc, st, _placer(ld, pc, blocks)) for home, pc, st, ld in striped if home != g]
+            if self._plan is None:
+                self._plan = LoadPlan([(home, pc, st, None) for home, pc, st, _ in striped])
+            return self._plan
+        return LoadPlan([(home, pc, st, _placer(ld, pc, blocks)) for home, pc, st, ld in striped if home != g])
 
 
 class EpiloguePlan:
-    """One tile's epilogue pieces for each owner of its rows, as ``Isa.red_stream``
-    takes them (``(nbytes, reductions)`` each), shared by the GPUs that run its GEMM
-    in timing mode (no data: the pieces do not depend on who reduces); ``users``
-    counts the GPUs still to take it. An owner's pieces are cut when a GPU first
-    needs them, so with one user (mirror mode, where striping counts what it cuts)
-    only that GPU's are."""
+    """One tile's epilogue in the core's form (:class:`RedPlan`: its blocks of partial
+    rows, each with the pieces it goes out as), shared by the GPUs that run its GEMM in
+    timing mode (no data: the pieces do not depend on who reduces); ``users`` counts
+    the GPUs still to take it. It is built when a GPU first needs it; with one user
+    (mirror mode, where striping counts what it cuts) only that GPU's pieces are cut."""
 
-    __slots__ = ("users", "_by_owner")
+    __slots__ = ("users", "_plan")
 
     def __init__(self, users: int) -> None:
         self.users = users
-        self._by_owner: dict[int, list[tuple[int, list[StreamRed]]]] = {}
+        self._plan: RedPlan | None = None
 
-    def pieces(self, owner: int, cut: Callable[[], list[tuple[int, list[StreamRed]]]]
-               ) -> list[tuple[int, list[StreamRed]]]:
-        hit = self._by_owner.get(owner)
-        if hit is None:
-            hit = self._by_owner[owner] = cut()
-        return hit
+    def plan(self, build: Callable[[], list[tuple[int, Region, list[tuple[int, list[StreamRed]]]]]]) -> RedPlan:
+        if self._plan is None:
+            self._plan = RedPlan(build())
+        return self._plan
 
 
 class Drain:
@@ -293,7 +299,7 @@ class RemoteAccess:
         GPUs that run a GEMM share it (``EpiloguePlan``)."""
         return [self.m.isa.red_op(owner, region, data, self.red_unit())]
 
-    def load_stream(self, g: int, loads: list[StreamLoad], slots: RequestSlots, arrived: Countdown,
+    def load_stream(self, g: int, loads: LoadPlan, slots: RequestSlots, arrived: Countdown,
                     kept: dict[tuple[object, int, Region], Signal] | None = None, scope: object = None) -> None:
         """A TB's mainloop loads, (home, region, stripes, placed) each, in order: each
         a plain remote ``ld`` once ``slots`` have room, counted into ``arrived`` when its
@@ -335,7 +341,7 @@ class MergeableAccess(RemoteAccess):
     def reductions(self, g: int, owner: int, region: Region, data: np.ndarray | None) -> list[StreamRed]:
         return [self.m.isa.red_cais_op(owner, region, data, self.signal, self.red_unit(), self.quorum)]
 
-    def load_stream(self, g: int, loads: list[StreamLoad], slots: RequestSlots, arrived: Countdown,
+    def load_stream(self, g: int, loads: LoadPlan, slots: RequestSlots, arrived: Countdown,
                     kept: dict[tuple[object, int, Region], Signal] | None = None, scope: object = None) -> None:
         self.m.isa.ld_stream(g, loads, slots.sm, slots.gpu, arrived, cais=True, quorum=self.quorum, kept=kept,
                              scope=scope)
@@ -380,6 +386,19 @@ def reduce_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmSha
         return [(piece.nbytes, access.reductions(g, owner, piece, isa.piece_data(data, region, piece)))
                 for piece in isa.pieces(region, piece_unit)]
 
+    def blocks(r0: int, nr: int, c0: int, nc: int, piece_unit: int
+               ) -> list[tuple[int, Region, list[tuple[int, list[StreamRed]]]]]:
+        """A tile's blocks of partial rows in timing mode, (owner, region, pieces)
+        each, for every GPU that runs the tile (only this GPU in mirror mode)."""
+        out = []
+        for owner, t0, cnt in reduced.owners(r0, nr):
+            region = Region.block(reduced.shard, reduced.cols, t0 - owner * reduced.rows_l, cnt, c0, nc, eb)
+            out.append((owner, region, cut(owner, region, None, piece_unit) if users > 1 or owner != g else []))
+        return out
+
+    def add_own(region: Region) -> None:
+        access.add_own(g, region, None)
+
     def tile_tb(t: int, i: int, j: int) -> TbProgram:
         def program(sm: int, busy: int) -> ProgramGen:
             sim = m.sim
@@ -395,23 +414,26 @@ def reduce_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmSha
             piece_unit = min(unit, slots.piece)
             r0, nr = shape.rows(i)
             c0, nc = shape.cols(j)
-            items: list[StreamItem] = []  # in the epilogue's order, issued by the core
-            plan = tile_plan(i, j, piece_unit) if tile is None else None
-            for owner, t0, cnt in reduced.owners(r0, nr):
-                region = Region.block(reduced.shard, reduced.cols, t0 - owner * reduced.rows_l, cnt, c0, nc, eb)
-                data = tile[t0 - r0:t0 - r0 + cnt] if tile is not None else None
-                if data is not None and region.rows == 1:  # whole rows: a contiguous run
-                    data = data.reshape(-1)
-                if owner == g:
-                    items.append(partial(access.add_own, g, region, data))
-                    continue
+            if tile is None:  # timing mode: the tile's plan, shared by the GPUs, issued by the core
+                red = tile_plan(i, j, piece_unit).plan(partial(blocks, r0, nr, c0, nc, piece_unit))
                 if drain is not None:
-                    drain.issue(owner)
-                if plan is None:
+                    for owner in red.owners(g):
+                        drain.issue(owner)
+                yield isa.red_stream(g, red, slots.sm, slots.gpu, port, add_own)
+            else:
+                items: list[StreamItem] = []  # in the epilogue's order, issued by the core
+                for owner, t0, cnt in reduced.owners(r0, nr):
+                    region = Region.block(reduced.shard, reduced.cols, t0 - owner * reduced.rows_l, cnt, c0, nc, eb)
+                    data = tile[t0 - r0:t0 - r0 + cnt]
+                    if region.rows == 1:  # whole rows: a contiguous run
+                        data = data.reshape(-1)
+                    if owner == g:
+                        items.append(partial(access.add_own, g, region, data))
+                        continue
+                    if drain is not None:
+                        drain.issue(owner)
                     items += cut(owner, region, data, piece_unit)
-                else:
-                    items += plan.pieces(owner, partial(cut, owner, region, None, piece_unit))
-            yield isa.red_stream(g, items, slots.sm, slots.gpu, port)
+                yield isa.red_stream(g, items, slots.sm, slots.gpu, port)
             if port.free_at > sim.now:  # the SM pushes the tile out before it is free
                 yield port.free_at - sim.now
         return program
@@ -447,9 +469,21 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
                                shape)
     lead = reuse.leaders(order, shape)
 
-    def plan(i: int, j: int, t: int) -> list[Load]:
+    def spans(i: int, j: int) -> tuple[tuple[int, int], ...]:
+        """What of tile (i, j) its loads depend on: each operand's rows or columns."""
+        return tuple(op.tile_span(shape, i, j) for op in ops)
+
+    def first_step(t: int, i: int, j: int) -> int:
+        """The K step tile (i, j), launched ``t``-th, starts its mainloop at. A
+        cluster's CTAs walk K in step: each starts where the cluster's first does."""
+        return access.k_start(steps, t if lead is None else lead[(i, j)])
+
+    firsts = [first_step(t, i, j) for t, (i, j) in enumerate(order)]
+    # how many of this kernel's tiles take each plan (on each GPU that runs it)
+    takers = Counter((spans(i, j), firsts[t]) for t, (i, j) in enumerate(order))
+
+    def plan(i: int, j: int, first: int) -> list[Load]:
         loads = []
-        first = access.k_start(steps, t)
         bases = []  # per operand: where the tile's block starts in the stored [T, cols] tensor
         for o, op in enumerate(ops):
             base_t, _, base_c, _ = op.physical(shape, i, j, 0, shape.k)
@@ -465,14 +499,15 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
 
     def tile_plan(i: int, j: int, t: int, piece_unit: int) -> TilePlan:
         """Tile (i, j)'s plan (the ``t``-th launched) with request pieces of at most
-        ``piece_unit`` bytes, for every home: the same on every GPU, so the GPUs of a
-        layer share it through ``plans``. A cluster's CTAs walk K in step: each starts
-        where the cluster's first does."""
-        first = access.k_start(steps, t if lead is None else lead[(i, j)])
-        key = (shape, tuple(ops), eb, access.load_bytes, i, j, first, piece_unit, unit)  # all it reads
+        ``piece_unit`` bytes, for every home: the same on every GPU and for every tile
+        with the same operand spans and first K step, so they share it through
+        ``plans``."""
+        first = firsts[t]
+        where = (spans(i, j), first)
+        key = (shape, tuple(ops), eb, access.load_bytes, where, piece_unit, unit)  # all it reads
         hit = plans.get(key)
         if hit is None:
-            hit = plans[key] = TilePlan(plan(i, j, t), piece_unit, unit, users)
+            hit = plans[key] = TilePlan(plan(i, j, first), piece_unit, unit, users * takers[where], users > 1)
         hit.users -= 1
         if hit.users == 0:  # every GPU running the GEMM has it: drop it (memory)
             del plans[key]
@@ -502,16 +537,17 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
             # another TB's of its scope (an L2 that keeps peer reads, a TMA multicast to
             # the cluster, a staged block), one this GPU already asked for is joined
             remote = tp.stream(isa, g, blocks)
-            arrived = Countdown(len(remote))
+            loads = remote.loads(g)
+            arrived = Countdown(loads)
             if kept is None:
                 access.load_stream(g, remote, slots, arrived)
             else:
                 access.load_stream(g, remote, slots, arrived, kept, reuse.scope((i, j), shape))
-            if remote:
+            if loads:
                 yield arrived
             # the mainloop computes each K-slice once it has landed: after the last
             # load, one slice of compute remains
-            end = max(start + compute, sim.now + compute * SLICE_K // shape.k) if remote else start + compute
+            end = max(start + compute, sim.now + compute * SLICE_K // shape.k) if loads else start + compute
             if end > sim.now:
                 yield end - sim.now
             if store is not None and mem is not None:

@@ -1,0 +1,427 @@
+//! A GPU's thread-block dispatcher: it puts the TBs of launched kernels on free SMs,
+//! one TB per SM, as Hopper's TB scheduler does without stream priorities.
+//!
+//! Kernels are served in the order they became dispatchable (launch time plus launch
+//! overhead), a higher `priority` first when some kernel has one (a CUDA stream
+//! priority; equal ones in that order); each takes every free SM it may use (its SM
+//! set) before the next is looked at, and TBs run to completion (no preemption).
+//! Dispatching waits for the end of the instant, so TBs that finish together free
+//! their SMs before new ones start (waves). The TB programs stay Python: a kernel's
+//! `tbs[i](sm, busy)` makes the generator its SM runs (`engine::wait::Process`).
+
+use pyo3::prelude::*;
+use pyo3::types::PyList;
+use pyo3::{PyTraverseError, PyVisit};
+
+use crate::engine::cell::{properties, unit, GilCell, Unit, UnitState};
+use crate::engine::sim::{Action, Simulator};
+use crate::engine::unit::{unexpected, Event, Handler, UnitRef};
+use crate::engine::wait::{Process, Signal};
+
+/// The dispatcher's own timed event: the end of an instant in which SMs freed or a
+/// kernel became dispatchable.
+const DISPATCH: u8 = 0;
+
+/// A set of SMs, as bits (SM i: bit i of word i / 64).
+#[derive(Clone)]
+struct SmSet(Vec<u64>);
+
+impl SmSet {
+    fn empty(sms: usize) -> Self {
+        SmSet(vec![0; sms.div_ceil(64).max(1)])
+    }
+
+    fn full(sms: usize) -> Self {
+        let mut set = SmSet::empty(sms);
+        for sm in 0..sms {
+            set.insert(sm);
+        }
+        set
+    }
+
+    fn insert(&mut self, sm: usize) {
+        if sm / 64 >= self.0.len() {
+            self.0.resize(sm / 64 + 1, 0);
+        }
+        self.0[sm / 64] |= 1 << (sm % 64);
+    }
+
+    fn remove(&mut self, sm: usize) {
+        self.0[sm / 64] &= !(1 << (sm % 64));
+    }
+
+    /// The lowest-numbered SM in both this set and `mask` (None: `mask` is every SM).
+    fn lowest(&self, mask: Option<&SmSet>) -> Option<usize> {
+        for (w, &bits) in self.0.iter().enumerate() {
+            let usable = match mask {
+                None => bits,
+                Some(m) => bits & m.0.get(w).copied().unwrap_or(0),
+            };
+            if usable != 0 {
+                return Some(w * 64 + usable.trailing_zeros() as usize);
+            }
+        }
+        None
+    }
+
+    fn count(&self) -> i64 {
+        self.0.iter().map(|w| w.count_ones() as i64).sum()
+    }
+}
+
+/// A launched kernel with TBs to run or running.
+struct KernelSlot {
+    /// The Python kernel: its `started_at` and `finished_at` are set here.
+    kernel: Py<PyAny>,
+    name: String,
+    tbs: Py<PyList>,
+    count: usize,
+    /// The next TB to start, and the TBs running.
+    next: usize,
+    running: usize,
+    /// The SMs it may use (None: every SM).
+    mask: Option<SmSet>,
+    priority: i64,
+    /// Whether its TBs' HBM phases are timed against the GPU's share.
+    hbm_phases: bool,
+    done: Py<Signal>,
+    started: bool,
+}
+
+/// One GPU's TB dispatcher (the module's docs); `hbm`: the share that times the HBM
+/// phases of kernels with `hbm_phases`; `slowdown`: factor on the compute delays of
+/// its TBs (a straggler); `tb_log`: (kernel, SM, start, end) of every TB when set to
+/// a list (None: not recorded).
+#[pyclass(module = "cais._core", frozen)]
+pub struct TbDispatcher {
+    st: GilCell<TbDispatcherState>,
+}
+
+/// The mutable state of a [`TbDispatcher`] (see there), borrowed while holding the GIL.
+pub(crate) struct TbDispatcherState {
+    sim: Py<Simulator>,
+    sms: usize,
+    free: SmSet,
+    busy: i64,
+    tbs_finished: i64,
+    /// Launched kernels by id (None once finished), and the ids free for reuse.
+    slots: Vec<Option<KernelSlot>>,
+    spare: Vec<usize>,
+    /// Kernels with TBs not yet placed, in the order they became dispatchable.
+    queue: Vec<usize>,
+    prioritised: bool,
+    pending: bool,
+    hbm: Option<UnitRef>,
+    slowdown: f64,
+    tb_log: Option<Vec<(String, i64, i64, i64)>>,
+}
+
+unit!(TbDispatcher, TbDispatcherState);
+
+impl TbDispatcherState {
+    fn slot(&mut self, id: usize) -> &mut KernelSlot {
+        self.slots[id].as_mut().expect("a live kernel")
+    }
+}
+
+impl TbDispatcher {
+    /// Dispatch at the end of the current instant (once however often asked).
+    fn request(slf: &Bound<'_, Self>) -> PyResult<()> {
+        let py = slf.py();
+        let mut me = slf.st();
+        if me.pending {
+            return Ok(());
+        }
+        me.pending = true;
+        let sim = me.sim.clone_ref(py);
+        drop(me);
+        let s = sim.get();
+        s.push(py, s.now(), Action::Due(UnitRef::of_bound(slf), DISPATCH, None))
+    }
+
+    /// Place TBs on the free SMs, kernel by kernel, then start their programs.
+    fn dispatch(slf: &Bound<'_, Self>) -> PyResult<()> {
+        let py = slf.py();
+        let (starts, busy, now) = {
+            let mut me = slf.st();
+            me.pending = false;
+            let mut order = me.queue.clone();
+            if me.prioritised {
+                let slots = &me.slots;
+                let priority = |id: &usize| -slots[*id].as_ref().expect("queued").priority;
+                order.sort_by_key(priority); // stable: launch order among equal priorities
+            }
+            let mut starts: Vec<(usize, usize, usize)> = Vec::new();
+            let mut free = std::mem::replace(&mut me.free, SmSet::empty(0));
+            let mut emptied: Vec<usize> = Vec::new();
+            for id in order {
+                let k = me.slot(id);
+                while k.next < k.count {
+                    let Some(sm) = free.lowest(k.mask.as_ref()) else {
+                        break;
+                    };
+                    free.remove(sm);
+                    starts.push((id, sm, k.next));
+                    k.next += 1;
+                    k.running += 1;
+                }
+                if k.next == k.count {
+                    emptied.push(id);
+                }
+            }
+            me.queue.retain(|id| !emptied.contains(id));
+            me.busy = me.sms as i64 - free.count();
+            me.free = free;
+            let now = me.sim.get().now();
+            (starts, me.busy, now)
+        };
+        for (id, sm, index) in starts {
+            let (kernel, program, hbm, first, sim, slowdown) = {
+                let mut me = slf.st();
+                let (sim, slowdown) = (me.sim.clone_ref(py), me.slowdown);
+                let hbm = me.hbm.as_ref().map(|h| h.clone_ref(py));
+                let k = me.slot(id);
+                let first = !k.started;
+                k.started = true;
+                let program = k.tbs.bind(py).get_item(index)?.unbind();
+                let hbm = if k.hbm_phases { hbm } else { None };
+                (k.kernel.clone_ref(py), program, hbm, first, sim, slowdown)
+            };
+            if first {
+                kernel.bind(py).setattr("started_at", now)?;
+            }
+            let gen = program.bind(py).call1((sm, busy))?.unbind();
+            // the process times the program's HBM phases against this GPU's share and
+            // stretches its compute delays by the GPU's slowdown
+            let proc = Process::spawn(py, &sim, gen, true, hbm, slowdown)?;
+            let end = Py::new(
+                py,
+                TbEnd {
+                    dispatcher: slf.clone().unbind(),
+                    kernel: id,
+                    sm,
+                    start: now,
+                },
+            )?;
+            Signal::on_fire(proc.get().done_signal(py).bind(py), end.into_any())?;
+        }
+        Ok(())
+    }
+
+    /// A TB of kernel `id` ended on `sm`: its SM is free; the kernel is done with its
+    /// last TB.
+    fn ended(slf: &Bound<'_, Self>, id: usize, sm: usize, start: i64) -> PyResult<()> {
+        let py = slf.py();
+        let finished = {
+            let mut me = slf.st();
+            let now = me.sim.get().now();
+            me.tbs_finished += 1;
+            me.free.insert(sm);
+            me.busy -= 1;
+            let k = me.slot(id);
+            k.running -= 1;
+            let last = k.running == 0 && k.next == k.count;
+            let name = me.tb_log.is_some().then(|| me.slot(id).name.clone());
+            if let (Some(log), Some(name)) = (me.tb_log.as_mut(), name) {
+                log.push((name, sm as i64, start, now));
+            }
+            if last {
+                let k = me.slots[id].take().expect("a live kernel");
+                me.spare.push(id);
+                Some((k.kernel, k.done, now))
+            } else {
+                None
+            }
+        };
+        if let Some((kernel, done, now)) = finished {
+            kernel.bind(py).setattr("finished_at", now)?;
+            Signal::fire_now(done.bind(py), now, py.None())?;
+        }
+        TbDispatcher::request(slf)
+    }
+}
+
+impl Handler for TbDispatcher {
+    fn on_event(slf: &Bound<'_, Self>, ev: Event<'_, '_>) -> PyResult<()> {
+        match ev {
+            Event::Due { what: DISPATCH, .. } => TbDispatcher::dispatch(slf),
+            _ => Err(unexpected("TbDispatcher")),
+        }
+    }
+}
+
+/// What ends a TB: called when its program returns, it frees the TB's SM.
+#[pyclass(module = "cais._core", frozen)]
+pub struct TbEnd {
+    dispatcher: Py<TbDispatcher>,
+    kernel: usize,
+    sm: usize,
+    start: i64,
+}
+
+#[pymethods]
+impl TbEnd {
+    fn __call__(&self, py: Python<'_>, _value: Py<PyAny>) -> PyResult<()> {
+        TbDispatcher::ended(self.dispatcher.bind(py), self.kernel, self.sm, self.start)
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.dispatcher)
+    }
+}
+
+#[pymethods]
+impl TbDispatcher {
+    #[new]
+    #[pyo3(signature = (sim, sms, hbm = None, slowdown = 1.0))]
+    fn new(sim: Py<Simulator>, sms: usize, hbm: Option<Bound<'_, PyAny>>, slowdown: f64) -> PyResult<Self> {
+        let hbm = match hbm {
+            Some(h) => Some(UnitRef::expect(&h, "a pacer (an HbmShare)")?),
+            None => None,
+        };
+        Ok(TbDispatcher::from(TbDispatcherState {
+            sim,
+            sms,
+            free: SmSet::full(sms),
+            busy: 0,
+            tbs_finished: 0,
+            slots: Vec::new(),
+            spare: Vec::new(),
+            queue: Vec::new(),
+            prioritised: false,
+            pending: false,
+            hbm,
+            slowdown,
+            tb_log: None,
+        }))
+    }
+
+    /// Make `kernel` dispatchable now: its `tbs` (TB programs), the SMs it may use
+    /// (`sms`; None: every SM), its `priority`, whether its TBs' HBM phases are timed
+    /// (`hbm_phases`), and `done`, fired when its last TB ends. Its `started_at` and
+    /// `finished_at` are set when its first TB starts and its last ends.
+    #[pyo3(signature = (kernel, name, tbs, sms, priority, hbm_phases, done))]
+    #[allow(clippy::too_many_arguments)] // the Python method's parameters
+    fn enqueue(
+        slf: &Bound<'_, Self>,
+        kernel: Py<PyAny>,
+        name: String,
+        tbs: Bound<'_, PyList>,
+        sms: Option<Vec<usize>>,
+        priority: i64,
+        hbm_phases: bool,
+        done: Py<Signal>,
+    ) -> PyResult<()> {
+        {
+            let mut me = slf.st();
+            let mask = sms.map(|list| {
+                let mut set = SmSet::empty(me.sms);
+                for sm in list {
+                    set.insert(sm);
+                }
+                set
+            });
+            let slot = KernelSlot {
+                kernel,
+                name,
+                count: tbs.len(),
+                tbs: tbs.unbind(),
+                next: 0,
+                running: 0,
+                mask,
+                priority,
+                hbm_phases,
+                done,
+                started: false,
+            };
+            let id = match me.spare.pop() {
+                Some(id) => {
+                    me.slots[id] = Some(slot);
+                    id
+                }
+                None => {
+                    me.slots.push(Some(slot));
+                    me.slots.len() - 1
+                }
+            };
+            me.queue.push(id);
+            if priority != 0 {
+                me.prioritised = true;
+            }
+        }
+        TbDispatcher::request(slf)
+    }
+
+    /// Kernels with TBs not yet placed on an SM.
+    #[getter]
+    fn queued(&self, py: Python<'_>) -> usize {
+        self.st(py).queue.len()
+    }
+
+    /// What was recorded (None: not recording); set a list to start recording (what
+    /// to start from), None to stop.
+    #[getter]
+    fn tb_log(&self, py: Python<'_>) -> Option<Vec<(String, i64, i64, i64)>> {
+        self.st(py).tb_log.clone()
+    }
+
+    #[setter]
+    fn set_tb_log(&self, py: Python<'_>, log: Option<Vec<(String, i64, i64, i64)>>) {
+        self.st(py).tb_log = log;
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        let Some(me) = self.st.during_gc() else {
+            return Ok(());
+        };
+        visit.call(&me.sim)?;
+        if let Some(h) = &me.hbm {
+            h.visit(&visit)?;
+        }
+        for k in me.slots.iter().flatten() {
+            visit.call(&k.kernel)?;
+            visit.call(&k.tbs)?;
+            visit.call(&k.done)?;
+        }
+        Ok(())
+    }
+
+    fn __clear__(&self) {
+        if let Some(mut me) = self.st.during_gc_mut() {
+            me.slots.clear();
+            me.queue.clear();
+        }
+    }
+}
+
+properties!(TbDispatcher {
+    /// SMs running a TB.
+    busy: i64;
+    /// TBs that have ended.
+    tbs_finished: i64;
+    slowdown: f64, set set_slowdown;
+});
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_sm_set_gives_its_lowest_sm_within_a_mask() {
+        let mut free = SmSet::full(132);
+        assert_eq!(free.count(), 132);
+        assert_eq!(free.lowest(None), Some(0));
+        free.remove(0);
+        free.remove(1);
+        assert_eq!(free.lowest(None), Some(2));
+        let mut mask = SmSet::empty(132);
+        mask.insert(70);
+        mask.insert(1);
+        assert_eq!(free.lowest(Some(&mask)), Some(70), "SM 1 is busy");
+        free.remove(70);
+        assert_eq!(free.lowest(Some(&mask)), None);
+        free.insert(1);
+        assert_eq!(free.lowest(Some(&mask)), Some(1));
+        assert_eq!(free.count(), 130);
+    }
+}

@@ -1,0 +1,96 @@
+"""Issue 40: what the core executes for the kernels, checked on its own terms.
+
+* A tile's planned loads (:class:`LoadPlan`) and epilogue (:class:`RedPlan`) are built
+  once and shared by the GPUs that run the tile (and, for loads, by the tiles that read
+  the same operand blocks); a GPU's stream skips its own rows.
+* The TB dispatcher (:class:`TbDispatcher`) places TBs lowest free SM first, within a
+  kernel's SM set, a higher priority first, launch order among equals, and frees an
+  SM when its TB's program returns.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from cais._core import LoadPlan, RedPlan, Region, Signal, Simulator, TbDispatcher
+from cais.engine.sim import ProgramGen
+from cais.experiments.layer import run_layer
+from cais.hw.config import apply_overrides, load_system
+from cais.kernels import remote_gemm
+from cais.workload.models import load_model
+
+
+def _region(start: int, count: int = 1024) -> Region:
+    return Region("x", start, count, 2)
+
+
+def test_a_load_plan_counts_what_each_gpu_issues() -> None:
+    stripes = [[(_region(0, 512), 0), (_region(512, 512), 1)], [(_region(2048), 0)], [(_region(4096), 1)]]
+    plan = LoadPlan([(0, _region(0), stripes[0], None), (1, _region(2048), stripes[1], None),
+                     (2, _region(4096), stripes[2], None)])
+    assert len(plan) == 3
+    assert plan.loads() == 3 and plan.stripes() == 4
+    assert plan.loads(0) == 2 and plan.stripes(0) == 2  # GPU 0 reads its own rows locally
+    assert plan.loads(1) == 2 and plan.stripes(1) == 3
+    assert plan.loads(5) == 3
+
+
+def test_a_red_plan_names_the_owners_a_gpu_sends_to() -> None:
+    piece = (1024, [(0, 1, [(_region(0), 0)], None, -1, 0)])
+    plan = RedPlan([(1, _region(0), [piece, piece]), (0, _region(2048), []), (1, _region(4096), [piece]),
+                    (2, _region(8192), [piece])])
+    assert plan.owners(0) == [1, 2]
+    assert plan.owners(1) == [0, 2]
+    assert plan.stripes(0) == 4  # three pieces for GPU 1, one for GPU 2, none for itself
+    assert plan.stripes(1) == 1  # the block owned by 0 was planned with no pieces
+
+
+def _counting(cls: Any, made: list[int]) -> Any:
+    def make(*args: Any) -> Any:
+        made[0] += 1
+        return cls(*args)
+    return make
+
+
+@pytest.mark.parametrize("mode", ["prefill", "train"])
+def test_the_gpus_of_a_layer_share_their_tiles_plans(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    loads, reds = [0], [0]
+    monkeypatch.setattr(remote_gemm, "LoadPlan", _counting(LoadPlan, loads))
+    monkeypatch.setattr(remote_gemm, "RedPlan", _counting(RedPlan, reds))
+    cfg = apply_overrides(load_system("dgx-h100"), {"gpus": "4"})
+    r = run_layer(cfg, load_model("paper-mega-gpt-4b").with_run(1, 512), "cais", mode, 32)
+    tbs = sum(g["tbs"] for g in r.as_json()["hbm"]["per_gpu"].values())
+    assert loads[0] > 0 and reds[0] > 0, "the shared plans were not taken"
+    # every tile's plan serves its 4 GPUs: at most a quarter of the TBs build one
+    assert 4 * (loads[0] + reds[0]) <= tbs
+
+
+def _program(sim: Simulator, delay: int) -> Any:
+    def tb(sm: int, busy: int) -> ProgramGen:
+        yield delay
+    return tb
+
+
+def test_the_dispatcher_places_tbs_by_priority_within_sm_sets() -> None:
+    sim = Simulator()
+    d = TbDispatcher(sim, 4)
+    d.tb_log = []
+    low = SimpleNamespace(started_at=None, finished_at=None)
+    high = SimpleNamespace(started_at=None, finished_at=None)
+    low_done, high_done = Signal(), Signal()
+    d.enqueue(low, "low", [_program(sim, 100)] * 6, None, 0, False, low_done)
+    d.enqueue(high, "high", [_program(sim, 50)] * 2, [2, 3], 5, False, high_done)
+    assert d.queued == 2
+    sim.run()
+    log = sorted(d.tb_log)
+    # at t = 0 the high-priority kernel takes its two SMs (2, 3) first; the low one
+    # gets SMs 0 and 1, then 2 and 3 when the high one's TBs end at 50
+    assert [e for e in log if e[0] == "high"] == [("high", 2, 0, 50), ("high", 3, 0, 50)]
+    low_runs = sorted((start, sm) for _, sm, start, _ in (e for e in log if e[0] == "low"))
+    assert low_runs == [(0, 0), (0, 1), (50, 2), (50, 3), (100, 0), (100, 1)]
+    assert (high.started_at, high.finished_at, low.started_at, low.finished_at) == (0, 50, 0, 200)
+    assert high_done.fired and low_done.fired
+    assert d.busy == 0 and d.tbs_finished == 8 and d.queued == 0
