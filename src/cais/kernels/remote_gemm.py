@@ -301,10 +301,11 @@ class RemoteAccess:
 
     def load_stream(self, g: int, loads: LoadPlan, slots: RequestSlots, arrived: Countdown,
                     kept: dict[tuple[object, int, Region], Signal] | None = None, scope: object = None) -> None:
-        """A TB's mainloop loads, (home, region, stripes, placed) each, in order: each
-        a plain remote ``ld`` once ``slots`` have room, counted into ``arrived`` when its
-        data is in; with ``kept``, a load this GPU already asked for in ``scope`` joins
-        that one (``Isa.ld_stream``). The one path a TB's remote loads take."""
+        """A TB's mainloop loads (a tile's :class:`LoadPlan`, less those whose home is
+        ``g``), in order: each a plain remote ``ld`` once ``slots`` have room, counted
+        into ``arrived`` when its data is in; with ``kept``, a load this GPU already
+        asked for in ``scope`` joins that one (``Isa.ld_stream``). The one path a TB's
+        remote loads take."""
         self.m.isa.ld_stream(g, loads, slots.sm, slots.gpu, arrived, kept=kept, scope=scope)
 
 
