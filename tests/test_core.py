@@ -6,7 +6,7 @@ refused with a Python error, not a crash."""
 import pytest
 
 from cais import _core
-from cais.engine import Channel, Credits, Simulator, Train
+from cais.engine import Channel, Credits, Signal, Simulator, Train
 from cais.hw.packets import Kind
 from cais.machine import Machine
 
@@ -144,10 +144,12 @@ def test_the_cais_switch_serves_mergeable_kinds_natively() -> None:
     assert sw.group_sync == (0, 0)  # the Group Sync Table is the chip's own
 
 
-def _group_release_times(entries: int) -> tuple[dict[str, float], tuple[int, int]]:
+def _group_release_times(entries: int, via_issue: bool = False) -> tuple[dict[str, float], tuple[int, int]]:
     """Two TB groups of two GPUs whose keys map to one chip: GPU 0 registers with A
     and B at once, GPU 1 with B at once and with A 10 us later. When each group is
-    released (us), and the chip's (registrations, most groups held)."""
+    released (us), and the chip's (registrations, most groups held). ``via_issue``:
+    each registration is the generic ``Endpoint.issue`` of a ``GROUP_SYNC`` train, not
+    the ISA's (``Endpoint.group_sync``)."""
     from cais.hw.config import apply_overrides, load_system
     m = Machine(apply_overrides(load_system("dgx-h100"), {"gpus": "2", "switch.model": "cais",
                                                          "cais.sync_entries": str(entries)}))
@@ -156,7 +158,12 @@ def _group_release_times(entries: int) -> tuple[dict[str, float], tuple[int, int
     released: dict[str, list[float]] = {"A": [], "B": []}
 
     def register(gpu: int, name: str, key: int) -> None:
-        m.isa.group_sync(gpu, key, 2).on_fire(lambda _: released[name].append(m.sim.now / 1e6))
+        if via_issue:
+            sig = Signal()
+            m.gpus[gpu].issue(Kind.GROUP_SYNC, -1, m.isa.flag_chip(key), None, None, sig, 0, 0, tag=key, expect=2)
+        else:
+            sig = m.isa.group_sync(gpu, key, 2)
+        sig.on_fire(lambda _: released[name].append(m.sim.now / 1e6))
 
     register(0, "A", a)
     register(0, "B", b)
@@ -176,6 +183,14 @@ def test_the_group_sync_table_holds_a_new_group_while_its_entries_are_full() -> 
     assert one["A"] > 10 and one["B"] > one["A"]
     assert two["B"] < 10 < two["A"]
     assert (regs1, peak1) == (4, 1) and (regs2, peak2) == (4, 2)
+
+
+def test_the_isa_group_sync_is_the_generic_issue_of_a_group_sync_train() -> None:
+    """``Endpoint.group_sync`` (the core builds the registration) and the generic
+    ``Endpoint.issue`` of a ``GROUP_SYNC`` train release the groups at the same
+    picosecond, with the same table counts."""
+    for entries in (1, 2):
+        assert _group_release_times(entries) == _group_release_times(entries, via_issue=True)
 
 
 def test_a_region_is_a_value_compared_and_hashed_by_its_fields() -> None:

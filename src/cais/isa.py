@@ -304,10 +304,7 @@ class Isa:
         i.e. once every member has registered; the core fires it, so a TB program
         waiting on it resumes without a Python call in between."""
         self.ops += 1
-        released = Signal()
-        self.m.gpus[src].issue(Kind.GROUP_SYNC, -1, self.flag_chip(group), None, None, released, 0, 0, tag=group,
-                               expect=members)
-        return released
+        return self.m.gpus[src].group_sync(self.fab.interleave.chip_of(group), group, members)
 
     # ---- NVLS --------------------------------------------------------------------
     def multimem_st(self, src: int, region: Region, data: np.ndarray | None, done: Done | None = None,

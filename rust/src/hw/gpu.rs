@@ -17,6 +17,7 @@ use crate::engine::credits::Credits;
 use crate::engine::sim::{Action, Clock, Simulator};
 use crate::engine::train::{Train, TrainState};
 use crate::engine::unit::{unexpected, Event, Handler, UnitRef};
+use crate::engine::wait::Signal;
 use crate::hw::hbm::HbmShare;
 use crate::hw::kinds::*;
 use crate::hw::packets::PacketBook;
@@ -677,6 +678,35 @@ impl Endpoint {
             }
         }
         Ok(())
+    }
+
+    /// A TB's registration with TB group `group` (`members` GPUs) at the Group Sync
+    /// Table of chip `chip`: one empty packet up; the signal returned fires when the
+    /// switch's release has come back (CAIS §III-B). `issue` with `GROUP_SYNC`, built
+    /// here: a layer's TBs register twice each.
+    fn group_sync(slf: &Bound<'_, Self>, chip: i64, group: i64, members: i64) -> PyResult<Py<Signal>> {
+        let py = slf.py();
+        let released = Py::new(py, Signal::blank(py))?;
+        let op = Op {
+            kind: GROUP_SYNC,
+            dst: -1,
+            stream: 0,
+            tag: group,
+            expect: members,
+            quorum: 0,
+        };
+        let piece = Piece {
+            chip,
+            addr: py.None(),
+            data: py.None(),
+            done: released.clone_ref(py).into_any(),
+            payload: 0,
+            nbytes: 0,
+            want: 0,
+            fence: py.None(),
+        };
+        Endpoint::issue_train(slf, &op, piece, None, None)?;
+        Ok(released)
     }
 
     /// What an SM issues (`cais.isa`): a train of `kind` for `nbytes` of data (or, for

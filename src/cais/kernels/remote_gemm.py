@@ -34,7 +34,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -348,10 +348,17 @@ class MergeableAccess(RemoteAccess):
                              scope=scope)
 
 
+def _plan_key(plans: dict[tuple, Any], gemm: tuple) -> object:
+    """A small key for ``gemm`` (what all of a GEMM's tile plans depend on), the same
+    object on every GPU that runs it: a tile's key in ``plans`` then hashes a few ints
+    and this, not the GEMM's shapes and operands once per TB."""
+    return plans.setdefault(("gemm",) + gemm, object())
+
+
 # ---- GEMM-RS: partial rows reduced into their owner ------------------------------------
 def reduce_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape, floor_ps: int, eb: int,
                 reduced: Sharded, access: RemoteAccess, sm_set: frozenset[int] | None = None,
-                mem: Memory | None = None, plans: dict[tuple, EpiloguePlan] | None = None
+                mem: Memory | None = None, plans: dict[tuple, Any] | None = None
                 ) -> tuple[Kernel, Drain | None]:
     """GPU ``g``'s GEMM whose tiles' epilogues reduce their partial rows into the
     owners' ``reduced`` shards; ``mem``: the GPU's memory in functional mode;
@@ -370,8 +377,10 @@ def reduce_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmSha
     plans = {} if plans is None else plans
     users = 1 if m.fabric.mirror else m.n  # the GPUs that run this GEMM's programs
 
+    gemm_key = _plan_key(plans, ("epilogue", access, reduced, shape, eb))  # what all its tiles' pieces depend on
+
     def tile_plan(i: int, j: int, piece_unit: int) -> EpiloguePlan:
-        key = ("epilogue", access, reduced, shape, eb, i, j, piece_unit)  # all its pieces depend on
+        key = (gemm_key, i, j, piece_unit)
         hit = plans.get(key)
         if hit is None:
             hit = plans[key] = EpiloguePlan(users)
@@ -446,7 +455,7 @@ def reduce_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmSha
 # ---- AG-GEMM and weight gradients: operands loaded from their owners ---------------------
 def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape, floor_ps: int, eb: int,
               ops: list[Operand], access: RemoteAccess, sm_set: frozenset[int] | None = None,
-              mem: Memory | None = None, plans: dict[tuple, list] | None = None
+              mem: Memory | None = None, plans: dict[tuple, Any] | None = None
               ) -> Kernel:
     """GPU ``g``'s GEMM whose tiles load their sharded operands ``ops`` (at least one)
     from their owners; ``mem``: the GPU's memory in functional mode; ``plans``: the
@@ -479,9 +488,11 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
         cluster's CTAs walk K in step: each starts where the cluster's first does."""
         return access.k_start(steps, t if lead is None else lead[(i, j)])
 
-    firsts = [first_step(t, i, j) for t, (i, j) in enumerate(order)]
-    # how many of this kernel's tiles take each plan (on each GPU that runs it)
-    takers = Counter((spans(i, j), firsts[t]) for t, (i, j) in enumerate(order))
+    # per launched tile: its operand spans and first K step (what its plan depends on
+    # besides the GEMM), and how many of this kernel's tiles take each plan (on each GPU)
+    wheres = [(spans(i, j), first_step(t, i, j)) for t, (i, j) in enumerate(order)]
+    takers = Counter(wheres)
+    gemm_key = _plan_key(plans, (shape, tuple(ops), eb, access.load_bytes, unit))  # all its tiles read
 
     def plan(i: int, j: int, first: int) -> list[Load]:
         loads = []
@@ -503,12 +514,11 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
         ``piece_unit`` bytes, for every home: the same on every GPU and for every tile
         with the same operand spans and first K step, so they share it through
         ``plans``."""
-        first = firsts[t]
-        where = (spans(i, j), first)
-        key = (shape, tuple(ops), eb, access.load_bytes, where, piece_unit, unit)  # all it reads
+        where = wheres[t]
+        key = (gemm_key, where, piece_unit)
         hit = plans.get(key)
         if hit is None:
-            hit = plans[key] = TilePlan(plan(i, j, first), piece_unit, unit, users * takers[where], users > 1)
+            hit = plans[key] = TilePlan(plan(i, j, where[1]), piece_unit, unit, users * takers[where], users > 1)
         hit.users -= 1
         if hit.users == 0:  # every GPU running the GEMM has it: drop it (memory)
             del plans[key]
