@@ -19,8 +19,6 @@
 //! Functional data stays Python objects: a sum is `a + b`, a first contribution is
 //! `data.copy()`.
 
-use std::collections::BTreeMap;
-
 use rustc_hash::FxHashMap as HashMap;
 
 use pyo3::exceptions::PyTypeError;
@@ -36,7 +34,7 @@ use crate::engine::train::Train;
 use crate::engine::unit::{unexpected, Event, Handler, UnitRef};
 use crate::hw::params::{ps, MergeConfig};
 use crate::hw::region::Region;
-use crate::hw::replacement::{self, Replacement};
+use crate::hw::replacement::{self, AccessOrder, Replacement};
 use crate::hw::session_rule::{self, Room, SessionRule};
 use crate::hw::switch::{HomeSum, SwitchChip};
 
@@ -173,8 +171,6 @@ struct Entry {
     head: i64,
     touched: i64,
     doomed: bool,
-    /// Its place in the order of last access (the idle timer's).
-    seq: u64,
 }
 
 /// A view of one session, for a Python host's `write_home` and for tests.
@@ -382,10 +378,9 @@ pub(crate) struct MergeUnitState {
     cam: HashMap<Key, i64>,
     /// The sessions by id.
     entries: HashMap<i64, Entry>,
-    /// The idle timer's queue: order of last access -> session id (first: idle
+    /// The idle timer's queue: the sessions in order of last access (first: idle
     /// longest).
-    idle: BTreeMap<u64, i64>,
-    seq: u64,
+    idle: AccessOrder,
     /// Which session goes when lines are needed (`switch.merge.replacement`).
     policy: Box<dyn Replacement>,
     /// How many lines a session takes and when it may open (all or nothing).
@@ -657,8 +652,6 @@ impl MergeUnit {
             let tensor = me.tensor(info.tensor);
             let f = first.st();
             let expect = if f.expect != 0 { f.expect } else { me.default_expect };
-            me.seq += 1;
-            let seq = me.seq;
             let entry = Entry {
                 id: sid,
                 key: key.clone(),
@@ -679,10 +672,9 @@ impl MergeUnit {
                 head: f.head,
                 touched: now,
                 doomed: false,
-                seq,
             };
             me.cam.insert(key.clone(), sid);
-            me.idle.insert(seq, sid);
+            me.idle.touch(sid);
             me.policy.open(sid);
             me.entries.insert(sid, entry);
             me.stats.sessions += 1;
@@ -837,13 +829,8 @@ impl MergeUnit {
         let py = slf.py();
         let mut me = slf.st();
         let now = me.now(py);
-        me.seq += 1;
-        let seq = me.seq;
-        let e = me.entries.get_mut(&sid).expect("session");
-        e.touched = now;
-        let old = std::mem::replace(&mut e.seq, seq);
-        me.idle.remove(&old);
-        me.idle.insert(seq, sid);
+        me.entries.get_mut(&sid).expect("session").touched = now;
+        me.idle.touch(sid);
         me.policy.touch(sid);
         if !me.timer {
             me.timer = true;
@@ -865,13 +852,13 @@ impl MergeUnit {
             let now = me.now(py);
             let limit = me.timeout_ps;
             let mut due = Vec::new();
-            for sid in me.idle.values() {
-                let e = &me.entries[sid];
+            for sid in me.idle.iter() {
+                let e = &me.entries[&sid];
                 if e.touched + limit > now {
                     break;
                 }
                 if e.state != State::LoadWait {
-                    due.push(*sid);
+                    due.push(sid);
                 }
             }
             (due, now, limit)
@@ -883,8 +870,8 @@ impl MergeUnit {
         let mut me = slf.st();
         let next = me
             .idle
-            .values()
-            .map(|sid| &me.entries[sid])
+            .iter()
+            .map(|sid| &me.entries[&sid])
             .find(|e| e.state != State::LoadWait)
             .map(|e| e.touched + limit);
         if let Some(t) = next {
@@ -954,7 +941,7 @@ impl MergeUnitState {
     fn forget(&mut self, sid: i64) -> Entry {
         let e = self.entries.remove(&sid).expect("session");
         self.cam.remove(&e.key);
-        self.idle.remove(&e.seq);
+        self.idle.remove(sid);
         self.policy.close(sid);
         e
     }
@@ -1008,8 +995,7 @@ impl MergeUnit {
             default_expect: gpus - 1,
             cam: HashMap::default(),
             entries: HashMap::default(),
-            idle: BTreeMap::new(),
-            seq: 0,
+            idle: AccessOrder::default(),
             policy: replacement::by_name(&cfg.replacement)?,
             rule: session_rule::of(&cfg),
             replacement: cfg.replacement.clone(),
@@ -1065,8 +1051,8 @@ impl MergeUnit {
     fn table<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let me = self.st(py);
         let out = PyDict::new(py);
-        for sid in me.idle.values() {
-            let e = &me.entries[sid];
+        for sid in me.idle.iter() {
+            let e = &me.entries[&sid];
             out.set_item((e.key.0, e.addr.clone_ref(py)), Session::of(py, e))?;
         }
         Ok(out)

@@ -348,6 +348,27 @@ class MergeableAccess(RemoteAccess):
                              scope=scope)
 
 
+class _TilePhases:
+    """A GEMM's tile phase (its mainloop's time alone, never below the GEMM's memory
+    floor, and its HBM bytes) by how many SMs are busy when it starts, made once per
+    count: the TBs of a kernel share the phase objects."""
+
+    __slots__ = ("cm", "shape", "floor_ps", "nbytes", "overlapped", "_by_busy")
+
+    def __init__(self, cm: ComputeModel, shape: GemmShape, floor_ps: int, nbytes: float,
+                 overlapped: bool = False) -> None:
+        self.cm, self.shape, self.floor_ps, self.nbytes, self.overlapped = cm, shape, floor_ps, nbytes, overlapped
+        self._by_busy: dict[int, HbmPhase] = {}
+
+    def of(self, busy: int) -> HbmPhase:
+        hit = self._by_busy.get(busy)
+        if hit is None:
+            s = self.shape
+            hit = self._by_busy[busy] = HbmPhase(max(self.floor_ps, self.cm.tile_time_ps(s.bm, s.bn, s.k, busy)),
+                                                 self.nbytes, overlapped=self.overlapped)
+        return hit
+
+
 def _plan_key(plans: dict[tuple, Any], gemm: tuple) -> object:
     """A small key for ``gemm`` (what all of a GEMM's tile plans depend on), the same
     object on every GPU that runs it: a tile's key in ``plans`` then hashes a few ints
@@ -373,7 +394,9 @@ def reduce_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmSha
     isa = m.isa
     bound = isa.request_bound(g)
     unit = access.red_unit()
-    per_sm: dict[int, tuple[RequestSlots, SmPort]] = {}  # the SM's store window and port, across its tiles
+    # the SM's store window, port and request piece, across its tiles
+    per_sm: dict[int, tuple[RequestSlots, SmPort, int]] = {}
+    phases = _TilePhases(cm, shape, floor_ps, tile_bytes)
     plans = {} if plans is None else plans
     users = 1 if m.fabric.mirror else m.n  # the GPUs that run this GEMM's programs
 
@@ -414,14 +437,14 @@ def reduce_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmSha
             sim = m.sim
             if (started := access.tb_start(g, t)) is not None:
                 yield started
-            yield HbmPhase(max(floor_ps, cm.tile_time_ps(shape.bm, shape.bn, shape.k, busy)), tile_bytes)
+            yield phases.of(busy)
             if (cleared := access.first_access(g, t)) is not None:
                 yield cleared
             tile = tile_product(mem, gemm.ops, shape, i, j) if mem is not None else None
             if sm not in per_sm:
-                per_sm[sm] = (RequestSlots(Bound(sim, limit), bound), isa.sm_port())
-            slots, port = per_sm[sm]
-            piece_unit = min(unit, slots.piece)
+                slots = RequestSlots(Bound(sim, limit), bound)
+                per_sm[sm] = (slots, isa.sm_port(), min(unit, slots.piece))
+            slots, port, piece_unit = per_sm[sm]
             r0, nr = shape.rows(i)
             c0, nc = shape.cols(j)
             if tile is None:  # timing mode: the tile's plan, shared by the GPUs, issued by the core
@@ -524,6 +547,9 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
             del plans[key]
         return hit
 
+    phases = _TilePhases(cm, shape, floor_ps, tile_bytes, overlapped=True)
+    piece_unit = min(unit, limit, bound.limit)  # the largest request a TB's slots admit, cut to the unit
+
     def tile_tb(t: int, i: int, j: int) -> TbProgram:
         def program(sm: int, busy: int) -> ProgramGen:
             sim = m.sim
@@ -533,10 +559,9 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
                 yield ready
             start = sim.now
             # the mainloop's time, stretched by the HBM share at its start
-            compute = yield HbmPhase(max(floor_ps, cm.tile_time_ps(shape.bm, shape.bn, shape.k, busy)),
-                                     tile_bytes, overlapped=True)
+            compute = yield phases.of(busy)
             slots = RequestSlots(Bound(sim, limit), bound)
-            tp = tile_plan(i, j, t, min(unit, slots.piece))
+            tp = tile_plan(i, j, t, piece_unit)
             if (cleared := access.first_access(g, t)) is not None:
                 yield cleared
             blocks = _blocks(shape, ops, i, j) if mem is not None else None

@@ -82,6 +82,7 @@ class CoordinatedAccess(MergeableAccess):
         self.deps = deps
         self.block_keys = block_keys or []
         self.ready = ready
+        self._members = m.n  # a TB group: one TB per GPU
 
     # ---- merging-aware TB scheduling and group sync ------------------------------------
     def tile_order(self, shape: GemmShape, token_rows: bool) -> list[tuple[int, int]]:
@@ -106,7 +107,7 @@ class CoordinatedAccess(MergeableAccess):
         if not self._syncs[phase]:
             return None
         assert self.group is not None
-        return self.m.isa.group_sync(g, self.group + t * _PHASES + phase, self.m.n)
+        return self.m.isa.group_sync(g, self.group + t * _PHASES + phase, self._members)
 
     # ---- TB-level dependencies -------------------------------------------------------
     def operands_ready(self, g: int, shape: GemmShape, i: int) -> list[Signal]:

@@ -12,12 +12,14 @@
 
 mod fifo;
 mod lru;
+mod order;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::PyResult;
 
 pub(crate) use fifo::Fifo;
 pub(crate) use lru::Lru;
+pub(crate) use order::AccessOrder;
 
 /// A replacement policy over a merge unit's open sessions (by session id; ids grow
 /// with each session opened).
