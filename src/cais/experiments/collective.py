@@ -10,6 +10,7 @@ import numpy as np
 
 from cais.errors import UserError
 from cais.hw.config import PS_PER_US, SystemConfig
+from cais.engine.sim import fewer_collections
 from cais.machine import Conservation, Machine
 from cais.kernels.collectives import ALL_ALGOS, PRODUCTION_ALGOS, OPS, CollectiveSpec, build, shard_bounds
 from cais.kernels.protocols import PROTOCOL_CHOICES
@@ -211,14 +212,15 @@ def run_collective(cfg: SystemConfig, op: str, algo: str, nbytes: int, functiona
         estimate = collective_events(cfg, op, algo, count * elem_bytes) / (cfg.gpus if mirror else 1)
         progress.begin(estimate, f"{algo} {op} of {size_text(count * elem_bytes)} on {cfg.gpus} GPUs")
     t0 = time.perf_counter()
-    m = Machine(cfg, functional=functional, recorder=recorder, progress=progress, mirror=mirror)
-    expected = _fill(m, spec, np.random.default_rng(seed)) if functional else None
-    kernels = build(m, spec)
-    if mirror:  # GPU 0 alone; the others are its images
-        kernels = kernels[:1]
-    for gpu, k in zip(m.gpus, kernels):
-        gpu.launch(k, m.launch_ps)
-    m.run()
+    with fewer_collections():  # building the kernels makes many objects too
+        m = Machine(cfg, functional=functional, recorder=recorder, progress=progress, mirror=mirror)
+        expected = _fill(m, spec, np.random.default_rng(seed)) if functional else None
+        kernels = build(m, spec)
+        if mirror:  # GPU 0 alone; the others are its images
+            kernels = kernels[:1]
+        for gpu, k in zip(m.gpus, kernels):
+            gpu.launch(k, m.launch_ps)
+        m.run()
     check_mirror(m)
     end = max(k.finished_at or 0 for k in kernels)
     wall = time.perf_counter() - t0

@@ -13,6 +13,7 @@ from cais.hw.compute import ComputeModel
 from cais.errors import UserError
 from cais.hw.config import PS_PER_US, SystemConfig
 from cais.limits import check_events, check_machine, period_events
+from cais.engine.sim import fewer_collections
 from cais.machine import Machine, Stalled
 from cais.experiments.collective import SIM_MODES, check_mirror, mirror_misfit
 from cais.results import LinkUtil, Recorder, RunMetrics, run_metrics
@@ -328,14 +329,15 @@ def run_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: 
         progress.begin(period_events(cfg, period, model.dtype_bytes, sch.switch) / (cfg.gpus if mirror else 1),
                        f"{model.name} {mode} under {scheme} on {cfg.gpus} GPUs")
     t0 = time.perf_counter()
-    m = Machine(cfg, functional=functional, recorder=recorder, progress=progress, mirror=mirror)
-    case = FunctionalCase(model, period, p_drop, seed) if functional else None
-    if case is not None:
-        _alloc(m, period, case)
-    cm = ComputeModel.load(cfg.gpu.compute_model, cfg.gpu.hbm_bandwidth_GBps)
-    run = LayerRun(m, model, period, cm, p_drop)
-    sch.run(run)
-    m.run()
+    with fewer_collections():  # building the layer's kernels makes as many objects as running them
+        m = Machine(cfg, functional=functional, recorder=recorder, progress=progress, mirror=mirror)
+        case = FunctionalCase(model, period, p_drop, seed) if functional else None
+        if case is not None:
+            _alloc(m, period, case)
+        cm = ComputeModel.load(cfg.gpu.compute_model, cfg.gpu.hbm_bandwidth_GBps)
+        run = LayerRun(m, model, period, cm, p_drop)
+        sch.run(run)
+        m.run()
     check_mirror(m)
     end = max((k.finished_at or 0) for _, _, k in run.kernels)
     unfinished = [name for name, _, k in run.kernels if k.finished_at is None]

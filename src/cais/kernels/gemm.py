@@ -108,6 +108,27 @@ def raster(shape: GemmShape, order: str = "row") -> list[tuple[int, int]]:
     raise ValueError(f"tile order: unknown '{order}'; valid: row, col")
 
 
+class TilePhases:
+    """A GEMM's tile phase (its mainloop's time alone, never below the GEMM's memory
+    floor, and its HBM bytes) by how many SMs are busy when it starts, made once per
+    count: the TBs of a kernel share the phase objects."""
+
+    __slots__ = ("cm", "shape", "floor_ps", "nbytes", "overlapped", "_by_busy")
+
+    def __init__(self, cm: ComputeModel, shape: GemmShape, floor_ps: int, nbytes: float,
+                 overlapped: bool = False) -> None:
+        self.cm, self.shape, self.floor_ps, self.nbytes, self.overlapped = cm, shape, floor_ps, nbytes, overlapped
+        self._by_busy: dict[int, HbmPhase] = {}
+
+    def of(self, busy: int) -> HbmPhase:
+        hit = self._by_busy.get(busy)
+        if hit is None:
+            s = self.shape
+            hit = self._by_busy[busy] = HbmPhase(max(self.floor_ps, self.cm.tile_time_ps(s.bm, s.bn, s.k, busy)),
+                                                 self.nbytes, overlapped=self.overlapped)
+        return hit
+
+
 def gemm_kernel(model: ComputeModel, shape: GemmShape, name: str = "gemm", sms: frozenset[int] | None = None,
                 mem: Memory | None = None, ops: GemmOperands | None = None, epilogue: Epilogue | None = None,
                 order: Sequence[tuple[int, int]] | None = None,
@@ -118,7 +139,7 @@ def gemm_kernel(model: ComputeModel, shape: GemmShape, name: str = "gemm", sms: 
     ``floor_ps`` is the least time one tile may take (memory bound). Each tile's
     mainloop is an HBM phase moving its share of the GEMM's HBM traffic
     (:func:`tile_hbm_bytes`)."""
-    tile_bytes = tile_hbm_bytes(shape)
+    phases = TilePhases(model, shape, floor_ps, tile_hbm_bytes(shape))
     tiles = list(order) if order is not None else raster(shape)
     if mem is not None and ops is not None and epilogue is None:
         epilogue = store_epilogue(mem, ops, shape)
@@ -128,7 +149,7 @@ def gemm_kernel(model: ComputeModel, shape: GemmShape, name: str = "gemm", sms: 
             if waits is not None:
                 for sig in waits(i, j):
                     yield sig
-            yield HbmPhase(max(floor_ps, model.tile_time_ps(shape.bm, shape.bn, shape.k, busy)), tile_bytes)
+            yield phases.of(busy)
             if epilogue is not None:
                 tile = tile_product(mem, ops, shape, i, j) if (mem is not None and ops is not None) else None
                 epilogue(i, j, tile)

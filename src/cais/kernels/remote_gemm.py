@@ -42,12 +42,11 @@ from cais.engine import Bound, Countdown, Signal
 from cais.engine.sim import ProgramGen
 from cais.hw.compute import ComputeModel
 from cais.hw.gpu import Kernel, LoadPlan, RedPlan, TbProgram
-from cais.hw.hbm import HbmPhase
 from cais.hw.memory import Memory, Region
 from cais.hw.packets import Traffic
 from cais.isa import Isa, SmPort, StreamItem, StreamRed
 from cais.kernels.common import RequestSlots, split
-from cais.kernels.gemm import GemmShape, raster, store_epilogue, tile_hbm_bytes, tile_product
+from cais.kernels.gemm import GemmShape, TilePhases, raster, store_epilogue, tile_hbm_bytes, tile_product
 from cais.kernels.remote_reuse import RemoteReuse
 from cais.machine import Machine
 from cais.workload.graph import Gather, Gemm, Period
@@ -348,27 +347,6 @@ class MergeableAccess(RemoteAccess):
                              scope=scope)
 
 
-class _TilePhases:
-    """A GEMM's tile phase (its mainloop's time alone, never below the GEMM's memory
-    floor, and its HBM bytes) by how many SMs are busy when it starts, made once per
-    count: the TBs of a kernel share the phase objects."""
-
-    __slots__ = ("cm", "shape", "floor_ps", "nbytes", "overlapped", "_by_busy")
-
-    def __init__(self, cm: ComputeModel, shape: GemmShape, floor_ps: int, nbytes: float,
-                 overlapped: bool = False) -> None:
-        self.cm, self.shape, self.floor_ps, self.nbytes, self.overlapped = cm, shape, floor_ps, nbytes, overlapped
-        self._by_busy: dict[int, HbmPhase] = {}
-
-    def of(self, busy: int) -> HbmPhase:
-        hit = self._by_busy.get(busy)
-        if hit is None:
-            s = self.shape
-            hit = self._by_busy[busy] = HbmPhase(max(self.floor_ps, self.cm.tile_time_ps(s.bm, s.bn, s.k, busy)),
-                                                 self.nbytes, overlapped=self.overlapped)
-        return hit
-
-
 def _plan_key(plans: dict[tuple, Any], gemm: tuple) -> object:
     """A small key for ``gemm`` (what all of a GEMM's tile plans depend on), the same
     object on every GPU that runs it: a tile's key in ``plans`` then hashes a few ints
@@ -396,7 +374,7 @@ def reduce_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmSha
     unit = access.red_unit()
     # the SM's store window, port and request piece, across its tiles
     per_sm: dict[int, tuple[RequestSlots, SmPort, int]] = {}
-    phases = _TilePhases(cm, shape, floor_ps, tile_bytes)
+    phases = TilePhases(cm, shape, floor_ps, tile_bytes)
     plans = {} if plans is None else plans
     users = 1 if m.fabric.mirror else m.n  # the GPUs that run this GEMM's programs
 
@@ -547,7 +525,7 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
             del plans[key]
         return hit
 
-    phases = _TilePhases(cm, shape, floor_ps, tile_bytes, overlapped=True)
+    phases = TilePhases(cm, shape, floor_ps, tile_bytes, overlapped=True)
     piece_unit = min(unit, limit, bound.limit)  # the largest request a TB's slots admit, cut to the unit
 
     def tile_tb(t: int, i: int, j: int) -> TbProgram:
