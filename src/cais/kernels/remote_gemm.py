@@ -489,10 +489,9 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
         cluster's CTAs walk K in step: each starts where the cluster's first does."""
         return access.k_start(steps, t if lead is None else lead[(i, j)])
 
-    # per launched tile: its operand spans and first K step (what its plan depends on
-    # besides the GEMM), and how many of this kernel's tiles take each plan (on each GPU)
-    wheres = [(spans(i, j), first_step(t, i, j)) for t, (i, j) in enumerate(order)]
-    takers = Counter(wheres)
+    firsts = [first_step(t, i, j) for t, (i, j) in enumerate(order)]
+    # how many of this kernel's tiles take each plan (on each GPU that runs it)
+    takers = Counter((spans(i, j), firsts[t]) for t, (i, j) in enumerate(order))
     gemm_key = _plan_key(plans, (shape, tuple(ops), eb, access.load_bytes, unit))  # all its tiles read
 
     def plan(i: int, j: int, first: int) -> list[Load]:
@@ -515,11 +514,12 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
         ``piece_unit`` bytes, for every home: the same on every GPU and for every tile
         with the same operand spans and first K step, so they share it through
         ``plans``."""
-        where = wheres[t]
+        first = firsts[t]
+        where = (spans(i, j), first)
         key = (gemm_key, where, piece_unit)
         hit = plans.get(key)
         if hit is None:
-            hit = plans[key] = TilePlan(plan(i, j, where[1]), piece_unit, unit, users * takers[where], users > 1)
+            hit = plans[key] = TilePlan(plan(i, j, first), piece_unit, unit, users * takers[where], users > 1)
         hit.users -= 1
         if hit.users == 0:  # every GPU running the GEMM has it: drop it (memory)
             del plans[key]
