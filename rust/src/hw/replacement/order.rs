@@ -20,15 +20,15 @@ impl AccessOrder {
     /// `id` was accessed (or first seen): it goes last.
     pub(crate) fn touch(&mut self, id: i64) {
         self.stamp += 1;
-        self.live.insert(id, self.stamp);
+        let old = self.live.insert(id, self.stamp);
         self.queue.push_back((self.stamp, id));
-        self.settle();
+        self.settle(old.map(|s| (s, id)));
     }
 
     /// `id` is gone.
     pub(crate) fn remove(&mut self, id: i64) {
-        if self.live.remove(&id).is_some() {
-            self.settle();
+        if let Some(s) = self.live.remove(&id) {
+            self.settle(Some((s, id)));
         }
     }
 
@@ -54,13 +54,17 @@ impl AccessOrder {
         self.live.get(&id) == Some(&stamp)
     }
 
-    /// Keep the front live, and the queue at most about twice the live ids.
-    fn settle(&mut self) {
-        while let Some(&(s, id)) = self.queue.front() {
-            if self.is_live(s, id) {
-                break;
-            }
+    /// Keep the front live, and the queue at most about twice the live ids; `stale`:
+    /// the entry that just went stale (only if it was the front can the front be).
+    fn settle(&mut self, stale: Option<(u64, i64)>) {
+        if stale.is_some() && self.queue.front() == stale.as_ref() {
             self.queue.pop_front();
+            while let Some(&(s, id)) = self.queue.front() {
+                if self.is_live(s, id) {
+                    break;
+                }
+                self.queue.pop_front();
+            }
         }
         if self.queue.len() > 2 * self.live.len() + 64 {
             let live = &self.live;
