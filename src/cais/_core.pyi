@@ -305,8 +305,8 @@ class Endpoint:
                on_start: Callable[[Train, int, int], None] | None = None) -> None: ...
     def fence_probes(self, dsts: list[int], chips: int, wire: int, last: int, vc: int, cls: int,
                      acked: Completion) -> None: ...
-    # tag defaults to -1 (none), here and in issue_pieces, written `...` as in Train
     def group_sync(self, chip: int, group: int, members: int) -> Signal: ...
+    # tag defaults to -1 (none), here and in issue_pieces, written `...` as in Train
     def issue(self, kind: int, dst: int, chip: int, addr: Any, data: Any, done: Callable[[Train], None] | None,
               payload: int, nbytes: int, want: int = 0, fence: Callable[[Train], None] | None = None, tag: int = ...,
               expect: int = 0, quorum: int = 0, stream: int = 0, head: int | None = None,

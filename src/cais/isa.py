@@ -304,7 +304,7 @@ class Isa:
         i.e. once every member has registered; the core fires it, so a TB program
         waiting on it resumes without a Python call in between."""
         self.ops += 1
-        return self.m.gpus[src].group_sync(self.fab.interleave.chip_of(group), group, members)
+        return self.m.gpus[src].group_sync(self.flag_chip(group), group, members)
 
     # ---- NVLS --------------------------------------------------------------------
     def multimem_st(self, src: int, region: Region, data: np.ndarray | None, done: Done | None = None,
