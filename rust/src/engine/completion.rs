@@ -14,7 +14,7 @@ use pyo3::{PyTraverseError, PyVisit};
 
 use super::cell::{properties, unit, GilCell, Unit, UnitState};
 use super::sim::Simulator;
-use super::train::Train;
+use super::train::{obj, opt_ref, Train};
 use super::unit::{Event, UnitRef};
 use super::wait::{Countdown, Signal};
 
@@ -61,9 +61,9 @@ impl Completion {
             let mut me = slf.st();
             let gather = !me.assemble.is_none(py);
             if let (true, Some(train)) = (gather, train) {
-                let data = train.st().data.clone_ref(py);
-                if !data.is_none(py) {
-                    let start: i64 = train.st().addr.bind(py).getattr("start")?.extract()?;
+                let data = opt_ref(&train.st().data, py);
+                if let Some(data) = data {
+                    let start: i64 = obj(&train.st().addr, py).bind(py).getattr("start")?.extract()?;
                     let parts = me.parts.get_or_insert_with(|| PyDict::new(py).unbind());
                     parts.bind(py).set_item(start, data)?;
                     me.with_data += 1;
@@ -160,10 +160,9 @@ impl Completion {
 /// waits on, else called as `train.done(train)`.
 pub(crate) fn complete(train: &Bound<'_, Train>, now: i64) -> PyResult<()> {
     let py = train.py();
-    let done = train.st().done.clone_ref(py);
-    if done.is_none(py) {
+    let Some(done) = opt_ref(&train.st().done, py) else {
         return Ok(());
-    }
+    };
     let done = done.into_bound(py);
     if let Ok(c) = done.cast::<Completion>() {
         return Completion::arrive(c, Some(train));

@@ -18,12 +18,15 @@ use pyo3::{PyTraverseError, PyVisit};
 
 use super::cell::{GilCell, Unit};
 use super::channel::{Channel, Sink};
-use super::train::Train;
+use super::train::{Train, TrainState};
 use super::unit::{Event as UnitEvent, UnitRef};
 use super::wait::Process;
 
 /// Events between two looks at the interpreter's pending signals (Ctrl-C).
 const SIGNAL_CHECK_EVERY: i64 = 4096;
+
+/// Trains a simulator keeps for reuse at most (see [`Simulator::new_train`]).
+const SPARE_TRAINS: usize = 4096;
 
 /// What an event does when its time comes.
 pub(crate) enum Action {
@@ -124,6 +127,9 @@ struct Queue {
     /// None: the loop does not look.
     tick: Option<Py<PyAny>>,
     tick_every: i64,
+    /// Trains that reached the end of their way with nobody else holding them, their
+    /// fields cleared, for the units to fill again (`new_train`).
+    spare: Vec<Py<Train>>,
 }
 
 impl Queue {
@@ -193,6 +199,34 @@ impl Simulator {
         self.push(py, time, action)
     }
 
+    /// A train with `state`, for a unit of the core to send: a spare one if the
+    /// simulator has one, else a new object. A train object costs its allocation,
+    /// the cyclic collector's tracking and its release, more than a short hop's
+    /// other work; most trains end where the core delivers them, so their objects are
+    /// reused there (`recycle`). Which object a train is never changes a result.
+    pub(crate) fn new_train<'py>(&self, py: Python<'py>, state: TrainState) -> PyResult<Bound<'py, Train>> {
+        let spare = self.q.borrow_mut(py).spare.pop();
+        match spare {
+            Some(t) => {
+                let t = t.into_bound(py);
+                *t.get().st(py) = state;
+                Ok(t)
+            }
+            None => Bound::new(py, Train::from(state)),
+        }
+    }
+
+    /// Keep a delivered train's object for `new_train` if nothing else holds it (its
+    /// fields cleared now, so that what they hold is released as it would have been).
+    fn recycle(&self, py: Python<'_>, train: Bound<'_, Train>) {
+        if train.get_refcnt() != 1 || self.q.borrow(py).spare.len() >= SPARE_TRAINS {
+            return;
+        }
+        let old = std::mem::replace(&mut *train.get().st(py), TrainState::blank(0, 0, 0, 0, 0, 0));
+        drop(old); // may run Python (a closure's last reference): no borrow is held
+        self.q.borrow_mut(py).spare.push(train.unbind());
+    }
+
     /// Schedule an action at `time` (the caller has checked it is not in the past).
     pub(crate) fn push(&self, py: Python<'_>, time: i64, action: Action) -> PyResult<()> {
         self.q.borrow_mut(py).push(time, action)
@@ -206,19 +240,27 @@ fn dispatch(py: Python<'_>, sim: &Bound<'_, Simulator>, action: Action) -> PyRes
         }
         Action::Arbitrate(ch, generation) => Channel::arbitrate(ch.bind(py), generation)?,
         Action::Arrive(ch, train, deliver) => {
+            let train = train.into_bound(py);
             let payload = train.get().st(py).payload;
             ch.get().st(py).delivered_payload += payload;
-            deliver.deliver(train.into_bound(py))?;
+            deliver.deliver(train.clone())?;
+            sim.get().recycle(py, train);
         }
         Action::Step(p) => Process::step(p.bind(py), py.None())?,
-        Action::Due(unit, what, train) => unit.on_event(
-            py,
-            UnitEvent::Due {
-                sim,
-                what,
-                train: train.map(|t| t.into_bound(py)),
-            },
-        )?,
+        Action::Due(unit, what, train) => {
+            let train = train.map(|t| t.into_bound(py));
+            unit.on_event(
+                py,
+                UnitEvent::Due {
+                    sim,
+                    what,
+                    train: train.clone(),
+                },
+            )?;
+            if let Some(t) = train {
+                sim.get().recycle(py, t);
+            }
+        }
     }
     Ok(())
 }
@@ -240,6 +282,7 @@ impl Simulator {
                 events: 0,
                 tick: None,
                 tick_every: Self::TICK_EVERY,
+                spare: Vec::new(),
             }),
         }
     }
@@ -353,6 +396,9 @@ impl Simulator {
             return Ok(());
         };
         visit.call(&q.tick)?;
+        for t in &q.spare {
+            visit.call(t)?;
+        }
         for action in q.actions.iter().flatten() {
             match action {
                 Action::Call(f, a) => {
@@ -381,6 +427,7 @@ impl Simulator {
             q.heap.clear();
             q.actions.clear();
             q.free.clear();
+            q.spare.clear();
         }
     }
 }
@@ -413,6 +460,30 @@ mod tests {
             assert_eq!(q.actions.len(), 5);
             assert!(q.pop(Some(19)).is_none(), "nothing is due by 19");
             assert_eq!(q.pop(Some(25)).map(|(t, _)| t), Some(20));
+        });
+    }
+
+    #[test]
+    fn a_delivered_train_nobody_else_holds_is_reused_cleared_and_a_held_one_is_not() {
+        Python::initialize();
+        Python::attach(|py| {
+            let sim = Simulator::new();
+            let mut state = TrainState::blank(64, 80, 80, 1, 0, 1);
+            state.data = Some(PyTuple::new(py, [7]).unwrap().into_any().unbind());
+            let first = sim.new_train(py, state).unwrap();
+            let ptr = first.as_ptr();
+            let held = first.clone();
+            sim.recycle(py, first);
+            assert_eq!(sim.q.borrow(py).spare.len(), 0, "a train someone holds is not reused");
+            assert_eq!(held.get().st(py).payload, 64, "nor cleared");
+            sim.recycle(py, held);
+            assert_eq!(sim.q.borrow(py).spare.len(), 1, "the last holder's train is kept");
+            let again = sim.new_train(py, TrainState::blank(8, 24, 24, 2, 3, 4)).unwrap();
+            assert_eq!(again.as_ptr(), ptr, "and handed out again");
+            let t = again.get().st(py);
+            assert_eq!((t.payload, t.kind, t.src, t.dst), (8, 2, 3, 4));
+            assert!(t.data.is_none(), "with nothing of its earlier life");
+            assert_eq!(sim.q.borrow(py).spare.len(), 0);
         });
     }
 }

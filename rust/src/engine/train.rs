@@ -46,13 +46,13 @@ pub(crate) struct TrainState {
     pub src: i64,
     pub dst: i64,
     pub chip: i64,
-    pub addr: Py<PyAny>,
-    pub data: Py<PyAny>,
-    pub done: Py<PyAny>,
-    pub fence: Py<PyAny>,
+    pub addr: Option<Py<PyAny>>,
+    pub data: Option<Py<PyAny>>,
+    pub done: Option<Py<PyAny>>,
+    pub fence: Option<Py<PyAny>>,
     pub want: i64,
     pub tag: i64,
-    pub parent: Py<PyAny>,
+    pub parent: Option<Py<PyAny>>,
     pub left: i64,
     pub dep0: i64,
     pub dep1: i64,
@@ -63,18 +63,33 @@ pub(crate) struct TrainState {
 
 unit!(Train, TrainState);
 
+/// A Python object as one of a train's optional fields: None for Python's None, so
+/// that an absent field holds no reference (a train is made and dropped per hop).
+pub(crate) fn opt(obj: Py<PyAny>, py: Python<'_>) -> Option<Py<PyAny>> {
+    if obj.is_none(py) {
+        None
+    } else {
+        Some(obj)
+    }
+}
+
+/// A new reference to an optional field's object, Python's None where absent.
+pub(crate) fn obj(field: &Option<Py<PyAny>>, py: Python<'_>) -> Py<PyAny> {
+    match field {
+        Some(o) => o.clone_ref(py),
+        None => py.None(),
+    }
+}
+
+/// A new reference to an optional field's object.
+pub(crate) fn opt_ref(obj: &Option<Py<PyAny>>, py: Python<'_>) -> Option<Py<PyAny>> {
+    obj.as_ref().map(|o| o.clone_ref(py))
+}
+
 impl TrainState {
     /// A train of `kind` from `src` to `dst` with the constructor's defaults for the
     /// rest (no data, no completion, VC 0), as the units of the core make them.
-    pub(crate) fn blank(
-        py: Python<'_>,
-        payload: i64,
-        wire: i64,
-        packet_wire: i64,
-        kind: i64,
-        src: i64,
-        dst: i64,
-    ) -> Self {
+    pub(crate) fn blank(payload: i64, wire: i64, packet_wire: i64, kind: i64, src: i64, dst: i64) -> Self {
         TrainState {
             payload,
             wire,
@@ -89,13 +104,13 @@ impl TrainState {
             src,
             dst,
             chip: -1,
-            addr: py.None(),
-            data: py.None(),
-            done: py.None(),
-            fence: py.None(),
+            addr: None,
+            data: None,
+            done: None,
+            fence: None,
             want: 0,
             tag: -1,
-            parent: py.None(),
+            parent: None,
             left: 0,
             dep0: 0,
             dep1: 0,
@@ -113,7 +128,6 @@ impl Train {
                         done = None, vc = 0, cls = 0, want = 0, tag = -1, count = 1, expect = 0, quorum = 0))]
     #[allow(clippy::too_many_arguments)] // the Python constructor's parameters
     fn new(
-        py: Python<'_>,
         payload: i64,
         wire: i64,
         packet_wire: i64,
@@ -132,20 +146,19 @@ impl Train {
         expect: i64,
         quorum: i64,
     ) -> Self {
-        let none = || py.None();
         Train::from(TrainState {
             vc,
             cls,
             chip,
-            addr: addr.unwrap_or_else(none),
-            data: data.unwrap_or_else(none),
-            done: done.unwrap_or_else(none),
+            addr,
+            data,
+            done,
             want,
             tag,
             count,
             expect,
             quorum,
-            ..TrainState::blank(py, payload, wire, packet_wire, kind, src, dst)
+            ..TrainState::blank(payload, wire, packet_wire, kind, src, dst)
         })
     }
 
@@ -170,14 +183,14 @@ impl Train {
         Ok(())
     }
 
-    fn __clear__(&self, py: Python<'_>) {
+    fn __clear__(&self) {
         if let Some(mut me) = self.st.during_gc_mut() {
             me.credits = None;
-            me.addr = py.None();
-            me.data = py.None();
-            me.done = py.None();
-            me.fence = py.None();
-            me.parent = py.None();
+            me.addr = None;
+            me.data = None;
+            me.done = None;
+            me.fence = None;
+            me.parent = None;
         }
     }
 }
@@ -196,13 +209,13 @@ properties!(Train {
     src: i64, set set_src;
     dst: i64, set set_dst;
     chip: i64, set set_chip;
-    addr: Py<PyAny>, set set_addr;
-    data: Py<PyAny>, set set_data;
-    done: Py<PyAny>, set set_done;
-    fence: Py<PyAny>, set set_fence;
+    addr: Option<Py<PyAny>>, set set_addr;
+    data: Option<Py<PyAny>>, set set_data;
+    done: Option<Py<PyAny>>, set set_done;
+    fence: Option<Py<PyAny>>, set set_fence;
     want: i64, set set_want;
     tag: i64, set set_tag;
-    parent: Py<PyAny>, set set_parent;
+    parent: Option<Py<PyAny>>, set set_parent;
     left: i64, set set_left;
     dep0: i64, set set_dep0;
     dep1: i64, set set_dep1;

@@ -15,7 +15,7 @@ use crate::engine::channel::{Channel, Hook, Sink};
 use crate::engine::completion::complete;
 use crate::engine::credits::Credits;
 use crate::engine::sim::{Action, Clock, Simulator};
-use crate::engine::train::{Train, TrainState};
+use crate::engine::train::{obj, opt, opt_ref, Train, TrainState};
 use crate::engine::unit::{unexpected, Event, Handler, UnitRef};
 use crate::engine::wait::Signal;
 use crate::hw::hbm::HbmShare;
@@ -129,7 +129,7 @@ impl Endpoint {
         let py = slf.py();
         let (kind, payload, tag, count, src, fenced) = {
             let t = train.st();
-            (t.kind, t.payload, t.tag, t.count, t.src, !t.fence.is_none(py))
+            (t.kind, t.payload, t.tag, t.count, t.src, t.fence.is_some())
         };
         let (functional, memory, now) = {
             let me = slf.st();
@@ -137,7 +137,7 @@ impl Endpoint {
         };
         if functional {
             let t = train.st();
-            let (addr, data) = (t.addr.clone_ref(py), t.data.clone_ref(py));
+            let (addr, data) = (obj(&t.addr, py), obj(&t.data, py));
             drop(t);
             memory
                 .bind(py)
@@ -162,7 +162,7 @@ impl Endpoint {
 
     /// A flag lands (the peer polling it sees it); a fence probe is answered.
     fn flag(slf: &Bound<'_, Self>, train: &Bound<'_, Train>) -> PyResult<bool> {
-        let fenced = !train.st().fence.is_none(slf.py());
+        let fenced = train.st().fence.is_some();
         if fenced && slf.st().connected() {
             Endpoint::ack_write(slf, train)?;
         }
@@ -193,7 +193,7 @@ impl Endpoint {
         let py = slf.py();
         let (req_kind, addr) = {
             let r = req.st();
-            (r.kind, r.addr.clone_ref(py))
+            (r.kind, obj(&r.addr, py))
         };
         let kind = match req_kind {
             READ_REQ => READ_RESP,
@@ -213,15 +213,15 @@ impl Endpoint {
                 py.None()
             };
             let r = req.st();
-            let mut t = TrainState::blank(py, nbytes, wire, last, kind, me.index, r.src);
+            let mut t = TrainState::blank(nbytes, wire, last, kind, me.index, r.src);
             t.chip = r.chip;
-            t.addr = addr;
-            t.data = data;
-            t.done = r.done.clone_ref(py);
+            t.addr = opt(addr, py);
+            t.data = opt(data, py);
+            t.done = opt_ref(&r.done, py);
             t.vc = vc;
             t.want = r.want;
             t.tag = r.tag;
-            Bound::new(py, Train::from(t))?
+            me.sim.get().new_train(py, t)?
         };
         Endpoint::inject_train(slf, resp, None, None, Hook::Unit(UnitRef::of_bound(slf), (0, 0)))
     }
@@ -283,11 +283,11 @@ impl Endpoint {
             let w = write.st();
             let (wire, last) = me.packets.wire(py, WRITE_ACK, w.payload)?;
             let vc = me.packets.vc(py, WRITE_ACK, 0)?;
-            let mut t = TrainState::blank(py, 0, wire, last, WRITE_ACK, me.index, w.src);
+            let mut t = TrainState::blank(0, wire, last, WRITE_ACK, me.index, w.src);
             t.chip = w.chip;
-            t.done = w.fence.clone_ref(py);
+            t.done = opt_ref(&w.fence, py);
             t.vc = vc;
-            Bound::new(py, Train::from(t))?
+            me.sim.get().new_train(py, t)?
         };
         Endpoint::inject_train(slf, ack, None, None, Hook::None)
     }
@@ -344,7 +344,7 @@ impl Endpoint {
             }
             let (wire, last) = me.packets.wire(py, kind, nbytes)?;
             let vc = me.packets.vc(py, kind, op.stream)?;
-            let mut t = TrainState::blank(py, payload, wire, last, kind, me.index, op.dst);
+            let mut t = TrainState::blank(payload, wire, last, kind, me.index, op.dst);
             t.chip = chip;
             t.addr = addr;
             t.data = data;
@@ -355,7 +355,7 @@ impl Endpoint {
             t.expect = op.expect;
             t.quorum = op.quorum;
             t.fence = fence;
-            Bound::new(py, Train::from(t))?
+            me.sim.get().new_train(py, t)?
         };
         Endpoint::inject_train(slf, train, head, tail, Hook::None)
     }
@@ -417,13 +417,13 @@ pub(crate) struct Op {
 /// bytes its wire size is counted from and the bytes it asks for (`want`: a load).
 struct Piece {
     chip: i64,
-    addr: Py<PyAny>,
-    data: Py<PyAny>,
-    done: Py<PyAny>,
+    addr: Option<Py<PyAny>>,
+    data: Option<Py<PyAny>>,
+    done: Option<Py<PyAny>>,
     payload: i64,
     nbytes: i64,
     want: i64,
-    fence: Py<PyAny>,
+    fence: Option<Py<PyAny>>,
 }
 
 /// What an operation's stripes carry: with `loads` each asks for its region's bytes
@@ -507,18 +507,18 @@ impl Endpoint {
                 }
             }
             let data = match carry.data.as_ref() {
-                Some(d) => d.get_item(i)?.unbind(),
-                None => py.None(),
+                Some(d) => opt(d.get_item(i)?.unbind(), py),
+                None => None,
             };
             let fence = match carry.fences.as_ref() {
-                Some(f) => f.get_item(i)?.unbind(),
-                None => py.None(),
+                Some(f) => opt(f.get_item(i)?.unbind(), py),
+                None => None,
             };
             let piece = Piece {
                 chip,
-                addr: region.unbind(),
+                addr: opt(region.unbind(), py),
                 data,
-                done: done.clone_ref(py),
+                done: opt(done.clone_ref(py), py),
                 payload,
                 nbytes,
                 want,
@@ -668,12 +668,12 @@ impl Endpoint {
         let src = slf.st().index;
         for &dst in &dsts {
             for chip in 0..chips {
-                let mut t = TrainState::blank(py, 0, wire, last, FLAG, src, dst);
+                let mut t = TrainState::blank(0, wire, last, FLAG, src, dst);
                 t.chip = chip;
                 t.vc = vc;
                 t.cls = cls;
-                t.fence = acked.clone_ref(py);
-                let probe = Bound::new(py, Train::from(t))?;
+                t.fence = opt(acked.clone_ref(py), py);
+                let probe = slf.st().sim.get().new_train(py, t)?;
                 Endpoint::inject_train(slf, probe, None, None, Hook::None)?;
             }
         }
@@ -697,13 +697,13 @@ impl Endpoint {
         };
         let piece = Piece {
             chip,
-            addr: py.None(),
-            data: py.None(),
-            done: released.clone_ref(py).into_any(),
+            addr: None,
+            data: None,
+            done: Some(released.clone_ref(py).into_any()),
             payload: 0,
             nbytes: 0,
             want: 0,
-            fence: py.None(),
+            fence: None,
         };
         Endpoint::issue_train(slf, &op, piece, None, None)?;
         Ok(released)
@@ -722,9 +722,9 @@ impl Endpoint {
         kind: i64,
         dst: i64,
         chip: i64,
-        addr: Py<PyAny>,
-        data: Py<PyAny>,
-        done: Py<PyAny>,
+        addr: Option<Py<PyAny>>,
+        data: Option<Py<PyAny>>,
+        done: Option<Py<PyAny>>,
         payload: i64,
         nbytes: i64,
         want: i64,
@@ -736,7 +736,6 @@ impl Endpoint {
         head: Option<i64>,
         tail: Option<i64>,
     ) -> PyResult<()> {
-        let py = slf.py();
         let op = Op {
             kind,
             dst,
@@ -753,7 +752,7 @@ impl Endpoint {
             payload,
             nbytes,
             want,
-            fence: fence.unwrap_or_else(|| py.None()),
+            fence,
         };
         Endpoint::issue_train(slf, &op, piece, head, tail)
     }

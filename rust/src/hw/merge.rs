@@ -30,7 +30,7 @@ use crate::engine::cell::{properties, unit, GilCell, Unit, UnitState};
 use crate::engine::channel::Hook;
 use crate::engine::completion::complete;
 use crate::engine::sim::{Action, Clock, Simulator};
-use crate::engine::train::Train;
+use crate::engine::train::{obj, Train};
 use crate::engine::unit::{unexpected, Event, Handler, UnitRef};
 use crate::hw::params::{ps, MergeConfig};
 use crate::hw::region::Region;
@@ -440,7 +440,7 @@ impl MergeUnit {
         let py = slf.py();
         let mut me = slf.st();
         let r = req.st();
-        let (key, info) = me.key(kind, r.addr.bind(py))?;
+        let (key, info) = me.key(kind, obj(&r.addr, py).bind(py))?;
         let last = me.arrive(py, &key, r.count, r.expect);
         let found = me.cam.get(&key).copied();
         Ok((key, info, last, found))
@@ -518,7 +518,7 @@ impl MergeUnit {
             if e.state != State::LoadWait {
                 return Ok(false);
             }
-            let data = resp.st().data.clone_ref(py);
+            let data = obj(&resp.st().data, py);
             e.state = State::LoadReady;
             e.data = data.clone_ref(py);
             let waiters = std::mem::take(&mut e.waiters);
@@ -555,7 +555,7 @@ impl MergeUnit {
         let (key, info, last, found) = MergeUnit::look_up(slf, REDUCTION_TYPE, red)?;
         let (payload, head, data, count) = {
             let r = red.st();
-            (r.payload, r.head, r.data.clone_ref(py), r.count)
+            (r.payload, r.head, obj(&r.data, py), r.count)
         };
         let sid = match found {
             None => {
@@ -663,7 +663,7 @@ impl MergeUnit {
                 waiters: Vec::new(),
                 held: Vec::new(),
                 data: py.None(),
-                addr: f.addr.clone_ref(py),
+                addr: obj(&f.addr, py),
                 nbytes: info.nbytes,
                 tensor,
                 signal: f.tag,

@@ -25,7 +25,7 @@ use crate::engine::cell::{properties, unit, GilCell, Unit, UnitState};
 use crate::engine::channel::{Channel, Hook, Sink};
 use crate::engine::credits::Credits;
 use crate::engine::sim::{Clock, Simulator};
-use crate::engine::train::{Train, TrainState};
+use crate::engine::train::{opt, opt_ref, Train, TrainState};
 use crate::engine::unit::{unexpected, Event, Handler, UnitRef};
 use crate::hw::gpu::Endpoint;
 use crate::hw::group_sync::{Admitted, GroupSyncTable};
@@ -112,8 +112,8 @@ struct Reduction {
     acc: Option<Py<PyAny>>,
     head: i64,
     nbytes: i64,
-    addr: Py<PyAny>,
-    done: Py<PyAny>,
+    addr: Option<Py<PyAny>>,
+    done: Option<Py<PyAny>>,
 }
 
 /// A switch chip with one port per GPU (the GPU's links to this chip, taken
@@ -255,7 +255,7 @@ impl SwitchChip {
             Some(entry) => {
                 entry.st().left += 1;
                 if !out.is(entry) {
-                    out.st().parent = entry.clone().into_any().unbind();
+                    out.st().parent = Some(entry.clone().into_any().unbind());
                 }
                 Hook::Unit(UnitRef::of_bound(slf), (0, 0))
             }
@@ -266,10 +266,10 @@ impl SwitchChip {
     /// A copy (or the train itself) of an input train went on the wire.
     pub(crate) fn departed(slf: &Bound<'_, Self>, out: &Bound<'_, Train>, start: i64, finish: i64) -> PyResult<()> {
         let py = slf.py();
-        let parent = out.st().parent.clone_ref(py);
-        let entry = match parent.bind(py).cast::<Train>() {
-            Ok(p) => p.clone(),
-            Err(_) => out.clone(),
+        let parent = opt_ref(&out.st().parent, py);
+        let entry = match parent.as_ref().map(|p| p.bind(py).cast::<Train>()) {
+            Some(Ok(p)) => p.clone(),
+            _ => out.clone(),
         };
         let retire = {
             let mut e = entry.st();
@@ -337,15 +337,15 @@ impl SwitchChip {
         for g in 0..n {
             let copy = {
                 let t = train.st();
-                let mut c = TrainState::blank(py, payload, wire, last, kind, t.src, g);
+                let mut c = TrainState::blank(payload, wire, last, kind, t.src, g);
                 c.chip = chip;
-                c.addr = t.addr.clone_ref(py);
-                c.data = t.data.clone_ref(py);
-                c.done = t.done.clone_ref(py);
+                c.addr = opt_ref(&t.addr, py);
+                c.data = opt_ref(&t.data, py);
+                c.done = opt_ref(&t.done, py);
                 c.vc = t.vc;
                 c.cls = t.cls;
                 (c.head, c.tail) = (t.head, t.tail);
-                Bound::new(py, Train::from(c))?
+                slf.st().sim.get().new_train(py, c)?
             };
             SwitchChip::emit_train(slf, &copy, g, Some(train), Hook::None)?;
         }
@@ -369,8 +369,8 @@ impl SwitchChip {
                     acc: None,
                     head: 0,
                     nbytes: r.want,
-                    addr: r.addr.clone_ref(py),
-                    done: r.done.clone_ref(py),
+                    addr: opt_ref(&r.addr, py),
+                    done: opt_ref(&r.done, py),
                 },
             );
             let (wire, last) = me.packets.wire(py, MC_PULL_REQ, r.want)?;
@@ -388,15 +388,15 @@ impl SwitchChip {
         for g in 0..n {
             let pull = {
                 let r = req.st();
-                let mut p = TrainState::blank(py, 0, wire, last, MC_PULL_REQ, r.src, g);
+                let mut p = TrainState::blank(0, wire, last, MC_PULL_REQ, r.src, g);
                 p.chip = chip;
-                p.addr = r.addr.clone_ref(py);
+                p.addr = opt_ref(&r.addr, py);
                 p.vc = r.vc;
                 p.cls = r.cls;
                 p.want = r.want;
                 p.tag = rid;
                 (p.head, p.tail) = (head, tail);
-                Bound::new(py, Train::from(p))?
+                slf.st().sim.get().new_train(py, p)?
             };
             SwitchChip::emit_train(slf, &pull, g, Some(req), Hook::None)?;
         }
@@ -407,12 +407,12 @@ impl SwitchChip {
         let py = slf.py();
         let (tag, data, head) = {
             let r = resp.st();
-            (r.tag, r.data.clone_ref(py), r.head)
+            (r.tag, opt_ref(&r.data, py), r.head)
         };
         {
             let mut me = slf.st();
             let red = me.pending.get_mut(&tag).expect("a response to a pending ld_reduce");
-            if !data.is_none(py) {
+            if let Some(data) = data {
                 red.acc = Some(match &red.acc {
                     None => data.bind(py).call_method0("copy")?.unbind(),
                     Some(acc) => acc.bind(py).add(data.bind(py))?.unbind(),
@@ -433,15 +433,15 @@ impl SwitchChip {
             let vc = me.packets.vc(py, MC_LDRED_RESP, 0)?;
             (red, me.chip, me.reduce_ps, me.now(py), wire, last, vc)
         };
-        let mut out = TrainState::blank(py, red.nbytes, wire, last, MC_LDRED_RESP, -1, red.issuer);
+        let mut out = TrainState::blank(red.nbytes, wire, last, MC_LDRED_RESP, -1, red.issuer);
         out.chip = chip;
         out.addr = red.addr;
-        out.data = red.acc.unwrap_or_else(|| py.None());
+        out.data = red.acc;
         out.done = red.done;
         out.vc = vc;
         out.head = red.head + reduce_ps;
         out.tail = now + reduce_ps;
-        let out = Bound::new(py, Train::from(out))?;
+        let out = slf.st().sim.get().new_train(py, out)?;
         SwitchChip::emit_train(slf, &out, red.issuer, None, Hook::None)
     }
 
@@ -505,16 +505,16 @@ impl SwitchChip {
         for req in members {
             let (src, done) = {
                 let r = req.get().st(py);
-                (r.src, r.done.clone_ref(py))
+                (r.src, opt_ref(&r.done, py))
             };
-            let mut out = TrainState::blank(py, 0, wire, last, GROUP_RELEASE, -1, src);
+            let mut out = TrainState::blank(0, wire, last, GROUP_RELEASE, -1, src);
             out.chip = chip;
             out.vc = vc;
             out.tag = group;
             out.done = done;
             out.head = now;
             out.tail = now;
-            let out = Bound::new(py, Train::from(out))?;
+            let out = slf.st().sim.get().new_train(py, out)?;
             SwitchChip::emit_train(slf, &out, src, None, Hook::None)?;
         }
         Ok(())
@@ -585,18 +585,18 @@ impl SwitchChip {
                 let nbytes = r.want;
                 let (wire, last) = me.packets.wire(py, LD_CAIS_RESP, nbytes)?;
                 let vc = me.packets.vc(py, LD_CAIS_RESP, 0)?;
-                let mut resp = TrainState::blank(py, nbytes, wire, last, LD_CAIS_RESP, r.dst, r.src);
+                let mut resp = TrainState::blank(nbytes, wire, last, LD_CAIS_RESP, r.dst, r.src);
                 resp.chip = me.chip;
-                resp.addr = r.addr.clone_ref(py);
-                resp.data = data.clone_ref(py);
-                resp.done = r.done.clone_ref(py);
+                resp.addr = opt_ref(&r.addr, py);
+                resp.data = opt(data.clone_ref(py), py);
+                resp.done = opt_ref(&r.done, py);
                 resp.vc = vc;
                 resp.want = nbytes;
                 (resp.head, resp.tail) = (head, tail);
                 if source.is_none() || i > 0 {
                     me.ledger.get().st(py).multicast_created += nbytes; // made from the table's data
                 }
-                (Bound::new(py, Train::from(resp))?, r.src)
+                (me.sim.get().new_train(py, resp)?, r.src)
             };
             SwitchChip::emit_train(slf, &resp, to, source, Hook::None)?;
         }
@@ -621,10 +621,10 @@ impl SwitchChip {
         let out = {
             let mut me = slf.st();
             let (wire, last) = me.packets.wire(py, RED_CAIS, nbytes)?;
-            let mut out = TrainState::blank(py, nbytes, wire, last, RED_CAIS, -1, home);
+            let mut out = TrainState::blank(nbytes, wire, last, RED_CAIS, -1, home);
             out.chip = me.chip;
-            out.addr = addr;
-            out.data = data;
+            out.addr = opt(addr, py);
+            out.data = opt(data, py);
             out.vc = vc;
             out.cls = cls;
             out.tag = signal;
@@ -632,7 +632,7 @@ impl SwitchChip {
             out.head = head + me.reduce_ps;
             out.tail = me.now(py) + me.reduce_ps;
             me.ledger.get().st(py).reduction_absorbed -= nbytes; // the sum leaves the table
-            Bound::new(py, Train::from(out))?
+            me.sim.get().new_train(py, out)?
         };
         SwitchChip::emit_train(slf, &out, home, None, on_start)
     }
