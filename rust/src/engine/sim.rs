@@ -136,12 +136,24 @@ impl Queue {
     /// Queue an action at `time`. Refused (the queue unchanged) past what a key
     /// holds: 2^24 events waiting at once, or 2^40 scheduled in one run.
     fn push(&mut self, time: i64, action: Action) -> PyResult<()> {
-        debug_assert!(time >= 0, "times are not negative");
+        let seq = self.reserve()?;
+        self.push_as(time, seq, action)
+    }
+
+    /// The schedule order of an event to be queued later (`push_as`).
+    fn reserve(&mut self) -> PyResult<u64> {
         if self.seq >= MAX_SEQ {
             return Err(PyValueError::new_err(format!(
                 "a simulation schedules at most {MAX_SEQ} events"
             )));
         }
+        self.seq += 1;
+        Ok(self.seq)
+    }
+
+    /// Queue an action at `time` with the schedule order `seq` reserved for it.
+    fn push_as(&mut self, time: i64, seq: u64, action: Action) -> PyResult<()> {
+        debug_assert!(time >= 0, "times are not negative");
         let slot = match self.free.pop() {
             Some(slot) => {
                 self.actions[slot as usize] = Some(action);
@@ -158,8 +170,7 @@ impl Queue {
                 (self.actions.len() - 1) as u32
             }
         };
-        self.seq += 1;
-        self.heap.push(Event::new(time, self.seq, slot));
+        self.heap.push(Event::new(time, seq, slot));
         Ok(())
     }
 
@@ -231,6 +242,18 @@ impl Simulator {
     pub(crate) fn push(&self, py: Python<'_>, time: i64, action: Action) -> PyResult<()> {
         self.q.borrow_mut(py).push(time, action)
     }
+
+    /// The schedule order of an event that will be queued later with `push_as`: it
+    /// runs where an event scheduled now would (before any scheduled after this call
+    /// for the same time), however late it is queued, if queued before its time.
+    pub(crate) fn reserve(&self, py: Python<'_>) -> PyResult<u64> {
+        self.q.borrow_mut(py).reserve()
+    }
+
+    /// Queue an action at `time` in the schedule order `seq` reserved for it.
+    pub(crate) fn push_as(&self, py: Python<'_>, time: i64, seq: u64, action: Action) -> PyResult<()> {
+        self.q.borrow_mut(py).push_as(time, seq, action)
+    }
 }
 
 fn dispatch(py: Python<'_>, sim: &Bound<'_, Simulator>, action: Action) -> PyResult<()> {
@@ -241,8 +264,9 @@ fn dispatch(py: Python<'_>, sim: &Bound<'_, Simulator>, action: Action) -> PyRes
         Action::Arbitrate(ch, generation) => Channel::arbitrate(ch.bind(py), generation)?,
         Action::Arrive(ch, train, deliver) => {
             let train = train.into_bound(py);
+            let ch = ch.into_bound(py);
             let payload = train.get().st(py).payload;
-            ch.get().st(py).delivered_payload += payload;
+            Channel::arrived(&ch, payload)?; // the next train on its wire is queued
             deliver.deliver(train.clone())?;
             sim.get().recycle(py, train);
         }
@@ -460,6 +484,28 @@ mod tests {
             assert_eq!(q.actions.len(), 5);
             assert!(q.pop(Some(19)).is_none(), "nothing is due by 19");
             assert_eq!(q.pop(Some(25)).map(|(t, _)| t), Some(20));
+        });
+    }
+
+    #[test]
+    fn an_event_queued_late_in_the_order_it_reserved_runs_where_it_would_have() {
+        Python::initialize();
+        Python::attach(|py| {
+            let sim = Simulator::new();
+            let call = |i: i64| Action::Call(py.None(), PyTuple::new(py, [i]).unwrap().unbind());
+            let early = sim.reserve(py).unwrap(); // reserved first, queued last
+            sim.push(py, 10, call(1)).unwrap();
+            sim.push(py, 5, call(2)).unwrap();
+            sim.push_as(py, 10, early, call(0)).unwrap();
+            let mut q = sim.q.borrow_mut(py);
+            let mut order = Vec::new();
+            while let Some((time, action)) = q.pop(None) {
+                let Action::Call(_, args) = action else {
+                    panic!("a call was queued")
+                };
+                order.push((time, args.bind(py).get_item(0).unwrap().extract::<i64>().unwrap()));
+            }
+            assert_eq!(order, vec![(5, 2), (10, 0), (10, 1)]);
         });
     }
 

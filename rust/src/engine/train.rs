@@ -119,6 +119,16 @@ impl TrainState {
             quorum: 0,
         }
     }
+
+    /// The Python objects its fields hold, for the cyclic collector.
+    pub(crate) fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.credits)?;
+        visit.call(&self.addr)?;
+        visit.call(&self.data)?;
+        visit.call(&self.done)?;
+        visit.call(&self.fence)?;
+        visit.call(&self.parent)
+    }
 }
 
 #[pymethods]
@@ -174,13 +184,7 @@ impl Train {
         let Some(me) = self.st.during_gc() else {
             return Ok(());
         };
-        visit.call(&me.credits)?;
-        visit.call(&me.addr)?;
-        visit.call(&me.data)?;
-        visit.call(&me.done)?;
-        visit.call(&me.fence)?;
-        visit.call(&me.parent)?;
-        Ok(())
+        me.visit(&visit)
     }
 
     fn __clear__(&self) {
