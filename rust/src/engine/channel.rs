@@ -352,7 +352,10 @@ impl Channel {
             }
             t.fp = fp;
         }
-        t.credits = me.credits.as_ref().map(|c| c.clone_ref(py));
+        let credits = me.credits.as_ref().map(|c| c.clone_ref(py));
+        if let Some(old) = std::mem::replace(&mut t.credits, credits) {
+            drop(old.into_bound(py)); // the buffer it left: no thread-local read, as for a `Py`
+        }
         t.head = start + pkt + lat;
         let arrive = finish + lat;
         t.tail = arrive;

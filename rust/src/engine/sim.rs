@@ -220,7 +220,10 @@ impl Simulator {
         match spare {
             Some(t) => {
                 let t = t.into_bound(py);
-                *t.get().st(py) = state;
+                let blank = std::mem::replace(&mut *t.get().st(py), state);
+                // `recycle` cleared it: it holds no reference, and dropping it would only
+                // read PyO3's thread-local attach count for nothing
+                std::mem::forget(blank);
                 Ok(t)
             }
             None => Bound::new(py, Train::from(state)),
@@ -233,8 +236,8 @@ impl Simulator {
         if train.get_refcnt() != 1 || self.q.borrow(py).spare.len() >= SPARE_TRAINS {
             return;
         }
-        let old = std::mem::replace(&mut *train.get().st(py), TrainState::blank(0, 0, 0, 0, 0, 0));
-        drop(old); // may run Python (a closure's last reference): no borrow is held
+        let held = train.get().st(py).take_held();
+        held.release(py); // may run Python (a closure's last reference): no borrow is held
         self.q.borrow_mut(py).spare.push(train.unbind());
     }
 
@@ -258,10 +261,12 @@ impl Simulator {
 
 fn dispatch(py: Python<'_>, sim: &Bound<'_, Simulator>, action: Action) -> PyResult<()> {
     match action {
+        // each `Py` is bound before it is dropped: a `Bound` drops without reading
+        // PyO3's thread-local attach count, as a `Py` would, once per event
         Action::Call(f, args) => {
-            f.bind(py).call1(args.bind(py))?;
+            f.into_bound(py).call1(args.into_bound(py))?;
         }
-        Action::Arbitrate(ch, generation) => Channel::arbitrate(ch.bind(py), generation)?,
+        Action::Arbitrate(ch, generation) => Channel::arbitrate(&ch.into_bound(py), generation)?,
         Action::Arrive(ch, train, deliver) => {
             let train = train.into_bound(py);
             let ch = ch.into_bound(py);
@@ -270,7 +275,7 @@ fn dispatch(py: Python<'_>, sim: &Bound<'_, Simulator>, action: Action) -> PyRes
             deliver.deliver(train.clone())?;
             sim.get().recycle(py, train);
         }
-        Action::Step(p) => Process::step(p.bind(py), py.None())?,
+        Action::Step(p) => Process::step(&p.into_bound(py), py.None())?,
         Action::Due(unit, what, train) => {
             let train = train.map(|t| t.into_bound(py));
             unit.on_event(

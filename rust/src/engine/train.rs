@@ -63,6 +63,23 @@ pub(crate) struct TrainState {
 
 unit!(Train, TrainState);
 
+/// What a train's fields held, taken out of it to be released.
+pub(crate) struct Held {
+    credits: Option<Py<PyAny>>,
+    objects: [Option<Py<PyAny>>; 5],
+}
+
+impl Held {
+    /// Release the references (bound to the GIL the caller holds: no check per field
+    /// of whether this thread is attached, as dropping a `Py` does).
+    pub(crate) fn release(self, py: Python<'_>) {
+        let Held { credits, objects } = self;
+        for o in std::iter::once(credits).chain(objects).flatten() {
+            drop(o.into_bound(py));
+        }
+    }
+}
+
 /// A Python object as one of a train's optional fields: None for Python's None, so
 /// that an absent field holds no reference (a train is made and dropped per hop).
 pub(crate) fn opt(obj: Py<PyAny>, py: Python<'_>) -> Option<Py<PyAny>> {
@@ -117,6 +134,20 @@ impl TrainState {
             count: 1,
             expect: 0,
             quorum: 0,
+        }
+    }
+
+    /// The Python objects its fields hold, taken out of it (the fields left None).
+    pub(crate) fn take_held(&mut self) -> Held {
+        Held {
+            credits: self.credits.take().map(Py::into_any),
+            objects: [
+                self.addr.take(),
+                self.data.take(),
+                self.done.take(),
+                self.fence.take(),
+                self.parent.take(),
+            ],
         }
     }
 

@@ -315,9 +315,9 @@ impl Endpoint {
             t.tail = tail.unwrap_or(t.head);
             me.injected += t.payload;
             let c = py_index(t.chip, me.up.len())?;
-            (me.up[c].clone_ref(py), me.switches[c].clone_ref(py))
+            (me.up[c].bind(py).clone(), me.switches[c].clone_ref(py))
         };
-        Channel::offer(channel.bind(py), train, Sink::Unit(UnitRef::new(switch)), on_start)
+        Channel::offer(&channel, train, Sink::Unit(UnitRef::new(switch)), on_start)
     }
 
     /// Build the train `piece` of operation `op` and put it on this GPU's port to its

@@ -248,7 +248,7 @@ impl SwitchChip {
                 dst
             };
             let d = dst as usize;
-            (me.channels[d].clone_ref(py), me.receivers[d].clone_ref(py))
+            (me.channels[d].bind(py).clone(), me.receivers[d].clone_ref(py))
         };
         let hook = match entry {
             None => on_start,
@@ -260,7 +260,7 @@ impl SwitchChip {
                 Hook::Unit(UnitRef::of_bound(slf), (0, 0))
             }
         };
-        Channel::offer(channel.bind(py), out.clone(), receiver, hook)
+        Channel::offer(&channel, out.clone(), receiver, hook)
     }
 
     /// A copy (or the train itself) of an input train went on the wire.
