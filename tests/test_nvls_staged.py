@@ -129,3 +129,72 @@ def test_fences_and_multicast_flags_are_built_and_counted_in_the_core(monkeypatc
     assert built["probes"] > 0 and built["called"] == flags and built["counted"] == 0
     assert (core.time_us, core.events) == (ref.time_us, ref.events)
     assert core.metrics.as_json() == ref.metrics.as_json()
+
+
+@pytest.mark.parametrize("limit", [None, 1], ids=["window", "one-piece-at-a-time"])
+@pytest.mark.parametrize("functional", [False, True], ids=["timing", "functional"])
+def test_the_reduce_warps_run_in_the_core_as_the_python_loop_did(monkeypatch: pytest.MonkeyPatch, limit: int | None,
+                                                                 functional: bool) -> None:
+    """Issue 40: a step's reduce warps (multimem.ld_reduce each piece within the window,
+    multimem.st each sum as it comes back) run in the core (ReduceStream) with no
+    Python call per piece, and give the run the Python loop they replaced gives, to
+    the picosecond, the sums included. ``limit=1``: a window smaller than a piece, so
+    each piece goes out alone, once nothing is in flight (the soft limit)."""
+    import cais.isa as isa_mod
+    from cais.engine import Countdown
+    from cais.hw.memory import Region
+    from cais.isa import Isa
+
+    core_stream, real = Isa.ld_reduce_stream, isa_mod.ReduceStream
+    streams: list[tuple[object, int]] = []  # each stream the core ran, and its pieces
+
+    def counting(gpu, plan, *args):
+        s = real(gpu, plan, *args)
+        streams.append((s, len(plan)))
+        return s
+
+    def core(self, src, pieces, out, lim, port, stream=0, unit=None):
+        return core_stream(self, src, pieces, out, limit or lim, port, stream, unit)
+
+    got = [0]
+
+    def python_loop(self, src, pieces, out, lim, port, stream=0, unit=None):  # the kernel's loop before
+        lim = limit or lim
+        state = {"used": 0, "next": 0}
+        loaded = Countdown(len(pieces))
+
+        def advance() -> None:
+            while state["next"] < len(pieces):
+                piece = pieces[state["next"]]
+                if state["used"] > 0 and state["used"] + piece.nbytes > lim:
+                    return  # a sum coming back resumes it
+                state["used"] += piece.nbytes
+                state["next"] += 1
+                self.multimem_ld_reduce(src, piece, reduced(piece), stream, unit)
+
+        def reduced(piece: Region):
+            def back(data) -> None:
+                got[0] += 1
+                state["used"] -= piece.nbytes
+                advance()
+                self.multimem_st(src, Region(out, piece.start, piece.count, piece.elem_bytes), data, None, port,
+                                 stream, unit)
+                loaded.arrive(self.sim)
+            return back
+
+        advance()
+        return loaded
+
+    cfg, size = _cfg("staged"), 2 * MIB
+    monkeypatch.setattr(isa_mod, "ReduceStream", counting)
+    monkeypatch.setattr(Isa, "ld_reduce_stream", core)
+    run = run_collective(cfg, "allreduce", "nvls", size, functional=functional)
+    assert streams and sum(n for _, n in streams) > len(streams)  # several pieces a step
+    assert all(s.next == n and s.used == 0 for s, n in streams)  # every piece went out and came back
+    monkeypatch.setattr(Isa, "ld_reduce_stream", python_loop)
+    ref = run_collective(cfg, "allreduce", "nvls", size, functional=functional)
+    assert got[0] > len(streams)  # the Python loop ran, several pieces a step
+    if functional:
+        assert run.correct and ref.correct
+    assert (run.time_us, run.events) == (ref.time_us, ref.events)
+    assert run.metrics.as_json() == ref.metrics.as_json()

@@ -28,7 +28,7 @@ pub mod isa;
 
 use engine::{channel, completion, credits, sim, train, unit, wait};
 use hw::{gpu, hbm, interleave, kinds, merge, region, sm_port, switch, tb_dispatch};
-use isa::stream;
+use isa::{reduce_stream, stream};
 
 /// The units Python may hand to the engine as such (a channel's far end, a
 /// process's pacer, a buffer's waiter), the most frequent first.
@@ -67,6 +67,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<stream::LoadStream>()?;
     m.add_class::<stream::RedPlan>()?;
     m.add_class::<stream::RedStream>()?;
+    m.add_class::<reduce_stream::ReduceStream>()?;
+    m.add_class::<reduce_stream::ReducedPiece>()?;
     m.add_class::<channel::Channel>()?;
     m.add_class::<credits::Credits>()?;
     m.add_class::<switch::SwitchChip>()?;

@@ -20,6 +20,8 @@ __all__ = [
     "LoadStream",
     "RedPlan",
     "RedStream",
+    "ReduceStream",
+    "ReducedPiece",
     "Channel",
     "Credits",
     "SwitchChip",
@@ -132,6 +134,25 @@ class RedStream:
     def __new__(cls, gpu: Endpoint, items: RedPlan | list[Any], window: Bound, bound: Bound, port: SmPort,
                 own: int | None = None, add: Callable[[Region], Any] | None = None) -> Self: ...
     def start(self) -> Signal: ...
+
+@final
+class ReduceStream:
+    """The reduce warps of one staged NVLS AllReduce step on its head GPU: each piece
+    ``(region, loads, out, stores)`` goes out as ``multimem.ld_reduce`` while the bytes in
+    flight stay within ``limit`` (a soft limit), and its sum as ``multimem.st`` to ``out``
+    once it is back; ``start`` returns the signal that fires when every sum has gone out."""
+    next: int
+    used: int
+    def __new__(cls, gpu: Endpoint, pieces: list[tuple[Region, list[tuple[Region, int]], Region,
+                                                      list[tuple[Region, int]]]],
+                limit: int, port: SmPort, stream: int, copies: int, assemble: Callable[..., Any] | None = None,
+                split: Callable[..., Any] | None = None) -> Self: ...
+    def start(self) -> Signal: ...
+
+@final
+class ReducedPiece:
+    """A piece of a :class:`ReduceStream` in flight (its completion's callback)."""
+    def __call__(self, data: Any) -> None: ...
 
 @final
 class Train:

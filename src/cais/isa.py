@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from cais.engine import ArrivePerGpu, Bound, Completion, Countdown, Signal, Train
-from cais.hw.gpu import LoadPlan, LoadStream, RedPlan, RedStream, SmPort
+from cais.hw.gpu import LoadPlan, LoadStream, RedPlan, RedStream, ReduceStream, SmPort
 from cais.hw.memory import Region, as_run
 from cais.hw.packets import Kind
 
@@ -327,6 +327,27 @@ class Isa:
         self.ops += len(pieces)
         self.m.gpus[src].issue_pieces(Kind.MC_LDRED_REQ, -1, pieces, self._gather(region, pieces, done), None, stream,
                                       True)
+
+    def ld_reduce_stream(self, src: int, pieces: list[Region], out: str, limit: int, port: SmPort, stream: int = 0,
+                         unit: int | None = None) -> Signal:
+        """The reduce warps of a staged NVLS AllReduce step, issued by the core
+        (:class:`cais._core.ReduceStream`): each of ``pieces`` goes out as
+        :meth:`multimem_ld_reduce`, in order, while at most ``limit`` bytes are in
+        flight (a soft limit: a piece is admitted whenever nothing is, as
+        :class:`cais.kernels.common.Window`); when a piece's sum is back, its bytes
+        are given back first (the next pieces go out), then the sum goes out as
+        :meth:`multimem_st` into the same elements of buffer ``out`` through ``port``.
+        The signal returned fires once every piece's sum has gone out."""
+        plan = []
+        for piece in pieces:
+            loads = self.stripes(piece, unit)
+            dst = Region(out, piece.start, piece.count, piece.elem_bytes)
+            stores = self.stripes(dst, unit)
+            self.ops += len(loads) + len(stores)
+            plan.append((piece, loads, dst, stores))
+        gpu = self.m.gpus[src]
+        data = (_assemble, self._data) if gpu.memory.functional else (None, None)
+        return ReduceStream(gpu, plan, limit, port, stream, self.n, *data).start()
 
     # ---- synchronisation ---------------------------------------------------------
     def flag(self, src: int, dst: int, key: int, landed: Callable[[], None]) -> None:

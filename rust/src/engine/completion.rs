@@ -120,6 +120,12 @@ impl Completion {
         Py::new(py, c)
     }
 
+    /// A counter over `count` trains with no callback of its own (a multicast store
+    /// whose copies nobody waits for).
+    pub(crate) fn counter(py: Python<'_>, count: i64) -> PyResult<Py<Completion>> {
+        Py::new(py, Completion::new(py, count, None, None, None, None))
+    }
+
     /// The operation's callback, with its data put together for a load.
     fn call_done(slf: &Bound<'_, Self>, gather: bool) -> PyResult<()> {
         let py = slf.py();

@@ -21,10 +21,11 @@ class Window:
       waits and they look again. A ``Bound`` is shared by many TBs (a GPU's bound on
       outstanding remote requests) and grants in first-come, first-served order;
     * **Python**: its users are per-transfer loops in Python kernels (collectives,
-      the staged NVLS AllReduce, production AllReduces, DMA), whose results the
-      goldens and the fitted collective constants rest on; a ``Bound`` lives in the
-      core beside the ``LoadStream`` and ``RedStream`` that take it without entering
-      the interpreter.
+      production AllReduces, DMA), whose results the goldens and the fitted
+      collective constants rest on; a ``Bound`` lives in the core beside the
+      ``LoadStream`` and ``RedStream`` that take it without entering the
+      interpreter. The staged NVLS AllReduce's reduce warps keep this window's
+      soft limit in the core (``Isa.ld_reduce_stream``).
 
     Folding it into ``Bound`` would change when those kernels' transfers start.
     """

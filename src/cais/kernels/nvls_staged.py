@@ -46,17 +46,13 @@ local one between 0 and two local round trips later.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-import numpy as np
-
 from cais.engine import Countdown, Signal
 from cais.engine.sim import ProgramGen, Process
 from cais.hw.config import PS_PER_US
 from cais.hw.gpu import Kernel, TbProgram
 from cais.hw.memory import Region
 from cais.hw.packets import Traffic
-from cais.kernels.common import Window, pause, split
+from cais.kernels.common import pause, split
 from cais.machine import Machine
 
 NCCL_STEPS = 8  # staging slots per channel
@@ -168,7 +164,6 @@ def _staged_tb(m: Machine, gpu: int, steps: list[Region], step_bytes: list[int],
         if host_ps:  # the host's per-call cost on a standalone call's critical path
             yield pause(sim, host_ps)
         port = isa.sm_port()
-        win = Window(sim, limit)
         gathering = Process(sim, gather())
         Process(sim, scatter())
         for i, region in enumerate(steps):
@@ -188,22 +183,11 @@ def _staged_tb(m: Machine, gpu: int, steps: list[Region], step_bytes: list[int],
                     ready.append(poll(region))
                 for sig in ready:
                     yield sig
+            # multimem.ld_reduce the chunk piece by piece within the window, and
+            # multimem.st each sum into every GPU's broadcast slot as it comes back
             pieces = isa.pieces(region, unit) if region.count else []
-            loaded = Countdown(len(pieces))
-
-            def reduced(piece: Region) -> Callable[[np.ndarray | None], None]:
-                def got(data: np.ndarray | None) -> None:
-                    win.release(piece.nbytes)
-                    isa.multimem_st(gpu, Region(recv, piece.start, piece.count, piece.elem_bytes), data, None,
-                                    port, stream, unit)
-                    loaded.arrive(sim)
-                return got
-
-            for piece in pieces:
-                yield from win.acquire(piece.nbytes)
-                isa.multimem_ld_reduce(gpu, piece, reduced(piece), stream, unit)
             if pieces:
-                yield loaded
+                yield isa.ld_reduce_stream(gpu, pieces, recv, limit, port, stream, unit)
                 fenced = Signal()  # postPeer: fence the broadcast, then store the counters
                 isa.fence(gpu, range(n), Traffic.STORE, lambda s=fenced: s.fire(sim))
                 yield fenced
