@@ -1,8 +1,8 @@
 """Where a run's time goes (issue 40): one ``cais`` command under cProfile, in this
 process, with the top functions by cumulative and by own time, the Python functions
-the compiled core enters most, and the counters the core already exposes (events,
-trains sent per channel hop, NVLS multicasts and absorbed reductions, HBM phases,
-TBs finished).
+the compiled core enters most, and the counters the core already exposes (events, and
+events by kind, trains sent per channel hop, NVLS multicasts and absorbed reductions,
+HBM phases, TBs finished).
 
     .venv/bin/python benchmarks/profile_core.py [--top 15] [--out FILE.prof] -- \\
         collective --op allreduce --algo nvls --bytes 1G --system dgx-h100
@@ -11,8 +11,9 @@ TBs finished).
 
 cProfile times every Python call and return and not the core's own work between
 them, so it inflates the Python side: read its shares against each other, and a
-run's wall time from ``benchmarks/bench_core.py``. The core keeps no count of its
-events by kind; "entered from the core" counts the calls (a generator's resumes
+run's wall time from ``benchmarks/bench_core.py``. The core counts its events by kind
+(``Simulator.events_by_kind``: Python calls, channel arbitrations, train arrivals,
+program steps, units' own timed events); "entered from the core" counts the calls (a generator's resumes
 included) whose caller, as cProfile sees it, is a method of a ``cais._core`` class
 (``Simulator.run`` above all): each is one event, or one step of one, that leaves
 the core for Python.
@@ -72,6 +73,7 @@ def counters(m: Any) -> dict[str, int]:
     sws = m.fabric.switches
     return {
         "events": m.sim.events,
+        **{f"events: {kind}": n for kind, n in m.sim.events_by_kind.items()},
         "trains sent (channel hops)": sum(ch.trains for ch in m.fabric.channels()),
         "payload bytes sent": sum(ch.payload_bytes for ch in m.fabric.channels()),
         "NVLS multicast bytes created": sum(sw.ledger.multicast_created for sw in sws),

@@ -51,6 +51,20 @@ def test_a_train_crosses_a_switch_natively_or_through_a_registered_handler(h100)
     assert not any(sw.stuck() for sw in m.fabric.switches)
 
 
+def test_the_core_counts_its_events_by_kind(h100) -> None:
+    m = Machine(h100.with_overrides(gpus=2))
+    seen: list = []
+    m.fabric.inject(_flag(m, 0, 1, seen))
+    m.sim.after(5, seen.append, "called")
+    m.run()
+    kinds = m.sim.events_by_kind
+    assert set(kinds) == {"call", "arbitrate", "arrive", "step", "due"}
+    assert sum(kinds.values()) == m.sim.events > 0
+    hops = sum(ch.trains for ch in m.fabric.channels())
+    assert kinds["arrive"] == hops == 2  # one arrival a channel hop: up to the chip, down to GPU 1
+    assert kinds["call"] == 1 and "called" in seen
+
+
 def test_bad_use_is_a_python_error() -> None:
     sim = Simulator()
     ch = Channel(sim, "c", 1.0, 0, vcs=2, credits=Credits("b", 2, 1000, 0))

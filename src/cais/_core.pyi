@@ -49,6 +49,8 @@ class Simulator:
     TICK_EVERY: int
     now: int
     events: int
+    @property
+    def events_by_kind(self) -> dict[str, int]: ...  # call, arbitrate, arrive, step, due
     pending: int  # events waiting in the queue
     tick: Callable[[int, int], None] | None
     tick_every: int

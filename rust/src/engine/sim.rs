@@ -42,6 +42,23 @@ pub(crate) enum Action {
     Due(UnitRef, u8, Option<Py<Train>>),
 }
 
+/// The kinds of [`Action`], as `Simulator.events_by_kind` names them.
+const KINDS: [&str; 5] = ["call", "arbitrate", "arrive", "step", "due"];
+
+impl Action {
+    /// Its index in [`KINDS`].
+    #[inline]
+    fn kind(&self) -> usize {
+        match self {
+            Action::Call(..) => 0,
+            Action::Arbitrate(..) => 1,
+            Action::Arrive(..) => 2,
+            Action::Step(..) => 3,
+            Action::Due(..) => 4,
+        }
+    }
+}
+
 /// An event's place in the queue, one 16-byte key the heap moves (not the action):
 /// time << 64 | schedule order << 24 | the slot of its action. One comparison orders
 /// by time, then schedule order (no two events share one); the slot rides along.
@@ -121,8 +138,9 @@ struct Queue {
     actions: Vec<Option<Action>>,
     free: Vec<u32>,
     seq: u64,
-    /// Events run so far.
+    /// Events run so far, and by kind ([`KINDS`]; counted as they are taken out).
     events: i64,
+    by_kind: [i64; KINDS.len()],
     /// Called as `tick(now, events)` every `tick_every` events (a progress report);
     /// None: the loop does not look.
     tick: Option<Py<PyAny>>,
@@ -184,6 +202,7 @@ impl Queue {
         let slot = e.slot();
         let action = self.actions[slot].take().expect("a queued event has its action");
         self.free.push(slot as u32);
+        self.by_kind[action.kind()] += 1;
         Some((time, action))
     }
 }
@@ -309,6 +328,7 @@ impl Simulator {
                 free: Vec::new(),
                 seq: 0,
                 events: 0,
+                by_kind: [0; KINDS.len()],
                 tick: None,
                 tick_every: Self::TICK_EVERY,
                 spare: Vec::new(),
@@ -337,6 +357,15 @@ impl Simulator {
     #[setter]
     fn set_events(&self, py: Python<'_>, events: i64) {
         self.q.borrow_mut(py).events = events;
+    }
+
+    /// Events run so far by kind: a Python call, a channel's arbitration (its wire is
+    /// free: the next train goes), a train's arrival at a channel's far end, a
+    /// program's step after a delay, a unit's own timed event.
+    #[getter]
+    fn events_by_kind(&self, py: Python<'_>) -> std::collections::BTreeMap<&'static str, i64> {
+        let q = self.q.borrow(py);
+        KINDS.iter().copied().zip(q.by_kind).collect()
     }
 
     /// Called as `tick(now, events)` every `tick_every` events (a progress report);
@@ -489,6 +518,11 @@ mod tests {
             assert_eq!(q.actions.len(), 5);
             assert!(q.pop(Some(19)).is_none(), "nothing is due by 19");
             assert_eq!(q.pop(Some(25)).map(|(t, _)| t), Some(20));
+            assert_eq!(
+                q.by_kind,
+                [6, 0, 0, 0, 0],
+                "each event counted by its kind as it is taken out"
+            );
         });
     }
 
