@@ -84,6 +84,16 @@ struct Item {
 #[pyclass(module = "cais._core", frozen)]
 pub struct LoadPlan {
     items: Vec<Item>,
+    /// The loads' keys in a GPU's `kept` table, (scope, home, region), made once for
+    /// the scope last asked (a kernel's TBs share one scope unless it has clusters).
+    keys: GilCell<Keys>,
+}
+
+/// [`LoadPlan::key`]'s keys, for one scope: by item, made when first asked.
+#[derive(Default)]
+struct Keys {
+    scope: Option<Py<PyAny>>,
+    by_item: Vec<Option<Py<PyTuple>>>,
 }
 
 impl LoadPlan {
@@ -100,11 +110,42 @@ impl LoadPlan {
                 placed: placed.unbind(),
             });
         }
-        Ok(LoadPlan { items })
+        Ok(LoadPlan {
+            items,
+            keys: GilCell::default(),
+        })
     }
 
     fn others(&self, skip: i64) -> impl Iterator<Item = &Item> {
         self.items.iter().filter(move |item| item.home != skip)
+    }
+
+    /// The key item `index` has in a `kept` table under `scope`: (scope, home,
+    /// region), the same tuple every time the scope is the same object (a tuple does
+    /// not keep its hash, but the table compares keys by value, so a key made again
+    /// finds what the first one entered).
+    fn key<'py>(&self, scope: &Bound<'py, PyAny>, index: usize) -> PyResult<Bound<'py, PyTuple>> {
+        let py = scope.py();
+        let mut keys = self.keys.borrow_mut(py);
+        if !keys.scope.as_ref().is_some_and(|s| s.bind(py).is(scope)) {
+            keys.scope = Some(scope.clone().unbind());
+            keys.by_item.clear();
+            keys.by_item.resize_with(self.items.len(), || None);
+        }
+        if let Some(key) = &keys.by_item[index] {
+            return Ok(key.bind(py).clone());
+        }
+        let item = &self.items[index];
+        let key = PyTuple::new(
+            py,
+            [
+                scope.clone(),
+                item.home.into_pyobject(py)?.into_any(),
+                item.region.bind(py).clone(),
+            ],
+        )?;
+        keys.by_item[index] = Some(key.clone().unbind());
+        Ok(key)
     }
 }
 
@@ -139,6 +180,12 @@ impl LoadPlan {
             visit.call(&item.region)?;
             visit.call(&item.stripes)?;
             visit.call(&item.placed)?;
+        }
+        if let Some(keys) = self.keys.during_gc() {
+            visit.call(&keys.scope)?;
+            for key in keys.by_item.iter().flatten() {
+                visit.call(key)?;
+            }
         }
         Ok(())
     }
@@ -186,15 +233,7 @@ unit!(LoadStream, LoadStreamState);
 impl LoadStreamState {
     /// The key item `index` has in `kept`: (scope, home, region).
     fn key<'py>(&self, py: Python<'py>, index: usize) -> PyResult<Bound<'py, PyTuple>> {
-        let item = &self.plan.get().items[index];
-        PyTuple::new(
-            py,
-            [
-                self.scope.bind(py).clone(),
-                item.home.into_pyobject(py)?.into_any(),
-                item.region.bind(py).clone(),
-            ],
-        )
+        self.plan.get().key(self.scope.bind(py), index)
     }
 
     fn sim(&self, py: Python<'_>) -> Py<Simulator> {
@@ -909,3 +948,49 @@ properties!(RedStream {
     /// Reductions issued so far.
     reductions: usize;
 });
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plans_kept_keys_are_made_once_per_scope_and_equal_to_a_fresh_key() {
+        Python::initialize();
+        Python::attach(|py| {
+            let plan = LoadPlan {
+                items: (0..2)
+                    .map(|i| Item {
+                        home: i,
+                        region: ("buf", i).into_pyobject(py).unwrap().into_any().unbind(),
+                        stripes: PyList::empty(py).unbind(),
+                        placed: py.None(),
+                        nbytes: 8,
+                    })
+                    .collect(),
+                keys: GilCell::default(),
+            };
+            let (zero, seven) = (
+                0i64.into_pyobject(py).unwrap().into_any(),
+                7i64.into_pyobject(py).unwrap().into_any(),
+            );
+            let first = plan.key(&zero, 1).unwrap();
+            assert!(plan.key(&zero, 1).unwrap().is(&first), "made once for the scope");
+            let fresh = PyTuple::new(
+                py,
+                [
+                    zero.clone(),
+                    1i64.into_pyobject(py).unwrap().into_any(),
+                    ("buf", 1i64).into_pyobject(py).unwrap().into_any(),
+                ],
+            )
+            .unwrap();
+            assert!(first.eq(&fresh).unwrap() && first.hash().unwrap() == fresh.hash().unwrap());
+            let other = plan.key(&seven, 1).unwrap();
+            assert!(
+                !other.is(&first) && other.get_item(0).unwrap().eq(&seven).unwrap(),
+                "another scope, another key"
+            );
+            assert!(plan.key(&seven, 0).unwrap().get_item(1).unwrap().eq(0i64).unwrap());
+        });
+    }
+}
