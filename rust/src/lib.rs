@@ -28,7 +28,7 @@ pub mod isa;
 
 use engine::{channel, completion, credits, sim, train, unit, wait};
 use hw::{gpu, hbm, interleave, kinds, merge, region, sm_port, switch, tb_dispatch};
-use isa::{reduce_stream, stream};
+use isa::{kept, reduce_stream, stream};
 
 /// The units Python may hand to the engine as such (a channel's far end, a
 /// process's pacer, a buffer's waiter), the most frequent first.
@@ -65,6 +65,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<wait::Process>()?;
     m.add_class::<stream::LoadPlan>()?;
     m.add_class::<stream::LoadStream>()?;
+    m.add_class::<kept::KeptLines>()?;
     m.add_class::<stream::RedPlan>()?;
     m.add_class::<stream::RedStream>()?;
     m.add_class::<reduce_stream::ReduceStream>()?;

@@ -18,6 +18,7 @@ __all__ = [
     "Process",
     "LoadPlan",
     "LoadStream",
+    "KeptLines",
     "RedPlan",
     "RedStream",
     "ReduceStream",
@@ -114,9 +115,16 @@ class LoadStream:
     def __new__(cls, gpu: Endpoint, kind: int,
                  loads: LoadPlan | list[tuple[int, Region, list[tuple[Region, int]], Any]],
                  window: Bound, bound: Bound, arrived: Countdown, assemble: Callable[..., Any],
-                 quorum: int = 0, kept: dict[tuple[Any, int, Region], Signal] | None = None,
-                 scope: Any = None, skip: int | None = None) -> Self: ...
+                 quorum: int = 0, kept: KeptLines | None = None,
+                 scope: int | None = None, skip: int | None = None) -> Self: ...
     def start(self) -> None: ...
+
+@final
+class KeptLines:
+    """The loads a GPU's TBs have asked for and may share, by (scope, home, region),
+    each a signal that fires with its data; its length is the loads that went out."""
+    def __new__(cls) -> Self: ...
+    def __len__(self) -> int: ...
 
 @final
 class RedPlan:

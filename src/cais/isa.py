@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from cais.engine import ArrivePerGpu, Bound, Completion, Countdown, Signal, Train
-from cais.hw.gpu import LoadPlan, LoadStream, RedPlan, RedStream, ReduceStream, SmPort
+from cais.hw.gpu import KeptLines, LoadPlan, LoadStream, RedPlan, RedStream, ReduceStream, SmPort
 from cais.hw.memory import Region, as_run
 from cais.hw.packets import Kind
 
@@ -217,7 +217,7 @@ class Isa:
 
     def ld_stream(self, src: int, loads: LoadPlan | list[StreamLoad], window: Bound, bound: Bound,
                   arrived: Countdown, cais: bool = False, quorum: int = 0,
-                  kept: dict[tuple[object, int, Region], Signal] | None = None, scope: object = None) -> None:
+                  kept: KeptLines | None = None, scope: int = 0) -> None:
         """A TB mainloop's remote loads (a :data:`StreamLoad` each), issued in this
         order by the core (:class:`cais._core.LoadStream`): each takes its bytes (at
         most a bound's limit) in the SM's ``window`` and then in the GPU's ``bound``,
@@ -225,8 +225,9 @@ class Isa:
         (``cais``: ``ld.cais``, with ``quorum`` as for :meth:`ld_cais`). When its data
         is in it gives its bytes back, calls its placer with the data (if it has one;
         data is None in timing mode) and counts into ``arrived``. Every home must be
-        another GPU. ``kept`` (a dict shared by the GPU's TBs; None: every load goes
-        out): a load whose ``(scope, home, region)`` is there joins the one asked for
+        another GPU. ``kept`` (a :class:`cais._core.KeptLines` shared by the GPU's TBs;
+        None: every load goes out): a load whose ``(scope, home, region)`` is there
+        (compared by value, in the core) joins the one asked for
         first (an L2 that keeps peer reads: a hit, or a miss in flight), taking no room
         and sending nothing; it checks before taking room and again once granted (then
         giving the room back). A load that goes out is entered there, a signal that

@@ -3,5 +3,6 @@
 //! the reduce warps of a staged NVLS AllReduce step under their window.
 //! Built on the engine and the hardware.
 
+pub mod kept;
 pub mod reduce_stream;
 pub mod stream;

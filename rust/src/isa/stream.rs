@@ -5,7 +5,7 @@
 //! when it is acknowledged.
 
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyTuple};
+use pyo3::types::PyList;
 use pyo3::{PyTraverseError, PyVisit};
 
 use crate::engine::cell::{properties, unit, GilCell, Unit, UnitState};
@@ -14,8 +14,9 @@ use crate::engine::sim::Simulator;
 use crate::engine::unit::{Event, Handler, UnitRef};
 use crate::engine::wait::{ByteBound, Countdown, Signal};
 use crate::hw::gpu::{Carry, Endpoint, Op};
-use crate::hw::region::region_bytes;
+use crate::hw::region::{region_bytes, Region};
 use crate::hw::sm_port::SmPort;
+use crate::isa::kept::{KeptLines, RegionKey};
 
 /// A request's room in the SM's window, then in its GPU's bound: at most each
 /// bound's limit (a request larger than a bound takes all of it), waiting first come,
@@ -72,9 +73,18 @@ impl Grants {
 struct Item {
     home: i64,
     region: Py<PyAny>,
+    /// Its region as a `KeptLines` key (None: the region is not a `Region`).
+    key: Option<RegionKey>,
     stripes: Py<PyList>,
     placed: Py<PyAny>,
     nbytes: i64,
+}
+
+/// An item's region as a `KeptLines` key (a kept load's region must be a `Region`).
+fn item_key(item: &Item) -> PyResult<&RegionKey> {
+    item.key.as_ref().ok_or_else(|| {
+        pyo3::exceptions::PyTypeError::new_err("a load that may join another's needs a Region as its region")
+    })
 }
 
 /// A tile's planned mainloop loads, converted once and shared by every GPU that runs
@@ -84,16 +94,6 @@ struct Item {
 #[pyclass(module = "cais._core", frozen)]
 pub struct LoadPlan {
     items: Vec<Item>,
-    /// The loads' keys in a GPU's `kept` table, (scope, home, region), made once for
-    /// the scope last asked (a kernel's TBs share one scope unless it has clusters).
-    keys: GilCell<Keys>,
-}
-
-/// [`LoadPlan::key`]'s keys, for one scope: by item, made when first asked.
-#[derive(Default)]
-struct Keys {
-    scope: Option<Py<PyAny>>,
-    by_item: Vec<Option<Py<PyTuple>>>,
 }
 
 impl LoadPlan {
@@ -105,47 +105,20 @@ impl LoadPlan {
             items.push(Item {
                 home,
                 nbytes: region_bytes(&region)?,
+                key: match region.cast::<Region>() {
+                    Ok(r) => Some(RegionKey::of(r)?),
+                    Err(_) => None,
+                },
                 region: region.unbind(),
                 stripes: stripes.unbind(),
                 placed: placed.unbind(),
             });
         }
-        Ok(LoadPlan {
-            items,
-            keys: GilCell::default(),
-        })
+        Ok(LoadPlan { items })
     }
 
     fn others(&self, skip: i64) -> impl Iterator<Item = &Item> {
         self.items.iter().filter(move |item| item.home != skip)
-    }
-
-    /// The key item `index` has in a `kept` table under `scope`: (scope, home,
-    /// region), the same tuple every time the scope is the same object (a tuple does
-    /// not keep its hash, but the table compares keys by value, so a key made again
-    /// finds what the first one entered).
-    fn key<'py>(&self, scope: &Bound<'py, PyAny>, index: usize) -> PyResult<Bound<'py, PyTuple>> {
-        let py = scope.py();
-        let mut keys = self.keys.borrow_mut(py);
-        if !keys.scope.as_ref().is_some_and(|s| s.bind(py).is(scope)) {
-            keys.scope = Some(scope.clone().unbind());
-            keys.by_item.clear();
-            keys.by_item.resize_with(self.items.len(), || None);
-        }
-        if let Some(key) = &keys.by_item[index] {
-            return Ok(key.bind(py).clone());
-        }
-        let item = &self.items[index];
-        let key = PyTuple::new(
-            py,
-            [
-                scope.clone(),
-                item.home.into_pyobject(py)?.into_any(),
-                item.region.bind(py).clone(),
-            ],
-        )?;
-        keys.by_item[index] = Some(key.clone().unbind());
-        Ok(key)
     }
 }
 
@@ -180,12 +153,6 @@ impl LoadPlan {
             visit.call(&item.region)?;
             visit.call(&item.stripes)?;
             visit.call(&item.placed)?;
-        }
-        if let Some(keys) = self.keys.during_gc() {
-            visit.call(&keys.scope)?;
-            for key in keys.by_item.iter().flatten() {
-                visit.call(key)?;
-            }
         }
         Ok(())
     }
@@ -224,16 +191,17 @@ pub(crate) struct LoadStreamState {
     /// Loads that may join another TB's (an L2 that keeps peer reads, a cluster's
     /// multicast, a staged block): what this GPU has asked for, by (scope, home,
     /// region), each a signal that fires with the data; None: every load goes out.
-    kept: Option<Py<PyDict>>,
-    scope: Py<PyAny>,
+    kept: Option<Py<KeptLines>>,
+    scope: i64,
 }
 
 unit!(LoadStream, LoadStreamState);
 
 impl LoadStreamState {
-    /// The key item `index` has in `kept`: (scope, home, region).
-    fn key<'py>(&self, py: Python<'py>, index: usize) -> PyResult<Bound<'py, PyTuple>> {
-        self.plan.get().key(self.scope.bind(py), index)
+    /// The line item `index` joins in `kept`, if one is there.
+    fn kept_line(&self, py: Python<'_>, kept: &KeptLines, index: usize) -> PyResult<Option<Py<Signal>>> {
+        let item = &self.plan.get().items[index];
+        Ok(kept.get(py, self.scope, item.home, item_key(item)?))
     }
 
     fn sim(&self, py: Python<'_>) -> Py<Simulator> {
@@ -358,11 +326,11 @@ impl LoadStream {
             let kept = me.kept.as_ref().map(|k| k.clone_ref(py));
             if let (Some(kept), 0) = (kept.as_ref(), me.grants.held) {
                 // asked for already (an L2 hit, or a miss in flight): join it
-                if let Some(line) = kept.bind(py).get_item(me.key(py, index)?)? {
+                if let Some(line) = me.kept_line(py, kept.get(), index)? {
                     me.next += 1;
                     let join = me.joined(py, index)?;
                     drop(me);
-                    Signal::on_fire(line.cast::<Signal>()?, join)?;
+                    Signal::on_fire(line.bind(py), join)?;
                     continue;
                 }
             }
@@ -375,18 +343,19 @@ impl LoadStream {
             let mut kept_line = None;
             if let Some(kept) = kept.as_ref() {
                 // another TB of this GPU may have asked for it meanwhile: join that
-                let key = me.key(py, index)?;
-                if let Some(line) = kept.bind(py).get_item(&key)? {
+                if let Some(line) = me.kept_line(py, kept.get(), index)? {
                     me.next += 1;
                     me.grants.held = 0;
                     let (bounds, join) = (me.grants.clone_bounds(py), me.joined(py, index)?);
                     drop(me);
                     Grants::give_back(py, bounds, want)?;
-                    Signal::on_fire(line.cast::<Signal>()?, join)?;
+                    Signal::on_fire(line.bind(py), join)?;
                     continue;
                 }
                 let line = Py::new(py, Signal::blank(py))?;
-                kept.bind(py).set_item(key, line.clone_ref(py))?;
+                let item = &items[index];
+                kept.get()
+                    .insert(py, me.scope, item.home, item_key(item)?, line.clone_ref(py));
                 kept_line = Some(line);
             }
             let item = &items[index];
@@ -477,8 +446,8 @@ impl LoadStream {
     /// the SM's and the GPU's bounds; `arrived`: counts the loads in;
     /// `assemble(region, stripes, parts)`: puts a load's data together from its
     /// stripes' (functional mode). `kept`: a load may join one its GPU already asked
-    /// for, keyed `(scope, home, region)` there (a signal firing with the data); None:
-    /// each goes out.
+    /// for, keyed `(scope, home, region)` there (a signal firing with the data; the
+    /// regions must be `Region`s); None: each goes out. `scope`: an int (default 0).
     #[new]
     #[pyo3(signature = (gpu, kind, loads, window, bound, arrived, assemble, quorum = 0, kept = None,
                         scope = None, skip = None))]
@@ -492,8 +461,8 @@ impl LoadStream {
         arrived: Py<Countdown>,
         assemble: Py<PyAny>,
         quorum: i64,
-        kept: Option<Py<PyDict>>,
-        scope: Option<Py<PyAny>>,
+        kept: Option<Py<KeptLines>>,
+        scope: Option<i64>,
         skip: Option<i64>,
     ) -> PyResult<Self> {
         let py = loads.py();
@@ -516,7 +485,7 @@ impl LoadStream {
             assemble,
             issued: 0,
             kept,
-            scope: scope.unwrap_or_else(|| py.None()),
+            scope: scope.unwrap_or(0),
         }))
     }
 
@@ -536,7 +505,6 @@ impl LoadStream {
         if let Some(kept) = &me.kept {
             visit.call(kept)?;
         }
-        visit.call(&me.scope)?;
         visit.call(&me.plan)
     }
 }
@@ -948,49 +916,3 @@ properties!(RedStream {
     /// Reductions issued so far.
     reductions: usize;
 });
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_plans_kept_keys_are_made_once_per_scope_and_equal_to_a_fresh_key() {
-        Python::initialize();
-        Python::attach(|py| {
-            let plan = LoadPlan {
-                items: (0..2)
-                    .map(|i| Item {
-                        home: i,
-                        region: ("buf", i).into_pyobject(py).unwrap().into_any().unbind(),
-                        stripes: PyList::empty(py).unbind(),
-                        placed: py.None(),
-                        nbytes: 8,
-                    })
-                    .collect(),
-                keys: GilCell::default(),
-            };
-            let (zero, seven) = (
-                0i64.into_pyobject(py).unwrap().into_any(),
-                7i64.into_pyobject(py).unwrap().into_any(),
-            );
-            let first = plan.key(&zero, 1).unwrap();
-            assert!(plan.key(&zero, 1).unwrap().is(&first), "made once for the scope");
-            let fresh = PyTuple::new(
-                py,
-                [
-                    zero.clone(),
-                    1i64.into_pyobject(py).unwrap().into_any(),
-                    ("buf", 1i64).into_pyobject(py).unwrap().into_any(),
-                ],
-            )
-            .unwrap();
-            assert!(first.eq(&fresh).unwrap() && first.hash().unwrap() == fresh.hash().unwrap());
-            let other = plan.key(&seven, 1).unwrap();
-            assert!(
-                !other.is(&first) && other.get_item(0).unwrap().eq(&seven).unwrap(),
-                "another scope, another key"
-            );
-            assert!(plan.key(&seven, 0).unwrap().get_item(1).unwrap().eq(0i64).unwrap());
-        });
-    }
-}

@@ -41,7 +41,7 @@ import numpy as np
 from cais.engine import Bound, Countdown, Signal
 from cais.engine.sim import ProgramGen
 from cais.hw.compute import ComputeModel
-from cais.hw.gpu import Kernel, LoadPlan, RedPlan, TbProgram
+from cais.hw.gpu import KeptLines, Kernel, LoadPlan, RedPlan, TbProgram
 from cais.hw.memory import Memory, Region
 from cais.hw.packets import Traffic
 from cais.isa import Isa, SmPort, StreamItem, StreamRed
@@ -299,7 +299,7 @@ class RemoteAccess:
         return [self.m.isa.red_op(owner, region, data, self.red_unit())]
 
     def load_stream(self, g: int, loads: LoadPlan, slots: RequestSlots, arrived: Countdown,
-                    kept: dict[tuple[object, int, Region], Signal] | None = None, scope: object = None) -> None:
+                    kept: KeptLines | None = None, scope: int = 0) -> None:
         """A TB's mainloop loads (a tile's :class:`LoadPlan`, less those whose home is
         ``g``), in order: each a plain remote ``ld`` once ``slots`` have room, counted
         into ``arrived`` when its data is in; with ``kept``, a load this GPU already
@@ -342,7 +342,7 @@ class MergeableAccess(RemoteAccess):
         return [self.m.isa.red_cais_op(owner, region, data, self.signal, self.red_unit(), self.quorum)]
 
     def load_stream(self, g: int, loads: LoadPlan, slots: RequestSlots, arrived: Countdown,
-                    kept: dict[tuple[object, int, Region], Signal] | None = None, scope: object = None) -> None:
+                    kept: KeptLines | None = None, scope: int = 0) -> None:
         self.m.isa.ld_stream(g, loads, slots.sm, slots.gpu, arrived, cais=True, quorum=self.quorum, kept=kept,
                              scope=scope)
 
@@ -475,7 +475,7 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
     store = store_epilogue(mem, gemm.ops, shape) if mem is not None else None
     # remote lines already fetched (or on their way) that later TBs of the same scope
     # (this kernel, or one TB cluster) share; keyed by (scope, home GPU, request piece)
-    kept: dict[tuple[int, int, Region], Signal] | None = {} if reuse.shares else None
+    kept = KeptLines() if reuse.shares else None
     order = reuse.launch_order(access.tile_order(shape, any(op.which == "a" and not op.k_is_tokens for op in ops)),
                                shape)
     lead = reuse.leaders(order, shape)
