@@ -8,86 +8,73 @@ use std::hash::{Hash, Hasher};
 use rustc_hash::FxHashMap as HashMap;
 
 use pyo3::prelude::*;
-use pyo3::types::PyString;
 use pyo3::{PyTraverseError, PyVisit};
 
 use crate::engine::cell::GilCell;
 use crate::engine::wait::Signal;
 use crate::hw::region::Region;
 
-/// A region as part of a [`KeptLines`] key: its fields, and its buffer's name with
-/// that name's hash (Python's, which the string keeps), so that a key is hashed and
-/// compared without entering the interpreter (names are compared by content only
-/// when two keys agree on everything else and are not the same string object).
-pub(crate) struct RegionKey {
-    buffer: Py<PyString>,
-    buffer_hash: isize,
-    fields: [i64; 5],
-}
-
-impl RegionKey {
-    pub(crate) fn of(region: &Bound<'_, Region>) -> PyResult<RegionKey> {
-        let r = region.get();
-        let buffer = r.buffer.bind(region.py());
-        Ok(RegionKey {
-            buffer_hash: buffer.hash()?,
-            buffer: buffer.clone().unbind(),
-            fields: [r.start, r.count, r.elem_bytes, r.rows, r.stride],
-        })
-    }
-}
-
-/// A load's key: its scope (which TBs share it), its home GPU and its region (its
-/// buffer's name by address: the table keeps the name alive beside its line, and a
-/// lookup's key borrows the name of the region it asks about).
+/// A load's key: its scope (which TBs share it), its home GPU and its region, with a
+/// hash of all three made once (the region's fields and its buffer name's hash,
+/// Python's, which the string keeps), so that a key is hashed and compared without
+/// entering the interpreter. The region is held by address: the table keeps it alive
+/// beside its line, and a lookup's key borrows the region it asks about. Two regions
+/// are compared by their fields, and their names by content only when all else
+/// agrees and they are not the same string object.
 #[derive(Clone, Copy)]
 struct LineKey {
     scope: i64,
     home: i64,
-    buffer_hash: isize,
-    fields: [i64; 5],
-    buffer: *mut pyo3::ffi::PyObject,
+    hash: u64,
+    region: *const Region,
 }
 
 impl LineKey {
-    fn of(scope: i64, home: i64, region: &RegionKey) -> LineKey {
-        LineKey {
+    fn of(scope: i64, home: i64, region: &Bound<'_, Region>) -> PyResult<LineKey> {
+        let r = region.get();
+        let mut h = rustc_hash::FxHasher::default();
+        (scope, home, r.buffer.bind(region.py()).hash()?).hash(&mut h);
+        (r.start, r.count, r.elem_bytes, r.rows, r.stride).hash(&mut h);
+        Ok(LineKey {
             scope,
             home,
-            buffer_hash: region.buffer_hash,
-            fields: region.fields,
-            buffer: region.buffer.as_ptr(),
-        }
+            hash: h.finish(),
+            region: r as *const Region,
+        })
     }
 }
 
 impl Hash for LineKey {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        (self.scope, self.home, self.buffer_hash, self.fields).hash(state);
+        state.write_u64(self.hash);
     }
 }
 
 impl PartialEq for LineKey {
     fn eq(&self, other: &Self) -> bool {
-        if (self.scope, self.home, self.buffer_hash, self.fields)
-            != (other.scope, other.home, other.buffer_hash, other.fields)
-        {
+        if (self.scope, self.home, self.hash) != (other.scope, other.home, other.hash) {
             return false;
         }
-        if self.buffer == other.buffer {
+        if self.region == other.region {
             return true;
         }
-        // SAFETY: both are live `str` objects (a stored key's name is held beside its
-        // line, a lookup's by the region it asks about), and a `KeptLines` is only
-        // looked into with the GIL held (its map sits in a `GilCell`).
-        unsafe { pyo3::ffi::PyUnicode_Compare(self.buffer, other.buffer) == 0 }
+        // SAFETY: both regions are alive (a stored key's is held beside its line, a
+        // lookup's by its caller), and a `KeptLines` is only looked into with the GIL
+        // held (its map sits in a `GilCell`).
+        let (a, b) = unsafe { (&*self.region, &*other.region) };
+        if (a.start, a.count, a.elem_bytes, a.rows, a.stride) != (b.start, b.count, b.elem_bytes, b.rows, b.stride) {
+            return false;
+        }
+        let (x, y) = (a.buffer.as_ptr(), b.buffer.as_ptr());
+        // SAFETY: as above; both are `str` objects.
+        x == y || unsafe { pyo3::ffi::PyUnicode_Compare(x, y) == 0 }
     }
 }
 
-// SAFETY: the pointer is only followed with the GIL held (see `PartialEq`).
-unsafe impl Send for LineKey {}
-
 impl Eq for LineKey {}
+
+// SAFETY: the region is only read with the GIL held (see `PartialEq`).
+unsafe impl Send for LineKey {}
 
 /// The loads a GPU's TBs have asked for and may share (see the module), each a signal
 /// that fires with its data: one table per GPU and kernel, filled by its TBs' load
@@ -97,26 +84,27 @@ pub struct KeptLines {
     lines: GilCell<Lines>,
 }
 
-/// Each load's line, with the buffer name its key points to.
-type Lines = HashMap<LineKey, (Py<PyString>, Py<Signal>)>;
+/// Each load's line, with the region its key points to.
+type Lines = HashMap<LineKey, (Py<Region>, Py<Signal>)>;
 
 impl KeptLines {
     /// The line asked for under (`scope`, `home`, `region`), if any.
-    pub(crate) fn get(&self, py: Python<'_>, scope: i64, home: i64, region: &RegionKey) -> Option<Py<Signal>> {
-        let key = LineKey::of(scope, home, region);
-        self.lines.borrow(py).get(&key).map(|(_, line)| line.clone_ref(py))
+    pub(crate) fn get(&self, scope: i64, home: i64, region: &Bound<'_, Region>) -> PyResult<Option<Py<Signal>>> {
+        let (py, key) = (region.py(), LineKey::of(scope, home, region)?);
+        Ok(self.lines.borrow(py).get(&key).map(|(_, line)| line.clone_ref(py)))
     }
 
     /// Enter `line` under (`scope`, `home`, `region`).
-    pub(crate) fn insert(&self, py: Python<'_>, scope: i64, home: i64, region: &RegionKey, line: Py<Signal>) {
-        let key = LineKey::of(scope, home, region);
+    pub(crate) fn insert(&self, scope: i64, home: i64, region: &Bound<'_, Region>, line: Py<Signal>) -> PyResult<()> {
+        let (py, key) = (region.py(), LineKey::of(scope, home, region)?);
         match self.lines.borrow_mut(py).entry(key) {
-            // the name its key points to stays beside it
+            // the region its key points to stays beside it
             Entry::Occupied(mut e) => e.get_mut().1 = line,
             Entry::Vacant(e) => {
-                e.insert((region.buffer.clone_ref(py), line));
+                e.insert((region.clone().unbind(), line));
             }
         }
+        Ok(())
     }
 }
 
@@ -137,8 +125,8 @@ impl KeptLines {
         let Some(lines) = self.lines.during_gc() else {
             return Ok(());
         };
-        for (buffer, line) in lines.values() {
-            visit.call(buffer)?;
+        for (region, line) in lines.values() {
+            visit.call(region)?;
             visit.call(line)?;
         }
         Ok(())
@@ -154,6 +142,7 @@ impl KeptLines {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pyo3::types::PyString;
 
     #[test]
     fn a_line_is_found_by_the_value_of_its_key() {
@@ -161,20 +150,21 @@ mod tests {
         Python::attach(|py| {
             let region = |name: &str, start: i64| {
                 let r = Region::make(PyString::new(py, name).unbind(), start, 64, 2, 1, 0);
-                RegionKey::of(&Bound::new(py, r).unwrap()).unwrap()
+                Bound::new(py, r).unwrap()
             };
             let kept = KeptLines::new();
             let line = Py::new(py, Signal::blank(py)).unwrap();
             let first = region("weights", 128);
-            kept.insert(py, 0, 1, &first, line.clone_ref(py));
-            // another string object of the same name: the same key
+            kept.insert(0, 1, &first, line.clone_ref(py)).unwrap();
+            drop(first); // the table keeps the region its key points to
+                         // another string object of the same name: the same key
             let same = region("weights", 128);
-            assert!(!same.buffer.is(&first.buffer), "two string objects");
-            assert!(kept.get(py, 0, 1, &same).is_some_and(|l| l.is(&line)));
-            assert!(kept.get(py, 1, 1, &same).is_none(), "another scope");
-            assert!(kept.get(py, 0, 2, &same).is_none(), "another home");
-            assert!(kept.get(py, 0, 1, &region("weights", 192)).is_none(), "another start");
-            assert!(kept.get(py, 0, 1, &region("weighty", 128)).is_none(), "another buffer");
+            let found = |scope, home, r: &Bound<'_, Region>| kept.get(scope, home, r).unwrap();
+            assert!(found(0, 1, &same).is_some_and(|l| l.is(&line)));
+            assert!(found(1, 1, &same).is_none(), "another scope");
+            assert!(found(0, 2, &same).is_none(), "another home");
+            assert!(found(0, 1, &region("weights", 192)).is_none(), "another start");
+            assert!(found(0, 1, &region("weighty", 128)).is_none(), "another buffer");
             assert_eq!(kept.__len__(py), 1);
         });
     }

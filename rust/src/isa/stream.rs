@@ -16,7 +16,7 @@ use crate::engine::wait::{ByteBound, Countdown, Signal};
 use crate::hw::gpu::{Carry, Endpoint, Op};
 use crate::hw::region::{region_bytes, Region};
 use crate::hw::sm_port::SmPort;
-use crate::isa::kept::{KeptLines, RegionKey};
+use crate::isa::kept::KeptLines;
 
 /// A request's room in the SM's window, then in its GPU's bound: at most each
 /// bound's limit (a request larger than a bound takes all of it), waiting first come,
@@ -73,16 +73,15 @@ impl Grants {
 struct Item {
     home: i64,
     region: Py<PyAny>,
-    /// Its region as a `KeptLines` key (None: the region is not a `Region`).
-    key: Option<RegionKey>,
     stripes: Py<PyList>,
     placed: Py<PyAny>,
     nbytes: i64,
 }
 
-/// An item's region as a `KeptLines` key (a kept load's region must be a `Region`).
-fn item_key(item: &Item) -> PyResult<&RegionKey> {
-    item.key.as_ref().ok_or_else(|| {
+/// An item's region, as a `KeptLines` key takes it (a load that may join another's
+/// must have a `Region`).
+fn kept_region<'a, 'py>(py: Python<'py>, item: &'a Item) -> PyResult<&'a Bound<'py, Region>> {
+    item.region.bind(py).cast::<Region>().map_err(|_| {
         pyo3::exceptions::PyTypeError::new_err("a load that may join another's needs a Region as its region")
     })
 }
@@ -105,10 +104,6 @@ impl LoadPlan {
             items.push(Item {
                 home,
                 nbytes: region_bytes(&region)?,
-                key: match region.cast::<Region>() {
-                    Ok(r) => Some(RegionKey::of(r)?),
-                    Err(_) => None,
-                },
                 region: region.unbind(),
                 stripes: stripes.unbind(),
                 placed: placed.unbind(),
@@ -201,7 +196,7 @@ impl LoadStreamState {
     /// The line item `index` joins in `kept`, if one is there.
     fn kept_line(&self, py: Python<'_>, kept: &KeptLines, index: usize) -> PyResult<Option<Py<Signal>>> {
         let item = &self.plan.get().items[index];
-        Ok(kept.get(py, self.scope, item.home, item_key(item)?))
+        kept.get(self.scope, item.home, kept_region(py, item)?)
     }
 
     fn sim(&self, py: Python<'_>) -> Py<Simulator> {
@@ -355,7 +350,7 @@ impl LoadStream {
                 let line = Py::new(py, Signal::blank(py))?;
                 let item = &items[index];
                 kept.get()
-                    .insert(py, me.scope, item.home, item_key(item)?, line.clone_ref(py));
+                    .insert(me.scope, item.home, kept_region(py, item)?, line.clone_ref(py))?;
                 kept_line = Some(line);
             }
             let item = &items[index];
