@@ -56,3 +56,23 @@ def test_points_leave_out_what_does_not_fit_and_name_their_world() -> None:
     assert big and {p["system"] for p in big} == {"dgx-h200", "nvl72"}
     assert prod.left_out(ctx) == 2
     assert {p["scheme"] for _, p in points} == set(prod.SCHEMES)
+
+
+def test_a_grid_point_whose_kernel_hands_every_allreduce_to_nccl_shares_the_tp_nvls_run() -> None:
+    """Of the full grid's production points, those whose scheme falls back to NCCL for
+    the period's every AllReduce name the tp-nvls point of their case as their run
+    (the sweep runs it once); the others, other point functions and a point that
+    cannot be built name themselves."""
+    from cais.reproduce.experiments.common import LAYER, TIMELINE
+    from cais.reproduce.points import same_run
+
+    points = [p for _, p in prod.production_points(Context())]
+    shared = [(p, same_run(LAYER, p)) for p in points if same_run(LAYER, p) is not p]
+    assert shared and all(p["scheme"] in ("tp-custom-ar", "tp-multimem") for p, _ in shared)
+    assert all(q == {**p, "scheme": "tp-nvls"} and q in points for p, q in shared)
+    # Llama-3-70B at TP 16 on nvl72: vLLM runs neither kernel on 16 GPUs
+    assert {p["scheme"] for p, _ in shared if p["system"] == "nvl72"} == {"tp-custom-ar", "tp-multimem"}
+    assert all(same_run(LAYER, p) is p for p in points if p["scheme"] in ("tp-nvls", "tp-fused-ar-norm", "cais"))
+    assert same_run(TIMELINE, shared[0][0]) is shared[0][0]
+    bad = {**shared[0][0], "model": "no-such-model"}
+    assert same_run(LAYER, bad) is bad

@@ -139,6 +139,27 @@ def test_custom_ar_falls_back_to_nccl_at_vllms_max_size(h100) -> None:
     assert not any(k.startswith("custom") for k in r.collectives_ran) and sum(r.collectives_ran.values()) == 2
 
 
+def test_a_production_scheme_that_hands_every_allreduce_to_nccl_is_tp_nvls_event_for_event(h100) -> None:
+    """Where vLLM's custom all-reduce hands both AllReduces to NCCL (8 MiB: not below
+    its max size), the scheme says its run is tp-nvls's, and the two runs agree in
+    everything but the scheme's name; where its kernel runs, or where the multimem
+    kernel runs, it says its own name (so a sweep runs both)."""
+    from cais.schemes import get_scheme
+
+    big, small = MID.with_run(seq=4096), MID.with_run(seq=1024)
+    custom, multimem = get_scheme("tp-custom-ar"), get_scheme("tp-multimem")
+    assert custom.same_run_as(big, 8, "prefill") == "tp-nvls"
+    assert custom.same_run_as(small, 8, "prefill") == "tp-custom-ar"
+    assert multimem.same_run_as(big, 8, "prefill") == "tp-multimem"  # up to 64 MiB on 8 GPUs
+    assert multimem.same_run_as(big, 2, "prefill") == "tp-nvls"  # 2 GPUs: vLLM calls NCCL
+    assert get_scheme("tp-nvls").same_run_as(big, 8, "prefill") == "tp-nvls"
+    assert get_scheme("cais").same_run_as(big, 8, "prefill") == "cais"
+    mine, nccl = (run_layer(h100, big, s, "prefill") for s in ("tp-custom-ar", "tp-nvls"))
+    assert mine.events == nccl.events > 0 and mine.total_us == nccl.total_us
+    a, b = mine.as_json(), nccl.as_json()
+    assert set(a) == set(b) and {k for k in a if a[k] != b[k]} == {"scheme"}
+
+
 def test_fused_removes_the_row_wise_kernel(h100) -> None:
     """The fused scheme launches no separate row-wise kernel in the forward; tp-nvls does."""
     fused = run_layer(h100, MID.with_run(seq=64), "tp-fused-ar-norm", "prefill")

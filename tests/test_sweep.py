@@ -151,6 +151,35 @@ def test_points_of_two_functions_share_one_pool_and_each_row_goes_to_its_table(t
     assert sorted(pd.read_parquet(outs[cube])["z"]) == [27, 64]
 
 
+def test_points_that_share_a_run_run_once_and_each_gets_its_own_row(tmp_path) -> None:
+    """With ``same_run``, of the points whose run is one point's only the first runs;
+    the others get its columns under their own id and keys, no wall time of their
+    own and the id of the row they share."""
+    from cais.sweep.runner import run_sweeps
+
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    points = [{"x": x, "calls": str(calls), "tag": tag} for x, tag in [(2, "a"), (2, "b"), (3, "a"), (2, "c")]]
+    asked: list[str] = []
+
+    def same(name: str, point: dict) -> dict:
+        asked.append(name)
+        return {k: v for k, v in point.items() if k != "tag"}  # the tag does not change the run
+
+    out = tmp_path / "r.parquet"
+    table = run_sweeps([(HELPER, p) for p in points], {HELPER: out}, workers=2, progress=False, same_run=same)[HELPER]
+    assert _calls(calls) == ["x2", "x3"] and asked == [HELPER] * 4  # one run for the three x = 2 points
+    assert table.attrs == {"points_run": 2, "points_reused": 0, "points_shared": 2}
+    ids = [point_id(p) for p in points]
+    t = table.set_index("point_id")
+    assert list(t.loc[ids, "y"]) == [4, 4, 9, 4] and list(t.loc[ids, "point.tag"]) == ["a", "b", "a", "c"]
+    assert list(t.loc[[ids[1], ids[3]], "same_run_as"]) == [ids[0], ids[0]]
+    assert list(t.loc[[ids[1], ids[3]], "wall_s"]) == [0.0, 0.0] and t.loc[ids[0], "wall_s"] > 0
+    assert t.loc[[ids[0], ids[2]], "same_run_as"].isna().all() and (t["status"] == "ok").all()
+    again = run_sweeps([(HELPER, p) for p in points], {HELPER: out}, workers=1, progress=False, same_run=same)[HELPER]
+    assert len(_calls(calls)) == 2 and again.attrs == {"points_run": 0, "points_reused": 4, "points_shared": 0}
+
+
 def test_failed_points_rerun_unless_keep_errors(tmp_path) -> None:
     calls = tmp_path / "calls"
     calls.mkdir()

@@ -22,6 +22,7 @@ from cais.hw.config import ConfigError, SystemConfig, apply_overrides, check_gpu
 from cais.progress import RunProgress
 from cais.provenance import collect
 from cais.results.recorder import Recorder
+from cais.schemes import get_scheme
 from cais.units import SizeError, parse_size
 from cais.workload.models import ModelSpec, load_model
 
@@ -126,6 +127,13 @@ class LayerSpec:
         """Everything :meth:`run` would refuse, without simulating (UserError)."""
         cfg, _, model = self.build()
         check_layer(cfg, model, self.scheme, self.mode, self.sms)
+
+    def same_run_as(self, built: tuple[SystemConfig, dict[str, Any], ModelSpec] | None = None) -> str:
+        """The scheme whose run of this period is this one's, event for event
+        (:meth:`cais.schemes.base.Scheme.same_run_as`): its own, or ``tp-nvls`` for a
+        production all-reduce kernel that hands the period's every AllReduce to NCCL."""
+        cfg, _, model = built or self.build()
+        return get_scheme(self.scheme).same_run_as(model, cfg.gpus, self.mode)
 
     def run(self, built: tuple[SystemConfig, dict[str, Any], ModelSpec] | None = None,
             recorder: Recorder | None = None, progress: RunProgress | None = None,

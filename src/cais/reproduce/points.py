@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from cais.errors import UserError
 from cais.experiments.spec import CollectiveRunSpec, LayerSpec, SystemSpec
 from cais.hw.config import SystemConfig
 from cais.provenance import content_hash
@@ -85,6 +86,24 @@ def layer_point(point: dict[str, Any]) -> dict[str, Any]:
                busiest_port_share=FLOAT(ports.get("busiest_share", float("nan"))),
                remote_peak_kB=FLOAT(remote.get("peak_kB", float("nan"))), **_wire(j), **_hash(cfg))
     return out
+
+
+def same_run(fn: str, point: dict[str, Any]) -> dict[str, Any]:
+    """The point whose run under the point function ``fn`` (its ``module:function``
+    name) is ``point``'s, event for event: for a layer period whose scheme runs as
+    another scheme there (:meth:`cais.schemes.base.Scheme.same_run_as`: a production
+    all-reduce kernel that hands every AllReduce of the period to NCCL runs as
+    ``tp-nvls``), that scheme's point; otherwise ``point`` itself, as for a point that
+    cannot be built (it fails alone, with its own message). The sweep runner runs one
+    point of each such set (:func:`cais.sweep.runner.run_sweeps`)."""
+    if fn != f"{__name__}:{layer_point.__name__}":
+        return point
+    try:
+        spec = layer_spec(point)
+        other = spec.same_run_as()
+    except UserError:
+        return point
+    return point if other == spec.scheme else {**point, "scheme": other}
 
 
 def timeline_point(point: dict[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from cais.hw.config import apply_overrides, load_system
 from cais.provenance import Provenance, collect
 from cais.reproduce.claims import against_full, shipped, write_claims
 from cais.reproduce.experiments import EXPERIMENTS, PAPER_SET, Context
+from cais.reproduce.points import same_run
 from cais.reproduce.report import Front, Section, write_report
 from cais.reproduce.verdict import quick_warning, why_links
 from cais.sweep.grid import point_id
@@ -33,8 +34,10 @@ class ReproduceError(UserError):
 class Outcome:
     """What a reproduction produced: per experiment its table, section and seconds (its
     runs' wall times added up, and its analysis), and the whole reproduction's wall
-    time; ``points_run``: the points it simulated, ``points_reused``: those whose row
-    was already in ``runs/`` (a resumed or ``--cached`` reproduction reuses them)."""
+    time; ``points_run``: the points it simulated, ``points_shared``: those given the
+    run of another point that is theirs event for event (:func:`cais.reproduce.points.same_run`),
+    ``points_reused``: those whose row was already in ``runs/`` (a resumed or
+    ``--cached`` reproduction reuses them)."""
 
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     sections: list[Section] = field(default_factory=list)
@@ -43,6 +46,7 @@ class Outcome:
     report_html: Path | None = None
     wall_s: float = 0.0
     points_run: int = 0
+    points_shared: int = 0
     points_reused: int = 0
 
 
@@ -140,8 +144,9 @@ def reproduce(names: list[str], ctx: Context, workers: int | None = None,
                                 for pid in t.loc[t["status"] == "ok", "point_id"].unique())
     else:
         tables = run_sweeps([job for _, points in plans for job in points], outs, workers=workers, progress=True,
-                            desc="reproduce", on_batch=analyse_ready)
+                            desc="reproduce", on_batch=analyse_ready, same_run=same_run)
         res.points_run = sum(t.attrs["points_run"] for t in tables.values())
+        res.points_shared = sum(t.attrs["points_shared"] for t in tables.values())
         res.points_reused = sum(t.attrs["points_reused"] for t in tables.values())
     older = runs_of_other_code({fn: read_table(out) for fn, out in outs.items()}, plans, provenance.commit)
     if older:
@@ -158,7 +163,9 @@ def reproduce(names: list[str], ctx: Context, workers: int | None = None,
               "in each, and its analysis; the points run in parallel, so these add up to more than the "
               "wall time): " + ", ".join(f"{k} {v:.0f}" for k, v in res.seconds.items())
               + f"; wall time in all {time.perf_counter() - t_all:.0f}; {res.points_run} points simulated now, "
-              f"{res.points_reused} reused from runs/.")] + ([older] if older else [])
+              + (f"{res.points_shared} given the run of a point that is theirs event for event (a production "
+                 "all-reduce scheme handing every AllReduce to NCCL runs as tp-nvls), " if res.points_shared else "")
+              + f"{res.points_reused} reused from runs/.")] + ([older] if older else [])
     res.wall_s = time.perf_counter() - t_all
     verdict = [f"{s.title}: {s.verdict}" for s in res.sections if s.verdict] or ["No experiment produced a verdict."]
     models = [str(m) for t in res.tables.values() if "model" in t for m in t["model"].unique()]

@@ -28,6 +28,7 @@ from cais.kernels.fused_workers import FusedPath, RowWise
 from cais.kernels.gemm import Epilogue, GemmShape, gemm_kernel, gemm_shape, store_epilogue
 from cais.kernels.remote_gemm import Drain, Operand, RemoteAccess, Sharded
 from cais.kernels.tuning import choose_for
+from cais.workload.dims import dims_for
 from cais.workload.graph import Chain, Gather, Gemm, Local, Period, RowOp
 from cais.workload.models import ModelSpec
 
@@ -309,6 +310,28 @@ class Scheme:
     #: scheme), "production" (a kernel production TP stacks run; the production experiment runs them)
     family: str = "baseline"
 
+    #: the scheme a production all-reduce kernel's period runs as where it hands every
+    #: AllReduce to NCCL (:meth:`same_run_as`)
+    NCCL_RUN = "tp-nvls"
+
+    def same_run_as(self, model: ModelSpec, n: int, mode: str) -> str:
+        """The scheme whose simulation of ``model``'s period in ``mode`` on ``n`` GPUs
+        is this scheme's, event for event: its own name, unless it is a kernel that
+        hands every AllReduce of that period to NCCL (a production kernel beyond the
+        sizes its source runs it at), which then runs as :attr:`NCCL_RUN` does. A
+        sweep runs such a pair once (``cais.reproduce.points.same_run``)."""
+        return self.name
+
+    def _as_nccl_run(self) -> str:
+        """:attr:`NCCL_RUN`, for a scheme whose every AllReduce falls back to NCCL, if it
+        runs the rest of the period as that scheme does (the same sequence
+        parallelism, fallback algorithm, switch model and VC policy); else its own name."""
+        from cais.schemes import get_scheme
+
+        nccl = get_scheme(self.NCCL_RUN)
+        alike = all(getattr(self, a) == getattr(nccl, a) for a in ("sp", "algo", "switch", "vc_policy", "vc_policies"))
+        return nccl.name if alike else self.name
+
     @property
     def in_demo(self) -> bool:
         """Whether ``cais demo`` runs it: the baselines and CAIS, not ablations or production kernels."""
@@ -411,3 +434,11 @@ class Scheme:
         if r.d.sp:
             rows = self.collective_step(r, "allgather", c.gather_src, c.gather_dst, rows, c.name)
         return [r.submit(g, r.gemm_kernel(g, c.gemm2), [rows[g]], over, c.name) for g in range(n)]
+
+
+def allreduce_bytes(model: ModelSpec, n: int, mode: str, sp: bool = False) -> int:
+    """Bytes of each AllReduce of ``model``'s period in ``mode`` on ``n`` GPUs without
+    sequence parallelism: the sub-layer's partial sums over its token rows (every
+    AllReduce of a period has this size)."""
+    d = dims_for(model, n, mode, sp)
+    return d.tokens * d.hidden * model.dtype_bytes

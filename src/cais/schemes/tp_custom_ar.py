@@ -20,7 +20,8 @@ symmetric memory enabled vLLM caps it on sm90 at 256 KiB for 8 GPUs (then
 not modelled: docs/schemes/tp-custom-ar.md."""
 
 from cais.kernels import production_ar as pa
-from cais.schemes.base import Deps, LayerRun, Scheme
+from cais.schemes.base import Deps, LayerRun, Scheme, allreduce_bytes
+from cais.workload.models import ModelSpec
 
 
 class TpCustomAr(Scheme):
@@ -33,6 +34,11 @@ class TpCustomAr(Scheme):
     summary = "basic TP: GEMM -> vLLM custom all-reduce (P2P loads, one-/two-shot by size) -> LN -> GEMM"
     registered = False
     max_size = pa.CUSTOM_MAX_SIZE
+
+    def same_run_as(self, model: ModelSpec, n: int, mode: str) -> str:
+        if pa.custom_runs(n, allreduce_bytes(model, n, mode, self.sp), self.max_size):
+            return self.name
+        return self._as_nccl_run()
 
     def allreduce(self, r: LayerRun, src: str, dst: str, deps: Deps, segment: str) -> Deps:
         n, eb = r.m.n, r.model.dtype_bytes

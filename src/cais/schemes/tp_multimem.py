@@ -16,7 +16,8 @@ is tried first, capped at 256 KiB on 8 sm90 GPUs when symmetric memory is on; th
 scheme isolates the multimem kernel. Sources: docs/schemes/tp-multimem.md."""
 
 from cais.kernels import production_ar as pa
-from cais.schemes.base import Deps, LayerRun, Scheme
+from cais.schemes.base import Deps, LayerRun, Scheme, allreduce_bytes
+from cais.workload.models import ModelSpec
 
 
 class TpMultimem(Scheme):
@@ -27,6 +28,9 @@ class TpMultimem(Scheme):
     family = "production"
     algo = "nvls"  # the fallback's algorithm where NCCL's choice is off
     summary = "basic TP: GEMM -> symmetric-memory multimem all-reduce (ld_reduce + multimem.st, no NCCL) -> LN -> GEMM"
+
+    def same_run_as(self, model: ModelSpec, n: int, mode: str) -> str:
+        return self.name if pa.multimem_runs(n, allreduce_bytes(model, n, mode, self.sp)) else self._as_nccl_run()
 
     def allreduce(self, r: LayerRun, src: str, dst: str, deps: Deps, segment: str) -> Deps:
         n, eb = r.m.n, r.model.dtype_bytes

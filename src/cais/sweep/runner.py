@@ -33,6 +33,8 @@ DEFAULT_FN = "cais.sweep.point:run_point"
 
 PointFn = Callable[[Point], Mapping[str, Any]]
 Job = tuple["str | PointFn", Point]
+#: (point function's name, point) -> the point whose run under that function is this one's
+SameRun = Callable[[str, Point], Point]
 
 
 def resolve(fn: str | PointFn) -> PointFn:
@@ -270,7 +272,7 @@ def run_sweeps(jobs: Sequence[Job], outs: Mapping[str, str | Path], *, workers: 
                ray_address: str | None = None, progress: bool = True, desc: str = "sweep",
                keep_errors: bool = False, command: str = "",
                on_batch: Callable[[Mapping[str, pd.DataFrame], set[tuple[str, str]]], None] | None = None,
-               ) -> dict[str, pd.DataFrame]:
+               same_run: SameRun | None = None) -> dict[str, pd.DataFrame]:
     """:func:`run_sweep` for the points of several functions at once: ``jobs`` are
     (function, point) pairs, started in their order in one pool (so one function's
     long last point does not leave workers idle while the next function's points
@@ -278,8 +280,12 @@ def run_sweeps(jobs: Sequence[Job], outs: Mapping[str, str | Path], *, workers: 
     ``module:function`` name). ``on_batch(tables, pending)``, if given, is called
     once before anything runs and again after each batch of finished points, with
     every function's table so far and the (function name, point id) pairs not yet
-    finished. Returns every function's whole table, each with the counts of this call
-    in its ``attrs`` (``points_run``, ``points_reused``: see :func:`run_sweep`)."""
+    finished. ``same_run(name, point)``, if given, is the point whose run under the
+    function ``name`` is ``point``'s, event for event: of the points to run that share
+    one, the first runs and the others get its row (:func:`shared_row`). Returns every
+    function's whole table, each with the counts of this call in its ``attrs``
+    (``points_run``, ``points_reused``: see :func:`run_sweep`; with ``same_run``, also
+    ``points_shared``: the points given another's row)."""
     if workers is not None and workers < 1:
         raise UserError(f"workers: expected a positive number, got {workers}")
     if workers is not None and ray_address:
@@ -294,17 +300,23 @@ def run_sweeps(jobs: Sequence[Job], outs: Mapping[str, str | Path], *, workers: 
         unique = {(_name(fn), point_id(p)): (fn, p) for fn, p in jobs}
         todo = [job for (name, pid), job in unique.items() if pid not in finished[name]]
         pending = {(_name(fn), point_id(p)) for fn, p in todo}
-        counts = {name: {"points_run": sum(n == name for n, _ in pending),
+        runs, sharers = _shared_runs(todo, same_run)
+        counts = {name: {"points_run": sum(_name(fn) == name for fn, _ in runs),
                          "points_reused": sum(n == name and pid in finished[name] for n, pid in unique)}
                   for name in outs}
+        if same_run is not None:
+            for name in outs:
+                counts[name]["points_shared"] = sum(len(ps) for (n, _), ps in sharers.items() if n == name)
         bar, task = _progress(progress, desc, len(todo), len(unique) - len(todo))
         failed = 0
         if on_batch is not None:
             on_batch({name: store.table for name, store in stores.items()}, set(pending))
-        batches = (_ray(todo, ray_address) if ray_address else
-                   _local(todo, min(workers or os.cpu_count() or 1, max(1, len(todo)))))
+        batches = (_ray(runs, ray_address) if ray_address else
+                   _local(runs, min(workers or os.cpu_count() or 1, max(1, len(runs)))))
         with bar, closing(batches):
             for batch in batches:
+                batch = [(name, r) for name, row in batch
+                         for r in (row, *(shared_row(row, p) for p in sharers.get((name, row["point_id"]), ())))]
                 stamp = {"provenance.version": package_version(), "provenance.commit": git_commit(),
                          "provenance.date": now_utc()}
                 by_fn: dict[str, list[dict[str, Any]]] = {}
@@ -322,6 +334,34 @@ def run_sweeps(jobs: Sequence[Job], outs: Mapping[str, str | Path], *, workers: 
     for name, table in tables.items():
         table.attrs.update(counts[name])
     return tables
+
+
+def _shared_runs(todo: Sequence[Job], same_run: SameRun | None
+                 ) -> tuple[list[Job], dict[tuple[str, str], list[Point]]]:
+    """The jobs to run, in order (the first of each set of jobs whose points share a
+    run, :func:`run_sweeps`), and by (function name, point id) of each such first job
+    the points of the others."""
+    if same_run is None:
+        return list(todo), {}
+    first: dict[tuple[str, str], Job] = {}
+    sharers: dict[tuple[str, str], list[Point]] = {}
+    for fn, p in todo:
+        name = _name(fn)
+        lead = first.setdefault((name, point_id(same_run(name, p))), (fn, p))
+        if lead[1] is not p:
+            sharers.setdefault((name, point_id(lead[1])), []).append(p)
+    return list(first.values()), sharers
+
+
+def shared_row(row: Mapping[str, Any], point: Point) -> dict[str, Any]:
+    """The row of ``point`` whose run is the one ``row`` is of (``same_run``): that
+    row's status and columns, under ``point``'s id and keys, with no wall time of its
+    own (``wall_s`` 0) and the id of the row it shares in ``same_run_as``."""
+    out: dict[str, Any] = {"point_id": point_id(point), "status": row["status"], "error": row["error"],
+                           "wall_s": 0.0, **flatten(point, "point.")}
+    out.update({k: v for k, v in row.items() if k not in out and not k.startswith("point.")})
+    out["same_run_as"] = row["point_id"]
+    return out
 
 
 def summary(table: pd.DataFrame, points: Sequence[Point]) -> tuple[int, int]:
