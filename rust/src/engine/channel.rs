@@ -248,7 +248,8 @@ impl Channel {
             let mut pick: Option<usize> = None;
             let mut credit_t = 0;
             for j in 0..n_active {
-                let vc = me.active[(first + j) % n_active];
+                let at = first + j; // below 2 * n_active: one subtraction wraps it
+                let vc = me.active[if at >= n_active { at - n_active } else { at }];
                 if me.credits.is_none() {
                     pick = Some(vc);
                     break;
@@ -273,7 +274,7 @@ impl Channel {
                 let at = me.active.iter().position(|&v| v == pick).expect("active");
                 me.active.remove(at);
             }
-            me.rr = (pick + 1) % me.queues.len();
+            me.rr = if pick + 1 == me.queues.len() { 0 } else { pick + 1 };
             me.queued -= 1;
             ((q, credit_t), now)
         };

@@ -159,17 +159,17 @@ impl Queue {
     }
 
     /// The schedule order of an event to be queued later (`push_as`).
+    #[inline]
     fn reserve(&mut self) -> PyResult<u64> {
         if self.seq >= MAX_SEQ {
-            return Err(PyValueError::new_err(format!(
-                "a simulation schedules at most {MAX_SEQ} events"
-            )));
+            return Err(too_many_scheduled());
         }
         self.seq += 1;
         Ok(self.seq)
     }
 
     /// Queue an action at `time` with the schedule order `seq` reserved for it.
+    #[inline]
     fn push_as(&mut self, time: i64, seq: u64, action: Action) -> PyResult<()> {
         debug_assert!(time >= 0, "times are not negative");
         let slot = match self.free.pop() {
@@ -179,10 +179,7 @@ impl Queue {
             }
             None => {
                 if self.actions.len() > SLOT_MASK as usize {
-                    return Err(PyValueError::new_err(format!(
-                        "at most {} events may wait in the queue at once",
-                        SLOT_MASK + 1
-                    )));
+                    return Err(too_many_waiting());
                 }
                 self.actions.push(Some(action));
                 (self.actions.len() - 1) as u32
@@ -205,6 +202,21 @@ impl Queue {
         self.by_kind[action.kind()] += 1;
         Some((time, action))
     }
+}
+
+/// The error of a run that schedules more events than a key's order holds.
+#[cold]
+fn too_many_scheduled() -> PyErr {
+    PyValueError::new_err(format!("a simulation schedules at most {MAX_SEQ} events"))
+}
+
+/// The error of a queue asked to hold more events than a key's slot holds.
+#[cold]
+fn too_many_waiting() -> PyErr {
+    PyValueError::new_err(format!(
+        "at most {} events may wait in the queue at once",
+        SLOT_MASK + 1
+    ))
 }
 
 impl Simulator {
@@ -261,6 +273,7 @@ impl Simulator {
     }
 
     /// Schedule an action at `time` (the caller has checked it is not in the past).
+    #[inline]
     pub(crate) fn push(&self, py: Python<'_>, time: i64, action: Action) -> PyResult<()> {
         self.q.borrow_mut(py).push(time, action)
     }
@@ -268,11 +281,13 @@ impl Simulator {
     /// The schedule order of an event that will be queued later with `push_as`: it
     /// runs where an event scheduled now would (before any scheduled after this call
     /// for the same time), however late it is queued, if queued before its time.
+    #[inline]
     pub(crate) fn reserve(&self, py: Python<'_>) -> PyResult<u64> {
         self.q.borrow_mut(py).reserve()
     }
 
     /// Queue an action at `time` in the schedule order `seq` reserved for it.
+    #[inline]
     pub(crate) fn push_as(&self, py: Python<'_>, time: i64, seq: u64, action: Action) -> PyResult<()> {
         self.q.borrow_mut(py).push_as(time, seq, action)
     }
@@ -417,6 +432,10 @@ impl Simulator {
             (q.tick.as_ref().map(|t| t.clone_ref(py)), q.tick_every.max(1))
         };
         let mut count: i64 = 0;
+        // the event counts at which the loop next looks for Ctrl-C and calls `tick`
+        // (one comparison per event instead of a division)
+        let mut next_look = SIGNAL_CHECK_EVERY.min(if tick.is_some() { every } else { i64::MAX });
+        let (mut next_signal, mut next_tick) = (SIGNAL_CHECK_EVERY, every);
         let mut outcome = Ok(());
         loop {
             let Some((time, action)) = me.q.borrow_mut(py).pop(until) else {
@@ -428,15 +447,20 @@ impl Simulator {
                 break;
             }
             count += 1;
-            if count % SIGNAL_CHECK_EVERY == 0 {
+            if count < next_look {
+                continue;
+            }
+            if count == next_signal {
                 // a stretch of the core's own events runs no Python: let Ctrl-C in
+                next_signal += SIGNAL_CHECK_EVERY;
                 if let Err(err) = py.check_signals() {
                     outcome = Err(err);
                     break;
                 }
             }
             if let Some(t) = &tick {
-                if count % every == 0 {
+                if count == next_tick {
+                    next_tick += every;
                     let total = me.q.borrow(py).events + count;
                     if let Err(err) = t.call1(py, (time, total)) {
                         outcome = Err(err);
@@ -444,6 +468,7 @@ impl Simulator {
                     }
                 }
             }
+            next_look = next_signal.min(if tick.is_some() { next_tick } else { i64::MAX });
         }
         me.q.borrow_mut(py).events += count;
         outcome.map(|()| me.now())

@@ -74,7 +74,10 @@ impl Held {
     /// of whether this thread is attached, as dropping a `Py` does).
     pub(crate) fn release(self, py: Python<'_>) {
         let Held { credits, objects } = self;
-        for o in std::iter::once(credits).chain(objects).flatten() {
+        if let Some(c) = credits {
+            drop(c.into_bound(py));
+        }
+        for o in objects.into_iter().flatten() {
             drop(o.into_bound(py));
         }
     }
