@@ -144,9 +144,10 @@ struct Queue {
     tick_every: i64,
     /// Trains that reached the end of their way with nobody else holding them, their
     /// fields cleared, for the units to fill again (`new_train`). Not capped: it never
-    /// holds more objects than were trains at once, so it adds nothing to the peak (a
-    /// cap of 4,096 made a 16-GPU `nvl72` NVLS layer allocate 1.26 M trains instead of
-    /// 0.43 M, each a tracked object for the cyclic collector; docs/core.md).
+    /// holds more objects than were trains at once (a cap of 4,096 made a 16-GPU
+    /// `nvl72` NVLS layer allocate 1.26 M trains instead of 0.43 M, each a tracked
+    /// object for the cyclic collector; docs/core.md); emptied when `run` finds the
+    /// queue empty.
     spare: Vec<Py<Train>>,
 }
 
@@ -470,7 +471,19 @@ impl Simulator {
             }
             next_look = next_signal.min(if tick.is_some() { next_tick } else { i64::MAX });
         }
-        me.q.borrow_mut(py).events += count;
+        let spare = {
+            let mut q = me.q.borrow_mut(py);
+            q.events += count;
+            // the queue ran dry: nothing is left to send, so the kept trains go now rather
+            // than with the simulator (which a reference cycle may keep until the cyclic
+            // collector's next full pass, while a sweep's worker runs its next point)
+            if q.heap.is_empty() {
+                std::mem::take(&mut q.spare)
+            } else {
+                Vec::new()
+            }
+        };
+        drop(spare);
         outcome.map(|()| me.now())
     }
 
@@ -594,6 +607,35 @@ mod tests {
             assert_eq!((t.payload, t.kind, t.src, t.dst), (8, 2, 3, 4));
             assert!(t.data.is_none(), "with nothing of its earlier life");
             assert_eq!(sim.q.borrow(py).spare.len(), 0);
+        });
+    }
+
+    #[test]
+    fn the_kept_trains_go_when_the_queue_runs_dry_and_not_before() {
+        Python::initialize();
+        Python::attach(|py| {
+            let sim = Bound::new(py, Simulator::new()).unwrap();
+            let me = sim.get();
+            let trains: Vec<_> = (0..3)
+                .map(|_| me.new_train(py, TrainState::blank(8, 24, 24, 2, 0, 1)).unwrap())
+                .collect();
+            for t in trains {
+                me.recycle(py, t);
+            }
+            assert_eq!(me.q.borrow(py).spare.len(), 3);
+            let noop = py.eval(c"lambda: None", None, None).unwrap().unbind();
+            for time in [10, 20] {
+                me.push(py, time, Action::Call(noop.clone_ref(py), PyTuple::empty(py).unbind()))
+                    .unwrap();
+            }
+            Simulator::run(&sim, Some(15)).unwrap();
+            assert_eq!(me.q.borrow(py).spare.len(), 3, "kept while events wait");
+            Simulator::run(&sim, None).unwrap();
+            assert_eq!(
+                (me.now(), me.q.borrow(py).spare.len()),
+                (20, 0),
+                "let go once none is left"
+            );
         });
     }
 }
