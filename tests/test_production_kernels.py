@@ -152,8 +152,10 @@ def test_a_production_scheme_that_hands_every_allreduce_to_nccl_is_tp_nvls_event
     assert custom.same_run_as(small, 8, "prefill") == "tp-custom-ar"
     assert multimem.same_run_as(big, 8, "prefill") == "tp-multimem"  # up to 64 MiB on 8 GPUs
     assert multimem.same_run_as(big, 2, "prefill") == "tp-nvls"  # 2 GPUs: vLLM calls NCCL
-    assert get_scheme("tp-nvls").same_run_as(big, 8, "prefill") == "tp-nvls"
-    assert get_scheme("cais").same_run_as(big, 8, "prefill") == "cais"
+    from cais.schemes import _discover
+
+    others = [name for name in _discover() if name not in ("tp-custom-ar", "tp-multimem")]
+    assert len(others) > 10 and all(get_scheme(s).same_run_as(big, 2, "prefill") == s for s in others)
     mine, nccl = (run_layer(h100, big, s, "prefill") for s in ("tp-custom-ar", "tp-nvls"))
     assert mine.events == nccl.events > 0 and mine.total_us == nccl.total_us
     a, b = mine.as_json(), nccl.as_json()

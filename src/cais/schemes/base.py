@@ -294,6 +294,12 @@ class LayerRun:
                                                   staging=f"{spec.staging}{self.collectives}"))
 
 
+#: the methods through which a scheme runs a period besides :meth:`Scheme.allreduce`, and
+#: the settings it runs them with (what :meth:`Scheme.same_run_as` compares)
+_PERIOD_METHODS = ("run", "local", "local_gemm", "collective_step", "gather", "chain")
+_RUN_SETTINGS = ("sp", "algo", "switch", "vc_policy", "vc_policies")
+
+
 class Scheme:
     """A way of running tensor-parallel layers: a name, whether activations are
     sequence-parallel between GEMMs, and how each segment of the period runs. This
@@ -314,23 +320,29 @@ class Scheme:
     #: AllReduce to NCCL (:meth:`same_run_as`)
     NCCL_RUN = "tp-nvls"
 
+    def hands_to_nccl(self, n: int, nbytes: int) -> bool:
+        """Whether this scheme's :meth:`allreduce` of ``nbytes`` on ``n`` GPUs is NCCL's
+        (:meth:`collective_step`): always, but for a production kernel, which says at
+        which sizes its source runs it instead (the one rule its :meth:`allreduce`
+        and :meth:`same_run_as` both read)."""
+        return True
+
     def same_run_as(self, model: ModelSpec, n: int, mode: str) -> str:
         """The scheme whose simulation of ``model``'s period in ``mode`` on ``n`` GPUs
-        is this scheme's, event for event: its own name, unless it is a kernel that
-        hands every AllReduce of that period to NCCL (a production kernel beyond the
-        sizes its source runs it at), which then runs as :attr:`NCCL_RUN` does. A
-        sweep runs such a pair once (``cais.reproduce.points.same_run``)."""
-        return self.name
-
-    def _as_nccl_run(self) -> str:
-        """:attr:`NCCL_RUN`, for a scheme whose every AllReduce falls back to NCCL, if it
-        runs the rest of the period as that scheme does (the same sequence
-        parallelism, fallback algorithm, switch model and VC policy); else its own name."""
+        is this scheme's, event for event: its own name, unless it hands every
+        AllReduce of that period to NCCL (:meth:`hands_to_nccl`) and runs the rest of
+        it with :attr:`NCCL_RUN`'s code and settings (no other method of the period
+        overridden; the same sequence parallelism, fallback algorithm, switch model
+        and VC policy): then that scheme's name. A sweep runs such a pair once
+        (``cais.reproduce.points.same_run``)."""
         from cais.schemes import get_scheme
 
         nccl = get_scheme(self.NCCL_RUN)
-        alike = all(getattr(self, a) == getattr(nccl, a) for a in ("sp", "algo", "switch", "vc_policy", "vc_policies"))
-        return nccl.name if alike else self.name
+        if nccl.name == self.name or not self.hands_to_nccl(n, allreduce_bytes(model, n, mode, self.sp)):
+            return self.name
+        same_code = all(getattr(type(self), m) is getattr(type(nccl), m) for m in _PERIOD_METHODS)
+        same_settings = all(getattr(self, a) == getattr(nccl, a) for a in _RUN_SETTINGS)
+        return nccl.name if same_code and same_settings else self.name
 
     @property
     def in_demo(self) -> bool:

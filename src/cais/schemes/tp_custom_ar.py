@@ -20,8 +20,7 @@ symmetric memory enabled vLLM caps it on sm90 at 256 KiB for 8 GPUs (then
 not modelled: docs/schemes/tp-custom-ar.md."""
 
 from cais.kernels import production_ar as pa
-from cais.schemes.base import Deps, LayerRun, Scheme, allreduce_bytes
-from cais.workload.models import ModelSpec
+from cais.schemes.base import Deps, LayerRun, Scheme
 
 
 class TpCustomAr(Scheme):
@@ -35,16 +34,14 @@ class TpCustomAr(Scheme):
     registered = False
     max_size = pa.CUSTOM_MAX_SIZE
 
-    def same_run_as(self, model: ModelSpec, n: int, mode: str) -> str:
-        if pa.custom_runs(n, allreduce_bytes(model, n, mode, self.sp), self.max_size):
-            return self.name
-        return self._as_nccl_run()
+    def hands_to_nccl(self, n: int, nbytes: int) -> bool:
+        return not pa.custom_runs(n, nbytes, self.max_size)
 
     def allreduce(self, r: LayerRun, src: str, dst: str, deps: Deps, segment: str) -> Deps:
         n, eb = r.m.n, r.model.dtype_bytes
         count = r.d.tokens * r.d.hidden
         nbytes = count * eb
-        if not pa.custom_runs(n, nbytes, self.max_size):
+        if self.hands_to_nccl(n, nbytes):
             return super().allreduce(r, src, dst, deps, segment)
         copy = 0 if self.registered else pa.copy_time_ps(r.m, nbytes)
         spec = pa.ProductionAr("custom", pa.custom_path(n, nbytes), count, eb, src, dst, pa.custom_blocks(nbytes),

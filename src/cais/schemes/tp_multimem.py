@@ -16,8 +16,7 @@ is tried first, capped at 256 KiB on 8 sm90 GPUs when symmetric memory is on; th
 scheme isolates the multimem kernel. Sources: docs/schemes/tp-multimem.md."""
 
 from cais.kernels import production_ar as pa
-from cais.schemes.base import Deps, LayerRun, Scheme, allreduce_bytes
-from cais.workload.models import ModelSpec
+from cais.schemes.base import Deps, LayerRun, Scheme
 
 
 class TpMultimem(Scheme):
@@ -29,14 +28,14 @@ class TpMultimem(Scheme):
     algo = "nvls"  # the fallback's algorithm where NCCL's choice is off
     summary = "basic TP: GEMM -> symmetric-memory multimem all-reduce (ld_reduce + multimem.st, no NCCL) -> LN -> GEMM"
 
-    def same_run_as(self, model: ModelSpec, n: int, mode: str) -> str:
-        return self.name if pa.multimem_runs(n, allreduce_bytes(model, n, mode, self.sp)) else self._as_nccl_run()
+    def hands_to_nccl(self, n: int, nbytes: int) -> bool:
+        return not pa.multimem_runs(n, nbytes)
 
     def allreduce(self, r: LayerRun, src: str, dst: str, deps: Deps, segment: str) -> Deps:
         n, eb = r.m.n, r.model.dtype_bytes
         count = r.d.tokens * r.d.hidden
         nbytes = count * eb
-        if not pa.multimem_runs(n, nbytes):
+        if self.hands_to_nccl(n, nbytes):
             return super().allreduce(r, src, dst, deps, segment)
         copy = pa.copy_time_ps(r.m, nbytes)
         spec = pa.ProductionAr("multimem", "twoshot", count, eb, src, dst, pa.multimem_blocks(nbytes, n), copy,
