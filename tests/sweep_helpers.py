@@ -48,3 +48,19 @@ def held_point(point: dict[str, Any]) -> dict[str, Any]:
         while not Path(point["release"]).exists() and time.monotonic() < deadline:
             time.sleep(0.05)
     return run_point({k: v for k, v in point.items() if k not in ("calls", "hold", "release")})
+
+
+def cyclic(point: dict[str, Any]) -> dict[str, Any]:
+    """Leave garbage in a reference cycle (as a finished machine does) that touches the
+    file ``<point["dir"]>/freed-<x>`` when it is collected; report whether the previous
+    point's (x - 1) had been collected when this one started."""
+    import weakref
+
+    before = Path(point["dir"], f"freed-{point['x'] - 1}").exists()
+    node: dict[str, Any] = {}
+    node["self"] = node  # a cycle: only the cyclic collector frees it
+    holder = type("Holder", (), {})()
+    holder.node = node
+    node["holder"] = holder
+    weakref.finalize(holder, Path(point["dir"], f"freed-{point['x']}").touch)
+    return {"previous_freed": before}

@@ -180,6 +180,21 @@ def test_points_that_share_a_run_run_once_and_each_gets_its_own_row(tmp_path) ->
     assert len(_calls(calls)) == 2 and again.attrs == {"points_run": 0, "points_reused": 4, "points_shared": 0}
 
 
+def test_a_points_garbage_is_collected_before_the_next_point_starts(tmp_path) -> None:
+    # the cyclic collector switched off: only the runner's own collection can free it
+    import gc
+    points = expand({"fixed": {"dir": str(tmp_path)}, "grid": {"x": [1, 2, 3]}}, validate=False)
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        table = run_sweep(points, tmp_path / "r.parquet", fn="sweep_helpers:cyclic", workers=1, progress=False)
+    finally:
+        if was:
+            gc.enable()
+    assert list(table.sort_values("point.x")["previous_freed"]) == [False, True, True]
+    assert sorted(p.name for p in tmp_path.glob("freed-*")) == ["freed-1", "freed-2", "freed-3"]
+
+
 def test_failed_points_rerun_unless_keep_errors(tmp_path) -> None:
     calls = tmp_path / "calls"
     calls.mkdir()
