@@ -50,17 +50,24 @@ def held_point(point: dict[str, Any]) -> dict[str, Any]:
     return run_point({k: v for k, v in point.items() if k not in ("calls", "hold", "release")})
 
 
+
+_HOLDERS: list[Any] = []  # this process's weak references to what cyclic() left
+
+
 def cyclic(point: dict[str, Any]) -> dict[str, Any]:
-    """Leave garbage in a reference cycle (as a finished machine does) that touches the
-    file ``<point["dir"]>/freed-<x>`` when it is collected; report whether the previous
-    point's (x - 1) had been collected when this one started."""
+    """Switch this process's cyclic collector off and leave garbage in a reference
+    cycle, as a finished machine does; report how many points this process ran before
+    and how many of their cycles were still in memory when this one started."""
+    import gc
     import weakref
 
-    before = Path(point["dir"], f"freed-{point['x'] - 1}").exists()
+    gc.disable()  # only the sweep runner's own collection can free a cycle now
+    alive = sum(ref() is not None for ref in _HOLDERS)
     node: dict[str, Any] = {}
-    node["self"] = node  # a cycle: only the cyclic collector frees it
+    node["self"] = node
     holder = type("Holder", (), {})()
     holder.node = node
     node["holder"] = holder
-    weakref.finalize(holder, Path(point["dir"], f"freed-{point['x']}").touch)
-    return {"previous_freed": before}
+    earlier = len(_HOLDERS)
+    _HOLDERS.append(weakref.ref(holder))
+    return {"earlier_points": earlier, "earlier_alive": alive, "pid": os.getpid()}

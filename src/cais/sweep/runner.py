@@ -72,14 +72,7 @@ def call_point(fn: str | PointFn, point: Point) -> dict[str, Any]:
     ``error`` (None when ok), ``wall_s``, the point's keys as ``point.<key>``, then the
     function's columns. Never raises for the point's own failure: any exception
     becomes status ``error`` with its one-line message (``CAIS_DEBUG=1`` also prints
-    the traceback on stderr). This is what local workers and Ray tasks execute.
-
-    The point's garbage is collected before the row is returned (not counted in
-    ``wall_s``): a finished machine lives in reference cycles (its TB programs' closures
-    hold it) until the cyclic collector's next full pass, which the next point's run
-    may not reach for a long time, so a worker would start its next point with the last
-    one's machine still in memory (a full grid's peak RSS went from 3.1 to 3.4 GB that
-    way; docs/core.md)."""
+    the traceback on stderr). Worker processes run it through :func:`worker_point`."""
     t0 = time.perf_counter()
     status, error, out = "ok", None, {}
     try:
@@ -95,7 +88,23 @@ def call_point(fn: str | PointFn, point: Point) -> dict[str, Any]:
                            "wall_s": time.perf_counter() - t0}
     row.update(flatten(point, "point."))
     row.update({k: v for k, v in out.items() if k not in META_COLUMNS and k not in row})
+    return row
+
+
+def worker_point(fn: str | PointFn, point: Point) -> dict[str, Any]:
+    """:func:`call_point` in a worker process of the sweep's own (a local pool's or a
+    Ray task's), then the point's garbage collected, before the worker takes its next
+    point. A finished machine lives in reference cycles (its TB programs' closures hold
+    it) until the cyclic collector's next full pass, which the next point's run may not
+    reach for a long time, so the worker would start its next point with the last one's
+    machine still in memory (a full grid's peak RSS went from 3.1 to 3.4 GB that way;
+    docs/core.md). What survives the collection is then frozen out of later collections
+    (``gc.freeze``: the worker's modules and caches, not walked again after every point),
+    so a collection costs what the point left, not the process's size. A process that
+    is not the sweep's (the caller's, for one worker) is left to its own collector."""
+    row = call_point(fn, point)
     gc.collect()
+    gc.freeze()
     return row
 
 
@@ -112,7 +121,7 @@ def _local(jobs: Sequence[Job], workers: int) -> Iterator[list[Done]]:
         return
     ctx = multiprocessing.get_context("spawn")
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_ignore_sigint)
-    pending: dict[Future[dict[str, Any]], Job] = {pool.submit(call_point, fn, p): (fn, p) for fn, p in jobs}
+    pending: dict[Future[dict[str, Any]], Job] = {pool.submit(worker_point, fn, p): (fn, p) for fn, p in jobs}
     try:
         while pending:
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
@@ -166,7 +175,7 @@ def _ray(jobs: Sequence[Job], address: str) -> Iterator[list[Done]]:
             raise UserError(f"ray: cannot connect to a Ray cluster at '{address}': {one_line(exc)}") from None
     pending: dict[Any, Job] = {}
     try:
-        task = ray.remote(num_cpus=1, max_retries=1)(call_point)
+        task = ray.remote(num_cpus=1, max_retries=1)(worker_point)
         pending = {task.remote(fn, p): (fn, p) for fn, p in jobs}
         while pending:
             ready, rest = ray.wait(list(pending), num_returns=1)
