@@ -43,6 +43,32 @@ pub(crate) enum Action {
 const KINDS: [&str; 5] = ["call", "arbitrate", "arrive", "step", "due"];
 
 impl Action {
+    /// Ask the memory system for the objects this action will touch first (a
+    /// prefetch: a hint that changes no result). On a large machine an event costs
+    /// mostly its misses in the cache: the train, the channel and the unit it reaches
+    /// were last touched thousands of events earlier.
+    #[inline]
+    fn prefetch(&self) {
+        match self {
+            Action::Call(f, _) => prefetch(f.as_ptr() as *const u8, 1),
+            Action::Arbitrate(ch, _) => prefetch(ch.as_ptr() as *const u8, CHANNEL_LINES),
+            Action::Arrive(ch, train, deliver) => {
+                prefetch(train.as_ptr() as *const u8, TRAIN_LINES);
+                prefetch(ch.as_ptr() as *const u8, CHANNEL_LINES);
+                if let Sink::Unit(unit) = deliver {
+                    prefetch(unit.as_ptr(), UNIT_LINES);
+                }
+            }
+            Action::Step(p) => prefetch(p.as_ptr() as *const u8, UNIT_LINES),
+            Action::Due(unit, _, train) => {
+                prefetch(unit.as_ptr(), UNIT_LINES);
+                if let Some(t) = train {
+                    prefetch(t.as_ptr() as *const u8, TRAIN_LINES);
+                }
+            }
+        }
+    }
+
     /// Its index in [`KINDS`].
     #[inline]
     fn kind(&self) -> usize {
@@ -54,6 +80,26 @@ impl Action {
             Action::Due(..) => 4,
         }
     }
+}
+
+/// Cache lines prefetched of a train (its object: header, cell and fields), of a
+/// channel and of a unit (the start of its state).
+const TRAIN_LINES: usize = 4;
+const CHANNEL_LINES: usize = 6;
+const UNIT_LINES: usize = 4;
+
+/// Ask for the `lines` cache lines from `ptr` (a hint: no fault, no result changes).
+#[inline(always)]
+fn prefetch(ptr: *const u8, lines: usize) {
+    #[cfg(target_arch = "x86_64")]
+    for i in 0..lines {
+        // SAFETY: a prefetch reads nothing the program sees and does not fault
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(ptr.wrapping_add(i * 64) as *const i8)
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (ptr, lines);
 }
 
 /// An event's place in the queue, one 16-byte key the heap moves (not the action):
@@ -201,7 +247,31 @@ impl Queue {
         let action = self.actions[slot].take().expect("a queued event has its action");
         self.free.push(slot as u32);
         self.by_kind[action.kind()] += 1;
+        self.look_ahead();
         Some((time, action))
+    }
+
+    /// Prefetch for the events to come while this one runs: what the next event's
+    /// action touches (its slot was asked for one event earlier), and the slot of the
+    /// one after it (the earlier of the root's children). An event queued meanwhile
+    /// may come first instead; the hints are then wasted, nothing else.
+    #[inline]
+    fn look_ahead(&self) {
+        let heap = self.heap.as_slice();
+        let Some(next) = heap.first() else {
+            return;
+        };
+        if let Some(action) = &self.actions[next.slot()] {
+            action.prefetch();
+        }
+        let after = match (heap.get(1), heap.get(2)) {
+            (Some(a), Some(b)) => Some(if a.key < b.key { a } else { b }),
+            (a, _) => a,
+        };
+        if let Some(e) = after {
+            // a slot may straddle two lines
+            prefetch(self.actions.as_ptr().wrapping_add(e.slot()) as *const u8, 2);
+        }
     }
 }
 
