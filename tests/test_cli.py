@@ -207,6 +207,23 @@ def test_ctrl_c_is_one_line_and_exit_code_130(monkeypatch, capsys) -> None:
     assert capsys.readouterr().err == "cais: interrupted\n"
 
 
+def test_a_stopped_command_line_freezes_what_it_leaves_and_a_callers_process_is_untouched() -> None:
+    # the command line's own process (argv None): what an interrupted run left is kept out
+    # of the collection at exit; main() given argv (a caller's process) freezes nothing
+    code = ("import gc, sys\n"
+            "import cais.cli as cli\n"
+            "def stop(args):\n"
+            "    raise KeyboardInterrupt\n"
+            "cli.cmd_systems = stop\n"
+            "assert cli.main(['systems']) == 130 and gc.get_freeze_count() == 0\n"
+            "sys.argv = ['cais', 'systems']\n"
+            "print(cli.main(), gc.get_freeze_count() > 0)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["130", "True"]
+    assert proc.stderr == "cais: interrupted\ncais: interrupted\n"
+
+
 def test_every_option_of_every_command_has_help_text() -> None:
     import argparse
 
