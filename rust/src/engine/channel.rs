@@ -15,7 +15,7 @@ use pyo3::{PyTraverseError, PyVisit};
 
 use super::cell::{properties, unit, GilCell, Unit, UnitState};
 use super::credits::{true_div, Credits};
-use super::sim::{Action, Clock, Simulator};
+use super::sim::{Action, Clock, Likely, Simulator};
 use super::train::Train;
 use super::unit::{unexpected, Event, Handler, UnitRef};
 
@@ -168,9 +168,30 @@ impl ChannelState {
         }
         self.armed_at = at;
         self.generation += 1;
-        self.sim
-            .get()
-            .push(py, at, Action::Arbitrate(this.clone().unbind(), self.generation))
+        let likely = self.likely();
+        self.sim.get().push(
+            py,
+            at,
+            Action::Arbitrate(this.clone().unbind(), self.generation, likely),
+        )
+    }
+
+    /// Where the train the next arbitration would start as things stand lives: the
+    /// head of the first VC with trains at or after the round-robin pointer.
+    fn likely(&self) -> Likely {
+        let n = self.active.len();
+        if n == 0 {
+            return Likely::NONE;
+        }
+        let first = self.active.partition_point(|&v| v < self.rr);
+        let vc = self.active[if first == n { 0 } else { first }];
+        match self.queues[vc].front() {
+            Some(q) => Likely {
+                queued: q as *const Queued as *const u8,
+                train: q.train.as_ptr() as *const u8,
+            },
+            None => Likely::NONE,
+        }
     }
 
     /// The earliest start the credits allow the VC's head train (no earlier than the

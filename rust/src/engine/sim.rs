@@ -29,8 +29,9 @@ const SIGNAL_CHECK_EVERY: i64 = 4096;
 pub(crate) enum Action {
     /// `fn(*args)`, a Python callable.
     Call(Py<PyAny>, Py<PyTuple>),
-    /// A channel's arbiter runs (stale unless its generation is current).
-    Arbitrate(Py<Channel>, u64),
+    /// A channel's arbiter runs (stale unless its generation is current); the
+    /// addresses of the train it will likely start, for a prefetch.
+    Arbitrate(Py<Channel>, u64, Likely),
     /// A train's tail reaches the far end of a channel, which delivers it.
     Arrive(Py<Channel>, Py<Train>, Sink),
     /// A TB program resumes after a delay it yielded.
@@ -51,7 +52,11 @@ impl Action {
     fn prefetch(&self) {
         match self {
             Action::Call(f, _) => prefetch(f.as_ptr() as *const u8, 1),
-            Action::Arbitrate(ch, _) => prefetch(ch.as_ptr() as *const u8, CHANNEL_LINES),
+            Action::Arbitrate(ch, _, likely) => {
+                prefetch(ch.as_ptr() as *const u8, CHANNEL_LINES);
+                prefetch(likely.queued, QUEUED_LINES);
+                prefetch(likely.train, TRAIN_LINES);
+            }
             Action::Arrive(ch, train, deliver) => {
                 prefetch(train.as_ptr() as *const u8, TRAIN_LINES);
                 prefetch(ch.as_ptr() as *const u8, CHANNEL_LINES);
@@ -87,10 +92,36 @@ impl Action {
 const TRAIN_LINES: usize = 4;
 const CHANNEL_LINES: usize = 6;
 const UNIT_LINES: usize = 4;
+/// Cache lines prefetched of a train's entry in a channel's VC queue.
+const QUEUED_LINES: usize = 2;
 
-/// Ask for the `lines` cache lines from `ptr` (a hint: no fault, no result changes).
+/// Where the train an arbitration will likely start lives when it is armed: its entry
+/// at the head of a VC's queue and its object (null: none). Only ever prefetched, never
+/// read: by the arbitration's time another VC may win, or the train may have gone.
+#[derive(Clone, Copy)]
+pub(crate) struct Likely {
+    pub(crate) queued: *const u8,
+    pub(crate) train: *const u8,
+}
+
+impl Likely {
+    pub(crate) const NONE: Likely = Likely {
+        queued: std::ptr::null(),
+        train: std::ptr::null(),
+    };
+}
+
+// SAFETY: the addresses are hints for a prefetch, never dereferenced.
+unsafe impl Send for Likely {}
+unsafe impl Sync for Likely {}
+
+/// Ask for the `lines` cache lines from `ptr` (a hint: no fault, no result changes;
+/// null asks for nothing).
 #[inline(always)]
 fn prefetch(ptr: *const u8, lines: usize) {
+    if ptr.is_null() {
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     for i in 0..lines {
         // SAFETY: a prefetch reads nothing the program sees and does not fault
@@ -371,7 +402,7 @@ fn dispatch(py: Python<'_>, sim: &Bound<'_, Simulator>, action: Action) -> PyRes
         Action::Call(f, args) => {
             f.into_bound(py).call1(args.into_bound(py))?;
         }
-        Action::Arbitrate(ch, generation) => Channel::arbitrate(&ch.into_bound(py), generation)?,
+        Action::Arbitrate(ch, generation, _) => Channel::arbitrate(&ch.into_bound(py), generation)?,
         Action::Arrive(ch, train, deliver) => {
             let train = train.into_bound(py);
             let ch = ch.into_bound(py);
@@ -571,7 +602,7 @@ impl Simulator {
                     visit.call(f)?;
                     visit.call(a)?;
                 }
-                Action::Arbitrate(c, _) => visit.call(c)?,
+                Action::Arbitrate(c, ..) => visit.call(c)?,
                 Action::Arrive(c, t, d) => {
                     visit.call(c)?;
                     visit.call(t)?;
