@@ -56,8 +56,9 @@ _HOLDERS: list[Any] = []  # this process's weak references to what cyclic() left
 
 def cyclic(point: dict[str, Any]) -> dict[str, Any]:
     """Switch this process's cyclic collector off and leave garbage in a reference
-    cycle, as a finished machine does; report how many points this process ran before
-    and how many of their cycles were still in memory when this one started."""
+    cycle, as a finished machine does; report how many points this process ran before,
+    how many of their cycles were still in memory when this one started and how many
+    objects the process had frozen out of collections by then."""
     import gc
     import weakref
 
@@ -70,4 +71,4 @@ def cyclic(point: dict[str, Any]) -> dict[str, Any]:
     node["holder"] = holder
     earlier = len(_HOLDERS)
     _HOLDERS.append(weakref.ref(holder))
-    return {"earlier_points": earlier, "earlier_alive": alive, "pid": os.getpid()}
+    return {"earlier_points": earlier, "earlier_alive": alive, "pid": os.getpid(), "frozen": gc.get_freeze_count()}

@@ -187,6 +187,10 @@ def test_a_workers_points_start_without_the_garbage_of_its_earlier_points(tmp_pa
     assert list(table["status"]) == ["ok"] * 5 and os.getpid() not in set(table["pid"])
     assert table["earlier_points"].max() >= 1  # some worker ran a point after another
     assert table["earlier_alive"].sum() == 0
+    # a worker freezes what its first point left (its imports), and nothing after that
+    later = table[table["earlier_points"] >= 1]
+    assert (later["frozen"] > 0).all() and (later.groupby("pid")["frozen"].nunique() == 1).all()
+    assert (table.loc[table["earlier_points"] == 0, "frozen"] == 0).all()
 
 
 def test_failed_points_rerun_unless_keep_errors(tmp_path) -> None:

@@ -98,13 +98,16 @@ def worker_point(fn: str | PointFn, point: Point) -> dict[str, Any]:
     it) until the cyclic collector's next full pass, which the next point's run may not
     reach for a long time, so the worker would start its next point with the last one's
     machine still in memory (a full grid's peak RSS went from 3.1 to 3.4 GB that way;
-    docs/core.md). What survives the collection is then frozen out of later collections
-    (``gc.freeze``: the worker's modules and caches, not walked again after every point),
-    so a collection costs what the point left, not the process's size. A process that
-    is not the sweep's (the caller's, for one worker) is left to its own collector."""
+    docs/core.md). After the worker's first point, what survives (its modules and
+    caches) is frozen out of later collections (``gc.freeze``), so a collection costs
+    what a point left, not the process's size; only then, so that nothing a later point
+    leaves alive (a Ray worker's own bookkeeping) is kept from the collector for good. A
+    process that is not the sweep's (the caller's, for one worker) is left to its own
+    collector."""
     row = call_point(fn, point)
     gc.collect()
-    gc.freeze()
+    if gc.get_freeze_count() == 0:
+        gc.freeze()
     return row
 
 
