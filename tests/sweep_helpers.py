@@ -50,7 +50,6 @@ def held_point(point: dict[str, Any]) -> dict[str, Any]:
     return run_point({k: v for k, v in point.items() if k not in ("calls", "hold", "release")})
 
 
-
 _HOLDERS: list[Any] = []  # this process's weak references to what cyclic() left
 
 
