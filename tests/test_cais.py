@@ -217,8 +217,9 @@ def test_a_broken_group_size_ends_in_the_watchdogs_one_line_error(monkeypatch) -
     from cais.isa import Isa
     from cais.machine import Stalled
 
-    real = Isa.group_sync
-    monkeypatch.setattr(Isa, "group_sync", lambda self, src, group, members: real(self, src, group, members + 1))
+    real = Isa.group_sync_step  # the TBs' plans register through it
+    monkeypatch.setattr(Isa, "group_sync_step",
+                        lambda self, plan, src, group, members: real(self, plan, src, group, members + 1))
     with pytest.raises(Stalled) as err:
         run_layer(_four(), GPT, "cais", "prefill")
     line = str(err.value)

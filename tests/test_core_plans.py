@@ -6,6 +6,8 @@
 * The TB dispatcher (:class:`TbDispatcher`) places TBs lowest free SM first, within a
   kernel's SM set, a higher priority first, launch order among equals, and frees an
   SM when its TB's program returns.
+* A TB's plan (:class:`TbPlan`) runs exactly as the generator it lists, and the remote
+  GEMMs' TBs are plans in both modes.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from cais._core import LoadPlan, RedPlan, Region, Signal, Simulator, TbDispatcher
+from cais._core import LoadPlan, RedPlan, Region, Signal, Simulator, TbDispatcher, TbPlan
 from cais.engine.sim import ProgramGen
 from cais.experiments.layer import run_layer
 from cais.hw.config import apply_overrides, load_system
@@ -94,3 +96,127 @@ def test_the_dispatcher_places_tbs_by_priority_within_sm_sets() -> None:
     assert (high.started_at, high.finished_at, low.started_at, low.finished_at) == (0, 50, 0, 200)
     assert high_done.fired and low_done.fired
     assert d.busy == 0 and d.tbs_finished == 8 and d.queued == 0
+
+
+def _tb_steps(sim: Simulator, sig: Signal, port: Any, log: list[int]) -> tuple[ProgramGen, TbPlan]:
+    """One TB's control flow twice: as a generator, and as the plan that lists it."""
+    from cais.hw.hbm import HbmPhase
+
+    def program() -> ProgramGen:
+        yield sig
+        start = sim.now
+        compute = yield HbmPhase(1000, 1500.0, overlapped=True)
+        yield 50
+        log.append(sim.now)
+        if port.free_at > sim.now:
+            yield port.free_at - sim.now
+        end = max(start + compute, sim.now + compute * 64 // 1000)
+        if end > sim.now:
+            yield end - sim.now
+        yield HbmPhase(400, 100.0)
+
+    plan = TbPlan()
+    plan.wait(sig)
+    plan.mark()
+    plan.phase(HbmPhase(1000, 1500.0, overlapped=True))
+    plan.sleep(50)
+    plan.call(lambda: log.append(sim.now))
+    plan.begin(port)
+    plan.rest(64, 1000)
+    plan.phase(HbmPhase(400, 100.0))
+    return program(), plan
+
+
+@pytest.mark.parametrize("slowdown", [1.0, 2.0])
+def test_a_tb_plan_runs_exactly_as_the_generator_it_lists(slowdown: float) -> None:
+    """Every kind of step (a wait, a phase the TB times itself and one it sleeps, a
+    sleep, a call, an SM port's push, the mainloop's rest) gives the generator's times
+    and events, on a GPU slowed or not."""
+    from cais.engine import Process
+    from cais.hw.hbm import HbmShare
+    from cais.isa import SmPort
+
+    seen = []
+    for as_plan in (False, True):
+        sim = Simulator()
+        share = HbmShare(bytes_per_ps=1.0, window_ps=1000)
+        sig, port, log = Signal(), SmPort(1.0), []
+        port.free_at = 9_000
+        gen, plan = _tb_steps(sim, sig, port, log)
+        proc = Process(sim, plan if as_plan else gen, hbm=share, slowdown=slowdown)
+        sim.at(300, sig.fire, sim)
+        sim.run()
+        assert proc.done.fired
+        seen.append((log, proc.done.time, sim.events, share.phases))
+        if as_plan:
+            assert len(plan) == 0  # the process took its steps
+    assert seen[0] == seen[1]
+    log, end, _, phases = seen[1]
+    assert phases == 2 and log[0] > 300 and end > 9_000  # it waited, its phases were timed, the port held it
+
+
+def test_a_tb_plan_runs_once_and_refuses_what_it_cannot_run() -> None:
+    from cais.engine import Process
+    from cais.hw.hbm import HbmPhase, HbmShare
+
+    sim = Simulator()
+    plan = TbPlan()
+    plan.sleep(10)
+    Process(sim, plan)
+    with pytest.raises(RuntimeError, match="a TB plan runs once"):
+        Process(sim, plan)
+    with pytest.raises(RuntimeError, match="takes no more steps"):
+        plan.sleep(5)
+    with pytest.raises(ValueError, match="num >= 0 over den > 0, got 1/0"):
+        TbPlan().rest(1, 0)
+    with pytest.raises(TypeError, match="expected a unit a TB plan can begin"):
+        TbPlan().begin(object())
+    with pytest.raises(TypeError, match="a TB plan cannot begin a HbmShare"):
+        bad = TbPlan()
+        bad.begin(HbmShare(bytes_per_ps=1.0, window_ps=1000))  # a unit, but not one a plan starts
+        Process(sim, bad)
+        sim.run()
+    phased = TbPlan()
+    phased.phase(HbmPhase(10, 1.0))
+    Process(sim, phased)
+    with pytest.raises(TypeError, match="needs a kernel with hbm_phases"):
+        sim.run()
+
+
+@pytest.mark.parametrize("functional", [False, True])
+def test_a_cais_layers_remote_gemm_tbs_run_as_plans(monkeypatch: pytest.MonkeyPatch, functional: bool) -> None:
+    """The GEMM-RS and AG-GEMM TBs of CAIS (and LADM) are plans in both modes, so the
+    core runs them without resuming Python; functional mode still reproduces the
+    layer's tensors."""
+    made: list[str] = []
+
+    def recording(build: Any) -> Any:
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            out = build(*args, **kwargs)
+            kernel = out[0] if isinstance(out, tuple) else out
+            tbs = kernel.tbs
+
+            def tb(f: Any) -> Any:
+                def make(sm: int, busy: int) -> Any:
+                    program = f(sm, busy)
+                    made.append(type(program).__name__)
+                    return program
+                return make
+            kernel.tbs = [tb(f) for f in tbs]
+            return out
+        return wrapped
+
+    monkeypatch.setattr(remote_gemm, "reduce_gemm", recording(remote_gemm.reduce_gemm))
+    monkeypatch.setattr(remote_gemm, "load_gemm", recording(remote_gemm.load_gemm))
+    from cais.workload.models import ModelSpec
+
+    gpt = ModelSpec(name="tiny-gpt", family="gpt", hidden=256, ffn_hidden=512, heads=4, layers=2, gated_mlp=False,
+                    norm="layernorm", activation="gelu", seq=64, batch=4)
+    cfg = load_system("dgx-h100").with_overrides(gpus=4)
+    for scheme in ("cais", "ladm"):
+        before = len(made)
+        r = run_layer(cfg, gpt, scheme, "prefill", functional=functional, seed=3)
+        assert len(made) > before  # the path under test was taken
+        if functional:
+            assert r.mismatches == []
+    assert set(made) == {"TbPlan"}

@@ -41,6 +41,7 @@ pub(crate) fn register_units() {
         unit::kind::<merge::MergeUnit>(),
         unit::kind::<stream::LoadStream>(),
         unit::kind::<stream::RedStream>(),
+        unit::kind::<sm_port::SmPort>(),
     ]);
 }
 
@@ -63,6 +64,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<wait::Countdown>()?;
     m.add_class::<wait::ByteBound>()?;
     m.add_class::<wait::Process>()?;
+    m.add_class::<wait::TbPlan>()?;
     m.add_class::<stream::LoadPlan>()?;
     m.add_class::<stream::LoadStream>()?;
     m.add_class::<kept::KeptLines>()?;

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from cais.engine import ArrivePerGpu, Bound, Completion, Countdown, Signal, Train
+from cais.engine import ArrivePerGpu, Bound, Completion, Countdown, Signal, TbPlan, Train
 from cais.hw.gpu import KeptLines, LoadPlan, LoadStream, RedPlan, RedStream, ReduceStream, SmPort
 from cais.hw.memory import Region, as_run
 from cais.hw.packets import Kind
@@ -234,10 +234,17 @@ class Isa:
         fires with its data once it is in. ``loads`` may be a :class:`LoadPlan` shared by
         the GPUs that run a tile: the loads whose home is ``src`` are skipped (read
         locally)."""
+        self.new_ld_stream(src, loads, window, bound, arrived, cais, quorum, kept, scope).start()
+
+    def new_ld_stream(self, src: int, loads: LoadPlan | list[StreamLoad], window: Bound, bound: Bound,
+                      arrived: Countdown, cais: bool = False, quorum: int = 0,
+                      kept: KeptLines | None = None, scope: int = 0) -> LoadStream:
+        """:meth:`ld_stream`'s stream, not started: a TB's plan starts it
+        (``TbPlan.begin``)."""
         kind = Kind.LD_CAIS_REQ if cais else Kind.READ_REQ
         plan = loads if isinstance(loads, LoadPlan) else LoadPlan(loads)
         self.ops += plan.stripes(src)
-        LoadStream(self.m.gpus[src], kind, plan, window, bound, arrived, _assemble, quorum, kept, scope, src).start()
+        return LoadStream(self.m.gpus[src], kind, plan, window, bound, arrived, _assemble, quorum, kept, scope, src)
 
     def red_op(self, dst: int, region: Region, data: np.ndarray | None, unit: int | None = None) -> StreamRed:
         """A ``red`` into GPU ``dst`` as a stream issues it (see :meth:`red_stream`)."""
@@ -263,11 +270,17 @@ class Isa:
         signal returned fires when the last item is out. ``items`` may be a
         :class:`RedPlan` shared by the GPUs that run a tile: its blocks owned by ``src``
         are added locally, ``add(region)``, in their turn."""
+        return self.new_red_stream(src, items, window, bound, port, add).start()
+
+    def new_red_stream(self, src: int, items: list[StreamItem] | RedPlan, window: Bound, bound: Bound, port: SmPort,
+                       add: Callable[[Region], None] | None = None) -> RedStream:
+        """:meth:`red_stream`'s stream, not started: a TB's plan starts it
+        (``TbPlan.begin``) and waits for its signal."""
         if isinstance(items, RedPlan):
             self.ops += items.stripes(src)
-            return RedStream(self.m.gpus[src], items, window, bound, port, src, add).start()
+            return RedStream(self.m.gpus[src], items, window, bound, port, src, add)
         self.ops += sum(len(red[2]) for item in items if not callable(item) for red in item[1])
-        return RedStream(self.m.gpus[src], items, window, bound, port).start()
+        return RedStream(self.m.gpus[src], items, window, bound, port)
 
     def red_cais(self, src: int, home: int, region: Region, data: np.ndarray | None, signal: int,
                  done: Done | None = None, port: SmPort | None = None, stream: int = 0, unit: int | None = None,
@@ -306,6 +319,12 @@ class Isa:
         waiting on it resumes without a Python call in between."""
         self.ops += 1
         return self.m.gpus[src].group_sync(self.flag_chip(group), group, members)
+
+    def group_sync_step(self, plan: TbPlan, src: int, group: int, members: int) -> None:
+        """:meth:`group_sync` as a step of a TB's plan: the core registers the TB when
+        the plan reaches the step, and the plan waits for the release."""
+        self.ops += 1
+        plan.begin(self.m.gpus[src], self.flag_chip(group), group, members)
 
     # ---- NVLS --------------------------------------------------------------------
     def multimem_st(self, src: int, region: Region, data: np.ndarray | None, done: Done | None = None,

@@ -63,6 +63,16 @@ pub(crate) enum Paced {
     Value(i64),
 }
 
+/// What a unit did when a TB's plan reached it (`Handler::begin`).
+pub(crate) enum Begun {
+    /// The plan goes on at once.
+    Go,
+    /// The plan waits for the signal.
+    Wait(Py<Signal>),
+    /// The plan sleeps this long (the program's own units).
+    Sleep(i64),
+}
+
 /// A unit the engine calls back.
 pub(crate) trait Handler: PyClass + Sync {
     /// Something happened to the unit (see [`Event`]).
@@ -80,6 +90,20 @@ pub(crate) trait Handler: PyClass + Sync {
         let _ = (slf, sim, yielded, slowdown);
         Ok(Paced::NotMine)
     }
+
+    /// A TB's plan (`engine::wait::TbPlan`) has reached a step this unit carries out
+    /// (a stream starts, a GPU registers with a TB group), with the step's `args`;
+    /// for a unit that plans name.
+    fn begin(slf: &Bound<'_, Self>, sim: &Bound<'_, Simulator>, args: [i64; 3]) -> PyResult<Begun> {
+        let _ = (sim, args);
+        let ty = slf
+            .as_any()
+            .get_type()
+            .name()
+            .map(|n| n.to_string())
+            .unwrap_or_default();
+        Err(PyTypeError::new_err(format!("a TB plan cannot begin a {ty}")))
+    }
 }
 
 /// The event `ev` was not one the unit takes: a bug in the core.
@@ -90,11 +114,13 @@ pub(crate) fn unexpected(unit: &str) -> PyErr {
 
 type OnEvent = for<'a, 'py> fn(&Bound<'py, PyAny>, Event<'a, 'py>) -> PyResult<()>;
 type Pace = for<'py> fn(&Bound<'py, PyAny>, &Bound<'py, Simulator>, &Bound<'py, PyAny>, f64) -> PyResult<Paced>;
+type Begin = for<'py> fn(&Bound<'py, PyAny>, &Bound<'py, Simulator>, [i64; 3]) -> PyResult<Begun>;
 
 /// A unit's functions, for its type.
 pub(crate) struct Vt {
     on_event: OnEvent,
     pace: Pace,
+    begin: Begin,
     is: fn(&Bound<'_, PyAny>) -> bool,
 }
 
@@ -104,6 +130,7 @@ impl<T: Handler> VtOf<T> {
     const VT: Vt = Vt {
         on_event: on_event_of::<T>,
         pace: pace_of::<T>,
+        begin: begin_of::<T>,
         is: is_of::<T>,
     };
 }
@@ -122,6 +149,11 @@ fn pace_of<'py, T: Handler>(
 ) -> PyResult<Paced> {
     // SAFETY: as in `on_event_of`.
     T::pace(unsafe { obj.cast_unchecked::<T>() }, sim, yielded, slowdown)
+}
+
+fn begin_of<'py, T: Handler>(obj: &Bound<'py, PyAny>, sim: &Bound<'py, Simulator>, args: [i64; 3]) -> PyResult<Begun> {
+    // SAFETY: as in `on_event_of`.
+    T::begin(unsafe { obj.cast_unchecked::<T>() }, sim, args)
 }
 
 fn is_of<T: Handler>(obj: &Bound<'_, PyAny>) -> bool {
@@ -190,6 +222,10 @@ impl UnitRef {
         slowdown: f64,
     ) -> PyResult<Paced> {
         (self.vt.pace)(self.obj.bind(sim.py()), sim, yielded, slowdown)
+    }
+
+    pub(crate) fn begin(&self, sim: &Bound<'_, Simulator>, args: [i64; 3]) -> PyResult<Begun> {
+        (self.vt.begin)(self.obj.bind(sim.py()), sim, args)
     }
 
     pub(crate) fn clone_ref(&self, py: Python<'_>) -> UnitRef {

@@ -1,12 +1,12 @@
-//! TB programs and what they wait on: a [`Process`] runs a program (a Python
-//! generator), which yields a one-shot [`Signal`], a [`Countdown`] of arrivals, or a
-//! delay; a [`ByteBound`] (exported as `Bound`) bounds bytes in flight, granted in
-//! request order.
+//! TB programs and what they wait on: a [`Process`] runs a program, either a Python
+//! generator, which yields a one-shot [`Signal`], a [`Countdown`] of arrivals, or a
+//! delay, or a [`TbPlan`], the same kinds of steps (and steps the units it names carry
+//! out) listed once by Python and executed here; a [`ByteBound`] (exported as `Bound`)
+//! bounds bytes in flight, granted in request order.
 //!
-//! These run once per request a TB makes, so they are compiled; the programs stay
-//! Python. Waiters run in the order they were registered, at the moment the signal
-//! fires: a waiting process is resumed natively, any other waiter is a Python
-//! callable.
+//! These run once per request a TB makes, so they are compiled. Waiters run in the
+//! order they were registered, at the moment the signal fires: a waiting process is
+//! resumed natively, any other waiter is a Python callable.
 
 use std::collections::VecDeque;
 
@@ -17,7 +17,7 @@ use pyo3::{PyTraverseError, PyVisit};
 
 use super::cell::{properties, unit, GilCell, Unit, UnitState};
 use super::sim::{Action, Simulator};
-use super::unit::{Event, Paced, UnitRef};
+use super::unit::{Begun, Event, Paced, UnitRef};
 
 /// Whom a signal wakes: a process waiting on it, a Python callable `fn(value)`, or
 /// a unit (a stream whose next request waits for this grant), told `Event::Fired`.
@@ -330,10 +330,165 @@ properties!(ByteBound {
     waited: i64;
 });
 
-/// Runs a generator as a simulated program (a thread block's control flow). The
-/// generator yields an `int` (sleep that many picoseconds) or a [`Signal`] (wait until
-/// it fires; the signal's value is sent back into the generator). `done` fires when
-/// the generator returns.
+/// One step of a [`TbPlan`].
+enum PlanStep {
+    /// Wait until the signal fires (at once if it has).
+    Wait(Py<Signal>),
+    /// Sleep this long (the program's units: stretched by its GPU's slowdown).
+    Sleep(i64),
+    /// A value for the process's pacer (an HBM phase), as a program would yield it;
+    /// the time of a phase the program times itself becomes the plan's `compute`.
+    Pace(Py<PyAny>),
+    /// A unit carries out a step (`Handler::begin`) with these arguments.
+    Begin(UnitRef, [i64; 3]),
+    /// Call the Python callable (functional mode: what a TB does with its data).
+    Call(Py<PyAny>),
+    /// Note the time as the plan's `start`.
+    Mark,
+    /// A mainloop's rest: sleep until `max(start + compute, now + compute * num // den)`
+    /// (the last K-slice's compute after the last load; `num` 0: until `start + compute`).
+    Rest(i64, i64),
+    /// A step already executed.
+    Taken,
+}
+
+impl PlanStep {
+    fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        match self {
+            PlanStep::Wait(s) => visit.call(s),
+            PlanStep::Pace(v) | PlanStep::Call(v) => visit.call(v),
+            PlanStep::Begin(u, _) => u.visit(visit),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A thread block's program as a plan the core executes: its waits, sleeps, HBM
+/// phases and the steps units carry out (a stream of loads or reductions starts, a TB
+/// registers with its TB group), and in functional mode the Python calls that move its
+/// data, in order, listed once by the kernel (Python) when the TB is placed on its SM. A kernel's TB factory returns one instead of a generator
+/// where its control flow is a fixed sequence (issue 40, part 1); a [`Process`] then
+/// runs it without entering Python. A plan runs once.
+#[pyclass(module = "cais._core", frozen)]
+pub struct TbPlan {
+    st: GilCell<TbPlanState>,
+}
+
+/// The mutable state of a [`TbPlan`] (see there), borrowed while holding the GIL.
+pub(crate) struct TbPlanState {
+    steps: Vec<PlanStep>,
+    taken: bool,
+}
+
+unit!(TbPlan, TbPlanState);
+
+impl TbPlan {
+    fn add(&self, py: Python<'_>, step: PlanStep) -> PyResult<()> {
+        let mut me = self.st(py);
+        if me.taken {
+            return Err(PyRuntimeError::new_err("a TB plan that runs takes no more steps"));
+        }
+        me.steps.push(step);
+        Ok(())
+    }
+}
+
+#[pymethods]
+impl TbPlan {
+    #[new]
+    fn new() -> Self {
+        TbPlan::from(TbPlanState {
+            steps: Vec::new(),
+            taken: false,
+        })
+    }
+
+    /// Wait until `signal` fires.
+    fn wait(&self, py: Python<'_>, signal: Py<Signal>) -> PyResult<()> {
+        self.add(py, PlanStep::Wait(signal))
+    }
+
+    /// Sleep `ps` picoseconds (stretched by the GPU's slowdown, as a yielded delay).
+    fn sleep(&self, py: Python<'_>, ps: i64) -> PyResult<()> {
+        self.add(py, PlanStep::Sleep(ps))
+    }
+
+    /// An HBM phase, timed by the GPU's HBM share as if the program yielded it; the
+    /// time of one the program times itself (overlapped) is the plan's `compute`.
+    fn phase(&self, py: Python<'_>, phase: Py<PyAny>) -> PyResult<()> {
+        self.add(py, PlanStep::Pace(phase))
+    }
+
+    /// `unit` carries out its step (a stream starts; a GPU's endpoint registers with TB
+    /// group `b` of `c` members at chip `a`), and the plan waits as the unit says.
+    #[pyo3(signature = (unit, a = 0, b = 0, c = 0))]
+    fn begin(&self, unit: &Bound<'_, PyAny>, a: i64, b: i64, c: i64) -> PyResult<()> {
+        let py = unit.py();
+        let unit = UnitRef::expect(unit, "a unit a TB plan can begin (a stream, an endpoint, an SM port)")?;
+        self.add(py, PlanStep::Begin(unit, [a, b, c]))
+    }
+
+    /// Call `fn()` (what the TB does with its data, in functional mode).
+    fn call(&self, py: Python<'_>, r#fn: Py<PyAny>) -> PyResult<()> {
+        self.add(py, PlanStep::Call(r#fn))
+    }
+
+    /// Note the time: the mainloop's start, for `rest`.
+    fn mark(&self, py: Python<'_>) -> PyResult<()> {
+        self.add(py, PlanStep::Mark)
+    }
+
+    /// Sleep until `max(start + compute, now + compute * num // den)`, where `start` is
+    /// the last `mark` and `compute` the last self-timed phase's time.
+    fn rest(&self, py: Python<'_>, num: i64, den: i64) -> PyResult<()> {
+        if den <= 0 || num < 0 {
+            return Err(PyValueError::new_err(format!(
+                "a rest's fraction must be num >= 0 over den > 0, got {num}/{den}"
+            )));
+        }
+        self.add(py, PlanStep::Rest(num, den))
+    }
+
+    fn __len__(&self, py: Python<'_>) -> usize {
+        self.st(py).steps.len()
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        let Some(me) = self.st.during_gc() else {
+            return Ok(());
+        };
+        for step in &me.steps {
+            step.visit(&visit)?;
+        }
+        Ok(())
+    }
+
+    fn __clear__(&self) {
+        if let Some(mut me) = self.st.during_gc_mut() {
+            me.steps.clear();
+        }
+    }
+}
+
+/// A plan a process runs: its steps, the next one, and the times `Mark` and a
+/// self-timed phase noted.
+struct PlanRun {
+    steps: Vec<PlanStep>,
+    pc: usize,
+    start: i64,
+    compute: i64,
+}
+
+/// What a process runs: a Python generator, or a plan.
+enum Program {
+    Gen(Py<PyAny>),
+    Plan(PlanRun),
+}
+
+/// Runs a program (a thread block's control flow): a generator that yields an `int`
+/// (sleep that many picoseconds) or a [`Signal`] (wait until it fires; the signal's
+/// value is sent back into the generator), or a [`TbPlan`]. `done` fires when the
+/// generator returns or the plan's last step is done.
 #[pyclass(module = "cais._core", frozen)]
 pub struct Process {
     st: GilCell<ProcessState>,
@@ -342,7 +497,7 @@ pub struct Process {
 /// The mutable state of a [`Process`] (see there), borrowed while holding the GIL.
 pub(crate) struct ProcessState {
     sim: Py<Simulator>,
-    gen: Py<PyAny>,
+    program: Program,
     done: Py<Signal>,
     /// The unit that times the values of its own the program yields (`Handler::pace`):
     /// the GPU's HBM share, which times kernel phases (None: it yields none).
@@ -392,7 +547,7 @@ pub(crate) fn slowed(slowdown: f64, delay: i64) -> i64 {
 }
 
 impl Process {
-    /// Run the program `gen` (from now, if `start`), its HBM phases paced by `hbm`
+    /// Run the program `gen`, a generator or a [`TbPlan`] (from now, if `start`), its HBM phases paced by `hbm`
     /// and its compute delays stretched by `slowdown`.
     pub(crate) fn spawn(
         py: Python<'_>,
@@ -403,11 +558,27 @@ impl Process {
         slowdown: f64,
     ) -> PyResult<Py<Process>> {
         let done = Py::new(py, Signal::blank(py))?;
+        let program = match gen.bind(py).cast::<TbPlan>() {
+            Ok(plan) => {
+                let mut p = plan.st();
+                if p.taken {
+                    return Err(PyRuntimeError::new_err("a TB plan runs once"));
+                }
+                p.taken = true;
+                Program::Plan(PlanRun {
+                    steps: std::mem::take(&mut p.steps),
+                    pc: 0,
+                    start: 0,
+                    compute: 0,
+                })
+            }
+            Err(_) => Program::Gen(gen),
+        };
         let p = Py::new(
             py,
             Process::from(ProcessState {
                 sim: sim.clone_ref(py),
-                gen,
+                program,
                 done,
                 hbm,
                 slowdown,
@@ -435,13 +606,147 @@ impl Process {
         s.schedule(py, time, Action::Step(slf.clone().unbind()))
     }
 
+    /// Wait on `sig`: its value if it has fired (go on), else None (the process is
+    /// resumed when it fires).
+    fn wait_on(slf: &Bound<'_, Self>, sig: &Bound<'_, Signal>) -> Option<Py<PyAny>> {
+        let mut s = sig.st();
+        if s.fired {
+            return Some(s.value.clone_ref(slf.py()));
+        }
+        s.waiters.push(Waiter::Resume(slf.clone().unbind()));
+        None
+    }
+
+    /// Hand `value` to the pacer `hbm`: None if it is not one the pacer times;
+    /// `Some(Some(ps))` when the program is to be sent the time `ps` at once;
+    /// `Some(None)` when the process now waits or sleeps.
+    fn pace(
+        slf: &Bound<'_, Self>,
+        hbm: &UnitRef,
+        sim: &Py<Simulator>,
+        value: &Bound<'_, PyAny>,
+        slowdown: f64,
+    ) -> PyResult<Option<Option<i64>>> {
+        let py = slf.py();
+        Ok(match hbm.pace(sim.bind(py), value, slowdown)? {
+            Paced::NotMine => None,
+            Paced::Wait(timed, overlapped) => {
+                // timed at its real duration, known at the end of this instant
+                slf.st().phase = Some(overlapped);
+                timed.get().st(py).waiters.push(Waiter::Resume(slf.clone().unbind()));
+                Some(None)
+            }
+            Paced::Sleep(ps) => {
+                Process::sleep(slf, sim, slowdown, ps)?;
+                Some(None)
+            }
+            Paced::Value(ps) => Some(Some(ps)),
+        })
+    }
+
+    /// The plan the process runs (it runs one).
+    fn plan(me: &mut ProcessState) -> &mut PlanRun {
+        match &mut me.program {
+            Program::Plan(run) => run,
+            Program::Gen(_) => unreachable!("a generator's process has no plan"),
+        }
+    }
+
+    /// Execute the plan's steps up to its next wait, or its end.
+    fn run_plan(
+        slf: &Bound<'_, Self>,
+        sim: &Py<Simulator>,
+        done: &Py<Signal>,
+        hbm: Option<&UnitRef>,
+        slowdown: f64,
+    ) -> PyResult<()> {
+        let py = slf.py();
+        let s = sim.bind(py);
+        loop {
+            let step = {
+                let mut me = slf.st();
+                let run = Process::plan(&mut me);
+                match run.steps.get_mut(run.pc) {
+                    Some(step) => {
+                        run.pc += 1;
+                        std::mem::replace(step, PlanStep::Taken)
+                    }
+                    None => {
+                        drop(me);
+                        let now = s.get().now();
+                        return Signal::fire_now(done.bind(py), now, py.None());
+                    }
+                }
+            };
+            match step {
+                PlanStep::Wait(sig) => {
+                    if Process::wait_on(slf, sig.bind(py)).is_none() {
+                        return Ok(());
+                    }
+                }
+                PlanStep::Sleep(ps) => return Process::sleep(slf, sim, slowdown, ps),
+                PlanStep::Pace(value) => {
+                    let Some(h) = hbm else {
+                        return Err(PyTypeError::new_err(
+                            "a TB plan's HBM phase needs a kernel with hbm_phases",
+                        ));
+                    };
+                    match Process::pace(slf, h, sim, value.bind(py), slowdown)? {
+                        None => {
+                            return Err(PyTypeError::new_err(format!(
+                                "a TB plan's phase must be an HbmPhase, not {}",
+                                value.bind(py).get_type().name()?
+                            )))
+                        }
+                        Some(Some(ps)) => Process::plan(&mut slf.st()).compute = ps,
+                        Some(None) => return Ok(()),
+                    }
+                }
+                PlanStep::Begin(unit, args) => match unit.begin(s, args)? {
+                    Begun::Go => {}
+                    Begun::Wait(sig) => {
+                        if Process::wait_on(slf, sig.bind(py)).is_none() {
+                            return Ok(());
+                        }
+                    }
+                    Begun::Sleep(ps) => return Process::sleep(slf, sim, slowdown, ps),
+                },
+                PlanStep::Call(f) => {
+                    f.call0(py)?;
+                }
+                PlanStep::Mark => {
+                    let now = s.get().now();
+                    Process::plan(&mut slf.st()).start = now;
+                }
+                PlanStep::Rest(num, den) => {
+                    let now = s.get().now();
+                    let (start, compute) = {
+                        let mut me = slf.st();
+                        let run = Process::plan(&mut me);
+                        (run.start, run.compute)
+                    };
+                    // as Python's floor division would compute it
+                    let tail = (compute as i128 * num as i128).div_euclid(den as i128) as i64;
+                    let end = (start + compute).max(now + tail);
+                    if end > now {
+                        return Process::sleep(slf, sim, slowdown, end - now);
+                    }
+                }
+                PlanStep::Taken => unreachable!("a plan's step runs once"),
+            }
+        }
+    }
+
     /// Send `value` into the program and follow it to its next wait.
     pub(crate) fn step(slf: &Bound<'_, Self>, value: Py<PyAny>) -> PyResult<()> {
         let py = slf.py();
         let (gen, sim, done, hbm, slowdown, phase) = {
             let mut me = slf.st();
             (
-                me.gen.clone_ref(py),
+                match &me.program {
+                    Program::Gen(g) => Some(g.clone_ref(py)),
+                    Program::Plan(_) => None,
+                },
                 me.sim.clone_ref(py),
                 me.done.clone_ref(py),
                 me.hbm.as_ref().map(|h| h.clone_ref(py)),
@@ -449,7 +754,6 @@ impl Process {
                 me.phase.take(),
             )
         };
-        let gen = gen.into_bound(py);
         let mut value = value;
         if let Some(overlapped) = phase {
             // the HBM share has timed the phase (at its real duration): in the program's units
@@ -462,8 +766,16 @@ impl Process {
             if !overlapped {
                 return Process::sleep(slf, &sim, slowdown, took);
             }
-            value = took.into_pyobject(py)?.into_any().unbind(); // the program times it: hand it the time
+            // the program times it: hand it the time
+            if gen.is_none() {
+                Process::plan(&mut slf.st()).compute = took;
+            }
+            value = took.into_pyobject(py)?.into_any().unbind();
         }
+        let Some(gen) = gen else {
+            return Process::run_plan(slf, &sim, &done, hbm.as_ref(), slowdown);
+        };
+        let gen = gen.into_bound(py);
         loop {
             let waited = match send(&gen, value)? {
                 Sent::Yielded(w) => w,
@@ -473,32 +785,26 @@ impl Process {
                 }
             };
             if let Ok(sig) = waited.cast::<Signal>() {
-                let mut s = sig.st();
-                if s.fired {
-                    value = s.value.clone_ref(py);
-                    continue;
+                match Process::wait_on(slf, sig) {
+                    Some(v) => {
+                        value = v;
+                        continue;
+                    }
+                    None => return Ok(()),
                 }
-                s.waiters.push(Waiter::Resume(slf.clone().unbind()));
-                return Ok(());
             }
             if waited.is_instance_of::<PyInt>() {
                 let delay: i64 = waited.extract()?;
                 return Process::sleep(slf, &sim, slowdown, delay);
             }
             if let Some(h) = hbm.as_ref() {
-                match h.pace(sim.bind(py), &waited, slowdown)? {
-                    Paced::NotMine => {}
-                    Paced::Wait(timed, overlapped) => {
-                        // timed at its real duration, known at the end of this instant
-                        slf.st().phase = Some(overlapped);
-                        timed.get().st(py).waiters.push(Waiter::Resume(slf.clone().unbind()));
-                        return Ok(());
-                    }
-                    Paced::Sleep(ps) => return Process::sleep(slf, &sim, slowdown, ps),
-                    Paced::Value(ps) => {
+                match Process::pace(slf, h, &sim, &waited, slowdown)? {
+                    None => {}
+                    Some(Some(ps)) => {
                         value = ps.into_pyobject(py)?.into_any().unbind();
                         continue;
                     }
+                    Some(None) => return Ok(()),
                 }
             }
             let allowed = if hbm.is_some() {
@@ -538,7 +844,14 @@ impl Process {
             return Ok(());
         };
         visit.call(&me.sim)?;
-        visit.call(&me.gen)?;
+        match &me.program {
+            Program::Gen(g) => visit.call(g)?,
+            Program::Plan(run) => {
+                for step in &run.steps {
+                    step.visit(&visit)?;
+                }
+            }
+        }
         visit.call(&me.done)?;
         if let Some(h) = &me.hbm {
             h.visit(&visit)?;
@@ -548,7 +861,7 @@ impl Process {
 
     fn __clear__(&self, py: Python<'_>) {
         if let Some(mut me) = self.st.during_gc_mut() {
-            me.gen = py.None();
+            me.program = Program::Gen(py.None());
         }
     }
 }

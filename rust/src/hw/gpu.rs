@@ -16,7 +16,7 @@ use crate::engine::completion::complete;
 use crate::engine::credits::Credits;
 use crate::engine::sim::{Action, Clock, Simulator};
 use crate::engine::train::{obj, opt, opt_ref, Train, TrainState};
-use crate::engine::unit::{unexpected, Event, Handler, UnitRef};
+use crate::engine::unit::{unexpected, Begun, Event, Handler, UnitRef};
 use crate::engine::wait::Signal;
 use crate::hw::hbm::HbmShare;
 use crate::hw::kinds::*;
@@ -545,6 +545,14 @@ impl Handler for Endpoint {
             Event::Due { what: DRAIN_HELD, .. } => Endpoint::drain_held(slf),
             _ => Err(unexpected("Endpoint")),
         }
+    }
+
+    /// A TB of this GPU registers with TB group `group` (`members` GPUs) at the Group
+    /// Sync Table of chip `chip` (`args`: chip, group, members), as `group_sync`; its
+    /// plan waits for the release.
+    fn begin(slf: &Bound<'_, Self>, _sim: &Bound<'_, Simulator>, args: [i64; 3]) -> PyResult<Begun> {
+        let [chip, group, members] = args;
+        Ok(Begun::Wait(Endpoint::group_sync(slf, chip, group, members)?))
     }
 }
 

@@ -2,7 +2,9 @@
 
 use pyo3::prelude::*;
 
-use crate::engine::cell::{properties, unit, GilCell, Unit};
+use crate::engine::cell::{properties, unit, GilCell, Unit, UnitState};
+use crate::engine::sim::Simulator;
+use crate::engine::unit::{unexpected, Begun, Event, Handler};
 
 /// The load/store path of one SM: data it stores leaves at most at `ps_per_byte`
 /// (the SM's copy bandwidth), so a store's train has its head when the SM starts
@@ -26,6 +28,24 @@ impl SmPortState {
         let head = now.max(self.free_at);
         self.free_at = head + (nbytes as f64 * self.ps_per_byte).round_ties_even() as i64;
         (head, self.free_at)
+    }
+}
+
+impl Handler for SmPort {
+    fn on_event(_slf: &Bound<'_, Self>, _ev: Event<'_, '_>) -> PyResult<()> {
+        Err(unexpected("SmPort"))
+    }
+
+    /// A TB's plan waits until its SM has pushed out what it stores (a TB's SM is
+    /// not free before).
+    fn begin(slf: &Bound<'_, Self>, sim: &Bound<'_, Simulator>, _args: [i64; 3]) -> PyResult<Begun> {
+        let now = sim.get().now();
+        let free_at = slf.st().free_at;
+        Ok(if free_at > now {
+            Begun::Sleep(free_at - now)
+        } else {
+            Begun::Go
+        })
     }
 }
 

@@ -11,7 +11,7 @@ use pyo3::{PyTraverseError, PyVisit};
 use crate::engine::cell::{properties, unit, GilCell, Unit, UnitState};
 use crate::engine::completion::{Assembly, Completion};
 use crate::engine::sim::Simulator;
-use crate::engine::unit::{Event, Handler, UnitRef};
+use crate::engine::unit::{Begun, Event, Handler, UnitRef};
 use crate::engine::wait::{ByteBound, Countdown, Signal};
 use crate::hw::gpu::{Carry, Endpoint, Op};
 use crate::hw::region::{region_bytes, Region};
@@ -431,6 +431,13 @@ impl Handler for LoadStream {
             _ => Err(crate::engine::unit::unexpected("LoadStream")),
         }
     }
+
+    /// A TB's plan starts the stream (`start`); the plan waits on `arrived` itself,
+    /// where it waits for the loads.
+    fn begin(slf: &Bound<'_, Self>, _sim: &Bound<'_, Simulator>, _args: [i64; 3]) -> PyResult<Begun> {
+        LoadStream::advance(slf)?;
+        Ok(Begun::Go)
+    }
 }
 
 #[pymethods]
@@ -798,6 +805,11 @@ impl Handler for RedStream {
             Event::Landed => Ok(()),
             _ => Err(crate::engine::unit::unexpected("RedStream")),
         }
+    }
+
+    /// A TB's plan starts the stream (`start`) and waits until its last item is out.
+    fn begin(slf: &Bound<'_, Self>, _sim: &Bound<'_, Simulator>, _args: [i64; 3]) -> PyResult<Begun> {
+        Ok(Begun::Wait(RedStream::start(slf)?))
     }
 }
 

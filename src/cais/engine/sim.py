@@ -1,9 +1,10 @@
 """The event loop (:class:`Simulator`: integer picosecond time and a heap of timed
 actions), :class:`Process`, which runs a TB program (a Python generator that yields
-an ``int`` delay or a signal to wait on), and what programs wait on: :class:`Signal`,
-a one-shot event with a value, and :class:`Countdown`, a signal that fires after a
-number of arrivals. All four are compiled (``rust/src/sim.rs``, ``wait.rs``); the
-programs stay Python."""
+an ``int`` delay or a signal to wait on, or a :class:`TbPlan`, the same steps listed
+once and executed by the core), and what programs wait on: :class:`Signal`, a
+one-shot event with a value, and :class:`Countdown`, a signal that fires after a
+number of arrivals. All five are compiled (``rust/src/engine/sim.rs``, ``wait.rs``);
+generators stay Python."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from cais._core import Countdown, Process, Signal, Simulator
+from cais._core import Countdown, Process, Signal, Simulator, TbPlan
 
-__all__ = ["Countdown", "Process", "ProgramGen", "Signal", "Simulator", "fewer_collections"]
+__all__ = ["Countdown", "Process", "ProgramGen", "Signal", "Simulator", "TbPlan", "fewer_collections"]
 
 # Python's cyclic collector while a simulation runs: a run allocates millions of short-
 # lived objects (trains, closures, TB frames), and each full collection walks the whole

@@ -38,10 +38,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from cais.engine import Bound, Countdown, Signal
-from cais.engine.sim import ProgramGen
+from cais.engine import Bound, Countdown, Signal, TbPlan
 from cais.hw.compute import ComputeModel
-from cais.hw.gpu import KeptLines, Kernel, LoadPlan, RedPlan, TbProgram
+from cais.hw.gpu import KeptLines, Kernel, LoadPlan, LoadStream, RedPlan, TbProgram
 from cais.hw.memory import Memory, Region
 from cais.hw.packets import Traffic
 from cais.isa import Isa, SmPort, StreamItem, StreamRed
@@ -269,13 +268,10 @@ class RemoteAccess:
         """The K step tile ``t`` (in launch order) starts its mainloop at: the first."""
         return 0
 
-    def tb_start(self, g: int, t: int) -> Signal | None:
-        """What TB ``t`` (in launch order) waits for before its work: nothing (None)."""
-        return None
-
-    def first_access(self, g: int, t: int) -> Signal | None:
-        """What TB ``t`` waits for before its first remote access: nothing (None)."""
-        return None
+    def plan_sync(self, plan: TbPlan, g: int, t: int, phase: int) -> None:
+        """What TB ``t`` (in launch order) on GPU ``g`` waits for before its work
+        (``phase`` 0) or before its first remote access (1), as a step of its plan:
+        nothing."""
 
     def operands_ready(self, g: int, shape: GemmShape, i: int) -> list[Signal]:
         """Signals a tile of row tile ``i`` waits for before loading its operands: none
@@ -299,13 +295,13 @@ class RemoteAccess:
         return [self.m.isa.red_op(owner, region, data, self.red_unit())]
 
     def load_stream(self, g: int, loads: LoadPlan, slots: RequestSlots, arrived: Countdown,
-                    kept: KeptLines | None = None, scope: int = 0) -> None:
+                    kept: KeptLines | None = None, scope: int = 0) -> LoadStream:
         """A TB's mainloop loads (a tile's :class:`LoadPlan`, less those whose home is
-        ``g``), in order: each a plain remote ``ld`` once ``slots`` have room, counted
-        into ``arrived`` when its data is in; with ``kept``, a load this GPU already
-        asked for in ``scope`` joins that one (``Isa.ld_stream``). The one path a TB's
-        remote loads take."""
-        self.m.isa.ld_stream(g, loads, slots.sm, slots.gpu, arrived, kept=kept, scope=scope)
+        ``g``), in order, as a stream to start: each a plain remote ``ld`` once ``slots``
+        have room, counted into ``arrived`` when its data is in; with ``kept``, a load
+        this GPU already asked for in ``scope`` joins that one (``Isa.ld_stream``). The
+        one path a TB's remote loads take."""
+        return self.m.isa.new_ld_stream(g, loads, slots.sm, slots.gpu, arrived, kept=kept, scope=scope)
 
 
 class MergeableAccess(RemoteAccess):
@@ -342,9 +338,9 @@ class MergeableAccess(RemoteAccess):
         return [self.m.isa.red_cais_op(owner, region, data, self.signal, self.red_unit(), self.quorum)]
 
     def load_stream(self, g: int, loads: LoadPlan, slots: RequestSlots, arrived: Countdown,
-                    kept: KeptLines | None = None, scope: int = 0) -> None:
-        self.m.isa.ld_stream(g, loads, slots.sm, slots.gpu, arrived, cais=True, quorum=self.quorum, kept=kept,
-                             scope=scope)
+                    kept: KeptLines | None = None, scope: int = 0) -> LoadStream:
+        return self.m.isa.new_ld_stream(g, loads, slots.sm, slots.gpu, arrived, cais=True, quorum=self.quorum,
+                                        kept=kept, scope=scope)
 
 
 def _plan_key(plans: dict[tuple, Any], gemm: tuple) -> object:
@@ -410,44 +406,55 @@ def reduce_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmSha
     def add_own(region: Region) -> None:
         access.add_own(g, region, None)
 
+    def sm_state(sm: int) -> tuple[RequestSlots, SmPort, int]:
+        """The SM's store window, port and request piece, made for its first tile."""
+        if sm not in per_sm:
+            slots = RequestSlots(Bound(m.sim, limit), bound)
+            per_sm[sm] = (slots, isa.sm_port(), min(unit, slots.piece))
+        return per_sm[sm]
+
     def tile_tb(t: int, i: int, j: int) -> TbProgram:
-        def program(sm: int, busy: int) -> ProgramGen:
-            sim = m.sim
-            if (started := access.tb_start(g, t)) is not None:
-                yield started
-            yield phases.of(busy)
-            if (cleared := access.first_access(g, t)) is not None:
-                yield cleared
-            tile = tile_product(mem, gemm.ops, shape, i, j) if mem is not None else None
-            if sm not in per_sm:
-                slots = RequestSlots(Bound(sim, limit), bound)
-                per_sm[sm] = (slots, isa.sm_port(), min(unit, slots.piece))
-            slots, port, piece_unit = per_sm[sm]
-            r0, nr = shape.rows(i)
-            c0, nc = shape.cols(j)
-            if tile is None:  # timing mode: the tile's plan, shared by the GPUs, issued by the core
+        r0, nr = shape.rows(i)
+        c0, nc = shape.cols(j)
+
+        def epilogue(slots: RequestSlots, port: SmPort, piece_unit: int) -> RedStream:
+            """The tile's epilogue as a stream to start: in timing mode the tile's plan,
+            shared by the GPUs; in functional mode its partial rows with their data, in
+            the epilogue's order (its own rows added locally)."""
+            if mem is None:
                 red = tile_plan(i, j, piece_unit).plan(partial(blocks, r0, nr, c0, nc, piece_unit))
-                if drain is not None:
+                if drain is not None:  # read when the kernel has ended
                     for owner in red.owners(g):
                         drain.issue(owner)
-                yield isa.red_stream(g, red, slots.sm, slots.gpu, port, add_own)
-            else:
-                items: list[StreamItem] = []  # in the epilogue's order, issued by the core
-                for owner, t0, cnt in reduced.owners(r0, nr):
-                    region = Region.block(reduced.shard, reduced.cols, t0 - owner * reduced.rows_l, cnt, c0, nc, eb)
-                    data = tile[t0 - r0:t0 - r0 + cnt]
-                    if region.rows == 1:  # whole rows: a contiguous run
-                        data = data.reshape(-1)
-                    if owner == g:
-                        items.append(partial(access.add_own, g, region, data))
-                        continue
-                    if drain is not None:
-                        drain.issue(owner)
-                    items += cut(owner, region, data, piece_unit)
-                yield isa.red_stream(g, items, slots.sm, slots.gpu, port)
-            if port.free_at > sim.now:  # the SM pushes the tile out before it is free
-                yield port.free_at - sim.now
-        return program
+                return isa.new_red_stream(g, red, slots.sm, slots.gpu, port, add_own)
+            tile = tile_product(mem, gemm.ops, shape, i, j)
+            items: list[StreamItem] = []
+            for owner, t0, cnt in reduced.owners(r0, nr):
+                region = Region.block(reduced.shard, reduced.cols, t0 - owner * reduced.rows_l, cnt, c0, nc, eb)
+                data = tile[t0 - r0:t0 - r0 + cnt]
+                if region.rows == 1:  # whole rows: a contiguous run
+                    data = data.reshape(-1)
+                if owner == g:
+                    items.append(partial(access.add_own, g, region, data))
+                    continue
+                if drain is not None:
+                    drain.issue(owner)
+                items += cut(owner, region, data, piece_unit)
+            return isa.new_red_stream(g, items, slots.sm, slots.gpu, port)
+
+        def planned(sm: int, busy: int) -> TbPlan:
+            """The TB's plan, executed by the core: its syncs, its mainloop (an HBM
+            phase), its epilogue's reductions, and its SM free once it has pushed them
+            out."""
+            plan = TbPlan()
+            access.plan_sync(plan, g, t, 0)
+            plan.phase(phases.of(busy))
+            access.plan_sync(plan, g, t, 1)
+            slots, port, piece_unit = sm_state(sm)
+            plan.begin(epilogue(slots, port, piece_unit))
+            plan.begin(port)
+            return plan
+        return planned
 
     kernel.tbs = [tile_tb(t, i, j) for t, (i, j) in enumerate(access.tile_order(shape, True))]
     return kernel, drain
@@ -529,44 +536,42 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
     piece_unit = min(unit, limit, bound.limit)  # the largest request a TB's slots admit, cut to the unit
 
     def tile_tb(t: int, i: int, j: int) -> TbProgram:
-        def program(sm: int, busy: int) -> ProgramGen:
-            sim = m.sim
-            if (started := access.tb_start(g, t)) is not None:
-                yield started
+        scope = reuse.scope((i, j), shape) if kept is not None else 0
+
+        def planned(sm: int, busy: int) -> TbPlan:
+            """The TB's plan, executed by the core: its sync, the operands it waits for,
+            its mainloop (an HBM phase it times itself), its remote loads and the
+            compute left after the last; in functional mode it reads its own rows,
+            places what lands and computes the tile."""
+            plan = TbPlan()
+            access.plan_sync(plan, g, t, 0)
             for ready in access.operands_ready(g, shape, i):
-                yield ready
-            start = sim.now
-            # the mainloop's time, stretched by the HBM share at its start
-            compute = yield phases.of(busy)
-            slots = RequestSlots(Bound(sim, limit), bound)
+                plan.wait(ready)
+            plan.mark()
+            plan.phase(phases.of(busy))  # the mainloop's time, stretched by the HBM share at its start
+            slots = RequestSlots(Bound(m.sim, limit), bound)
             tp = tile_plan(i, j, t, piece_unit)
-            if (cleared := access.first_access(g, t)) is not None:
-                yield cleared
-            blocks = _blocks(shape, ops, i, j) if mem is not None else None
-            if blocks is not None and mem is not None:
-                for ld in tp.loads:
-                    if ld.home == g:  # its own rows: read locally
-                        _place(blocks, ld, ld.region, mem.read(ld.region))
+            access.plan_sync(plan, g, t, 1)
+            blocks = None
+            if mem is not None:
+                blocks = _blocks(shape, ops, i, j)
+                plan.call(partial(_read_own, mem, g, tp.loads, blocks))
             # the core issues them in order, under the TB's slots; where a load may join
             # another TB's of its scope (an L2 that keeps peer reads, a TMA multicast to
             # the cluster, a staged block), one this GPU already asked for is joined
             remote = tp.stream(isa, g, blocks)
             loads = remote.loads(g)
             arrived = Countdown(loads)
-            if kept is None:
-                access.load_stream(g, remote, slots, arrived)
-            else:
-                access.load_stream(g, remote, slots, arrived, kept, reuse.scope((i, j), shape))
+            plan.begin(access.load_stream(g, remote, slots, arrived, kept, scope))
             if loads:
-                yield arrived
+                plan.wait(arrived)
             # the mainloop computes each K-slice once it has landed: after the last
             # load, one slice of compute remains
-            end = max(start + compute, sim.now + compute * SLICE_K // shape.k) if loads else start + compute
-            if end > sim.now:
-                yield end - sim.now
-            if store is not None and mem is not None:
-                store(i, j, _tile(mem, gemm, shape, ops, blocks, i, j))
-        return program
+            plan.rest(SLICE_K if loads else 0, shape.k)
+            if mem is not None and store is not None and blocks is not None:
+                plan.call(partial(_store_tile, store, mem, gemm, shape, ops, blocks, i, j))
+            return plan
+        return planned
 
     return Kernel(gemm.name, [tile_tb(t, i, j) for t, (i, j) in enumerate(order)], sm_set, hbm_phases=True)
 
@@ -599,6 +604,19 @@ def _placer(ld: Load, piece: Region, blocks: list[np.ndarray] | None) -> Callabl
     return placed
 
 
+
+
+def _read_own(mem: Memory, g: int, loads: list[Load], blocks: list[np.ndarray]) -> None:
+    """A TB's loads whose home is its own GPU ``g``: read locally into the blocks."""
+    for ld in loads:
+        if ld.home == g:
+            _place(blocks, ld, ld.region, mem.read(ld.region))
+
+
+def _store_tile(store: Callable[[int, int, np.ndarray], None], mem: Memory, gemm: Gemm, shape: GemmShape,
+                ops: list[Operand], blocks: list[np.ndarray], i: int, j: int) -> None:
+    """Tile (i, j) computed from its loaded blocks, stored by the GEMM's epilogue."""
+    store(i, j, _tile(mem, gemm, shape, ops, blocks, i, j))
 
 
 def _blocks(shape: GemmShape, ops: list[Operand], i: int, j: int) -> list[np.ndarray]:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cais.engine import Signal
+from cais.engine import Signal, TbPlan
 from cais.hw.gpu import Kernel
 from cais.hw.memory import Region
 from cais.isa import StreamRed
@@ -96,18 +96,11 @@ class CoordinatedAccess(MergeableAccess):
         first = k_start_owner(t, self.m.n) * self.rows_l  # the owner's first token row
         return next((s for s, (k0, _) in enumerate(steps) if k0 >= first), 0)
 
-    def tb_start(self, g: int, t: int) -> Signal | None:
-        return self._sync(g, t, 0)
-
-    def first_access(self, g: int, t: int) -> Signal | None:
-        return self._sync(g, t, 1)
-
-    def _sync(self, g: int, t: int, phase: int) -> Signal | None:
-        """Register TB ``t`` with its TB group at the switch: the release it waits for."""
-        if not self._syncs[phase]:
-            return None
-        assert self.group is not None
-        return self.m.isa.group_sync(g, self.group + t * _PHASES + phase, self._members)
+    def plan_sync(self, plan: TbPlan, g: int, t: int, phase: int) -> None:
+        """Register TB ``t`` with its TB group at the switch, and wait for the release."""
+        if self._syncs[phase]:
+            assert self.group is not None
+            self.m.isa.group_sync_step(plan, g, self.group + t * _PHASES + phase, self._members)
 
     # ---- TB-level dependencies -------------------------------------------------------
     def operands_ready(self, g: int, shape: GemmShape, i: int) -> list[Signal]:
