@@ -40,7 +40,7 @@ import numpy as np
 
 from cais.engine import Bound, Countdown, Signal, TbPlan
 from cais.hw.compute import ComputeModel
-from cais.hw.gpu import KeptLines, Kernel, LoadPlan, LoadStream, RedPlan, TbProgram
+from cais.hw.gpu import KeptLines, Kernel, LoadPlan, LoadStream, RedPlan
 from cais.hw.memory import Memory, Region
 from cais.hw.packets import Traffic
 from cais.isa import Isa, SmPort, StreamItem, StreamRed
@@ -413,50 +413,48 @@ def reduce_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmSha
             per_sm[sm] = (slots, isa.sm_port(), min(unit, slots.piece))
         return per_sm[sm]
 
-    def tile_tb(t: int, i: int, j: int) -> TbProgram:
+    def epilogue(i: int, j: int, slots: RequestSlots, port: SmPort, piece_unit: int) -> RedStream:
+        """Tile (i, j)'s epilogue as a stream to start: in timing mode the tile's plan,
+        shared by the GPUs; in functional mode its partial rows with their data, in the
+        epilogue's order (its own rows added locally)."""
         r0, nr = shape.rows(i)
         c0, nc = shape.cols(j)
-
-        def epilogue(slots: RequestSlots, port: SmPort, piece_unit: int) -> RedStream:
-            """The tile's epilogue as a stream to start: in timing mode the tile's plan,
-            shared by the GPUs; in functional mode its partial rows with their data, in
-            the epilogue's order (its own rows added locally)."""
-            if mem is None:
-                red = tile_plan(i, j, piece_unit).plan(partial(blocks, r0, nr, c0, nc, piece_unit))
-                if drain is not None:  # read when the kernel has ended
-                    for owner in red.owners(g):
-                        drain.issue(owner)
-                return isa.new_red_stream(g, red, slots.sm, slots.gpu, port, add_own)
-            tile = tile_product(mem, gemm.ops, shape, i, j)
-            items: list[StreamItem] = []
-            for owner, t0, cnt in reduced.owners(r0, nr):
-                region = Region.block(reduced.shard, reduced.cols, t0 - owner * reduced.rows_l, cnt, c0, nc, eb)
-                data = tile[t0 - r0:t0 - r0 + cnt]
-                if region.rows == 1:  # whole rows: a contiguous run
-                    data = data.reshape(-1)
-                if owner == g:
-                    items.append(partial(access.add_own, g, region, data))
-                    continue
-                if drain is not None:
+        if mem is None:
+            red = tile_plan(i, j, piece_unit).plan(partial(blocks, r0, nr, c0, nc, piece_unit))
+            if drain is not None:  # read when the kernel has ended
+                for owner in red.owners(g):
                     drain.issue(owner)
-                items += cut(owner, region, data, piece_unit)
-            return isa.new_red_stream(g, items, slots.sm, slots.gpu, port)
+            return isa.new_red_stream(g, red, slots.sm, slots.gpu, port, add_own)
+        tile = tile_product(mem, gemm.ops, shape, i, j)
+        items: list[StreamItem] = []
+        for owner, t0, cnt in reduced.owners(r0, nr):
+            region = Region.block(reduced.shard, reduced.cols, t0 - owner * reduced.rows_l, cnt, c0, nc, eb)
+            data = tile[t0 - r0:t0 - r0 + cnt]
+            if region.rows == 1:  # whole rows: a contiguous run
+                data = data.reshape(-1)
+            if owner == g:
+                items.append(partial(access.add_own, g, region, data))
+                continue
+            if drain is not None:
+                drain.issue(owner)
+            items += cut(owner, region, data, piece_unit)
+        return isa.new_red_stream(g, items, slots.sm, slots.gpu, port)
 
-        def planned(sm: int, busy: int) -> TbPlan:
-            """The TB's plan, executed by the core: its syncs, its mainloop (an HBM
-            phase), its epilogue's reductions, and its SM free once it has pushed them
-            out."""
-            plan = TbPlan()
-            access.plan_sync(plan, g, t, 0)
-            plan.phase(phases.of(busy))
-            access.plan_sync(plan, g, t, 1)
-            slots, port, piece_unit = sm_state(sm)
-            plan.begin(epilogue(slots, port, piece_unit))
-            plan.begin(port)
-            return plan
-        return planned
+    def planned(t: int, i: int, j: int, sm: int, busy: int) -> TbPlan:
+        """Tile (i, j)'s TB (the ``t``-th launched) as a plan the core executes: its
+        syncs, its mainloop (an HBM phase), its epilogue's reductions, and its SM free
+        once it has pushed them out."""
+        plan = TbPlan()
+        access.plan_sync(plan, g, t, 0)
+        plan.phase(phases.of(busy))
+        access.plan_sync(plan, g, t, 1)
+        slots, port, piece_unit = sm_state(sm)
+        plan.begin(epilogue(i, j, slots, port, piece_unit))
+        plan.begin(port)
+        return plan
 
-    kernel.tbs = [tile_tb(t, i, j) for t, (i, j) in enumerate(access.tile_order(shape, True))]
+    # one small object per TB (a closure per TB is several, each walked by every collection)
+    kernel.tbs = [partial(planned, t, i, j) for t, (i, j) in enumerate(access.tile_order(shape, True))]
     return kernel, drain
 
 
@@ -498,7 +496,8 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
 
     firsts = [first_step(t, i, j) for t, (i, j) in enumerate(order)]
     # how many of this kernel's tiles take each plan (on each GPU that runs it)
-    takers = Counter((spans(i, j), firsts[t]) for t, (i, j) in enumerate(order))
+    wheres = [(spans(i, j), firsts[t]) for t, (i, j) in enumerate(order)]  # what each tile's plan depends on
+    takers = Counter(wheres)
     gemm_key = _plan_key(plans, (shape, tuple(ops), eb, access.load_bytes, unit))  # all its tiles read
 
     def plan(i: int, j: int, first: int) -> list[Load]:
@@ -521,12 +520,11 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
         ``piece_unit`` bytes, for every home: the same on every GPU and for every tile
         with the same operand spans and first K step, so they share it through
         ``plans``."""
-        first = firsts[t]
-        where = (spans(i, j), first)
+        where = wheres[t]
         key = (gemm_key, where, piece_unit)
         hit = plans.get(key)
         if hit is None:
-            hit = plans[key] = TilePlan(plan(i, j, first), piece_unit, unit, users * takers[where], users > 1)
+            hit = plans[key] = TilePlan(plan(i, j, where[1]), piece_unit, unit, users * takers[where], users > 1)
         hit.users -= 1
         if hit.users == 0:  # every GPU running the GEMM has it: drop it (memory)
             del plans[key]
@@ -535,45 +533,42 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
     phases = TilePhases(cm, shape, floor_ps, tile_bytes, overlapped=True)
     piece_unit = min(unit, limit, bound.limit)  # the largest request a TB's slots admit, cut to the unit
 
-    def tile_tb(t: int, i: int, j: int) -> TbProgram:
+    def planned(t: int, i: int, j: int, sm: int, busy: int) -> TbPlan:
+        """Tile (i, j)'s TB (the ``t``-th launched) as a plan the core executes: its
+        sync, the operands it waits for, its mainloop (an HBM phase it times itself),
+        its remote loads and the compute left after the last; in functional mode it
+        reads its own rows, places what lands and computes the tile."""
+        plan = TbPlan()
+        access.plan_sync(plan, g, t, 0)
+        for ready in access.operands_ready(g, shape, i):
+            plan.wait(ready)
+        plan.mark()
+        plan.phase(phases.of(busy))  # the mainloop's time, stretched by the HBM share at its start
+        slots = RequestSlots(Bound(m.sim, limit), bound)
+        tp = tile_plan(i, j, t, piece_unit)
+        access.plan_sync(plan, g, t, 1)
+        blocks = None
+        if mem is not None:
+            blocks = _blocks(shape, ops, i, j)
+            plan.call(partial(_read_own, mem, g, tp.loads, blocks))
+        # the core issues them in order, under the TB's slots; where a load may join
+        # another TB's of its scope (an L2 that keeps peer reads, a TMA multicast to
+        # the cluster, a staged block), one this GPU already asked for is joined
+        remote = tp.stream(isa, g, blocks)
+        loads = remote.loads(g)
+        arrived = Countdown(loads)
         scope = reuse.scope((i, j), shape) if kept is not None else 0
+        plan.begin(access.load_stream(g, remote, slots, arrived, kept, scope))
+        if loads:
+            plan.wait(arrived)
+        # the mainloop computes each K-slice once it has landed: after the last
+        # load, one slice of compute remains
+        plan.rest(SLICE_K if loads else 0, shape.k)
+        if mem is not None and store is not None and blocks is not None:
+            plan.call(partial(_store_tile, store, mem, gemm, shape, ops, blocks, i, j))
+        return plan
 
-        def planned(sm: int, busy: int) -> TbPlan:
-            """The TB's plan, executed by the core: its sync, the operands it waits for,
-            its mainloop (an HBM phase it times itself), its remote loads and the
-            compute left after the last; in functional mode it reads its own rows,
-            places what lands and computes the tile."""
-            plan = TbPlan()
-            access.plan_sync(plan, g, t, 0)
-            for ready in access.operands_ready(g, shape, i):
-                plan.wait(ready)
-            plan.mark()
-            plan.phase(phases.of(busy))  # the mainloop's time, stretched by the HBM share at its start
-            slots = RequestSlots(Bound(m.sim, limit), bound)
-            tp = tile_plan(i, j, t, piece_unit)
-            access.plan_sync(plan, g, t, 1)
-            blocks = None
-            if mem is not None:
-                blocks = _blocks(shape, ops, i, j)
-                plan.call(partial(_read_own, mem, g, tp.loads, blocks))
-            # the core issues them in order, under the TB's slots; where a load may join
-            # another TB's of its scope (an L2 that keeps peer reads, a TMA multicast to
-            # the cluster, a staged block), one this GPU already asked for is joined
-            remote = tp.stream(isa, g, blocks)
-            loads = remote.loads(g)
-            arrived = Countdown(loads)
-            plan.begin(access.load_stream(g, remote, slots, arrived, kept, scope))
-            if loads:
-                plan.wait(arrived)
-            # the mainloop computes each K-slice once it has landed: after the last
-            # load, one slice of compute remains
-            plan.rest(SLICE_K if loads else 0, shape.k)
-            if mem is not None and store is not None and blocks is not None:
-                plan.call(partial(_store_tile, store, mem, gemm, shape, ops, blocks, i, j))
-            return plan
-        return planned
-
-    return Kernel(gemm.name, [tile_tb(t, i, j) for t, (i, j) in enumerate(order)], sm_set, hbm_phases=True)
+    return Kernel(gemm.name, [partial(planned, t, i, j) for t, (i, j) in enumerate(order)], sm_set, hbm_phases=True)
 
 
 def k_steps(shape: GemmShape, ops: list[Operand], eb: int, load_bytes: int) -> list[tuple[int, int]]:
