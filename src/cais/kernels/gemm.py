@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
-from cais.engine import Signal
-from cais.engine.sim import ProgramGen
+from cais.engine import Signal, TbPlan
 from cais.hw.compute import ComputeModel
-from cais.hw.gpu import Kernel, TbProgram
+from cais.hw.gpu import Kernel
 from cais.hw.hbm import HbmPhase
 from cais.hw.memory import Memory
 from cais.workload.graph import GemmOperands
@@ -144,18 +144,26 @@ def gemm_kernel(model: ComputeModel, shape: GemmShape, name: str = "gemm", sms: 
     if mem is not None and ops is not None and epilogue is None:
         epilogue = store_epilogue(mem, ops, shape)
 
-    def tile_tb(i: int, j: int) -> TbProgram:
-        def program(sm: int, busy: int) -> ProgramGen:
-            if waits is not None:
-                for sig in waits(i, j):
-                    yield sig
-            yield phases.of(busy)
-            if epilogue is not None:
-                tile = tile_product(mem, ops, shape, i, j) if (mem is not None and ops is not None) else None
-                epilogue(i, j, tile)
-        return program
+    def finish(i: int, j: int) -> None:
+        """The tile's epilogue, with its product in functional mode."""
+        assert epilogue is not None
+        tile = tile_product(mem, ops, shape, i, j) if (mem is not None and ops is not None) else None
+        epilogue(i, j, tile)
 
-    return Kernel(name, [tile_tb(i, j) for i, j in tiles], sms, hbm_phases=True)
+    def planned(i: int, j: int, sm: int, busy: int) -> TbPlan:
+        """Tile (i, j)'s TB as a plan the core executes: its waits, its mainloop (an
+        HBM phase), its epilogue."""
+        plan = TbPlan()
+        if waits is not None:
+            for sig in waits(i, j):
+                plan.wait(sig)
+        plan.phase(phases.of(busy))
+        if epilogue is not None:
+            plan.call(partial(finish, i, j))
+        return plan
+
+    # one small object per TB (a closure per TB is several, each walked by every collection)
+    return Kernel(name, [partial(planned, i, j) for i, j in tiles], sms, hbm_phases=True)
 
 
 def tile_hbm_bytes(shape: GemmShape, elem_bytes: int = 2, a: float = 1.0, b: float = 1.0, c: float = 1.0) -> float:

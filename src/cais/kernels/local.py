@@ -13,9 +13,10 @@ shared numerics, so any subset of TBs gives the bits the whole kernel would.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
-from cais.engine.sim import ProgramGen
-from cais.hw.gpu import Kernel, TbProgram
+from cais.engine import TbPlan
+from cais.hw.gpu import Kernel
 from cais.hw.hbm import HbmPhase
 
 ROWS_PER_TB = 64
@@ -32,14 +33,17 @@ def even_kernel(name: str, work_ps: int, n_tbs: int, sms: int, body: Callable[[i
     tb_ps = work_ps // max(1, waves)
     tb_bytes = hbm_bytes / max(1, waves) / max(1, min(n_tbs, sms))
 
-    def tb(i: int) -> TbProgram:
-        def program(sm: int, busy: int) -> ProgramGen:
-            yield HbmPhase(tb_ps, tb_bytes)
-            if body is not None:
-                body(i)
-        return program
+    phase = HbmPhase(tb_ps, tb_bytes)  # the same for every TB
 
-    return Kernel(name, [tb(i) for i in range(n_tbs)], sm_set, hbm_phases=True)
+    def planned(i: int, sm: int, busy: int) -> TbPlan:
+        """TB ``i`` as a plan the core executes: its phase, then its body."""
+        plan = TbPlan()
+        plan.phase(phase)
+        if body is not None:
+            plan.call(partial(body, i))
+        return plan
+
+    return Kernel(name, [partial(planned, i) for i in range(n_tbs)], sm_set, hbm_phases=True)
 
 
 def row_blocks(rows: int, per_tb: int = ROWS_PER_TB) -> list[tuple[int, int]]:
