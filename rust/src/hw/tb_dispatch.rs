@@ -6,8 +6,8 @@
 //! priority; equal ones in that order); each takes every free SM it may use (its SM
 //! set) before the next is looked at, and TBs run to completion (no preemption).
 //! Dispatching waits for the end of the instant, so TBs that finish together free
-//! their SMs before new ones start (waves). The TB programs stay Python: a kernel's
-//! `tbs[i](sm, busy)` makes the generator its SM runs (`engine::wait::Process`).
+//! their SMs before new ones start (waves). A kernel's `tbs[i](sm, busy)` (Python)
+//! makes what its SM runs (`engine::wait::Process`): a generator, or a `TbPlan`.
 
 use pyo3::prelude::*;
 use pyo3::types::PyList;

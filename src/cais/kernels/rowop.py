@@ -12,13 +12,13 @@ computes its rows with the shared numerics (``workload/numerics.py``).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 import numpy as np
 
-from cais.engine import Signal
-from cais.engine.sim import ProgramGen
+from cais.engine import Signal, TbPlan
 from cais.hw.compute import ComputeModel
-from cais.hw.gpu import Kernel, TbProgram
+from cais.hw.gpu import Kernel
 from cais.hw.hbm import HbmPhase
 from cais.hw.memory import Memory
 from cais.kernels.local import even_kernel, row_blocks
@@ -107,17 +107,26 @@ def signalled_rowop_kernel(m: Machine, cm: ComputeModel, g: int, mem: Memory, op
     waves = -(-len(blocks) // sms)
     tb_ps = rowop_work_ps(cm, op, dtype_bytes, op.rows, sms, total_sms) // max(1, waves)
 
-    def tb(b: int) -> TbProgram:
-        r0, nr = blocks[b]
+    def landed_on(b: int, gpu: int) -> None:
+        """Block ``b``'s ready flag has landed on ``gpu``."""
+        ready[gpu][(g, b)].fire(m.sim)
 
-        def program(sm: int, busy: int) -> ProgramGen:
-            landed = Signal()
-            m.isa.wait_signal(g, keys[b], expected[b], lambda: landed.fire(m.sim))
-            yield landed
-            yield HbmPhase(tb_ps, rowop_bytes(op, dtype_bytes, nr))
-            if mem.functional:
-                rowop_apply(mem, op, r0, nr, norm, p_drop, row0)
-            m.isa.flag_multicast(g, flags[b], lambda gpu: ready[gpu][(g, b)].fire(m.sim))
-        return program
+    def finish(b: int) -> None:
+        """Block ``b``'s rows normalised (functional mode); its flag multicast."""
+        if mem.functional:
+            r0, nr = blocks[b]
+            rowop_apply(mem, op, r0, nr, norm, p_drop, row0)
+        m.isa.flag_multicast(g, flags[b], partial(landed_on, b))
 
-    return Kernel(op.name, [tb(b) for b in range(len(blocks))], sm_set, hbm_phases=True)
+    def planned(b: int, sm: int, busy: int) -> TbPlan:
+        """TB ``b`` as a plan the core executes: it waits for its signal word, runs
+        its phase, then finishes its block."""
+        plan = TbPlan()
+        landed = Signal()
+        m.isa.wait_signal(g, keys[b], expected[b], partial(landed.fire, m.sim))
+        plan.wait(landed)
+        plan.phase(HbmPhase(tb_ps, rowop_bytes(op, dtype_bytes, blocks[b][1])))
+        plan.call(partial(finish, b))
+        return plan
+
+    return Kernel(op.name, [partial(planned, b) for b in range(len(blocks))], sm_set, hbm_phases=True)
