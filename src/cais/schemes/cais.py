@@ -34,6 +34,8 @@ run as in ``cais-base``.
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 import numpy as np
 
 from cais.engine import Signal, TbPlan
@@ -94,7 +96,8 @@ class CoordinatedAccess(MergeableAccess):
         if not self.spreads:
             return 0
         first = k_start_owner(t, self.m.n) * self.rows_l  # the owner's first token row
-        return next((s for s, (k0, _) in enumerate(steps) if k0 >= first), 0)
+        s = bisect_left(steps, (first,))  # the first step at or after it (steps run in K order)
+        return s if s < len(steps) else 0
 
     def plan_sync(self, plan: TbPlan, g: int, t: int, phase: int) -> None:
         """Register TB ``t`` with its TB group at the switch, and wait for the release."""
