@@ -496,8 +496,7 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
 
     firsts = [first_step(t, i, j) for t, (i, j) in enumerate(order)]
     # how many of this kernel's tiles take each plan (on each GPU that runs it)
-    wheres = [(spans(i, j), firsts[t]) for t, (i, j) in enumerate(order)]  # what each tile's plan depends on
-    takers = Counter(wheres)
+    takers = Counter((spans(i, j), firsts[t]) for t, (i, j) in enumerate(order))
     gemm_key = _plan_key(plans, (shape, tuple(ops), eb, access.load_bytes, unit))  # all its tiles read
 
     def plan(i: int, j: int, first: int) -> list[Load]:
@@ -520,11 +519,12 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
         ``piece_unit`` bytes, for every home: the same on every GPU and for every tile
         with the same operand spans and first K step, so they share it through
         ``plans``."""
-        where = wheres[t]
+        first = firsts[t]
+        where = (spans(i, j), first)  # made again, not kept for every TB from the build (memory)
         key = (gemm_key, where, piece_unit)
         hit = plans.get(key)
         if hit is None:
-            hit = plans[key] = TilePlan(plan(i, j, where[1]), piece_unit, unit, users * takers[where], users > 1)
+            hit = plans[key] = TilePlan(plan(i, j, first), piece_unit, unit, users * takers[where], users > 1)
         hit.users -= 1
         if hit.users == 0:  # every GPU running the GEMM has it: drop it (memory)
             del plans[key]
