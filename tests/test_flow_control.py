@@ -3,6 +3,7 @@ watchdog, and synchronisation as packets on the wire."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from cais.engine import Countdown
@@ -197,6 +198,37 @@ def test_an_nvls_barrier_is_flags_on_the_wire(h100) -> None:
     trip = 2 * h100.link_latency_ps
     for sig in passed:
         assert late + trip <= sig.time <= late + trip + 2_000  # plus a few flits' serialisation
+
+
+def test_a_switchs_copies_wait_as_descriptions_and_land_as_the_trains_it_would_have_made() -> None:
+    """A multicast's copies and an ld_reduce's pulls are made as they go on the wire
+    (the core's ``Fanout``): queued behind each other, every copy still lands with its
+    data, and the pulls read it back for the sum."""
+    m = Machine(_system(gpus=4), functional=True)
+    n, count = m.n, 16_384
+    data = [np.arange(count, dtype=np.float64) + 1000.0 * g for g in range(n)]
+    for gpu in m.gpus:
+        for g in range(n):
+            gpu.memory.alloc(f"x{g}", count)
+    for g in range(n):  # every GPU multicasts at once: the copies queue at every port
+        m.isa.multimem_st(g, Region(f"x{g}", 0, count), data[g])
+    m.sim.run(until=400_000)
+    assert sum(k for row in m.fabric.down for ch in row for _, k, _ in ch.waiting()) > n  # copies waiting
+    m.run()
+    up = sum(ch.trains for row in m.fabric.up for ch in row)
+    assert sum(ch.copies for row in m.fabric.down for ch in row) == n * up > 0
+    for gpu in m.gpus:
+        for g in range(n):
+            assert np.array_equal(gpu.memory.buffers[f"x{g}"], data[g])
+    copies = sum(ch.copies for row in m.fabric.down for ch in row)
+    down = sum(ch.trains for row in m.fabric.down for ch in row)
+    sums: list[np.ndarray] = []
+    m.isa.multimem_ld_reduce(0, Region("x1", 0, count), sums.append)
+    m.run()
+    pulls = sum(ch.copies for row in m.fabric.down for ch in row) - copies
+    answers = sum(ch.trains for row in m.fabric.down for ch in row) - down - pulls
+    assert pulls == n * answers > 0  # a pull to every GPU per request, one sum back
+    assert len(sums) == 1 and np.array_equal(sums[0], n * data[1])
 
 
 def test_ring_steps_are_fenced_and_flagged_on_the_wire(h100) -> None:

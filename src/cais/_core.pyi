@@ -234,6 +234,7 @@ class Channel:
     wire_bytes: int
     busy_ps: int
     delivered_payload: int
+    copies: int  # of its trains, a switch chip's copies made as they went on the wire
     timeline: list[tuple[int, int, int]] | None
     credits: Credits | None
     credit_rtt_ps: int

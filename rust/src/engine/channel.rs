@@ -8,6 +8,7 @@
 //! wormhole/virtual cut-through flit switching.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use pyo3::exceptions::PyIndexError;
 use pyo3::prelude::*;
@@ -16,7 +17,7 @@ use pyo3::{PyTraverseError, PyVisit};
 use super::cell::{properties, unit, GilCell, Unit, UnitState};
 use super::credits::{true_div, Credits};
 use super::sim::{Action, Clock, Likely, Simulator};
-use super::train::Train;
+use super::train::{Fanout, Train};
 use super::unit::{unexpected, Event, Handler, UnitRef};
 
 /// Not computed since the VC's head train or its credits changed.
@@ -72,9 +73,47 @@ pub(crate) enum Hook {
     Call(Py<PyAny>),
 }
 
+/// What waits for the wire: a train, or a switch chip's copy of an input train
+/// (`entry`) for `dst`, made when it goes on the wire (`Fanout`).
+enum Cargo {
+    Train(Py<Train>),
+    Copy {
+        entry: Py<Train>,
+        fanout: Arc<Fanout>,
+        dst: i64,
+    },
+}
+
+impl ChannelState {
+    /// The train `cargo` is, made now if it is a copy (from the pool of kept trains).
+    fn train_of<'py>(&mut self, py: Python<'py>, cargo: Cargo) -> PyResult<Bound<'py, Train>> {
+        match cargo {
+            Cargo::Train(t) => Ok(t.into_bound(py)),
+            Cargo::Copy { entry, fanout, dst } => {
+                self.copies += 1;
+                let sim = &self.sim;
+                let state = fanout.make(py, &entry.get().st(py), dst);
+                let t = sim.get().new_train(py, state)?;
+                t.get().st(py).parent = Some(entry.into_any());
+                Ok(t)
+            }
+        }
+    }
+}
+
+impl Cargo {
+    /// The object its start reads first (for a prefetch).
+    fn address(&self) -> *const u8 {
+        match self {
+            Cargo::Train(t) => t.as_ptr() as *const u8,
+            Cargo::Copy { entry, .. } => entry.as_ptr() as *const u8,
+        }
+    }
+}
+
 /// A train waiting for the wire, with whom to tell when it starts and arrives.
 struct Queued {
-    train: Py<Train>,
+    cargo: Cargo,
     deliver: Sink,
     on_start: Hook,
     ser: i64,
@@ -105,7 +144,9 @@ struct Flight {
 /// train is put on the wire (its first and last byte leave at those times);
 /// `deliver(train)` when its tail reaches the far end.
 ///
-/// Statistics: trains, payload and wire bytes sent, and busy time, for utilisation.
+/// Statistics: trains, payload and wire bytes sent, and busy time, for utilisation;
+/// `copies`, how many of the trains were a switch chip's copies, made as they went on
+/// the wire (a multicast's or an `ld_reduce`'s fan-out: `Fanout`).
 #[pyclass(module = "cais._core", subclass, frozen)]
 pub struct Channel {
     st: GilCell<ChannelState>,
@@ -133,6 +174,8 @@ pub(crate) struct ChannelState {
     wire_bytes: i64,
     busy_ps: i64,
     pub(crate) delivered_payload: i64,
+    /// Trains it carried that a switch chip offered as copies to be made (`Fanout`).
+    copies: i64,
     /// (start, finish, wire bytes) of every train, when recording (a recorder sets
     /// `timeline` to a list; it reads back as a new list of what was recorded).
     timeline: Option<Vec<(i64, i64, i64)>>,
@@ -188,7 +231,7 @@ impl ChannelState {
         match self.queues[vc].front() {
             Some(q) => Likely {
                 queued: q as *const Queued as *const u8,
-                train: q.train.as_ptr() as *const u8,
+                train: q.cargo.address(),
             },
             None => Likely::NONE,
         }
@@ -297,10 +340,11 @@ impl Channel {
             }
             me.rr = if pick + 1 == me.queues.len() { 0 } else { pick + 1 };
             me.queued -= 1;
-            ((q, credit_t), now)
+            let train = me.train_of(py, q.cargo)?;
+            ((train, q.deliver, q.on_start, q.ser, credit_t), now)
         };
-        let ((q, credit_t), now) = (queued, now);
-        Channel::start(slf, q.train.into_bound(py), q.deliver, q.on_start, q.ser, credit_t)?;
+        let ((train, deliver, on_start, ser, credit_t), now) = (queued, now);
+        Channel::start(slf, train, deliver, on_start, ser, credit_t)?;
         let mut me = slf.get().st(py);
         if me.queued > 0 {
             me.arm_next(py, slf, now)?;
@@ -424,13 +468,46 @@ impl Channel {
     /// Offer a train whose head is available at `train.head` and tail at
     /// `train.tail`.
     pub(crate) fn offer(slf: &Bound<'_, Self>, train: Bound<'_, Train>, deliver: Sink, on_start: Hook) -> PyResult<()> {
-        let py = slf.py();
-        let mut me = slf.get().st(py);
-        let now = me.now(py);
         let (vc, wire, head) = {
             let t = train.st();
             (t.vc, t.wire, t.head)
         };
+        Channel::enqueue(slf, Cargo::Train(train.unbind()), vc, wire, head, deliver, on_start)
+    }
+
+    /// Offer a switch chip's copy for `dst` of its input train `entry`, described by
+    /// `fanout`; it is made when it goes on the wire.
+    pub(crate) fn offer_copy(
+        slf: &Bound<'_, Self>,
+        entry: &Bound<'_, Train>,
+        fanout: &Arc<Fanout>,
+        dst: i64,
+        deliver: Sink,
+        on_start: Hook,
+    ) -> PyResult<()> {
+        let vc = entry.st().vc;
+        let cargo = Cargo::Copy {
+            entry: entry.clone().unbind(),
+            fanout: fanout.clone(),
+            dst,
+        };
+        Channel::enqueue(slf, cargo, vc, fanout.wire, fanout.head, deliver, on_start)
+    }
+
+    /// Put `cargo` (VC `vc`, `wire` bytes, its head available at `head`) on the wire
+    /// now if the wire is free, nothing waits and its credits allow; else queue it.
+    fn enqueue(
+        slf: &Bound<'_, Self>,
+        cargo: Cargo,
+        vc: i64,
+        wire: i64,
+        head: i64,
+        deliver: Sink,
+        on_start: Hook,
+    ) -> PyResult<()> {
+        let py = slf.py();
+        let mut me = slf.get().st(py);
+        let now = me.now(py);
         if vc < 0 || vc as usize >= me.queues.len() {
             return Err(PyIndexError::new_err(format!(
                 "{}: VC {vc} out of range 0..{}",
@@ -455,6 +532,7 @@ impl Channel {
                 }
             };
             if let Some(t) = not_before {
+                let train = me.train_of(py, cargo)?;
                 drop(me);
                 return Channel::start(slf, train, deliver, on_start, ser, t);
             }
@@ -465,7 +543,7 @@ impl Channel {
             me.ready[vc] = UNKNOWN;
         }
         me.queues[vc].push_back(Queued {
-            train: train.unbind(),
+            cargo,
             deliver,
             on_start,
             ser,
@@ -561,6 +639,7 @@ impl Channel {
                 wire_bytes: 0,
                 busy_ps: 0,
                 delivered_payload: 0,
+                copies: 0,
                 timeline,
                 credits,
                 credit_rtt_ps,
@@ -619,7 +698,10 @@ impl Channel {
         visit.call(&me.credits)?;
         for q in me.queues.iter() {
             for e in q.iter() {
-                visit.call(&e.train)?;
+                match &e.cargo {
+                    Cargo::Train(t) => visit.call(t)?,
+                    Cargo::Copy { entry, .. } => visit.call(entry)?,
+                }
                 e.deliver.visit(&visit)?;
                 match &e.on_start {
                     Hook::None => {}
@@ -661,5 +743,6 @@ properties!(Channel {
     wire_bytes: i64;
     busy_ps: i64;
     delivered_payload: i64;
+    copies: i64;
     credit_rtt_ps: i64;
 });

@@ -106,6 +106,47 @@ pub(crate) fn opt_ref(obj: &Option<Py<PyAny>>, py: Python<'_>) -> Option<Py<PyAn
     obj.as_ref().map(|o| o.clone_ref(py))
 }
 
+/// A train a switch chip sends to every port at once (a multicast copy, the pulls of
+/// an `ld_reduce`), described once for all of them. A port's copy is made from it, its
+/// destination and the input train it comes from (`entry`: source, VC, class, address,
+/// and, as `data` / `done` say, its data and completion) when the copy goes on the
+/// wire, not when the chip sends it: until then it waits in the port's queue as this
+/// description and its destination (`Channel::offer_copy`). The copy is the train the
+/// chip would have made at once, field for field; what changes is that thousands of
+/// copies waiting on a large machine's ports are not thousands of train objects.
+pub(crate) struct Fanout {
+    pub payload: i64,
+    pub wire: i64,
+    pub packet_wire: i64,
+    pub kind: i64,
+    pub chip: i64,
+    pub want: i64,
+    pub tag: i64,
+    pub head: i64,
+    pub tail: i64,
+    pub data: bool,
+    pub done: bool,
+}
+
+impl Fanout {
+    /// The copy for `dst` of `entry`'s train (its `parent` is the caller's to set).
+    pub(crate) fn make(&self, py: Python<'_>, entry: &TrainState, dst: i64) -> TrainState {
+        TrainState {
+            chip: self.chip,
+            addr: opt_ref(&entry.addr, py),
+            data: if self.data { opt_ref(&entry.data, py) } else { None },
+            done: if self.done { opt_ref(&entry.done, py) } else { None },
+            vc: entry.vc,
+            cls: entry.cls,
+            want: self.want,
+            tag: self.tag,
+            head: self.head,
+            tail: self.tail,
+            ..TrainState::blank(self.payload, self.wire, self.packet_wire, self.kind, entry.src, dst)
+        }
+    }
+}
+
 impl TrainState {
     /// A train of `kind` from `src` to `dst` with the constructor's defaults for the
     /// rest (no data, no completion, VC 0), as the units of the core make them.

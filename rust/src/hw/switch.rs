@@ -15,6 +15,8 @@
 //! Table (registrations: `group_sync.rs`); else by the NVLS engine for the NVLS kinds
 //! when it is enabled; else it is forwarded to its destination GPU.
 
+use std::sync::Arc;
+
 use rustc_hash::FxHashMap as HashMap;
 
 use pyo3::prelude::*;
@@ -25,7 +27,7 @@ use crate::engine::cell::{properties, unit, GilCell, Unit, UnitState};
 use crate::engine::channel::{Channel, Hook, Sink};
 use crate::engine::credits::Credits;
 use crate::engine::sim::{Clock, Simulator};
-use crate::engine::train::{opt, opt_ref, Train, TrainState};
+use crate::engine::train::{opt, opt_ref, Fanout, Train, TrainState};
 use crate::engine::unit::{unexpected, Event, Handler, UnitRef};
 use crate::hw::gpu::Endpoint;
 use crate::hw::group_sync::{Admitted, GroupSyncTable};
@@ -334,20 +336,49 @@ impl SwitchChip {
             };
             (n, me.chip, kind, t.payload, wire, last)
         };
+        let (head, tail) = {
+            let t = train.st();
+            (t.head, t.tail)
+        };
+        let copy = Fanout {
+            payload,
+            wire,
+            packet_wire: last,
+            kind,
+            chip,
+            want: 0,
+            tag: -1,
+            head,
+            tail,
+            data: true,
+            done: true,
+        };
+        SwitchChip::emit_copies(slf, train, copy, n)
+    }
+
+    /// Send `n` copies of the input train `entry`, described by `copy`, one to each
+    /// GPU's port, as `emit_train` sends a train the chip made (each is made when it
+    /// goes on the wire: `Fanout`).
+    fn emit_copies(slf: &Bound<'_, Self>, entry: &Bound<'_, Train>, mut copy: Fanout, n: i64) -> PyResult<()> {
+        let py = slf.py();
+        let mirror = {
+            let me = slf.st();
+            copy.head += me.pipeline_ps;
+            copy.tail += me.pipeline_ps;
+            me.mirror
+        };
+        let copy = Arc::new(copy);
         for g in 0..n {
-            let copy = {
-                let t = train.st();
-                let mut c = TrainState::blank(payload, wire, last, kind, t.src, g);
-                c.chip = chip;
-                c.addr = opt_ref(&t.addr, py);
-                c.data = opt_ref(&t.data, py);
-                c.done = opt_ref(&t.done, py);
-                c.vc = t.vc;
-                c.cls = t.cls;
-                (c.head, c.tail) = (t.head, t.tail);
-                slf.st().sim.get().new_train(py, c)?
+            let (channel, receiver) = {
+                let me = slf.st();
+                me.ledger.get().st(py).bytes_out += copy.payload;
+                let d = if mirror { 0 } else { g as usize }; // mirror: the image sent to GPU 0
+                (me.channels[d].bind(py).clone(), me.receivers[d].clone_ref(py))
             };
-            SwitchChip::emit_train(slf, &copy, g, Some(train), Hook::None)?;
+            entry.st().left += 1;
+            let dst = if mirror { 0 } else { g };
+            let hook = Hook::Unit(UnitRef::of_bound(slf), (0, 0));
+            Channel::offer_copy(&channel, entry, &copy, dst, receiver, hook)?;
         }
         Ok(())
     }
@@ -385,22 +416,20 @@ impl SwitchChip {
             }
             (n, rid, wire, last, head, tail, me.chip)
         };
-        for g in 0..n {
-            let pull = {
-                let r = req.st();
-                let mut p = TrainState::blank(0, wire, last, MC_PULL_REQ, r.src, g);
-                p.chip = chip;
-                p.addr = opt_ref(&r.addr, py);
-                p.vc = r.vc;
-                p.cls = r.cls;
-                p.want = r.want;
-                p.tag = rid;
-                (p.head, p.tail) = (head, tail);
-                slf.st().sim.get().new_train(py, p)?
-            };
-            SwitchChip::emit_train(slf, &pull, g, Some(req), Hook::None)?;
-        }
-        Ok(())
+        let pull = Fanout {
+            payload: 0,
+            wire,
+            packet_wire: last,
+            kind: MC_PULL_REQ,
+            chip,
+            want: req.st().want,
+            tag: rid,
+            head,
+            tail,
+            data: false,
+            done: false,
+        };
+        SwitchChip::emit_copies(slf, req, pull, n)
     }
 
     fn ld_reduce_response(slf: &Bound<'_, Self>, resp: &Bound<'_, Train>) -> PyResult<()> {
