@@ -753,7 +753,9 @@ impl MergeUnit {
         };
         match host {
             Host::Chip(chip) => {
-                let hook = Hook::Unit(UnitRef::of_bound(slf), (e.lines, e.tensor));
+                let lines = u32::try_from(e.lines).expect("an entry's lines fit in 32 bits");
+                let tensor = u32::try_from(e.tensor).expect("a tensor's index fits in 32 bits");
+                let hook = Hook::Unit(UnitRef::of_bound(slf), (lines, tensor));
                 let sum = HomeSum {
                     home: port,
                     nbytes: e.nbytes,
