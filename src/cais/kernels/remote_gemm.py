@@ -196,22 +196,18 @@ class TilePlan:
 
 
 class EpiloguePlan:
-    """One tile's epilogue in the core's form (:class:`RedPlan`: its blocks of partial
-    rows, each with the pieces it goes out as), shared by the GPUs that run its GEMM in
-    timing mode (no data: the pieces do not depend on who reduces); ``users`` counts
-    the GPUs still to take it. It is built when a GPU first needs it; with one user
-    (mirror mode, where striping counts what it cuts) only that GPU's pieces are cut."""
+    """One tile's epilogue in the core's form (``plan``, a :class:`RedPlan`: its blocks
+    of partial rows, each with the pieces it goes out as), shared by the GPUs that run
+    its GEMM in timing mode (no data: the pieces do not depend on who reduces);
+    ``users`` counts the GPUs still to take it. It is built by the first GPU that
+    needs it; with one user (mirror mode, where striping counts what it cuts) only that
+    GPU's pieces are cut."""
 
-    __slots__ = ("users", "_plan")
+    __slots__ = ("users", "plan")
 
-    def __init__(self, users: int) -> None:
+    def __init__(self, users: int, plan: RedPlan) -> None:
         self.users = users
-        self._plan: RedPlan | None = None
-
-    def plan(self, build: Callable[[], list[tuple[int, Region, list[tuple[int, list[StreamRed]]]]]]) -> RedPlan:
-        if self._plan is None:
-            self._plan = RedPlan(build())
-        return self._plan
+        self.plan = plan
 
 
 class Drain:
@@ -376,15 +372,18 @@ def reduce_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmSha
 
     gemm_key = _plan_key(plans, ("epilogue", access, reduced, shape, eb))  # what all its tiles' pieces depend on
 
-    def tile_plan(i: int, j: int, piece_unit: int) -> EpiloguePlan:
+    def tile_plan(i: int, j: int, piece_unit: int) -> RedPlan:
+        """Tile (i, j)'s epilogue plan, built by the first GPU that runs the tile."""
         key = (gemm_key, i, j, piece_unit)
         hit = plans.get(key)
         if hit is None:
-            hit = plans[key] = EpiloguePlan(users)
+            r0, nr = shape.rows(i)
+            c0, nc = shape.cols(j)
+            hit = plans[key] = EpiloguePlan(users, RedPlan(blocks(r0, nr, c0, nc, piece_unit)))
         hit.users -= 1
         if hit.users == 0:  # every GPU running the GEMM has it: drop it (memory)
             del plans[key]
-        return hit
+        return hit.plan
 
     def cut(owner: int, region: Region, data: np.ndarray | None, piece_unit: int
             ) -> list[tuple[int, list[StreamRed]]]:
@@ -417,14 +416,14 @@ def reduce_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmSha
         """Tile (i, j)'s epilogue as a stream to start: in timing mode the tile's plan,
         shared by the GPUs; in functional mode its partial rows with their data, in the
         epilogue's order (its own rows added locally)."""
-        r0, nr = shape.rows(i)
-        c0, nc = shape.cols(j)
         if mem is None:
-            red = tile_plan(i, j, piece_unit).plan(partial(blocks, r0, nr, c0, nc, piece_unit))
+            red = tile_plan(i, j, piece_unit)
             if drain is not None:  # read when the kernel has ended
                 for owner in red.owners(g):
                     drain.issue(owner)
             return isa.new_red_stream(g, red, slots.sm, slots.gpu, port, add_own)
+        r0, nr = shape.rows(i)
+        c0, nc = shape.cols(j)
         tile = tile_product(mem, gemm.ops, shape, i, j)
         items: list[StreamItem] = []
         for owner, t0, cnt in reduced.owners(r0, nr):
@@ -499,20 +498,38 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
     takers = Counter((spans(i, j), firsts[t]) for t, (i, j) in enumerate(order))
     gemm_key = _plan_key(plans, (shape, tuple(ops), eb, access.load_bytes, unit))  # all its tiles read
 
-    def plan(i: int, j: int, first: int) -> list[Load]:
-        loads = []
+    # a tile's loads are its K steps' from its first step round: the tiles with the same
+    # operand spans share them, made once for as many plans as start at different steps
+    rotations = Counter(span for span, _ in takers)
+
+    def by_step(i: int, j: int) -> list[list[Load]]:
+        """Tile (i, j)'s loads, step by step in K order."""
+        out = []
         bases = []  # per operand: where the tile's block starts in the stored [T, cols] tensor
         for o, op in enumerate(ops):
             base_t, _, base_c, _ = op.physical(shape, i, j, 0, shape.k)
             bases.append((o, op, base_t, base_c))
-        for k0, kk in steps[first:] + steps[:first]:
+        for k0, kk in steps:
+            loads = []
             for o, op, base_t, base_c in bases:
                 t0, nt, col0, ncol = op.physical(shape, i, j, k0, kk)
                 src = op.src
                 for owner, ft, cnt in src.owners(t0, nt):
                     region = Region.block(src.shard, src.cols, ft - owner * src.rows_l, cnt, col0, ncol, eb)
                     loads.append(Load(o, owner, region, ft - base_t, col0 - base_c, cnt, ncol))
-        return loads
+            out.append(loads)
+        return out
+
+    def plan(i: int, j: int, span: tuple[tuple[int, int], ...], first: int) -> list[Load]:
+        key = (gemm_key, span)
+        hit = plans.get(key)
+        if hit is None:
+            hit = plans[key] = [rotations[span], by_step(i, j)]
+        hit[0] -= 1
+        if hit[0] == 0:  # every plan with these spans is made: drop it (memory)
+            del plans[key]
+        per_step = hit[1]
+        return [ld for step in per_step[first:] + per_step[:first] for ld in step]
 
     def tile_plan(i: int, j: int, t: int, piece_unit: int) -> TilePlan:
         """Tile (i, j)'s plan (the ``t``-th launched) with request pieces of at most
@@ -524,7 +541,7 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
         key = (gemm_key, where, piece_unit)
         hit = plans.get(key)
         if hit is None:
-            hit = plans[key] = TilePlan(plan(i, j, first), piece_unit, unit, users * takers[where], users > 1)
+            hit = plans[key] = TilePlan(plan(i, j, where[0], first), piece_unit, unit, users * takers[where], users > 1)
         hit.users -= 1
         if hit.users == 0:  # every GPU running the GEMM has it: drop it (memory)
             del plans[key]
