@@ -70,7 +70,6 @@ class Isa:
         self.vcmap = machine.vcmap
         self.granule = machine.cfg.transfer_unit_bytes
         self.n = machine.cfg.gpus
-        self.ops = 0
         # stripes() per (region, unit): every GPU that loads or reduces one address cuts
         # it alike (not in mirror mode, where striping counts uneven units)
         self._stripes: dict[tuple, list[tuple[Region, int]]] = {}
@@ -184,7 +183,6 @@ class Isa:
         if fenced is not None:
             acked = self._counter(len(last), fenced)
             fences = [acked if last.get(chip) == i else None for i, (_, chip) in enumerate(pieces)]
-        self.ops += len(pieces)
         self.m.gpus[src].issue_pieces(kind, dst, pieces, landed, port, stream, False, self._data(data, region, pieces),
                                       encoding=encoding, fences=fences)
 
@@ -195,7 +193,6 @@ class Isa:
             self._local(lambda: None, done, data)
             return
         pieces = self.stripes(region, unit)
-        self.ops += len(pieces)
         self.m.gpus[src].issue_pieces(Kind.READ_REQ, home, pieces, self._gather(region, pieces, done), None, stream,
                                       True)
 
@@ -211,7 +208,6 @@ class Isa:
             self.ld(src, home, region, done, stream, unit)
             return
         pieces = self.stripes(region, unit)
-        self.ops += len(pieces)
         self.m.gpus[src].issue_pieces(Kind.LD_CAIS_REQ, home, pieces, self._gather(region, pieces, done), None, stream,
                                       True, expect=expect, quorum=quorum)
 
@@ -243,7 +239,6 @@ class Isa:
         (``TbPlan.begin``)."""
         kind = Kind.LD_CAIS_REQ if cais else Kind.READ_REQ
         plan = loads if isinstance(loads, LoadPlan) else LoadPlan(loads)
-        self.ops += plan.stripes(src)
         return LoadStream(self.m.gpus[src], kind, plan, window, bound, arrived, _assemble, quorum, kept, scope, src)
 
     def red_op(self, dst: int, region: Region, data: np.ndarray | None, unit: int | None = None) -> StreamRed:
@@ -277,9 +272,7 @@ class Isa:
         """:meth:`red_stream`'s stream, not started: a TB's plan starts it
         (``TbPlan.begin``) and waits for its signal."""
         if isinstance(items, RedPlan):
-            self.ops += items.stripes(src)
             return RedStream(self.m.gpus[src], items, window, bound, port, src, add)
-        self.ops += sum(len(red[2]) for item in items if not callable(item) for red in item[1])
         return RedStream(self.m.gpus[src], items, window, bound, port)
 
     def red_cais(self, src: int, home: int, region: Region, data: np.ndarray | None, signal: int,
@@ -302,7 +295,6 @@ class Isa:
             self._local(add, done)
             return
         kind, _, pieces, parts, _, _ = self.red_cais_op(home, region, data, signal, unit, quorum)
-        self.ops += len(pieces)
         self.m.gpus[src].issue_pieces(kind, home, pieces, self._counter(len(pieces), done), port, stream, False,
                                       parts, tag=signal, expect=expect, quorum=quorum)
 
@@ -317,34 +309,29 @@ class Isa:
         returns fires when the switch's release has come back (one empty packet down),
         i.e. once every member has registered; the core fires it, so a TB program
         waiting on it resumes without a Python call in between."""
-        self.ops += 1
         return self.m.gpus[src].group_sync(self.flag_chip(group), group, members)
 
     def group_sync_step(self, plan: TbPlan, src: int, group: int, members: int) -> None:
         """:meth:`group_sync` as a step of a TB's plan: the core registers the TB when
         the plan reaches the step, and the plan waits for the release."""
-        self.ops += 1
         plan.begin(self.m.gpus[src], self.flag_chip(group), group, members)
 
     # ---- NVLS --------------------------------------------------------------------
     def multimem_st(self, src: int, region: Region, data: np.ndarray | None, done: Done | None = None,
                     port: SmPort | None = None, stream: int = 0, unit: int | None = None) -> None:
         pieces = self.stripes(region, unit)
-        self.ops += len(pieces)
         self.m.gpus[src].issue_pieces(Kind.MC_STORE, -1, pieces, self._counter(len(pieces) * self.n, done), port, stream,
                                       False, self._data(data, region, pieces))
 
     def multimem_red(self, src: int, region: Region, data: np.ndarray | None, done: Done | None = None,
                      port: SmPort | None = None, stream: int = 0, unit: int | None = None) -> None:
         pieces = self.stripes(region, unit)
-        self.ops += len(pieces)
         self.m.gpus[src].issue_pieces(Kind.MC_RED, -1, pieces, self._counter(len(pieces) * self.n, done), port, stream,
                                       False, self._data(data, region, pieces))
 
     def multimem_ld_reduce(self, src: int, region: Region, done: DoneData, stream: int = 0,
                            unit: int | None = None) -> None:
         pieces = self.stripes(region, unit)
-        self.ops += len(pieces)
         self.m.gpus[src].issue_pieces(Kind.MC_LDRED_REQ, -1, pieces, self._gather(region, pieces, done), None, stream,
                                       True)
 
@@ -363,7 +350,6 @@ class Isa:
             loads = self.stripes(piece, unit)
             dst = Region(out, piece.start, piece.count, piece.elem_bytes)
             stores = self.stripes(dst, unit)
-            self.ops += len(loads) + len(stores)
             plan.append((piece, loads, dst, stores))
         gpu = self.m.gpus[src]
         data = (_assemble, self._data) if gpu.memory.functional else (None, None)
@@ -376,7 +362,6 @@ class Isa:
         if src == dst:
             self._local(lambda: None, landed)
             return
-        self.ops += 1
         kind = Kind.FLAG
         train = Train(0, *self.pk.wire(kind, FLAG_BYTES), kind=kind, src=src, dst=dst,
                       chip=self.flag_chip(key), done=lambda _t: landed(), vc=self.vcmap.vc(kind))
@@ -385,7 +370,6 @@ class Isa:
     def flag_multicast(self, src: int, key: int, landed: Callable[[int], None]) -> None:
         """``multimem.red`` on a flag: the switch adds it into every GPU's copy of the
         flag (the issuer's included); ``landed(gpu)`` runs as each copy lands."""
-        self.ops += 1
         kind = Kind.MC_FLAG
         train = Train(0, *self.pk.wire(kind, FLAG_BYTES), kind=kind, src=src, dst=-1,
                       chip=self.flag_chip(key), done=lambda t: landed(t.dst), vc=self.vcmap.vc(kind))
@@ -395,7 +379,6 @@ class Isa:
         """:meth:`flag_multicast` whose landing on GPU ``g`` is ``counts[g].arrive(sim)``,
         counted in the core (:class:`cais._core.ArrivePerGpu`) without a Python call
         per copy."""
-        self.ops += 1
         kind = Kind.MC_FLAG
         train = Train(0, *self.pk.wire(kind, FLAG_BYTES), kind=kind, src=src, dst=-1,
                       chip=self.flag_chip(key), done=ArrivePerGpu(self.sim, counts), vc=self.vcmap.vc(kind))
@@ -415,7 +398,6 @@ class Isa:
         wire, last = self.pk.wire(kind, FLAG_BYTES)
         vc = self.vcmap.vc(kind, traffic)
         for c in range(chips):
-            self.ops += 1
             self.fab.inject(Train(0, wire, last, kind=kind, src=src, dst=dst, chip=c, vc=vc, cls=traffic,
                                   done=arrived))
 
@@ -434,7 +416,6 @@ class Isa:
         wire, last = self.pk.wire(kind, FLAG_BYTES)
         vc = self.vcmap.vc(kind, traffic)
         for c in range(chips):
-            self.ops += 1
             self.fab.inject(Train(0, wire, last, kind=kind, src=src, dst=-1, chip=c, vc=vc, cls=traffic,
                                   done=arrived))
 
@@ -453,7 +434,6 @@ class Isa:
         if probe is None:  # (wire, last packet's wire, VC) of a probe of this class
             kind = Kind.FLAG
             probe = self._probes[traffic] = (*self.pk.wire(kind, FLAG_BYTES), self.vcmap.vc(kind, traffic))
-        self.ops += len(peers) * chips
         # one probe per (destination, chip), in that order, built and put on the ports by the core
         self.fab.gpus[src].fence_probes(peers, chips, *probe, traffic, acked)
 
