@@ -214,12 +214,13 @@ def test_a_slow_gpu_under_coordination_completes_and_slows_everyone() -> None:
 
 
 def test_a_broken_group_size_ends_in_the_watchdogs_one_line_error(monkeypatch) -> None:
-    from cais.isa import Isa
     from cais.machine import Stalled
 
-    real = Isa.group_sync_step  # the TBs' plans register through it
-    monkeypatch.setattr(Isa, "group_sync_step",
-                        lambda self, plan, src, group, members: real(self, plan, src, group, members + 1))
+    from cais.schemes.cais import CoordinatedAccess
+
+    real = CoordinatedAccess.sync_groups  # every TB registers as it says (the core's factory too)
+    monkeypatch.setattr(CoordinatedAccess, "sync_groups",
+                        lambda self: tuple(None if s is None else (s[0], s[1], s[2] + 1) for s in real(self)))
     with pytest.raises(Stalled) as err:
         run_layer(_four(), GPT, "cais", "prefill")
     line = str(err.value)

@@ -203,6 +203,45 @@ def test_each_coordination_step_can_be_switched_off_for_fig13b(monkeypatch) -> N
     assert both > 0 and launch_only * 2 == both and none == 0
 
 
+def test_the_cores_gemm_rs_tbs_register_with_the_groups_the_python_plans_do(monkeypatch) -> None:
+    """In timing mode the core makes a GEMM-RS kernel's TB plans (``ReduceTbs``); in
+    functional mode Python does (``planned``). Every sync point the config enables is one
+    registration per TB at a switch's Group Sync Table: the same count either way."""
+    import cais.kernels.remote_gemm as remote_gemm
+    from cais._core import ReduceTbs
+    from cais.machine import Machine
+
+    machines: list[Machine] = []
+    init = Machine.__init__
+
+    def keep(self, *args, **kwargs) -> None:
+        init(self, *args, **kwargs)
+        machines.append(self)
+
+    factories: list[ReduceTbs] = []
+
+    def made(*args):
+        factories.append(ReduceTbs(*args))
+        return factories[-1]
+
+    monkeypatch.setattr(Machine, "__init__", keep)
+    monkeypatch.setattr(remote_gemm, "ReduceTbs", made)
+    seen = []
+    for sets in ({}, {"cais.pre_access_sync": "false"},
+                 {"cais.pre_launch_sync": "false", "cais.pre_access_sync": "false"}):
+        counts = []
+        for functional in (False, True):
+            machines.clear()
+            factories.clear()
+            run_layer(_four(**sets), GPT, "cais", "prefill", functional=functional, seed=3)
+            assert bool(factories) != functional  # the core's factory in timing mode only
+            counts.append(sum(sw.group_sync[0] for m in machines for sw in m.fabric.switches))
+        assert counts[0] == counts[1], sets
+        seen.append(counts[0])
+    both, launch_only, none = seen
+    assert both > 0 and launch_only * 2 == both and none == 0
+
+
 def test_full_throttling_against_a_tiny_bound_still_completes_through_the_idle_timer() -> None:
     """Held acknowledgements keep bytes in their GPU's bound. With a full quorum, a
     straggler and a bound of a few requests, GPUs can wait on each other in a cycle

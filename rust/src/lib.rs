@@ -25,6 +25,7 @@ use pyo3::prelude::*;
 pub mod engine;
 pub mod hw;
 pub mod isa;
+pub mod kernels;
 
 use engine::{channel, completion, credits, sim, train, unit, wait};
 use hw::{gpu, hbm, interleave, kinds, merge, region, sm_port, switch, tb_dispatch};
@@ -70,6 +71,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<kept::KeptLines>()?;
     m.add_class::<stream::RedPlan>()?;
     m.add_class::<stream::RedStream>()?;
+    m.add_class::<kernels::reduce_tbs::ReduceTbs>()?;
+    m.add_class::<kernels::reduce_tbs::ReduceTb>()?;
+    m.add_class::<kernels::reduce_tbs::TilePlans>()?;
     m.add_class::<reduce_stream::ReduceStream>()?;
     m.add_class::<reduce_stream::ReducedPiece>()?;
     m.add_class::<channel::Channel>()?;

@@ -22,6 +22,9 @@ __all__ = [
     "KeptLines",
     "RedPlan",
     "RedStream",
+    "TilePlans",
+    "ReduceTbs",
+    "ReduceTb",
     "ReduceStream",
     "ReducedPiece",
     "Channel",
@@ -145,6 +148,32 @@ class RedStream:
     def __new__(cls, gpu: Endpoint, items: RedPlan | list[Any], window: Bound, bound: Bound, port: SmPort,
                 own: int | None = None, add: Callable[[Region], Any] | None = None) -> Self: ...
     def start(self) -> Signal: ...
+
+@final
+class TilePlans:
+    """A GEMM's tiles' epilogue plans, shared by the ``users`` GPUs that run it: built by
+    the first GPU that takes a tile's, dropped when the last has."""
+    def __new__(cls, users: int) -> Self: ...
+    def __len__(self) -> int: ...
+
+@final
+class ReduceTbs:
+    """A GEMM-RS kernel's TBs on one GPU, their plans made in the core: TB ``t`` registers
+    with group ``base + t * per`` of each ``syncs`` entry (None: no registration), times
+    its mainloop as ``phases.of(busy)``, reduces its tile's plan ``build(i, j, piece)``
+    (shared through ``tiles``) under its SM's ``sm_state(sm)`` = (window, bound, port,
+    piece), its own rows through ``add``."""
+    def __new__(cls, gpu: Endpoint, src: int, interleave: Interleave,
+                syncs: tuple[tuple[int, int, int] | None, tuple[int, int, int] | None], phases: Any,
+                sm_state: Callable[[int], tuple[Bound, Bound, SmPort, int]], tiles: TilePlans,
+                build: Callable[[int, int, int], RedPlan], add: Callable[[Region], Any]) -> Self: ...
+    def tb(self, t: int, i: int, j: int) -> ReduceTb: ...
+
+@final
+class ReduceTb:
+    """One TB of a :class:`ReduceTbs` kernel: called with ``(sm, busy)`` by the
+    dispatcher, it returns the TB's plan."""
+    def __call__(self, sm: int, busy: int) -> TbPlan: ...
 
 @final
 class ReduceStream:

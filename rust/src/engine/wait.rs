@@ -331,7 +331,7 @@ properties!(ByteBound {
 });
 
 /// One step of a [`TbPlan`].
-enum PlanStep {
+pub(crate) enum PlanStep {
     /// Wait until the signal fires (at once if it has).
     Wait(Py<Signal>),
     /// Sleep this long (the program's units: stretched by its GPU's slowdown).
@@ -383,6 +383,11 @@ pub(crate) struct TbPlanState {
 unit!(TbPlan, TbPlanState);
 
 impl TbPlan {
+    /// A plan of these steps (a TB factory of the core makes it whole).
+    pub(crate) fn of_steps(steps: Vec<PlanStep>) -> TbPlan {
+        TbPlan::from(TbPlanState { steps, taken: false })
+    }
+
     fn add(&self, py: Python<'_>, step: PlanStep) -> PyResult<()> {
         let mut me = self.st(py);
         if me.taken {

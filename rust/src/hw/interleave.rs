@@ -145,7 +145,7 @@ impl Interleave {
     }
 
     /// The chip a key maps to (a flag's address: every GPU's copy of one flag alike).
-    fn chip_of(&self, key: i64) -> i64 {
+    pub(crate) fn chip_of(&self, key: i64) -> i64 {
         self.link_chip[self.start_link(key) as usize]
     }
 

@@ -824,7 +824,7 @@ impl RedStream {
     #[new]
     #[pyo3(signature = (gpu, items, window, bound, port, own = None, add = None))]
     #[allow(clippy::too_many_arguments)] // the Python constructor's parameters
-    fn new(
+    pub(crate) fn new(
         py: Python<'_>,
         gpu: Py<Endpoint>,
         items: &Bound<'_, PyAny>,

@@ -38,9 +38,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from cais._core import ReduceTbs, TilePlans
 from cais.engine import Bound, Countdown, Signal, TbPlan
 from cais.hw.compute import ComputeModel
-from cais.hw.gpu import KeptLines, Kernel, LoadPlan, LoadStream, RedPlan
+from cais.hw.gpu import KeptLines, Kernel, LoadPlan, LoadStream, RedPlan, RedStream
 from cais.hw.memory import Memory, Region
 from cais.hw.packets import Traffic
 from cais.isa import Isa, SmPort, StreamItem, StreamRed
@@ -136,6 +137,10 @@ def remote_operands(gemm: Gemm, sharded: dict[str, Sharded]) -> list[Operand]:
     return out
 
 
+#: a TB group registration as :meth:`RemoteAccess.sync_groups` gives it: (base, per TB, members)
+SyncGroups = tuple[int, int, int]
+
+
 class Load(NamedTuple):
     """One access of a tile's mainloop: ``region`` ([``nrows``, ``ncols``]) of operand
     ``op`` on GPU ``home``, placed at (``row``, ``col``) of the tile's stored block
@@ -195,21 +200,6 @@ class TilePlan:
         return LoadPlan([(home, pc, st, _placer(ld, pc, blocks)) for home, pc, st, ld in striped if home != g])
 
 
-class EpiloguePlan:
-    """One tile's epilogue in the core's form (``plan``, a :class:`RedPlan`: its blocks
-    of partial rows, each with the pieces it goes out as), shared by the GPUs that run
-    its GEMM in timing mode (no data: the pieces do not depend on who reduces);
-    ``users`` counts the GPUs still to take it. It is built by the first GPU that
-    needs it; with one user (mirror mode, where striping counts what it cuts) only that
-    GPU's pieces are cut."""
-
-    __slots__ = ("users", "plan")
-
-    def __init__(self, users: int, plan: RedPlan) -> None:
-        self.users = users
-        self.plan = plan
-
-
 class Drain:
     """A kernel's remote reductions and its closing fence: ``done`` fires once the
     kernel has ended and a fence behind its last reductions (a probe down every path
@@ -264,10 +254,21 @@ class RemoteAccess:
         """The K step tile ``t`` (in launch order) starts its mainloop at: the first."""
         return 0
 
+    def sync_groups(self) -> tuple[SyncGroups | None, SyncGroups | None]:
+        """The TB groups a TB registers with before its work (phase 0) and before its
+        first remote access (1), each ``(base, per TB, members)``: TB ``t`` (in launch
+        order) registers with group ``base + t * per`` and waits for its release;
+        None: it does not (here, at neither)."""
+        return (None, None)
+
     def plan_sync(self, plan: TbPlan, g: int, t: int, phase: int) -> None:
         """What TB ``t`` (in launch order) on GPU ``g`` waits for before its work
-        (``phase`` 0) or before its first remote access (1), as a step of its plan:
-        nothing."""
+        (``phase`` 0) or before its first remote access (1), as a step of its plan
+        (:meth:`sync_groups`)."""
+        sync = self.sync_groups()[phase]
+        if sync is not None:
+            base, per, members = sync
+            self.m.isa.group_sync_step(plan, g, base + t * per, members)
 
     def operands_ready(self, g: int, shape: GemmShape, i: int) -> list[Signal]:
         """Signals a tile of row tile ``i`` waits for before loading its operands: none
@@ -370,20 +371,7 @@ def reduce_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmSha
     plans = {} if plans is None else plans
     users = 1 if m.fabric.mirror else m.n  # the GPUs that run this GEMM's programs
 
-    gemm_key = _plan_key(plans, ("epilogue", access, reduced, shape, eb))  # what all its tiles' pieces depend on
-
-    def tile_plan(i: int, j: int, piece_unit: int) -> RedPlan:
-        """Tile (i, j)'s epilogue plan, built by the first GPU that runs the tile."""
-        key = (gemm_key, i, j, piece_unit)
-        hit = plans.get(key)
-        if hit is None:
-            r0, nr = shape.rows(i)
-            c0, nc = shape.cols(j)
-            hit = plans[key] = EpiloguePlan(users, RedPlan(blocks(r0, nr, c0, nc, piece_unit)))
-        hit.users -= 1
-        if hit.users == 0:  # every GPU running the GEMM has it: drop it (memory)
-            del plans[key]
-        return hit.plan
+    order = access.tile_order(shape, True)
 
     def cut(owner: int, region: Region, data: np.ndarray | None, piece_unit: int
             ) -> list[tuple[int, list[StreamRed]]]:
@@ -392,19 +380,6 @@ def reduce_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmSha
         return [(piece.nbytes, access.reductions(g, owner, piece, isa.piece_data(data, region, piece)))
                 for piece in isa.pieces(region, piece_unit)]
 
-    def blocks(r0: int, nr: int, c0: int, nc: int, piece_unit: int
-               ) -> list[tuple[int, Region, list[tuple[int, list[StreamRed]]]]]:
-        """A tile's blocks of partial rows in timing mode, (owner, region, pieces)
-        each, for every GPU that runs the tile (only this GPU in mirror mode)."""
-        out = []
-        for owner, t0, cnt in reduced.owners(r0, nr):
-            region = Region.block(reduced.shard, reduced.cols, t0 - owner * reduced.rows_l, cnt, c0, nc, eb)
-            out.append((owner, region, cut(owner, region, None, piece_unit) if users > 1 or owner != g else []))
-        return out
-
-    def add_own(region: Region) -> None:
-        access.add_own(g, region, None)
-
     def sm_state(sm: int) -> tuple[RequestSlots, SmPort, int]:
         """The SM's store window, port and request piece, made for its first tile."""
         if sm not in per_sm:
@@ -412,16 +387,37 @@ def reduce_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmSha
             per_sm[sm] = (slots, isa.sm_port(), min(unit, slots.piece))
         return per_sm[sm]
 
+    if mem is None:  # timing mode: the core makes each TB's plan (ReduceTbs)
+        def tile_plan(i: int, j: int, piece_unit: int) -> RedPlan:
+            """Tile (i, j)'s epilogue plan, for every GPU that runs the tile (only this
+            GPU in mirror mode): its blocks of partial rows, (owner, region, pieces)."""
+            (r0, nr), (c0, nc) = shape.rows(i), shape.cols(j)
+            out = []
+            for owner, t0, cnt in reduced.owners(r0, nr):
+                region = Region.block(reduced.shard, reduced.cols, t0 - owner * reduced.rows_l, cnt, c0, nc, eb)
+                out.append((owner, region, cut(owner, region, None, piece_unit) if users > 1 or owner != g else []))
+            return RedPlan(out)
+
+        def sm_of(sm: int) -> tuple[Bound, Bound, SmPort, int]:
+            slots, port, piece_unit = sm_state(sm)
+            return slots.sm, slots.gpu, port, piece_unit
+
+        if drain is not None:  # the owners its tiles reduce into, read when the kernel has ended
+            for i in sorted({i for i, _ in order}):
+                for owner, _, _ in reduced.owners(*shape.rows(i)):
+                    if owner != g:
+                        drain.issue(owner)
+        # the tiles' plans, shared by the GPUs that run this GEMM (what they depend on: the key)
+        tiles = plans.setdefault(("epilogue", access, reduced, shape, eb), TilePlans(users))
+        factory = ReduceTbs(m.gpus[g], g, m.fabric.interleave, access.sync_groups(), phases, sm_of, tiles, tile_plan,
+                            partial(access.add_own, g, data=None))
+        kernel.tbs = [factory.tb(t, i, j) for t, (i, j) in enumerate(order)]
+        return kernel, drain
+
     def epilogue(i: int, j: int, slots: RequestSlots, port: SmPort, piece_unit: int) -> RedStream:
-        """Tile (i, j)'s epilogue as a stream to start: in timing mode the tile's plan,
-        shared by the GPUs; in functional mode its partial rows with their data, in the
-        epilogue's order (its own rows added locally)."""
-        if mem is None:
-            red = tile_plan(i, j, piece_unit)
-            if drain is not None:  # read when the kernel has ended
-                for owner in red.owners(g):
-                    drain.issue(owner)
-            return isa.new_red_stream(g, red, slots.sm, slots.gpu, port, add_own)
+        """Tile (i, j)'s epilogue as a stream to start, in functional mode: its partial
+        rows with their data, in the epilogue's order (its own rows added locally)."""
+        assert mem is not None
         r0, nr = shape.rows(i)
         c0, nc = shape.cols(j)
         tile = tile_product(mem, gemm.ops, shape, i, j)
@@ -440,9 +436,10 @@ def reduce_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmSha
         return isa.new_red_stream(g, items, slots.sm, slots.gpu, port)
 
     def planned(t: int, i: int, j: int, sm: int, busy: int) -> TbPlan:
-        """Tile (i, j)'s TB (the ``t``-th launched) as a plan the core executes: its
-        syncs, its mainloop (an HBM phase), its epilogue's reductions, and its SM free
-        once it has pushed them out."""
+        """Tile (i, j)'s TB (the ``t``-th launched) as a plan the core executes, in
+        functional mode (``ReduceTbs`` makes the same in timing mode): its syncs, its
+        mainloop (an HBM phase), its epilogue's reductions, and its SM free once it has
+        pushed them out."""
         plan = TbPlan()
         access.plan_sync(plan, g, t, 0)
         plan.phase(phases.of(busy))
@@ -453,7 +450,7 @@ def reduce_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmSha
         return plan
 
     # one small object per TB (a closure per TB is several, each walked by every collection)
-    kernel.tbs = [partial(planned, t, i, j) for t, (i, j) in enumerate(access.tile_order(shape, True))]
+    kernel.tbs = [partial(planned, t, i, j) for t, (i, j) in enumerate(order)]
     return kernel, drain
 
 

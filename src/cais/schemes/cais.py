@@ -38,13 +38,13 @@ from bisect import bisect_left
 
 import numpy as np
 
-from cais.engine import Signal, TbPlan
+from cais.engine import Signal
 from cais.hw.gpu import Kernel
 from cais.hw.memory import Region
 from cais.isa import StreamRed
 from cais.kernels.gemm import GemmShape
 from cais.kernels.local import ROWS_PER_TB
-from cais.kernels.remote_gemm import MergeableAccess, remote_operands, sharded_activations, tile_order
+from cais.kernels.remote_gemm import MergeableAccess, SyncGroups, remote_operands, sharded_activations, tile_order
 from cais.machine import Machine
 from cais.opt.fusion import asymmetric_split, fuse
 from cais.opt.tb_dependencies import TbDependencies, tb_dependencies
@@ -79,12 +79,15 @@ class CoordinatedAccess(MergeableAccess):
         self.coord = coord
         self.spreads = coord and cfg.spread  # merging-aware TB scheduling (opt/tb_order.py)
         self.group = group
-        # which of the two sync points (pre-launch, pre-access) a TB registers at
-        self._syncs = (cfg.pre_launch_sync, cfg.pre_access_sync) if coord and group is not None else (False, False)
+        # which of the two sync points (pre-launch, pre-access) a TB registers at, and
+        # with which group (one per TB and sync point, of one TB per GPU)
+        on = coord and group is not None
+        pre_launch = (group, _PHASES, m.n) if on and group is not None and cfg.pre_launch_sync else None
+        pre_access = (group + 1, _PHASES, m.n) if on and group is not None and cfg.pre_access_sync else None
+        self._groups: tuple[SyncGroups | None, SyncGroups | None] = (pre_launch, pre_access)
         self.deps = deps
         self.block_keys = block_keys or []
         self.ready = ready
-        self._members = m.n  # a TB group: one TB per GPU
 
     # ---- merging-aware TB scheduling and group sync ------------------------------------
     def tile_order(self, shape: GemmShape, token_rows: bool) -> list[tuple[int, int]]:
@@ -99,11 +102,10 @@ class CoordinatedAccess(MergeableAccess):
         s = bisect_left(steps, (first,))  # the first step at or after it (steps run in K order)
         return s if s < len(steps) else 0
 
-    def plan_sync(self, plan: TbPlan, g: int, t: int, phase: int) -> None:
-        """Register TB ``t`` with its TB group at the switch, and wait for the release."""
-        if self._syncs[phase]:
-            assert self.group is not None
-            self.m.isa.group_sync_step(plan, g, self.group + t * _PHASES + phase, self._members)
+    def sync_groups(self) -> tuple[SyncGroups | None, SyncGroups | None]:
+        """TB ``t`` registers with its TB group at the switch (one per TB and sync
+        point) and waits for the release, at the sync points the config enables."""
+        return self._groups
 
     # ---- TB-level dependencies -------------------------------------------------------
     def operands_ready(self, g: int, shape: GemmShape, i: int) -> list[Signal]:
