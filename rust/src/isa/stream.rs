@@ -628,7 +628,7 @@ impl RedPlan {
         out
     }
 
-    /// The trains GPU `g`'s reductions go out as (their stripes), for the ISA's count.
+    /// How many trains GPU `g`'s reductions go out as (their stripes).
     fn stripes(&self, py: Python<'_>, g: i64) -> usize {
         self.blocks
             .iter()

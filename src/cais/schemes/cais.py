@@ -81,10 +81,10 @@ class CoordinatedAccess(MergeableAccess):
         self.group = group
         # which of the two sync points (pre-launch, pre-access) a TB registers at, and
         # with which group (one per TB and sync point, of one TB per GPU)
-        on = coord and group is not None
-        pre_launch = (group, _PHASES, m.n) if on and group is not None and cfg.pre_launch_sync else None
-        pre_access = (group + 1, _PHASES, m.n) if on and group is not None and cfg.pre_access_sync else None
-        self._groups: tuple[SyncGroups | None, SyncGroups | None] = (pre_launch, pre_access)
+        self._groups: tuple[SyncGroups | None, SyncGroups | None] = (None, None)
+        if coord and group is not None:
+            self._groups = ((group, _PHASES, m.n) if cfg.pre_launch_sync else None,
+                            (group + 1, _PHASES, m.n) if cfg.pre_access_sync else None)
         self.deps = deps
         self.block_keys = block_keys or []
         self.ready = ready
