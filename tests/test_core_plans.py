@@ -40,6 +40,29 @@ def test_a_load_plan_counts_what_each_gpu_issues() -> None:
     assert plan.loads(5) == 3
 
 
+def test_a_load_plan_cut_in_the_core_is_the_plan_cut_in_python() -> None:
+    """``LoadPlan.cut`` (timing mode) cuts a tile's loads as the Python path does:
+    request pieces of the interleave, each striped into its trains; ``chain`` puts the
+    steps of a mainloop one after the other."""
+    from cais._core import Interleave
+    from cais.kernels.remote_gemm import Load
+
+    il = Interleave([0, 0, 1, 1, 2, 2, 3, 3], 256)
+    block = Region("x", 96, 300, 2, 5, 1024)  # 5 rows of 600 B: pieces of whole rows
+    run = Region("y", 40, 5000, 2)  # a run over rows, cut at 4 KiB boundaries
+    loads = [Load(0, 1, block, 0, 0, 5, 300), Load(1, 0, run, 0, 0, 1, 5000), Load(0, 2, run, 0, 0, 1, 5000)]
+    by_hand = [(ld.home, pc, il.trains(pc, 1024)) for ld in loads for pc in il.pieces(ld.region, 4096)]
+    plan = LoadPlan.cut(il, loads, 4096, 1024)
+    assert len(plan) == len(by_hand) > len(loads)
+    assert plan.loads() == len(by_hand) and plan.stripes() == sum(len(st) for _, _, st in by_hand)
+    assert plan.loads(0) == sum(1 for home, _, _ in by_hand if home != 0)
+    assert plan.stripes(1) == sum(len(st) for home, _, st in by_hand if home != 1)
+    mine = LoadPlan.cut(il, loads, 4096, 1024, skip=0)  # mirror mode: GPU 0's own loads left out
+    assert len(mine) == plan.loads(0)
+    both = LoadPlan.chain([plan, mine])
+    assert len(both) == len(plan) + len(mine) and both.stripes() == plan.stripes() + mine.stripes()
+
+
 def test_a_red_plan_names_the_owners_a_gpu_sends_to() -> None:
     piece = (1024, [(0, 1, [(_region(0), 0)], None, -1, 0)])
     plan = RedPlan([(1, _region(0), [piece, piece]), (0, _region(2048), []), (1, _region(4096), [piece]),
@@ -60,7 +83,9 @@ def _counting(cls: Any, made: list[int]) -> Any:
 @pytest.mark.parametrize("mode", ["prefill", "train"])
 def test_the_gpus_of_a_layer_share_their_tiles_plans(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
     loads, reds = [0], [0]
-    monkeypatch.setattr(remote_gemm, "LoadPlan", _counting(LoadPlan, loads))
+    # a tile's loads are its steps' plans chained from its first step round (timing mode)
+    monkeypatch.setattr(remote_gemm, "LoadPlan", SimpleNamespace(cut=LoadPlan.cut,
+                                                                 chain=_counting(LoadPlan.chain, loads)))
     monkeypatch.setattr(remote_gemm, "RedPlan", _counting(RedPlan, reds))
     cfg = apply_overrides(load_system("dgx-h100"), {"gpus": "4"})
     r = run_layer(cfg, load_model("paper-mega-gpt-4b").with_run(1, 512), "cais", mode, 32)
@@ -220,3 +245,35 @@ def test_a_cais_layers_remote_gemm_tbs_run_as_plans(monkeypatch: pytest.MonkeyPa
         if functional:
             assert r.mismatches == []
     assert set(made) == {"TbPlan"}
+
+
+@pytest.mark.parametrize("scheme", ["cais", "ladm"])
+@pytest.mark.parametrize("mode", ["prefill", "train"])
+def test_the_cores_tb_factories_time_a_layer_as_pythons_plans_do(monkeypatch: pytest.MonkeyPatch, scheme: str,
+                                                                  mode: str) -> None:
+    """In timing mode the core makes the remote GEMMs' TB plans (``LoadTbs`` for the
+    AG-GEMMs and weight gradients, ``ReduceTbs`` for the GEMM-RS); in functional mode
+    Python makes them (``planned``), with the data. Both describe the same TBs, so the
+    layer's simulated time and its events are the same in both modes."""
+    from cais._core import LoadTbs, ReduceTbs
+    from cais.workload.models import ModelSpec
+
+    made = {"load": 0, "reduce": 0}
+
+    def counted(cls: Any, name: str) -> Any:
+        def make(*args: Any) -> Any:
+            made[name] += 1
+            return cls(*args)
+        return make
+
+    monkeypatch.setattr(remote_gemm, "LoadTbs", counted(LoadTbs, "load"))
+    monkeypatch.setattr(remote_gemm, "ReduceTbs", counted(ReduceTbs, "reduce"))
+    gpt = ModelSpec(name="tiny-gpt", family="gpt", hidden=256, ffn_hidden=512, heads=4, layers=2, gated_mlp=False,
+                    norm="layernorm", activation="gelu", seq=64, batch=4)
+    cfg = load_system("dgx-h100").with_overrides(gpus=4)
+    timed = run_layer(cfg, gpt, scheme, mode, functional=False, seed=3)
+    assert made["load"] > 0 and made["reduce"] > 0  # the core's factories made the timing mode's TBs
+    made.update(load=0, reduce=0)
+    data = run_layer(cfg, gpt, scheme, mode, functional=True, seed=3)
+    assert made == {"load": 0, "reduce": 0} and data.mismatches == []  # Python's, with the data
+    assert (timed.total_us, timed.events) == (data.total_us, data.events)

@@ -25,6 +25,8 @@ __all__ = [
     "TilePlans",
     "ReduceTbs",
     "ReduceTb",
+    "LoadTbs",
+    "LoadTb",
     "ReduceStream",
     "ReducedPiece",
     "Channel",
@@ -107,6 +109,14 @@ class LoadPlan:
     """A tile's planned mainloop loads, (home, region, stripes, placed) each, converted
     once and shared by the GPUs that run the tile; a GPU's stream skips its own."""
     def __new__(cls, loads: list[tuple[int, Region, list[tuple[Region, int]], Any]]) -> Self: ...
+    @staticmethod
+    def cut(interleave: Interleave, loads: list[Any], piece: int, unit: int, skip: int | None = None) -> LoadPlan:
+        """``loads`` (``Load``s: home at index 1, region at 2) cut into request pieces of
+        at most ``piece`` bytes and their trains of ``unit``; those of home ``skip`` left
+        out (timing mode: nothing to place)."""
+    @staticmethod
+    def chain(plans: list[LoadPlan]) -> LoadPlan:
+        """The loads of ``plans``, one after the other."""
     def loads(self, skip: int | None = None) -> int: ...
     def stripes(self, skip: int | None = None) -> int: ...
     def __len__(self) -> int: ...
@@ -151,9 +161,10 @@ class RedStream:
 
 @final
 class TilePlans:
-    """A GEMM's tiles' epilogue plans, shared by the ``users`` GPUs that run it: built by
-    the first GPU that takes a tile's, dropped when the last has."""
-    def __new__(cls, users: int) -> Self: ...
+    """A GEMM's tile plans, keyed by three ints, shared by the TBs that take them (the
+    GPUs that run the GEMM, the tiles that load the same blocks): built by the first
+    that takes one (its builder also says how many take it), dropped at the last."""
+    def __new__(cls) -> Self: ...
     def __len__(self) -> int: ...
 
 @final
@@ -161,17 +172,40 @@ class ReduceTbs:
     """A GEMM-RS kernel's TBs on one GPU, their plans made in the core: TB ``t`` registers
     with group ``base + t * per`` of each ``syncs`` entry (None: no registration), times
     its mainloop as ``phases.of(busy)``, reduces its tile's plan ``build(i, j, piece)``
-    (shared through ``tiles``) under its SM's ``sm_state(sm)`` = (window, bound, port,
-    piece), its own rows through ``add``."""
+    (shared through ``tiles``; it returns the plan and how many GPUs take it) under its
+    SM's ``sm_state(sm)`` = (window, bound, port, piece), its own rows through ``add``."""
     def __new__(cls, gpu: Endpoint, src: int, interleave: Interleave,
                 syncs: tuple[tuple[int, int, int] | None, tuple[int, int, int] | None], phases: Any,
                 sm_state: Callable[[int], tuple[Bound, Bound, SmPort, int]], tiles: TilePlans,
-                build: Callable[[int, int, int], RedPlan], add: Callable[[Region], Any]) -> Self: ...
+                build: Callable[[int, int, int], tuple[RedPlan, int]], add: Callable[[Region], Any]) -> Self: ...
     def tb(self, t: int, i: int, j: int) -> ReduceTb: ...
 
 @final
 class ReduceTb:
     """One TB of a :class:`ReduceTbs` kernel: called with ``(sm, busy)`` by the
+    dispatcher, it returns the TB's plan."""
+    def __call__(self, sm: int, busy: int) -> TbPlan: ...
+
+@final
+class LoadTbs:
+    """A remote-loading GEMM's TBs on one GPU, their plans made in the core: TB ``t``
+    registers with its ``syncs`` groups (as :class:`ReduceTbs`), waits for
+    ``ready(i)`` (its row tile's operand signals), times its mainloop as
+    ``phases.of(busy)``, loads tile plan ``key`` (``build(key, 0, 0)`` returns the
+    :class:`LoadPlan` and how many TBs take it, shared through ``tiles``) as a
+    :class:`LoadStream` (``kind``, ``quorum``, ``assemble``, ``kept``) under a window of
+    ``window`` bytes and the GPU's ``bound``, then rests ``rest`` = (num, den) of its
+    compute after the last load."""
+    def __new__(cls, gpu: Endpoint, src: int, interleave: Interleave,
+                syncs: tuple[tuple[int, int, int] | None, tuple[int, int, int] | None],
+                ready: Callable[[int], list[Signal]], phases: Any, window: int, bound: Bound, kind: int,
+                quorum: int, assemble: Callable[..., Any], kept: KeptLines | None, tiles: TilePlans,
+                build: Callable[[int, int, int], tuple[LoadPlan, int]], rest: tuple[int, int]) -> Self: ...
+    def tb(self, t: int, i: int, key: int, scope: int) -> LoadTb: ...
+
+@final
+class LoadTb:
+    """One TB of a :class:`LoadTbs` kernel: called with ``(sm, busy)`` by the
     dispatcher, it returns the TB's plan."""
     def __call__(self, sm: int, busy: int) -> TbPlan: ...
 

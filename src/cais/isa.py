@@ -237,9 +237,15 @@ class Isa:
                       kept: KeptLines | None = None, scope: int = 0) -> LoadStream:
         """:meth:`ld_stream`'s stream, not started: a TB's plan starts it
         (``TbPlan.begin``)."""
-        kind = Kind.LD_CAIS_REQ if cais else Kind.READ_REQ
+        kind, assemble = self.ld_stream_form(cais)
         plan = loads if isinstance(loads, LoadPlan) else LoadPlan(loads)
-        return LoadStream(self.m.gpus[src], kind, plan, window, bound, arrived, _assemble, quorum, kept, scope, src)
+        return LoadStream(self.m.gpus[src], kind, plan, window, bound, arrived, assemble, quorum, kept, scope, src)
+
+    @staticmethod
+    def ld_stream_form(cais: bool) -> tuple[int, Callable[..., np.ndarray]]:
+        """What a stream's loads go out as (``ld``, or ``ld.cais`` where ``cais``) and
+        how a load's data is put together from its stripes' (functional mode)."""
+        return (Kind.LD_CAIS_REQ if cais else Kind.READ_REQ), _assemble
 
     def red_op(self, dst: int, region: Region, data: np.ndarray | None, unit: int | None = None) -> StreamRed:
         """A ``red`` into GPU ``dst`` as a stream issues it (see :meth:`red_stream`)."""

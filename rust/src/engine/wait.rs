@@ -168,7 +168,7 @@ unit!(Countdown, CountdownState);
 #[pymethods]
 impl Countdown {
     #[new]
-    fn new(py: Python<'_>, count: i64) -> (Self, Signal) {
+    pub(crate) fn new(py: Python<'_>, count: i64) -> (Self, Signal) {
         (Countdown::from(CountdownState { remaining: count }), Signal::blank(py))
     }
 
@@ -255,7 +255,7 @@ impl ByteBoundState {
 #[pymethods]
 impl ByteBound {
     #[new]
-    fn new(sim: Py<Simulator>, limit: i64) -> PyResult<Self> {
+    pub(crate) fn new(sim: Py<Simulator>, limit: i64) -> PyResult<Self> {
         if limit <= 0 {
             return Err(PyValueError::new_err(format!(
                 "bound limit must be positive, got {limit}"

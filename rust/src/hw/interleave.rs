@@ -77,7 +77,7 @@ impl Interleave {
         })
     }
 
-    fn cut(&self, py: Python<'_>, region: &Region, unit: i64) -> PyResult<Vec<Region>> {
+    pub(crate) fn cut(&self, py: Python<'_>, region: &Region, unit: i64) -> PyResult<Vec<Region>> {
         let eb = region.elem_bytes;
         let mut out = Vec::new();
         if region.rows > 1 {
@@ -156,9 +156,20 @@ impl Interleave {
 
     /// (sub-region, chip) trains of a region: its units, each striped over the chips.
     fn trains<'py>(&mut self, region: PyRef<'py, Region>, unit: i64) -> PyResult<Bound<'py, PyList>> {
-        let py = region.py();
+        self.trains_of(region.py(), &region, unit)
+    }
+}
+
+impl Interleave {
+    /// (sub-region, chip) trains of a region (`trains`).
+    pub(crate) fn trains_of<'py>(
+        &mut self,
+        py: Python<'py>,
+        region: &Region,
+        unit: i64,
+    ) -> PyResult<Bound<'py, PyList>> {
         let out = PyList::empty(py);
-        for piece in self.cut(py, &region, unit)? {
+        for piece in self.cut(py, region, unit)? {
             let (rows, per, slots) = if piece.rows > 1 {
                 (true, 1, piece.rows)
             } else {

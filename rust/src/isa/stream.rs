@@ -14,6 +14,7 @@ use crate::engine::sim::Simulator;
 use crate::engine::unit::{Begun, Event, Handler, UnitRef};
 use crate::engine::wait::{ByteBound, Countdown, Signal};
 use crate::hw::gpu::{Carry, Endpoint, Op};
+use crate::hw::interleave::Interleave;
 use crate::hw::region::{region_bytes, Region};
 use crate::hw::sm_port::SmPort;
 use crate::isa::kept::KeptLines;
@@ -78,6 +79,19 @@ struct Item {
     nbytes: i64,
 }
 
+impl Item {
+    /// The same load, for another plan.
+    fn clone_ref(&self, py: Python<'_>) -> Item {
+        Item {
+            home: self.home,
+            region: self.region.clone_ref(py),
+            stripes: self.stripes.clone_ref(py),
+            placed: self.placed.clone_ref(py),
+            nbytes: self.nbytes,
+        }
+    }
+}
+
 /// An item's region, as a `KeptLines` key takes it (a load that may join another's
 /// must have a `Region`).
 fn kept_region<'a, 'py>(py: Python<'py>, item: &'a Item) -> PyResult<&'a Bound<'py, Region>> {
@@ -125,9 +139,56 @@ impl LoadPlan {
         LoadPlan::of_list(loads)
     }
 
+    /// A tile's planned `loads` (each with its home at index 1 and its region at 2, as
+    /// `Load`s), cut into request pieces of at most `piece` bytes and each piece into
+    /// its trains of `unit` (`Interleave.trains`), in order, for timing mode (nothing to
+    /// place); the loads whose home is `skip` are left out (None: none).
+    #[staticmethod]
+    #[pyo3(signature = (interleave, loads, piece, unit, skip = None))]
+    fn cut(
+        interleave: &Bound<'_, Interleave>,
+        loads: &Bound<'_, PyList>,
+        piece: i64,
+        unit: i64,
+        skip: Option<i64>,
+    ) -> PyResult<Self> {
+        let py = loads.py();
+        let mut lanes = interleave.borrow_mut();
+        let mut items = Vec::with_capacity(loads.len());
+        for load in loads.iter() {
+            let home: i64 = load.get_item(1)?.extract()?;
+            if Some(home) == skip {
+                continue;
+            }
+            let region = load.get_item(2)?;
+            for pc in lanes.cut(py, region.cast::<Region>()?.get(), piece)? {
+                let stripes = lanes.trains_of(py, &pc, unit)?.unbind();
+                items.push(Item {
+                    home,
+                    nbytes: pc.size(),
+                    region: Py::new(py, pc)?.into_any(),
+                    stripes,
+                    placed: py.None(),
+                });
+            }
+        }
+        Ok(LoadPlan { items })
+    }
+
+    /// The loads of `plans`, one after the other (a mainloop's K steps from its first,
+    /// each step cut once and shared by the tiles that walk it).
+    #[staticmethod]
+    fn chain(py: Python<'_>, plans: Vec<Bound<'_, LoadPlan>>) -> Self {
+        let items = plans
+            .iter()
+            .flat_map(|plan| plan.get().items.iter().map(|item| item.clone_ref(py)))
+            .collect();
+        LoadPlan { items }
+    }
+
     /// The loads GPU `skip` issues (those whose home is another GPU; None: all).
     #[pyo3(signature = (skip = None))]
-    fn loads(&self, skip: Option<i64>) -> usize {
+    pub(crate) fn loads(&self, skip: Option<i64>) -> usize {
         self.others(skip.unwrap_or(-1)).count()
     }
 
@@ -454,7 +515,7 @@ impl LoadStream {
     #[pyo3(signature = (gpu, kind, loads, window, bound, arrived, assemble, quorum = 0, kept = None,
                         scope = None, skip = None))]
     #[allow(clippy::too_many_arguments)] // the Python constructor's parameters
-    fn new(
+    pub(crate) fn new(
         gpu: Py<Endpoint>,
         kind: i64,
         loads: &Bound<'_, PyAny>,

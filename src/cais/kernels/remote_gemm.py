@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from cais._core import ReduceTbs, TilePlans
+from cais._core import LoadTbs, ReduceTbs, TilePlans
 from cais.engine import Bound, Countdown, Signal, TbPlan
 from cais.hw.compute import ComputeModel
 from cais.hw.gpu import KeptLines, Kernel, LoadPlan, LoadStream, RedPlan, RedStream
@@ -156,8 +156,9 @@ class Load(NamedTuple):
 
 
 class TilePlan:
-    """One tile's planned mainloop loads, shared by the GPUs that run its GEMM and by
-    the tiles that load the same operand blocks (the same rows of A, or columns of B,
+    """One tile's planned mainloop loads in functional mode (timing mode's are
+    ``LoadPlan``s shared through the core's ``TilePlans``), shared by the GPUs that run
+    its GEMM and by the tiles that load the same operand blocks (the same rows of A, or columns of B,
     from the same K step): each takes the plan once (``users`` counts those still to
     come; ``shared``: more than one GPU takes it). The loads are cut
     into request pieces of at most ``piece_unit`` bytes and the pieces into stripes of
@@ -165,7 +166,7 @@ class TilePlan:
     loads. With one user (mirror mode, where striping counts what it cuts) only the
     pieces that GPU loads are striped, in its order."""
 
-    __slots__ = ("loads", "piece_unit", "unit", "users", "_shared", "_pieces", "_striped", "_plan")
+    __slots__ = ("loads", "piece_unit", "unit", "users", "_shared", "_pieces", "_striped")
 
     def __init__(self, loads: list[Load], piece_unit: int, unit: int, users: int, shared: bool) -> None:
         self.loads = loads
@@ -175,7 +176,6 @@ class TilePlan:
         self._shared = shared
         self._pieces: list[tuple[Load, Region]] | None = None
         self._striped: list[tuple[int, Region, list[tuple[Region, int]], Load]] | None = None
-        self._plan: LoadPlan | None = None  # timing mode: the pieces in the core's form, for every GPU
 
     def pieces(self, isa: Isa) -> list[tuple[Load, Region]]:
         """Every load's request pieces, in the plan's order."""
@@ -183,20 +183,14 @@ class TilePlan:
             self._pieces = [(ld, pc) for ld in self.loads for pc in isa.pieces(ld.region, self.piece_unit)]
         return self._pieces
 
-    def stream(self, isa: Isa, g: int, blocks: list[np.ndarray] | None) -> LoadPlan:
+    def stream(self, isa: Isa, g: int, blocks: list[np.ndarray]) -> LoadPlan:
         """GPU ``g``'s remote pieces in the plan's order, as ``Isa.ld_stream`` takes
-        them: those whose home is ``g`` are there too, and ``Isa.ld_stream`` skips them
-        (``LoadPlan.loads(g)`` counts the others). In timing mode the plan is converted
-        once and shared by the GPUs; in functional mode (``blocks``: the tile's operand
-        blocks) each GPU's pieces carry its placers."""
+        them, each with its placer into the tile's operand ``blocks`` (functional mode;
+        in timing mode ``LoadPlan.cut`` cuts the loads in the core)."""
         striped = self._striped
         if striped is None:
             striped = self._striped = [(ld.home, pc, isa.stripes(pc, self.unit), ld) for ld, pc in self.pieces(isa)
                                        if self._shared or ld.home != g]
-        if blocks is None:
-            if self._plan is None:
-                self._plan = LoadPlan([(home, pc, st, None) for home, pc, st, _ in striped])
-            return self._plan
         return LoadPlan([(home, pc, st, _placer(ld, pc, blocks)) for home, pc, st, ld in striped if home != g])
 
 
@@ -291,14 +285,22 @@ class RemoteAccess:
         GPUs that run a GEMM share it (``EpiloguePlan``)."""
         return [self.m.isa.red_op(owner, region, data, self.red_unit())]
 
+    def load_mode(self) -> tuple[bool, int]:
+        """How a mainloop's remote loads go out: (mergeable ``ld.cais``, its quorum);
+        here plain ``ld``s."""
+        return (False, 0)
+
     def load_stream(self, g: int, loads: LoadPlan, slots: RequestSlots, arrived: Countdown,
                     kept: KeptLines | None = None, scope: int = 0) -> LoadStream:
         """A TB's mainloop loads (a tile's :class:`LoadPlan`, less those whose home is
-        ``g``), in order, as a stream to start: each a plain remote ``ld`` once ``slots``
-        have room, counted into ``arrived`` when its data is in; with ``kept``, a load
-        this GPU already asked for in ``scope`` joins that one (``Isa.ld_stream``). The
-        one path a TB's remote loads take."""
-        return self.m.isa.new_ld_stream(g, loads, slots.sm, slots.gpu, arrived, kept=kept, scope=scope)
+        ``g``), in order, as a stream to start: each goes out as :meth:`load_mode` says
+        once ``slots`` have room, counted into ``arrived`` when its data is in; with
+        ``kept``, a load this GPU already asked for in ``scope`` joins that one
+        (``Isa.ld_stream``). The one path a TB's remote loads take in functional mode
+        (``LoadTbs`` makes the same in timing mode)."""
+        cais, quorum = self.load_mode()
+        return self.m.isa.new_ld_stream(g, loads, slots.sm, slots.gpu, arrived, cais=cais, quorum=quorum, kept=kept,
+                                        scope=scope)
 
 
 class MergeableAccess(RemoteAccess):
@@ -334,10 +336,8 @@ class MergeableAccess(RemoteAccess):
     def reductions(self, g: int, owner: int, region: Region, data: np.ndarray | None) -> list[StreamRed]:
         return [self.m.isa.red_cais_op(owner, region, data, self.signal, self.red_unit(), self.quorum)]
 
-    def load_stream(self, g: int, loads: LoadPlan, slots: RequestSlots, arrived: Countdown,
-                    kept: KeptLines | None = None, scope: int = 0) -> LoadStream:
-        return self.m.isa.new_ld_stream(g, loads, slots.sm, slots.gpu, arrived, cais=True, quorum=self.quorum,
-                                        kept=kept, scope=scope)
+    def load_mode(self) -> tuple[bool, int]:
+        return (True, self.quorum)
 
 
 def _plan_key(plans: dict[tuple, Any], gemm: tuple) -> object:
@@ -388,15 +388,16 @@ def reduce_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmSha
         return per_sm[sm]
 
     if mem is None:  # timing mode: the core makes each TB's plan (ReduceTbs)
-        def tile_plan(i: int, j: int, piece_unit: int) -> RedPlan:
+        def tile_plan(i: int, j: int, piece_unit: int) -> tuple[RedPlan, int]:
             """Tile (i, j)'s epilogue plan, for every GPU that runs the tile (only this
-            GPU in mirror mode): its blocks of partial rows, (owner, region, pieces)."""
+            GPU in mirror mode): its blocks of partial rows, (owner, region, pieces); and
+            how many GPUs take it."""
             (r0, nr), (c0, nc) = shape.rows(i), shape.cols(j)
             out = []
             for owner, t0, cnt in reduced.owners(r0, nr):
                 region = Region.block(reduced.shard, reduced.cols, t0 - owner * reduced.rows_l, cnt, c0, nc, eb)
                 out.append((owner, region, cut(owner, region, None, piece_unit) if users > 1 or owner != g else []))
-            return RedPlan(out)
+            return RedPlan(out), users
 
         def sm_of(sm: int) -> tuple[Bound, Bound, SmPort, int]:
             slots, port, piece_unit = sm_state(sm)
@@ -408,7 +409,7 @@ def reduce_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmSha
                     if owner != g:
                         drain.issue(owner)
         # the tiles' plans, shared by the GPUs that run this GEMM (what they depend on: the key)
-        tiles = plans.setdefault(("epilogue", access, reduced, shape, eb), TilePlans(users))
+        tiles = plans.setdefault(("epilogue", access, reduced, shape, eb), TilePlans())
         factory = ReduceTbs(m.gpus[g], g, m.fabric.interleave, access.sync_groups(), phases, sm_of, tiles, tile_plan,
                             partial(access.add_own, g, data=None))
         kernel.tbs = [factory.tb(t, i, j) for t, (i, j) in enumerate(order)]
@@ -491,8 +492,10 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
         return access.k_start(steps, t if lead is None else lead[(i, j)])
 
     firsts = [first_step(t, i, j) for t, (i, j) in enumerate(order)]
-    # how many of this kernel's tiles take each plan (on each GPU that runs it)
-    takers = Counter((spans(i, j), firsts[t]) for t, (i, j) in enumerate(order))
+    # what each TB's loads depend on (its tile plan), and how many of this kernel's
+    # tiles take each plan (on each GPU that runs it)
+    wheres = [(spans(i, j), firsts[t]) for t, (i, j) in enumerate(order)]
+    takers = Counter(wheres)
     gemm_key = _plan_key(plans, (shape, tuple(ops), eb, access.load_bytes, unit))  # all its tiles read
 
     # a tile's loads are its K steps' from its first step round: the tiles with the same
@@ -517,28 +520,36 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
             out.append(loads)
         return out
 
-    def plan(i: int, j: int, span: tuple[tuple[int, int], ...], first: int) -> list[Load]:
-        key = (gemm_key, span)
+    def rotated(i: int, j: int, span: tuple[tuple[int, int], ...], first: int, cut: bool) -> list[Any]:
+        """Tile (i, j)'s steps from step ``first`` round, each a list of loads, or with
+        ``cut`` a :class:`LoadPlan` (timing mode): made once for the plans with these
+        spans."""
+        key = (gemm_key, span, cut)
         hit = plans.get(key)
         if hit is None:
-            hit = plans[key] = [rotations[span], by_step(i, j)]
+            per_step: list[Any] = by_step(i, j)
+            if cut:
+                skip = None if users > 1 else g  # in mirror mode only this GPU's are issued
+                per_step = [LoadPlan.cut(m.fabric.interleave, step, piece_unit, unit, skip) for step in per_step]
+            hit = plans[key] = [rotations[span], per_step]
         hit[0] -= 1
         if hit[0] == 0:  # every plan with these spans is made: drop it (memory)
             del plans[key]
-        per_step = hit[1]
-        return [ld for step in per_step[first:] + per_step[:first] for ld in step]
+        return hit[1][first:] + hit[1][:first]
+
+    def plan(i: int, j: int, span: tuple[tuple[int, int], ...], first: int) -> list[Load]:
+        return [ld for step in rotated(i, j, span, first, False) for ld in step]
 
     def tile_plan(i: int, j: int, t: int, piece_unit: int) -> TilePlan:
         """Tile (i, j)'s plan (the ``t``-th launched) with request pieces of at most
         ``piece_unit`` bytes, for every home: the same on every GPU and for every tile
         with the same operand spans and first K step, so they share it through
         ``plans``."""
-        first = firsts[t]
-        where = (spans(i, j), first)  # made again, not kept for every TB from the build (memory)
+        where = wheres[t]
         key = (gemm_key, where, piece_unit)
         hit = plans.get(key)
         if hit is None:
-            hit = plans[key] = TilePlan(plan(i, j, where[0], first), piece_unit, unit, users * takers[where], users > 1)
+            hit = plans[key] = TilePlan(plan(i, j, *where), piece_unit, unit, users * takers[where], users > 1)
         hit.users -= 1
         if hit.users == 0:  # every GPU running the GEMM has it: drop it (memory)
             del plans[key]
@@ -546,12 +557,33 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
 
     phases = TilePhases(cm, shape, floor_ps, tile_bytes, overlapped=True)
     piece_unit = min(unit, limit, bound.limit)  # the largest request a TB's slots admit, cut to the unit
+    if mem is None:  # timing mode: the core makes each TB's plan (LoadTbs)
+        # a tile plan's key: a small int, the same on every GPU that runs the GEMM
+        ids: dict[tuple, int] = plans.setdefault(("load plan ids", gemm_key, piece_unit), {})
+        keys = [ids.setdefault(where, len(ids)) for where in wheres]
+        some = {key: (i, j, where) for key, (i, j), where in zip(keys, order, wheres)}  # a tile that takes it
+
+        def built(key: int, _b: int, _c: int) -> tuple[LoadPlan, int]:
+            """Tile plan ``key``'s loads, for every home, and how many TBs take it."""
+            i, j, where = some[key]
+            return LoadPlan.chain(rotated(i, j, *where, True)), users * takers[where]
+
+        cais, quorum = access.load_mode()
+        kind, assemble = isa.ld_stream_form(cais)
+        factory = LoadTbs(m.gpus[g], g, m.fabric.interleave, access.sync_groups(),
+                          partial(access.operands_ready, g, shape), phases, limit, bound, kind, quorum, assemble, kept,
+                          plans.setdefault(("load plans", gemm_key, piece_unit), TilePlans()), built,
+                          (SLICE_K, shape.k))
+        return Kernel(gemm.name, [factory.tb(t, i, key, reuse.scope((i, j), shape) if kept is not None else 0)
+                                  for t, ((i, j), key) in enumerate(zip(order, keys))], sm_set, hbm_phases=True)
 
     def planned(t: int, i: int, j: int, sm: int, busy: int) -> TbPlan:
-        """Tile (i, j)'s TB (the ``t``-th launched) as a plan the core executes: its
-        sync, the operands it waits for, its mainloop (an HBM phase it times itself),
-        its remote loads and the compute left after the last; in functional mode it
-        reads its own rows, places what lands and computes the tile."""
+        """Tile (i, j)'s TB (the ``t``-th launched) as a plan the core executes, in
+        functional mode (``LoadTbs`` makes the same in timing mode): its sync, the
+        operands it waits for, its mainloop (an HBM phase it times itself), its own rows
+        read, its remote loads placed as they land, the compute left after the last,
+        and the tile computed and stored."""
+        assert mem is not None and store is not None
         plan = TbPlan()
         access.plan_sync(plan, g, t, 0)
         for ready in access.operands_ready(g, shape, i):
@@ -561,10 +593,8 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
         slots = RequestSlots(Bound(m.sim, limit), bound)
         tp = tile_plan(i, j, t, piece_unit)
         access.plan_sync(plan, g, t, 1)
-        blocks = None
-        if mem is not None:
-            blocks = _blocks(shape, ops, i, j)
-            plan.call(partial(_read_own, mem, g, tp.loads, blocks))
+        blocks = _blocks(shape, ops, i, j)
+        plan.call(partial(_read_own, mem, g, tp.loads, blocks))
         # the core issues them in order, under the TB's slots; where a load may join
         # another TB's of its scope (an L2 that keeps peer reads, a TMA multicast to
         # the cluster, a staged block), one this GPU already asked for is joined
@@ -578,8 +608,7 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
         # the mainloop computes each K-slice once it has landed: after the last
         # load, one slice of compute remains
         plan.rest(SLICE_K if loads else 0, shape.k)
-        if mem is not None and store is not None and blocks is not None:
-            plan.call(partial(_store_tile, store, mem, gemm, shape, ops, blocks, i, j))
+        plan.call(partial(_store_tile, store, mem, gemm, shape, ops, blocks, i, j))
         return plan
 
     return Kernel(gemm.name, [partial(planned, t, i, j) for t, (i, j) in enumerate(order)], sm_set, hbm_phases=True)
@@ -602,10 +631,8 @@ def k_steps(shape: GemmShape, ops: list[Operand], eb: int, load_bytes: int) -> l
 
 
 
-def _placer(ld: Load, piece: Region, blocks: list[np.ndarray] | None) -> Callable[[np.ndarray | None], None] | None:
-    """Where a load's data goes in functional mode (None in timing mode: no data)."""
-    if blocks is None:
-        return None
+def _placer(ld: Load, piece: Region, blocks: list[np.ndarray]) -> Callable[[np.ndarray | None], None]:
+    """Where a load's data goes (functional mode)."""
 
     def placed(data: np.ndarray | None) -> None:
         if data is not None:

@@ -1,0 +1,97 @@
+//! What the core's TB factories share: a TB's registrations with its TB groups, and
+//! answers asked of Python once per index (an SM, a busy-SM count, a row tile) and kept.
+
+use pyo3::prelude::*;
+use pyo3::{PyTraverseError, PyVisit};
+
+use crate::engine::cell::GilCell;
+use crate::engine::unit::UnitRef;
+use crate::engine::wait::PlanStep;
+use crate::hw::gpu::Endpoint;
+use crate::hw::interleave::Interleave;
+
+/// The TB groups a kernel's TBs register with, as `RemoteAccess.sync_groups` describes
+/// them: per sync point (0: before the TB's work, 1: before its first remote access),
+/// `(base, per TB, members)` or None; TB `t` registers with group `base + t * per` at
+/// the chip its address maps to.
+pub(crate) struct TbSyncs {
+    pub(crate) gpu: Py<Endpoint>,
+    pub(crate) interleave: Py<Interleave>,
+    pub(crate) syncs: [Option<(i64, i64, i64)>; 2],
+}
+
+impl TbSyncs {
+    /// TB `t`'s registration at sync point `phase`, if it has one.
+    pub(crate) fn step(&self, py: Python<'_>, t: i64, phase: usize) -> Option<PlanStep> {
+        let (base, per, members) = self.syncs[phase]?;
+        let group = base + t * per;
+        let chip = self.interleave.borrow(py).chip_of(group);
+        Some(PlanStep::Begin(
+            UnitRef::new(self.gpu.clone_ref(py)),
+            [chip, group, members],
+        ))
+    }
+
+    pub(crate) fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.gpu)?;
+        visit.call(&self.interleave)
+    }
+}
+
+/// Answers of Python kept by index: `ask` is asked for index `i` once.
+pub(crate) struct Asked<T> {
+    pub(crate) ask: Py<PyAny>,
+    values: Vec<Option<T>>,
+}
+
+impl<T> Asked<T> {
+    pub(crate) fn new(ask: Py<PyAny>) -> Self {
+        Asked {
+            ask,
+            values: Vec::new(),
+        }
+    }
+
+    /// The answer for `i`, if asked already.
+    pub(crate) fn get(&self, i: usize) -> Option<&T> {
+        self.values.get(i).and_then(Option::as_ref)
+    }
+
+    /// Keep the answer for `i`.
+    pub(crate) fn put(&mut self, i: usize, value: T) {
+        if self.values.len() <= i {
+            self.values.resize_with(i + 1, || None);
+        }
+        self.values[i] = Some(value);
+    }
+
+    /// Every answer kept (for the collector).
+    pub(crate) fn kept(&self) -> impl Iterator<Item = &T> {
+        self.values.iter().flatten()
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.values.clear();
+    }
+}
+
+/// The answer for `i` of the `Asked` that `field` picks in `cell`'s state: kept, or
+/// asked of Python (`ask` calls it) while the state is not borrowed, then kept;
+/// `copy` hands out a new reference to a kept one.
+pub(crate) fn ask_once<S, T>(
+    py: Python<'_>,
+    cell: &GilCell<S>,
+    field: fn(&mut S) -> &mut Asked<T>,
+    i: usize,
+    ask: impl FnOnce(&Bound<'_, PyAny>) -> PyResult<T>,
+    copy: impl Fn(&T) -> T,
+) -> PyResult<T> {
+    if let Some(v) = field(&mut cell.borrow_mut(py)).get(i) {
+        return Ok(copy(v));
+    }
+    let f = field(&mut cell.borrow_mut(py)).ask.clone_ref(py);
+    let v = ask(f.bind(py))?;
+    let out = copy(&v);
+    field(&mut cell.borrow_mut(py)).put(i, v);
+    Ok(out)
+}
