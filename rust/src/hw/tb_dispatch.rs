@@ -7,7 +7,8 @@
 //! set) before the next is looked at, and TBs run to completion (no preemption).
 //! Dispatching waits for the end of the instant, so TBs that finish together free
 //! their SMs before new ones start (waves). A kernel's `tbs[i](sm, busy)` (Python)
-//! makes what its SM runs (`engine::wait::Process`): a generator, or a `TbPlan`.
+//! makes what its SM runs (`engine::wait::Process`): a generator, or a `TbPlan`; the
+//! dispatcher takes it out of the list as it starts the TB (None is left in its place).
 
 use pyo3::prelude::*;
 use pyo3::types::PyList;
@@ -183,7 +184,12 @@ impl TbDispatcher {
                 let k = me.slot(id);
                 let first = !k.started;
                 k.started = true;
-                let program = k.tbs.bind(py).get_item(index)?.unbind();
+                // taken out of the kernel's list (which keeps its length, the kernel's TB
+                // count): what the TB's factory holds is freed once it has made the TB,
+                // not with the kernel, and never walked by the cyclic collector after
+                let tbs = k.tbs.bind(py);
+                let program = tbs.get_item(index)?.unbind();
+                tbs.set_item(index, py.None())?;
                 let hbm = if k.hbm_phases { hbm } else { None };
                 (k.kernel.clone_ref(py), program, hbm, first, sim, slowdown)
             };

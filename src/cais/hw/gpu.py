@@ -30,10 +30,13 @@ class Kernel:
     collective kernels, ``"compute"`` for everything else (fused kernels included).
     ``hbm_phases``: its TBs yield :class:`~cais.hw.hbm.HbmPhase` compute phases, which
     the GPU times against its shared HBM (hw/hbm.py). ``priority``: a higher value is
-    served first when SMs free up (a CUDA stream priority); equal ones in launch order."""
+    served first when SMs free up (a CUDA stream priority); equal ones in launch order.
+    A kernel launches once: the GPU's dispatcher takes each TB's program out of ``tbs``
+    as it starts the TB (leaving None; the list keeps its length, the kernel's TB
+    count), so what a TB's factory holds is freed as the kernel runs."""
 
     name: str
-    tbs: list[TbProgram]
+    tbs: list[TbProgram | None]
     sms: frozenset[int] | None = None
     role: str = "compute"
     hbm_phases: bool = False
