@@ -61,6 +61,15 @@ pub(crate) struct EndpointState {
     serve_bytes: i64,
     /// Bytes of reads being served.
     serving: i64,
+    /// Reads whose data is being read, in the order they are due (each `memory_latency_ps`
+    /// after it came, so their times only grow), each with the schedule order reserved
+    /// for its response when it came: only the first is in the simulator's queue, and
+    /// it queues the next when it runs. The responses run exactly when they would if
+    /// each were queued when its read came, and the queue stays small (tens of
+    /// thousands of NVLS pulls can be in a GPU's memory at once on a large machine).
+    reading: VecDeque<(i64, u64, Py<Train>)>,
+    /// Whether the first of `reading` is in the simulator's queue.
+    responding: bool,
     hbm: Option<Py<HbmShare>>,
     held: Vec<Vec<VecDeque<Py<Train>>>>,
     holding: i64,
@@ -180,12 +189,32 @@ impl Endpoint {
         }
         me.serving += want;
         let at = me.now(py) + me.memory_latency_ps;
-        me.sim.get().push(
-            py,
-            at,
-            Action::Due(UnitRef::of_bound(slf), RESPOND, Some(req.clone().unbind())),
-        )?;
+        let seq = me.sim.get().reserve(py)?;
+        if me.responding {
+            me.reading.push_back((at, seq, req.clone().unbind()));
+        } else {
+            me.responding = true;
+            let due = Action::Due(UnitRef::of_bound(slf), RESPOND, Some(req.clone().unbind()));
+            me.sim.get().push_as(py, at, seq, due)?;
+        }
         Ok(true)
+    }
+
+    /// A read's data is read: queue the next read's response (`reading`), then send
+    /// this one's.
+    fn read_done(slf: &Bound<'_, Self>, req: Bound<'_, Train>) -> PyResult<()> {
+        let py = slf.py();
+        {
+            let mut me = slf.st();
+            match me.reading.pop_front() {
+                None => me.responding = false,
+                Some((at, seq, next)) => {
+                    let due = Action::Due(UnitRef::of_bound(slf), RESPOND, Some(next));
+                    me.sim.get().push_as(py, at, seq, due)?;
+                }
+            }
+        }
+        Endpoint::respond(slf, req)
     }
 
     /// A read request's data is read: send the response.
@@ -541,7 +570,7 @@ impl Handler for Endpoint {
                 what: RESPOND,
                 train: Some(req),
                 ..
-            } => Endpoint::respond(slf, req),
+            } => Endpoint::read_done(slf, req),
             Event::Due { what: DRAIN_HELD, .. } => Endpoint::drain_held(slf),
             _ => Err(unexpected("Endpoint")),
         }
@@ -588,6 +617,8 @@ impl Endpoint {
             memory_latency_ps: ps(cfg.gpu.memory_latency_ns, 1e3),
             serve_bytes: ps(cfg.gpu.read_serve_kB, 1024.0),
             serving: 0,
+            reading: VecDeque::new(),
+            responding: false,
             hbm,
             held: (0..chips)
                 .map(|_| (0..vcs).map(|_| VecDeque::new()).collect())
@@ -876,6 +907,9 @@ impl Endpoint {
                 visit.call(f)?;
             }
         }
+        for (_, _, t) in me.reading.iter() {
+            visit.call(t)?;
+        }
         for c in me.up.iter() {
             visit.call(c)?;
         }
@@ -889,6 +923,7 @@ impl Endpoint {
         if let Some(mut me) = self.st.during_gc_mut() {
             me.hbm = None;
             me.held.clear();
+            me.reading.clear();
             me.signal_waits.clear();
             me.up.clear();
             me.switches.clear();
