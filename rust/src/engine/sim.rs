@@ -226,6 +226,10 @@ struct Queue {
     /// object for the cyclic collector; docs/core.md); emptied when `run` finds the
     /// queue empty.
     spare: Vec<Py<Train>>,
+    /// The heap's root is the event that ran last (its action taken): the next event
+    /// queued takes its place with one sift down, where popping it and pushing the
+    /// new one would each walk the heap; the next `pop` removes it if none came.
+    vacant: bool,
 }
 
 impl Queue {
@@ -263,18 +267,33 @@ impl Queue {
                 (self.actions.len() - 1) as u32
             }
         };
-        self.heap.push(Event::new(time, seq, slot));
+        let e = Event::new(time, seq, slot);
+        if self.vacant {
+            self.vacant = false;
+            *self.heap.peek_mut().expect("a vacant root") = e; // sifts down when dropped
+        } else {
+            self.heap.push(e);
+        }
         Ok(())
+    }
+
+    /// Remove the vacant root, if there is one: the heap holds only waiting events.
+    fn settle(&mut self) {
+        if self.vacant {
+            self.vacant = false;
+            self.heap.pop();
+        }
     }
 
     /// The earliest event (its time and action), if any is due by `until`.
     fn pop(&mut self, until: Option<i64>) -> Option<(i64, Action)> {
-        let time = self.heap.peek()?.time();
+        self.settle();
+        let e = self.heap.peek()?;
+        let (time, slot) = (e.time(), e.slot());
         if until.is_some_and(|u| time > u) {
             return None;
         }
-        let e = self.heap.pop().expect("peeked");
-        let slot = e.slot();
+        self.vacant = true; // it stays at the root until the next event is queued
         let action = self.actions[slot].take().expect("a queued event has its action");
         self.free.push(slot as u32);
         self.by_kind[action.kind()] += 1;
@@ -288,18 +307,21 @@ impl Queue {
     /// may come first instead; the hints are then wasted, nothing else.
     #[inline]
     fn look_ahead(&self) {
+        // the root is the event about to run (vacant): the next is the earlier of its
+        // children, and the one after it one of their children
         let heap = self.heap.as_slice();
-        let Some(next) = heap.first() else {
+        let earlier = |i: usize| match (heap.get(i), heap.get(i + 1)) {
+            (Some(a), Some(b)) => Some((if a.key < b.key { i } else { i + 1 }, if a.key < b.key { a } else { b })),
+            (Some(a), None) => Some((i, a)),
+            _ => None,
+        };
+        let Some((at, next)) = earlier(1) else {
             return;
         };
         if let Some(action) = &self.actions[next.slot()] {
             action.prefetch();
         }
-        let after = match (heap.get(1), heap.get(2)) {
-            (Some(a), Some(b)) => Some(if a.key < b.key { a } else { b }),
-            (a, _) => a,
-        };
-        if let Some(e) = after {
+        if let Some((_, e)) = earlier(2 * at + 1) {
             // a slot may straddle two lines
             prefetch(self.actions.as_ptr().wrapping_add(e.slot()) as *const u8, 2);
         }
@@ -449,6 +471,7 @@ impl Simulator {
                 tick: None,
                 tick_every: Self::TICK_EVERY,
                 spare: Vec::new(),
+                vacant: false,
             }),
         }
     }
@@ -516,12 +539,16 @@ impl Simulator {
     /// Events waiting in the queue.
     #[getter]
     fn pending(&self, py: Python<'_>) -> usize {
-        self.q.borrow(py).heap.len()
+        let mut q = self.q.borrow_mut(py);
+        q.settle();
+        q.heap.len()
     }
 
     /// Time of the next event, None when nothing is scheduled.
     fn next_time(&self, py: Python<'_>) -> Option<i64> {
-        self.q.borrow(py).heap.peek().map(Event::time)
+        let mut q = self.q.borrow_mut(py);
+        q.settle();
+        q.heap.peek().map(Event::time)
     }
 
     /// Process events until the queue is empty (or past `until`); return now.
@@ -574,6 +601,7 @@ impl Simulator {
         }
         let spare = {
             let mut q = me.q.borrow_mut(py);
+            q.settle();
             q.events += count;
             // the queue ran dry: nothing is left to send, so the kept trains go now rather
             // than with the simulator (which a reference cycle may keep until the cyclic
@@ -622,6 +650,7 @@ impl Simulator {
         if let Some(mut q) = self.q.during_gc_mut() {
             q.tick = None;
             q.heap.clear();
+            q.vacant = false;
             q.actions.clear();
             q.free.clear();
             q.spare.clear();
@@ -662,6 +691,41 @@ mod tests {
                 [6, 0, 0, 0, 0],
                 "each event counted by its kind as it is taken out"
             );
+        });
+    }
+
+    #[test]
+    fn an_event_queued_while_one_runs_takes_the_vacant_root_and_the_order_holds() {
+        Python::initialize();
+        Python::attach(|py| {
+            let sim = Simulator::new();
+            let mut q = sim.q.borrow_mut(py);
+            let call = |i: i64| Action::Call(py.None(), PyTuple::new(py, [i]).unwrap().unbind());
+            for (i, time) in [(0, 10), (1, 20), (2, 30), (3, 40)] {
+                q.push(time, call(i)).unwrap();
+            }
+            let id = |a: Action| match a {
+                Action::Call(_, args) => args.bind(py).get_item(0).unwrap().extract::<i64>().unwrap(),
+                _ => panic!("a call was queued"),
+            };
+            let (t, a) = q.pop(None).unwrap();
+            assert_eq!((t, id(a)), (10, 0));
+            assert!(q.vacant && q.heap.len() == 4, "the event that ran stays at the root");
+            // queued while it "runs": one later than some waiting, one earlier than all
+            q.push(35, call(4)).unwrap();
+            assert!(!q.vacant && q.heap.len() == 4, "the first takes the root's place");
+            q.push(15, call(5)).unwrap();
+            assert_eq!(q.heap.len(), 5);
+            let mut order = Vec::new();
+            while let Some((t, a)) = q.pop(None) {
+                order.push((t, id(a)));
+                if order.len() == 2 {
+                    q.settle(); // as `pending` does: no event was queued, the root goes
+                    assert!(!q.vacant && q.heap.len() == 3);
+                }
+            }
+            assert_eq!(order, vec![(15, 5), (20, 1), (30, 2), (35, 4), (40, 3)]);
+            assert!(q.heap.is_empty() && !q.vacant, "the last pop leaves nothing behind");
         });
     }
 
