@@ -72,10 +72,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<stream::RedPlan>()?;
     m.add_class::<stream::RedStream>()?;
     m.add_class::<kernels::reduce_tbs::ReduceTbs>()?;
-    m.add_class::<kernels::reduce_tbs::ReduceTb>()?;
     m.add_class::<kernels::tile_plans::TilePlans>()?;
     m.add_class::<kernels::load_tbs::LoadTbs>()?;
-    m.add_class::<kernels::load_tbs::LoadTb>()?;
+    m.add_class::<kernels::core_tb::CoreTb>()?;
     m.add_class::<reduce_stream::ReduceStream>()?;
     m.add_class::<reduce_stream::ReducedPiece>()?;
     m.add_class::<channel::Channel>()?;

@@ -24,9 +24,8 @@ __all__ = [
     "RedStream",
     "TilePlans",
     "ReduceTbs",
-    "ReduceTb",
     "LoadTbs",
-    "LoadTb",
+    "CoreTb",
     "ReduceStream",
     "ReducedPiece",
     "Channel",
@@ -178,13 +177,7 @@ class ReduceTbs:
                 syncs: tuple[tuple[int, int, int] | None, tuple[int, int, int] | None], phases: Any,
                 sm_state: Callable[[int], tuple[Bound, Bound, SmPort, int]], tiles: TilePlans,
                 build: Callable[[int, int, int], tuple[RedPlan, int]], add: Callable[[Region], Any]) -> Self: ...
-    def tb(self, t: int, i: int, j: int) -> ReduceTb: ...
-
-@final
-class ReduceTb:
-    """One TB of a :class:`ReduceTbs` kernel: called with ``(sm, busy)`` by the
-    dispatcher, it returns the TB's plan."""
-    def __call__(self, sm: int, busy: int) -> TbPlan: ...
+    def tb(self, t: int, i: int, j: int) -> CoreTb: ...
 
 @final
 class LoadTbs:
@@ -201,12 +194,13 @@ class LoadTbs:
                 ready: Callable[[int], list[Signal]], phases: Any, window: int, bound: Bound, kind: int,
                 quorum: int, assemble: Callable[..., Any], kept: KeptLines | None, tiles: TilePlans,
                 build: Callable[[int, int, int], tuple[LoadPlan, int]], rest: tuple[int, int]) -> Self: ...
-    def tb(self, t: int, i: int, key: int, scope: int) -> LoadTb: ...
+    def tb(self, t: int, i: int, key: int, scope: int) -> CoreTb: ...
 
 @final
-class LoadTb:
-    """One TB of a :class:`LoadTbs` kernel: called with ``(sm, busy)`` by the
-    dispatcher, it returns the TB's plan."""
+class CoreTb:
+    """One TB of a kernel whose TB plans the core makes (:class:`LoadTbs`,
+    :class:`ReduceTbs`): called with ``(sm, busy)`` by the dispatcher, its factory
+    returns the TB's plan."""
     def __call__(self, sm: int, busy: int) -> TbPlan: ...
 
 @final

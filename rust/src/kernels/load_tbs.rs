@@ -8,6 +8,7 @@
 //! share), once per busy-SM count (the mainloop's phase) and once per row tile (the
 //! signals its operands wait for).
 
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::{PyTraverseError, PyVisit};
 
@@ -18,7 +19,8 @@ use crate::hw::gpu::Endpoint;
 use crate::hw::interleave::Interleave;
 use crate::isa::kept::KeptLines;
 use crate::isa::stream::{LoadPlan, LoadStream};
-use crate::kernels::tb_parts::{ask_once, Asked, TbSyncs};
+use crate::kernels::core_tb::CoreTb;
+use crate::kernels::tb_parts::{ask_once, phase_step, Asked, TbSyncs};
 use crate::kernels::tile_plans::TilePlans;
 
 /// A remote-loading GEMM's TBs on one GPU (see the module's docs). `syncs`: the TB
@@ -53,36 +55,29 @@ pub(crate) struct LoadTbsState {
 unit!(LoadTbs, LoadTbsState);
 
 impl LoadTbs {
-    /// The TB of row tile `i` taking tile plan `key` in load scope `scope`, the `t`-th
-    /// launched, placed with `busy` SMs busy.
-    fn plan(&self, py: Python<'_>, tb: &LoadTb, busy: usize) -> PyResult<TbPlan> {
+    /// The TB `[t, i, key, scope]`: the `t`-th launched, of row tile `i`, taking tile
+    /// plan `key` in load scope `scope`; placed with `busy` SMs busy.
+    pub(crate) fn plan(&self, py: Python<'_>, [t, i, key, scope]: [i64; 4], busy: usize) -> PyResult<TbPlan> {
+        let i = usize::try_from(i).map_err(|_| PyValueError::new_err(format!("row tile {i} is negative")))?;
         let mut steps = Vec::with_capacity(8);
-        steps.extend(self.st(py).syncs.step(py, tb.t, 0));
+        steps.extend(self.st(py).syncs.step(py, t, 0));
         let ready = ask_once(
             py,
             &self.st,
             |s| &mut s.ready,
-            tb.i,
-            |f| f.call1((tb.i,))?.extract(),
+            i,
+            |f| f.call1((i,))?.extract(),
             |v| v.iter().map(|s| s.clone_ref(py)).collect(),
         )?;
         steps.extend(ready.into_iter().map(PlanStep::Wait));
         steps.push(PlanStep::Mark);
-        let phase = ask_once(
-            py,
-            &self.st,
-            |s| &mut s.phases,
-            busy,
-            |f| Ok(f.call_method1("of", (busy,))?.unbind()),
-            |p| p.clone_ref(py),
-        )?;
-        steps.push(PlanStep::Pace(phase));
+        steps.push(phase_step(py, &self.st, |s| &mut s.phases, busy)?);
         let (tiles, build) = {
             let me = self.st(py);
             (me.tiles.clone_ref(py), me.build.clone_ref(py))
         };
-        let plan = tiles.get().take(py, (tb.key, 0, 0), &build)?;
-        steps.extend(self.st(py).syncs.step(py, tb.t, 1));
+        let plan = tiles.get().take(py, (key, 0, 0), &build)?;
+        steps.extend(self.st(py).syncs.step(py, t, 1));
         let me = self.st(py);
         let loads = plan.bind(py).cast::<LoadPlan>()?.get().loads(Some(me.src)) as i64;
         let arrived = Py::new(py, Countdown::new(py, loads))?;
@@ -97,7 +92,7 @@ impl LoadTbs {
             me.assemble.clone_ref(py),
             me.quorum,
             me.kept.as_ref().map(|k| k.clone_ref(py)),
-            Some(tb.scope),
+            Some(scope),
             Some(me.src),
         )?;
         let (num, den) = me.rest;
@@ -133,7 +128,7 @@ impl LoadTbs {
         rest: (i64, i64),
     ) -> PyResult<Self> {
         if rest.1 <= 0 || rest.0 < 0 {
-            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            return Err(PyValueError::new_err(format!(
                 "a rest's fraction must be num >= 0 over den > 0, got {}/{}",
                 rest.0, rest.1
             )));
@@ -157,14 +152,8 @@ impl LoadTbs {
 
     /// The kernel's TB of row tile `i`, launched `t`-th, taking tile plan `key` in
     /// load scope `scope`: what the dispatcher calls.
-    fn tb(slf: &Bound<'_, Self>, t: i64, i: usize, key: i64, scope: i64) -> LoadTb {
-        LoadTb {
-            kernel: slf.clone().unbind(),
-            t,
-            i,
-            key,
-            scope,
-        }
+    fn tb(slf: &Bound<'_, Self>, t: i64, i: i64, key: i64, scope: i64) -> CoreTb {
+        CoreTb::load(slf.clone().unbind(), [t, i, key, scope])
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
@@ -172,16 +161,9 @@ impl LoadTbs {
             return Ok(());
         };
         me.syncs.visit(&visit)?;
-        visit.call(&me.ready.ask)?;
-        for signals in me.ready.kept() {
-            for s in signals {
-                visit.call(s)?;
-            }
-        }
-        visit.call(&me.phases.ask)?;
-        for p in me.phases.kept() {
-            visit.call(p)?;
-        }
+        me.ready
+            .visit(&visit, |signals, v| signals.iter().try_for_each(|s| v.call(s)))?;
+        me.phases.visit(&visit, |p, v| v.call(p))?;
         visit.call(&me.bound)?;
         visit.call(&me.assemble)?;
         if let Some(kept) = &me.kept {
@@ -196,27 +178,5 @@ impl LoadTbs {
             me.ready.clear();
             me.phases.clear();
         }
-    }
-}
-
-/// One TB of a [`LoadTbs`] kernel: called with `(sm, busy)` when the dispatcher places
-/// it, it returns the TB's plan.
-#[pyclass(module = "cais._core", frozen)]
-pub struct LoadTb {
-    kernel: Py<LoadTbs>,
-    t: i64,
-    i: usize,
-    key: i64,
-    scope: i64,
-}
-
-#[pymethods]
-impl LoadTb {
-    fn __call__(&self, py: Python<'_>, _sm: usize, busy: usize) -> PyResult<TbPlan> {
-        self.kernel.get().plan(py, self, busy)
-    }
-
-    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        visit.call(&self.kernel)
     }
 }

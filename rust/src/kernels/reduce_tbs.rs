@@ -16,7 +16,8 @@ use crate::hw::gpu::Endpoint;
 use crate::hw::interleave::Interleave;
 use crate::hw::sm_port::SmPort;
 use crate::isa::stream::RedStream;
-use crate::kernels::tb_parts::{ask_once, Asked, TbSyncs};
+use crate::kernels::core_tb::CoreTb;
+use crate::kernels::tb_parts::{ask_once, phase_step, Asked, TbSyncs};
 use crate::kernels::tile_plans::TilePlans;
 
 /// A GEMM-RS kernel's TBs on one GPU (see the module's docs). `syncs`: the TB groups
@@ -44,19 +45,12 @@ pub(crate) struct ReduceTbsState {
 unit!(ReduceTbs, ReduceTbsState);
 
 impl ReduceTbs {
-    /// The TB of tile (i, j), the `t`-th launched, placed on `sm` with `busy` SMs busy.
-    fn plan(&self, py: Python<'_>, t: i64, i: i64, j: i64, sm: usize, busy: usize) -> PyResult<TbPlan> {
+    /// The TB `[t, i, j, _]`: the `t`-th launched, of tile (i, j); placed on `sm` with
+    /// `busy` SMs busy.
+    pub(crate) fn plan(&self, py: Python<'_>, [t, i, j, _]: [i64; 4], sm: usize, busy: usize) -> PyResult<TbPlan> {
         let mut steps = Vec::with_capacity(5);
         steps.extend(self.st(py).syncs.step(py, t, 0));
-        let phase = ask_once(
-            py,
-            &self.st,
-            |s| &mut s.phases,
-            busy,
-            |f| Ok(f.call_method1("of", (busy,))?.unbind()),
-            |p| p.clone_ref(py),
-        )?;
-        steps.push(PlanStep::Pace(phase));
+        steps.push(phase_step(py, &self.st, |s| &mut s.phases, busy)?);
         steps.extend(self.st(py).syncs.step(py, t, 1));
         let (window, bound, port, piece) = ask_once(
             py,
@@ -121,13 +115,8 @@ impl ReduceTbs {
     }
 
     /// The kernel's TB of tile (i, j), launched `t`-th: what the dispatcher calls.
-    fn tb(slf: &Bound<'_, Self>, t: i64, i: i64, j: i64) -> ReduceTb {
-        ReduceTb {
-            kernel: slf.clone().unbind(),
-            t,
-            i,
-            j,
-        }
+    fn tb(slf: &Bound<'_, Self>, t: i64, i: i64, j: i64) -> CoreTb {
+        CoreTb::reduce(slf.clone().unbind(), [t, i, j, 0])
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
@@ -135,16 +124,12 @@ impl ReduceTbs {
             return Ok(());
         };
         me.syncs.visit(&visit)?;
-        visit.call(&me.phases.ask)?;
-        for p in me.phases.kept() {
-            visit.call(p)?;
-        }
-        visit.call(&me.per_sm.ask)?;
-        for (w, b, port, _) in me.per_sm.kept() {
-            visit.call(w)?;
-            visit.call(b)?;
-            visit.call(port)?;
-        }
+        me.phases.visit(&visit, |p, v| v.call(p))?;
+        me.per_sm.visit(&visit, |(w, b, port, _), v| {
+            v.call(w)?;
+            v.call(b)?;
+            v.call(port)
+        })?;
         visit.call(&me.tiles)?;
         visit.call(&me.build)?;
         visit.call(&me.add)
@@ -155,26 +140,5 @@ impl ReduceTbs {
             me.phases.clear();
             me.per_sm.clear();
         }
-    }
-}
-
-/// One TB of a [`ReduceTbs`] kernel: called with `(sm, busy)` when the dispatcher
-/// places it, it returns the TB's plan.
-#[pyclass(module = "cais._core", frozen)]
-pub struct ReduceTb {
-    kernel: Py<ReduceTbs>,
-    t: i64,
-    i: i64,
-    j: i64,
-}
-
-#[pymethods]
-impl ReduceTb {
-    fn __call__(&self, py: Python<'_>, sm: usize, busy: usize) -> PyResult<TbPlan> {
-        self.kernel.get().plan(py, self.t, self.i, self.j, sm, busy)
-    }
-
-    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        visit.call(&self.kernel)
     }
 }

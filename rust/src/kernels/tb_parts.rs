@@ -65,9 +65,14 @@ impl<T> Asked<T> {
         self.values[i] = Some(value);
     }
 
-    /// Every answer kept (for the collector).
-    pub(crate) fn kept(&self) -> impl Iterator<Item = &T> {
-        self.values.iter().flatten()
+    /// Show the collector `ask` and, with `each`, every answer kept.
+    pub(crate) fn visit(
+        &self,
+        visit: &PyVisit<'_>,
+        each: impl Fn(&T, &PyVisit<'_>) -> Result<(), PyTraverseError>,
+    ) -> Result<(), PyTraverseError> {
+        visit.call(&self.ask)?;
+        self.values.iter().flatten().try_for_each(|v| each(v, visit))
     }
 
     pub(crate) fn clear(&mut self) {
@@ -94,4 +99,18 @@ pub(crate) fn ask_once<S, T>(
     let out = copy(&v);
     field(&mut cell.borrow_mut(py)).put(i, v);
     Ok(out)
+}
+
+/// A mainloop's HBM phase with `busy` SMs busy, as a plan's step: `phases.of(busy)` of
+/// the `Asked` that `field` picks, asked of Python once per count.
+pub(crate) fn phase_step<S>(
+    py: Python<'_>,
+    cell: &GilCell<S>,
+    field: fn(&mut S) -> &mut Asked<Py<PyAny>>,
+    busy: usize,
+) -> PyResult<PlanStep> {
+    let ask = |f: &Bound<'_, PyAny>| Ok(f.call_method1("of", (busy,))?.unbind());
+    Ok(PlanStep::Pace(ask_once(py, cell, field, busy, ask, |p| {
+        p.clone_ref(py)
+    })?))
 }

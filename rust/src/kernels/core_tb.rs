@@ -1,0 +1,57 @@
+//! One thread block of a kernel whose TB plans the core makes: what the dispatcher calls.
+
+use pyo3::prelude::*;
+use pyo3::{PyTraverseError, PyVisit};
+
+use crate::engine::wait::TbPlan;
+use crate::kernels::load_tbs::LoadTbs;
+use crate::kernels::reduce_tbs::ReduceTbs;
+
+/// The factory a TB's plan comes from.
+enum Factory {
+    Load(Py<LoadTbs>),
+    Reduce(Py<ReduceTbs>),
+}
+
+/// One TB of a kernel whose TB plans the core makes ([`LoadTbs`], [`ReduceTbs`]): called
+/// with `(sm, busy)` when the dispatcher places it, its factory puts the TB's plan
+/// together. `args`: what the factory knows the TB by (its launch index, then its tile,
+/// or its row tile, tile plan and load scope).
+#[pyclass(module = "cais._core", frozen)]
+pub struct CoreTb {
+    factory: Factory,
+    args: [i64; 4],
+}
+
+impl CoreTb {
+    pub(crate) fn load(kernel: Py<LoadTbs>, args: [i64; 4]) -> Self {
+        CoreTb {
+            factory: Factory::Load(kernel),
+            args,
+        }
+    }
+
+    pub(crate) fn reduce(kernel: Py<ReduceTbs>, args: [i64; 4]) -> Self {
+        CoreTb {
+            factory: Factory::Reduce(kernel),
+            args,
+        }
+    }
+}
+
+#[pymethods]
+impl CoreTb {
+    fn __call__(&self, py: Python<'_>, sm: usize, busy: usize) -> PyResult<TbPlan> {
+        match &self.factory {
+            Factory::Load(kernel) => kernel.get().plan(py, self.args, busy),
+            Factory::Reduce(kernel) => kernel.get().plan(py, self.args, sm, busy),
+        }
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        match &self.factory {
+            Factory::Load(kernel) => visit.call(kernel),
+            Factory::Reduce(kernel) => visit.call(kernel),
+        }
+    }
+}
