@@ -379,7 +379,7 @@ pub(crate) struct MergeUnitState {
     /// The sessions by id.
     entries: HashMap<i64, Entry>,
     /// The idle timer's queue: the sessions in order of last access (first: idle
-    /// longest).
+    /// longest); the replacement policy is handed it too (LRU evicts by it).
     idle: AccessOrder,
     /// Which session goes when lines are needed (`switch.merge.replacement`).
     policy: Box<dyn Replacement>,
@@ -696,7 +696,7 @@ impl MergeUnit {
                     Room::Bypass => return Ok(false),
                     Room::Evict => {}
                 }
-                let Some(sid) = me.policy.victim() else {
+                let Some(sid) = me.policy.victim(&me.idle) else {
                     return Ok(false); // the lines are held by sums waiting to leave
                 };
                 let e = me.entries.get_mut(&sid).expect("session");

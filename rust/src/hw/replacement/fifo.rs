@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use super::Replacement;
+use super::{AccessOrder, Replacement};
 
 /// Open sessions in the order they opened (session ids grow with each one).
 #[derive(Default)]
@@ -22,7 +22,7 @@ impl Replacement for Fifo {
         self.open.remove(&sid);
     }
 
-    fn victim(&self) -> Option<i64> {
+    fn victim(&self, _by_access: &AccessOrder) -> Option<i64> {
         self.open.first().copied()
     }
 }

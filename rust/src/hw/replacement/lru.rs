@@ -3,26 +3,18 @@
 
 use super::{AccessOrder, Replacement};
 
-/// Sessions in order of last access.
-#[derive(Default)]
-pub(crate) struct Lru {
-    order: AccessOrder,
-}
+/// The merge unit's own order of access decides (it keeps one for its idle timer), so
+/// the policy keeps nothing.
+pub(crate) struct Lru;
 
 impl Replacement for Lru {
-    fn open(&mut self, sid: i64) {
-        self.order.touch(sid);
-    }
+    fn open(&mut self, _sid: i64) {}
 
-    fn touch(&mut self, sid: i64) {
-        self.order.touch(sid);
-    }
+    fn touch(&mut self, _sid: i64) {}
 
-    fn close(&mut self, sid: i64) {
-        self.order.remove(sid);
-    }
+    fn close(&mut self, _sid: i64) {}
 
-    fn victim(&self) -> Option<i64> {
-        self.order.first()
+    fn victim(&self, by_access: &AccessOrder) -> Option<i64> {
+        by_access.first()
     }
 }

@@ -22,7 +22,9 @@ pub(crate) use lru::Lru;
 pub(crate) use order::AccessOrder;
 
 /// A replacement policy over a merge unit's open sessions (by session id; ids grow
-/// with each session opened).
+/// with each session opened). The unit keeps its open sessions in order of last access
+/// for its idle timer and hands that order to `victim`: a policy that evicts by it
+/// (LRU) keeps nothing of its own.
 pub(crate) trait Replacement: Send {
     /// Session `sid` opened.
     fn open(&mut self, sid: i64);
@@ -30,14 +32,15 @@ pub(crate) trait Replacement: Send {
     fn touch(&mut self, sid: i64);
     /// Session `sid` ended (flushed, closed or evicted).
     fn close(&mut self, sid: i64);
-    /// The session to evict first, if any is open.
-    fn victim(&self) -> Option<i64>;
+    /// The session to evict first, if any is open; `by_access`: the open sessions,
+    /// accessed longest ago first.
+    fn victim(&self, by_access: &AccessOrder) -> Option<i64>;
 }
 
 /// The policy called `name` in the config.
 pub(crate) fn by_name(name: &str) -> PyResult<Box<dyn Replacement>> {
     match name {
-        "lru" => Ok(Box::new(Lru::default())),
+        "lru" => Ok(Box::new(Lru)),
         "fifo" => Ok(Box::new(Fifo::default())),
         _ => Err(PyValueError::new_err(format!(
             "switch.merge.replacement: expected one of lru, fifo; got {name:?}"
@@ -49,15 +52,20 @@ pub(crate) fn by_name(name: &str) -> PyResult<Box<dyn Replacement>> {
 mod tests {
     use super::*;
 
-    /// Open 1, 2, 3; touch 1; the victim, then after it ends, the next.
+    /// Open 1, 2, 3; touch 1; the victim, then after it ends, the next (the order of
+    /// access kept as a merge unit keeps it).
     fn victims(mut p: Box<dyn Replacement>) -> Vec<i64> {
+        let mut by_access = AccessOrder::default();
         for sid in 1..=3 {
+            by_access.touch(sid);
             p.open(sid);
         }
+        by_access.touch(1);
         p.touch(1);
         let mut out = Vec::new();
-        while let Some(v) = p.victim() {
+        while let Some(v) = p.victim(&by_access) {
             out.push(v);
+            by_access.remove(v);
             p.close(v);
         }
         out
