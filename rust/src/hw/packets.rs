@@ -7,16 +7,47 @@ use rustc_hash::FxHashMap as HashMap;
 use pyo3::prelude::*;
 use pyo3::{PyTraverseError, PyVisit};
 
+/// Answers by key, remembered after the first question, the last one looked at before
+/// the map (a GPU's trains come in runs of one kind and size).
+struct Memo<V> {
+    map: HashMap<(i64, i64), V>,
+    last: Option<((i64, i64), V)>,
+}
+
+impl<V: Copy> Memo<V> {
+    fn new() -> Self {
+        Memo {
+            map: HashMap::default(),
+            last: None,
+        }
+    }
+
+    /// The answer for `key`: remembered, or `ask()`'s.
+    fn get(&mut self, key: (i64, i64), ask: impl FnOnce() -> PyResult<V>) -> PyResult<V> {
+        if let Some((k, v)) = self.last {
+            if k == key {
+                return Ok(v);
+            }
+        }
+        let v = match self.map.get(&key) {
+            Some(&v) => v,
+            None => {
+                let v = ask()?;
+                self.map.insert(key, v);
+                v
+            }
+        };
+        self.last = Some((key, v));
+        Ok(v)
+    }
+}
+
 /// The packetizer and VC map of a unit of the core, with their answers remembered.
 pub(crate) struct PacketBook {
     pk: Py<PyAny>,
     vcmap: Py<PyAny>,
-    wires: HashMap<(i64, i64), (i64, i64)>,
-    vcs: HashMap<(i64, i64), i64>,
-    /// The last answer of each, looked at before the map (a GPU's trains come in runs
-    /// of one kind and size).
-    last_wire: ((i64, i64), (i64, i64)),
-    last_vc: ((i64, i64), i64),
+    wires: Memo<(i64, i64)>,
+    vcs: Memo<i64>,
 }
 
 impl PacketBook {
@@ -24,52 +55,26 @@ impl PacketBook {
         PacketBook {
             pk,
             vcmap,
-            wires: HashMap::default(),
-            vcs: HashMap::default(),
-            last_wire: ((-1, -1), (0, 0)),
-            last_vc: ((-1, -1), 0),
+            wires: Memo::new(),
+            vcs: Memo::new(),
         }
     }
 
     /// (wire bytes of the whole train, wire bytes of its last packet) for `nbytes`
     /// of `kind`.
     pub(crate) fn wire(&mut self, py: Python<'_>, kind: i64, nbytes: i64) -> PyResult<(i64, i64)> {
-        let key = (kind, nbytes);
-        if self.last_wire.0 == key {
-            return Ok(self.last_wire.1);
-        }
-        let got = match self.wires.get(&key) {
-            Some(&hit) => hit,
-            None => {
-                let got: (i64, i64) = self.pk.bind(py).call_method1("wire", key)?.extract()?;
-                self.wires.insert(key, got);
-                got
-            }
-        };
-        self.last_wire = (key, got);
-        Ok(got)
+        let pk = &self.pk;
+        self.wires.get((kind, nbytes), || {
+            pk.bind(py).call_method1("wire", (kind, nbytes))?.extract()
+        })
     }
 
     /// The VC of `kind` issued by a kernel on `stream` (0: untagged traffic).
     pub(crate) fn vc(&mut self, py: Python<'_>, kind: i64, stream: i64) -> PyResult<i64> {
-        let key = (kind, stream);
-        if self.last_vc.0 == key {
-            return Ok(self.last_vc.1);
-        }
-        let vc = match self.vcs.get(&key) {
-            Some(&vc) => vc,
-            None => {
-                let vc: i64 = self
-                    .vcmap
-                    .bind(py)
-                    .call_method1("vc", (kind, py.None(), stream))?
-                    .extract()?;
-                self.vcs.insert(key, vc);
-                vc
-            }
-        };
-        self.last_vc = (key, vc);
-        Ok(vc)
+        let vcmap = &self.vcmap;
+        self.vcs.get((kind, stream), || {
+            vcmap.bind(py).call_method1("vc", (kind, py.None(), stream))?.extract()
+        })
     }
 
     pub(crate) fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
