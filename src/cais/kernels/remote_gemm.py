@@ -158,10 +158,10 @@ class Load(NamedTuple):
 class TilePlan:
     """One tile's planned mainloop loads in functional mode (timing mode's are
     ``LoadPlan``s shared through the core's ``TilePlans``), shared by the GPUs that run
-    its GEMM and by the tiles that load the same operand blocks (the same rows of A, or columns of B,
-    from the same K step): each takes the plan once (``users`` counts those still to
-    come; ``shared``: more than one GPU takes it). The loads are cut
-    into request pieces of at most ``piece_unit`` bytes and the pieces into stripes of
+    its GEMM and by the tiles that load the same operand blocks (the same rows of A, or
+    columns of B, from the same K step): each takes the plan once (``users`` counts
+    those still to come; ``shared``: more than one GPU takes it). The loads are cut into
+    request pieces of at most ``piece_unit`` bytes and the pieces into stripes of
     ``unit`` (``Isa.stripes``) once, for every GPU: the cut does not depend on who
     loads. With one user (mirror mode, where striping counts what it cuts) only the
     pieces that GPU loads are striped, in its order."""
