@@ -386,14 +386,20 @@ impl Simulator {
     }
 
     /// Keep a delivered train's object for `new_train` if nothing else holds it (its
-    /// fields cleared now, so that what they hold is released as it would have been).
+    /// fields cleared now, so that what they hold is released as it would have been),
+    /// and so the train it was copied from (a switch's input train, whose last copy
+    /// this may be), and that one's.
     fn recycle(&self, py: Python<'_>, train: Bound<'_, Train>) {
-        if train.get_refcnt() != 1 {
-            return;
+        let mut next = Some(train);
+        while let Some(train) = next.take() {
+            if train.get_refcnt() != 1 {
+                return;
+            }
+            let mut held = train.get().st(py).take_held();
+            next = held.take_parent_train(py);
+            held.release(py); // may run Python (a closure's last reference): no borrow is held
+            self.q.borrow_mut(py).spare.push(train.unbind());
         }
-        let held = train.get().st(py).take_held();
-        held.release(py); // may run Python (a closure's last reference): no borrow is held
-        self.q.borrow_mut(py).spare.push(train.unbind());
     }
 
     /// Schedule an action at `time` (the caller has checked it is not in the past).

@@ -70,6 +70,18 @@ pub(crate) struct Held {
 }
 
 impl Held {
+    /// The train it was copied from, taken out, if it is a train (`parent`).
+    pub(crate) fn take_parent_train<'py>(&mut self, py: Python<'py>) -> Option<Bound<'py, Train>> {
+        let parent = self.objects[4].take()?.into_bound(py);
+        match parent.cast_into::<Train>() {
+            Ok(t) => Some(t),
+            Err(e) => {
+                self.objects[4] = Some(e.into_inner().unbind());
+                None
+            }
+        }
+    }
+
     /// Release the references (bound to the GIL the caller holds: no check per field
     /// of whether this thread is attached, as dropping a `Py` does).
     pub(crate) fn release(self, py: Python<'_>) {

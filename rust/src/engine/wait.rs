@@ -19,12 +19,15 @@ use super::cell::{properties, unit, GilCell, Unit, UnitState};
 use super::sim::{Action, Simulator};
 use super::unit::{Begun, Event, Paced, UnitRef};
 
-/// Whom a signal wakes: a process waiting on it, a Python callable `fn(value)`, or
-/// a unit (a stream whose next request waits for this grant), told `Event::Fired`.
+/// Whom a signal wakes: a process waiting on it, a Python callable `fn(value)`, a
+/// unit (a stream whose next request waits for this grant), told `Event::Fired`, or a
+/// countdown that counts one arrival (a load that joined one asked for first: its
+/// TB's loads in).
 enum Waiter {
     Resume(Py<Process>),
     Call(Py<PyAny>),
     Unit(UnitRef),
+    Count(Py<Countdown>, Py<Simulator>),
 }
 
 impl Waiter {
@@ -33,6 +36,10 @@ impl Waiter {
             Waiter::Resume(p) => visit.call(p),
             Waiter::Call(f) => visit.call(f),
             Waiter::Unit(u) => u.visit(visit),
+            Waiter::Count(c, sim) => {
+                visit.call(c)?;
+                visit.call(sim)
+            }
         }
     }
 }
@@ -84,6 +91,7 @@ impl Signal {
                     f.call1(py, (value.clone_ref(py),))?;
                 }
                 Waiter::Unit(u) => u.on_event(py, Event::Fired)?,
+                Waiter::Count(c, sim) => Countdown::arrive(c.bind(py), sim.bind(py), 1)?,
             }
         }
         Ok(())
@@ -94,6 +102,18 @@ impl Signal {
     /// Tell `unit` when the signal fires (it has not).
     pub(crate) fn wait_unit(slf: &Bound<'_, Self>, unit: UnitRef) {
         slf.st().waiters.push(Waiter::Unit(unit));
+    }
+
+    /// Count one arrival into `count` when the signal fires (now, if it has).
+    pub(crate) fn count_into(slf: &Bound<'_, Self>, count: Py<Countdown>, sim: Py<Simulator>) -> PyResult<()> {
+        {
+            let mut me = slf.st();
+            if !me.fired {
+                me.waiters.push(Waiter::Count(count, sim));
+                return Ok(());
+            }
+        }
+        Countdown::arrive(count.bind(slf.py()), sim.bind(slf.py()), 1)
     }
 }
 

@@ -264,14 +264,39 @@ impl LoadStreamState {
         self.grants.bounds[0].get().st(py).sim.clone_ref(py)
     }
 
-    /// What item `index` does when the load it joins has its data.
-    fn joined(&self, py: Python<'_>, index: usize) -> PyResult<Py<PyAny>> {
-        let join = JoinedLoad {
+    /// What item `index` needs to join a load asked for first (`LoadStream::join`).
+    fn joiner(&self, py: Python<'_>, index: usize) -> Joiner {
+        Joiner {
             placed: self.plan.get().items[index].placed.clone_ref(py),
             arrived: self.arrived.clone_ref(py),
             sim: self.sim(py),
+        }
+    }
+}
+
+/// A load joining a line: its placer (None in timing mode), its TB's count of loads
+/// in, and the simulator.
+struct Joiner {
+    placed: Py<PyAny>,
+    arrived: Py<Countdown>,
+    sim: Py<Simulator>,
+}
+
+impl Joiner {
+    /// When `line` fires (now, if it has), the data goes to the placer and the load
+    /// counts into its TB's `arrived` (called with no borrow of the stream held).
+    fn join(self, line: &Bound<'_, Signal>) -> PyResult<()> {
+        let py = line.py();
+        if self.placed.is_none(py) {
+            // timing mode: nothing to hand over, so no callable object per load
+            return Signal::count_into(line, self.arrived, self.sim);
+        }
+        let join = JoinedLoad {
+            placed: self.placed,
+            arrived: self.arrived,
+            sim: self.sim,
         };
-        Ok(Py::new(py, join)?.into_any())
+        Signal::on_fire(line, Py::new(py, join)?.into_any())
     }
 }
 
@@ -384,9 +409,9 @@ impl LoadStream {
                 // asked for already (an L2 hit, or a miss in flight): join it
                 if let Some(line) = me.kept_line(py, kept.get(), index)? {
                     me.next += 1;
-                    let join = me.joined(py, index)?;
+                    let joiner = me.joiner(py, index);
                     drop(me);
-                    Signal::on_fire(line.bind(py), join)?;
+                    joiner.join(line.bind(py))?;
                     continue;
                 }
             }
@@ -402,10 +427,10 @@ impl LoadStream {
                 if let Some(line) = me.kept_line(py, kept.get(), index)? {
                     me.next += 1;
                     me.grants.held = 0;
-                    let (bounds, join) = (me.grants.clone_bounds(py), me.joined(py, index)?);
+                    let (bounds, joiner) = (me.grants.clone_bounds(py), me.joiner(py, index));
                     drop(me);
                     Grants::give_back(py, bounds, want)?;
-                    Signal::on_fire(line.bind(py), join)?;
+                    joiner.join(line.bind(py))?;
                     continue;
                 }
                 let line = Py::new(py, Signal::blank(py))?;
