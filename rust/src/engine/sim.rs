@@ -389,7 +389,7 @@ impl Simulator {
     /// fields cleared now, so that what they hold is released as it would have been),
     /// and so the train it was copied from (a switch's input train, whose last copy
     /// this may be), and that one's.
-    fn recycle(&self, py: Python<'_>, train: Bound<'_, Train>) {
+    pub(crate) fn recycle(&self, py: Python<'_>, train: Bound<'_, Train>) {
         let mut next = Some(train);
         while let Some(train) = next.take() {
             if train.get_refcnt() != 1 {

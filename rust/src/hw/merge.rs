@@ -328,7 +328,7 @@ impl Host {
         source: Option<&Bound<'_, Train>>,
     ) -> PyResult<()> {
         match self {
-            Host::Chip(chip) => SwitchChip::answer_loads(chip.bind(py), &reqs, &data, head, tail, source),
+            Host::Chip(chip) => SwitchChip::answer_loads(chip.bind(py), reqs, &data, head, tail, source),
             Host::Object(o) => {
                 let reqs = PyList::new(py, reqs)?;
                 o.call_method1(py, "answer", (reqs, data, head, tail, source))
@@ -729,9 +729,14 @@ impl MergeUnit {
     fn ack_held(slf: &Bound<'_, Self>, sid: i64) -> PyResult<()> {
         let py = slf.py();
         let held = std::mem::take(&mut slf.st().entries.get_mut(&sid).expect("session").held);
-        let now = slf.st().now(py);
+        let (now, sim) = {
+            let me = slf.st();
+            (me.now(py), me.sim.clone_ref(py))
+        };
         for red in held {
-            complete(red.bind(py), now)?;
+            let red = red.into_bound(py);
+            complete(&red, now)?;
+            sim.get().recycle(py, red); // it ends here
         }
         Ok(())
     }

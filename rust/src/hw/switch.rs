@@ -600,14 +600,15 @@ impl SwitchChip {
     /// response `source`, or (None) responses made from the unit's cached data.
     pub(crate) fn answer_loads(
         slf: &Bound<'_, Self>,
-        reqs: &[Py<Train>],
+        reqs: Vec<Py<Train>>,
         data: &Py<PyAny>,
         head: i64,
         tail: i64,
         source: Option<&Bound<'_, Train>>,
     ) -> PyResult<()> {
         let py = slf.py();
-        for (i, req) in reqs.iter().enumerate() {
+        for (i, req) in reqs.into_iter().enumerate() {
+            let req = req.into_bound(py);
             let (resp, to) = {
                 let mut me = slf.st();
                 let r = req.get().st(py);
@@ -628,6 +629,8 @@ impl SwitchChip {
                 (me.sim.get().new_train(py, resp)?, r.src)
             };
             SwitchChip::emit_train(slf, &resp, to, source, Hook::None)?;
+            let sim = slf.st().sim.clone_ref(py);
+            sim.get().recycle(py, req); // answered: the request ends here
         }
         Ok(())
     }
