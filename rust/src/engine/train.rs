@@ -72,14 +72,12 @@ pub(crate) struct Held {
 impl Held {
     /// The train it was copied from, taken out, if it is a train (`parent`).
     pub(crate) fn take_parent_train<'py>(&mut self, py: Python<'py>) -> Option<Bound<'py, Train>> {
-        let parent = self.objects[4].take()?.into_bound(py);
-        match parent.cast_into::<Train>() {
-            Ok(t) => Some(t),
-            Err(e) => {
-                self.objects[4] = Some(e.into_inner().unbind());
-                None
-            }
+        if !self.objects[4].as_ref()?.bind(py).is_instance_of::<Train>() {
+            return None;
         }
+        let parent = self.objects[4].take()?.into_bound(py);
+        // SAFETY: checked to be a `Train` just above
+        Some(unsafe { parent.cast_into_unchecked::<Train>() })
     }
 
     /// Release the references (bound to the GIL the caller holds: no check per field
