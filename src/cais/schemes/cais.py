@@ -87,6 +87,7 @@ class CoordinatedAccess(MergeableAccess):
                             (group + 1, _PHASES, m.n) if cfg.pre_access_sync else None)
         self.deps = deps
         self.block_keys = block_keys or []
+        self._cuts: dict[tuple[int, int, int], list[tuple[int, int, int]]] = {}  # deps.cut's answers
         self.ready = ready
 
     # ---- merging-aware TB scheduling and group sync ------------------------------------
@@ -121,8 +122,48 @@ class CoordinatedAccess(MergeableAccess):
                 for b, sub, part in self._by_block(owner, region, data)]
 
     def add_own(self, g: int, region: Region, data: np.ndarray | None) -> None:
+        if data is None:  # timing mode: the local adds only raise the blocks' signal words
+            assert self.deps is not None
+            gpu = self.m.gpus[g]
+            for r0, rows, _, cols, _ in self._spans(region):
+                for b, _, cnt in self._cut(g, r0, rows):
+                    gpu.signal(self.block_keys[b], cnt * cols * region.elem_bytes)
+            return
         for b, sub, part in self._by_block(g, region, data):
             self.m.isa.red_cais(g, g, sub, part, self.block_keys[b])
+
+    def _cut(self, owner: int, row0: int, rows: int) -> list[tuple[int, int, int]]:
+        """``deps.cut``, each answer worked out once (a row tile's rows recur in every
+        tile of the row, and on every GPU that runs it)."""
+        key = (owner, row0, rows)
+        cut = self._cuts.get(key)
+        if cut is None:
+            assert self.deps is not None
+            cut = self._cuts[key] = self.deps.cut(owner, row0, rows)
+        return cut
+
+    def _spans(self, region: Region) -> list[tuple[int, int, int, int, int]]:
+        """A region of an owner's rows as (first row, rows, first column, columns,
+        offset of its first element in the region) spans of whole rows or parts of
+        one row."""
+        assert self.deps is not None
+        width = self.deps.width
+        if region.rows > 1:
+            r0, c0 = divmod(region.start, width)
+            return [(r0, region.rows, c0, region.count, 0)]
+        # a run: whole rows, or parts of rows where it starts or ends mid-row
+        spans, pos, end = [], region.start, region.start + region.count
+        while pos < end:
+            r0, c0 = divmod(pos, width)
+            if c0 == 0 and end - pos >= width:  # whole rows
+                rows = (end - pos) // width
+                spans.append((r0, rows, 0, width, pos - region.start))
+                pos += rows * width
+            else:
+                cnt = min(width - c0, end - pos)
+                spans.append((r0, 1, c0, cnt, pos - region.start))
+                pos += cnt
+        return spans
 
     def _by_block(self, owner: int, region: Region, data: np.ndarray | None
                   ) -> list[tuple[int, Region, np.ndarray | None]]:
@@ -130,31 +171,16 @@ class CoordinatedAccess(MergeableAccess):
         boundaries (the pass's cut): (block, sub-region, its data)."""
         assert self.deps is not None
         width = self.deps.width
-        if region.rows > 1:
-            r0, c0 = divmod(region.start, width)
-            spans = [(r0, region.rows, c0, region.count, 0)]
-        else:  # a run: whole rows, or parts of rows where it starts or ends mid-row
-            spans, pos, end = [], region.start, region.start + region.count
-            while pos < end:
-                r0, c0 = divmod(pos, width)
-                if c0 == 0 and end - pos >= width:  # whole rows
-                    rows = (end - pos) // width
-                    spans.append((r0, rows, 0, width, pos - region.start))
-                    pos += rows * width
-                else:
-                    cnt = min(width - c0, end - pos)
-                    spans.append((r0, 1, c0, cnt, pos - region.start))
-                    pos += cnt
         flat = None if data is None or region.rows > 1 else np.reshape(data, -1)
         out = []
-        for r0, rows, c0, cols, off in spans:
+        for r0, rows, c0, cols, off in self._spans(region):
             if data is None:
                 mat = None
             elif flat is None:
                 mat = np.reshape(data, (rows, cols))
             else:
                 mat = flat[off:off + rows * cols].reshape(rows, cols)
-            for b, t, cnt in self.deps.cut(owner, r0, rows):
+            for b, t, cnt in self._cut(owner, r0, rows):
                 sub = Region.block(region.buffer, width, t, cnt, c0, cols, region.elem_bytes)
                 part = None
                 if mat is not None:
