@@ -129,7 +129,7 @@ impl Credits {
             }
         };
         match waiter {
-            Waiter::Unit(u) => u.on_event(py, Event::CreditsBack(vc as usize)),
+            Waiter::Unit(u) => u.tell(py, Event::CreditsBack(vc as usize)),
             Waiter::Call(f) => f.call1(py, (vc,)).map(|_| ()),
             Waiter::None => Ok(()),
         }

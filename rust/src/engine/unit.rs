@@ -215,6 +215,14 @@ impl UnitRef {
         (self.vt.on_event)(self.obj.bind(py), ev)
     }
 
+    /// Tell the unit `ev` and let this reference go (a one-off reference: dropped as
+    /// a `Bound`, with no check of the thread's state, as a `Py` would make).
+    #[inline]
+    pub(crate) fn tell(self, py: Python<'_>, ev: Event<'_, '_>) -> PyResult<()> {
+        let obj = self.obj.into_bound(py);
+        (self.vt.on_event)(&obj, ev)
+    }
+
     pub(crate) fn pace(
         &self,
         sim: &Bound<'_, Simulator>,

@@ -440,7 +440,11 @@ impl MergeUnit {
         let py = slf.py();
         let mut me = slf.st();
         let r = req.st();
-        let (key, info) = me.key(kind, obj(&r.addr, py).bind(py))?;
+        let (key, info) = match &r.addr {
+            // borrowed: a new reference would be dropped with a check of the thread's state
+            Some(addr) => me.key(kind, addr.bind(py))?,
+            None => me.key(kind, &py.None().into_bound(py))?,
+        };
         let last = me.arrive(py, &key, r.count, r.expect);
         let found = me.cam.get(&key).copied();
         Ok((key, info, last, found))

@@ -180,7 +180,7 @@ impl SwitchChip {
             let mut t = train.st();
             me.ledger.get().st(py).bytes_in += t.payload;
             (t.left, t.dep0, t.dep1) = (1, NEVER, 0); // 1: held until the handler has emitted all
-            (t.kind, t.credits.as_ref().map(|c| c.clone_ref(py)), t.fp) // the buffer's, before a departure
+            (t.kind, t.credits.as_ref().map(|c| c.bind(py).clone()), t.fp) // the buffer's, before a departure
         };
         {
             let mut me = slf.st();
@@ -221,7 +221,7 @@ impl SwitchChip {
             }
         };
         if let Some((t0, t1)) = retire {
-            SwitchChip::retire_train(slf, &train, t0, t1, credits.as_ref(), fp)?;
+            SwitchChip::retire_train(slf, &train, t0, t1, credits.as_ref().map(Bound::as_unbound), fp)?;
         }
         Ok(())
     }
@@ -558,9 +558,9 @@ impl SwitchChip {
             let mut e = entry.st();
             e.left = 0;
             let (t0, t1) = if e.tail >= now { (e.head, e.tail) } else { (now, now) }; // held a while: leaves now
-            (t0, t1, e.credits.as_ref().map(|c| c.clone_ref(py)), e.fp)
+            (t0, t1, e.credits.as_ref().map(|c| c.bind(py).clone()), e.fp)
         };
-        SwitchChip::retire_train(slf, entry, t0, t1, credits.as_ref(), fp)
+        SwitchChip::retire_train(slf, entry, t0, t1, credits.as_ref().map(Bound::as_unbound), fp)
     }
 
     /// A CAIS kind reaches the merge unit of its home's port: `ld.cais` requests and
@@ -573,15 +573,15 @@ impl SwitchChip {
             let t = train.st();
             (t.src, t.dst, t.tag)
         };
-        let unit = |g: i64| -> PyResult<Py<MergeUnit>> {
+        let unit = |g: i64| -> PyResult<Bound<'_, MergeUnit>> {
             let me = slf.st();
-            Ok(me.units[py_index(g, me.units.len())?].clone_ref(py))
+            Ok(me.units[py_index(g, me.units.len())?].bind(py).clone())
         };
         match kind {
-            LD_CAIS_REQ => MergeUnit::load_train(unit(dst)?.bind(py), train),
-            RED_CAIS => MergeUnit::reduce_train(unit(dst)?.bind(py), train),
+            LD_CAIS_REQ => MergeUnit::load_train(&unit(dst)?, train),
+            RED_CAIS => MergeUnit::reduce_train(&unit(dst)?, train),
             _ => {
-                if tag < 0 || !MergeUnit::load_data_train(unit(src)?.bind(py), train)? {
+                if tag < 0 || !MergeUnit::load_data_train(&unit(src)?, train)? {
                     SwitchChip::emit_train(slf, train, dst, Some(train), Hook::None)?;
                 }
                 Ok(())
