@@ -44,6 +44,37 @@ impl Waiter {
     }
 }
 
+/// A signal's waiters, in the order they came. Most signals have one (a TB's process,
+/// a stream, a joined load), which is kept in place: no list is allocated for it.
+#[derive(Default)]
+struct Waiters {
+    first: Option<Waiter>,
+    rest: Vec<Waiter>,
+}
+
+impl Waiters {
+    fn push(&mut self, w: Waiter) {
+        if self.first.is_none() {
+            self.first = Some(w);
+        } else {
+            self.rest.push(w);
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Waiter> {
+        self.first.iter().chain(self.rest.iter())
+    }
+
+    fn into_iter(self) -> impl Iterator<Item = Waiter> {
+        self.first.into_iter().chain(self.rest)
+    }
+
+    fn clear(&mut self) {
+        self.first = None;
+        self.rest.clear();
+    }
+}
+
 /// A one-shot event: programs and callbacks wait on it until it fires once, with a
 /// value (`value`) at a time (`time`).
 #[pyclass(module = "cais._core", subclass, frozen)]
@@ -56,7 +87,7 @@ pub(crate) struct SignalState {
     fired: bool,
     value: Py<PyAny>,
     time: Option<i64>,
-    waiters: Vec<Waiter>,
+    waiters: Waiters,
 }
 
 unit!(Signal, SignalState);
@@ -67,7 +98,7 @@ impl Signal {
             fired: false,
             value: py.None(),
             time: None,
-            waiters: Vec::new(),
+            waiters: Waiters::default(),
         })
     }
 
@@ -84,7 +115,7 @@ impl Signal {
             me.time = Some(now);
             std::mem::take(&mut me.waiters)
         };
-        for w in waiters {
+        for w in waiters.into_iter() {
             match w {
                 Waiter::Resume(p) => Process::step(p.bind(py), value.clone_ref(py))?,
                 Waiter::Call(f) => {
