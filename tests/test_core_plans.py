@@ -64,13 +64,71 @@ def test_a_load_plan_cut_in_the_core_is_the_plan_cut_in_python() -> None:
 
 
 def test_a_red_plan_names_the_owners_a_gpu_sends_to() -> None:
-    piece = (1024, [(0, 1, [(_region(0), 0)], None, -1, 0)])
-    plan = RedPlan([(1, _region(0), [piece, piece]), (0, _region(2048), []), (1, _region(4096), [piece]),
-                    (2, _region(8192), [piece])])
+    from cais._core import Interleave, RedForm
+
+    il = Interleave([0, 0, 1, 1, 2, 2, 3, 3], 256)
+    blocks = [(1, _region(0)), (0, _region(2048)), (1, _region(4096)), (2, _region(8192))]
+    plan = RedPlan.build(il, RedForm(3, 1024), blocks, 1024)
     assert plan.owners(0) == [1, 2]
     assert plan.owners(1) == [0, 2]
-    assert plan.stripes(0) == 4  # three pieces for GPU 1, one for GPU 2, none for itself
-    assert plan.stripes(1) == 1  # the block owned by 0 was planned with no pieces
+    trains = [len(il.trains(region, 1024)) for _, region in blocks]
+    assert plan.stripes(0) == trains[0] + trains[2] + trains[3]  # two blocks for GPU 1, one for GPU 2
+    assert plan.stripes(1) == trains[1] + trains[3]
+    mirror = RedPlan.build(il, RedForm(3, 1024), blocks, 1024, skip=0)  # GPU 0 alone runs it
+    assert mirror.stripes(1) == trains[3]  # the block owned by 0 was planned with no pieces
+
+
+def test_the_cores_row_block_cut_is_the_passs() -> None:
+    """``RowBlocks.cut`` (the epilogue's cut at LN row blocks, made in the core) cuts an
+    owner's rows where the pass's ``TbDependencies.cut`` does, for 2-D blocks and for
+    runs that start or end mid-row, and says where each part's data starts."""
+    from types import SimpleNamespace
+
+    from cais._core import RowBlocks
+    from cais.opt.tb_dependencies import TbDependencies
+
+    width, rows_l, per = 64, 96, 40
+    rb = RowBlocks(width, rows_l, per, [100 + b for b in range(3)])
+    seen = 0
+    for owner in (0, 2):
+        for r0, rows in ((0, 96), (5, 50), (39, 2), (80, 16)):
+            want = TbDependencies.cut(SimpleNamespace(rows_l=rows_l, block_rows=per), owner, r0, rows)
+            block = Region.block("t", width, r0, rows, 8, 24, 2)  # a 2-D block of part of each row
+            got = rb.cut(block, owner)
+            assert [(b, sub.start // width, sub.rows) for b, sub, _ in got] == [(b, t, n) for b, t, n in want]
+            assert [off for _, _, off in got] == [(t - r0) * 24 for _, t, _ in want]
+            seen += len(got)
+    run = Region("t", 70 * width + 10, 3 * width, 2)  # from mid-row 70 over rows 71 and 72 into 73
+    got = rb.cut(run, 1)
+    assert [(b, sub.start, sub.count, off) for b, sub, off in got] == [
+        (1, 70 * width + 10, width - 10, 0), (1, 71 * width, 2 * width, width - 10),
+        (1, 73 * width, 10, 3 * width - 10)]
+    assert seen > 8
+
+
+def test_a_red_plan_made_in_the_core_is_the_plan_made_in_python() -> None:
+    """``RedPlan.build`` (timing mode) makes an epilogue's pieces and reductions as the
+    Python path cuts them (``RemoteAccess.reductions``), and its own block raises the
+    signal words ``add_own`` would: plain ``red``, ``red.cais`` into one word, and
+    ``red.cais`` cut at LN row blocks."""
+    from cais._core import Interleave, RedForm, RowBlocks
+
+    il = Interleave([0, 0, 1, 1, 2, 2, 3, 3], 256)
+    width, rows_l, per = 512, 64, 16
+    rb = RowBlocks(width, rows_l, per, [7, 8, 9, 10])
+    block = Region.block("o", width, 10, 20, 128, 256, 2)  # rows 10-29 of owner 1's shard
+    forms = [(RedForm(3, 1024), lambda pc: [(3, 1, pc, -1, 0)], []),
+             (RedForm(15, 1024, 4, 2), lambda pc: [(15, 1, pc, 4, 2)], [(4, block.nbytes)]),
+             (RedForm(15, 1024, quorum=2, blocks=rb),
+              lambda pc: [(15, 1, sub, 7 + b, 2) for b, sub, _ in rb.cut(pc, 1)],
+              [(7 + b, sub.nbytes) for b, sub, _ in rb.cut(block, 1)])]
+    for form, reds, own in forms:
+        plan = RedPlan.build(il, form, [(1, block)], 4096)
+        by_hand = [(pc.nbytes, [(kind, dst, il.trains(sub, 1024), tag, q) for kind, dst, sub, tag, q in reds(pc)])
+                   for pc in il.pieces(block, 4096)]
+        assert len(by_hand) > 1 and plan.pieces(0) == by_hand
+        assert plan.owners(0) == [1] and plan.pieces(1) == []
+        assert plan.own_signals(1) == own and plan.own_signals(0) == []
 
 
 def _counting(cls: Any, made: list[int]) -> Any:
@@ -86,7 +144,7 @@ def test_the_gpus_of_a_layer_share_their_tiles_plans(monkeypatch: pytest.MonkeyP
     # a tile's loads are its steps' plans chained from its first step round (timing mode)
     monkeypatch.setattr(remote_gemm, "LoadPlan", SimpleNamespace(cut=LoadPlan.cut,
                                                                  chain=_counting(LoadPlan.chain, loads)))
-    monkeypatch.setattr(remote_gemm, "RedPlan", _counting(RedPlan, reds))
+    monkeypatch.setattr(remote_gemm, "RedPlan", SimpleNamespace(build=_counting(RedPlan.build, reds)))
     cfg = apply_overrides(load_system("dgx-h100"), {"gpus": "4"})
     r = run_layer(cfg, load_model("paper-mega-gpt-4b").with_run(1, 512), "cais", mode, 32)
     tbs = sum(g["tbs"] for g in r.as_json()["hbm"]["per_gpu"].values())

@@ -29,7 +29,7 @@ pub mod kernels;
 
 use engine::{channel, completion, credits, sim, train, unit, wait};
 use hw::{gpu, hbm, interleave, kinds, merge, region, sm_port, switch, tb_dispatch};
-use isa::{kept, reduce_stream, stream};
+use isa::{kept, red_form, reduce_stream, stream};
 
 /// The units Python may hand to the engine as such (a channel's far end, a
 /// process's pacer, a buffer's waiter), the most frequent first.
@@ -70,6 +70,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<stream::LoadStream>()?;
     m.add_class::<kept::KeptLines>()?;
     m.add_class::<stream::RedPlan>()?;
+    m.add_class::<red_form::RedForm>()?;
+    m.add_class::<red_form::RowBlocks>()?;
     m.add_class::<stream::RedStream>()?;
     m.add_class::<kernels::reduce_tbs::ReduceTbs>()?;
     m.add_class::<kernels::tile_plans::TilePlans>()?;

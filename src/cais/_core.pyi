@@ -20,6 +20,8 @@ __all__ = [
     "LoadPlan",
     "LoadStream",
     "KeptLines",
+    "RowBlocks",
+    "RedForm",
     "RedPlan",
     "RedStream",
     "TilePlans",
@@ -140,12 +142,33 @@ class KeptLines:
     def __len__(self) -> int: ...
 
 @final
+class RowBlocks:
+    """The LN row blocks of every owner's shard (``rows_l`` rows an owner, blocks of
+    ``block_rows`` rows, rows of ``width`` elements) and each block's signal word: an
+    epilogue's partial rows are cut where a block or a shard ends."""
+    def __new__(cls, width: int, rows_l: int, block_rows: int, keys: list[int]) -> Self: ...
+    def cut(self, region: Region, owner: int) -> list[tuple[int, Region, int]]: ...
+
+@final
+class RedForm:
+    """How a GEMM-RS epilogue's partial rows go out (``kind``, trains of ``unit`` bytes,
+    ``quorum``) and how the owner counts them (signal word ``signal``, or ``blocks``'
+    words; -1 and no blocks: not counted); the owner's own add raises the same words."""
+    def __new__(cls, kind: int, unit: int, signal: int = ..., quorum: int = 0,
+                blocks: RowBlocks | None = None) -> Self: ...
+
+@final
 class RedPlan:
-    """A tile's epilogue, (owner, region, pieces) blocks in order, converted once and
-    shared by the GPUs that run the tile; a GPU adds its own block locally."""
-    def __new__(cls, blocks: list[tuple[int, Region, list[tuple[int, list[Any]]]]]) -> Self: ...
+    """A tile's epilogue in timing mode, (owner, region) blocks in order made into
+    pieces and reductions once and shared by the GPUs that run the tile; a GPU adds its
+    own block locally (the signal words it raises)."""
+    @staticmethod
+    def build(interleave: Interleave, form: RedForm, blocks: list[tuple[int, Region]], piece: int,
+              skip: int | None = None) -> RedPlan: ...
     def owners(self, g: int) -> list[int]: ...
     def stripes(self, g: int) -> int: ...
+    def pieces(self, g: int) -> list[tuple[int, list[tuple[int, int, list[Any], int, int]]]]: ...
+    def own_signals(self, g: int) -> list[tuple[int, int]]: ...
     def __len__(self) -> int: ...
 
 @final
@@ -155,7 +178,7 @@ class RedStream:
     ``(nbytes, [(kind, dst, stripes, data, tag, quorum), ...])``."""
     reductions: int
     def __new__(cls, gpu: Endpoint, items: RedPlan | list[Any], window: Bound, bound: Bound, port: SmPort,
-                own: int | None = None, add: Callable[[Region], Any] | None = None) -> Self: ...
+                own: int | None = None) -> Self: ...
     def start(self) -> Signal: ...
 
 @final
@@ -172,11 +195,11 @@ class ReduceTbs:
     with group ``base + t * per`` of each ``syncs`` entry (None: no registration), times
     its mainloop as ``phases.of(busy)``, reduces its tile's plan ``build(i, j, piece)``
     (shared through ``tiles``; it returns the plan and how many GPUs take it) under its
-    SM's ``sm_state(sm)`` = (window, bound, port, piece), its own rows through ``add``."""
+    SM's ``sm_state(sm)`` = (window, bound, port, piece), adding its own rows locally."""
     def __new__(cls, gpu: Endpoint, src: int, interleave: Interleave,
                 syncs: tuple[tuple[int, int, int] | None, tuple[int, int, int] | None], phases: Any,
                 sm_state: Callable[[int], tuple[Bound, Bound, SmPort, int]], tiles: TilePlans,
-                build: Callable[[int, int, int], tuple[RedPlan, int]], add: Callable[[Region], Any]) -> Self: ...
+                build: Callable[[int, int, int], tuple[RedPlan, int]]) -> Self: ...
     def tb(self, t: int, i: int, j: int) -> CoreTb: ...
 
 @final

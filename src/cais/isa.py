@@ -259,8 +259,8 @@ class Isa:
         pieces = self.stripes(region, unit)
         return (Kind.RED_CAIS, home, pieces, self._data(data, region, pieces), signal, quorum)
 
-    def red_stream(self, src: int, items: list[StreamItem] | RedPlan, window: Bound, bound: Bound, port: SmPort,
-                   add: Callable[[Region], None] | None = None) -> Signal:
+    def red_stream(self, src: int, items: list[StreamItem] | RedPlan, window: Bound, bound: Bound, port: SmPort
+                   ) -> Signal:
         """A TB epilogue's reductions, issued in this order by the core
         (:class:`cais._core.RedStream`): an item that is a callable (an add into the
         GPU's own memory) is called when the stream reaches it; a piece ``(nbytes,
@@ -269,16 +269,16 @@ class Isa:
         full, and its reductions (:meth:`red_op`, :meth:`red_cais_op`) go out through
         ``port``; it gives its bytes back once all their trains are acknowledged. The
         signal returned fires when the last item is out. ``items`` may be a
-        :class:`RedPlan` shared by the GPUs that run a tile: its blocks owned by ``src``
-        are added locally, ``add(region)``, in their turn."""
-        return self.new_red_stream(src, items, window, bound, port, add).start()
+        :class:`RedPlan` shared by the GPUs that run a tile (timing mode): its blocks
+        owned by ``src`` are added locally in their turn (the signal words they raise)."""
+        return self.new_red_stream(src, items, window, bound, port).start()
 
-    def new_red_stream(self, src: int, items: list[StreamItem] | RedPlan, window: Bound, bound: Bound, port: SmPort,
-                       add: Callable[[Region], None] | None = None) -> RedStream:
+    def new_red_stream(self, src: int, items: list[StreamItem] | RedPlan, window: Bound, bound: Bound, port: SmPort
+                       ) -> RedStream:
         """:meth:`red_stream`'s stream, not started: a TB's plan starts it
         (``TbPlan.begin``) and waits for its signal."""
         if isinstance(items, RedPlan):
-            return RedStream(self.m.gpus[src], items, window, bound, port, src, add)
+            return RedStream(self.m.gpus[src], items, window, bound, port, src)
         return RedStream(self.m.gpus[src], items, window, bound, port)
 
     def red_cais(self, src: int, home: int, region: Region, data: np.ndarray | None, signal: int,

@@ -61,11 +61,11 @@ impl Waiters {
         }
     }
 
-    fn iter(&self) -> impl Iterator<Item = &Waiter> {
+    fn iter(&self) -> std::iter::Chain<std::option::Iter<'_, Waiter>, std::slice::Iter<'_, Waiter>> {
         self.first.iter().chain(self.rest.iter())
     }
 
-    fn into_iter(self) -> impl Iterator<Item = Waiter> {
+    fn into_iter(self) -> std::iter::Chain<std::option::IntoIter<Waiter>, std::vec::IntoIter<Waiter>> {
         self.first.into_iter().chain(self.rest)
     }
 

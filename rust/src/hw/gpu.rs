@@ -390,7 +390,7 @@ impl Endpoint {
     }
 
     /// Add `amount` to signal word `key`; run the waits it satisfies.
-    fn signal_word(slf: &Bound<'_, Self>, key: i64, amount: i64) -> PyResult<()> {
+    pub(crate) fn signal_word(slf: &Bound<'_, Self>, key: i64, amount: i64) -> PyResult<()> {
         let py = slf.py();
         let ready = {
             let mut me = slf.st();

@@ -41,6 +41,23 @@ impl Region {
     }
 
     /// Bytes it covers.
+    /// The block [r0:r0+nrows, c0:c0+ncols] of a row-major matrix (`Region.block`).
+    pub(crate) fn block_of(
+        buffer: Py<PyString>,
+        row_len: i64,
+        r0: i64,
+        nrows: i64,
+        c0: i64,
+        ncols: i64,
+        elem_bytes: i64,
+    ) -> Self {
+        if ncols == row_len {
+            Region::make(buffer, r0 * row_len, nrows * row_len, elem_bytes, 1, 0)
+        } else {
+            Region::make(buffer, r0 * row_len + c0, ncols, elem_bytes, nrows, row_len)
+        }
+    }
+
     pub(crate) fn size(&self) -> i64 {
         self.rows * self.count * self.elem_bytes
     }
@@ -108,11 +125,7 @@ impl Region {
     #[staticmethod]
     #[pyo3(signature = (buffer, row_len, r0, nrows, c0, ncols, elem_bytes = 2))]
     fn block(buffer: Py<PyString>, row_len: i64, r0: i64, nrows: i64, c0: i64, ncols: i64, elem_bytes: i64) -> Self {
-        if ncols == row_len {
-            Region::make(buffer, r0 * row_len, nrows * row_len, elem_bytes, 1, 0)
-        } else {
-            Region::make(buffer, r0 * row_len + c0, ncols, elem_bytes, nrows, row_len)
-        }
+        Region::block_of(buffer, row_len, r0, nrows, c0, ncols, elem_bytes)
     }
 
     fn __richcmp__(&self, other: &Bound<'_, PyAny>, op: CompareOp) -> PyResult<Py<PyAny>> {

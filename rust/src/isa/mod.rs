@@ -4,5 +4,6 @@
 //! Built on the engine and the hardware.
 
 pub mod kept;
+pub mod red_form;
 pub mod reduce_stream;
 pub mod stream;

@@ -18,6 +18,7 @@ use crate::hw::interleave::Interleave;
 use crate::hw::region::{region_bytes, Region};
 use crate::hw::sm_port::SmPort;
 use crate::isa::kept::KeptLines;
+use crate::isa::red_form::RedForm;
 
 /// A request's room in the SM's window, then in its GPU's bound: at most each
 /// bound's limit (a request larger than a bound takes all of it), waiting first come,
@@ -614,6 +615,18 @@ struct Red {
 }
 
 impl Red {
+    /// A reduction of a timing-mode plan into `owner`, as `form` says, raising `tag`.
+    fn planned(form: &RedForm, owner: i64, stripes: Py<PyList>, tag: i64) -> Red {
+        Red {
+            kind: form.kind,
+            dst: owner,
+            stripes,
+            data: None,
+            tag,
+            quorum: form.quorum,
+        }
+    }
+
     fn of(red: &Bound<'_, PyAny>) -> PyResult<Red> {
         let (kind, dst, stripes, data, tag, quorum): (
             i64,
@@ -658,27 +671,28 @@ fn piece_of(item: &Bound<'_, PyAny>) -> PyResult<(i64, Vec<Red>)> {
 }
 
 /// What a TB's epilogue does next, in its order: an add into its own GPU's memory
-/// (a Python call, at once: `add()`, or `add(region)` for a plan's own block), or a
-/// piece of partial rows for an owner, which takes its `nbytes` of room and goes out
-/// as one or more reductions (one per signal word it touches).
+/// (a Python call, at once: `add()`), its own block of a plan added in timing mode
+/// (the signal words it raises, and by how much: nothing else of an add is timed), or
+/// a piece of partial rows for an owner, which takes its `nbytes` of room and goes
+/// out as one or more reductions (one per signal word it touches).
 enum RedItem {
     Local(Py<PyAny>),
-    LocalAt(Py<PyAny>, Py<PyAny>),
+    Signals(Vec<(i64, i64)>),
     Piece { nbytes: i64, reds: Vec<Red> },
 }
 
-/// One block of a tile's partial rows: its owner GPU, its region there, and the
-/// pieces it goes out as from any other GPU.
+/// One block of a tile's partial rows: its owner GPU, the signal words the owner's
+/// own add raises, and the pieces it goes out as from any other GPU.
 struct RedBlock {
     owner: i64,
-    region: Py<PyAny>,
+    own: Vec<(i64, i64)>,
     pieces: Vec<(i64, Vec<Red>)>,
 }
 
-/// A tile's epilogue, converted once and shared by every GPU that runs the tile (in
-/// timing mode its pieces do not depend on who reduces): blocks of partial rows in
-/// order, each for its owner. A GPU's [`RedStream`] adds its own block locally and
-/// sends the others' pieces. The plan is the kernel's; only its form is the core's.
+/// A tile's epilogue in timing mode, made once and shared by every GPU that runs the
+/// tile (its pieces do not depend on who reduces): blocks of partial rows in order,
+/// each for its owner. A GPU's [`RedStream`] adds its own block locally and sends
+/// the others' pieces. The plan is the kernel's; only its form is the core's.
 #[pyclass(module = "cais._core", frozen)]
 pub struct RedPlan {
     blocks: Vec<RedBlock>,
@@ -686,18 +700,51 @@ pub struct RedPlan {
 
 #[pymethods]
 impl RedPlan {
-    /// `blocks`: (owner, region, pieces) each, in the epilogue's order; `pieces`:
-    /// `(nbytes, reds)` each, as [`RedStream`] takes them (empty where no GPU sends
-    /// the block: its owner alone runs the tile).
-    #[new]
-    fn new(blocks: &Bound<'_, PyList>) -> PyResult<Self> {
+    /// The plan of `blocks`, (owner, region) each in the epilogue's order: each cut
+    /// into request pieces of at most `piece` bytes at transfer-unit boundaries of
+    /// its address, each piece going out as `form` says (its reductions' stripes as
+    /// `interleave` lays them), and the signal words the owner's own add raises. A
+    /// block owned by `skip` (the only GPU that runs the tile, in mirror mode) has no
+    /// pieces: nobody sends it.
+    #[staticmethod]
+    #[pyo3(signature = (interleave, form, blocks, piece, skip = None))]
+    fn build(
+        py: Python<'_>,
+        interleave: &Bound<'_, Interleave>,
+        form: &Bound<'_, RedForm>,
+        blocks: Vec<(i64, PyRef<'_, Region>)>,
+        piece: i64,
+        skip: Option<i64>,
+    ) -> PyResult<Self> {
+        let form = form.get();
+        let mut lanes = interleave.borrow_mut();
         let mut out = Vec::with_capacity(blocks.len());
-        for block in blocks.iter() {
-            let (owner, region, pieces): (i64, Bound<'_, PyAny>, Bound<'_, PyList>) = block.extract()?;
+        for (owner, region) in blocks {
+            let mut pieces = Vec::new();
+            if Some(owner) != skip {
+                for pc in lanes.cut(py, &region, piece)? {
+                    let reds = match &form.blocks {
+                        Some(rb) => {
+                            let rb = rb.get();
+                            let mut reds = Vec::new();
+                            for part in rb.parts(py, &pc, owner)? {
+                                let stripes = lanes.trains_of(py, &part.region, form.unit)?.unbind();
+                                reds.push(Red::planned(form, owner, stripes, rb.key(part.block)?));
+                            }
+                            reds
+                        }
+                        None => {
+                            let stripes = lanes.trains_of(py, &pc, form.unit)?.unbind();
+                            vec![Red::planned(form, owner, stripes, form.signal)]
+                        }
+                    };
+                    pieces.push((pc.size(), reds));
+                }
+            }
             out.push(RedBlock {
                 owner,
-                region: region.unbind(),
-                pieces: pieces.iter().map(|p| piece_of(&p)).collect::<PyResult<_>>()?,
+                own: form.own_signals(py, &region, owner)?,
+                pieces,
             });
         }
         Ok(RedPlan { blocks: out })
@@ -725,13 +772,38 @@ impl RedPlan {
             .sum()
     }
 
+    /// GPU `g`'s pieces, in order: `(nbytes, [(kind, dst, stripes, tag, quorum), ...])`.
+    #[allow(clippy::type_complexity)] // the Python tuples it reads back as
+    fn pieces(&self, py: Python<'_>, g: i64) -> Vec<(i64, Vec<(i64, i64, Py<PyList>, i64, i64)>)> {
+        self.blocks
+            .iter()
+            .filter(|b| b.owner != g)
+            .flat_map(|b| b.pieces.iter())
+            .map(|(nbytes, reds)| {
+                let reds = reds
+                    .iter()
+                    .map(|r| (r.kind, r.dst, r.stripes.clone_ref(py), r.tag, r.quorum))
+                    .collect();
+                (*nbytes, reds)
+            })
+            .collect()
+    }
+
+    /// The signal words GPU `g`'s own blocks raise when it adds them, and by how much.
+    fn own_signals(&self, g: i64) -> Vec<(i64, i64)> {
+        self.blocks
+            .iter()
+            .filter(|b| b.owner == g)
+            .flat_map(|b| b.own.iter().copied())
+            .collect()
+    }
+
     fn __len__(&self) -> usize {
         self.blocks.len()
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
         for b in &self.blocks {
-            visit.call(&b.region)?;
             for (_, reds) in &b.pieces {
                 for r in reds {
                     r.visit(&visit)?;
@@ -743,12 +815,13 @@ impl RedPlan {
 }
 
 impl RedPlan {
-    /// GPU `g`'s items: its own blocks as `add(region)`, the others' pieces.
-    fn items(&self, py: Python<'_>, g: i64, add: &Py<PyAny>) -> Vec<RedItem> {
+    /// GPU `g`'s items: its own blocks as the signal words they raise, the others'
+    /// pieces.
+    fn items(&self, py: Python<'_>, g: i64) -> Vec<RedItem> {
         let mut out = Vec::new();
         for b in &self.blocks {
             if b.owner == g {
-                out.push(RedItem::LocalAt(add.clone_ref(py), b.region.clone_ref(py)));
+                out.push(RedItem::Signals(b.own.clone()));
                 continue;
             }
             for (nbytes, reds) in &b.pieces {
@@ -817,11 +890,18 @@ impl RedStream {
                     add.call0(py)?;
                     continue;
                 }
-                Some(RedItem::LocalAt(add, region)) => {
-                    let (add, region) = (add.clone_ref(py), region.clone_ref(py));
+                Some(RedItem::Signals(_)) => {
+                    let RedItem::Signals(raised) =
+                        std::mem::replace(&mut me.items[index], RedItem::Signals(Vec::new()))
+                    else {
+                        unreachable!("signals")
+                    };
+                    let gpu = me.gpu.clone_ref(py).into_bound(py);
                     me.next += 1;
                     drop(me);
-                    add.call1(py, (region,))?;
+                    for (key, amount) in raised {
+                        Endpoint::signal_word(&gpu, key, amount)?;
+                    }
                     continue;
                 }
                 Some(RedItem::Piece { nbytes, reds }) => (
@@ -836,7 +916,7 @@ impl RedStream {
             }
             let reds = match std::mem::replace(&mut me.items[index], RedItem::Local(py.None())) {
                 RedItem::Piece { reds, .. } => reds,
-                RedItem::Local(_) | RedItem::LocalAt(..) => unreachable!("a piece"),
+                RedItem::Local(_) | RedItem::Signals(_) => unreachable!("a piece"),
             };
             me.next += 1;
             me.grants.held = 0;
@@ -908,7 +988,7 @@ impl RedStream {
     /// added locally as `add(region)`; `window`, `bound`: the SM's and the GPU's
     /// bounds; `port`: the SM's store path.
     #[new]
-    #[pyo3(signature = (gpu, items, window, bound, port, own = None, add = None))]
+    #[pyo3(signature = (gpu, items, window, bound, port, own = None))]
     #[allow(clippy::too_many_arguments)] // the Python constructor's parameters
     pub(crate) fn new(
         py: Python<'_>,
@@ -918,13 +998,9 @@ impl RedStream {
         bound: Py<ByteBound>,
         port: Py<SmPort>,
         own: Option<i64>,
-        add: Option<Py<PyAny>>,
     ) -> PyResult<Self> {
         let out = match items.cast::<RedPlan>() {
-            Ok(plan) => {
-                let add = add.unwrap_or_else(|| py.None());
-                plan.get().items(py, own.unwrap_or(-1), &add)
-            }
+            Ok(plan) => plan.get().items(py, own.unwrap_or(-1)),
             Err(_) => {
                 let items = items.cast::<PyList>()?;
                 let mut out = Vec::with_capacity(items.len());
@@ -983,10 +1059,7 @@ impl RedStream {
         for item in &me.items {
             match item {
                 RedItem::Local(f) => visit.call(f)?,
-                RedItem::LocalAt(f, region) => {
-                    visit.call(f)?;
-                    visit.call(region)?;
-                }
+                RedItem::Signals(_) => {}
                 RedItem::Piece { reds, .. } => {
                     for r in reds {
                         r.visit(&visit)?;

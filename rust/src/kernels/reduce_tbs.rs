@@ -23,8 +23,8 @@ use crate::kernels::tile_plans::TilePlans;
 /// A GEMM-RS kernel's TBs on one GPU (see the module's docs). `syncs`: the TB groups
 /// a TB registers with ([`TbSyncs`]); `phases.of(busy)` gives the mainloop's HBM
 /// phase; `sm_state(sm)` an SM's `(window, bound, port, piece)`; `build(i, j, piece)`
-/// a tile's epilogue plan and how many GPUs take it (shared through `tiles`); `add`
-/// the own rows' local add.
+/// a tile's epilogue plan (a [`crate::isa::stream::RedPlan`], whose own block the
+/// owner adds locally) and how many GPUs take it (shared through `tiles`).
 #[pyclass(module = "cais._core", frozen)]
 pub struct ReduceTbs {
     st: GilCell<ReduceTbsState>,
@@ -39,7 +39,6 @@ pub(crate) struct ReduceTbsState {
     per_sm: Asked<SmState>,
     tiles: Py<TilePlans>,
     build: Py<PyAny>,
-    add: Py<PyAny>,
 }
 
 unit!(ReduceTbs, ReduceTbsState);
@@ -60,28 +59,13 @@ impl ReduceTbs {
             |f| f.call1((sm,))?.extract(),
             |s| (s.0.clone_ref(py), s.1.clone_ref(py), s.2.clone_ref(py), s.3),
         )?;
-        let (tiles, build, gpu, src, add) = {
+        let (tiles, build, gpu, src) = {
             let me = self.st(py);
             let gpu = me.syncs.gpu.clone_ref(py);
-            (
-                me.tiles.clone_ref(py),
-                me.build.clone_ref(py),
-                gpu,
-                me.src,
-                me.add.clone_ref(py),
-            )
+            (me.tiles.clone_ref(py), me.build.clone_ref(py), gpu, me.src)
         };
         let red = tiles.get().take(py, (i, j, piece), &build)?;
-        let stream = RedStream::new(
-            py,
-            gpu,
-            red.bind(py),
-            window,
-            bound,
-            port.clone_ref(py),
-            Some(src),
-            Some(add),
-        )?;
+        let stream = RedStream::new(py, gpu, red.bind(py), window, bound, port.clone_ref(py), Some(src))?;
         steps.push(PlanStep::Begin(UnitRef::new(Py::new(py, stream)?), [0; 3]));
         steps.push(PlanStep::Begin(UnitRef::new(port), [0; 3]));
         Ok(TbPlan::of_steps(steps))
@@ -101,7 +85,6 @@ impl ReduceTbs {
         sm_state: Py<PyAny>,
         tiles: Py<TilePlans>,
         build: Py<PyAny>,
-        add: Py<PyAny>,
     ) -> Self {
         ReduceTbs::from(ReduceTbsState {
             syncs: TbSyncs { gpu, interleave, syncs },
@@ -110,7 +93,6 @@ impl ReduceTbs {
             per_sm: Asked::new(sm_state),
             tiles,
             build,
-            add,
         })
     }
 
@@ -131,8 +113,7 @@ impl ReduceTbs {
             v.call(port)
         })?;
         visit.call(&me.tiles)?;
-        visit.call(&me.build)?;
-        visit.call(&me.add)
+        visit.call(&me.build)
     }
 
     fn __clear__(&self) {

@@ -41,9 +41,9 @@ import numpy as np
 from cais._core import LoadTbs, ReduceTbs, TilePlans
 from cais.engine import Bound, Countdown, Signal, TbPlan
 from cais.hw.compute import ComputeModel
-from cais.hw.gpu import KeptLines, Kernel, LoadPlan, LoadStream, RedPlan, RedStream
+from cais.hw.gpu import KeptLines, Kernel, LoadPlan, LoadStream, RedForm, RedPlan, RedStream
 from cais.hw.memory import Memory, Region
-from cais.hw.packets import Traffic
+from cais.hw.packets import Kind, Traffic
 from cais.isa import Isa, SmPort, StreamItem, StreamRed
 from cais.kernels.common import RequestSlots, split
 from cais.kernels.gemm import GemmShape, TilePhases, raster, store_epilogue, tile_hbm_bytes, tile_product
@@ -278,6 +278,12 @@ class RemoteAccess:
         """The owner's own partial rows: added to its memory in place."""
         self.m.isa.add_local(g, region, data)
 
+    def red_form(self) -> RedForm:
+        """How :meth:`reductions` go out and :meth:`add_own` counts, as the core makes a
+        tile's epilogue plan in timing mode (``RedPlan.build``): plain ``red``s, nothing
+        signalled."""
+        return RedForm(int(Kind.RED), self.red_unit())
+
     def reductions(self, g: int, owner: int, region: Region, data: np.ndarray | None) -> list[StreamRed]:
         """What a piece of one epilogue's partial rows into their owner (another GPU)
         goes out as: a plain remote ``red`` (the kernel's drain fences it). Without
@@ -332,6 +338,9 @@ class MergeableAccess(RemoteAccess):
 
     def add_own(self, g: int, region: Region, data: np.ndarray | None) -> None:
         self.m.isa.red_cais(g, g, region, data, self.signal)  # a local add that signals
+
+    def red_form(self) -> RedForm:
+        return RedForm(int(Kind.RED_CAIS), self.red_unit(), self.signal, self.quorum)
 
     def reductions(self, g: int, owner: int, region: Region, data: np.ndarray | None) -> list[StreamRed]:
         return [self.m.isa.red_cais_op(owner, region, data, self.signal, self.red_unit(), self.quorum)]
@@ -388,16 +397,17 @@ def reduce_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmSha
         return per_sm[sm]
 
     if mem is None:  # timing mode: the core makes each TB's plan (ReduceTbs)
+        form = access.red_form()
+        skip = None if users > 1 else g  # in mirror mode only this GPU sends
+
         def tile_plan(i: int, j: int, piece_unit: int) -> tuple[RedPlan, int]:
             """Tile (i, j)'s epilogue plan, for every GPU that runs the tile (only this
-            GPU in mirror mode): its blocks of partial rows, (owner, region, pieces); and
-            how many GPUs take it."""
+            GPU in mirror mode): its blocks of partial rows, (owner, region), made into
+            pieces and reductions by the core as ``form`` says; and how many GPUs take it."""
             (r0, nr), (c0, nc) = shape.rows(i), shape.cols(j)
-            out = []
-            for owner, t0, cnt in reduced.owners(r0, nr):
-                region = Region.block(reduced.shard, reduced.cols, t0 - owner * reduced.rows_l, cnt, c0, nc, eb)
-                out.append((owner, region, cut(owner, region, None, piece_unit) if users > 1 or owner != g else []))
-            return RedPlan(out), users
+            blocks = [(owner, Region.block(reduced.shard, reduced.cols, t0 - owner * reduced.rows_l, cnt, c0, nc, eb))
+                      for owner, t0, cnt in reduced.owners(r0, nr)]
+            return RedPlan.build(m.fabric.interleave, form, blocks, piece_unit, skip), users
 
         def sm_of(sm: int) -> tuple[Bound, Bound, SmPort, int]:
             slots, port, piece_unit = sm_state(sm)
@@ -410,8 +420,7 @@ def reduce_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmSha
                         drain.issue(owner)
         # the tiles' plans, shared by the GPUs that run this GEMM (what they depend on: the key)
         tiles = plans.setdefault(("epilogue", access, reduced, shape, eb), TilePlans())
-        factory = ReduceTbs(m.gpus[g], g, m.fabric.interleave, access.sync_groups(), phases, sm_of, tiles, tile_plan,
-                            partial(access.add_own, g, data=None))
+        factory = ReduceTbs(m.gpus[g], g, m.fabric.interleave, access.sync_groups(), phases, sm_of, tiles, tile_plan)
         kernel.tbs = [factory.tb(t, i, j) for t, (i, j) in enumerate(order)]
         return kernel, drain
 

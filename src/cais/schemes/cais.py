@@ -39,8 +39,9 @@ from bisect import bisect_left
 import numpy as np
 
 from cais.engine import Signal
-from cais.hw.gpu import Kernel
+from cais.hw.gpu import Kernel, RedForm, RowBlocks
 from cais.hw.memory import Region
+from cais.hw.packets import Kind
 from cais.isa import StreamRed
 from cais.kernels.gemm import GemmShape
 from cais.kernels.local import ROWS_PER_TB
@@ -87,7 +88,8 @@ class CoordinatedAccess(MergeableAccess):
                             (group + 1, _PHASES, m.n) if cfg.pre_access_sync else None)
         self.deps = deps
         self.block_keys = block_keys or []
-        self._cuts: dict[tuple[int, int, int], list[tuple[int, int, int]]] = {}  # deps.cut's answers
+        # the pass's LN row blocks as the core cuts an epilogue's partial rows at them
+        self._rows = None if deps is None else RowBlocks(deps.width, deps.rows_l, deps.block_rows, self.block_keys)
         self.ready = ready
 
     # ---- merging-aware TB scheduling and group sync ------------------------------------
@@ -122,72 +124,28 @@ class CoordinatedAccess(MergeableAccess):
                 for b, sub, part in self._by_block(owner, region, data)]
 
     def add_own(self, g: int, region: Region, data: np.ndarray | None) -> None:
-        if data is None:  # timing mode: the local adds only raise the blocks' signal words
-            assert self.deps is not None
-            gpu = self.m.gpus[g]
-            for r0, rows, _, cols, _ in self._spans(region):
-                for b, _, cnt in self._cut(g, r0, rows):
-                    gpu.signal(self.block_keys[b], cnt * cols * region.elem_bytes)
-            return
         for b, sub, part in self._by_block(g, region, data):
             self.m.isa.red_cais(g, g, sub, part, self.block_keys[b])
 
-    def _cut(self, owner: int, row0: int, rows: int) -> list[tuple[int, int, int]]:
-        """``deps.cut``, each answer worked out once (a row tile's rows recur in every
-        tile of the row, and on every GPU that runs it)."""
-        key = (owner, row0, rows)
-        cut = self._cuts.get(key)
-        if cut is None:
-            assert self.deps is not None
-            cut = self._cuts[key] = self.deps.cut(owner, row0, rows)
-        return cut
-
-    def _spans(self, region: Region) -> list[tuple[int, int, int, int, int]]:
-        """A region of an owner's rows as (first row, rows, first column, columns,
-        offset of its first element in the region) spans of whole rows or parts of
-        one row."""
-        assert self.deps is not None
-        width = self.deps.width
-        if region.rows > 1:
-            r0, c0 = divmod(region.start, width)
-            return [(r0, region.rows, c0, region.count, 0)]
-        # a run: whole rows, or parts of rows where it starts or ends mid-row
-        spans, pos, end = [], region.start, region.start + region.count
-        while pos < end:
-            r0, c0 = divmod(pos, width)
-            if c0 == 0 and end - pos >= width:  # whole rows
-                rows = (end - pos) // width
-                spans.append((r0, rows, 0, width, pos - region.start))
-                pos += rows * width
-            else:
-                cnt = min(width - c0, end - pos)
-                spans.append((r0, 1, c0, cnt, pos - region.start))
-                pos += cnt
-        return spans
+    def red_form(self) -> RedForm:
+        """``red.cais``, each part of a piece into its LN row block's signal word."""
+        assert self._rows is not None, "an epilogue's reductions need the pass's TB-level dependencies"
+        return RedForm(int(Kind.RED_CAIS), self.red_unit(), quorum=self.quorum, blocks=self._rows)
 
     def _by_block(self, owner: int, region: Region, data: np.ndarray | None
                   ) -> list[tuple[int, Region, np.ndarray | None]]:
         """Cut a piece of an epilogue's block of ``owner``'s rows at LN row-block
-        boundaries (the pass's cut): (block, sub-region, its data)."""
-        assert self.deps is not None
-        width = self.deps.width
-        flat = None if data is None or region.rows > 1 else np.reshape(data, -1)
+        boundaries (the pass's cut, as the core makes it): (block, sub-region, its data)."""
+        assert self._rows is not None, "an epilogue's reductions need the pass's TB-level dependencies"
+        flat = None if data is None else np.reshape(data, -1)
         out = []
-        for r0, rows, c0, cols, off in self._spans(region):
-            if data is None:
-                mat = None
-            elif flat is None:
-                mat = np.reshape(data, (rows, cols))
-            else:
-                mat = flat[off:off + rows * cols].reshape(rows, cols)
-            for b, t, cnt in self._cut(owner, r0, rows):
-                sub = Region.block(region.buffer, width, t, cnt, c0, cols, region.elem_bytes)
-                part = None
-                if mat is not None:
-                    part = mat[t - r0:t - r0 + cnt]
-                    if sub.rows == 1:
-                        part = part.reshape(-1)
-                out.append((b, sub, part))
+        for b, sub, off in self._rows.cut(region, owner):
+            part = None
+            if flat is not None:
+                part = flat[off:off + sub.rows * sub.count]
+                if sub.rows > 1:
+                    part = part.reshape(sub.rows, sub.count)
+            out.append((b, sub, part))
         return out
 
 
