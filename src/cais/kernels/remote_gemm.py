@@ -465,6 +465,24 @@ def reduce_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmSha
 
 
 # ---- AG-GEMM and weight gradients: operands loaded from their owners ---------------------
+def _load_layout(shape: GemmShape, ops: list[Operand], steps: list[tuple[int, int]], access: RemoteAccess,
+                 reuse: RemoteReuse) -> tuple[list[tuple[int, int]], list[tuple[tuple[tuple[int, int], ...], int]],
+                                              Counter[tuple[tuple[tuple[int, int], ...], int]],
+                                              Counter[tuple[tuple[int, int], ...]]]:
+    """A load GEMM's tiles in launch order; each TB's tile plan, (its operands' rows or
+    columns, the K step its mainloop starts at: a cluster's CTAs walk K in step, each
+    from where the cluster's first does); how many tiles take each plan; and how many
+    plans share each span (a tile's loads are its K steps' from its first step round:
+    the tiles with the same spans share them)."""
+    order = reuse.launch_order(access.tile_order(shape, any(op.which == "a" and not op.k_is_tokens for op in ops)),
+                               shape)
+    lead = reuse.leaders(order, shape)
+    wheres = [(tuple(op.tile_span(shape, i, j) for op in ops),
+               access.k_start(steps, t if lead is None else lead[(i, j)])) for t, (i, j) in enumerate(order)]
+    takers = Counter(wheres)
+    return order, wheres, takers, Counter(span for span, _ in takers)
+
+
 def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape, floor_ps: int, eb: int,
               ops: list[Operand], access: RemoteAccess, sm_set: frozenset[int] | None = None,
               mem: Memory | None = None, plans: dict[tuple, Any] | None = None
@@ -487,29 +505,14 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
     # remote lines already fetched (or on their way) that later TBs of the same scope
     # (this kernel, or one TB cluster) share; keyed by (scope, home GPU, request piece)
     kept = KeptLines() if reuse.shares else None
-    order = reuse.launch_order(access.tile_order(shape, any(op.which == "a" and not op.k_is_tokens for op in ops)),
-                               shape)
-    lead = reuse.leaders(order, shape)
-
-    def spans(i: int, j: int) -> tuple[tuple[int, int], ...]:
-        """What of tile (i, j) its loads depend on: each operand's rows or columns."""
-        return tuple(op.tile_span(shape, i, j) for op in ops)
-
-    def first_step(t: int, i: int, j: int) -> int:
-        """The K step tile (i, j), launched ``t``-th, starts its mainloop at. A
-        cluster's CTAs walk K in step: each starts where the cluster's first does."""
-        return access.k_start(steps, t if lead is None else lead[(i, j)])
-
-    firsts = [first_step(t, i, j) for t, (i, j) in enumerate(order)]
-    # what each TB's loads depend on (its tile plan), and how many of this kernel's
-    # tiles take each plan (on each GPU that runs it)
-    wheres = [(spans(i, j), firsts[t]) for t, (i, j) in enumerate(order)]
-    takers = Counter(wheres)
     gemm_key = _plan_key(plans, (shape, tuple(ops), eb, access.load_bytes, unit))  # all its tiles read
-
-    # a tile's loads are its K steps' from its first step round: the tiles with the same
-    # operand spans share them, made once for as many plans as start at different steps
-    rotations = Counter(span for span, _ in takers)
+    # the kernel's tiles in launch order, what each TB's loads depend on (its tile plan),
+    # how many of the kernel's tiles take each plan and each span's rotations: the same
+    # on every GPU that runs the GEMM with this access, worked out by the first
+    layout = plans.get(("layout", gemm_key, access))
+    if layout is None:
+        layout = plans[("layout", gemm_key, access)] = _load_layout(shape, ops, steps, access, reuse)
+    order, wheres, takers, rotations = layout
 
     def by_step(i: int, j: int) -> list[list[Load]]:
         """Tile (i, j)'s loads, step by step in K order."""
