@@ -43,6 +43,7 @@ pub(crate) fn register_units() {
         unit::kind::<stream::LoadStream>(),
         unit::kind::<stream::RedStream>(),
         unit::kind::<sm_port::SmPort>(),
+        unit::kind::<kernels::core_tb::CoreTb>(),
     ]);
 }
 
@@ -90,7 +91,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<completion::ArrivePerGpu>()?;
     m.add_class::<sm_port::SmPort>()?;
     m.add_class::<tb_dispatch::TbDispatcher>()?;
-    m.add_class::<tb_dispatch::TbEnd>()?;
     m.add_class::<merge::MergeUnit>()?;
     m.add_class::<merge::MergeStats>()?;
     m.add_class::<merge::PortSpread>()?;

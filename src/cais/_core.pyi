@@ -41,7 +41,6 @@ __all__ = [
     "ArrivePerGpu",
     "SmPort",
     "TbDispatcher",
-    "TbEnd",
     "MergeUnit",
     "MergeStats",
     "PortSpread",
@@ -539,11 +538,6 @@ class TbDispatcher:
     def enqueue(self, kernel: Any, name: str, tbs: list[Callable[[int, int], Any]], sms: list[int] | None,
                 priority: int, hbm_phases: bool, done: Signal) -> None: ...
 
-@final
-class TbEnd:
-    """What ends a TB: called when its program returns, it frees the TB's SM."""
-    def __call__(self, value: Any, /) -> None: ...
-
 @disjoint_base
 class Signal:
     fired: bool
@@ -588,6 +582,6 @@ class TbPlan:
 @final
 class Process:
     sim: Simulator
-    done: Signal
+    done: Signal | None  # None for a TB program the dispatcher runs (it is told when it ends)
     def __new__(cls, sim: Simulator, gen: Any, start: bool = True, hbm: HbmShare | None = None,
                  slowdown: float = 1.0) -> Self: ...

@@ -49,6 +49,11 @@ impl<T> GilCell<T> {
         self.0.borrow_mut()
     }
 
+    /// The state, the cell consumed (its owner is not shared).
+    pub fn into_inner(self) -> T {
+        self.0.into_inner()
+    }
+
     /// The state for the cyclic collector's `__traverse__` (which runs under the GIL
     /// but gets no token); None while the core holds it exclusively, as PyO3 skips a
     /// mutably borrowed object.

@@ -18,7 +18,7 @@ use pyo3::{PyClass, PyTraverseError, PyVisit};
 
 use super::sim::Simulator;
 use super::train::Train;
-use super::wait::Signal;
+use super::wait::{Signal, TbPlan};
 
 /// What the engine tells a unit.
 pub(crate) enum Event<'a, 'py> {
@@ -41,6 +41,8 @@ pub(crate) enum Event<'a, 'py> {
     },
     /// A signal the unit waited on has fired.
     Fired,
+    /// A program the unit started has ended; `args` are what the unit gave with it.
+    Ended([i64; 3]),
     /// Credits of VC `vc` are coming back to the buffer the unit sends into.
     CreditsBack(usize),
     /// A request of `nbytes` that the unit issued is complete (every train in),
@@ -104,6 +106,13 @@ pub(crate) trait Handler: PyClass + Sync {
             .unwrap_or_default();
         Err(PyTypeError::new_err(format!("a TB plan cannot begin a {ty}")))
     }
+
+    /// For a TB program the core makes: its plan, placed on SM `sm` with `busy` SMs
+    /// busy (None: the unit is not one; the program is called as any other).
+    fn plan(slf: &Bound<'_, Self>, sm: usize, busy: usize) -> PyResult<Option<TbPlan>> {
+        let _ = (slf, sm, busy);
+        Ok(None)
+    }
 }
 
 /// The event `ev` was not one the unit takes: a bug in the core.
@@ -115,12 +124,14 @@ pub(crate) fn unexpected(unit: &str) -> PyErr {
 type OnEvent = for<'a, 'py> fn(&Bound<'py, PyAny>, Event<'a, 'py>) -> PyResult<()>;
 type Pace = for<'py> fn(&Bound<'py, PyAny>, &Bound<'py, Simulator>, &Bound<'py, PyAny>, f64) -> PyResult<Paced>;
 type Begin = for<'py> fn(&Bound<'py, PyAny>, &Bound<'py, Simulator>, [i64; 3]) -> PyResult<Begun>;
+type Plan = for<'py> fn(&Bound<'py, PyAny>, usize, usize) -> PyResult<Option<TbPlan>>;
 
 /// A unit's functions, for its type.
 pub(crate) struct Vt {
     on_event: OnEvent,
     pace: Pace,
     begin: Begin,
+    plan: Plan,
     is: fn(&Bound<'_, PyAny>) -> bool,
 }
 
@@ -131,6 +142,7 @@ impl<T: Handler> VtOf<T> {
         on_event: on_event_of::<T>,
         pace: pace_of::<T>,
         begin: begin_of::<T>,
+        plan: plan_of::<T>,
         is: is_of::<T>,
     };
 }
@@ -154,6 +166,11 @@ fn pace_of<'py, T: Handler>(
 fn begin_of<'py, T: Handler>(obj: &Bound<'py, PyAny>, sim: &Bound<'py, Simulator>, args: [i64; 3]) -> PyResult<Begun> {
     // SAFETY: as in `on_event_of`.
     T::begin(unsafe { obj.cast_unchecked::<T>() }, sim, args)
+}
+
+fn plan_of<T: Handler>(obj: &Bound<'_, PyAny>, sm: usize, busy: usize) -> PyResult<Option<TbPlan>> {
+    // SAFETY: as in `on_event_of`.
+    T::plan(unsafe { obj.cast_unchecked::<T>() }, sm, busy)
 }
 
 fn is_of<T: Handler>(obj: &Bound<'_, PyAny>) -> bool {
@@ -234,6 +251,11 @@ impl UnitRef {
 
     pub(crate) fn begin(&self, sim: &Bound<'_, Simulator>, args: [i64; 3]) -> PyResult<Begun> {
         (self.vt.begin)(self.obj.bind(sim.py()), sim, args)
+    }
+
+    /// Its plan as a TB program the core makes (`Handler::plan`).
+    pub(crate) fn plan(&self, py: Python<'_>, sm: usize, busy: usize) -> PyResult<Option<TbPlan>> {
+        (self.vt.plan)(self.obj.bind(py), sm, busy)
     }
 
     pub(crate) fn clone_ref(&self, py: Python<'_>) -> UnitRef {

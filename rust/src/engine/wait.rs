@@ -439,6 +439,11 @@ impl TbPlan {
         TbPlan::from(TbPlanState { steps, taken: false })
     }
 
+    /// Its steps, for a process the core starts itself (never a Python object).
+    pub(crate) fn into_steps(self) -> Vec<PlanStep> {
+        self.st.into_inner().steps
+    }
+
     fn add(&self, py: Python<'_>, step: PlanStep) -> PyResult<()> {
         let mut me = self.st(py);
         if me.taken {
@@ -535,6 +540,18 @@ struct PlanRun {
     compute: i64,
 }
 
+impl PlanRun {
+    /// A run of `steps` from the first.
+    fn of(steps: Vec<PlanStep>) -> PlanRun {
+        PlanRun {
+            steps,
+            pc: 0,
+            start: 0,
+            compute: 0,
+        }
+    }
+}
+
 /// What a process runs: a Python generator, or a plan.
 enum Program {
     Gen(Py<PyAny>),
@@ -544,7 +561,8 @@ enum Program {
 /// Runs a program (a thread block's control flow): a generator that yields an `int`
 /// (sleep that many picoseconds) or a [`Signal`] (wait until it fires; the signal's
 /// value is sent back into the generator), or a [`TbPlan`]. `done` fires when the
-/// generator returns or the plan's last step is done.
+/// generator returns or the plan's last step is done (a process the core starts for a
+/// unit that is told instead, `then`, has none: Python's None).
 #[pyclass(module = "cais._core", frozen)]
 pub struct Process {
     st: GilCell<ProcessState>,
@@ -554,7 +572,9 @@ pub struct Process {
 pub(crate) struct ProcessState {
     sim: Py<Simulator>,
     program: Program,
-    done: Py<Signal>,
+    done: Option<Py<Signal>>,
+    /// The unit told `Event::Ended(args)` when the program ends (a TB's dispatcher).
+    then: Option<(UnitRef, [i64; 3])>,
     /// The unit that times the values of its own the program yields (`Handler::pace`):
     /// the GPU's HBM share, which times kernel phases (None: it yields none).
     hbm: Option<UnitRef>,
@@ -604,7 +624,7 @@ pub(crate) fn slowed(slowdown: f64, delay: i64) -> i64 {
 
 impl Process {
     /// Run the program `gen`, a generator or a [`TbPlan`] (from now, if `start`), its HBM phases paced by `hbm`
-    /// and its compute delays stretched by `slowdown`.
+    /// and its compute delays stretched by `slowdown`; `done` fires when it ends.
     pub(crate) fn spawn(
         py: Python<'_>,
         sim: &Py<Simulator>,
@@ -613,29 +633,63 @@ impl Process {
         hbm: Option<UnitRef>,
         slowdown: f64,
     ) -> PyResult<Py<Process>> {
-        let done = Py::new(py, Signal::blank(py))?;
-        let program = match gen.bind(py).cast::<TbPlan>() {
+        let program = Process::program_of(py, gen)?;
+        let done = Some(Py::new(py, Signal::blank(py))?);
+        Process::launch(py, sim, program, done, None, start, hbm, slowdown)
+    }
+
+    /// Run `gen` (a generator, a [`TbPlan`] object, or with `steps` a plan's steps) from
+    /// now, as `spawn` does, and tell the unit `then` `Event::Ended(args)` when it ends (no
+    /// `done` signal: nothing else waits for it).
+    pub(crate) fn spawn_then(
+        py: Python<'_>,
+        sim: &Py<Simulator>,
+        gen: Result<Vec<PlanStep>, Py<PyAny>>,
+        then: (UnitRef, [i64; 3]),
+        hbm: Option<UnitRef>,
+        slowdown: f64,
+    ) -> PyResult<Py<Process>> {
+        let program = match gen {
+            Ok(steps) => Program::Plan(PlanRun::of(steps)),
+            Err(gen) => Process::program_of(py, gen)?,
+        };
+        Process::launch(py, sim, program, None, Some(then), true, hbm, slowdown)
+    }
+
+    /// What `gen` runs: its steps if it is a [`TbPlan`] (which runs once), else it is a
+    /// generator.
+    fn program_of(py: Python<'_>, gen: Py<PyAny>) -> PyResult<Program> {
+        Ok(match gen.bind(py).cast::<TbPlan>() {
             Ok(plan) => {
                 let mut p = plan.st();
                 if p.taken {
                     return Err(PyRuntimeError::new_err("a TB plan runs once"));
                 }
                 p.taken = true;
-                Program::Plan(PlanRun {
-                    steps: std::mem::take(&mut p.steps),
-                    pc: 0,
-                    start: 0,
-                    compute: 0,
-                })
+                Program::Plan(PlanRun::of(std::mem::take(&mut p.steps)))
             }
             Err(_) => Program::Gen(gen),
-        };
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)] // a process's parts
+    fn launch(
+        py: Python<'_>,
+        sim: &Py<Simulator>,
+        program: Program,
+        done: Option<Py<Signal>>,
+        then: Option<(UnitRef, [i64; 3])>,
+        start: bool,
+        hbm: Option<UnitRef>,
+        slowdown: f64,
+    ) -> PyResult<Py<Process>> {
         let p = Py::new(
             py,
             Process::from(ProcessState {
                 sim: sim.clone_ref(py),
                 program,
                 done,
+                then,
                 hbm,
                 slowdown,
                 phase: None,
@@ -649,9 +703,20 @@ impl Process {
         Ok(p)
     }
 
-    /// The signal that fires when the program returns.
-    pub(crate) fn done_signal(&self, py: Python<'_>) -> Py<Signal> {
-        self.st(py).done.clone_ref(py)
+    /// The program has ended: `done` fires, or the unit that started it is told.
+    fn finish(slf: &Bound<'_, Self>, now: i64) -> PyResult<()> {
+        let py = slf.py();
+        let (done, then) = {
+            let mut me = slf.st();
+            (me.done.as_ref().map(|d| d.clone_ref(py)), me.then.take())
+        };
+        if let Some(done) = done {
+            Signal::fire_now(done.bind(py), now, py.None())?;
+        }
+        match then {
+            Some((unit, args)) => unit.tell(py, Event::Ended(args)),
+            None => Ok(()),
+        }
     }
 
     /// Resume the program after `delay` (its own units: stretched here).
@@ -709,13 +774,7 @@ impl Process {
     }
 
     /// Execute the plan's steps up to its next wait, or its end.
-    fn run_plan(
-        slf: &Bound<'_, Self>,
-        sim: &Py<Simulator>,
-        done: &Py<Signal>,
-        hbm: Option<&UnitRef>,
-        slowdown: f64,
-    ) -> PyResult<()> {
+    fn run_plan(slf: &Bound<'_, Self>, sim: &Py<Simulator>, hbm: Option<&UnitRef>, slowdown: f64) -> PyResult<()> {
         let py = slf.py();
         let s = sim.bind(py);
         loop {
@@ -730,7 +789,7 @@ impl Process {
                     None => {
                         drop(me);
                         let now = s.get().now();
-                        return Signal::fire_now(done.bind(py), now, py.None());
+                        return Process::finish(slf, now);
                     }
                 }
             };
@@ -796,7 +855,7 @@ impl Process {
     /// Send `value` into the program and follow it to its next wait.
     pub(crate) fn step(slf: &Bound<'_, Self>, value: Py<PyAny>) -> PyResult<()> {
         let py = slf.py();
-        let (gen, sim, done, hbm, slowdown, phase) = {
+        let (gen, sim, hbm, slowdown, phase) = {
             let mut me = slf.st();
             (
                 match &me.program {
@@ -804,7 +863,6 @@ impl Process {
                     Program::Plan(_) => None,
                 },
                 me.sim.clone_ref(py),
-                me.done.clone_ref(py),
                 me.hbm.as_ref().map(|h| h.clone_ref(py)),
                 me.slowdown,
                 me.phase.take(),
@@ -829,7 +887,7 @@ impl Process {
             value = took.into_pyobject(py)?.into_any().unbind();
         }
         let Some(gen) = gen else {
-            return Process::run_plan(slf, &sim, &done, hbm.as_ref(), slowdown);
+            return Process::run_plan(slf, &sim, hbm.as_ref(), slowdown);
         };
         let gen = gen.into_bound(py);
         loop {
@@ -837,7 +895,7 @@ impl Process {
                 Sent::Yielded(w) => w,
                 Sent::Returned => {
                     let now = sim.get().now();
-                    return Signal::fire_now(done.bind(py), now, py.None());
+                    return Process::finish(slf, now);
                 }
             };
             if let Ok(sig) = waited.cast::<Signal>() {
@@ -909,6 +967,9 @@ impl Process {
             }
         }
         visit.call(&me.done)?;
+        if let Some((unit, _)) = &me.then {
+            unit.visit(&visit)?;
+        }
         if let Some(h) = &me.hbm {
             h.visit(&visit)?;
         }
@@ -924,5 +985,5 @@ impl Process {
 
 properties!(Process {
     sim: Py<Simulator>;
-    done: Py<Signal>;
+    done: Option<Py<Signal>>;
 });

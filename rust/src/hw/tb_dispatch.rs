@@ -196,20 +196,19 @@ impl TbDispatcher {
             if first {
                 kernel.bind(py).setattr("started_at", now)?;
             }
-            let gen = program.bind(py).call1((sm, busy))?.unbind();
+            // a TB the core makes is planned without a Python call or a plan object
+            let planned = match UnitRef::of(program.bind(py)) {
+                Some(unit) => unit.plan(py, sm, busy as usize)?,
+                None => None,
+            };
+            let gen = match planned {
+                Some(plan) => Ok(plan.into_steps()),
+                None => Err(program.bind(py).call1((sm, busy))?.unbind()),
+            };
             // the process times the program's HBM phases against this GPU's share and
-            // stretches its compute delays by the GPU's slowdown
-            let proc = Process::spawn(py, &sim, gen, true, hbm, slowdown)?;
-            let end = Py::new(
-                py,
-                TbEnd {
-                    dispatcher: slf.clone().unbind(),
-                    kernel: id,
-                    sm,
-                    start: now,
-                },
-            )?;
-            Signal::on_fire(proc.get().done_signal(py).bind(py), end.into_any())?;
+            // stretches its compute delays by the GPU's slowdown; its end frees the SM
+            let then = (UnitRef::of_bound(slf), [id as i64, sm as i64, now]);
+            Process::spawn_then(py, &sim, gen, then, hbm, slowdown)?;
         }
         Ok(())
     }
@@ -251,28 +250,10 @@ impl Handler for TbDispatcher {
     fn on_event(slf: &Bound<'_, Self>, ev: Event<'_, '_>) -> PyResult<()> {
         match ev {
             Event::Due { what: DISPATCH, .. } => TbDispatcher::dispatch(slf),
+            // a TB's program ended: [its kernel's slot, its SM, when it started]
+            Event::Ended([id, sm, start]) => TbDispatcher::ended(slf, id as usize, sm as usize, start),
             _ => Err(unexpected("TbDispatcher")),
         }
-    }
-}
-
-/// What ends a TB: called when its program returns, it frees the TB's SM.
-#[pyclass(module = "cais._core", frozen)]
-pub struct TbEnd {
-    dispatcher: Py<TbDispatcher>,
-    kernel: usize,
-    sm: usize,
-    start: i64,
-}
-
-#[pymethods]
-impl TbEnd {
-    fn __call__(&self, py: Python<'_>, _value: Py<PyAny>) -> PyResult<()> {
-        TbDispatcher::ended(self.dispatcher.bind(py), self.kernel, self.sm, self.start)
-    }
-
-    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        visit.call(&self.dispatcher)
     }
 }
 

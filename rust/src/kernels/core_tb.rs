@@ -3,6 +3,7 @@
 use pyo3::prelude::*;
 use pyo3::{PyTraverseError, PyVisit};
 
+use crate::engine::unit::{unexpected, Event, Handler};
 use crate::engine::wait::TbPlan;
 use crate::kernels::load_tbs::LoadTbs;
 use crate::kernels::reduce_tbs::ReduceTbs;
@@ -39,13 +40,31 @@ impl CoreTb {
     }
 }
 
-#[pymethods]
 impl CoreTb {
-    fn __call__(&self, py: Python<'_>, sm: usize, busy: usize) -> PyResult<TbPlan> {
+    /// The TB's plan, placed on `sm` with `busy` SMs busy (what the dispatcher asks for
+    /// without a Python call).
+    pub(crate) fn plan(&self, py: Python<'_>, sm: usize, busy: usize) -> PyResult<TbPlan> {
         match &self.factory {
             Factory::Load(kernel) => kernel.get().plan(py, self.args, busy),
             Factory::Reduce(kernel) => kernel.get().plan(py, self.args, sm, busy),
         }
+    }
+}
+
+impl Handler for CoreTb {
+    fn on_event(_slf: &Bound<'_, Self>, _ev: Event<'_, '_>) -> PyResult<()> {
+        Err(unexpected("CoreTb"))
+    }
+
+    fn plan(slf: &Bound<'_, Self>, sm: usize, busy: usize) -> PyResult<Option<TbPlan>> {
+        slf.get().plan(slf.py(), sm, busy).map(Some)
+    }
+}
+
+#[pymethods]
+impl CoreTb {
+    fn __call__(&self, py: Python<'_>, sm: usize, busy: usize) -> PyResult<TbPlan> {
+        self.plan(py, sm, busy)
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
