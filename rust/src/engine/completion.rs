@@ -13,7 +13,7 @@ use pyo3::types::PyDict;
 use pyo3::{PyTraverseError, PyVisit};
 
 use super::cell::{properties, unit, GilCell, Unit, UnitState};
-use super::sim::Simulator;
+use super::sim::{Clock, Simulator};
 use super::train::{obj, opt_ref, Train};
 use super::unit::{Event, UnitRef};
 use super::wait::{Countdown, Signal};
@@ -41,6 +41,9 @@ pub(crate) struct CompletionState {
     /// bytes: told when it is in (`Event::Acked`, then `Event::Landed` after the
     /// callback).
     stream: Option<(UnitRef, i64)>,
+    /// A line of loads that joined this one (a GPU's kept lines), fired with the data
+    /// once the issuing stream has it (after `Event::Landed`), at the clock's time.
+    line: Option<(Py<Signal>, Clock)>,
 }
 
 unit!(Completion, CompletionState);
@@ -77,18 +80,25 @@ impl Completion {
         }
         let stream = slf.st().stream.as_ref().map(|(s, n)| (s.clone_ref(py), *n));
         match stream {
-            None => Completion::call_done(slf, gather),
+            None => Completion::call_done(slf, gather, false).map(|_| ()),
             Some((stream, nbytes)) => {
                 // as a TB's mainloop does: room back first, then the data, then the count
                 stream.on_event(py, Event::Acked(nbytes))?;
-                Completion::call_done(slf, gather)?;
-                stream.on_event(py, Event::Landed)
+                let line = slf.st().line.take();
+                let data = Completion::call_done(slf, gather, line.is_some())?;
+                stream.on_event(py, Event::Landed)?;
+                match line {
+                    // then the loads that joined it have the data
+                    Some((line, clock)) => Signal::fire_now(line.bind(py), clock.now(), data),
+                    None => Ok(()),
+                }
             }
         }
     }
 
     /// A load of `nbytes` that `stream` issued as `count` trains, its data put
-    /// together as `assembly` says; `placed` (or None) gets the data.
+    /// together as `assembly` says; `placed` (or None) gets the data, and then `line`
+    /// (the loads that joined it), if any, fires with it.
     pub(crate) fn of_stream_item(
         py: Python<'_>,
         count: i64,
@@ -96,6 +106,7 @@ impl Completion {
         assembly: Assembly,
         stream: UnitRef,
         nbytes: i64,
+        line: Option<(Py<Signal>, Clock)>,
     ) -> PyResult<Py<Completion>> {
         let Assembly {
             region,
@@ -103,7 +114,11 @@ impl Completion {
             assemble,
         } = assembly;
         let c = Completion::new(py, count, Some(placed), Some(region), Some(pieces), Some(assemble));
-        c.st(py).stream = Some((stream, nbytes));
+        {
+            let mut st = c.st(py);
+            st.stream = Some((stream, nbytes));
+            st.line = line;
+        }
         Py::new(py, c)
     }
 
@@ -126,18 +141,21 @@ impl Completion {
         Py::new(py, Completion::new(py, count, None, None, None, None))
     }
 
-    /// The operation's callback, with its data put together for a load.
-    fn call_done(slf: &Bound<'_, Self>, gather: bool) -> PyResult<()> {
+    /// The operation's callback, with its data put together for a load (also when
+    /// there is no callback but the data is wanted: `keep`); the data it had.
+    fn call_done(slf: &Bound<'_, Self>, gather: bool, keep: bool) -> PyResult<Py<PyAny>> {
         let py = slf.py();
         let me = slf.st();
         let done = me.done.clone_ref(py);
-        if done.is_none(py) {
-            return Ok(());
+        if done.is_none(py) && !keep {
+            return Ok(py.None());
         }
         if !gather {
             drop(me);
-            done.call0(py)?;
-            return Ok(());
+            if !done.is_none(py) {
+                done.call0(py)?;
+            }
+            return Ok(py.None());
         }
         let count = me.pieces.bind(py).len()? as i64;
         let data = match &me.parts {
@@ -156,8 +174,10 @@ impl Completion {
                 py.None()
             }
         };
-        done.call1(py, (data,))?;
-        Ok(())
+        if !done.is_none(py) {
+            done.call1(py, (data.clone_ref(py),))?;
+        }
+        Ok(data)
     }
 }
 
@@ -277,6 +297,7 @@ impl Completion {
             parts: None,
             with_data: 0,
             stream: None,
+            line: None,
         })
     }
 
@@ -298,6 +319,9 @@ impl Completion {
         if let Some((s, _)) = &me.stream {
             s.visit(&visit)?;
         }
+        if let Some((line, _)) = &me.line {
+            visit.call(line)?;
+        }
         Ok(())
     }
 
@@ -309,6 +333,7 @@ impl Completion {
             me.assemble = py.None();
             me.parts = None;
             me.stream = None;
+            me.line = None;
         }
     }
 }

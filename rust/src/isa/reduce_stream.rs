@@ -106,7 +106,7 @@ impl ReduceStream {
                         assemble,
                     };
                     let placed = piece.clone_ref(py).into_any();
-                    Completion::of_stream_item(py, count, placed, assembly, UnitRef::new(piece), nbytes)?
+                    Completion::of_stream_item(py, count, placed, assembly, UnitRef::new(piece), nbytes, None)?
                 }
             };
             let op = Op {

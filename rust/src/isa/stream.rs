@@ -327,68 +327,6 @@ impl JoinedLoad {
     }
 }
 
-/// A load whose data is kept for those that join it (an L2 that keeps peer reads):
-/// it completes as any load of its stream (its room back, its data placed, counted
-/// in) and then fires its `line` with the data.
-#[pyclass(module = "cais._core", frozen)]
-pub struct KeptLoad {
-    st: GilCell<KeptLoadState>,
-}
-
-/// The mutable state of a [`KeptLoad`] (see there), borrowed while holding the GIL.
-pub(crate) struct KeptLoadState {
-    stream: Py<LoadStream>,
-    placed: Py<PyAny>,
-    line: Py<Signal>,
-    /// The data, once its completion has put it together (None in timing mode).
-    data: Py<PyAny>,
-}
-
-unit!(KeptLoad, KeptLoadState);
-
-impl Handler for KeptLoad {
-    fn on_event(slf: &Bound<'_, Self>, ev: Event<'_, '_>) -> PyResult<()> {
-        let py = slf.py();
-        let stream = slf.st().stream.clone_ref(py);
-        match ev {
-            Event::Acked(nbytes) => LoadStream::release(stream.bind(py), nbytes),
-            Event::Landed => {
-                LoadStream::landed(stream.bind(py))?;
-                let (line, data) = {
-                    let me = slf.st();
-                    (me.line.clone_ref(py), me.data.clone_ref(py))
-                };
-                let now = stream.get().st(py).sim(py).get().now();
-                Signal::fire_now(line.bind(py), now, data)
-            }
-            _ => Err(crate::engine::unit::unexpected("KeptLoad")),
-        }
-    }
-}
-
-#[pymethods]
-impl KeptLoad {
-    /// The load's data is in (its completion's callback): placed, and kept for the line.
-    fn __call__(&self, py: Python<'_>, data: Py<PyAny>) -> PyResult<()> {
-        let placed = self.st(py).placed.clone_ref(py);
-        if !placed.is_none(py) {
-            placed.call1(py, (data.clone_ref(py),))?;
-        }
-        self.st(py).data = data;
-        Ok(())
-    }
-
-    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        let Some(me) = self.st.during_gc() else {
-            return Ok(());
-        };
-        visit.call(&me.stream)?;
-        visit.call(&me.placed)?;
-        visit.call(&me.line)?;
-        visit.call(&me.data)
-    }
-}
-
 impl LoadStream {
     /// Issue what the bounds admit, in order; stop at the first load that must wait
     /// (its grant resumes the stream).
@@ -449,30 +387,17 @@ impl LoadStream {
                 assemble: me.assemble.clone_ref(py),
             };
             let count = stripes.bind(py).len() as i64;
-            let done = match kept_line {
-                None => Completion::of_stream_item(
-                    py,
-                    count,
-                    item.placed.clone_ref(py),
-                    assembly,
-                    UnitRef::of_bound(slf),
-                    item.nbytes,
-                )?,
-                Some(line) => {
-                    // its data kept for the loads that join it, once this one has it
-                    let keep = Bound::new(
-                        py,
-                        KeptLoad::from(KeptLoadState {
-                            stream: slf.clone().unbind(),
-                            placed: item.placed.clone_ref(py),
-                            line,
-                            data: py.None(),
-                        }),
-                    )?;
-                    let unit = UnitRef::of_bound(&keep);
-                    Completion::of_stream_item(py, count, keep.into_any().unbind(), assembly, unit, item.nbytes)?
-                }
-            };
+            // its data kept for the loads that join it (its line), once this one has it
+            let line = kept_line.map(|line| (line, me.sim(py).get().clock()));
+            let done = Completion::of_stream_item(
+                py,
+                count,
+                item.placed.clone_ref(py),
+                assembly,
+                UnitRef::of_bound(slf),
+                item.nbytes,
+                line,
+            )?;
             me.next += 1;
             me.grants.held = 0;
             me.issued += 1;
