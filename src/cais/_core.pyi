@@ -221,8 +221,10 @@ class LoadTbs:
 @final
 class CoreTb:
     """One TB of a kernel whose TB plans the core makes (:class:`LoadTbs`,
-    :class:`ReduceTbs`): called with ``(sm, busy)`` by the dispatcher, its factory
-    returns the TB's plan."""
+    :class:`ReduceTbs`, or one HBM phase: :meth:`phase`): called with ``(sm, busy)``
+    (the dispatcher plans it without the call), its factory returns the TB's plan."""
+    @staticmethod
+    def phase(phase: HbmPhase) -> CoreTb: ...
     def __call__(self, sm: int, busy: int) -> TbPlan: ...
 
 @final

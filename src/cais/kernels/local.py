@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 
+from cais._core import CoreTb
 from cais.engine import TbPlan
 from cais.hw.gpu import Kernel
 from cais.hw.hbm import HbmPhase
@@ -34,13 +35,14 @@ def even_kernel(name: str, work_ps: int, n_tbs: int, sms: int, body: Callable[[i
     tb_bytes = hbm_bytes / max(1, waves) / max(1, min(n_tbs, sms))
 
     phase = HbmPhase(tb_ps, tb_bytes)  # the same for every TB
+    if body is None:  # timing mode: a TB is its phase, planned in the core (one object for all)
+        return Kernel(name, [CoreTb.phase(phase)] * n_tbs, sm_set, hbm_phases=True)
 
     def planned(i: int, sm: int, busy: int) -> TbPlan:
         """TB ``i`` as a plan the core executes: its phase, then its body."""
         plan = TbPlan()
         plan.phase(phase)
-        if body is not None:
-            plan.call(partial(body, i))
+        plan.call(partial(body, i))
         return plan
 
     return Kernel(name, [partial(planned, i) for i in range(n_tbs)], sm_set, hbm_phases=True)
