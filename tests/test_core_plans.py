@@ -63,6 +63,39 @@ def test_a_load_plan_cut_in_the_core_is_the_plan_cut_in_python() -> None:
     assert len(both) == len(plan) + len(mine) and both.stripes() == plan.stripes() + mine.stripes()
 
 
+def test_a_tiles_loads_walked_in_the_core_are_its_operands_blocks_on_their_owners() -> None:
+    """``LoadPlan.tile_loads`` lists a load GEMM tile's K steps as the operands' stored
+    blocks on their owners (an A^T operand, K over tokens; a B operand, K over columns),
+    split where an owner's rows end, with where each goes in the tile's block; and
+    ``cut_steps`` is ``cut`` of each step."""
+    from cais._core import Interleave
+
+    rows_l, cols, eb = 96, 512, 2
+    operands = [(True, "x", rows_l, cols, 64, 128), (False, "y", rows_l, cols, 150, 70)]
+    steps = [(0, 64), (64, 64), (128, 100)]
+    want = []
+    for k0, kk in steps:  # the stored block, then its owners' parts, as by hand
+        loads = []
+        for o, (tokens_k, shard, _, _, s0, sn) in enumerate(operands):
+            t0, nt, c0, nc = (k0, kk, s0, sn) if tokens_k else (s0, sn, k0, kk)
+            base_t, base_c = (0, s0) if tokens_k else (s0, 0)
+            for t in range(t0, t0 + nt):  # row by row, a new load where the owner changes
+                owner = t // rows_l
+                if loads and tuple(loads[-1][:2]) == (o, owner):
+                    loads[-1][5] += 1
+                else:
+                    loads.append([o, owner, shard, t - owner * rows_l, t - base_t, 1, c0, nc, c0 - base_c])
+        want.append([(o, owner, Region.block(shard, cols, r0, n, c0, nc, eb), row, col, n, nc)
+                     for o, owner, shard, r0, row, n, c0, nc, col in loads])
+    got = LoadPlan.tile_loads(operands, steps, eb)
+    assert got == want and sum(len(step) for step in got) > len(steps) * len(operands)  # some split at owners
+    il = Interleave([0, 0, 1, 1, 2, 2, 3, 3], 256)
+    for skip in (None, 1):
+        cut = LoadPlan.cut_steps(il, operands, steps, eb, 4096, 1024, skip)
+        by_hand = [LoadPlan.cut(il, step, 4096, 1024, skip) for step in got]
+        assert [(len(p), p.stripes()) for p in cut] == [(len(p), p.stripes()) for p in by_hand]
+
+
 def test_a_red_plan_names_the_owners_a_gpu_sends_to() -> None:
     from cais._core import Interleave, RedForm
 
@@ -142,7 +175,7 @@ def _counting(cls: Any, made: list[int]) -> Any:
 def test_the_gpus_of_a_layer_share_their_tiles_plans(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
     loads, reds = [0], [0]
     # a tile's loads are its steps' plans chained from its first step round (timing mode)
-    monkeypatch.setattr(remote_gemm, "LoadPlan", SimpleNamespace(cut=LoadPlan.cut,
+    monkeypatch.setattr(remote_gemm, "LoadPlan", SimpleNamespace(cut_steps=LoadPlan.cut_steps,
                                                                  chain=_counting(LoadPlan.chain, loads)))
     monkeypatch.setattr(remote_gemm, "RedPlan", SimpleNamespace(build=_counting(RedPlan.build, reds)))
     cfg = apply_overrides(load_system("dgx-h100"), {"gpus": "4"})

@@ -115,6 +115,17 @@ class LoadPlan:
         at most ``piece`` bytes and their trains of ``unit``; those of home ``skip`` left
         out (timing mode: nothing to place)."""
     @staticmethod
+    def cut_steps(interleave: Interleave, operands: list[tuple[bool, str, int, int, int, int]],
+                  steps: list[tuple[int, int]], elem_bytes: int, piece: int, unit: int,
+                  skip: int | None = None) -> list[LoadPlan]:
+        """A tile's K steps, each the :meth:`cut` of its :meth:`tile_loads`."""
+    @staticmethod
+    def tile_loads(operands: list[tuple[bool, str, int, int, int, int]], steps: list[tuple[int, int]],
+                   elem_bytes: int) -> list[list[tuple[int, int, Region, int, int, int, int]]]:
+        """A load GEMM tile's loads per K step (``steps``: (first K, K)): each operand's
+        (K over tokens, buffer, rows per owner, columns, tile's first row or column,
+        count) stored block on its owners, as ``Load`` fields."""
+    @staticmethod
     def chain(plans: list[LoadPlan]) -> LoadPlan:
         """The loads of ``plans``, one after the other."""
     def loads(self, skip: int | None = None) -> int: ...

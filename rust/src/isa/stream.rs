@@ -5,7 +5,7 @@
 //! when it is acknowledged.
 
 use pyo3::prelude::*;
-use pyo3::types::PyList;
+use pyo3::types::{PyList, PyString};
 use pyo3::{PyTraverseError, PyVisit};
 
 use crate::engine::cell::{properties, unit, GilCell, Unit, UnitState};
@@ -101,6 +101,87 @@ fn kept_region<'a, 'py>(py: Python<'py>, item: &'a Item) -> PyResult<&'a Bound<'
     })
 }
 
+/// A load GEMM operand as a tile walks it: whether K runs over the stored rows
+/// (tokens), the stored [T, cols] tensor's buffer, its rows per owner and its columns,
+/// and the tile's first row (A) or column (B) of the operand and how many.
+type TileOperand = (bool, Py<PyString>, i64, i64, i64, i64);
+
+/// A load as Python's `Load` takes its fields: (operand, home, region, row, col, rows,
+/// cols).
+type LoadFields = (usize, i64, Region, i64, i64, i64, i64);
+
+/// One load of a tile's mainloop (`cais.kernels.remote_gemm.Load`).
+struct TileLoad {
+    op: usize,
+    home: i64,
+    region: Region,
+    row: i64,
+    col: i64,
+    nrows: i64,
+    ncols: i64,
+}
+
+/// The loads of each K step of a tile (`LoadPlan.tile_loads`).
+fn tile_blocks(py: Python<'_>, operands: &[TileOperand], steps: &[(i64, i64)], eb: i64) -> Vec<Vec<TileLoad>> {
+    steps
+        .iter()
+        .map(|&(k0, kk)| {
+            let mut loads = Vec::new();
+            for (op, (tokens_k, shard, rows_l, cols, s0, sn)) in operands.iter().enumerate() {
+                // the stored block: [k0, k0+kk) x [s0, s0+sn), or the transpose; where the
+                // tile's whole block starts (its first K at 0)
+                let (t0, nt, col0, ncol) = if *tokens_k {
+                    (k0, kk, *s0, *sn)
+                } else {
+                    (*s0, *sn, k0, kk)
+                };
+                let (base_t, base_c) = if *tokens_k { (0, *s0) } else { (*s0, 0) };
+                let mut t = t0;
+                while t < t0 + nt {
+                    let owner = t.div_euclid(*rows_l);
+                    let cnt = (t0 + nt).min((owner + 1) * rows_l) - t;
+                    let region = Region::block_of(shard.clone_ref(py), *cols, t - owner * rows_l, cnt, col0, ncol, eb);
+                    loads.push(TileLoad {
+                        op,
+                        home: owner,
+                        region,
+                        row: t - base_t,
+                        col: col0 - base_c,
+                        nrows: cnt,
+                        ncols: ncol,
+                    });
+                    t += cnt;
+                }
+            }
+            loads
+        })
+        .collect()
+}
+
+/// Append the load of `region` from `home`, cut into request pieces of at most `piece`
+/// bytes, each with its trains of `unit`, to `items` (timing mode: nothing to place).
+fn cut_into(
+    py: Python<'_>,
+    lanes: &mut Interleave,
+    home: i64,
+    region: &Region,
+    piece: i64,
+    unit: i64,
+    items: &mut Vec<Item>,
+) -> PyResult<()> {
+    for pc in lanes.cut(py, region, piece)? {
+        let stripes = lanes.trains_of(py, &pc, unit)?.unbind();
+        items.push(Item {
+            home,
+            nbytes: pc.size(),
+            region: Py::new(py, pc)?.into_any(),
+            stripes,
+            placed: py.None(),
+        });
+    }
+    Ok(())
+}
+
 /// A tile's planned mainloop loads, converted once and shared by every GPU that runs
 /// the tile (a GEMM's tiles are the same on each): a GPU's [`LoadStream`] walks it,
 /// skipping the loads whose home is that GPU (it reads its own rows locally). The
@@ -158,22 +239,71 @@ impl LoadPlan {
         let mut items = Vec::with_capacity(loads.len());
         for load in loads.iter() {
             let home: i64 = load.get_item(1)?.extract()?;
-            if Some(home) == skip {
-                continue;
-            }
-            let region = load.get_item(2)?;
-            for pc in lanes.cut(py, region.cast::<Region>()?.get(), piece)? {
-                let stripes = lanes.trains_of(py, &pc, unit)?.unbind();
-                items.push(Item {
+            if Some(home) != skip {
+                let region = load.get_item(2)?;
+                cut_into(
+                    py,
+                    &mut lanes,
                     home,
-                    nbytes: pc.size(),
-                    region: Py::new(py, pc)?.into_any(),
-                    stripes,
-                    placed: py.None(),
-                });
+                    region.cast::<Region>()?.get(),
+                    piece,
+                    unit,
+                    &mut items,
+                )?;
             }
         }
         Ok(LoadPlan { items })
+    }
+
+    /// A load GEMM tile's mainloop, K step by K step (`steps`: (first K, K) each), as
+    /// `cut` makes each step's plan of the loads `tile_loads` lists: the operands'
+    /// stored blocks on their owners, cut into request pieces and trains.
+    #[staticmethod]
+    #[pyo3(signature = (interleave, operands, steps, elem_bytes, piece, unit, skip = None))]
+    #[allow(clippy::too_many_arguments)] // the Python method's parameters
+    fn cut_steps(
+        py: Python<'_>,
+        interleave: &Bound<'_, Interleave>,
+        operands: Vec<TileOperand>,
+        steps: Vec<(i64, i64)>,
+        elem_bytes: i64,
+        piece: i64,
+        unit: i64,
+        skip: Option<i64>,
+    ) -> PyResult<Vec<LoadPlan>> {
+        let mut lanes = interleave.borrow_mut();
+        let mut out = Vec::with_capacity(steps.len());
+        for step in tile_blocks(py, &operands, &steps, elem_bytes) {
+            let mut items = Vec::with_capacity(step.len());
+            for load in step.into_iter().filter(|load| Some(load.home) != skip) {
+                cut_into(py, &mut lanes, load.home, &load.region, piece, unit, &mut items)?;
+            }
+            out.push(LoadPlan { items });
+        }
+        Ok(out)
+    }
+
+    /// A load GEMM tile's mainloop loads, K step by K step (`steps`: (first K, K)
+    /// each): per step, for each operand (`operands`: whether K runs over the stored
+    /// rows, the stored tensor's buffer, rows an owner, columns, and the tile's first
+    /// row or column of the operand and how many), the stored block split where an
+    /// owner's rows end, as `(operand, owner, region, row, col, rows, cols)` (a `Load`:
+    /// where in the tile's block the region goes).
+    #[staticmethod]
+    fn tile_loads(
+        py: Python<'_>,
+        operands: Vec<TileOperand>,
+        steps: Vec<(i64, i64)>,
+        elem_bytes: i64,
+    ) -> Vec<Vec<LoadFields>> {
+        tile_blocks(py, &operands, &steps, elem_bytes)
+            .into_iter()
+            .map(|step| {
+                step.into_iter()
+                    .map(|l| (l.op, l.home, l.region, l.row, l.col, l.nrows, l.ncols))
+                    .collect()
+            })
+            .collect()
     }
 
     /// The loads of `plans`, one after the other (a mainloop's K steps from its first,

@@ -514,23 +514,14 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
         layout = plans[("layout", gemm_key, access)] = _load_layout(shape, ops, steps, access, reuse)
     order, wheres, takers, rotations = layout
 
+    def walked(i: int, j: int) -> list[tuple[bool, str, int, int, int, int]]:
+        """Tile (i, j)'s operands as the core walks their stored blocks (``tile_loads``)."""
+        return [(op.k_is_tokens, op.src.shard, op.src.rows_l, op.src.cols, *op.tile_span(shape, i, j)) for op in ops]
+
     def by_step(i: int, j: int) -> list[list[Load]]:
-        """Tile (i, j)'s loads, step by step in K order."""
-        out = []
-        bases = []  # per operand: where the tile's block starts in the stored [T, cols] tensor
-        for o, op in enumerate(ops):
-            base_t, _, base_c, _ = op.physical(shape, i, j, 0, shape.k)
-            bases.append((o, op, base_t, base_c))
-        for k0, kk in steps:
-            loads = []
-            for o, op, base_t, base_c in bases:
-                t0, nt, col0, ncol = op.physical(shape, i, j, k0, kk)
-                src = op.src
-                for owner, ft, cnt in src.owners(t0, nt):
-                    region = Region.block(src.shard, src.cols, ft - owner * src.rows_l, cnt, col0, ncol, eb)
-                    loads.append(Load(o, owner, region, ft - base_t, col0 - base_c, cnt, ncol))
-            out.append(loads)
-        return out
+        """Tile (i, j)'s loads, step by step in K order: each operand's stored block of
+        the step on its owners (the block split where an owner's rows end)."""
+        return [[Load(*ld) for ld in step] for step in LoadPlan.tile_loads(walked(i, j), steps, eb)]
 
     def rotated(i: int, j: int, span: tuple[tuple[int, int], ...], first: int, cut: bool) -> list[Any]:
         """Tile (i, j)'s steps from step ``first`` round, each a list of loads, or with
@@ -539,10 +530,12 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
         key = (gemm_key, span, cut)
         hit = plans.get(key)
         if hit is None:
-            per_step: list[Any] = by_step(i, j)
-            if cut:
+            per_step: list[Any]
+            if cut:  # each step's loads cut into pieces and trains in the core
                 skip = None if users > 1 else g  # in mirror mode only this GPU's are issued
-                per_step = [LoadPlan.cut(m.fabric.interleave, step, piece_unit, unit, skip) for step in per_step]
+                per_step = LoadPlan.cut_steps(m.fabric.interleave, walked(i, j), steps, eb, piece_unit, unit, skip)
+            else:
+                per_step = by_step(i, j)
             hit = plans[key] = [rotations[span], per_step]
         hit[0] -= 1
         if hit[0] == 0:  # every plan with these spans is made: drop it (memory)
