@@ -155,6 +155,11 @@ def test_a_red_plan_made_in_the_core_is_the_plan_made_in_python() -> None:
              (RedForm(15, 1024, quorum=2, blocks=rb),
               lambda pc: [(15, 1, sub, 7 + b, 2) for b, sub, _ in rb.cut(pc, 1)],
               [(7 + b, sub.nbytes) for b, sub, _ in rb.cut(block, 1)])]
+    # a tile's plan over rows of two owners is the plan of its two blocks
+    tile = RedPlan.tile(il, forms[1][0], ("o", rows_l, width), (50, 30), (128, 256), 2, 4096)
+    halves = [(0, Region.block("o", width, 50, 14, 128, 256, 2)), (1, Region.block("o", width, 0, 16, 128, 256, 2))]
+    both = RedPlan.build(il, forms[1][0], halves, 4096)
+    assert tile.owners(2) == [0, 1] and tile.pieces(2) == both.pieces(2) and tile.own_signals(1) == both.own_signals(1)
     for form, reds, own in forms:
         plan = RedPlan.build(il, form, [(1, block)], 4096)
         by_hand = [(pc.nbytes, [(kind, dst, il.trains(sub, 1024), tag, q) for kind, dst, sub, tag, q in reds(pc)])
@@ -177,7 +182,7 @@ def test_the_gpus_of_a_layer_share_their_tiles_plans(monkeypatch: pytest.MonkeyP
     # a tile's loads are its steps' plans chained from its first step round (timing mode)
     monkeypatch.setattr(remote_gemm, "LoadPlan", SimpleNamespace(cut_steps=LoadPlan.cut_steps,
                                                                  chain=_counting(LoadPlan.chain, loads)))
-    monkeypatch.setattr(remote_gemm, "RedPlan", SimpleNamespace(build=_counting(RedPlan.build, reds)))
+    monkeypatch.setattr(remote_gemm, "RedPlan", SimpleNamespace(tile=_counting(RedPlan.tile, reds)))
     cfg = apply_overrides(load_system("dgx-h100"), {"gpus": "4"})
     r = run_layer(cfg, load_model("paper-mega-gpt-4b").with_run(1, 512), "cais", mode, 32)
     tbs = sum(g["tbs"] for g in r.as_json()["hbm"]["per_gpu"].values())

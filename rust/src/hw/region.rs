@@ -58,6 +58,18 @@ impl Region {
         }
     }
 
+    /// The same region, as a new value.
+    pub(crate) fn copy(&self, py: Python<'_>) -> Self {
+        Region::make(
+            self.buffer.clone_ref(py),
+            self.start,
+            self.count,
+            self.elem_bytes,
+            self.rows,
+            self.stride,
+        )
+    }
+
     pub(crate) fn size(&self) -> i64 {
         self.rows * self.count * self.elem_bytes
     }

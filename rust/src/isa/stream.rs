@@ -121,6 +121,23 @@ struct TileLoad {
     ncols: i64,
 }
 
+/// (owner, first row, rows) of rows `t0 .. t0+nt-1` of a tensor sharded by rows,
+/// `rows_l` an owner (`cais.kernels.remote_gemm.Sharded.owners`).
+fn owners(t0: i64, nt: i64, rows_l: i64) -> impl Iterator<Item = (i64, i64, i64)> {
+    let end = t0 + nt;
+    let mut t = t0;
+    std::iter::from_fn(move || {
+        if t >= end {
+            return None;
+        }
+        let owner = t.div_euclid(rows_l);
+        let cnt = end.min((owner + 1) * rows_l) - t;
+        let part = (owner, t, cnt);
+        t += cnt;
+        Some(part)
+    })
+}
+
 /// The loads of each K step of a tile (`LoadPlan.tile_loads`).
 fn tile_blocks(py: Python<'_>, operands: &[TileOperand], steps: &[(i64, i64)], eb: i64) -> Vec<Vec<TileLoad>> {
     steps
@@ -136,10 +153,7 @@ fn tile_blocks(py: Python<'_>, operands: &[TileOperand], steps: &[(i64, i64)], e
                     (*s0, *sn, k0, kk)
                 };
                 let (base_t, base_c) = if *tokens_k { (0, *s0) } else { (*s0, 0) };
-                let mut t = t0;
-                while t < t0 + nt {
-                    let owner = t.div_euclid(*rows_l);
-                    let cnt = (t0 + nt).min((owner + 1) * rows_l) - t;
+                for (owner, t, cnt) in owners(t0, nt, *rows_l) {
                     let region = Region::block_of(shard.clone_ref(py), *cols, t - owner * rows_l, cnt, col0, ncol, eb);
                     loads.push(TileLoad {
                         op,
@@ -150,7 +164,6 @@ fn tile_blocks(py: Python<'_>, operands: &[TileOperand], steps: &[(i64, i64)], e
                         nrows: cnt,
                         ncols: ncol,
                     });
-                    t += cnt;
                 }
             }
             loads
@@ -761,6 +774,42 @@ impl RedPlan {
     /// `interleave` lays them), and the signal words the owner's own add raises. A
     /// block owned by `skip` (the only GPU that runs the tile, in mirror mode) has no
     /// pieces: nobody sends it.
+    /// The plan of a GEMM-RS tile whose partial rows are rows `rows` (first, count)
+    /// and columns `cols` of a [T, cols] tensor sharded by token rows (`reduced`: the
+    /// shards' buffer, rows an owner, columns): its blocks, one per owner the rows
+    /// span, as `build` makes them.
+    #[staticmethod]
+    #[pyo3(signature = (interleave, form, reduced, rows, cols, elem_bytes, piece, skip = None))]
+    #[allow(clippy::too_many_arguments)] // the Python method's parameters
+    fn tile(
+        py: Python<'_>,
+        interleave: &Bound<'_, Interleave>,
+        form: &Bound<'_, RedForm>,
+        reduced: (Py<PyString>, i64, i64),
+        rows: (i64, i64),
+        cols: (i64, i64),
+        elem_bytes: i64,
+        piece: i64,
+        skip: Option<i64>,
+    ) -> PyResult<Self> {
+        let (shard, rows_l, width) = reduced;
+        let blocks = owners(rows.0, rows.1, rows_l)
+            .map(|(owner, t, cnt)| {
+                let region = Region::block_of(
+                    shard.clone_ref(py),
+                    width,
+                    t - owner * rows_l,
+                    cnt,
+                    cols.0,
+                    cols.1,
+                    elem_bytes,
+                );
+                (owner, region)
+            })
+            .collect();
+        RedPlan::of_blocks(py, interleave, form, blocks, piece, skip)
+    }
+
     #[staticmethod]
     #[pyo3(signature = (interleave, form, blocks, piece, skip = None))]
     fn build(
@@ -771,38 +820,8 @@ impl RedPlan {
         piece: i64,
         skip: Option<i64>,
     ) -> PyResult<Self> {
-        let form = form.get();
-        let mut lanes = interleave.borrow_mut();
-        let mut out = Vec::with_capacity(blocks.len());
-        for (owner, region) in blocks {
-            let mut pieces = Vec::new();
-            if Some(owner) != skip {
-                for pc in lanes.cut(py, &region, piece)? {
-                    let reds = match &form.blocks {
-                        Some(rb) => {
-                            let rb = rb.get();
-                            let mut reds = Vec::new();
-                            for part in rb.parts(py, &pc, owner)? {
-                                let stripes = lanes.trains_of(py, &part.region, form.unit)?.unbind();
-                                reds.push(Red::planned(form, owner, stripes, rb.key(part.block)?));
-                            }
-                            reds
-                        }
-                        None => {
-                            let stripes = lanes.trains_of(py, &pc, form.unit)?.unbind();
-                            vec![Red::planned(form, owner, stripes, form.signal)]
-                        }
-                    };
-                    pieces.push((pc.size(), reds));
-                }
-            }
-            out.push(RedBlock {
-                owner,
-                own: form.own_signals(py, &region, owner)?,
-                pieces,
-            });
-        }
-        Ok(RedPlan { blocks: out })
+        let blocks = blocks.into_iter().map(|(owner, r)| (owner, r.copy(py))).collect();
+        RedPlan::of_blocks(py, interleave, form, blocks, piece, skip)
     }
 
     /// The owners GPU `g` sends partial rows to, in order (each once).
@@ -870,6 +889,49 @@ impl RedPlan {
 }
 
 impl RedPlan {
+    /// `build`'s plan of `blocks`.
+    fn of_blocks(
+        py: Python<'_>,
+        interleave: &Bound<'_, Interleave>,
+        form: &Bound<'_, RedForm>,
+        blocks: Vec<(i64, Region)>,
+        piece: i64,
+        skip: Option<i64>,
+    ) -> PyResult<Self> {
+        let form = form.get();
+        let mut lanes = interleave.borrow_mut();
+        let mut out = Vec::with_capacity(blocks.len());
+        for (owner, region) in blocks {
+            let mut pieces = Vec::new();
+            if Some(owner) != skip {
+                for pc in lanes.cut(py, &region, piece)? {
+                    let reds = match &form.blocks {
+                        Some(rb) => {
+                            let rb = rb.get();
+                            let mut reds = Vec::new();
+                            for part in rb.parts(py, &pc, owner)? {
+                                let stripes = lanes.trains_of(py, &part.region, form.unit)?.unbind();
+                                reds.push(Red::planned(form, owner, stripes, rb.key(part.block)?));
+                            }
+                            reds
+                        }
+                        None => {
+                            let stripes = lanes.trains_of(py, &pc, form.unit)?.unbind();
+                            vec![Red::planned(form, owner, stripes, form.signal)]
+                        }
+                    };
+                    pieces.push((pc.size(), reds));
+                }
+            }
+            out.push(RedBlock {
+                owner,
+                own: form.own_signals(py, &region, owner)?,
+                pieces,
+            });
+        }
+        Ok(RedPlan { blocks: out })
+    }
+
     /// GPU `g`'s items: its own blocks as the signal words they raise, the others'
     /// pieces.
     fn items(&self, py: Python<'_>, g: i64) -> Vec<RedItem> {

@@ -400,14 +400,14 @@ def reduce_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmSha
         form = access.red_form()
         skip = None if users > 1 else g  # in mirror mode only this GPU sends
 
+        where = (reduced.shard, reduced.rows_l, reduced.cols)
+
         def tile_plan(i: int, j: int, piece_unit: int) -> tuple[RedPlan, int]:
             """Tile (i, j)'s epilogue plan, for every GPU that runs the tile (only this
-            GPU in mirror mode): its blocks of partial rows, (owner, region), made into
+            GPU in mirror mode): its blocks of partial rows, one per owner, made into
             pieces and reductions by the core as ``form`` says; and how many GPUs take it."""
-            (r0, nr), (c0, nc) = shape.rows(i), shape.cols(j)
-            blocks = [(owner, Region.block(reduced.shard, reduced.cols, t0 - owner * reduced.rows_l, cnt, c0, nc, eb))
-                      for owner, t0, cnt in reduced.owners(r0, nr)]
-            return RedPlan.build(m.fabric.interleave, form, blocks, piece_unit, skip), users
+            return RedPlan.tile(m.fabric.interleave, form, where, shape.rows(i), shape.cols(j), eb, piece_unit,
+                                skip), users
 
         def sm_of(sm: int) -> tuple[Bound, Bound, SmPort, int]:
             slots, port, piece_unit = sm_state(sm)
