@@ -16,7 +16,7 @@ from functools import partial
 
 import numpy as np
 
-from cais.engine import Signal, TbPlan
+from cais.engine import Countdown, Signal, TbPlan
 from cais.hw.compute import ComputeModel
 from cais.hw.gpu import Kernel
 from cais.hw.hbm import HbmPhase
@@ -94,29 +94,26 @@ def rowop_kernel(cm: ComputeModel, mem: Memory, op: RowOp, dtype_bytes: int, nor
 def signalled_rowop_kernel(m: Machine, cm: ComputeModel, g: int, mem: Memory, op: RowOp, dtype_bytes: int,
                            norm: str, p_drop: float, row0: int, total_sms: int, blocks: Sequence[tuple[int, int]],
                            expected: Sequence[int], keys: Sequence[int], flags: Sequence[int],
-                           ready: Sequence[dict[tuple[int, int], Signal]], sm_set: frozenset[int]) -> Kernel:
+                           ready: Sequence[dict[tuple[int, int], Countdown]], sm_set: frozenset[int]) -> Kernel:
     """The row-wise op on GPU ``g`` as row-block TBs driven by TB-level dependencies
     (CAIS's fused sub-layer): TB ``b`` (rows ``blocks[b]``) waits until its GPU's
     signal word ``keys[b]`` reaches ``expected[b]`` bytes (every GPU's ``red.cais``
     partial of the rows fed to it has landed), normalises its rows, and multicasts
     the flag ``flags[b]`` that they are ready; as it lands on each GPU ``h``,
-    ``ready[h][(g, b)]`` fires. The kernel time over ``op.rows`` rows on ``sm_set``
+    ``ready[h][(g, b)]`` (a countdown of one) fires. The kernel time over ``op.rows`` rows on ``sm_set``
     (:func:`rowop_work_ps`) is spread evenly over its waves; in functional mode each
     TB runs :func:`rowop_apply` on its rows."""
     sms = len(sm_set)
     waves = -(-len(blocks) // sms)
     tb_ps = rowop_work_ps(cm, op, dtype_bytes, op.rows, sms, total_sms) // max(1, waves)
 
-    def landed_on(b: int, gpu: int) -> None:
-        """Block ``b``'s ready flag has landed on ``gpu``."""
-        ready[gpu][(g, b)].fire(m.sim)
-
     def finish(b: int) -> None:
-        """Block ``b``'s rows normalised (functional mode); its flag multicast."""
+        """Block ``b``'s rows normalised (functional mode); its flag multicast, each copy
+        counted into its GPU's ``ready`` in the core as it lands."""
         if mem.functional:
             r0, nr = blocks[b]
             rowop_apply(mem, op, r0, nr, norm, p_drop, row0)
-        m.isa.flag_multicast(g, flags[b], partial(landed_on, b))
+        m.isa.flag_multicast_counts(g, flags[b], [per_gpu[(g, b)] for per_gpu in ready])
 
     def planned(b: int, sm: int, busy: int) -> TbPlan:
         """TB ``b`` as a plan the core executes: it waits for its signal word, runs

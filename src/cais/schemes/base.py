@@ -214,7 +214,7 @@ class LayerRun:
 
     def signalled_rowop_kernel(self, g: int, op: RowOp, blocks: Sequence[tuple[int, int]], expected: Sequence[int],
                                keys: Sequence[int], flags: Sequence[int],
-                               ready: Sequence[dict[tuple[int, int], Signal]], sm_set: frozenset[int]) -> Kernel:
+                               ready: Sequence[dict[tuple[int, int], Countdown]], sm_set: frozenset[int]) -> Kernel:
         """The row-wise op as row-block TBs that wait for their rows' signal word and
         multicast a ready flag (kernels/rowop.py)."""
         return rowop.signalled_rowop_kernel(self.m, self.cm, g, self._memory(g), op, self.model.dtype_bytes,

@@ -38,7 +38,7 @@ from bisect import bisect_left
 
 import numpy as np
 
-from cais.engine import Signal
+from cais.engine import Countdown, Signal
 from cais.hw.gpu import Kernel, RedForm, RowBlocks
 from cais.hw.memory import Region
 from cais.hw.packets import Kind
@@ -55,7 +55,9 @@ from cais.workload.graph import Chain, Gemm
 
 _PHASES = 2  # sync points per TB: pre-launch, pre-access
 
-Ready = list[dict[tuple[int, int], Signal]]  # per GPU: (owner, LN row block) -> its rows are ready
+# per GPU: (owner, LN row block) -> its rows are ready (a countdown of one: the block's
+# ready flag landing on the GPU counts it in, in the core)
+Ready = list[dict[tuple[int, int], Countdown]]
 
 
 class CoordinatedAccess(MergeableAccess):
@@ -181,7 +183,7 @@ class Cais(Scheme):
         tbd = self._tb_dependencies(r, c, rs_sms, ag_sms)
         blocks = tbd.blocks
         block_keys = [r.m.flag_key() for _ in blocks]
-        ready: Ready = [{(o, b): Signal() for o in range(n) for b in range(len(blocks))} for _ in range(n)]
+        ready: Ready = [{(o, b): Countdown(1) for o in range(n) for b in range(len(blocks))} for _ in range(n)]
         flags = [r.m.flag_key() for _ in blocks]
         groups = [r.m.flag_key() << 24 for _ in (c.gemm1, c.gemm2)]
         reductions = CoordinatedAccess(r.m, r.d.rows_l, self.coord, groups[0], tbd, block_keys)
