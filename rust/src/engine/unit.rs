@@ -18,7 +18,7 @@ use pyo3::{PyClass, PyTraverseError, PyVisit};
 
 use super::sim::Simulator;
 use super::train::Train;
-use super::wait::{Signal, TbPlan};
+use super::wait::{Process, Signal, TbPlan};
 
 /// What the engine tells a unit.
 pub(crate) enum Event<'a, 'py> {
@@ -56,9 +56,9 @@ pub(crate) enum Event<'a, 'py> {
 pub(crate) enum Paced {
     /// Not a value this pacer times.
     NotMine,
-    /// Wait for the signal, which fires with the time taken; `true`: the program
-    /// times it itself (it is sent the time), else it sleeps it.
-    Wait(Py<Signal>, bool),
+    /// The pacer holds the process and resumes it with the time taken; `true`: the
+    /// program times it itself (it is sent the time), else it sleeps it.
+    Held(bool),
     /// Sleep this long (the program's own units).
     Sleep(i64),
     /// Send the program this value (a time) at once.
@@ -80,7 +80,7 @@ pub(crate) trait Handler: PyClass + Sync {
     /// Something happened to the unit (see [`Event`]).
     fn on_event(slf: &Bound<'_, Self>, ev: Event<'_, '_>) -> PyResult<()>;
 
-    /// A value a process's program yielded that the engine does not know (an int
+    /// A value the program of `process` yielded that the engine does not know (an int
     /// delay or a signal it knows), with the process's `slowdown`; for a unit that
     /// paces programs.
     fn pace(
@@ -88,8 +88,9 @@ pub(crate) trait Handler: PyClass + Sync {
         sim: &Bound<'_, Simulator>,
         yielded: &Bound<'_, PyAny>,
         slowdown: f64,
+        process: &Bound<'_, Process>,
     ) -> PyResult<Paced> {
-        let _ = (slf, sim, yielded, slowdown);
+        let _ = (slf, sim, yielded, slowdown, process);
         Ok(Paced::NotMine)
     }
 
@@ -122,7 +123,13 @@ pub(crate) fn unexpected(unit: &str) -> PyErr {
 }
 
 type OnEvent = for<'a, 'py> fn(&Bound<'py, PyAny>, Event<'a, 'py>) -> PyResult<()>;
-type Pace = for<'py> fn(&Bound<'py, PyAny>, &Bound<'py, Simulator>, &Bound<'py, PyAny>, f64) -> PyResult<Paced>;
+type Pace = for<'py> fn(
+    &Bound<'py, PyAny>,
+    &Bound<'py, Simulator>,
+    &Bound<'py, PyAny>,
+    f64,
+    &Bound<'py, Process>,
+) -> PyResult<Paced>;
 type Begin = for<'py> fn(&Bound<'py, PyAny>, &Bound<'py, Simulator>, [i64; 3]) -> PyResult<Begun>;
 type Plan = for<'py> fn(&Bound<'py, PyAny>, usize, usize) -> PyResult<Option<TbPlan>>;
 
@@ -158,9 +165,10 @@ fn pace_of<'py, T: Handler>(
     sim: &Bound<'py, Simulator>,
     yielded: &Bound<'py, PyAny>,
     slowdown: f64,
+    process: &Bound<'py, Process>,
 ) -> PyResult<Paced> {
     // SAFETY: as in `on_event_of`.
-    T::pace(unsafe { obj.cast_unchecked::<T>() }, sim, yielded, slowdown)
+    T::pace(unsafe { obj.cast_unchecked::<T>() }, sim, yielded, slowdown, process)
 }
 
 fn begin_of<'py, T: Handler>(obj: &Bound<'py, PyAny>, sim: &Bound<'py, Simulator>, args: [i64; 3]) -> PyResult<Begun> {
@@ -245,8 +253,9 @@ impl UnitRef {
         sim: &Bound<'_, Simulator>,
         yielded: &Bound<'_, PyAny>,
         slowdown: f64,
+        process: &Bound<'_, Process>,
     ) -> PyResult<Paced> {
-        (self.vt.pace)(self.obj.bind(sim.py()), sim, yielded, slowdown)
+        (self.vt.pace)(self.obj.bind(sim.py()), sim, yielded, slowdown, process)
     }
 
     pub(crate) fn begin(&self, sim: &Bound<'_, Simulator>, args: [i64; 3]) -> PyResult<Begun> {

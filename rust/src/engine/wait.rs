@@ -749,12 +749,12 @@ impl Process {
         slowdown: f64,
     ) -> PyResult<Option<Option<i64>>> {
         let py = slf.py();
-        Ok(match hbm.pace(sim.bind(py), value, slowdown)? {
+        Ok(match hbm.pace(sim.bind(py), value, slowdown, slf)? {
             Paced::NotMine => None,
-            Paced::Wait(timed, overlapped) => {
-                // timed at its real duration, known at the end of this instant
+            Paced::Held(overlapped) => {
+                // timed at its real duration, known at the end of this instant, when
+                // the pacer resumes it with the time
                 slf.st().phase = Some(overlapped);
-                timed.get().st(py).waiters.push(Waiter::Resume(slf.clone().unbind()));
                 Some(None)
             }
             Paced::Sleep(ps) => {

@@ -14,7 +14,7 @@ use pyo3::{PyTraverseError, PyVisit};
 use crate::engine::cell::{properties, unit, GilCell, Unit};
 use crate::engine::sim::{Action, Simulator};
 use crate::engine::unit::{unexpected, Event, Handler, Paced, UnitRef};
-use crate::engine::wait::{slowed, Signal};
+use crate::engine::wait::{slowed, Process, Signal};
 
 /// Relative: float sums of rates that equal the supply do not count as over it.
 const SLACK: f64 = 1e-6;
@@ -68,6 +68,13 @@ pub struct HbmShare {
     st: GilCell<HbmShareState>,
 }
 
+/// Who waits for a phase's time: a signal (a Python caller's `request`), or the
+/// process whose program yielded the phase, resumed with the time.
+pub(crate) enum Timed {
+    Signal(Py<Signal>),
+    Process(Py<Process>),
+}
+
 /// The mutable state of a [`HbmShare`] (see there), borrowed while holding the GIL.
 pub(crate) struct HbmShareState {
     supply: f64,
@@ -86,7 +93,7 @@ pub(crate) struct HbmShareState {
     seq: u64,
     kernel_rate: f64,
     /// Phases starting this instant: (time alone, bytes, their signal).
-    pending: Vec<(i64, f64, Py<Signal>)>,
+    pending: Vec<(i64, f64, Timed)>,
     phases: i64,
     stretched: i64,
     added_ps: i64,
@@ -165,8 +172,8 @@ impl HbmShareState {
         self.kernel_rate
     }
 
-    /// Time the phases starting at `now` together: (signal, time) each.
-    fn resolve(&mut self, now: i64) -> Vec<(Py<Signal>, i64)> {
+    /// Time the phases starting at `now` together: (who waits, time) each.
+    fn resolve(&mut self, now: i64) -> Vec<(Timed, i64)> {
         let batch = std::mem::take(&mut self.pending);
         let rates: Vec<f64> = batch
             .iter()
@@ -220,19 +227,19 @@ impl HbmShare {
         sim: &Bound<'_, Simulator>,
         ps: i64,
         nbytes: f64,
-    ) -> PyResult<Py<Signal>> {
+        timed: Timed,
+    ) -> PyResult<()> {
         let py = slf.py();
-        let sig = Py::new(py, Signal::blank(py))?;
         let first = {
             let mut me = slf.get().st(py);
-            me.pending.push((ps, nbytes, sig.clone_ref(py)));
+            me.pending.push((ps, nbytes, timed));
             me.pending.len() == 1
         };
         if first {
             let s = sim.get();
             s.push(py, s.now(), Action::Due(UnitRef::of_bound(slf), 0, None))?;
         }
-        Ok(sig)
+        Ok(())
     }
 
     /// The end of the instant: time the phases that started in it.
@@ -240,8 +247,12 @@ impl HbmShare {
         let py = slf.py();
         let now = sim.get().now();
         let timed = slf.get().st(py).resolve(now);
-        for (sig, took) in timed {
-            Signal::fire_now(sig.bind(py), now, took.into_pyobject(py)?.into_any().unbind())?;
+        for (who, took) in timed {
+            let took = took.into_pyobject(py)?.into_any().unbind();
+            match who {
+                Timed::Signal(sig) => Signal::fire_now(sig.bind(py), now, took)?,
+                Timed::Process(p) => Process::step(&p.into_bound(py), took)?,
+            }
         }
         Ok(())
     }
@@ -264,6 +275,7 @@ impl Handler for HbmShare {
         sim: &Bound<'_, Simulator>,
         yielded: &Bound<'_, PyAny>,
         slowdown: f64,
+        process: &Bound<'_, Process>,
     ) -> PyResult<Paced> {
         let Ok(ph) = yielded.cast::<HbmPhase>() else {
             return Ok(Paced::NotMine);
@@ -271,8 +283,8 @@ impl Handler for HbmShare {
         let ph = ph.get();
         if slf.get().enabled(slf.py()) && ph.ps > 0 && ph.nbytes > 0.0 {
             let ps = slowed(slowdown, ph.ps);
-            let timed = HbmShare::phase(slf, sim, ps, ph.nbytes)?;
-            return Ok(Paced::Wait(timed, ph.overlapped));
+            HbmShare::phase(slf, sim, ps, ph.nbytes, Timed::Process(process.clone().unbind()))?;
+            return Ok(Paced::Held(ph.overlapped));
         }
         Ok(if ph.overlapped {
             Paced::Value(ph.ps)
@@ -303,7 +315,10 @@ impl HbmShare {
     /// by demand / supply when demand exceeds supply. Phases that start at the same
     /// instant (a wave of tiles) are timed together, so they see the same demand.
     fn request(slf: &Bound<'_, Self>, sim: &Bound<'_, Simulator>, ps: i64, nbytes: f64) -> PyResult<Py<Signal>> {
-        HbmShare::phase(slf, sim, ps, nbytes)
+        let py = slf.py();
+        let sig = Py::new(py, Signal::blank(py))?;
+        HbmShare::phase(slf, sim, ps, nbytes, Timed::Signal(sig.clone_ref(py)))?;
+        Ok(sig)
     }
 
     /// Bytes per ps asked for by kernel phases running at `now`.
@@ -341,8 +356,11 @@ impl HbmShare {
         let Some(me) = self.st.during_gc() else {
             return Ok(());
         };
-        for (_, _, sig) in &me.pending {
-            visit.call(sig)?;
+        for (_, _, who) in &me.pending {
+            match who {
+                Timed::Signal(sig) => visit.call(sig)?,
+                Timed::Process(p) => visit.call(p)?,
+            }
         }
         Ok(())
     }
