@@ -16,7 +16,7 @@ use super::cell::{properties, unit, GilCell, Unit, UnitState};
 use super::sim::{Clock, Simulator};
 use super::train::{obj, opt_ref, Train};
 use super::unit::{Event, UnitRef};
-use super::wait::{Countdown, Signal};
+use super::wait::{Countdown, Process, Signal};
 
 /// A completion counter over an operation's trains. `done` runs when `count` have
 /// completed: as `done(data)` for a load (`assemble` given: the data of every piece,
@@ -183,7 +183,8 @@ impl Completion {
 
 /// The issuer's completion of `train` at `now`, if it has one: counted in natively
 /// when it is a [`Completion`], fired (with None) when it is a [`Signal`] a TB program
-/// waits on, else called as `train.done(train)`.
+/// waits on, resumed (with None) when it is the [`Process`] of a TB that waits for the
+/// train itself, else called as `train.done(train)`.
 pub(crate) fn complete(train: &Bound<'_, Train>, now: i64) -> PyResult<()> {
     let py = train.py();
     let Some(done) = opt_ref(&train.st().done, py) else {
@@ -195,6 +196,9 @@ pub(crate) fn complete(train: &Bound<'_, Train>, now: i64) -> PyResult<()> {
     }
     if let Ok(sig) = done.cast::<Signal>() {
         return Signal::fire_now(sig, now, py.None());
+    }
+    if let Ok(process) = done.cast::<Process>() {
+        return Process::step(process, py.None()); // a TB waiting for this train itself
     }
     if let Ok(each) = done.cast::<ArrivePerGpu>() {
         return ArrivePerGpu::arrive(each, train);

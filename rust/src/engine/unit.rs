@@ -71,6 +71,8 @@ pub(crate) enum Begun {
     Go,
     /// The plan waits for the signal.
     Wait(Py<Signal>),
+    /// The unit holds the process and resumes it (with None) when it may go on.
+    Held,
     /// The plan sleeps this long (the program's own units).
     Sleep(i64),
 }
@@ -97,8 +99,13 @@ pub(crate) trait Handler: PyClass + Sync {
     /// A TB's plan (`engine::wait::TbPlan`) has reached a step this unit carries out
     /// (a stream starts, a GPU registers with a TB group), with the step's `args`;
     /// for a unit that plans name.
-    fn begin(slf: &Bound<'_, Self>, sim: &Bound<'_, Simulator>, args: [i64; 3]) -> PyResult<Begun> {
-        let _ = (sim, args);
+    fn begin(
+        slf: &Bound<'_, Self>,
+        sim: &Bound<'_, Simulator>,
+        args: [i64; 3],
+        process: &Bound<'_, Process>,
+    ) -> PyResult<Begun> {
+        let _ = (sim, args, process);
         let ty = slf
             .as_any()
             .get_type()
@@ -130,7 +137,7 @@ type Pace = for<'py> fn(
     f64,
     &Bound<'py, Process>,
 ) -> PyResult<Paced>;
-type Begin = for<'py> fn(&Bound<'py, PyAny>, &Bound<'py, Simulator>, [i64; 3]) -> PyResult<Begun>;
+type Begin = for<'py> fn(&Bound<'py, PyAny>, &Bound<'py, Simulator>, [i64; 3], &Bound<'py, Process>) -> PyResult<Begun>;
 type Plan = for<'py> fn(&Bound<'py, PyAny>, usize, usize) -> PyResult<Option<TbPlan>>;
 
 /// A unit's functions, for its type.
@@ -171,9 +178,14 @@ fn pace_of<'py, T: Handler>(
     T::pace(unsafe { obj.cast_unchecked::<T>() }, sim, yielded, slowdown, process)
 }
 
-fn begin_of<'py, T: Handler>(obj: &Bound<'py, PyAny>, sim: &Bound<'py, Simulator>, args: [i64; 3]) -> PyResult<Begun> {
+fn begin_of<'py, T: Handler>(
+    obj: &Bound<'py, PyAny>,
+    sim: &Bound<'py, Simulator>,
+    args: [i64; 3],
+    process: &Bound<'py, Process>,
+) -> PyResult<Begun> {
     // SAFETY: as in `on_event_of`.
-    T::begin(unsafe { obj.cast_unchecked::<T>() }, sim, args)
+    T::begin(unsafe { obj.cast_unchecked::<T>() }, sim, args, process)
 }
 
 fn plan_of<T: Handler>(obj: &Bound<'_, PyAny>, sm: usize, busy: usize) -> PyResult<Option<TbPlan>> {
@@ -258,8 +270,13 @@ impl UnitRef {
         (self.vt.pace)(self.obj.bind(sim.py()), sim, yielded, slowdown, process)
     }
 
-    pub(crate) fn begin(&self, sim: &Bound<'_, Simulator>, args: [i64; 3]) -> PyResult<Begun> {
-        (self.vt.begin)(self.obj.bind(sim.py()), sim, args)
+    pub(crate) fn begin(
+        &self,
+        sim: &Bound<'_, Simulator>,
+        args: [i64; 3],
+        process: &Bound<'_, Process>,
+    ) -> PyResult<Begun> {
+        (self.vt.begin)(self.obj.bind(sim.py()), sim, args, process)
     }
 
     /// Its plan as a TB program the core makes (`Handler::plan`).

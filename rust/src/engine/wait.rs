@@ -817,8 +817,9 @@ impl Process {
                         Some(None) => return Ok(()),
                     }
                 }
-                PlanStep::Begin(unit, args) => match unit.begin(s, args)? {
+                PlanStep::Begin(unit, args) => match unit.begin(s, args, slf)? {
                     Begun::Go => {}
+                    Begun::Held => return Ok(()),
                     Begun::Wait(sig) => {
                         if Process::wait_on(slf, sig.bind(py)).is_none() {
                             return Ok(());

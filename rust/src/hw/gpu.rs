@@ -17,7 +17,7 @@ use crate::engine::credits::Credits;
 use crate::engine::sim::{Action, Clock, Simulator};
 use crate::engine::train::{obj, opt, opt_ref, Train, TrainState};
 use crate::engine::unit::{unexpected, Begun, Event, Handler, UnitRef};
-use crate::engine::wait::Signal;
+use crate::engine::wait::{Process, Signal};
 use crate::hw::hbm::HbmShare;
 use crate::hw::kinds::*;
 use crate::hw::packets::PacketBook;
@@ -579,9 +579,16 @@ impl Handler for Endpoint {
     /// A TB of this GPU registers with TB group `group` (`members` GPUs) at the Group
     /// Sync Table of chip `chip` (`args`: chip, group, members), as `group_sync`; its
     /// plan waits for the release.
-    fn begin(slf: &Bound<'_, Self>, _sim: &Bound<'_, Simulator>, args: [i64; 3]) -> PyResult<Begun> {
+    fn begin(
+        slf: &Bound<'_, Self>,
+        _sim: &Bound<'_, Simulator>,
+        args: [i64; 3],
+        process: &Bound<'_, Process>,
+    ) -> PyResult<Begun> {
         let [chip, group, members] = args;
-        Ok(Begun::Wait(Endpoint::group_sync(slf, chip, group, members)?))
+        // the release, when it is back, resumes the TB's process itself
+        Endpoint::register(slf, chip, group, members, process.clone().into_any().unbind())?;
+        Ok(Begun::Held)
     }
 }
 
@@ -726,25 +733,7 @@ impl Endpoint {
     fn group_sync(slf: &Bound<'_, Self>, chip: i64, group: i64, members: i64) -> PyResult<Py<Signal>> {
         let py = slf.py();
         let released = Py::new(py, Signal::blank(py))?;
-        let op = Op {
-            kind: GROUP_SYNC,
-            dst: -1,
-            stream: 0,
-            tag: group,
-            expect: members,
-            quorum: 0,
-        };
-        let piece = Piece {
-            chip,
-            addr: None,
-            data: None,
-            done: Some(released.clone_ref(py).into_any()),
-            payload: 0,
-            nbytes: 0,
-            want: 0,
-            fence: None,
-        };
-        Endpoint::issue_train(slf, &op, piece, None, None)?;
+        Endpoint::register(slf, chip, group, members, released.clone_ref(py).into_any())?;
         Ok(released)
     }
 
@@ -943,3 +932,29 @@ properties!(Endpoint {
     handlers: Py<PyDict>;
     injected: i64;
 });
+
+impl Endpoint {
+    /// `group_sync`'s registration, the release's completion being `done` (a signal,
+    /// or the process of the TB that waits: resumed when the release is back).
+    fn register(slf: &Bound<'_, Self>, chip: i64, group: i64, members: i64, done: Py<PyAny>) -> PyResult<()> {
+        let op = Op {
+            kind: GROUP_SYNC,
+            dst: -1,
+            stream: 0,
+            tag: group,
+            expect: members,
+            quorum: 0,
+        };
+        let piece = Piece {
+            chip,
+            addr: None,
+            data: None,
+            done: Some(done),
+            payload: 0,
+            nbytes: 0,
+            want: 0,
+            fence: None,
+        };
+        Endpoint::issue_train(slf, &op, piece, None, None)
+    }
+}

@@ -5,6 +5,7 @@ use pyo3::prelude::*;
 use crate::engine::cell::{properties, unit, GilCell, Unit, UnitState};
 use crate::engine::sim::Simulator;
 use crate::engine::unit::{unexpected, Begun, Event, Handler};
+use crate::engine::wait::Process;
 
 /// The load/store path of one SM: data it stores leaves at most at `ps_per_byte`
 /// (the SM's copy bandwidth), so a store's train has its head when the SM starts
@@ -38,7 +39,12 @@ impl Handler for SmPort {
 
     /// A TB's plan waits until its SM has pushed out what it stores (a TB's SM is
     /// not free before).
-    fn begin(slf: &Bound<'_, Self>, sim: &Bound<'_, Simulator>, _args: [i64; 3]) -> PyResult<Begun> {
+    fn begin(
+        slf: &Bound<'_, Self>,
+        sim: &Bound<'_, Simulator>,
+        _args: [i64; 3],
+        _process: &Bound<'_, Process>,
+    ) -> PyResult<Begun> {
         let now = sim.get().now();
         let free_at = slf.st().free_at;
         Ok(if free_at > now {

@@ -543,8 +543,10 @@ impl SwitchChip {
             out.done = done;
             out.head = now;
             out.tail = now;
-            let out = slf.st().sim.get().new_train(py, out)?;
+            let sim = slf.st().sim.clone_ref(py);
+            let out = sim.get().new_train(py, out)?;
             SwitchChip::emit_train(slf, &out, src, None, Hook::None)?;
+            sim.get().recycle(py, req.into_bound(py)); // released: the registration ends here
         }
         Ok(())
     }

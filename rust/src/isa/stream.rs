@@ -12,7 +12,7 @@ use crate::engine::cell::{properties, unit, GilCell, Unit, UnitState};
 use crate::engine::completion::{Assembly, Completion};
 use crate::engine::sim::Simulator;
 use crate::engine::unit::{Begun, Event, Handler, UnitRef};
-use crate::engine::wait::{ByteBound, Countdown, Signal};
+use crate::engine::wait::{ByteBound, Countdown, Process, Signal};
 use crate::hw::gpu::{Carry, Endpoint, Op};
 use crate::hw::interleave::Interleave;
 use crate::hw::region::{region_bytes, Region};
@@ -589,7 +589,12 @@ impl Handler for LoadStream {
 
     /// A TB's plan starts the stream (`start`); the plan waits on `arrived` itself,
     /// where it waits for the loads.
-    fn begin(slf: &Bound<'_, Self>, _sim: &Bound<'_, Simulator>, _args: [i64; 3]) -> PyResult<Begun> {
+    fn begin(
+        slf: &Bound<'_, Self>,
+        _sim: &Bound<'_, Simulator>,
+        _args: [i64; 3],
+        _process: &Bound<'_, Process>,
+    ) -> PyResult<Begun> {
         LoadStream::advance(slf)?;
         Ok(Begun::Go)
     }
@@ -1091,7 +1096,12 @@ impl Handler for RedStream {
     }
 
     /// A TB's plan starts the stream (`start`) and waits until its last item is out.
-    fn begin(slf: &Bound<'_, Self>, _sim: &Bound<'_, Simulator>, _args: [i64; 3]) -> PyResult<Begun> {
+    fn begin(
+        slf: &Bound<'_, Self>,
+        _sim: &Bound<'_, Simulator>,
+        _args: [i64; 3],
+        _process: &Bound<'_, Process>,
+    ) -> PyResult<Begun> {
         Ok(Begun::Wait(RedStream::start(slf)?))
     }
 }
