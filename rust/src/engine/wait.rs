@@ -19,14 +19,12 @@ use super::cell::{properties, unit, GilCell, Unit, UnitState};
 use super::sim::{Action, Simulator};
 use super::unit::{Begun, Event, Paced, UnitRef};
 
-/// Whom a signal wakes: a process waiting on it, a Python callable `fn(value)`, a
-/// unit (a stream whose next request waits for this grant), told `Event::Fired`, or a
+/// Whom a signal wakes: a process waiting on it, a Python callable `fn(value)`, or a
 /// countdown that counts one arrival (a load that joined one asked for first: its
 /// TB's loads in).
 enum Waiter {
     Resume(Py<Process>),
     Call(Py<PyAny>),
-    Unit(UnitRef),
     Count(Py<Countdown>, Py<Simulator>),
 }
 
@@ -35,7 +33,6 @@ impl Waiter {
         match self {
             Waiter::Resume(p) => visit.call(p),
             Waiter::Call(f) => visit.call(f),
-            Waiter::Unit(u) => u.visit(visit),
             Waiter::Count(c, sim) => {
                 visit.call(c)?;
                 visit.call(sim)
@@ -121,7 +118,6 @@ impl Signal {
                 Waiter::Call(f) => {
                     f.call1(py, (value.clone_ref(py),))?;
                 }
-                Waiter::Unit(u) => u.on_event(py, Event::Fired)?,
                 Waiter::Count(c, sim) => Countdown::arrive(c.bind(py), sim.bind(py), 1)?,
             }
         }
@@ -130,11 +126,6 @@ impl Signal {
 }
 
 impl Signal {
-    /// Tell `unit` when the signal fires (it has not).
-    pub(crate) fn wait_unit(slf: &Bound<'_, Self>, unit: UnitRef) {
-        slf.st().waiters.push(Waiter::Unit(unit));
-    }
-
     /// Count one arrival into `count` when the signal fires (now, if it has).
     pub(crate) fn count_into(slf: &Bound<'_, Self>, count: Py<Countdown>, sim: Py<Simulator>) -> PyResult<()> {
         {
@@ -272,7 +263,14 @@ pub(crate) struct ByteBoundState {
     peak: i64,
     /// Requests that had to queue.
     waited: i64,
-    queue: VecDeque<(i64, Py<Signal>)>,
+    queue: VecDeque<(i64, Grantee)>,
+}
+
+/// Who waits for a grant: a signal (a Python caller's `acquire`), or a unit told
+/// `Event::Fired` (a stream whose next request waits for room).
+enum Grantee {
+    Signal(Py<Signal>),
+    Unit(UnitRef),
 }
 
 unit!(ByteBound, ByteBoundState);
@@ -293,8 +291,26 @@ impl ByteBoundState {
         }
         self.waited += 1;
         let sig = Py::new(py, Signal::blank(py))?;
-        self.queue.push_back((nbytes, sig.clone_ref(py)));
+        self.queue.push_back((nbytes, Grantee::Signal(sig.clone_ref(py))));
         Ok(Some(sig))
+    }
+
+    /// Take `nbytes` for `unit`: true when granted now, else false, and the unit is told
+    /// `Event::Fired` once they are granted (and taken).
+    pub(crate) fn acquire_for(&mut self, nbytes: i64, unit: impl FnOnce() -> UnitRef) -> PyResult<bool> {
+        if nbytes > self.limit {
+            return Err(PyValueError::new_err(format!(
+                "a request of {nbytes} B exceeds its bound of {} B: cut it first",
+                self.limit
+            )));
+        }
+        if self.queue.is_empty() && self.used + nbytes <= self.limit {
+            self.take(nbytes);
+            return Ok(true);
+        }
+        self.waited += 1;
+        self.queue.push_back((nbytes, Grantee::Unit(unit())));
+        Ok(false)
     }
 
     fn take(&mut self, nbytes: i64) {
@@ -339,19 +355,22 @@ impl ByteBound {
             }
         }
         loop {
-            let (sig, now) = {
+            let (who, now) = {
                 let mut me = slf.st();
                 match me.queue.front() {
                     Some(&(n, _)) if me.used + n <= me.limit => {
-                        let (n, sig) = me.queue.pop_front().expect("a waiting request");
+                        let (n, who) = me.queue.pop_front().expect("a waiting request");
                         me.take(n);
                         let now = me.sim.get().now();
-                        (sig, now)
+                        (who, now)
                     }
                     _ => return Ok(()),
                 }
             };
-            Signal::fire_now(sig.bind(py), now, py.None())?;
+            match who {
+                Grantee::Signal(sig) => Signal::fire_now(sig.bind(py), now, py.None())?,
+                Grantee::Unit(unit) => unit.tell(py, Event::Fired)?,
+            }
         }
     }
 
@@ -360,8 +379,11 @@ impl ByteBound {
             return Ok(());
         };
         visit.call(&me.sim)?;
-        for (_, s) in me.queue.iter() {
-            visit.call(s)?;
+        for (_, who) in me.queue.iter() {
+            match who {
+                Grantee::Signal(sig) => visit.call(sig)?,
+                Grantee::Unit(unit) => unit.visit(&visit)?,
+            }
         }
         Ok(())
     }

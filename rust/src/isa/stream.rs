@@ -31,21 +31,22 @@ struct Grants {
 }
 
 impl Grants {
-    /// Take what the next request of `nbytes` does not hold yet: None once it holds
-    /// both, else the signal its grant fires (which counts as one more held).
-    fn take(&mut self, py: Python<'_>, nbytes: i64) -> PyResult<Option<Py<Signal>>> {
+    /// Take what the next request of `nbytes` does not hold yet: true once it holds
+    /// both, else false, and `stream` is told `Event::Fired` when the bound it waits
+    /// for grants it (which counts as one more held).
+    fn take<T: Handler>(&mut self, py: Python<'_>, nbytes: i64, stream: &Bound<'_, T>) -> PyResult<bool> {
         while self.held < 2 {
             let granted = {
                 let mut b = self.bounds[self.held].get().st(py);
                 let n = nbytes.min(b.limit);
-                b.acquire(py, n)?
+                b.acquire_for(n, || UnitRef::of_bound(stream))?
             };
-            match granted {
-                None => self.held += 1,
-                Some(sig) => return Ok(Some(sig)),
+            if !granted {
+                return Ok(false);
             }
+            self.held += 1;
         }
-        Ok(None)
+        Ok(true)
     }
 
     /// Give a request's room back to both bounds (`bounds`: cloned out of the stream,
@@ -498,10 +499,8 @@ impl LoadStream {
                 }
             }
             let want = items[index].nbytes;
-            if let Some(sig) = me.grants.take(py, want)? {
-                drop(me);
-                Signal::wait_unit(sig.bind(py), UnitRef::of_bound(slf));
-                return Ok(());
+            if !me.grants.take(py, want, slf)? {
+                return Ok(()); // resumed when granted
             }
             let mut kept_line = None;
             if let Some(kept) = kept.as_ref() {
@@ -1031,10 +1030,8 @@ impl RedStream {
                     reds.iter().map(|r| r.stripes.bind(py).len() as i64).sum::<i64>(),
                 ),
             };
-            if let Some(sig) = me.grants.take(py, nbytes)? {
-                drop(me);
-                Signal::wait_unit(sig.bind(py), UnitRef::of_bound(slf));
-                return Ok(());
+            if !me.grants.take(py, nbytes, slf)? {
+                return Ok(()); // resumed when granted
             }
             let reds = match std::mem::replace(&mut me.items[index], RedItem::Local(py.None())) {
                 RedItem::Piece { reds, .. } => reds,
