@@ -279,14 +279,7 @@ impl ByteBoundState {
     /// Take `nbytes`: None when granted now, else a signal that fires once they are
     /// granted (and taken). Requests larger than the limit are a caller's bug.
     pub(crate) fn acquire(&mut self, py: Python<'_>, nbytes: i64) -> PyResult<Option<Py<Signal>>> {
-        if nbytes > self.limit {
-            return Err(PyValueError::new_err(format!(
-                "a request of {nbytes} B exceeds its bound of {} B: cut it first",
-                self.limit
-            )));
-        }
-        if self.queue.is_empty() && self.used + nbytes <= self.limit {
-            self.take(nbytes);
+        if self.grant_now(nbytes)? {
             return Ok(None);
         }
         self.waited += 1;
@@ -298,6 +291,17 @@ impl ByteBoundState {
     /// Take `nbytes` for `unit`: true when granted now, else false, and the unit is told
     /// `Event::Fired` once they are granted (and taken).
     pub(crate) fn acquire_for(&mut self, nbytes: i64, unit: impl FnOnce() -> UnitRef) -> PyResult<bool> {
+        if self.grant_now(nbytes)? {
+            return Ok(true);
+        }
+        self.waited += 1;
+        self.queue.push_back((nbytes, Grantee::Unit(unit())));
+        Ok(false)
+    }
+
+    /// Take `nbytes` now if nothing waits and they fit (true), else not (false).
+    /// Requests larger than the limit are a caller's bug.
+    fn grant_now(&mut self, nbytes: i64) -> PyResult<bool> {
         if nbytes > self.limit {
             return Err(PyValueError::new_err(format!(
                 "a request of {nbytes} B exceeds its bound of {} B: cut it first",
@@ -308,8 +312,6 @@ impl ByteBoundState {
             self.take(nbytes);
             return Ok(true);
         }
-        self.waited += 1;
-        self.queue.push_back((nbytes, Grantee::Unit(unit())));
         Ok(false)
     }
 
