@@ -70,16 +70,6 @@ pub(crate) struct Held {
 }
 
 impl Held {
-    /// The train it was copied from, taken out, if it is a train (`parent`).
-    pub(crate) fn take_parent_train<'py>(&mut self, py: Python<'py>) -> Option<Bound<'py, Train>> {
-        if !self.objects[4].as_ref()?.bind(py).is_instance_of::<Train>() {
-            return None;
-        }
-        let parent = self.objects[4].take()?.into_bound(py);
-        // SAFETY: checked to be a `Train` just above
-        Some(unsafe { parent.cast_into_unchecked::<Train>() })
-    }
-
     /// Release the references (bound to the GIL the caller holds: no check per field
     /// of whether this thread is attached, as dropping a `Py` does).
     pub(crate) fn release(self, py: Python<'_>) {
