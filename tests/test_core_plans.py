@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from cais._core import LoadPlan, RedPlan, Region, Signal, Simulator, TbDispatcher, TbPlan
+from cais._core import LoadPlan, RedPlan, ReduceTbs, Region, Signal, Simulator, TbDispatcher, TbPlan
 from cais.engine.sim import ProgramGen
 from cais.experiments.layer import run_layer
 from cais.hw.config import apply_overrides, load_system
@@ -182,10 +182,16 @@ def test_the_gpus_of_a_layer_share_their_tiles_plans(monkeypatch: pytest.MonkeyP
     # a tile's loads are its steps' plans chained from its first step round (timing mode)
     monkeypatch.setattr(remote_gemm, "LoadPlan", SimpleNamespace(cut_steps=LoadPlan.cut_steps,
                                                                  chain=_counting(LoadPlan.chain, loads)))
-    monkeypatch.setattr(remote_gemm, "RedPlan", SimpleNamespace(tile=_counting(RedPlan.tile, reds)))
+    factories: list[Any] = []
+
+    def reduce_tbs(*args: Any) -> Any:  # the GEMM-RS factories, whose tile plans the core makes
+        factories.append(ReduceTbs(*args))
+        return factories[-1]
+    monkeypatch.setattr(remote_gemm, "ReduceTbs", reduce_tbs)
     cfg = apply_overrides(load_system("dgx-h100"), {"gpus": "4"})
     r = run_layer(cfg, load_model("paper-mega-gpt-4b").with_run(1, 512), "cais", mode, 32)
     tbs = sum(g["tbs"] for g in r.as_json()["hbm"]["per_gpu"].values())
+    reds[0] = sum(f.plans_made for f in factories)
     assert loads[0] > 0 and reds[0] > 0, "the shared plans were not taken"
     # every tile's plan serves its 4 GPUs: at most a quarter of the TBs build one
     assert 4 * (loads[0] + reds[0]) <= tbs

@@ -206,13 +206,17 @@ class TilePlans:
 class ReduceTbs:
     """A GEMM-RS kernel's TBs on one GPU, their plans made in the core: TB ``t`` registers
     with group ``base + t * per`` of each ``syncs`` entry (None: no registration), times
-    its mainloop as ``phases.of(busy)``, reduces its tile's plan ``build(i, j, piece)``
-    (shared through ``tiles``; it returns the plan and how many GPUs take it) under its
-    SM's ``sm_state(sm)`` = (window, bound, port, piece), adding its own rows locally."""
+    its mainloop as ``phases.of(busy)``, reduces its tile's plan (:meth:`RedPlan.tile` of
+    the tile's rows and columns of ``reduced`` = (buffer, rows an owner, columns), with
+    ``shape`` = (M, N, BM, BN), as ``form`` says; shared through ``tiles`` by the
+    ``users`` GPUs that run it, the block of ``skip`` unsent) under its SM's
+    ``sm_state(sm)`` = (window, bound, port, piece), adding its own rows locally."""
+    plans_made: int
     def __new__(cls, gpu: Endpoint, src: int, interleave: Interleave,
                 syncs: tuple[tuple[int, int, int] | None, tuple[int, int, int] | None], phases: Any,
-                sm_state: Callable[[int], tuple[Bound, Bound, SmPort, int]], tiles: TilePlans,
-                build: Callable[[int, int, int], tuple[RedPlan, int]]) -> Self: ...
+                sm_state: Callable[[int], tuple[Bound, Bound, SmPort, int]], tiles: TilePlans, form: RedForm,
+                reduced: tuple[str, int, int], shape: tuple[int, int, int, int], elem_bytes: int, users: int,
+                skip: int | None = None) -> Self: ...
     def tb(self, t: int, i: int, j: int) -> CoreTb: ...
 
 @final

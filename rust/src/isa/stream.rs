@@ -796,22 +796,7 @@ impl RedPlan {
         piece: i64,
         skip: Option<i64>,
     ) -> PyResult<Self> {
-        let (shard, rows_l, width) = reduced;
-        let blocks = owners(rows.0, rows.1, rows_l)
-            .map(|(owner, t, cnt)| {
-                let region = Region::block_of(
-                    shard.clone_ref(py),
-                    width,
-                    t - owner * rows_l,
-                    cnt,
-                    cols.0,
-                    cols.1,
-                    elem_bytes,
-                );
-                (owner, region)
-            })
-            .collect();
-        RedPlan::of_blocks(py, interleave, form, blocks, piece, skip)
+        RedPlan::tile_of(py, interleave, form, &reduced, rows, cols, elem_bytes, piece, skip)
     }
 
     #[staticmethod]
@@ -893,6 +878,37 @@ impl RedPlan {
 }
 
 impl RedPlan {
+    /// `RedPlan.tile`'s plan (a GEMM-RS kernel's TBs make it in the core).
+    #[allow(clippy::too_many_arguments)] // the tile and how it goes out
+    pub(crate) fn tile_of(
+        py: Python<'_>,
+        interleave: &Bound<'_, Interleave>,
+        form: &Bound<'_, RedForm>,
+        reduced: &(Py<PyString>, i64, i64),
+        rows: (i64, i64),
+        cols: (i64, i64),
+        elem_bytes: i64,
+        piece: i64,
+        skip: Option<i64>,
+    ) -> PyResult<Self> {
+        let (shard, rows_l, width) = reduced;
+        let blocks = owners(rows.0, rows.1, *rows_l)
+            .map(|(owner, t, cnt)| {
+                let region = Region::block_of(
+                    shard.clone_ref(py),
+                    *width,
+                    t - owner * rows_l,
+                    cnt,
+                    cols.0,
+                    cols.1,
+                    elem_bytes,
+                );
+                (owner, region)
+            })
+            .collect();
+        RedPlan::of_blocks(py, interleave, form, blocks, piece, skip)
+    }
+
     /// `build`'s plan of `blocks`.
     fn of_blocks(
         py: Python<'_>,

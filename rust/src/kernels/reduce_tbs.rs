@@ -1,12 +1,13 @@
 //! A GEMM-RS kernel's thread blocks made in the core (`kernels/remote_gemm.py`'s
 //! `reduce_gemm`, timing mode, no closing fence): each TB's plan is its TB-group syncs,
 //! its mainloop's HBM phase, its epilogue's reductions as a stream and its SM's port,
-//! put together here when the dispatcher places the TB, without entering Python. Python
-//! is entered once per tile (the first GPU to run it builds its epilogue plan, which
-//! the GPUs share), once per busy-SM count (the mainloop's phase) and once per SM (its
+//! put together here when the dispatcher places the TB, without entering Python. A
+//! tile's epilogue plan is made here too, by the first GPU to run the tile, and shared;
+//! Python is entered once per busy-SM count (the mainloop's phase) and once per SM (its
 //! slots and port).
 
 use pyo3::prelude::*;
+use pyo3::types::PyString;
 use pyo3::{PyTraverseError, PyVisit};
 
 use crate::engine::cell::{unit, GilCell, Unit};
@@ -15,16 +16,19 @@ use crate::engine::wait::{ByteBound, PlanStep, TbPlan};
 use crate::hw::gpu::Endpoint;
 use crate::hw::interleave::Interleave;
 use crate::hw::sm_port::SmPort;
-use crate::isa::stream::RedStream;
+use crate::isa::red_form::RedForm;
+use crate::isa::stream::{RedPlan, RedStream};
 use crate::kernels::core_tb::CoreTb;
 use crate::kernels::tb_parts::{ask_once, phase_step, Asked, TbSyncs};
 use crate::kernels::tile_plans::TilePlans;
 
 /// A GEMM-RS kernel's TBs on one GPU (see the module's docs). `syncs`: the TB groups
 /// a TB registers with ([`TbSyncs`]); `phases.of(busy)` gives the mainloop's HBM
-/// phase; `sm_state(sm)` an SM's `(window, bound, port, piece)`; `build(i, j, piece)`
-/// a tile's epilogue plan (a [`crate::isa::stream::RedPlan`], whose own block the
-/// owner adds locally) and how many GPUs take it (shared through `tiles`).
+/// phase; `sm_state(sm)` an SM's `(window, bound, port, piece)`; a tile's epilogue
+/// plan (a [`RedPlan`], whose own block the owner adds locally) is made here, shared
+/// through `tiles` by the `users` GPUs that run the tile, as `form` says, from the
+/// tile's rows and columns of the `reduced` tensor (buffer, rows an owner, columns;
+/// the GEMM's `shape`: M, N and the tile's BM, BN), the block of `skip` unsent.
 #[pyclass(module = "cais._core", frozen)]
 pub struct ReduceTbs {
     st: GilCell<ReduceTbsState>,
@@ -38,7 +42,19 @@ pub(crate) struct ReduceTbsState {
     phases: Asked<Py<PyAny>>,
     per_sm: Asked<SmState>,
     tiles: Py<TilePlans>,
-    build: Py<PyAny>,
+    epilogue: Epilogue,
+    /// Tile plans this factory made (the others it took from `tiles`).
+    plans_made: i64,
+}
+
+/// What a GEMM-RS tile's epilogue plan is made of (`ReduceTbs`).
+struct Epilogue {
+    form: Py<RedForm>,
+    reduced: (Py<PyString>, i64, i64),
+    shape: (i64, i64, i64, i64),
+    elem_bytes: i64,
+    users: i64,
+    skip: Option<i64>,
 }
 
 unit!(ReduceTbs, ReduceTbsState);
@@ -59,12 +75,22 @@ impl ReduceTbs {
             |f| f.call1((sm,))?.extract(),
             |s| (s.0.clone_ref(py), s.1.clone_ref(py), s.2.clone_ref(py), s.3),
         )?;
-        let (tiles, build, gpu, src) = {
+        let (tiles, gpu, src) = {
             let me = self.st(py);
-            let gpu = me.syncs.gpu.clone_ref(py);
-            (me.tiles.clone_ref(py), me.build.clone_ref(py), gpu, me.src)
+            (me.tiles.clone_ref(py), me.syncs.gpu.clone_ref(py), me.src)
         };
-        let red = tiles.get().take(py, (i, j, piece), &build)?;
+        let red = tiles.get().take_with(py, (i, j, piece), || {
+            let mut me = self.st(py);
+            me.plans_made += 1;
+            let e = &me.epilogue;
+            let (m, n, bm, bn) = e.shape;
+            // the tile's rows and columns (GemmShape.rows, .cols)
+            let rows = (i * bm, bm.min(m - i * bm));
+            let cols = (j * bn, bn.min(n - j * bn));
+            let (il, form) = (me.syncs.interleave.bind(py), e.form.bind(py));
+            let plan = RedPlan::tile_of(py, il, form, &e.reduced, rows, cols, e.elem_bytes, piece, e.skip)?;
+            Ok((Py::new(py, plan)?.into_any(), e.users))
+        })?;
         let stream = RedStream::new(py, gpu, red.bind(py), window, bound, port.clone_ref(py), Some(src))?;
         steps.push(PlanStep::Begin(UnitRef::new(Py::new(py, stream)?), [0; 3]));
         steps.push(PlanStep::Begin(UnitRef::new(port), [0; 3]));
@@ -75,6 +101,8 @@ impl ReduceTbs {
 #[pymethods]
 impl ReduceTbs {
     #[new]
+    #[pyo3(signature = (gpu, src, interleave, syncs, phases, sm_state, tiles, form, reduced, shape, elem_bytes,
+                        users, skip = None))]
     #[allow(clippy::too_many_arguments)] // the Python constructor's parameters
     fn new(
         gpu: Py<Endpoint>,
@@ -84,7 +112,12 @@ impl ReduceTbs {
         phases: Py<PyAny>,
         sm_state: Py<PyAny>,
         tiles: Py<TilePlans>,
-        build: Py<PyAny>,
+        form: Py<RedForm>,
+        reduced: (Py<PyString>, i64, i64),
+        shape: (i64, i64, i64, i64),
+        elem_bytes: i64,
+        users: i64,
+        skip: Option<i64>,
     ) -> Self {
         ReduceTbs::from(ReduceTbsState {
             syncs: TbSyncs { gpu, interleave, syncs },
@@ -92,8 +125,23 @@ impl ReduceTbs {
             phases: Asked::new(phases),
             per_sm: Asked::new(sm_state),
             tiles,
-            build,
+            epilogue: Epilogue {
+                form,
+                reduced,
+                shape,
+                elem_bytes,
+                users,
+                skip,
+            },
+            plans_made: 0,
         })
+    }
+
+    /// Tile plans this factory made (the GPUs that run a tile share its plan: the
+    /// first to take it makes it).
+    #[getter]
+    fn plans_made(&self, py: Python<'_>) -> i64 {
+        self.st(py).plans_made
     }
 
     /// The kernel's TB of tile (i, j), launched `t`-th: what the dispatcher calls.
@@ -113,7 +161,8 @@ impl ReduceTbs {
             v.call(port)
         })?;
         visit.call(&me.tiles)?;
-        visit.call(&me.build)
+        visit.call(&me.epilogue.form)?;
+        visit.call(&me.epilogue.reduced.0)
     }
 
     fn __clear__(&self) {

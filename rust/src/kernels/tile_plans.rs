@@ -27,11 +27,22 @@ impl TilePlans {
     /// The plan of `key`: kept, or `build(key...)`, which returns it and how many TBs
     /// take it (this one included); dropped at its last take.
     pub(crate) fn take(&self, py: Python<'_>, key: (i64, i64, i64), build: &Py<PyAny>) -> PyResult<Py<PyAny>> {
+        self.take_with(py, key, || build.bind(py).call1(key)?.extract())
+    }
+
+    /// `take`, the plan built by the core's `build()` (it returns the plan and how
+    /// many TBs take it).
+    pub(crate) fn take_with(
+        &self,
+        py: Python<'_>,
+        key: (i64, i64, i64),
+        build: impl FnOnce() -> PyResult<(Py<PyAny>, i64)>,
+    ) -> PyResult<Py<PyAny>> {
         let found = self.st(py).plans.get(&key).map(|(p, _)| p.clone_ref(py));
         let plan = match found {
             Some(p) => p,
             None => {
-                let (p, takes): (Py<PyAny>, i64) = build.bind(py).call1(key)?.extract()?;
+                let (p, takes) = build()?;
                 self.st(py).plans.insert(key, (p.clone_ref(py), takes));
                 p
             }

@@ -41,7 +41,7 @@ import numpy as np
 from cais._core import LoadTbs, ReduceTbs, TilePlans
 from cais.engine import Bound, Countdown, Signal, TbPlan
 from cais.hw.compute import ComputeModel
-from cais.hw.gpu import KeptLines, Kernel, LoadPlan, LoadStream, RedForm, RedPlan, RedStream
+from cais.hw.gpu import KeptLines, Kernel, LoadPlan, LoadStream, RedForm, RedStream
 from cais.hw.memory import Memory, Region
 from cais.hw.packets import Kind, Traffic
 from cais.isa import Isa, SmPort, StreamItem, StreamRed
@@ -280,8 +280,8 @@ class RemoteAccess:
 
     def red_form(self) -> RedForm:
         """How :meth:`reductions` go out and :meth:`add_own` counts, as the core makes a
-        tile's epilogue plan in timing mode (``RedPlan.build``): plain ``red``s, nothing
-        signalled."""
+        tile's epilogue plan in timing mode (``ReduceTbs``, ``RedPlan.tile``): plain
+        ``red``s, nothing signalled."""
         return RedForm(int(Kind.RED), self.red_unit())
 
     def reductions(self, g: int, owner: int, region: Region, data: np.ndarray | None) -> list[StreamRed]:
@@ -397,18 +397,6 @@ def reduce_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmSha
         return per_sm[sm]
 
     if mem is None:  # timing mode: the core makes each TB's plan (ReduceTbs)
-        form = access.red_form()
-        skip = None if users > 1 else g  # in mirror mode only this GPU sends
-
-        where = (reduced.shard, reduced.rows_l, reduced.cols)
-
-        def tile_plan(i: int, j: int, piece_unit: int) -> tuple[RedPlan, int]:
-            """Tile (i, j)'s epilogue plan, for every GPU that runs the tile (only this
-            GPU in mirror mode): its blocks of partial rows, one per owner, made into
-            pieces and reductions by the core as ``form`` says; and how many GPUs take it."""
-            return RedPlan.tile(m.fabric.interleave, form, where, shape.rows(i), shape.cols(j), eb, piece_unit,
-                                skip), users
-
         def sm_of(sm: int) -> tuple[Bound, Bound, SmPort, int]:
             slots, port, piece_unit = sm_state(sm)
             return slots.sm, slots.gpu, port, piece_unit
@@ -420,7 +408,11 @@ def reduce_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmSha
                         drain.issue(owner)
         # the tiles' plans, shared by the GPUs that run this GEMM (what they depend on: the key)
         tiles = plans.setdefault(("epilogue", access, reduced, shape, eb), TilePlans())
-        factory = ReduceTbs(m.gpus[g], g, m.fabric.interleave, access.sync_groups(), phases, sm_of, tiles, tile_plan)
+        # a tile's epilogue plan, made in the core for the GPUs that run it (only this GPU
+        # sends in mirror mode): its blocks of partial rows, one per owner, as ``red_form`` says
+        factory = ReduceTbs(m.gpus[g], g, m.fabric.interleave, access.sync_groups(), phases, sm_of, tiles,
+                            access.red_form(), (reduced.shard, reduced.rows_l, reduced.cols),
+                            (shape.m, shape.n, shape.bm, shape.bn), eb, users, None if users > 1 else g)
         kernel.tbs = [factory.tb(t, i, j) for t, (i, j) in enumerate(order)]
         return kernel, drain
 
