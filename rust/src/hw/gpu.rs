@@ -397,7 +397,7 @@ impl Endpoint {
             let value = me.signals.get(&key).copied().unwrap_or(0) + amount;
             me.signals.insert(key, value);
             match me.signal_waits.get_mut(&key) {
-                Some(waits) if !waits.is_empty() => {
+                Some(waits) if waits.iter().any(|(target, _)| value >= *target) => {
                     let (ready, left): (Vec<_>, Vec<_>) = waits.drain(..).partition(|(target, _)| value >= *target);
                     *waits = left;
                     ready

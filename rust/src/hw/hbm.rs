@@ -94,6 +94,8 @@ pub(crate) struct HbmShareState {
     kernel_rate: f64,
     /// Phases starting this instant: (time alone, bytes, their signal).
     pending: Vec<(i64, f64, Timed)>,
+    /// The list the last instant's phases were timed in, emptied, for the next one.
+    spare: Vec<(i64, f64, Timed)>,
     phases: i64,
     stretched: i64,
     added_ps: i64,
@@ -125,6 +127,7 @@ impl HbmShareState {
             seq: 0,
             kernel_rate: 0.0,
             pending: Vec::new(),
+            spare: Vec::new(),
             phases: 0,
             stretched: 0,
             added_ps: 0,
@@ -172,15 +175,14 @@ impl HbmShareState {
         self.kernel_rate
     }
 
-    /// Time the phases starting at `now` together: (who waits, time) each.
-    fn resolve(&mut self, now: i64) -> Vec<(Timed, i64)> {
-        let batch = std::mem::take(&mut self.pending);
-        let rates: Vec<f64> = batch
-            .iter()
-            .map(|&(ps, nbytes, _)| if ps > 0 { nbytes / ps as f64 } else { 0.0 })
-            .collect();
+    /// Time the phases starting at `now` together: (time, bytes, who waits) each,
+    /// in the list they were pending in.
+    fn resolve(&mut self, now: i64) -> Vec<(i64, f64, Timed)> {
+        let spare = std::mem::take(&mut self.spare);
+        let mut batch = std::mem::replace(&mut self.pending, spare);
+        let rate_of = |ps: i64, nbytes: f64| if ps > 0 { nbytes / ps as f64 } else { 0.0 };
         let streams = if self.streams_yield { 0.0 } else { self.rate(now) };
-        let starting = rates.iter().fold(0.0, |a, r| a + r);
+        let starting = batch.iter().fold(0.0, |a, &(ps, nbytes, _)| a + rate_of(ps, nbytes));
         let running = self.kernel_rate(now);
         let factor = (starting + running + streams) / self.supply;
         let over = factor > 1.0 + SLACK;
@@ -190,8 +192,8 @@ impl HbmShareState {
                 self.saturated_demand[i] += part / self.supply;
             }
         }
-        let mut out = Vec::with_capacity(batch.len());
-        for ((ps, _, sig), rate) in batch.into_iter().zip(rates) {
+        for phase in batch.iter_mut() {
+            let (ps, rate) = (phase.0, rate_of(phase.0, phase.1));
             let took = if over {
                 (ps as f64 * factor).round_ties_even() as i64
             } else {
@@ -208,9 +210,9 @@ impl HbmShareState {
                 self.stretched += 1;
                 self.added_ps += took - ps;
             }
-            out.push((sig, took));
+            phase.0 = took;
         }
-        out
+        batch
     }
 }
 
@@ -246,14 +248,15 @@ impl HbmShare {
     pub(crate) fn resolve(slf: &Bound<'_, Self>, sim: &Bound<'_, Simulator>) -> PyResult<()> {
         let py = slf.py();
         let now = sim.get().now();
-        let timed = slf.get().st(py).resolve(now);
-        for (who, took) in timed {
+        let mut timed = slf.get().st(py).resolve(now);
+        for (took, _, who) in timed.drain(..) {
             let took = took.into_pyobject(py)?.into_any().unbind();
             match who {
                 Timed::Signal(sig) => Signal::fire_now(sig.bind(py), now, took)?,
                 Timed::Process(p) => Process::step(&p.into_bound(py), took)?,
             }
         }
+        slf.get().st(py).spare = timed; // emptied: the next instant's list
         Ok(())
     }
 }

@@ -321,7 +321,7 @@ impl Host {
     fn answer(
         &self,
         py: Python<'_>,
-        reqs: Vec<Py<Train>>,
+        reqs: &mut Vec<Py<Train>>,
         data: Py<PyAny>,
         head: i64,
         tail: i64,
@@ -330,7 +330,7 @@ impl Host {
         match self {
             Host::Chip(chip) => SwitchChip::answer_loads(chip.bind(py), reqs, &data, head, tail, source),
             Host::Object(o) => {
-                let reqs = PyList::new(py, reqs)?;
+                let reqs = PyList::new(py, reqs.drain(..))?;
                 o.call_method1(py, "answer", (reqs, data, head, tail, source))
                     .map(|_| ())
             }
@@ -400,9 +400,25 @@ pub(crate) struct MergeUnitState {
     buffers: BufferIds,
     /// (time, lines) at each change, when recording.
     log: Option<Vec<(i64, i64)>>,
+    /// Emptied request lists of ended sessions (their waiters, their held requests),
+    /// kept for the next sessions: a session's lists cost no allocation.
+    spare: Vec<Vec<Py<Train>>>,
 }
 
 unit!(MergeUnit, MergeUnitState);
+
+/// Emptied request lists a merge unit keeps.
+const SPARE_LISTS: usize = 64;
+
+/// Add `train` to a session's request list, which takes a kept list when it has none.
+fn keep_in(list: &mut Vec<Py<Train>>, spare: &mut Vec<Vec<Py<Train>>>, train: &Bound<'_, Train>) {
+    if list.capacity() == 0 {
+        if let Some(kept) = spare.pop() {
+            *list = kept;
+        }
+    }
+    list.push(train.clone().unbind());
+}
 
 impl MergeUnit {
     /// Every request for the address has arrived: a session still open for it ends now.
@@ -460,12 +476,12 @@ impl MergeUnit {
                     me.lines_for(req.st().want)
                 };
                 if let Some(sid) = MergeUnit::open(slf, &key, info, State::LoadWait, req, lines)? {
-                    slf.st()
-                        .entries
-                        .get_mut(&sid)
-                        .expect("session")
-                        .waiters
-                        .push(req.clone().unbind());
+                    {
+                        let mut me = slf.st();
+                        let me = &mut *me;
+                        let e = me.entries.get_mut(&sid).expect("session");
+                        keep_in(&mut e.waiters, &mut me.spare, req);
+                    }
                     req.st().tag = sid;
                     let host = slf.st().host(py);
                     host.forward(req)?; // the standard routing path to the home GPU
@@ -482,12 +498,13 @@ impl MergeUnit {
                 host.take(req, 0)?;
                 let (answer, close) = {
                     let mut me = slf.st();
+                    let me = &mut *me;
                     let e = me.entries.get_mut(&sid).expect("session");
                     if e.state == State::LoadWait {
-                        e.waiters.push(req.clone().unbind()); // deferred response
+                        keep_in(&mut e.waiters, &mut me.spare, req); // deferred response
                         (false, false)
                     } else {
-                        e.held.push(req.clone().unbind());
+                        keep_in(&mut e.held, &mut me.spare, req);
                         (e.count >= e.quorum, e.count >= e.expect)
                     }
                 };
@@ -511,7 +528,7 @@ impl MergeUnit {
     /// The home's data for session `resp.tag` arrives (false: not the unit's).
     pub(crate) fn load_data_train(slf: &Bound<'_, Self>, resp: &Bound<'_, Train>) -> PyResult<bool> {
         let py = slf.py();
-        let (sid, waiters, answer, data, lat, host) = {
+        let (sid, mut waiters, answer, data, lat, host) = {
             let mut me = slf.st();
             let sid = resp.st().tag;
             let lat = me.latency_ps;
@@ -534,10 +551,19 @@ impl MergeUnit {
                 let r = resp.st();
                 (r.head + lat, r.tail + lat)
             };
-            host.answer(py, waiters, data, head, tail, Some(resp))?;
+            host.answer(py, &mut waiters, data, head, tail, Some(resp))?;
+            slf.st().give_back(waiters);
         } else {
             // throttled: the early requesters wait for their peers (answered from the cache)
-            slf.st().entries.get_mut(&sid).expect("session").held.extend(waiters);
+            let mut me = slf.st();
+            let e = me.entries.get_mut(&sid).expect("session");
+            if e.held.is_empty() {
+                std::mem::swap(&mut e.held, &mut waiters);
+            } else {
+                e.held.append(&mut waiters);
+            }
+            me.give_back(waiters);
+            drop(me);
             let payload = resp.st().payload;
             host.take(resp, payload)?;
         }
@@ -606,8 +632,9 @@ impl MergeUnit {
         host.take(red, payload)?;
         let (ack, flush) = {
             let mut me = slf.st();
+            let me = &mut *me;
             let e = me.entries.get_mut(&sid).expect("session");
-            e.held.push(red.clone().unbind()); // accepted: the store window frees (throttled: once peers are in)
+            keep_in(&mut e.held, &mut me.spare, red); // accepted: the store window frees (throttled: once peers are in)
             (e.count >= e.quorum, e.count >= e.expect)
         };
         if ack {
@@ -717,7 +744,7 @@ impl MergeUnit {
 
     fn answer_held(slf: &Bound<'_, Self>, sid: i64, now: i64) -> PyResult<()> {
         let py = slf.py();
-        let (held, data, t, host) = {
+        let (mut held, data, t, host) = {
             let mut me = slf.st();
             let t = now + me.latency_ps;
             let host = me.host(py);
@@ -727,21 +754,24 @@ impl MergeUnit {
         if held.is_empty() {
             return Ok(());
         }
-        host.answer(py, held, data, t, t, None)
+        host.answer(py, &mut held, data, t, t, None)?;
+        slf.st().give_back(held);
+        Ok(())
     }
 
     fn ack_held(slf: &Bound<'_, Self>, sid: i64) -> PyResult<()> {
         let py = slf.py();
-        let held = std::mem::take(&mut slf.st().entries.get_mut(&sid).expect("session").held);
+        let mut held = std::mem::take(&mut slf.st().entries.get_mut(&sid).expect("session").held);
         let (now, sim) = {
             let me = slf.st();
             (me.now(py), me.sim.clone_ref(py))
         };
-        for red in held {
+        for red in held.drain(..) {
             let red = red.into_bound(py);
             complete(&red, now)?;
             sim.get().recycle(py, red); // it ends here
         }
+        slf.st().give_back(held);
         Ok(())
     }
 
@@ -950,11 +980,21 @@ impl MergeUnitState {
     }
 
     fn forget(&mut self, sid: i64) -> Entry {
-        let e = self.entries.remove(&sid).expect("session");
+        let mut e = self.entries.remove(&sid).expect("session");
         self.cam.remove(&e.key);
         self.idle.remove(sid);
         self.policy.close(sid);
+        self.give_back(std::mem::take(&mut e.waiters));
+        self.give_back(std::mem::take(&mut e.held));
         e
+    }
+
+    /// Keep an emptied request list for the next session (a few dozen at most: as
+    /// many as sessions end at once).
+    fn give_back(&mut self, list: Vec<Py<Train>>) {
+        if list.capacity() > 0 && list.is_empty() && self.spare.len() < SPARE_LISTS {
+            self.spare.push(list);
+        }
     }
 }
 
@@ -1017,6 +1057,7 @@ impl MergeUnit {
             arrivals: HashMap::default(),
             stats: MergeStats::default(),
             tensors: Vec::new(),
+            spare: Vec::new(),
             tensor_index: HashMap::default(),
             buffers: BufferIds::default(),
             log: None,

@@ -602,14 +602,14 @@ impl SwitchChip {
     /// response `source`, or (None) responses made from the unit's cached data.
     pub(crate) fn answer_loads(
         slf: &Bound<'_, Self>,
-        reqs: Vec<Py<Train>>,
+        reqs: &mut Vec<Py<Train>>,
         data: &Py<PyAny>,
         head: i64,
         tail: i64,
         source: Option<&Bound<'_, Train>>,
     ) -> PyResult<()> {
         let py = slf.py();
-        for (i, req) in reqs.into_iter().enumerate() {
+        for (i, req) in reqs.drain(..).enumerate() {
             let req = req.into_bound(py);
             let (resp, to) = {
                 let mut me = slf.st();
