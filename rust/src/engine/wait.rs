@@ -617,7 +617,7 @@ enum Sent<'py> {
 }
 
 /// `gen.send(value)`, without raising StopIteration when the program ends.
-fn send<'py>(gen: &Bound<'py, PyAny>, value: Py<PyAny>) -> PyResult<Sent<'py>> {
+fn send<'py>(gen: &Bound<'py, PyAny>, value: Bound<'py, PyAny>) -> PyResult<Sent<'py>> {
     let py = gen.py();
     let mut result: *mut pyo3::ffi::PyObject = std::ptr::null_mut();
     // SAFETY: `gen` and `value` are live objects and the GIL is held; PyIter_Send
@@ -887,32 +887,33 @@ impl Process {
                     Program::Gen(g) => Some(g.clone_ref(py)),
                     Program::Plan(_) => None,
                 },
-                me.sim.clone_ref(py),
+                // bound, as is the value: dropped without PyO3's thread-local read
+                me.sim.clone_ref(py).into_bound(py),
                 me.hbm.as_ref().map(|h| h.clone_ref(py)),
                 me.slowdown,
                 me.phase.take(),
             )
         };
-        let mut value = value;
+        let mut value = value.into_bound(py);
         if let Some(overlapped) = phase {
             // the HBM share has timed the phase (at its real duration): in the program's units
-            let took: i64 = value.extract(py)?;
+            let took: i64 = value.extract()?;
             let took = if slowdown == 1.0 {
                 took
             } else {
                 (took as f64 / slowdown).round_ties_even() as i64
             };
             if !overlapped {
-                return Process::sleep(slf, &sim, slowdown, took);
+                return Process::sleep(slf, sim.as_unbound(), slowdown, took);
             }
             // the program times it: hand it the time
             if gen.is_none() {
                 Process::plan(&mut slf.st()).compute = took;
             }
-            value = took.into_pyobject(py)?.into_any().unbind();
+            value = took.into_pyobject(py)?.into_any();
         }
         let Some(gen) = gen else {
-            return Process::run_plan(slf, &sim, hbm.as_ref(), slowdown);
+            return Process::run_plan(slf, sim.as_unbound(), hbm.as_ref(), slowdown);
         };
         let gen = gen.into_bound(py);
         loop {
@@ -926,7 +927,7 @@ impl Process {
             if let Ok(sig) = waited.cast::<Signal>() {
                 match Process::wait_on(slf, sig) {
                     Some(v) => {
-                        value = v;
+                        value = v.into_bound(py);
                         continue;
                     }
                     None => return Ok(()),
@@ -934,13 +935,13 @@ impl Process {
             }
             if waited.is_instance_of::<PyInt>() {
                 let delay: i64 = waited.extract()?;
-                return Process::sleep(slf, &sim, slowdown, delay);
+                return Process::sleep(slf, sim.as_unbound(), slowdown, delay);
             }
             if let Some(h) = hbm.as_ref() {
-                match Process::pace(slf, h, &sim, &waited, slowdown)? {
+                match Process::pace(slf, h, sim.as_unbound(), &waited, slowdown)? {
                     None => {}
                     Some(Some(ps)) => {
-                        value = ps.into_pyobject(py)?.into_any().unbind();
+                        value = ps.into_pyobject(py)?.into_any();
                         continue;
                     }
                     Some(None) => return Ok(()),

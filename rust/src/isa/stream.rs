@@ -434,6 +434,7 @@ impl Joiner {
         let py = line.py();
         if self.placed.is_none(py) {
             // timing mode: nothing to hand over, so no callable object per load
+            drop(self.placed.into_bound(py)); // no thread-local read, as for a `Py`
             return Signal::count_into(line, self.arrived, self.sim);
         }
         let join = JoinedLoad {
