@@ -150,10 +150,20 @@ impl LoadTbs {
         }))
     }
 
-    /// The kernel's TB of row tile `i`, launched `t`-th, taking tile plan `key` in
-    /// load scope `scope`: what the dispatcher calls.
-    fn tb(slf: &Bound<'_, Self>, t: i64, i: i64, key: i64, scope: i64) -> CoreTb {
-        CoreTb::load(slf.clone().unbind(), [t, i, key, scope])
+    /// The kernel's TBs in launch order: the `t`-th of row tile `rows[t]`, taking tile
+    /// plan `keys[t]` in load scope `scopes[t]`: what the dispatcher runs.
+    fn tbs(slf: &Bound<'_, Self>, rows: Vec<i64>, keys: Vec<i64>, scopes: Vec<i64>) -> PyResult<Vec<CoreTb>> {
+        if keys.len() != rows.len() || scopes.len() != rows.len() {
+            return Err(PyValueError::new_err(
+                "LoadTbs.tbs: rows, keys and scopes differ in length",
+            ));
+        }
+        let kernel = slf.as_unbound();
+        let py = slf.py();
+        Ok((0i64..)
+            .zip(rows.into_iter().zip(keys).zip(scopes))
+            .map(|(t, ((i, key), scope))| CoreTb::load(kernel.clone_ref(py), [t, i, key, scope]))
+            .collect())
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {

@@ -144,9 +144,15 @@ impl ReduceTbs {
         self.st(py).plans_made
     }
 
-    /// The kernel's TB of tile (i, j), launched `t`-th: what the dispatcher calls.
-    fn tb(slf: &Bound<'_, Self>, t: i64, i: i64, j: i64) -> CoreTb {
-        CoreTb::reduce(slf.clone().unbind(), [t, i, j, 0])
+    /// The kernel's TBs, the `t`-th of tile `tiles[t]` = (i, j), in launch order: what
+    /// the dispatcher runs.
+    fn tbs(slf: &Bound<'_, Self>, tiles: Vec<(i64, i64)>) -> Vec<CoreTb> {
+        let kernel = slf.as_unbound();
+        let py = slf.py();
+        (0i64..)
+            .zip(tiles)
+            .map(|(t, (i, j))| CoreTb::reduce(kernel.clone_ref(py), [t, i, j, 0]))
+            .collect()
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {

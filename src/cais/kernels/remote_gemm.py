@@ -413,7 +413,7 @@ def reduce_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmSha
         factory = ReduceTbs(m.gpus[g], g, m.fabric.interleave, access.sync_groups(), phases, sm_of, tiles,
                             access.red_form(), (reduced.shard, reduced.rows_l, reduced.cols),
                             (shape.m, shape.n, shape.bm, shape.bn), eb, users, None if users > 1 else g)
-        kernel.tbs = [factory.tb(t, i, j) for t, (i, j) in enumerate(order)]
+        kernel.tbs = factory.tbs(order)
         return kernel, drain
 
     def epilogue(i: int, j: int, slots: RequestSlots, port: SmPort, piece_unit: int) -> RedStream:
@@ -571,8 +571,8 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
                           partial(access.operands_ready, g, shape), phases, limit, bound, kind, quorum, assemble, kept,
                           plans.setdefault(("load plans", gemm_key, piece_unit), TilePlans()), built,
                           (SLICE_K, shape.k))
-        return Kernel(gemm.name, [factory.tb(t, i, key, reuse.scope((i, j), shape) if kept is not None else 0)
-                                  for t, ((i, j), key) in enumerate(zip(order, keys))], sm_set, hbm_phases=True)
+        scopes = [reuse.scope(tile, shape) for tile in order] if kept is not None else [0] * len(order)
+        return Kernel(gemm.name, factory.tbs([i for i, _ in order], keys, scopes), sm_set, hbm_phases=True)
 
     def planned(t: int, i: int, j: int, sm: int, busy: int) -> TbPlan:
         """Tile (i, j)'s TB (the ``t``-th launched) as a plan the core executes, in
