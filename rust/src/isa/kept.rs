@@ -15,9 +15,9 @@ use crate::engine::wait::Signal;
 use crate::hw::region::Region;
 
 /// A load's key: its scope (which TBs share it), its home GPU and its region, with a
-/// hash of all three made once (the region's fields and its buffer name's hash,
-/// Python's, which the string keeps), so that a key is hashed and compared without
-/// entering the interpreter. The region is held by address: the table keeps it alive
+/// hash of all three made once (the region's own, which it keeps: its fields and its
+/// buffer name's hash), so that a key is hashed and compared without entering the
+/// interpreter. The region is held by address: the table keeps it alive
 /// beside its line, and a lookup's key borrows the region it asks about. Two regions
 /// are compared by their fields, and their names by content only when all else
 /// agrees and they are not the same string object.
@@ -33,8 +33,7 @@ impl LineKey {
     fn of(scope: i64, home: i64, region: &Bound<'_, Region>) -> PyResult<LineKey> {
         let r = region.get();
         let mut h = rustc_hash::FxHasher::default();
-        (scope, home, r.buffer.bind(region.py()).hash()?).hash(&mut h);
-        (r.start, r.count, r.elem_bytes, r.rows, r.stride).hash(&mut h);
+        (scope, home, r.key_hash(region.py())?).hash(&mut h);
         Ok(LineKey {
             scope,
             home,
