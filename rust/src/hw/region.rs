@@ -1,8 +1,5 @@
 //! A region of a GPU's memory: the address every memory instruction carries.
 
-use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use pyo3::basic::CompareOp;
 use pyo3::prelude::*;
 use pyo3::types::{PyString, PyTuple};
@@ -29,9 +26,6 @@ pub struct Region {
     pub rows: i64,
     #[pyo3(get)]
     pub stride: i64,
-    /// The hash of its buffer's name and its fields, once asked for (0: not yet): an
-    /// L2's kept lines look the same regions up many times (`key_hash`).
-    key_hash: AtomicU64,
 }
 
 impl Region {
@@ -43,23 +37,7 @@ impl Region {
             elem_bytes,
             rows,
             stride,
-            key_hash: AtomicU64::new(0),
         }
-    }
-
-    /// A hash of its buffer's name (the string's own, cached hash) and its fields, made
-    /// once: equal regions have equal ones.
-    pub(crate) fn key_hash(&self, py: Python<'_>) -> PyResult<u64> {
-        let known = self.key_hash.load(Ordering::Relaxed);
-        if known != 0 {
-            return Ok(known);
-        }
-        let mut h = rustc_hash::FxHasher::default();
-        self.buffer.bind(py).hash()?.hash(&mut h);
-        (self.start, self.count, self.elem_bytes, self.rows, self.stride).hash(&mut h);
-        let made = h.finish() | 1; // never the "not yet" 0
-        self.key_hash.store(made, Ordering::Relaxed);
-        Ok(made)
     }
 
     /// Bytes it covers.

@@ -15,9 +15,8 @@ use crate::engine::wait::Signal;
 use crate::hw::region::Region;
 
 /// A load's key: its scope (which TBs share it), its home GPU and its region, with a
-/// hash of all three made once (the region's own, which it keeps: its fields and its
-/// buffer name's hash), so that a key is hashed and compared without entering the
-/// interpreter. The region is held by address: the table keeps it alive
+/// hash of all three made once (from the region's [`region_hash`], which a plan's load
+/// keeps), so that a key is hashed and compared without entering the interpreter. The region is held by address: the table keeps it alive
 /// beside its line, and a lookup's key borrows the region it asks about. Two regions
 /// are compared by their fields, and their names by content only when all else
 /// agrees and they are not the same string object.
@@ -30,17 +29,27 @@ struct LineKey {
 }
 
 impl LineKey {
-    fn of(scope: i64, home: i64, region: &Bound<'_, Region>) -> PyResult<LineKey> {
-        let r = region.get();
+    /// The key of `region` (whose [`region_hash`] is `hash`) under `scope` and `home`.
+    fn of(scope: i64, home: i64, region: &Bound<'_, Region>, hash: u64) -> LineKey {
         let mut h = rustc_hash::FxHasher::default();
-        (scope, home, r.key_hash(region.py())?).hash(&mut h);
-        Ok(LineKey {
+        (scope, home, hash).hash(&mut h);
+        LineKey {
             scope,
             home,
             hash: h.finish(),
-            region: r as *const Region,
-        })
+            region: region.get() as *const Region,
+        }
     }
+}
+
+/// A hash of a region's buffer name (the string's own, cached hash) and its fields:
+/// equal regions have equal ones. Never 0, so that a holder may keep 0 for "not made".
+pub(crate) fn region_hash(region: &Bound<'_, Region>) -> PyResult<u64> {
+    let r = region.get();
+    let mut h = rustc_hash::FxHasher::default();
+    r.buffer.bind(region.py()).hash()?.hash(&mut h);
+    (r.start, r.count, r.elem_bytes, r.rows, r.stride).hash(&mut h);
+    Ok(h.finish() | 1)
 }
 
 impl Hash for LineKey {
@@ -87,15 +96,16 @@ pub struct KeptLines {
 type Lines = HashMap<LineKey, (Py<Region>, Py<Signal>)>;
 
 impl KeptLines {
-    /// The line asked for under (`scope`, `home`, `region`), if any.
-    pub(crate) fn get(&self, scope: i64, home: i64, region: &Bound<'_, Region>) -> PyResult<Option<Py<Signal>>> {
-        let (py, key) = (region.py(), LineKey::of(scope, home, region)?);
-        Ok(self.lines.borrow(py).get(&key).map(|(_, line)| line.clone_ref(py)))
+    /// The line asked for under (`scope`, `home`, `region`), if any; `hash` is the
+    /// region's [`region_hash`].
+    pub(crate) fn get(&self, scope: i64, home: i64, region: &Bound<'_, Region>, hash: u64) -> Option<Py<Signal>> {
+        let (py, key) = (region.py(), LineKey::of(scope, home, region, hash));
+        self.lines.borrow(py).get(&key).map(|(_, line)| line.clone_ref(py))
     }
 
-    /// Enter `line` under (`scope`, `home`, `region`).
-    pub(crate) fn insert(&self, scope: i64, home: i64, region: &Bound<'_, Region>, line: Py<Signal>) -> PyResult<()> {
-        let (py, key) = (region.py(), LineKey::of(scope, home, region)?);
+    /// Enter `line` under (`scope`, `home`, `region`), whose [`region_hash`] is `hash`.
+    pub(crate) fn insert(&self, scope: i64, home: i64, region: &Bound<'_, Region>, hash: u64, line: Py<Signal>) {
+        let (py, key) = (region.py(), LineKey::of(scope, home, region, hash));
         match self.lines.borrow_mut(py).entry(key) {
             // the region its key points to stays beside it
             Entry::Occupied(mut e) => e.get_mut().1 = line,
@@ -103,7 +113,6 @@ impl KeptLines {
                 e.insert((region.clone().unbind(), line));
             }
         }
-        Ok(())
     }
 }
 
@@ -154,11 +163,12 @@ mod tests {
             let kept = KeptLines::new();
             let line = Py::new(py, Signal::blank(py)).unwrap();
             let first = region("weights", 128);
-            kept.insert(0, 1, &first, line.clone_ref(py)).unwrap();
+            let hash = |r: &Bound<'_, Region>| region_hash(r).unwrap();
+            kept.insert(0, 1, &first, hash(&first), line.clone_ref(py));
             drop(first); // the table keeps the region its key points to
                          // another string object of the same name: the same key
             let same = region("weights", 128);
-            let found = |scope, home, r: &Bound<'_, Region>| kept.get(scope, home, r).unwrap();
+            let found = |scope, home, r: &Bound<'_, Region>| kept.get(scope, home, r, hash(r));
             assert!(found(0, 1, &same).is_some_and(|l| l.is(&line)));
             assert!(found(1, 1, &same).is_none(), "another scope");
             assert!(found(0, 2, &same).is_none(), "another home");

@@ -4,6 +4,8 @@
 //! in its GPU's bound on outstanding remote requests ([`Grants`]), and gives it back
 //! when it is acknowledged.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString};
 use pyo3::{PyTraverseError, PyVisit};
@@ -17,7 +19,7 @@ use crate::hw::gpu::{Carry, Endpoint, Op};
 use crate::hw::interleave::Interleave;
 use crate::hw::region::{region_bytes, Region};
 use crate::hw::sm_port::SmPort;
-use crate::isa::kept::KeptLines;
+use crate::isa::kept::{region_hash, KeptLines};
 use crate::isa::red_form::RedForm;
 
 /// A request's room in the SM's window, then in its GPU's bound: at most each
@@ -79,6 +81,9 @@ struct Item {
     stripes: Py<PyList>,
     placed: Py<PyAny>,
     nbytes: i64,
+    /// Its region's hash as an L2's kept lines take it (`region_hash`), once made (0:
+    /// not yet): the plan is shared, and its loads are looked up by every TB.
+    key_hash: AtomicU64,
 }
 
 impl Item {
@@ -90,16 +95,23 @@ impl Item {
             stripes: self.stripes.clone_ref(py),
             placed: self.placed.clone_ref(py),
             nbytes: self.nbytes,
+            key_hash: AtomicU64::new(self.key_hash.load(Ordering::Relaxed)),
         }
     }
 }
 
-/// An item's region, as a `KeptLines` key takes it (a load that may join another's
-/// must have a `Region`).
-fn kept_region<'a, 'py>(py: Python<'py>, item: &'a Item) -> PyResult<&'a Bound<'py, Region>> {
-    item.region.bind(py).cast::<Region>().map_err(|_| {
+/// An item's region and its hash, as a `KeptLines` key takes them (a load that may
+/// join another's must have a `Region`).
+fn kept_region<'a, 'py>(py: Python<'py>, item: &'a Item) -> PyResult<(&'a Bound<'py, Region>, u64)> {
+    let region = item.region.bind(py).cast::<Region>().map_err(|_| {
         pyo3::exceptions::PyTypeError::new_err("a load that may join another's needs a Region as its region")
-    })
+    })?;
+    let mut hash = item.key_hash.load(Ordering::Relaxed);
+    if hash == 0 {
+        hash = region_hash(region)?;
+        item.key_hash.store(hash, Ordering::Relaxed);
+    }
+    Ok((region, hash))
 }
 
 /// A load GEMM operand as a tile walks it: whether K runs over the stored rows
@@ -191,6 +203,7 @@ fn cut_into(
             region: Py::new(py, pc)?.into_any(),
             stripes,
             placed: py.None(),
+            key_hash: AtomicU64::new(0),
         });
     }
     Ok(())
@@ -217,6 +230,7 @@ impl LoadPlan {
                 region: region.unbind(),
                 stripes: stripes.unbind(),
                 placed: placed.unbind(),
+                key_hash: AtomicU64::new(0),
             });
         }
         Ok(LoadPlan { items })
@@ -402,7 +416,8 @@ impl LoadStreamState {
     /// The line item `index` joins in `kept`, if one is there.
     fn kept_line(&self, py: Python<'_>, kept: &KeptLines, index: usize) -> PyResult<Option<Py<Signal>>> {
         let item = &self.plan.get().items[index];
-        kept.get(self.scope, item.home, kept_region(py, item)?)
+        let (region, hash) = kept_region(py, item)?;
+        Ok(kept.get(self.scope, item.home, region, hash))
     }
 
     fn sim(&self, py: Python<'_>) -> Py<Simulator> {
@@ -517,8 +532,8 @@ impl LoadStream {
                 }
                 let line = Py::new(py, Signal::blank(py))?;
                 let item = &items[index];
-                kept.get()
-                    .insert(me.scope, item.home, kept_region(py, item)?, line.clone_ref(py))?;
+                let (region, hash) = kept_region(py, item)?;
+                kept.get().insert(me.scope, item.home, region, hash, line.clone_ref(py));
                 kept_line = Some(line);
             }
             let item = &items[index];
