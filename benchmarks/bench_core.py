@@ -28,7 +28,10 @@ process's own, ``time.process_time``: on a loaded machine the reproducible one; 
 an idle one the two agree); a target is judged, and the best of the rounds kept, in
 CPU time. The earlier yardstick (the same loop with a ``(time, seq, fn, args)``
 entry and a no-op callback per event; issue 20's figures) is printed once at the
-end, for converting older numbers.
+end, for converting older numbers, and so is the same loop on Rust's ``BinaryHeap``
+(``cais._core.heap_yardstick``): the ceiling of any compiled event loop on the
+machine, a queue operation per event and no other work, against which a rate
+target reads as a fraction of that ceiling.
 
 Targets (issue 40): 1 GiB NVLS AllReduce, registered and staged, at least 10x the
 loop's events/s; LLaMA-7B ``cais`` prefill period within 1x the loop million's wall
@@ -177,6 +180,17 @@ def heapq_million(n: int = 1_000_000, pending: int = 1_000) -> tuple[float, floa
     return time.perf_counter() - t0, time.process_time() - c0
 
 
+def rust_heap_million(n: int = 1_000_000, pending: int = 1_000) -> tuple[float, float]:
+    """Wall and CPU seconds for the same loop on Rust's ``BinaryHeap``
+    (``cais._core.heap_yardstick``): the ceiling of a compiled event loop here, one
+    queue operation per event and no other work."""
+    from cais._core import heap_yardstick
+
+    t0, c0 = time.perf_counter(), time.process_time()
+    heap_yardstick(n, pending)
+    return time.perf_counter() - t0, time.process_time() - c0
+
+
 def load_average() -> str:
     """The one-minute load average and the cores, for the figures' context."""
     try:
@@ -320,6 +334,10 @@ def main() -> None:
           f"CPU {max(c for _, c in loops):.3f} s")
     print(f"the same loop with a (time, seq, fn, args) entry and a no-op call (issue 20's yardstick): "
           f"{heapq_rate():,.0f} events/s (wall)")
+    rust_wall, rust_cpu = min(rust_heap_million() for _ in range(3))
+    print(f"the same loop on Rust's BinaryHeap (cais._core.heap_yardstick), the ceiling of a compiled event loop "
+          f"here: wall {rust_wall:.3f} s, CPU {rust_cpu:.3f} s, {loop_cpu / rust_cpu:.1f}x the heapq loop's rate "
+          f"(CPU); a 10x-rate target asks {10 * rust_cpu / loop_cpu:.2f}x of it, its bare queue with no other work")
     print(f"load: {' -> '.join(loads + [load_average()])}")
 
 

@@ -1,8 +1,13 @@
 """benchmarks/bench_core.py's rows against the bare heapq loop (issue 40): the measure
 each target is in, and whether it is met."""
 
+import heapq
 import importlib.util
 from pathlib import Path
+
+import pytest
+
+from cais._core import heap_yardstick
 
 _spec = importlib.util.spec_from_file_location(
     "bench_core", Path(__file__).resolve().parents[1] / "benchmarks" / "bench_core.py")
@@ -34,3 +39,22 @@ def test_every_issue_40_row_has_its_target() -> None:
 def test_the_yardstick_times_a_small_loop() -> None:
     wall, cpu = bench.heapq_million(n=1_000, pending=10)
     assert wall > 0 and cpu >= 0  # timed, not bounded: no test asserts wall time
+
+
+def test_the_compiled_yardstick_runs_the_heapq_loop() -> None:
+    # the same keys and delays as heapq_million: the last time popped agrees
+    queue = [((i * 7919) % 10_007, i) for i in range(10)]
+    heapq.heapify(queue)
+    last = 0
+    for seq in range(10, 10 + 1_000):
+        last, _ = heapq.heappop(queue)
+        heapq.heappush(queue, (last + (seq * 7919) % 10_007, seq))
+    seconds, rust_last = heap_yardstick(1_000, 10)
+    assert rust_last == last and seconds >= 0
+    wall, cpu = bench.rust_heap_million(n=1_000, pending=10)
+    assert wall > 0 and cpu >= 0  # timed, not bounded: no test asserts wall time
+
+
+def test_the_compiled_yardstick_refuses_an_empty_heap() -> None:
+    with pytest.raises(ValueError, match="pending must be at least 1"):
+        heap_yardstick(10, 0)

@@ -27,7 +27,7 @@ pub mod hw;
 pub mod isa;
 pub mod kernels;
 
-use engine::{channel, completion, credits, sim, train, unit, wait};
+use engine::{channel, completion, credits, sim, train, unit, wait, yardstick};
 use hw::{gpu, hbm, interleave, kinds, merge, region, sm_port, switch, tb_dispatch};
 use isa::{kept, red_form, reduce_stream, stream};
 
@@ -59,6 +59,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     }
     register_units();
     m.add_class::<sim::Simulator>()?;
+    m.add_function(wrap_pyfunction!(yardstick::heap_yardstick, m)?)?;
     m.add_class::<train::Train>()?;
     m.add_class::<region::Region>()?;
     m.add_class::<interleave::Interleave>()?;

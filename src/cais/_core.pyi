@@ -47,9 +47,14 @@ __all__ = [
     "Session",
     "FreeLines",
     "CORE_KINDS",
+    "heap_yardstick",
 ]
 
 CORE_KINDS: dict[str, int]
+
+def heap_yardstick(n: int, pending: int) -> tuple[float, int]:
+    """``benchmarks/bench_core.py``'s ``heapq`` loop on Rust's ``BinaryHeap``: ``n``
+    pop/push of (time, seq) with ``pending`` waiting; (seconds, last time popped)."""
 
 @final
 class Simulator:

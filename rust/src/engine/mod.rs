@@ -11,3 +11,4 @@ pub mod sim;
 pub mod train;
 pub mod unit;
 pub mod wait;
+pub mod yardstick;
