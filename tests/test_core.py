@@ -399,3 +399,10 @@ def test_a_reduction_stream_issues_as_a_tb_epilogue_would_and_keeps_its_bounds(h
     assert window.used == 0 and m2.isa.request_bound(0).used == 0  # every byte given back
     landed = [m2.gpus[h].signals.get(7, 0) for h in (1, 2, 3)]
     assert landed == [m.gpus[h].signals.get(7, 0) for h in (1, 2, 3)] and min(landed) > 0  # every piece signalled
+
+
+def test_a_region_stays_in_pythons_64_byte_size_class() -> None:
+    # A collective's run holds a region per piece and per copy at its peak. At 80 bytes
+    # (a cached hash added to it) the 1 GiB staged NVLS AllReduce's peak RSS rose from 74
+    # to 77 MB (docs/core.md, the eleventh step): what a region needs more goes elsewhere.
+    assert _core.Region.__basicsize__ <= 64
