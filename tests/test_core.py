@@ -402,7 +402,7 @@ def test_a_reduction_stream_issues_as_a_tb_epilogue_would_and_keeps_its_bounds(h
 
 
 def test_a_region_stays_in_pythons_64_byte_size_class() -> None:
-    # A collective's run holds a region per piece and per copy at its peak. At 80 bytes
-    # (a cached hash added to it) the 1 GiB staged NVLS AllReduce's peak RSS rose from 74
-    # to 77 MB (docs/core.md, the eleventh step): what a region needs more goes elsewhere.
+    # Runs hold many regions at their peak. At 80 bytes (a cached hash added to it) the
+    # 1 GiB staged NVLS AllReduce's peak RSS rose from 74 to 77 MB (docs/core.md, the
+    # eleventh step): what a region would need more is kept elsewhere.
     assert _core.Region.__basicsize__ <= 64
