@@ -1,0 +1,55 @@
+"""The runs the compiled core's profile-guided build learns from (scripts/pgo.sh).
+
+Profile-guided optimisation lays out and inlines the core's code for the paths a
+training run takes, so the run must take the paths users take: every scheme's
+prefill period (the grid's bulk), CAIS's training period in both L2 worlds, a
+decode period, and the collectives the validation tables time (staged and
+registered NVLS, the ring) on ``dgx-h100`` and 16 GPUs of ``nvl72``. The profile only moves
+code; it never changes a result (docs/core.md, "A profile-guided build").
+
+    python scripts/pgo_workload.py      (scripts/pgo.sh runs it on the instrumented core)
+"""
+
+from __future__ import annotations
+
+import time
+
+from cais.experiments.collective import run_collective
+from cais.experiments.layer import run_layer
+from cais.hw.config import apply_overrides, load_system
+from cais.schemes import schemes
+from cais.workload.models import load_model
+
+SMS = 66  # the reproduction's SMs per GPU
+
+
+def main() -> None:
+    model = load_model("paper-llama-7b")
+    sold = load_system("dgx-h100")
+    kept = apply_overrides(sold, {"gpu.l2_keeps_peer_reads": "true"})
+    start = time.perf_counter()
+
+    def done(what: str) -> None:
+        print(f"{time.perf_counter() - start:7.1f} s  {what}", flush=True)
+
+    for scheme in schemes():
+        run_layer(sold, model, scheme, "prefill", SMS)
+        done(f"{scheme} prefill")
+    run_layer(kept, model, "cais", "prefill", SMS)
+    done("cais prefill, L2 kept")
+    for name, cfg in (("as sold", sold), ("L2 kept", kept)):
+        run_layer(cfg, model, "cais", "train", SMS)
+        done(f"cais train, {name}")
+    run_layer(sold, model, "tp-nvls", "decode", SMS)
+    done("tp-nvls decode")
+    for buffers, nbytes in (("staged", 64 << 20), ("registered", 256 << 20)):
+        run_collective(apply_overrides(sold, {"collective.nvls_buffers": buffers}), "allreduce", "nvls", nbytes)
+        done(f"NVLS AllReduce {nbytes >> 20} MiB, {buffers}")
+    run_collective(sold, "allreduce", "ring", 64 << 20)
+    done("ring AllReduce 64 MiB")
+    run_collective(apply_overrides(load_system("nvl72"), {"gpus": "16"}), "allreduce", "nvls", 1 << 20)
+    done("NVLS AllReduce 1 MiB on 16 GPUs of nvl72")
+
+
+if __name__ == "__main__":
+    main()
