@@ -51,6 +51,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import tomllib
 import time
 from pathlib import Path
 
@@ -234,18 +235,35 @@ def worktree(rev: str) -> Path:
 
 def compiled(tree: Path) -> None:
     """Build the compiled core of a checked-out revision that has one (``rust/``), once,
-    as ``pip install`` would (release, the extension module's features)."""
+    as ``pip install`` would: maturin's ``cargo rustc`` of the library as a ``cdylib``
+    (release, the extension module's features), with the revision's own ``rustc-args``
+    (its profile-guided build, where it has one)."""
     ext = tree / "src" / "cais" / f"_core{sysconfig.get_config_var('EXT_SUFFIX')}"
     if not (tree / "rust" / "Cargo.toml").is_file() or ext.is_file():
         return
+    maturin = tomllib.loads((tree / "pyproject.toml").read_text()).get("tool", {}).get("maturin", {})
     target = tree / "rust" / "target"
-    r = subprocess.run(["cargo", "build", "--release", "--locked", "--features", "extension-module",
-                        "--manifest-path", str(tree / "rust" / "Cargo.toml")],
+    r = subprocess.run(["cargo", "rustc", "--release", "--locked", "--lib", "--features", "extension-module",
+                        "--crate-type", "cdylib", "--manifest-path", str(tree / "rust" / "Cargo.toml"),
+                        "--", *maturin.get("rustc-args", [])],
                        capture_output=True, text=True, env={**os.environ, "CARGO_TARGET_DIR": str(target)})
     if r.returncode:
         print(f"bench_core: cannot build the core of {tree}: {r.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
         raise SystemExit(2)
     shutil.copy(target / "release" / "lib_core.so", ext)
+
+
+def profile_state(tree: Path) -> str:
+    """Whether ``tree``'s core profile (``rust/pgo``, its profile-guided build) was made
+    from the core's sources as they are; a stale one only costs speed."""
+    made = tree / "rust" / "pgo" / "made-from.txt"
+    if not made.is_file():
+        return "no profile-guided build"
+    digest = subprocess.run([sys.executable, str(tree / "scripts" / "pgo_workload.py"), "--digest"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    if digest == made.read_text().strip():
+        return "profile-guided, the profile made from these sources"
+    return "profile-guided, but the profile was made from other sources (scripts/pgo.sh remakes it)"
 
 
 def _rounds(text: str) -> int:
@@ -340,6 +358,7 @@ def main() -> None:
           f"(CPU): 10x the heapq loop's rate allows {loop_cpu / 10 / rust_cpu:.2f}x this bare queue's time per "
           f"event, for the queue and all the work an event does")
     print(f"load: {' -> '.join(loads + [load_average()])}")
+    print(f"this tree's core build: {profile_state(ROOT)}")
 
 
 if __name__ == "__main__":

@@ -38,4 +38,5 @@ suffix=$("$python" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUF
 cp "$work/target/release/lib_core.so" "$work/tree/cais/_core$suffix"
 (cd "$work" && PYTHONPATH="$work/tree" "$python" "$root/scripts/pgo_workload.py")
 "$profdata" merge -o rust/pgo/cais-core.profdata "$work/raw"
+"$python" scripts/pgo_workload.py --digest > rust/pgo/made-from.txt
 echo "rust/pgo/cais-core.profdata: $(wc -c < rust/pgo/cais-core.profdata) bytes; reinstall (pip install -e .) to build with it"

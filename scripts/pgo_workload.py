@@ -7,12 +7,21 @@ decode period, and the collectives the validation tables time (staged and
 registered NVLS, the ring) on ``dgx-h100`` and 16 GPUs of ``nvl72``. The profile only moves
 code; it never changes a result (docs/core.md, "A profile-guided build").
 
-    python scripts/pgo_workload.py      (scripts/pgo.sh runs it on the instrumented core)
+    python scripts/pgo_workload.py            (scripts/pgo.sh runs it on the instrumented core)
+    python scripts/pgo_workload.py --digest   (the core's sources as the profile saw them)
+
+A profile made from other sources still builds: rustc drops the functions whose code
+changed (a warning each) and lays them out without it. ``--digest`` prints a digest of
+``rust/``'s sources; ``scripts/pgo.sh`` writes it beside the profile
+(``rust/pgo/made-from.txt``), and ``benchmarks/bench_core.py`` says when the two differ.
 """
 
 from __future__ import annotations
 
+import hashlib
+import sys
 import time
+from pathlib import Path
 
 from cais.experiments.collective import run_collective
 from cais.experiments.layer import run_layer
@@ -21,6 +30,18 @@ from cais.schemes import schemes
 from cais.workload.models import load_model
 
 SMS = 66  # the reproduction's SMs per GPU
+RUST = Path(__file__).resolve().parent.parent / "rust"
+
+
+def source_digest(rust: Path = RUST) -> str:
+    """SHA-256 over the crate's manifest, lock file and every ``.rs`` under ``src/``,
+    each as its path relative to ``rust`` and its bytes, in path order."""
+    h = hashlib.sha256()
+    files = [rust / "Cargo.toml", rust / "Cargo.lock", *sorted((rust / "src").rglob("*.rs"))]
+    for path in files:
+        h.update(path.relative_to(rust).as_posix().encode() + b"\0")
+        h.update(path.read_bytes() + b"\0")
+    return h.hexdigest()
 
 
 def main() -> None:
@@ -52,4 +73,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["--digest"]:
+        print(source_digest())
+    else:
+        main()
