@@ -255,15 +255,13 @@ def compiled(tree: Path) -> None:
 
 def profile_state(tree: Path) -> str:
     """Whether ``tree``'s core profile (``rust/pgo``, its profile-guided build) was made
-    from the core's sources as they are; a stale one only costs speed."""
-    made = tree / "rust" / "pgo" / "made-from.txt"
-    if not made.is_file():
+    from the core's sources as they are (``scripts/pgo_workload.py --state``); a stale
+    one only costs speed."""
+    script = tree / "scripts" / "pgo_workload.py"
+    if not script.is_file():
         return "no profile-guided build"
-    digest = subprocess.run([sys.executable, str(tree / "scripts" / "pgo_workload.py"), "--digest"],
-                            capture_output=True, text=True, check=True).stdout.strip()
-    if digest == made.read_text().strip():
-        return "profile-guided, the profile made from these sources"
-    return "profile-guided, but the profile was made from other sources (scripts/pgo.sh remakes it)"
+    return subprocess.run([sys.executable, str(script), "--state"], capture_output=True, text=True,
+                          check=True).stdout.strip()
 
 
 def _rounds(text: str) -> int:

@@ -13,6 +13,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 python=${PYTHON:-$root/.venv/bin/python}
+if [ $# -gt 0 ]; then
+  echo "scripts/pgo.sh: takes no arguments (PYTHON=... chooses the interpreter; default .venv/bin/python)" >&2
+  exit 2
+fi
+if [ ! -x "$python" ]; then
+  echo "scripts/pgo.sh: no Python at $python; run the README's setup first, or set PYTHON" >&2
+  exit 2
+fi
 major=$(rustc -vV | sed -n 's/^LLVM version: \([0-9]*\).*/\1/p')
 profdata=""
 for candidate in "llvm-profdata-$major" "/usr/lib/llvm-$major/bin/llvm-profdata" \
@@ -25,7 +33,7 @@ for candidate in "llvm-profdata-$major" "/usr/lib/llvm-$major/bin/llvm-profdata"
 done
 if [ -z "$profdata" ]; then
   echo "scripts/pgo.sh: no llvm-profdata of LLVM $major (the Rust compiler's); install Debian's llvm-$major or rustup's llvm-tools" >&2
-  exit 1
+  exit 2
 fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

@@ -8,16 +8,18 @@ registered NVLS, the ring) on ``dgx-h100`` and 16 GPUs of ``nvl72``. The profile
 code; it never changes a result (docs/core.md, "A profile-guided build").
 
     python scripts/pgo_workload.py            (scripts/pgo.sh runs it on the instrumented core)
-    python scripts/pgo_workload.py --digest   (the core's sources as the profile saw them)
+    python scripts/pgo_workload.py --digest   (a digest of the core's sources)
+    python scripts/pgo_workload.py --state    (whether the profile was made from them)
 
 A profile made from other sources still builds: rustc drops the functions whose code
-changed (a warning each) and lays them out without it. ``--digest`` prints a digest of
-``rust/``'s sources; ``scripts/pgo.sh`` writes it beside the profile
-(``rust/pgo/made-from.txt``), and ``benchmarks/bench_core.py`` says when the two differ.
+changed (a warning each) and lays them out without it. ``scripts/pgo.sh`` writes the
+digest of ``rust/``'s sources beside the profile (``rust/pgo/made-from.txt``);
+``--state`` compares the two, and ``.ci/run`` and ``benchmarks/bench_core.py`` print it.
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import sys
 import time
@@ -44,7 +46,17 @@ def source_digest(rust: Path = RUST) -> str:
     return h.hexdigest()
 
 
-def main() -> None:
+def profile_state(rust: Path = RUST) -> str:
+    """Whether the crate's profile (``rust/pgo``) was made from its sources as they are."""
+    made = rust / "pgo" / "made-from.txt"
+    if not made.is_file():
+        return "no profile-guided build"
+    if made.read_text().strip() == source_digest(rust):
+        return "profile-guided, the profile made from these sources"
+    return "profile-guided, but the profile was made from other sources (scripts/pgo.sh remakes it)"
+
+
+def workload() -> None:
     model = load_model("paper-llama-7b")
     sold = load_system("dgx-h100")
     kept = apply_overrides(sold, {"gpu.l2_keeps_peer_reads": "true"})
@@ -72,8 +84,24 @@ def main() -> None:
     done("NVLS AllReduce 1 MiB on 16 GPUs of nvl72")
 
 
-if __name__ == "__main__":
-    if sys.argv[1:] == ["--digest"]:
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    what = ap.add_mutually_exclusive_group()
+    what.add_argument("--digest", action="store_true", help="print the digest of rust/'s sources and exit")
+    what.add_argument("--state", action="store_true", help="say whether rust/pgo's profile was made from them")
+    args = ap.parse_args(argv)
+    if args.digest:
         print(source_digest())
+    elif args.state:
+        print(profile_state())
     else:
-        main()
+        try:
+            workload()
+        except KeyboardInterrupt:
+            print("pgo_workload: interrupted", file=sys.stderr)
+            return 130
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

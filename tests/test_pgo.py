@@ -50,12 +50,12 @@ def test_digest_follows_the_sources(tmp_path: Path) -> None:
     assert workload.source_digest(rust) != first
 
 
-def test_bench_says_when_the_profile_is_stale(tmp_path: Path) -> None:
+def test_state_says_when_the_profile_is_stale(tmp_path: Path) -> None:
     rust = _crate(tmp_path)
     (tmp_path / "scripts").mkdir()
     shutil.copy(ROOT / "scripts" / "pgo_workload.py", tmp_path / "scripts")
-    assert bench.profile_state(tmp_path) == "no profile-guided build"
     (rust / "pgo").mkdir()
+    assert bench.profile_state(tmp_path) == "no profile-guided build"
     (rust / "pgo" / "made-from.txt").write_text(workload.source_digest(rust) + "\n")
     assert bench.profile_state(tmp_path).endswith("made from these sources")
     (rust / "Cargo.toml").write_text((rust / "Cargo.toml").read_text() + "\n")
