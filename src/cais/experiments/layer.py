@@ -283,10 +283,11 @@ def _check_size(cfg: SystemConfig, model: ModelSpec, scheme: str, switch: str, m
                  "use a smaller batch or seq")
 
 
-def check_memory(cfg: SystemConfig, model: ModelSpec, mode: str, sp: bool) -> Footprint:
+def check_memory(cfg: SystemConfig, model: ModelSpec, mode: str, sp: bool, keep_inputs: bool = False) -> Footprint:
     """The run's per-GPU HBM footprint (cais.workload.footprint, docs/memory.md); a
-    one-line MemoryCapacityError (a UserError) if it exceeds ``gpu.hbm_capacity_GB``."""
-    fp = footprint(model, cfg.gpus, mode, sp)
+    one-line MemoryCapacityError (a UserError) if it exceeds ``gpu.hbm_capacity_GB``.
+    ``keep_inputs``: every layer keeps its gathered forward inputs for the backward."""
+    fp = footprint(model, cfg.gpus, mode, sp, keep_inputs)
     check_fits(fp, cfg.gpu.hbm_capacity_GB, cfg.gpu.name, f"batch {model.batch:,} and seq {model.seq:,}")
     return fp
 
@@ -300,8 +301,9 @@ def check_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms
     _check_sms(cfg, sms)
     sch.switch_model(cfg.switch.model)  # a scheme on a switch without what it needs (SwitchMismatch)
     sch.vc_policy_for(cfg.link.vc_policy)  # a VC policy that undoes the scheme (VcMismatch)
+    plan = sch.wgrad_plan(cfg.train)  # a weight-gradient dataflow it cannot run (WgradMismatch)
     _check_size(cfg, model, scheme, sch.switch, mode, build_period(model, cfg.gpus, mode, sch.sp))
-    check_memory(cfg, model, mode, sch.sp)
+    check_memory(cfg, model, mode, sch.sp, plan.inputs == "keep")
 
 
 def run_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: int | None = None,
@@ -319,12 +321,13 @@ def run_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: 
     if switch != cfg.switch.model:
         cfg = cfg.with_overrides(switch={**cfg.switch.model_dump(), "model": switch})
     vc_policy = sch.vc_policy_for(cfg.link.vc_policy)
+    plan = sch.wgrad_plan(cfg.train)
     if vc_policy != cfg.link.vc_policy:
         cfg = cfg.with_overrides(link={**cfg.link.model_dump(), "vc_policy": vc_policy})
     mirror = _mirror_mode(cfg, scheme, sim, functional)
     period = build_period(model, cfg.gpus, mode, sch.sp, seed, regather)
     _check_size(cfg, model, scheme, sch.switch, mode, period, mirror)
-    memory = check_memory(cfg, model, mode, sch.sp)
+    memory = check_memory(cfg, model, mode, sch.sp, plan.inputs == "keep")
     if progress is not None:
         progress.begin(period_events(cfg, period, model.dtype_bytes, sch.switch) / (cfg.gpus if mirror else 1),
                        f"{model.name} {mode} under {scheme} on {cfg.gpus} GPUs")

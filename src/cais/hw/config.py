@@ -327,6 +327,34 @@ class RemoteReadConfig(_Strict):
                                                           "opt-in; a cluster's CTAs are co-scheduled on one GPC")
 
 
+WGRAD_POLICIES = ("scheme", "keep", "refetch", "overlap")
+
+
+class TrainConfig(_Strict):
+    """How the backward pass feeds each weight-gradient GEMM the operand it reads
+    gathered over all token rows, when activations are sequence-parallel between the
+    GEMMs (docs/schemes.md, "Weight gradients"). Two operands are gathered: the
+    forward *inputs* of the column-parallel GEMMs (the normed activations QKV and FC1
+    read, whose weight gradients need them again) and the backward *gradients* of the
+    row-parallel GEMMs' outputs (what the output projection's and FC2's dgrad and
+    wgrad both read). Basic TP (no SP) holds both whole on every GPU: nothing to do."""
+
+    wgrad_inputs: Literal["scheme", "keep", "refetch", "overlap"] = Field(
+        "scheme", description="the forward inputs: scheme = the scheme's own (its page in docs/schemes/ gives the "
+                              "source); keep = the forward's gathered copy is kept until the backward (no traffic; "
+                              "the memory check counts it for every layer); refetch = fetched again after the "
+                              "dgrad sub-layer with nothing beside it (an AllGather kernel, or the weight-gradient "
+                              "GEMM's own remote loads); overlap = fetched again beside the dgrad sub-layer "
+                              "(Megatron-LM's asynchronous all-gather beside the dgrad GEMM; a remote-load "
+                              "scheme's weight-gradient GEMM launched beside the sub-layer)")
+    wgrad_grads: Literal["scheme", "keep", "refetch", "overlap"] = Field(
+        "scheme", description="the gathered output gradients (read by a row-parallel GEMM's dgrad and its wgrad): "
+                              "scheme = the scheme's own; keep = the dgrad's gathered copy serves the wgrad (a "
+                              "collective scheme's AllGather output; a remote-load scheme's AG-GEMM writes what it "
+                              "loads to local HBM); refetch = the wgrad GEMM loads them again after the sub-layer; "
+                              "overlap = it loads them beside what follows (remote-load schemes only)")
+
+
 class SystemConfig(_Strict):
     """A whole NVLink/NVSwitch system: GPUs, links, switch chips, collectives, and the
     transfer unit the network moves."""
@@ -344,6 +372,7 @@ class SystemConfig(_Strict):
     collective: CollectiveConfig = CollectiveConfig()
     cais: CaisConfig = CaisConfig()
     remote_read: RemoteReadConfig = RemoteReadConfig()
+    train: TrainConfig = TrainConfig()
     gpu_slowdown: dict[int, float] = Field(default_factory=dict,
                                            description="GPU index -> factor on the time its TBs compute (a "
                                                        "straggler, for experiments); absent GPUs run at 1")

@@ -477,11 +477,13 @@ def _load_layout(shape: GemmShape, ops: list[Operand], steps: list[tuple[int, in
 
 def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape, floor_ps: int, eb: int,
               ops: list[Operand], access: RemoteAccess, sm_set: frozenset[int] | None = None,
-              mem: Memory | None = None, plans: dict[tuple, Any] | None = None
+              mem: Memory | None = None, plans: dict[tuple, Any] | None = None, keep: bool = False
               ) -> Kernel:
     """GPU ``g``'s GEMM whose tiles load their sharded operands ``ops`` (at least one)
     from their owners; ``mem``: the GPU's memory in functional mode; ``plans``: the
-    tiles' planned loads, shared by the GPUs that run this GEMM (a layer's)."""
+    tiles' planned loads, shared by the GPUs that run this GEMM (a layer's); ``keep``:
+    the tiles write the rows they load to the gathered tensor's local copy as well
+    (the remote share of each operand written to HBM once, :func:`kept_shares`)."""
     plans = {} if plans is None else plans
     users = 1 if m.fabric.mirror else m.n  # the GPUs that run this GEMM's programs, each planning each tile once
     steps = k_steps(shape, ops, eb, access.load_bytes)
@@ -492,7 +494,7 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
     bound = isa.request_bound(g)
     loaded = [op.which for op in ops]
     reuse = RemoteReuse.of(m.cfg, loaded)
-    tile_bytes = tile_hbm_bytes(shape, eb, **reuse.local_shares(loaded, m.n))
+    tile_bytes = tile_hbm_bytes(shape, eb, **kept_shares(reuse.local_shares(loaded, m.n), m.n, keep))
     store = store_epilogue(mem, gemm.ops, shape) if mem is not None else None
     # remote lines already fetched (or on their way) that later TBs of the same scope
     # (this kernel, or one TB cluster) share; keyed by (scope, home GPU, request piece)
@@ -605,6 +607,8 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
         # the mainloop computes each K-slice once it has landed: after the last
         # load, one slice of compute remains
         plan.rest(SLICE_K if loads else 0, shape.k)
+        if keep:
+            plan.call(partial(_keep_copy, mem, gemm, shape, ops, blocks, i, j))
         plan.call(partial(_store_tile, store, mem, gemm, shape, ops, blocks, i, j))
         return plan
 
@@ -644,6 +648,22 @@ def _read_own(mem: Memory, g: int, loads: list[Load], blocks: list[np.ndarray]) 
     for ld in loads:
         if ld.home == g:
             _place(blocks, ld, ld.region, mem.read(ld.region))
+
+
+def kept_shares(shares: dict[str, float], n: int, keep: bool) -> dict[str, float]:
+    """The loaded operands' shares of a tile's HBM traffic (``RemoteReuse.local_shares``)
+    when the GEMM also keeps a local copy of what it loads: at least its own rows read
+    and every other GPU's written once (a staging buffer already is that copy)."""
+    return {w: max(s, 1.0) for w, s in shares.items()} if keep else shares
+
+
+def _keep_copy(mem: Memory, gemm: Gemm, shape: GemmShape, ops: list[Operand], blocks: list[np.ndarray],
+               i: int, j: int) -> None:
+    """Tile (i, j)'s loaded blocks written to their gathered tensors' local copies."""
+    for op, blk in zip(ops, blocks):
+        t0, nt, c0, nc = op.physical(shape, i, j, 0, shape.k)
+        name = gemm.ops.a if op.which == "a" else gemm.ops.b
+        mem.matrix(name, op.src.cols)[t0:t0 + nt, c0:c0 + nc] = blk
 
 
 def _store_tile(store: Callable[[int, int, np.ndarray], None], mem: Memory, gemm: Gemm, shape: GemmShape,

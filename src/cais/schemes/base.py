@@ -18,6 +18,7 @@ from typing import Any
 from cais.errors import UserError
 from cais.engine import Countdown, Signal, Simulator
 from cais.hw.compute import ComputeModel
+from cais.hw.config import TrainConfig
 from cais.hw.gpu import Kernel
 from cais.hw.memory import Memory
 from cais.machine import Machine
@@ -60,6 +61,32 @@ class VcMismatch(UserError):
     """A scheme asked of links whose VC policy undoes what defines it (CAIS's traffic
     control on one request VC, which is CAIS-Partial): refused before the machine is
     built."""
+
+
+class WgradMismatch(UserError):
+    """A backward dataflow for the weight gradients' gathered operands that a scheme
+    cannot run (``train.wgrad_grads`` = refetch on a scheme whose gradients are
+    gathered by a collective): refused before the machine is built."""
+
+
+@dataclass(frozen=True)
+class WgradPlan:
+    """How a period's weight gradients get their gathered operands (``train``): the
+    forward inputs (``inputs``) and the output gradients (``grads``), each ``keep``,
+    ``refetch`` or ``overlap`` (hw/config.py, ``TrainConfig``)."""
+
+    inputs: str
+    grads: str
+
+
+def gathered_class(period: Period, name: str) -> str:
+    """Whether the gathered tensor ``name`` a weight gradient reads is a forward
+    ``input`` (a forward sub-layer's gather, or a re-gather) or an output ``grad`` (a
+    backward sub-layer's)."""
+    for c in period.chains:
+        if c.gather_dst == name:
+            return "input" if c.gemm2.role == "fwd" else "grad"
+    return "input"
 
 
 @dataclass
@@ -184,9 +211,11 @@ class LayerRun:
                                        sm_set, mem if mem.functional else None, self.plans)
 
     def load_gemm(self, g: int, gemm: Gemm, ops: list[Operand], access: RemoteAccess,
-                  sm_set: frozenset[int] | None = None) -> Kernel:
+                  sm_set: frozenset[int] | None = None, keep: bool = False) -> Kernel:
         """A GEMM kernel whose tiles load the token-sharded operands ``ops`` from their
-        owners through ``access`` (kernels/remote_gemm.py); a plain GEMM without any."""
+        owners through ``access`` (kernels/remote_gemm.py); a plain GEMM without any.
+        ``keep``: the tiles also write the rows they load to the gathered tensor's local
+        copy (a later GEMM reads it there)."""
         if not ops:
             return self.gemm_kernel(g, gemm, sm_set)
         sms = len(sm_set) if sm_set else self.sms
@@ -194,7 +223,7 @@ class LayerRun:
         mem = self._memory(g)
         return remote_gemm.load_gemm(self.m, self.cm, g, gemm, shape, self.gemm_floor_ps(gemm, shape, sms),
                                      self.model.dtype_bytes, ops, access, sm_set, mem if mem.functional else None,
-                                     self.plans)
+                                     self.plans, keep)
 
     def fused_kernels(self, c: Chain, path: FusedPath) -> tuple[list[Kernel], list[Countdown]]:
         """Chain ``c``'s persistent fused GEMM1 + RS + row-wise + AG kernel per GPU,
@@ -297,7 +326,7 @@ class LayerRun:
 #: the methods through which a scheme runs a period besides :meth:`Scheme.allreduce`, and
 #: the settings it runs them with (what :meth:`Scheme.same_run_as` compares)
 _PERIOD_METHODS = ("run", "local", "local_gemm", "collective_step", "gather", "chain")
-_RUN_SETTINGS = ("sp", "algo", "switch", "vc_policy", "vc_policies")
+_RUN_SETTINGS = ("sp", "algo", "switch", "vc_policy", "vc_policies", "wgrad_inputs", "wgrad_grads", "loads_remote")
 
 
 class Scheme:
@@ -315,6 +344,15 @@ class Scheme:
     #: "baseline" (a system the paper compares, or plain Megatron), "ablation" (a variant of another
     #: scheme), "production" (a kernel production TP stacks run; the production experiment runs them)
     family: str = "baseline"
+    #: how the backward feeds a weight gradient its gathered operands where the system
+    #: says ``scheme`` (``train.wgrad_inputs``, ``train.wgrad_grads``): the forward inputs
+    #: fetched again beside the dgrad sub-layer and the dgrad's gathered gradients kept,
+    #: as Megatron-LM's linear layers do with sequence parallelism (docs/schemes.md)
+    wgrad_inputs = "overlap"
+    wgrad_grads = "keep"
+    #: whether its weight-gradient GEMMs load token-sharded rows from their owners
+    #: themselves (remote-load schemes: LADM, CAIS) rather than from a gathered copy
+    loads_remote = False
 
     #: the scheme a production all-reduce kernel's period runs as where it hands every
     #: AllReduce to NCCL (:meth:`same_run_as`)
@@ -380,17 +418,52 @@ class Scheme:
                              f"(cais-partial); allowed with this scheme: {', '.join(self.vc_policies)}")
         return configured
 
+    def wgrad_plan(self, train: TrainConfig) -> WgradPlan:
+        """The weight gradients' backward dataflow this scheme runs under ``train``
+        (``scheme``: its own); one it cannot run is a :class:`WgradMismatch`."""
+        inputs = self.wgrad_inputs if train.wgrad_inputs == "scheme" else train.wgrad_inputs
+        grads = self.wgrad_grads if train.wgrad_grads == "scheme" else train.wgrad_grads
+        if grads != "keep" and not self.loads_remote:
+            raise WgradMismatch(f"train.wgrad_grads: scheme '{self.name}' gathers the output gradients with its "
+                                f"dgrad's AllGather, whose copy serves the weight gradient; '{grads}' needs a "
+                                "scheme whose GEMMs load remote rows; allowed with this scheme: scheme, keep")
+        return WgradPlan(inputs, grads)
+
     def run(self, r: LayerRun) -> None:
+        """The period's segments in program order, each after the one before it, but
+        for the weight gradients' gathered operands (:meth:`wgrad_plan`): a re-gather
+        ``keep`` skips, ``overlap`` starts beside the dgrad sub-layer before it."""
+        plan = self.wgrad_plan(r.m.cfg.train)
         ready: Deps = [Signal() for _ in range(r.m.n)]
         for s in ready:
             s.fire(r.m.sim)
+        before = ready  # what the last sub-layer started after
+        fetched: dict[str, Deps] = {}  # gathered tensor -> its re-gather done, where it runs beside
         for seg in r.period.segments:
             if isinstance(seg, Chain):
+                before = ready
                 ready = self.chain(r, seg, ready)
             elif isinstance(seg, Gather):
-                ready = self.gather(r, seg.name, seg.src, seg.dst, ready)
+                if plan.inputs == "overlap" and not self.loads_remote:
+                    fetched[seg.dst] = self.gather(r, seg.name, seg.src, seg.dst, before)
+                elif plan.inputs != "keep":  # (a remote-load scheme's is its wgrad's own loads)
+                    ready = self.gather(r, seg.name, seg.src, seg.dst, ready)
+            elif seg.gemm is not None and seg.gemm.role == "wgrad":
+                ready = self.wgrad(r, seg, ready, before, fetched, plan)
             else:
                 ready = self.local(r, seg, ready)
+
+    def wgrad(self, r: LayerRun, seg: Local, deps: Deps, before: Deps, fetched: dict[str, Deps],
+              plan: WgradPlan) -> Deps:
+        """A weight-gradient GEMM after ``deps`` (and the re-gather of its operand where
+        that ran beside the sub-layer, ``fetched``); ``before``: what that sub-layer
+        started after. Here a local GEMM over gathered copies."""
+        gemm = seg.gemm
+        assert gemm is not None
+        mine = [fetched[t] for t in (gemm.ops.a, gemm.ops.b) if t in fetched]
+        if mine:
+            deps = [all_of(r.m.sim, [deps[g], *(f[g] for f in mine)]) for g in range(r.m.n)]
+        return self.local(r, seg, deps)
 
     # ---- building blocks, bulk synchronous ---------------------------------------
     def local(self, r: LayerRun, seg: Local, deps: Deps) -> Deps:

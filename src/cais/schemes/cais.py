@@ -28,8 +28,16 @@ The GEMMs are the remote-access kernels of kernels/remote_gemm.py with
 :class:`CoordinatedAccess`: ``ld.cais``/``red.cais`` plus the coordination hooks.
 
 Variants (§IV-C): ``cais`` (everything), ``cais-partial`` (no traffic control),
-``cais-wo-coord`` (no TB coordination). Attention, activations and weight gradients
-run as in ``cais-base``.
+``cais-wo-coord`` (no TB coordination). Attention and activations run as in
+``cais-base``. The weight gradients (schemes/remote_wgrad.py) are where the optimizer
+meets the backward pass, which the paper does not describe: a weight gradient of a
+forward input (QKV's, FC1's) loads its rows beside the dgrad sub-layer before it
+(asymmetric kernel overlap past the sub-layer: its loads are switch-to-GPU traffic,
+the dgrad's GEMM-RS GPU-to-switch), and one of an output gradient (the output
+projection's, FC2's) reads the copy its sub-layer's AG-GEMM wrote as it loaded the
+rows (one gathered tensor, two consumers: materialised once, as Megatron-LM keeps the
+gathered gradient for both). ``train.wgrad_inputs`` / ``train.wgrad_grads`` choose
+otherwise (docs/schemes.md, "Weight gradients").
 """
 
 from __future__ import annotations
@@ -39,7 +47,7 @@ from bisect import bisect_left
 import numpy as np
 
 from cais.engine import Countdown, Signal
-from cais.hw.gpu import Kernel, RedForm, RowBlocks
+from cais.hw.gpu import RedForm, RowBlocks
 from cais.hw.memory import Region
 from cais.hw.packets import Kind
 from cais.isa import StreamRed
@@ -50,8 +58,9 @@ from cais.machine import Machine
 from cais.opt.fusion import asymmetric_split, fuse
 from cais.opt.tb_dependencies import TbDependencies, tb_dependencies
 from cais.opt.tb_order import k_start_owner, owner_interleaved_order
-from cais.schemes.base import Deps, LayerRun, Scheme
-from cais.workload.graph import Chain, Gemm
+from cais.schemes.base import Deps, LayerRun
+from cais.schemes.remote_wgrad import RemoteLoadScheme
+from cais.workload.graph import Chain
 
 _PHASES = 2  # sync points per TB: pre-launch, pre-access
 
@@ -151,7 +160,7 @@ class CoordinatedAccess(MergeableAccess):
         return out
 
 
-class Cais(Scheme):
+class Cais(RemoteLoadScheme):
     """CAIS: merge unit + TB coordination + graph-level dataflow optimizer."""
 
     name = "cais"
@@ -161,20 +170,14 @@ class Cais(Scheme):
     coord = True
     vc_policies = ("class", "kernel")  # traffic control: loads and reductions on their own VCs
     summary = "CAIS: merge unit + TB coordination (group sync, throttling) + fused GEMM-RS/LN/AG-GEMM pipeline"
+    wgrad_inputs = "overlap"
+    wgrad_grads = "keep"
 
     def run(self, r: LayerRun) -> None:
         self._sharded = sharded_activations(r.period)
-        # the weight gradients' loads: no TB group, no TB-level dependencies
-        self._loads = CoordinatedAccess(r.m, r.d.rows_l, self.coord)
+        # the weight gradients' loads (ld.cais): no TB group, no TB-level dependencies
+        self._wgrad_access = CoordinatedAccess(r.m, r.d.rows_l, self.coord)
         super().run(r)
-
-    def gather(self, r: LayerRun, name: str, src: str, dst: str, deps: Deps) -> Deps:
-        """No AllGather: the weight-gradient GEMM loads the rows where they live."""
-        return deps
-
-    def local_gemm(self, r: LayerRun, g: int, gemm: Gemm) -> Kernel:
-        """A weight gradient loads its token-sharded operands with ``ld.cais``."""
-        return r.load_gemm(g, gemm, remote_operands(gemm, self._sharded), self._loads)
 
     # ---- the fused sub-layer --------------------------------------------------------
     def chain(self, r: LayerRun, c: Chain, deps: Deps) -> Deps:
@@ -196,7 +199,7 @@ class Cais(Scheme):
             k1, _ = r.reduce_gemm(g, c.gemm1, c.reduced, reductions, rs_sms)
             expected = [tbd.signal_bytes(g, b, r.model.dtype_bytes) for b in range(len(blocks))]
             ln = r.signalled_rowop_kernel(g, c.rowop, blocks, expected, block_keys, flags, ready, ag_sms)
-            k2 = r.load_gemm(g, c.gemm2, ops, loads, ag_sms)
+            k2 = r.load_gemm(g, c.gemm2, ops, loads, ag_sms, keep=self.keeps(c))
             for k in (k1, ln):
                 r.submit(g, k, [deps[g]], over, c.name)
             out.append(r.submit(g, k2, [deps[g]], over, c.name))

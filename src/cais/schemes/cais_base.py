@@ -31,13 +31,13 @@ session), see docs/cais.md.
 from __future__ import annotations
 
 from cais.engine import Signal
-from cais.hw.gpu import Kernel
 from cais.kernels.remote_gemm import MergeableAccess, remote_operands, sharded_activations
-from cais.schemes.base import Deps, LayerRun, Scheme, all_of
-from cais.workload.graph import Chain, Gemm
+from cais.schemes.base import Deps, LayerRun, all_of
+from cais.schemes.remote_wgrad import RemoteLoadScheme
+from cais.workload.graph import Chain
 
 
-class CaisBase(Scheme):
+class CaisBase(RemoteLoadScheme):
     """GEMM -> ``red.cais`` into the row owner | row-wise op | GEMM with ``ld.cais`` of
     remote A rows; merging in the switch, no TB coordination, no graph optimizer."""
 
@@ -50,17 +50,10 @@ class CaisBase(Scheme):
 
     def run(self, r: LayerRun) -> None:
         self._sharded = sharded_activations(r.period)
-        self._loads = MergeableAccess(r.m)
+        # a weight gradient loads its token-sharded operands with ld.cais (their owners
+        # wrote them before an earlier barrier), after its sub-layer
+        self._loads = self._wgrad_access = MergeableAccess(r.m)
         super().run(r)
-
-    def gather(self, r: LayerRun, name: str, src: str, dst: str, deps: Deps) -> Deps:
-        """No AllGather: the weight-gradient GEMM loads the rows where they live."""
-        return deps
-
-    def local_gemm(self, r: LayerRun, g: int, gemm: Gemm) -> Kernel:
-        """A weight gradient loads its token-sharded operands with ``ld.cais`` (their
-        owners wrote them before an earlier barrier)."""
-        return r.load_gemm(g, gemm, remote_operands(gemm, self._sharded), self._loads)
 
     def chain(self, r: LayerRun, c: Chain, deps: Deps) -> Deps:
         n, over, sim = r.m.n, r.cm.kernel_overhead_ps, r.m.sim
@@ -77,4 +70,4 @@ class CaisBase(Scheme):
                                  c.name))
         normed = r.barrier(rows, f"{c.name} rows ready")
         ops = remote_operands(c.gemm2, self._sharded)
-        return [r.submit(g, r.load_gemm(g, c.gemm2, ops, self._loads), [normed[g]], over, c.name) for g in range(n)]
+        return [r.submit(g, r.load_gemm(g, c.gemm2, ops, self._loads, keep=self.keeps(c)), [normed[g]], over, c.name) for g in range(n)]

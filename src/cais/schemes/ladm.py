@@ -77,13 +77,13 @@ wire separates every kernel.
 
 from __future__ import annotations
 
-from cais.hw.gpu import Kernel
 from cais.kernels.remote_gemm import RemoteAccess, remote_operands, sharded_activations
-from cais.schemes.base import Deps, LayerRun, Scheme, all_of
-from cais.workload.graph import Chain, Gemm, Local
+from cais.schemes.base import Deps, LayerRun, all_of
+from cais.schemes.remote_wgrad import RemoteLoadScheme
+from cais.workload.graph import Chain, Local
 
 
-class Ladm(Scheme):
+class Ladm(RemoteLoadScheme):
     """One NUMA GPU: GEMM epilogues ``red`` partial rows to their owner, GEMMs ``ld``
     the rows they need from their owner; global barriers at kernel boundaries."""
 
@@ -94,24 +94,17 @@ class Ladm(Scheme):
 
     def run(self, r: LayerRun) -> None:
         self._sharded = sharded_activations(r.period)
-        self._access = self.access(r)
+        self._access = self._wgrad_access = self.access(r)
         super().run(r)
 
     def access(self, r: LayerRun) -> RemoteAccess:
         """How the GEMMs touch remote rows: plain ``ld``/``red`` in CUTLASS's tile order."""
         return RemoteAccess(r.m)
 
-    def gather(self, r: LayerRun, name: str, src: str, dst: str, deps: Deps) -> Deps:
-        """No AllGather: the weight-gradient GEMM loads the rows where they live."""
-        return deps
-
     def local(self, r: LayerRun, seg: Local, deps: Deps) -> Deps:
         """Each kernel of the single virtual GPU starts once the previous one has
         finished on every GPU, through an NVLS barrier (kernels/sync.py)."""
         return super().local(r, seg, r.barrier(deps))
-
-    def local_gemm(self, r: LayerRun, g: int, gemm: Gemm) -> Kernel:
-        return r.load_gemm(g, gemm, remote_operands(gemm, self._sharded), self._access)
 
     def chain(self, r: LayerRun, c: Chain, deps: Deps) -> Deps:
         n, over = r.m.n, r.cm.kernel_overhead_ps
@@ -127,4 +120,4 @@ class Ladm(Scheme):
                 for g in range(n)]
         normed = r.barrier(rows)
         ops = remote_operands(c.gemm2, self._sharded)
-        return [r.submit(g, r.load_gemm(g, c.gemm2, ops, self._access), [normed[g]], over, c.name) for g in range(n)]
+        return [r.submit(g, r.load_gemm(g, c.gemm2, ops, self._access, keep=self.keeps(c)), [normed[g]], over, c.name) for g in range(n)]

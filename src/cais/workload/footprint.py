@@ -92,7 +92,7 @@ def kv_cache_bytes(model: ModelSpec, d: Dims) -> int:
     return model.layers * 2 * d.kv_l * d.head_dim * model.dtype_bytes * d.batch * d.kv_len
 
 
-def stored_activation_bytes(model: ModelSpec, d: Dims) -> int:
+def stored_activation_bytes(model: ModelSpec, d: Dims, keep_inputs: bool = False) -> int:
     """Activations one layer keeps for its backward pass on one GPU: Korthikanti et al.
     2022, Table 2, with selective recomputation (FlashAttention keeps no s x s scores,
     so the ``5as/(ht)`` term is gone), generalised to GQA and gated MLPs. Per token row:
@@ -100,11 +100,13 @@ def stored_activation_bytes(model: ModelSpec, d: Dims) -> int:
     (``10h`` bytes at 2 B; sharded by TP with sequence parallelism, else on every GPU),
     and Q, K, V, the attention output, the FC1 output and the activation output
     (``24h/t`` for a GPT layer), sharded by TP. GPT, no SP: ``sbh(10 + 24/t)``;
-    with SP: ``sbh * 34/t``."""
+    with SP: ``sbh * 34/t``. ``keep_inputs``: the two GEMM inputs after the norms are
+    kept gathered (``4h`` bytes per token row on every GPU) instead of sharded."""
     b, h = model.dtype_bytes, model.hidden
     per_row = 4 * h * b + 2 * h * MASK_BYTES
     sharded = (2 * d.q_l + 2 * d.kv_l * d.head_dim + d.fc1_l + d.ffn_l) * b
-    return d.rows_l * per_row + d.tokens * sharded
+    gathered = 2 * h * b * (d.tokens - d.rows_l) if keep_inputs and d.sp else 0
+    return d.rows_l * per_row + d.tokens * sharded + gathered
 
 
 def _weight_tensors(g: LayerGraph) -> set[str]:
@@ -139,10 +141,13 @@ def live_activation_bytes(g: LayerGraph, dtype_bytes: int) -> int:
     return max((sum(b for s, e, b in spans if s <= i <= e) for i in range(len(g.ops))), default=0)
 
 
-def footprint(model: ModelSpec, gpus: int, mode: str, sp: bool) -> Footprint:
+def footprint(model: ModelSpec, gpus: int, mode: str, sp: bool, keep_inputs: bool = False) -> Footprint:
     """The per-GPU footprint of ``model`` in ``mode`` (train, prefill, decode) over
     ``gpus`` TP ranks; ``sp``: the scheme shards activations by sequence (its stored
-    activations are then sharded too). A model that does not split raises ModelError."""
+    activations are then sharded too); ``keep_inputs``: with SP, every layer keeps the
+    gathered inputs of its column-parallel GEMMs for the backward
+    (``train.wgrad_inputs`` = keep) instead of their shards. A model that does not
+    split raises ModelError."""
     g = build_graph(model, gpus, mode, sp)
     d, b = g.dims, model.dtype_bytes
     params = weight_params(model, d)
@@ -150,7 +155,7 @@ def footprint(model: ModelSpec, gpus: int, mode: str, sp: bool) -> Footprint:
     act = live_activation_bytes(g, b)
     grads = optim = 0
     if mode == "train":
-        act += (model.layers - 1) * stored_activation_bytes(model, d)
+        act += (model.layers - 1) * stored_activation_bytes(model, d, keep_inputs)
         grads = params * b
         master = FP32_BYTES if b < FP32_BYTES else 0  # mixed precision keeps an fp32 copy
         optim = params * (ADAM_STATES * FP32_BYTES + master)
