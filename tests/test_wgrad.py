@@ -27,18 +27,22 @@ def _four(**sets: str):
     return apply_overrides(load_system("dgx-h100"), {"gpus": "4", **sets})
 
 
-def _train(inputs: str, grads: str = "scheme", **sets: str):
+def _train(inputs: str, grads: str = "keep", **sets: str):
     return _four(**{"train.wgrad_inputs": inputs, "train.wgrad_grads": grads, **sets})
 
 
-@pytest.mark.parametrize("inputs", ["keep", "refetch", "overlap"])
-@pytest.mark.parametrize("scheme", COLLECTIVE + REMOTE)
+CHOICES = ("keep", "keep-overlap", "refetch", "refetch-overlap")
+COLLECTIVE_CHOICES = ("keep", "refetch", "refetch-overlap")
+
+
+@pytest.mark.parametrize("scheme, inputs", [(s, c) for s in COLLECTIVE for c in COLLECTIVE_CHOICES]
+                         + [(s, c) for s in REMOTE for c in CHOICES])
 def test_every_choice_for_the_inputs_is_exact(scheme: str, inputs: str) -> None:
     r = run_layer(_train(inputs), GPT, scheme, "train", functional=True, seed=3)
     assert r.checked >= 60 and r.mismatches == []
 
 
-@pytest.mark.parametrize("grads", ["keep", "refetch", "overlap"])
+@pytest.mark.parametrize("grads", CHOICES)
 @pytest.mark.parametrize("scheme", REMOTE)
 def test_every_choice_for_the_gradients_is_exact(scheme: str, grads: str) -> None:
     r = run_layer(_train("refetch", grads), GPT, scheme, "train", functional=True, seed=4)
@@ -48,19 +52,22 @@ def test_every_choice_for_the_gradients_is_exact(scheme: str, grads: str) -> Non
 def test_each_scheme_runs_its_sourced_choice() -> None:
     own = {name: (s.wgrad_inputs, s.wgrad_grads) for name, s in schemes().items()}
     for name in ("sp-nvls", "sp-ring", "coconet", "coconet-nvls", "fuselib", "fuselib-nvls", "t3", "t3-nvls"):
-        assert own[name] == ("overlap", "keep"), name  # Megatron-LM's backward
+        assert own[name] == ("refetch-overlap", "keep"), name  # Megatron-LM's backward
     for name in ("cais", "cais-partial", "cais-wo-coord"):
-        assert own[name] == ("overlap", "keep"), name  # the dataflow optimizer's
+        assert own[name] == ("refetch-overlap", "keep-overlap"), name  # the dataflow optimizer's
     for name in ("ladm", "cais-base"):
         assert own[name] == ("refetch", "refetch"), name  # no optimizer: loaded after the sub-layer
     plan = get_scheme("cais").wgrad_plan(TrainConfig(wgrad_inputs="keep"))
-    assert (plan.inputs, plan.grads) == ("keep", "keep")
+    assert (plan.inputs, plan.grads) == ("keep", "keep-overlap")
 
 
-def test_a_collective_scheme_cannot_refetch_its_gathered_gradients() -> None:
-    with pytest.raises(WgradMismatch, match=r"^train\.wgrad_grads: scheme 'sp-nvls' .* allowed with this scheme: "
-                                            r"scheme, keep$"):
-        run_layer(_train("scheme", "refetch"), GPT, "sp-nvls", "train")
+@pytest.mark.parametrize("field, value", [("wgrad_grads", "refetch"), ("wgrad_grads", "keep-overlap"),
+                                          ("wgrad_inputs", "keep-overlap")])
+def test_a_collective_scheme_refuses_what_only_remote_loads_can_run(field: str, value: str) -> None:
+    allowed = "scheme, keep" if field == "wgrad_grads" else "scheme, keep, refetch, refetch-overlap"
+    with pytest.raises(WgradMismatch, match=rf"^train\.{field}: scheme 'sp-nvls' .* '{value}' .* allowed with this "
+                                            rf"scheme: {allowed}$"):
+        run_layer(_four(**{f"train.{field}": value}), GPT, "sp-nvls", "train")
 
 
 def _run(cfg, scheme: str) -> tuple[Machine, LayerRun]:
@@ -97,8 +104,8 @@ def test_ladm_weight_gradients_move_the_closed_form() -> None:
 
 def test_overlap_moves_what_refetch_moves_and_keep_less() -> None:
     for scheme in ("sp-nvls", "cais"):
-        moved = {how: _injected(_train(how), scheme) for how in ("keep", "refetch", "overlap")}
-        assert moved["overlap"] == moved["refetch"] > moved["keep"], (scheme, moved)
+        moved = {how: _injected(_train(how), scheme) for how in ("keep", "refetch", "refetch-overlap")}
+        assert moved["refetch-overlap"] == moved["refetch"] > moved["keep"], (scheme, moved)
 
 
 def _spans(scheme: str, inputs: str) -> dict[str, tuple[int, int]]:
@@ -109,13 +116,14 @@ def _spans(scheme: str, inputs: str) -> dict[str, tuple[int, int]]:
 
 @pytest.mark.parametrize("scheme, fetch", [("sp-nvls", "regather_n1"), ("cais", "qkv_wgrad")])
 def test_overlap_fetches_beside_the_dgrad_sublayer(scheme: str, fetch: str) -> None:
-    beside, after = _spans(scheme, "overlap"), _spans(scheme, "refetch")
+    beside, after = _spans(scheme, "refetch-overlap"), _spans(scheme, "refetch")
     assert beside[fetch][0] < beside["L4"][1]  # started before the dgrad sub-layer ended
     assert after[fetch][0] >= after["L4"][1]
     kept = _spans(scheme, "keep")
     assert "regather_n1" not in kept
     if scheme == "cais":
         assert kept["qkv_wgrad"][0] >= kept["L4"][1]  # a local GEMM, in its place
+        assert _spans(scheme, "keep-overlap")["qkv_wgrad"][0] < kept["L4"][1]  # a local GEMM beside the dgrad
 
 
 def test_kept_inputs_are_counted_by_the_memory_check() -> None:

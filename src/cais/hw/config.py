@@ -327,7 +327,10 @@ class RemoteReadConfig(_Strict):
                                                           "opt-in; a cluster's CTAs are co-scheduled on one GPC")
 
 
-WGRAD_POLICIES = ("scheme", "keep", "refetch", "overlap")
+#: how a weight gradient gets a gathered operand: its source (a kept copy, or fetched
+#: again) and where it runs (in program order, or overlapped with the work around it)
+WGRAD_POLICIES = ("scheme", "keep", "keep-overlap", "refetch", "refetch-overlap")
+WgradPolicy = Literal["scheme", "keep", "keep-overlap", "refetch", "refetch-overlap"]
 
 
 class TrainConfig(_Strict):
@@ -335,24 +338,29 @@ class TrainConfig(_Strict):
     gathered over all token rows, when activations are sequence-parallel between the
     GEMMs (docs/schemes.md, "Weight gradients"). Two operands are gathered: the
     forward *inputs* of the column-parallel GEMMs (the normed activations QKV and FC1
-    read, whose weight gradients need them again) and the backward *gradients* of the
-    row-parallel GEMMs' outputs (what the output projection's and FC2's dgrad and
-    wgrad both read). Basic TP (no SP) holds both whole on every GPU: nothing to do."""
+    read, whose weight gradients need them again) and the output *gradients* of the
+    row-parallel GEMMs (what the output projection's and FC2's dgrad and wgrad both
+    read). Basic TP (no SP) holds both whole on every GPU: nothing to choose.
 
-    wgrad_inputs: Literal["scheme", "keep", "refetch", "overlap"] = Field(
-        "scheme", description="the forward inputs: scheme = the scheme's own (its page in docs/schemes/ gives the "
-                              "source); keep = the forward's gathered copy is kept until the backward (no traffic; "
-                              "the memory check counts it for every layer); refetch = fetched again after the "
-                              "dgrad sub-layer with nothing beside it (an AllGather kernel, or the weight-gradient "
-                              "GEMM's own remote loads); overlap = fetched again beside the dgrad sub-layer "
-                              "(Megatron-LM's asynchronous all-gather beside the dgrad GEMM; a remote-load "
-                              "scheme's weight-gradient GEMM launched beside the sub-layer)")
-    wgrad_grads: Literal["scheme", "keep", "refetch", "overlap"] = Field(
-        "scheme", description="the gathered output gradients (read by a row-parallel GEMM's dgrad and its wgrad): "
-                              "scheme = the scheme's own; keep = the dgrad's gathered copy serves the wgrad (a "
-                              "collective scheme's AllGather output; a remote-load scheme's AG-GEMM writes what it "
-                              "loads to local HBM); refetch = the wgrad GEMM loads them again after the sub-layer; "
-                              "overlap = it loads them beside what follows (remote-load schemes only)")
+    Each is ``scheme`` (the scheme's own, sourced on its page), or a source and a
+    placement: ``keep`` (a gathered copy made when the rows were first gathered is
+    kept: a collective's output, or the rows a remote-load AG-GEMM wrote to local HBM
+    as it loaded them) or ``refetch`` (gathered again: an AllGather kernel, or the
+    weight-gradient GEMM's own remote loads); plain (in program order, after the
+    sub-layer) or ``-overlap`` (beside the work around it: the re-gather beside the
+    dgrad GEMM, as Megatron-LM's asynchronous all-gather runs; a remote-load scheme's
+    weight-gradient GEMM launched on a low-priority stream beside the dgrad sub-layer
+    (inputs) or what follows it (gradients))."""
+
+    wgrad_inputs: WgradPolicy = Field(
+        "scheme", description="the forward inputs of QKV and FC1: keep = the forward's gathered copy stays until the "
+                              "backward (the memory check counts it for every layer); refetch = gathered again after "
+                              "the dgrad sub-layer; -overlap = beside it (see the section's description)")
+    wgrad_grads: WgradPolicy = Field(
+        "scheme", description="the gathered output gradients of the output projection and FC2 (read by their dgrad "
+                              "and wgrad): keep = the dgrad's gathered copy serves the wgrad; refetch = the wgrad "
+                              "GEMM loads them again (remote-load schemes); -overlap = beside what follows the "
+                              "sub-layer (remote-load schemes)")
 
 
 class SystemConfig(_Strict):

@@ -72,11 +72,16 @@ class WgradMismatch(UserError):
 @dataclass(frozen=True)
 class WgradPlan:
     """How a period's weight gradients get their gathered operands (``train``): the
-    forward inputs (``inputs``) and the output gradients (``grads``), each ``keep``,
-    ``refetch`` or ``overlap`` (hw/config.py, ``TrainConfig``)."""
+    forward inputs (``inputs``) and the output gradients (``grads``), each ``keep``
+    or ``refetch``, in program order or with ``-overlap`` (hw/config.py,
+    ``TrainConfig``)."""
 
     inputs: str
     grads: str
+
+    def of(self, kind: str) -> str:
+        """The choice for a gathered operand of class ``kind`` (``input``, ``grad``)."""
+        return self.inputs if kind == "input" else self.grads
 
 
 def gathered_class(period: Period, name: str) -> str:
@@ -348,7 +353,7 @@ class Scheme:
     #: says ``scheme`` (``train.wgrad_inputs``, ``train.wgrad_grads``): the forward inputs
     #: fetched again beside the dgrad sub-layer and the dgrad's gathered gradients kept,
     #: as Megatron-LM's linear layers do with sequence parallelism (docs/schemes.md)
-    wgrad_inputs = "overlap"
+    wgrad_inputs = "refetch-overlap"
     wgrad_grads = "keep"
     #: whether its weight-gradient GEMMs load token-sharded rows from their owners
     #: themselves (remote-load schemes: LADM, CAIS) rather than from a gathered copy
@@ -420,19 +425,26 @@ class Scheme:
 
     def wgrad_plan(self, train: TrainConfig) -> WgradPlan:
         """The weight gradients' backward dataflow this scheme runs under ``train``
-        (``scheme``: its own); one it cannot run is a :class:`WgradMismatch`."""
+        (``scheme``: its own); one it cannot run is a :class:`WgradMismatch`: a
+        scheme whose gradients a collective gathers keeps that copy, and its weight
+        gradients run in stream order (only a re-gather runs beside the dgrad)."""
         inputs = self.wgrad_inputs if train.wgrad_inputs == "scheme" else train.wgrad_inputs
         grads = self.wgrad_grads if train.wgrad_grads == "scheme" else train.wgrad_grads
-        if grads != "keep" and not self.loads_remote:
-            raise WgradMismatch(f"train.wgrad_grads: scheme '{self.name}' gathers the output gradients with its "
-                                f"dgrad's AllGather, whose copy serves the weight gradient; '{grads}' needs a "
-                                "scheme whose GEMMs load remote rows; allowed with this scheme: scheme, keep")
+        if not self.loads_remote:
+            for field_, got, allowed in (("wgrad_inputs", inputs, ("keep", "refetch", "refetch-overlap")),
+                                         ("wgrad_grads", grads, ("keep",))):
+                if got not in allowed:
+                    raise WgradMismatch(
+                        f"train.{field_}: scheme '{self.name}' gathers with collectives and runs its weight "
+                        f"gradients in stream order after the dgrad's gathered copy; '{got}' needs a scheme whose "
+                        f"GEMMs load remote rows; allowed with this scheme: scheme, {', '.join(allowed)}")
         return WgradPlan(inputs, grads)
 
     def run(self, r: LayerRun) -> None:
         """The period's segments in program order, each after the one before it, but
-        for the weight gradients' gathered operands (:meth:`wgrad_plan`): a re-gather
-        ``keep`` skips, ``overlap`` starts beside the dgrad sub-layer before it."""
+        for the weight gradients' gathered operands (:meth:`wgrad_plan`): a kept copy
+        skips the re-gather, ``refetch-overlap`` starts it beside the dgrad sub-layer
+        before it, and :meth:`wgrad` places the weight gradient."""
         plan = self.wgrad_plan(r.m.cfg.train)
         ready: Deps = [Signal() for _ in range(r.m.n)]
         for s in ready:
@@ -444,9 +456,9 @@ class Scheme:
                 before = ready
                 ready = self.chain(r, seg, ready)
             elif isinstance(seg, Gather):
-                if plan.inputs == "overlap" and not self.loads_remote:
+                if plan.inputs == "refetch-overlap" and not self.loads_remote:
                     fetched[seg.dst] = self.gather(r, seg.name, seg.src, seg.dst, before)
-                elif plan.inputs != "keep":  # (a remote-load scheme's is its wgrad's own loads)
+                elif plan.inputs == "refetch":  # (a remote-load scheme's is its wgrad's own loads)
                     ready = self.gather(r, seg.name, seg.src, seg.dst, ready)
             elif seg.gemm is not None and seg.gemm.role == "wgrad":
                 ready = self.wgrad(r, seg, ready, before, fetched, plan)

@@ -30,14 +30,16 @@ The GEMMs are the remote-access kernels of kernels/remote_gemm.py with
 Variants (§IV-C): ``cais`` (everything), ``cais-partial`` (no traffic control),
 ``cais-wo-coord`` (no TB coordination). Attention and activations run as in
 ``cais-base``. The weight gradients (schemes/remote_wgrad.py) are where the optimizer
-meets the backward pass, which the paper does not describe: a weight gradient of a
+meets the backward pass, which the paper does not describe. Nothing in the period
+waits for a weight gradient, so the optimizer runs each beside the work around it,
+on a low-priority stream, as soon as its operands are ready: a weight gradient of a
 forward input (QKV's, FC1's) loads its rows beside the dgrad sub-layer before it
 (asymmetric kernel overlap past the sub-layer: its loads are switch-to-GPU traffic,
 the dgrad's GEMM-RS GPU-to-switch), and one of an output gradient (the output
 projection's, FC2's) reads the copy its sub-layer's AG-GEMM wrote as it loaded the
 rows (one gathered tensor, two consumers: materialised once, as Megatron-LM keeps the
-gathered gradient for both). ``train.wgrad_inputs`` / ``train.wgrad_grads`` choose
-otherwise (docs/schemes.md, "Weight gradients").
+gathered gradient for both) beside what follows. ``train.wgrad_inputs`` /
+``train.wgrad_grads`` choose otherwise (docs/schemes.md, "Weight gradients").
 """
 
 from __future__ import annotations
@@ -170,8 +172,8 @@ class Cais(RemoteLoadScheme):
     coord = True
     vc_policies = ("class", "kernel")  # traffic control: loads and reductions on their own VCs
     summary = "CAIS: merge unit + TB coordination (group sync, throttling) + fused GEMM-RS/LN/AG-GEMM pipeline"
-    wgrad_inputs = "overlap"
-    wgrad_grads = "keep"
+    wgrad_inputs = "refetch-overlap"
+    wgrad_grads = "keep-overlap"
 
     def run(self, r: LayerRun) -> None:
         self._sharded = sharded_activations(r.period)

@@ -5,18 +5,20 @@ FC1 read) or an output gradient (what the output projection's and FC2's dgrad re
 too). Per class, ``train.wgrad_inputs`` / ``train.wgrad_grads`` say how it gets it
 (docs/schemes.md, "Weight gradients"):
 
-* ``keep``: the GEMM that first loaded the rows (the sub-layer's AG-GEMM) writes them
-  to a local copy as they land (its remote share written to HBM once), and the
-  weight gradient reads that copy: a plain local GEMM;
-* ``refetch``: the weight-gradient GEMM loads them again after the sub-layer, with
-  nothing beside it;
-* ``overlap``: it loads them beside the work around it, on a low-priority stream so
-  that the sub-layer's TBs go first: a forward input's weight gradient starts with
-  the dgrad sub-layer before it (its operands are ready then: the input from the
-  forward, the gradient from the layer above), an output gradient's with what
-  follows its sub-layer. This is CAIS's asymmetric kernel overlap (§III-C.2) applied
-  past the sub-layer: the weight gradient's loads run down the switch-to-GPU links
-  while the dgrad's GEMM-RS pushes its reductions up.
+* the source: ``keep``: the GEMM that first loaded the rows (the sub-layer's AG-GEMM)
+  writes them to a local copy as they land (each remote row written to HBM once),
+  and the weight gradient reads that copy, a plain local GEMM; ``refetch``: the
+  weight-gradient GEMM loads them again itself;
+* the placement: in program order, after the sub-layer with nothing beside it; or
+  ``-overlap``: beside the work around it, on a low-priority stream so that the
+  critical path's TBs go first (nothing in the period waits for a weight gradient).
+  A forward input's weight gradient starts with the dgrad sub-layer before it (its
+  operands are ready then: the input from the forward, the gradient from the layer
+  above); an output gradient's with what follows its sub-layer. This is CAIS's
+  asymmetric kernel overlap (§III-C.2: the optimizer runs kernels that are both
+  ready side by side) applied past the sub-layer; with refetch, the weight
+  gradient's loads run down the switch-to-GPU links while the dgrad's GEMM-RS pushes
+  its reductions up.
 """
 
 from __future__ import annotations
@@ -44,8 +46,7 @@ class RemoteLoadScheme(Scheme):
 
     def run(self, r: LayerRun) -> None:
         plan = self.wgrad_plan(r.m.cfg.train)
-        self._kept = {name for name in self._sharded
-                      if (plan.inputs if gathered_class(r.period, name) == "input" else plan.grads) == "keep"}
+        self._kept = {name for name in self._sharded if plan.of(gathered_class(r.period, name)).startswith("keep")}
         super().run(r)
 
     def keeps(self, c: Chain) -> bool:
@@ -64,13 +65,13 @@ class RemoteLoadScheme(Scheme):
 
     def wgrad(self, r: LayerRun, seg: Local, deps: Deps, before: Deps, fetched: dict[str, Deps],
               plan: WgradPlan) -> Deps:
-        """After ``deps`` (keep, refetch), or beside the work around it (overlap)."""
+        """After ``deps``, or (``-overlap``) beside the work around it: a forward
+        input's from ``before`` (what its dgrad sub-layer started after), an output
+        gradient's from ``deps``; then the period goes on without it."""
         gemm = seg.gemm
         assert gemm is not None
-        gathered = [t for t in (gemm.ops.a, gemm.ops.b) if t in self._sharded]
-        kinds = {gathered_class(r.period, t) for t in gathered}
-        policy = {plan.inputs if k == "input" else plan.grads for k in kinds}
-        if policy != {"overlap"}:
+        kinds = {gathered_class(r.period, t) for t in (gemm.ops.a, gemm.ops.b) if t in self._sharded}
+        if not kinds or not all(plan.of(k).endswith("-overlap") for k in kinds):
             return self.local(r, seg, deps)
         after = before if kinds == {"input"} else deps
         for g in range(r.m.n):
@@ -78,4 +79,3 @@ class RemoteLoadScheme(Scheme):
             k.priority = SIDE_PRIORITY
             r.submit(g, k, [after[g]], r.cm.kernel_overhead_ps, seg.name)
         return deps
-
