@@ -68,7 +68,8 @@ def layer_point(point: dict[str, Any]) -> dict[str, Any]:
                            "link_util_mean": FLOAT(r.link_util.mean), "link_util_max": FLOAT(r.link_util.max),
                            "comm_kernel_us": FLOAT(r.kernel_us.get("communication", 0.0)),
                            "compute_kernel_us": FLOAT(r.kernel_us.get("computation", 0.0)),
-                           "hidden_run": model.hidden, "ffn_run": model.ffn_hidden}
+                           "hidden_run": model.hidden, "ffn_run": model.ffn_hidden,
+                           "segments_us": json.dumps({k: round(v, 3) for k, v in r.segments.items()})}
     for name in ("L1", "L2", "L3", "L4"):
         s = r.sublayers.get(name)
         for key in ("time_us", "bound_us", "compute_us", "comm_us", "table_peak_kB"):
