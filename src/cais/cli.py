@@ -853,11 +853,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("models", help="list model presets").set_defaults(fn=cmd_models)
 
     d = with_system(sub.add_parser(
-        "demo", help="the main job: NVLS and ring AllReduce, a GEMM, and every scheme (CAIS and the eleven "
+        "demo", help="the main job: NVLS and ring AllReduce, a GEMM, and every scheme (CAIS and the thirteen "
                      "baselines; not the ablations) on one prefill period of a model, as tables",
         description="The main job: NVLS and ring AllReduce checked in functional mode, a GEMM, and the scheme "
-                    "comparison (CAIS and the eleven baselines: the paper's nine and plain Megatron's tp-ring "
-                    "and sp-ring) on one prefill period at 66 SMs, as tables."))
+                    "comparison (CAIS and the thirteen baselines: the paper's nine and plain Megatron's tp-ring, "
+                    "sp-ring, tp-nccl and sp-nccl) on one prefill period at 66 SMs, as tables."))
     d.add_argument("--bytes", type=_size, default=256 << 20, help="AllReduce buffer size (default: 256M)")
     d.add_argument("--model", default="paper-llama-7b", help="model of the scheme comparison (default: %(default)s)")
     d.set_defaults(fn=cmd_demo)
