@@ -1,4 +1,4 @@
-"""The "production" experiment's analysis (issue 37): CAIS's speedup over TP-NVLS and
+"""The "production" experiment's analysis (issue 37): CAIS's speedup over TP-NCCL and
 over the best production kernel per case, which kernel is best, and the cases left
 out because they do not fit in HBM. The end-to-end quick run is in test_reproduce."""
 
@@ -13,7 +13,7 @@ from cais.reproduce.experiments.common import Context
 
 
 def _rows() -> pd.DataFrame:
-    times = {"tp-nvls": 100.0, "tp-custom-ar": 80.0, "tp-multimem": 90.0, "tp-fused-ar-norm": 70.0, "cais": 75.0}
+    times = {"tp-nccl": 100.0, "tp-custom-ar": 80.0, "tp-multimem": 90.0, "tp-fused-ar-norm": 70.0, "cais": 75.0}
     out = []
     for world in ("w1", "w2"):
         for s, t in times.items():
@@ -29,7 +29,7 @@ def test_table_picks_the_best_production_kernel_and_divides_by_cais() -> None:
     assert len(t) == 2
     w1 = t[t["world"] == "w1"].iloc[0]
     assert w1["best_production"] == "tp-fused-ar-norm"
-    assert w1["cais_over_best"] == 70.0 / 75.0 and w1["cais_over_tp_nvls"] == 100.0 / 75.0
+    assert w1["cais_over_best"] == 70.0 / 75.0 and w1["cais_over_tp_nccl"] == 100.0 / 75.0
     assert w1["case"] == "8b decode b1 kv1k"
     w2 = t[t["world"] == "w2"].iloc[0]
     assert w2["cais_over_best"] == 70.0 / 37.5
@@ -39,7 +39,7 @@ def test_table_picks_the_best_production_kernel_and_divides_by_cais() -> None:
 
 def test_analysis_gives_a_verdict_per_world_and_judges_the_claim(tmp_path: Path) -> None:
     _, sec = prod.production_analyse(Context(out=tmp_path, quick=True), _rows())
-    assert "w1: decode: CAIS 1.33x TP-NVLS" in sec.verdict and "w2: decode: CAIS 2.67x" in sec.verdict
+    assert "w1: decode: CAIS 1.33x TP-NCCL" in sec.verdict and "w2: decode: CAIS 2.67x" in sec.verdict
     assert (tmp_path / "production.png").is_file()
     assert len(sec.claims) == 1 and not sec.claims[0].holds  # CAIS loses to the fused kernel in w1
     assert "1 of 2 cases" in sec.claims[0].figure
@@ -58,9 +58,9 @@ def test_points_leave_out_what_does_not_fit_and_name_their_world() -> None:
     assert {p["scheme"] for _, p in points} == set(prod.SCHEMES)
 
 
-def test_a_grid_point_whose_kernel_hands_every_allreduce_to_nccl_shares_the_tp_nvls_run() -> None:
+def test_a_grid_point_whose_kernel_hands_every_allreduce_to_nccl_shares_the_tp_nccl_run() -> None:
     """Of the full grid's production points, those whose scheme falls back to NCCL for
-    the period's every AllReduce name the tp-nvls point of their case as their run
+    the period's every AllReduce name the tp-nccl point of their case as their run
     (the sweep runs it once); the others, other point functions and a point that
     cannot be built name themselves."""
     from cais.reproduce.experiments.common import LAYER, TIMELINE
@@ -69,10 +69,10 @@ def test_a_grid_point_whose_kernel_hands_every_allreduce_to_nccl_shares_the_tp_n
     points = [p for _, p in prod.production_points(Context())]
     shared = [(p, same_run(LAYER, p)) for p in points if same_run(LAYER, p) is not p]
     assert shared and all(p["scheme"] in ("tp-custom-ar", "tp-multimem") for p, _ in shared)
-    assert all(q == {**p, "scheme": "tp-nvls"} and q in points for p, q in shared)
+    assert all(q == {**p, "scheme": "tp-nccl"} and q in points for p, q in shared)
     # Llama-3-70B at TP 16 on nvl72: vLLM runs neither kernel on 16 GPUs
     assert {p["scheme"] for p, _ in shared if p["system"] == "nvl72"} == {"tp-custom-ar", "tp-multimem"}
-    assert all(same_run(LAYER, p) is p for p in points if p["scheme"] in ("tp-nvls", "tp-fused-ar-norm", "cais"))
+    assert all(same_run(LAYER, p) is p for p in points if p["scheme"] in ("tp-nccl", "tp-fused-ar-norm", "cais"))
     assert same_run(TIMELINE, shared[0][0]) is shared[0][0]
     bad = {**shared[0][0], "model": "no-such-model"}
     assert same_run(LAYER, bad) is bad

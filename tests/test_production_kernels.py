@@ -139,25 +139,43 @@ def test_custom_ar_falls_back_to_nccl_at_vllms_max_size(h100) -> None:
     assert not any(k.startswith("custom") for k in r.collectives_ran) and sum(r.collectives_ran.values()) == 2
 
 
-def test_a_production_scheme_that_hands_every_allreduce_to_nccl_is_tp_nvls_event_for_event(h100) -> None:
+def test_a_production_scheme_that_hands_every_allreduce_to_nccl_is_tp_nccl_event_for_event(h100) -> None:
     """Where vLLM's custom all-reduce hands both AllReduces to NCCL (8 MiB: not below
-    its max size), the scheme says its run is tp-nvls's, and the two runs agree in
+    its max size), the scheme says its run is tp-nccl's (NCCL's own
+    choice per call), and the two runs agree in
     everything but the scheme's name; where its kernel runs, or where the multimem
     kernel runs, it says its own name (so a sweep runs both)."""
     from cais.schemes import get_scheme
 
     big, small = MID.with_run(seq=4096), MID.with_run(seq=1024)
     custom, multimem = get_scheme("tp-custom-ar"), get_scheme("tp-multimem")
-    assert custom.same_run_as(big, 8, "prefill") == "tp-nvls"
+    assert custom.same_run_as(big, 8, "prefill") == "tp-nccl"
     assert custom.same_run_as(small, 8, "prefill") == "tp-custom-ar"
     assert multimem.same_run_as(big, 8, "prefill") == "tp-multimem"  # up to 64 MiB on 8 GPUs
-    assert multimem.same_run_as(big, 2, "prefill") == "tp-nvls"  # 2 GPUs: vLLM calls NCCL
+    assert multimem.same_run_as(big, 2, "prefill") == "tp-nccl"  # 2 GPUs: vLLM calls NCCL
     from cais.schemes import _discover
 
     others = [name for name in _discover() if name not in ("tp-custom-ar", "tp-multimem")]
     assert len(others) > 10 and all(get_scheme(s).same_run_as(big, 2, "prefill") == s for s in others)
-    mine, nccl = (run_layer(h100, big, s, "prefill") for s in ("tp-custom-ar", "tp-nvls"))
+    mine, nccl = (run_layer(h100, big, s, "prefill") for s in ("tp-custom-ar", "tp-nccl"))
     assert mine.events == nccl.events > 0 and mine.total_us == nccl.total_us
+    assert mine.collectives_ran == nccl.collectives_ran == {"nvls/simple": 2}  # NCCL picks NVLS at 8 MiB
+
+
+def test_a_production_scheme_s_nccl_fallback_is_nccl_s_own_choice_on_every_preset() -> None:
+    """The fallback is NCCL's own algorithm and protocol by size (tp-nccl's run), also
+    on a preset whose layer collectives are the scheme's (layer_choice = scheme),
+    where tp-nvls runs NVLS in Simple: on 2 GPUs (vLLM calls NCCL) a 128 KiB decode
+    all-reduce goes Ring/LL, as NCCL picks it."""
+    paper = load_system("dgx-h100-paper", gpus=2)
+    assert paper.collective.layer_choice == "scheme"
+    small = MID.with_run(batch=64, seq=1024)  # decode: 64 token rows x 1024 x 2 B = 128 KiB per all-reduce
+    mine = run_layer(paper, small, "tp-multimem", "decode")
+    nccl = run_layer(paper, small, "tp-nccl", "decode")
+    nvls = run_layer(paper, small, "tp-nvls", "decode")
+    assert mine.collectives_ran == nccl.collectives_ran == {"ring/ll": 2}
+    assert mine.events == nccl.events and mine.total_us == nccl.total_us
+    assert nvls.collectives_ran == {"nvls/simple": 2} and nvls.total_us != nccl.total_us
     a, b = mine.as_json(), nccl.as_json()
     assert set(a) == set(b) and {k for k in a if a[k] != b[k]} == {"scheme"}
 

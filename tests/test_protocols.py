@@ -124,11 +124,17 @@ def test_small_messages_on_dgx_h100_within_the_target() -> None:
     assert bool(s["met"].iloc[0])
 
 
-@pytest.mark.parametrize("scheme", ["tp-nvls", "sp-nvls", "tp-ring"])
-def test_a_layer_with_nccl_s_choice_is_exact_and_says_what_ran(scheme: str) -> None:
-    """collective.layer_choice = nccl: a decode layer's small collectives run as NCCL
-    would run them (Ring/LL), still reproduce the unsharded layer exactly, and the
-    result says which algorithm and protocol its calls ran."""
+@pytest.mark.parametrize("scheme,algo,proto", [("tp-nvls", "nvls", "simple"), ("sp-nvls", "nvls", "simple"),
+                                               ("tp-ring", "ring", "ll"), ("sp-ring", "ring", "ll"),
+                                               ("tp-nccl", "ring", "ll"), ("sp-nccl", "ring", "ll")])
+def test_a_layer_with_nccl_s_choice_is_exact_and_says_what_ran(scheme: str, algo: str, proto: str) -> None:
+    """collective.layer_choice = nccl: a decode layer's small collectives run in the
+    algorithm the scheme names, forced as NCCL_ALGO forces it, in NCCL's protocol by
+    size for it (Ring/LL; NVLS has Simple only); tp-nccl and sp-nccl run NCCL's own
+    choice (Ring/LL). Each still reproduces the unsharded layer exactly, and the
+    result says which algorithm and protocol its calls ran; with layer_choice =
+    scheme the named algorithm runs in Simple, and tp-nccl and sp-nccl still run
+    NCCL's choice."""
     from cais.experiments.layer import run_layer
     from cais.workload.models import load_model
 
@@ -139,6 +145,40 @@ def test_a_layer_with_nccl_s_choice_is_exact_and_says_what_ran(scheme: str) -> N
     r = run_layer(nccl, model, scheme, "decode", functional=True, seed=5)
     assert r.checked > 0 and r.mismatches == []
     ran = r.as_json()["collectives"]
-    assert ran["choice"] == "nccl" and ran["ran"] and set(ran["ran"]) == {"ring/ll"}
+    assert ran["choice"] == "nccl" and ran["ran"] and set(ran["ran"]) == {f"{algo}/{proto}"}
     plain = run_layer(cfg, model, scheme, "decode").as_json()["collectives"]
-    assert plain == {"choice": "scheme", "ran": {}}
+    own = "ring/ll" if scheme.endswith("nccl") else f"{algo}/simple"  # the *-nccl schemes: NCCL's choice anyway
+    assert plain["choice"] == "scheme" and set(plain["ran"]) == {own}
+    assert sum(plain["ran"].values()) == sum(ran["ran"].values()) == (4 if scheme.startswith("sp") else 2)
+
+
+def test_a_scheme_runs_the_algorithm_it_names_on_the_h100_as_sold() -> None:
+    """Issue 56: on dgx-h100 (layer_choice = nccl) tp-ring runs ring collectives and
+    tp-nvls NVLS ones, whatever NCCL would pick by size, so their times differ; only
+    the protocol is NCCL's by size. tp-nccl runs NCCL's own choice: NVLS for a
+    prefill's 3 MiB all-reduces (tp-nvls's run, event for event), Ring/LL for a
+    decode's small ones."""
+    from cais.experiments.layer import run_layer
+    from cais.kernels.tuning import choose_for
+    from cais.workload.models import load_model
+
+    cfg = load_system("dgx-h100", gpus=4)
+    assert cfg.collective.layer_choice == "nccl"
+    prefill = load_model("paper-mega-gpt-4b").with_run(batch=1, seq=512)  # 3 MiB all-reduces: NCCL picks NVLS
+    nbytes = 512 * prefill.hidden * prefill.dtype_bytes
+    assert choose_for(cfg, "allreduce", nbytes).algo == "nvls"
+    ring_proto = choose_for(cfg, "allreduce", nbytes, algo="ring").protocol
+    r = {s: run_layer(cfg, prefill, s, "prefill") for s in ("tp-ring", "tp-nvls", "tp-nccl")}
+    assert r["tp-ring"].collectives_ran == {f"ring/{ring_proto}": 2}
+    assert r["tp-nvls"].collectives_ran == r["tp-nccl"].collectives_ran == {"nvls/simple": 2}
+    assert r["tp-ring"].total_us != r["tp-nvls"].total_us
+    assert r["tp-nccl"].total_us == r["tp-nvls"].total_us and r["tp-nccl"].events == r["tp-nvls"].events
+    decode = prefill.with_run(batch=8, seq=256)  # 8 token rows: NCCL picks Ring/LL
+    d = {s: run_layer(cfg, decode, s, "decode") for s in ("tp-nvls", "tp-nccl")}
+    assert d["tp-nvls"].collectives_ran == {"nvls/simple": 2} and d["tp-nccl"].collectives_ran == {"ring/ll": 2}
+    assert d["tp-nvls"].total_us != d["tp-nccl"].total_us
+
+
+def test_a_collective_forced_to_an_algorithm_says_only_its_protocol_was_chosen(h100) -> None:
+    r = run_collective(h100, "allreduce", "nvls", 64 << 10, protocol="auto")  # NCCL would pick Ring/LL here
+    assert (r.algo, r.protocol, r.chosen_by) == ("nvls", "simple", "nccl-protocol")

@@ -377,7 +377,8 @@ def _print_collective(system: str, r: CollectiveResult) -> None:
         ("size", f"{r.nbytes:,} B"), ("time", f"{r.time_us:,.2f} us"),
         ("algorithm / protocol", f"{r.algo} / {r.protocol}"
          + (f", {r.nvls_buffers} buffers (collective.nvls_buffers)" if r.nvls_buffers else "")
-         + (" (NCCL's choice by size; --algo, --protocol)" if r.chosen_by == "nccl" else "")),
+         + {"nccl": " (NCCL's choice by size; --algo, --protocol)",
+            "nccl-protocol": " (forced by --algo; the protocol NCCL's choice by size)"}.get(r.chosen_by, "")),
         ("algbw", f"{r.algbw_GBps:,.1f} GB/s"), ("busbw", f"{r.busbw_GBps:,.1f} GB/s"),
         ("link utilisation, mean of GPU directions", f"{100 * r.link_util.mean:.1f} %"),
         ("busiest port direction, wire busy", f"{100 * r.wire_util:.1f} % ({r.link_util.busiest})"),
@@ -444,8 +445,27 @@ def _print_layer(system: str, model: ModelSpec, r: LayerResult) -> None:
     k = r.kernel_us
     Console().print(f"GPU 0 kernel time: collectives {k['communication']:,.0f} us, other kernels "
                     f"{k['computation']:,.0f} us (overlapping kernels both count)")
+    if r.collectives_ran:
+        Console().print(_ran_text(r), highlight=False)
     Console().print(f"next: --json for every metric, --trace FILE.json for the timeline, or compare "
                     f"'--scheme {'cais' if r.scheme != 'cais' else 'tp-nvls'}'")
+
+
+def _ran_text(r: LayerResult) -> str:
+    """What the period's collectives ran, algorithm/protocol x calls, and who chose it."""
+    from cais.schemes import get_scheme
+    from cais.schemes.base import NCCL_CHOICE
+
+    ran = ", ".join(f"{k} x {n}" for k, n in r.collectives_ran.items())
+    scheme = get_scheme(r.scheme)
+    if scheme.algo == NCCL_CHOICE:
+        who = "NCCL's own algorithm and protocol by size" + (
+            " where the scheme's kernel hands a call to NCCL" if scheme.family == "production" else "")
+    elif r.collective_choice == "nccl":
+        who = "the algorithm the scheme names, forced; its protocol NCCL's choice by size (collective.layer_choice)"
+    else:
+        who = "the algorithm the scheme names, in Simple (collective.layer_choice)"
+    return f"collectives ran: {ran} ({who})"
 
 
 def _print_kv_note(model: ModelSpec, gpus: int) -> None:
@@ -833,11 +853,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("models", help="list model presets").set_defaults(fn=cmd_models)
 
     d = with_system(sub.add_parser(
-        "demo", help="the main job: NVLS and ring AllReduce, a GEMM, and every scheme (CAIS and the eleven "
+        "demo", help="the main job: NVLS and ring AllReduce, a GEMM, and every scheme (CAIS and the thirteen "
                      "baselines; not the ablations) on one prefill period of a model, as tables",
         description="The main job: NVLS and ring AllReduce checked in functional mode, a GEMM, and the scheme "
-                    "comparison (CAIS and the eleven baselines: the paper's nine and plain Megatron's tp-ring "
-                    "and sp-ring) on one prefill period at 66 SMs, as tables."))
+                    "comparison (CAIS and the thirteen baselines: the paper's nine and plain Megatron's tp-ring, "
+                    "sp-ring, tp-nccl and sp-nccl) on one prefill period at 66 SMs, as tables."))
     d.add_argument("--bytes", type=_size, default=256 << 20, help="AllReduce buffer size (default: 256M)")
     d.add_argument("--model", default="paper-llama-7b", help="model of the scheme comparison (default: %(default)s)")
     d.set_defaults(fn=cmd_demo)

@@ -48,7 +48,8 @@ class CollectiveResult:
     conservation: Conservation
     sim: str = "full"  # "full": every GPU simulated; "mirror": GPU 0 only (SIM_MODES)
     protocol: str = "simple"  # the wire protocol (kernels/protocols.py)
-    chosen_by: str = "asked"  # "asked": as given; "nccl": NCCL's choice by size (kernels/tuning.py)
+    chosen_by: str = "asked"  # "asked": as given; "nccl": NCCL's choice by size (kernels/tuning.py);
+    # "nccl-protocol": the algorithm as given, its protocol NCCL's choice by size
     nvls_buffers: str | None = None  # NVLS: "staged" (kernels/nvls_staged.py) or "registered" (zero-copy)
     provenance: Provenance | None = None  # what made it (CollectiveRunSpec.run sets it; cais.provenance)
 
@@ -172,7 +173,10 @@ def buffers_of(spec: CollectiveSpec) -> str | None:
 
 def resolve_choice(cfg: SystemConfig, op: str, algo: str, protocol: str, nbytes: int) -> tuple[str, str, str]:
     """(algorithm, protocol, chosen_by) to run: as asked, or where either is "auto",
-    NCCL's choice by size (kernels/tuning.py) among what the other allows."""
+    NCCL's choice by size (kernels/tuning.py) among what the other allows. chosen_by:
+    "asked" (both given), "nccl" (the algorithm chosen, and the protocol unless
+    given), "nccl-protocol" (the algorithm given, forced as ``NCCL_ALGO`` forces it;
+    the protocol NCCL's choice by size for it)."""
     if protocol not in PROTOCOL_CHOICES:
         raise UserError(f"protocol: unknown '{protocol}'; valid: {', '.join(PROTOCOL_CHOICES)}")
     if algo not in ("auto", *ALL_ALGOS):
@@ -186,7 +190,7 @@ def resolve_choice(cfg: SystemConfig, op: str, algo: str, protocol: str, nbytes:
             raise UserError(f"protocol: NVLS runs the simple protocol only, got '{protocol}'")
         return algo, protocol, "asked"
     c = choose_for(cfg, op, nbytes, algo, protocol)
-    return c.algo, c.protocol, "nccl"
+    return c.algo, c.protocol, "nccl" if algo == "auto" else "nccl-protocol"
 
 
 def run_collective(cfg: SystemConfig, op: str, algo: str, nbytes: int, functional: bool = False,

@@ -213,7 +213,7 @@ class CollectiveConfig(_Strict):
                                                   "ahead; a calibration (docs/fabric-model.md, \"Protocols\")")
     nvls_buffers: Literal["registered", "staged"] = Field(
         "registered", description="how an NVLS AllReduce reaches the user's buffers when NCCL runs it (standalone "
-                                  "calls, and a layer's calls with layer_choice=nccl): registered = zero-copy on "
+                                  "calls, a layer's calls with layer_choice=nccl, and tp-nccl's): registered = zero-copy on "
                                   "them; staged = through NCCL's own multicast buffers in a pipeline of steps, "
                                   "as without user-buffer registration (nccl-tests); kernels/nvls_staged.py")
     nvls_chunk_bytes: int = Field(131072, gt=0, description="largest step of a staged NVLS AllReduce per channel "
@@ -234,11 +234,15 @@ class CollectiveConfig(_Strict):
                                                              "table at 4-128 MiB (docs/validation.md, \"Collectives "
                                                              "at the sizes TP layers issue\"); 0 on the paper's "
                                                              "presets")
-    layer_choice: Literal["scheme", "nccl"] = Field("scheme", description="a layer's collectives: scheme = the "
-                                                                    "scheme's algorithm in the Simple protocol; "
-                                                                    "nccl = NCCL's algorithm and protocol by size, "
-                                                                    "as a real call with NVLS enabled would run "
-                                                                    "(small decode messages go Ring/LL)")
+    layer_choice: Literal["scheme", "nccl"] = Field("scheme", description="the protocol of a layer's collectives; "
+                                                                    "the algorithm is always the one the scheme "
+                                                                    "names (forced, as NCCL_ALGO forces it): "
+                                                                    "scheme = the Simple protocol; nccl = NCCL's "
+                                                                    "protocol by size for that algorithm, as a "
+                                                                    "real call runs it (a ring at decode sizes "
+                                                                    "goes LL; NVLS runs Simple only). tp-nccl and "
+                                                                    "sp-nccl run NCCL's own algorithm and protocol "
+                                                                    "by size with either value")
     ring_launch: Literal["fixed", "nccl"] = Field(
         "fixed", description="how many channels and threads a ring collective runs: fixed = ring_channels at every "
                              "size, each LL/LL128 channel at its full rate; nccl = NCCL's launch by size "

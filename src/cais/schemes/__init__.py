@@ -12,7 +12,8 @@ from cais.schemes.base import Scheme
 
 # The paper's order (§IV-C), the plain Megatron baselines, then anything else alphabetically.
 PAPER_ORDER = ("tp-nvls", "sp-nvls", "coconet", "fuselib", "t3", "coconet-nvls", "fuselib-nvls", "t3-nvls", "ladm",
-               "tp-ring", "sp-ring")  # then the plain Megatron baselines (NCCL ring, no overlap)
+               "tp-ring", "sp-ring", "tp-nccl", "sp-nccl")  # then the plain Megatron baselines (NCCL ring, or
+# NCCL's own choice per call; no overlap)
 
 
 def _discover() -> dict[str, type[Scheme]]:

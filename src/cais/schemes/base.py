@@ -23,7 +23,7 @@ from cais.hw.gpu import Kernel
 from cais.hw.memory import Memory
 from cais.machine import Machine
 from cais.kernels import activation, attention, fused_workers, remote_gemm, rowop, sync
-from cais.kernels.collectives import CollectiveSpec, build
+from cais.kernels.collectives import ALGOS, CollectiveSpec, build
 from cais.kernels.production_ar import ProductionAr, production_kernels
 from cais.kernels.fused_workers import FusedPath, RowWise
 from cais.kernels.gemm import Epilogue, GemmShape, gemm_kernel, gemm_shape, store_epilogue
@@ -34,6 +34,11 @@ from cais.workload.graph import Chain, Gather, Gemm, Local, Period, RowOp
 from cais.workload.models import ModelSpec
 
 Deps = list[Signal]
+
+#: a scheme's ``algo`` that asks for NCCL's own algorithm and protocol by size per call
+#: (what a call gets with no ``NCCL_ALGO`` set: tp-nccl, sp-nccl, a production kernel's
+#: fallback); any other ``algo`` is forced (:meth:`LayerRun.nccl_call`)
+NCCL_CHOICE = "nccl"
 
 
 def all_of(sim: Simulator, sigs: Sequence[Signal]) -> Signal:
@@ -123,7 +128,8 @@ class LayerRun:
         self.d = self.period.dims
         self.sms = self.m.cfg.gpu.sms
         self.collectives = 0
-        self.choices: dict[tuple[str, str], int] = {}  # (algo, protocol) -> collectives, NCCL's choice on
+        self.choices: dict[tuple[str, str], int] = {}  # (algo, protocol) -> collectives that ran it
+        self.last_algo = ""  # the algorithm the latest :meth:`collective` ran
         # Mirror mode: GPU 0's kernels run; GPU g's k-th kernel of a name is the
         # image of GPU 0's k-th kernel of that name (its done signal stands for it).
         self._images: dict[str, list[Kernel]] = {}
@@ -280,29 +286,49 @@ class LayerRun:
                                               self.sms, sm_set)
         return activation.activation_kernel(self.cm, mem, local.name, local.kind, self.d, self.sms, sm_set)
 
-    def _nccl_choice(self, op: str, algo: str, nbytes: int) -> tuple[str, str]:
-        """(algorithm, protocol) of one of the layer's collectives: the scheme's
-        algorithm in Simple, or with ``collective.layer_choice`` = nccl, NCCL's choice
-        by size (kernels/tuning.py)."""
+    def nccl_call(self, op: str, algo: str, nbytes: int) -> tuple[str, str]:
+        """(algorithm, protocol) one of the layer's NCCL collectives runs, counted in
+        :attr:`choices`. ``algo`` is the scheme's: an algorithm it names (``ring``,
+        ``nvls``) runs as ``NCCL_ALGO=<algo>`` would force it, in the Simple protocol,
+        or with ``collective.layer_choice`` = nccl in NCCL's protocol by size for that
+        algorithm (NVLS has Simple only); :data:`NCCL_CHOICE` (the ``*-nccl``
+        schemes, a production kernel's fallback) runs NCCL's own algorithm and
+        protocol by size whatever ``layer_choice`` says (kernels/tuning.py)."""
         c = self.m.cfg
-        if c.collective.layer_choice != "nccl":
-            return algo, "simple"
-        pick = choose_for(c, op, nbytes)
-        self.choices[(pick.algo, pick.protocol)] = self.choices.get((pick.algo, pick.protocol), 0) + 1
-        return pick.algo, pick.protocol
+        if algo == NCCL_CHOICE:
+            pick = choose_for(c, op, nbytes)
+            algo, protocol = pick.algo, pick.protocol
+        elif c.collective.layer_choice == "nccl" and algo in ALGOS:
+            protocol = choose_for(c, op, nbytes, algo=algo).protocol
+        else:
+            protocol = "simple"
+        self.choices[(algo, protocol)] = self.choices.get((algo, protocol), 0) + 1
+        return algo, protocol
+
+    def staged(self, asked: str) -> bool:
+        """Whether an NVLS AllReduce of a collective the scheme asked to run with
+        ``asked`` goes through NCCL's own staging buffers (``collective.nvls_buffers``
+        = staged): where NCCL runs the layer's calls as a real one would
+        (``layer_choice`` = nccl, or the scheme asks for NCCL's choice); the
+        schemes' own NVLS calls otherwise stay zero-copy (the paper's assumption)."""
+        c = self.m.cfg.collective
+        return c.nvls_buffers == "staged" and (c.layer_choice == "nccl" or asked == NCCL_CHOICE)
 
     def collective(self, op: str, algo: str, src: str, dst: str, channels: int | None = None,
                    sm_sets: Sequence[frozenset[int] | None] | None = None,
                    rows: tuple[int, int] | None = None) -> list[Kernel]:
         """One kernel per GPU for a collective over token rows of width ``hidden``:
         all of them, or (``rows`` = (first, count) inside each GPU's shard) one chunk
-        of every GPU's shard."""
+        of every GPU's shard. ``algo``: the scheme's (:meth:`nccl_call`); what ran is
+        :attr:`last_algo`."""
         h = self.d.hidden
         self.collectives += 1
         stage = f"stage{self.collectives}"  # ring staging slots, one set per collective
         count = self.d.tokens * h if rows is None else self.m.n * rows[1] * h
-        algo, protocol = self._nccl_choice(op, algo, count * self.model.dtype_bytes)
-        staged = self.m.cfg.collective.layer_choice == "nccl" and self.m.cfg.collective.nvls_buffers == "staged"
+        asked = algo
+        algo, protocol = self.nccl_call(op, algo, count * self.model.dtype_bytes)
+        self.last_algo = algo
+        staged = self.staged(asked)
         if rows is None:
             spec = CollectiveSpec(op, algo, count, self.model.dtype_bytes, src, dst, stage, channels,
                                   stream=self.collectives, protocol=protocol, staged=staged)
@@ -361,7 +387,7 @@ class Scheme:
 
     #: the scheme a production all-reduce kernel's period runs as where it hands every
     #: AllReduce to NCCL (:meth:`same_run_as`)
-    NCCL_RUN = "tp-nvls"
+    NCCL_RUN = "tp-nccl"
 
     def hands_to_nccl(self, n: int, nbytes: int) -> bool:
         """Whether this scheme's :meth:`allreduce` of ``nbytes`` on ``n`` GPUs is NCCL's
@@ -499,10 +525,9 @@ class Scheme:
         """A collective after ``deps`` on every GPU. NVLS kernels start and end with a
         barrier over all GPUs (as NCCL's do: a GPU may not pull or push replicas its
         peers have not produced, or use data its peers have not sent), on the wire."""
-        algo = algo or self.algo
-        kernels = r.collective(op, algo, src, dst, channels, sm_sets, rows)
+        kernels = r.collective(op, algo or self.algo, src, dst, channels, sm_sets, rows)
         launch = r.m.launch_ps if launch is None else launch
-        if algo == "nvls":
+        if r.last_algo == "nvls":
             start = r.barrier(deps, f"{segment} {op} start")
             done = [r.submit(g, k, [start[g]], launch, segment) for g, k in enumerate(kernels)]
             return r.barrier(done, f"{segment} {op} end")

@@ -9,8 +9,8 @@ peers' registered buffers; one-shot (every GPU loads the whole buffer from every
 peer) for S < 256 KiB on 8 GPUs (< 512 KiB on 4; always on 2), two-shot
 (reduce-scatter then all-gather, both by loads) above, up to vLLM's ``max_size`` of
 8 MiB; at or above it, or on a world size other than 2, 4, 6 or 8, vLLM calls NCCL,
-and so does this scheme (NCCL's choice by size on the as-sold presets,
-``collective.layer_choice`` = nccl; NVLS otherwise).
+and so does this scheme (NCCL's own algorithm and protocol by size, as ``tp-nccl``
+runs it).
 
 Choices: ``registered`` = False, vLLM's default out of a CUDA graph (the input is
 first copied into the registered buffer, at HBM bandwidth); a subclass with True
@@ -20,7 +20,7 @@ symmetric memory enabled vLLM caps it on sm90 at 256 KiB for 8 GPUs (then
 not modelled: docs/schemes/tp-custom-ar.md."""
 
 from cais.kernels import production_ar as pa
-from cais.schemes.base import Deps, LayerRun, Scheme
+from cais.schemes.base import NCCL_CHOICE, Deps, LayerRun, Scheme
 
 
 class TpCustomAr(Scheme):
@@ -29,7 +29,7 @@ class TpCustomAr(Scheme):
     name = "tp-custom-ar"
     sp = False
     family = "production"
-    algo = "nvls"  # the fallback's algorithm where NCCL's choice is off (collective.layer_choice = scheme)
+    algo = NCCL_CHOICE  # the NCCL fallback: NCCL's own algorithm and protocol by size (tp-nccl's run)
     summary = "basic TP: GEMM -> vLLM custom all-reduce (P2P loads, one-/two-shot by size) -> LN -> GEMM"
     registered = False
     max_size = pa.CUSTOM_MAX_SIZE

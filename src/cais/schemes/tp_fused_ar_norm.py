@@ -15,8 +15,8 @@ after the all-reduce is gone: each block runs the residual add + norm on its row
 after its all-reduce, timed as the row-wise kernel's memory-bound work on the
 kernel's blocks, without that kernel's launch and fixed overhead.
 
-Where the source's fusion does not apply, the sub-layer runs as ``tp-nvls`` with
-NCCL's all-reduce and the separate row-wise kernel: a model with LayerNorm
+Where the source's fusion does not apply, the sub-layer runs as ``tp-nccl`` with
+NCCL's all-reduce (its own choice by size) and the separate row-wise kernel: a model with LayerNorm
 (TensorRT-LLM fuses RMSNorm), and the backward pass (the fusion is an inference
 kernel). Dropout, part of the shared row-wise op, is applied as the other schemes
 do (0 in inference). Sources: docs/schemes/tp-fused-ar-norm.md."""
@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from cais.engine.sim import ProgramGen
 from cais.hw.hbm import HbmPhase
 from cais.kernels import production_ar as pa
-from cais.schemes.base import Deps, LayerRun, Scheme
+from cais.schemes.base import NCCL_CHOICE, Deps, LayerRun, Scheme
 from cais.workload.graph import Chain
 
 
@@ -36,7 +36,7 @@ class TpFusedArNorm(Scheme):
     name = "tp-fused-ar-norm"
     sp = False
     family = "production"
-    algo = "nvls"  # the fallback's algorithm where NCCL's choice is off
+    algo = NCCL_CHOICE  # the NCCL fallback: NCCL's own algorithm and protocol by size (tp-nccl's run)
     summary = "basic TP: GEMM -> all-reduce fused with residual + RMSNorm (TensorRT-LLM, one kernel) -> GEMM"
 
     def fuses(self, r: LayerRun, c: Chain) -> bool:

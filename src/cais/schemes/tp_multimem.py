@@ -10,13 +10,13 @@ over the symmetric memory's signal pads (no NCCL: no host cost, no staging, no N
 barrier). vLLM copies the input into the symmetric buffer first and the result out
 after (both timed at HBM bandwidth). vLLM uses it on sm90 for 4, 6 and 8 GPUs up to
 32 MiB (4 GPUs) or 64 MiB (6, 8); outside those (and at 2 GPUs, where vLLM runs
-PyTorch's P2P two-shot, not modelled) this scheme calls NCCL (its choice by size on
-the as-sold presets, NVLS otherwise). In vLLM the custom all-reduce (``tp-custom-ar``)
+PyTorch's P2P two-shot, not modelled) this scheme calls NCCL with no setting: NCCL's
+own algorithm and protocol by size, as ``tp-nccl`` runs it. In vLLM the custom all-reduce (``tp-custom-ar``)
 is tried first, capped at 256 KiB on 8 sm90 GPUs when symmetric memory is on; this
 scheme isolates the multimem kernel. Sources: docs/schemes/tp-multimem.md."""
 
 from cais.kernels import production_ar as pa
-from cais.schemes.base import Deps, LayerRun, Scheme
+from cais.schemes.base import NCCL_CHOICE, Deps, LayerRun, Scheme
 
 
 class TpMultimem(Scheme):
@@ -25,7 +25,7 @@ class TpMultimem(Scheme):
     name = "tp-multimem"
     sp = False
     family = "production"
-    algo = "nvls"  # the fallback's algorithm where NCCL's choice is off
+    algo = NCCL_CHOICE  # the NCCL fallback: NCCL's own algorithm and protocol by size (tp-nccl's run)
     summary = "basic TP: GEMM -> symmetric-memory multimem all-reduce (ld_reduce + multimem.st, no NCCL) -> LN -> GEMM"
 
     def hands_to_nccl(self, n: int, nbytes: int) -> bool:

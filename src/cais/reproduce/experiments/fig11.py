@@ -189,8 +189,8 @@ def fig11_analyse(ctx: Context, rows: pd.DataFrame, name: str = "fig11",
         sec.p("One answer per world: CAIS's geomean speedup over TP-NVLS and over the best baseline (the one it "
               "beats by the least). (i) the system as sold: on dgx-h100 the evidence's L2 behaviour (peer reads "
               "not kept, docs/h100-evidence.md), CAIS and LADM pulling each remote block once into a staging "
-              "buffer (remote_read.strategy=staged, docs/remote-access.md), every layer collective as NCCL "
-              "chooses it; (ii) the same with the paper's L2 assumption (gpu.l2_keeps_peer_reads=true); (iii) "
+              "buffer (remote_read.strategy=staged, docs/remote-access.md), every layer collective in the "
+              "algorithm its scheme names (TP-NVLS forced to NVLS) and NCCL's protocol by size for it; (ii) the same with the paper's L2 assumption (gpu.l2_keeps_peer_reads=true); (iii) "
               "paper-world, fitted to the paper's baselines only:")
         sec.table(answers)
     for f in failures(rows):

@@ -1,8 +1,8 @@
 """Past the paper: CAIS against what production tensor parallelism runs today.
 
 The paper's baselines are research systems. What a TP deployment runs is NCCL's
-own choice per call (``tp-nvls`` on the as-sold presets, ``collective.layer_choice``
-= nccl), the custom all-reduce kernels of vLLM, SGLang and TensorRT-LLM
+own choice of algorithm and protocol per call (``tp-nccl``: Megatron or an inference
+stack with no NCCL setting), the custom all-reduce kernels of vLLM, SGLang and TensorRT-LLM
 (``tp-custom-ar``), PyTorch symmetric memory's multimem all-reduce (``tp-multimem``)
 and an all-reduce fused with the residual add and RMSNorm (``tp-fused-ar-norm``).
 This experiment runs them and CAIS on Llama-3-8B and Llama-3-70B at TP 8 (and
@@ -30,7 +30,7 @@ from cais.sweep.grid import Point
 
 #: the production kernels (each a scheme), then the NCCL baseline and CAIS
 PRODUCTION = ("tp-custom-ar", "tp-multimem", "tp-fused-ar-norm")
-SCHEMES = ("tp-nvls", *PRODUCTION, "cais")
+SCHEMES = ("tp-nccl", *PRODUCTION, "cais")
 #: decode: sequences per step x KV-cache length; prefill: prompt lengths (one sequence)
 DECODE_BATCH, DECODE_KV, PREFILL_SEQ = (1, 8, 64), (1024, 8192, 32768), (2048, 8192)
 QUICK_BATCH, QUICK_KV, QUICK_SEQ = (1,), (1024,), (1024,)
@@ -85,7 +85,7 @@ def production_points(ctx: Context) -> list[tuple[str, Point]]:
         for case in _cases(ctx):
             if models and case["model"] not in models:
                 continue
-            probe = {**base, **case, "scheme": "tp-nvls", "sms": P.SMS_FULL, "world": world}
+            probe = {**base, **case, "scheme": "tp-nccl", "sms": P.SMS_FULL, "world": world}
             if not fits(probe):
                 continue
             out += [(LAYER, {**probe, "scheme": s}) for s in SCHEMES]
@@ -98,7 +98,7 @@ def left_out(ctx: Context) -> int:
     for world, base, models in _runs(ctx):
         for case in _cases(ctx):
             if not (models and case["model"] not in models):
-                n += not fits({**base, **case, "scheme": "tp-nvls", "sms": P.SMS_FULL})
+                n += not fits({**base, **case, "scheme": "tp-nccl", "sms": P.SMS_FULL})
     return n
 
 
@@ -116,7 +116,7 @@ def _gap(by: pd.DataFrame, scheme: str) -> float:
 
 
 def production_table(rows: pd.DataFrame) -> pd.DataFrame:
-    """One row per (world, case): each scheme's time, CAIS's speedup over TP-NVLS and
+    """One row per (world, case): each scheme's time, CAIS's speedup over TP-NCCL and
     over the best production kernel, which kernel that is, and the telemetry that says
     why (the best kernel's collective time against CAIS's compute time)."""
     df = ok_rows(rows)
@@ -134,10 +134,10 @@ def production_table(rows: pd.DataFrame) -> pd.DataFrame:
         best = min(prod, key=lambda s: by["total_us"][s]) if prod else None
         cais = float(by["total_us"]["cais"])
         row["best_production"] = best or ""
-        row["cais_over_tp_nvls"] = row["tp-nvls_us"] / cais
+        row["cais_over_tp_nccl"] = row["tp-nccl_us"] / cais
         row["cais_over_best"] = float(by["total_us"][best]) / cais if best else float("nan")
         row["best_comm_us"] = float(by["comm_kernel_us"][best]) if best else float("nan")
-        row["tp_nvls_comm_us"] = float(by["comm_kernel_us"]["tp-nvls"]) if "tp-nvls" in by.index else float("nan")
+        row["tp_nccl_comm_us"] = float(by["comm_kernel_us"]["tp-nccl"]) if "tp-nccl" in by.index else float("nan")
         row["cais_compute_us"] = float(by["compute_kernel_us"]["cais"])
         row["best_gap_us"] = _gap(by, best) if best else float("nan")
         row["cais_gap_us"] = _gap(by, "cais")
@@ -154,7 +154,7 @@ def _world_says(w: str, t: pd.DataFrame) -> str:
         if not len(m):
             continue
         wins = int((m["cais_over_best"] >= AS_GOOD).sum())
-        parts.append(f"{mode}: CAIS {geomean(list(m['cais_over_tp_nvls'])):.2f}x TP-NVLS and "
+        parts.append(f"{mode}: CAIS {geomean(list(m['cais_over_tp_nccl'])):.2f}x TP-NCCL and "
                      f"{geomean(list(m['cais_over_best'])):.2f}x the best production kernel (geomean; "
                      f"{span(list(m['cais_over_best']))}); CAIS is at least {AS_GOOD:.2f}x it in {wins} of {len(m)} "
                      f"cases")
@@ -163,7 +163,7 @@ def _world_says(w: str, t: pd.DataFrame) -> str:
 
 def _why(t: pd.DataFrame) -> str:
     """Why, from the runs: the best production kernel's collective time against
-    TP-NVLS's, and each period's time outside any kernel (the launch gaps CAIS's
+    TP-NCCL's, and each period's time outside any kernel (the launch gaps CAIS's
     fused kernels remove) beside CAIS's."""
     notes = []
     for mode in ("decode", "prefill"):
@@ -171,8 +171,8 @@ def _why(t: pd.DataFrame) -> str:
         if len(m):
             kinds = ", ".join(f"{k} ({n})" for k, n in m["best_production"].value_counts().items())
             notes.append(f"in {mode} the best production kernel is {kinds}; its collectives take "
-                         f"{span(list(m['best_comm_us']), ' us')} per period against TP-NVLS's "
-                         f"{span(list(m['tp_nvls_comm_us']), ' us')}; outside any kernel its periods spend "
+                         f"{span(list(m['best_comm_us']), ' us')} per period against TP-NCCL's "
+                         f"{span(list(m['tp_nccl_comm_us']), ' us')}; outside any kernel its periods spend "
                          f"{span(list(m['best_gap_us']), ' us')}, CAIS's {span(list(m['cais_gap_us']), ' us')}")
     return ("Why, from the runs' telemetry (GPU 0 per period; time outside any kernel: the period less its "
             "kernels' busy time, launch gaps and waits): " + "; ".join(notes) + ".")
@@ -183,7 +183,7 @@ def production_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, 
     world and the claim that CAIS beats every production kernel everywhere."""
     t = production_table(rows)
     sec = Section("production", "Past the paper: CAIS against production TP all-reduce kernels")
-    sec.p("NCCL's own choice (TP-NVLS on the as-sold presets), vLLM/SGLang's custom all-reduce, PyTorch's "
+    sec.p("NCCL's own choice of algorithm and protocol per call (TP-NCCL), vLLM/SGLang's custom all-reduce, PyTorch's "
           "symmetric-memory multimem all-reduce and an all-reduce fused with residual add + RMSNorm, against CAIS: "
           f"Llama-3 decode (batch x KV length) and prefill, TP 8 (nvl72: TP 16), {P.SMS_FULL} SMs.")
     if not len(t):
@@ -192,7 +192,7 @@ def production_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, 
         return t, sec
     own = t[t["world"] == t["world"].iloc[0]]
     groups = list(own["case"])
-    series = {"TP-NVLS (NCCL's choice)": list(own["cais_over_tp_nvls"]),
+    series = {"TP-NCCL (NCCL's choice)": list(own["cais_over_tp_nccl"]),
               "best production kernel": list(own["cais_over_best"])}
     plots.bars(ctx.out / "production.png", groups, series, "CAIS speedup, t(scheme) / t(CAIS) (x, log)",
                f"CAIS against production TP kernels, {own['world'].iloc[0]}", ratio=True)
@@ -205,7 +205,7 @@ def production_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, 
     wins = int((t["cais_over_best"] >= 1).sum())
     sec.claim("CAIS is faster than every production kernel in every case", wins == len(t),
               f"{wins} of {len(t)} cases, speedups over the best {span(list(t['cais_over_best']))}")
-    cols = ["world", "case", *[f"{s}_us" for s in SCHEMES], "best_production", "cais_over_tp_nvls", "cais_over_best"]
+    cols = ["world", "case", *[f"{s}_us" for s in SCHEMES], "best_production", "cais_over_tp_nccl", "cais_over_best"]
     sec.table(t[cols], summary=True)
     for f in failures(rows):
         sec.p(f"FAILED: {f}")
