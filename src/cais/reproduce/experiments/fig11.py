@@ -7,6 +7,8 @@ worlds experiment too."""
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 
 from cais.reproduce import paper as P
@@ -89,6 +91,72 @@ def first_reason(df: pd.DataFrame, l2: pd.DataFrame | None = None) -> str:
             f"{P.FIG15_UTIL['cais']:.0f} %")
 
 
+SUBLAYERS = ("L1", "L2", "L3", "L4")
+
+
+def segment_times(df: pd.DataFrame, scheme: str, mode: str = "train") -> dict[str, float]:
+    """Each segment's span (us: its first kernel's start to its last kernel's end,
+    over the GPUs) in ``scheme``'s runs of ``mode`` in ``df``, summed over the models;
+    ``period`` is the periods' sum. Empty where the runs have no segment spans."""
+    rows = df[(df["scheme"] == scheme) & (df["mode"] == mode)]
+    if rows.empty or "segments_us" not in rows or rows["segments_us"].isna().any():
+        return {}
+    out: dict[str, float] = {}
+    for _, r in rows.iterrows():
+        for name, us in json.loads(r["segments_us"]).items():
+            out[name] = out.get(name, 0.0) + float(us)
+    out["period"] = float(rows["total_us"].sum())
+    return out
+
+
+def best_baseline(g: pd.DataFrame, mode: str) -> str | None:
+    """The baseline CAIS beats by the least in ``mode`` (the geomean table ``g``)."""
+    b = g[(g["mode"] == mode) & g["scheme"].isin(P.BASELINES)].dropna(subset=["ours"])
+    return None if b.empty else str(b.loc[b["ours"].idxmin(), "scheme"])
+
+
+def train_breakdown(df: pd.DataFrame, best: str | None) -> pd.DataFrame:
+    """The training period kernel by kernel: each segment's span summed over the
+    models for CAIS, TP-NVLS and the best baseline, the sub-layers L1-L4 together, and
+    the period. Segments that run beside others overlap them, so the spans add up to
+    more than the period where a scheme overlaps."""
+    names = ["cais", "tp-nvls"] + ([best] if best and best != "tp-nvls" else [])
+    times = {s: segment_times(df, s) for s in names}
+    if not all(times.values()):
+        return pd.DataFrame()
+    order = list(dict.fromkeys(k for s in names for k in times[s] if k != "period"))
+    rows = []
+    for seg in order + ["L1-L4", "period"]:
+        row: dict[str, object] = {"segment": seg}
+        for s in names:
+            t = times[s]
+            v = sum(t.get(x, 0.0) for x in SUBLAYERS) if seg == "L1-L4" else t.get(seg)
+            row[f"{s} (us)"] = v if v is not None else float("nan")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def train_reason(b: pd.DataFrame) -> str:
+    """What the training breakdown ``b`` says of CAIS against TP-NVLS, with its
+    numbers: the sub-layers' speedup, and the segment outside them where CAIS spends
+    the most time beyond TP-NVLS (the spans of segments it overlaps included)."""
+    if b.empty:
+        return ""
+    t = b.set_index("segment")
+    c, tp = t["cais (us)"], t["tp-nvls (us)"]
+    subs = float(tp["L1-L4"] / c["L1-L4"])
+    period = float(tp["period"] / c["period"])
+    rest = [(float(c[k] - tp[k]), k) for k in t.index if k not in (*SUBLAYERS, "L1-L4", "period")
+            and c[k] == c[k] and tp[k] == tp[k]]
+    worst = max(rest, default=(0.0, ""))
+    text = (f"in training, CAIS's sub-layers L1-L4 are {subs:.2f}x TP-NVLS's and its period {period:.2f}x "
+            f"(the paper: {P.fig11_paper('tp-nvls', 'train'):.2f}x)")
+    if worst[0] > 0:
+        text += (f"; outside them {worst[1]} spans {c[worst[1]]:,.0f} us against TP-NVLS's {tp[worst[1]]:,.0f} "
+                 "(summed over the models; a segment that runs beside others spans their time too)")
+    return text
+
+
 def fig11_verdict(g: pd.DataFrame, df: pd.DataFrame, grid: str, l2: pd.DataFrame | None = None) -> str:
     """Fig. 11 in words: per mode how many baselines CAIS beats and by how much,
     against TP-NVLS beside the paper, whether the headline claim holds, and the first
@@ -104,8 +172,10 @@ def fig11_verdict(g: pd.DataFrame, df: pd.DataFrame, grid: str, l2: pd.DataFrame
                    f"{float(tp['paper'].iloc[0]):.2f}x" if len(tp) else "")
         parts.append(f"in {mode}, CAIS is faster than {k} of {n} baselines (geomean speedup {span(b['ours'])}; "
                      f"paper {span(b['paper'])}){tp_text}")
+    train = train_reason(train_breakdown(df, best_baseline(g, "train"))) if "train" in set(g["mode"]) else ""
     return (f"On {grid}, " + "; ".join(parts) + f". The paper's claim that CAIS beats every baseline "
-            f"{holds(every)} here. First reason from the runs: {first_reason(df, l2)}.")
+            f"{holds(every)} here. First reason from the runs: {first_reason(df, l2)}"
+            + (f"; {train}" if train else "") + ".")
 
 
 def fig11_points(ctx: Context) -> list[tuple[str, Point]]:
@@ -193,6 +263,14 @@ def fig11_analyse(ctx: Context, rows: pd.DataFrame, name: str = "fig11",
               "algorithm its scheme names (TP-NVLS forced to NVLS) and NCCL's protocol by size for it; (ii) the same with the paper's L2 assumption (gpu.l2_keeps_peer_reads=true); (iii) "
               "paper-world, fitted to the paper's baselines only:")
         sec.table(answers)
+    if "train" in set(t["mode"]):
+        b = train_breakdown(df, best_baseline(g, "train"))
+        if len(b):
+            sec.p("The training period kernel by kernel: each segment's span (its first kernel's start to its last "
+                  "kernel's end, over the GPUs), summed over the models, for CAIS, TP-NVLS and the best baseline "
+                  "(us). A segment that runs beside others (a weight gradient CAIS overlaps, a re-gather beside "
+                  "its dgrad) spans their time too, so the spans add up to more than the period:")
+            sec.table(b)
     for f in failures(rows):
         sec.p(f"FAILED: {f}")
     return t, sec
