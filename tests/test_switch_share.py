@@ -28,12 +28,14 @@ def test_the_share_is_the_log_ratio_of_the_geomeans() -> None:
     assert r["switch share"] == pytest.approx(math.log(1.32) / math.log(3.0))  # 0.2527
 
 
-def test_software_faster_than_cais_is_a_negative_share_and_no_gain_is_nan() -> None:
+def test_software_faster_than_cais_is_a_negative_share_and_no_gain_has_no_share() -> None:
     df = pd.DataFrame({"model": ["A"] * 3, "mode": ["prefill"] * 3, "scheme": ["tp-nvls", "cais-sw", "cais"],
                        "total_us": [2.0, 0.9, 1.0]})
     assert switch_share(df).iloc[0]["switch share"] < 0
-    df["total_us"] = [1.0, 1.1, 1.0]
-    assert math.isnan(switch_share(df).iloc[0]["switch share"])
+    for tp in (1.0, 0.9):  # no gain over TP-NVLS, or a loss: no share of it
+        df["total_us"] = [tp, 1.1, 1.0]
+        assert math.isnan(switch_share(df).iloc[0]["switch share"])
+    assert switch_share(df).iloc[0]["over cais-sw"] == pytest.approx(1.1)
     assert switch_share(df.iloc[0:0]).empty
 
 

@@ -7,7 +7,8 @@ buys, as a share of log-ratios:
     share = log(t(cais-sw) / t(cais)) / log(t(tp-nvls) / t(cais))   (geomeans over the models)
 
 1 means the switch buys all of CAIS's gain, 0 none of it, below 0 that the software
-alone is faster than CAIS; NaN where CAIS does not differ from TP-NVLS."""
+alone is faster than CAIS; NaN where CAIS has no gain over TP-NVLS to share (a
+speedup of at most 1x: the ratio of logs would then mean nothing)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def switch_share(df: pd.DataFrame) -> pd.DataFrame:
             continue
         over_tp = geomean(list(t["tp-nvls"] / t["cais"]))
         over_sw = geomean(list(t["cais-sw"] / t["cais"]))
-        share = math.log(over_sw) / math.log(over_tp) if over_tp != 1 else float("nan")
+        share = math.log(over_sw) / math.log(over_tp) if over_tp > 1 else float("nan")
         out.append({"mode": mode, "over TP-NVLS": over_tp, "over cais-sw": over_sw, "switch share": share})
     return pd.DataFrame(out, columns=COLUMNS)
 
