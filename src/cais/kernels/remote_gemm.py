@@ -41,7 +41,7 @@ import numpy as np
 from cais._core import LoadTbs, ReduceTbs, TilePlans
 from cais.engine import Bound, Countdown, Signal, TbPlan
 from cais.hw.compute import ComputeModel
-from cais.hw.gpu import KeptLines, Kernel, LoadPlan, LoadStream, RedForm, RedStream
+from cais.hw.gpu import KeptLines, Kernel, LoadPlan, LoadStream, RedForm, RedPlan, RedStream
 from cais.hw.memory import Memory, Region
 from cais.hw.packets import Kind, Traffic
 from cais.isa import Isa, SmPort, StreamItem, StreamRed
@@ -296,6 +296,16 @@ class RemoteAccess:
         here plain ``ld``s."""
         return (False, 0)
 
+    #: whether a GEMM-RS TB calls :meth:`epilogue_out` once its epilogue's reductions are
+    #: out (its port drained). Such a kernel's TB plans are made in Python in timing mode
+    #: too (the core's ``ReduceTbs`` has no step for it); here: no.
+    epilogue_hook = False
+
+    def epilogue_out(self, g: int, shape: GemmShape, i: int, j: int) -> None:
+        """What GPU ``g``'s TB of tile (i, j) of a GEMM-RS of ``shape`` does once its
+        reductions are all out (with :attr:`epilogue_hook`): nothing here; a software
+        signal (a release flag behind them) in ``cais-sw``."""
+
     def load_stream(self, g: int, loads: LoadPlan, slots: RequestSlots, arrived: Countdown,
                     kept: KeptLines | None = None, scope: int = 0) -> LoadStream:
         """A TB's mainloop loads (a tile's :class:`LoadPlan`, less those whose home is
@@ -396,6 +406,40 @@ def reduce_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmSha
             per_sm[sm] = (slots, isa.sm_port(), min(unit, slots.piece))
         return per_sm[sm]
 
+    if mem is None and access.epilogue_hook:  # timing mode, each TB's plan made here (see epilogue_out)
+        form = access.red_form()
+        tiles_py: dict[tuple[int, int, int], list[Any]] = plans.setdefault(("epilogue py", access, reduced, shape, eb),
+                                                                           {})
+
+        def red_plan(i: int, j: int, piece_unit: int) -> RedPlan:
+            """Tile (i, j)'s epilogue plan, made once and shared by the GPUs that run it."""
+            key = (i, j, piece_unit)
+            hit = tiles_py.get(key)
+            if hit is None:
+                hit = tiles_py[key] = [users, RedPlan.tile(m.fabric.interleave, form,
+                                                           (reduced.shard, reduced.rows_l, reduced.cols),
+                                                           shape.rows(i), shape.cols(j), eb, piece_unit,
+                                                           None if users > 1 else g)]
+            hit[0] -= 1
+            if hit[0] == 0:  # every GPU running the GEMM has it: drop it (memory)
+                del tiles_py[key]
+            return hit[1]
+
+        def timed(t: int, i: int, j: int, sm: int, busy: int) -> TbPlan:
+            """Tile (i, j)'s TB as ``ReduceTbs`` makes it, then :meth:`RemoteAccess.epilogue_out`."""
+            plan = TbPlan()
+            access.plan_sync(plan, g, t, 0)
+            plan.phase(phases.of(busy))
+            access.plan_sync(plan, g, t, 1)
+            slots, port, piece_unit = sm_state(sm)
+            plan.begin(isa.new_red_stream(g, red_plan(i, j, piece_unit), slots.sm, slots.gpu, port))
+            plan.begin(port)
+            plan.call(partial(access.epilogue_out, g, shape, i, j))
+            return plan
+
+        kernel.tbs = [partial(timed, t, i, j) for t, (i, j) in enumerate(order)]
+        return kernel, drain
+
     if mem is None:  # timing mode: the core makes each TB's plan (ReduceTbs)
         def sm_of(sm: int) -> tuple[Bound, Bound, SmPort, int]:
             slots, port, piece_unit = sm_state(sm)
@@ -449,6 +493,8 @@ def reduce_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmSha
         slots, port, piece_unit = sm_state(sm)
         plan.begin(epilogue(i, j, slots, port, piece_unit))
         plan.begin(port)
+        if access.epilogue_hook:
+            plan.call(partial(access.epilogue_out, g, shape, i, j))
         return plan
 
     # one small object per TB (a closure per TB is several, each walked by every collection)

@@ -178,8 +178,16 @@ class Cais(RemoteLoadScheme):
     def run(self, r: LayerRun) -> None:
         self._sharded = sharded_activations(r.period)
         # the weight gradients' loads (ld.cais): no TB group, no TB-level dependencies
-        self._wgrad_access = CoordinatedAccess(r.m, r.d.rows_l, self.coord)
+        self._wgrad_access = self.access(r)
         super().run(r)
+
+    def access(self, r: LayerRun, group: int | None = None, deps: TbDependencies | None = None,
+               block_keys: list[int] | None = None, ready: Ready | None = None) -> CoordinatedAccess:
+        """How the GEMMs touch remote rows (a TB group's key base ``group``, the
+        sub-layer's TB-level dependencies ``deps``, the GEMM-RS's LN-block signal words
+        ``block_keys``, the AG-GEMM's ``ready`` flags): ``ld.cais``/``red.cais`` under
+        the coordination :attr:`coord` says."""
+        return CoordinatedAccess(r.m, r.d.rows_l, self.coord, group, deps, block_keys, ready)
 
     # ---- the fused sub-layer --------------------------------------------------------
     def chain(self, r: LayerRun, c: Chain, deps: Deps) -> Deps:
@@ -191,8 +199,8 @@ class Cais(RemoteLoadScheme):
         ready: Ready = [{(o, b): Countdown(1) for o in range(n) for b in range(len(blocks))} for _ in range(n)]
         flags = [r.m.flag_key() for _ in blocks]
         groups = [r.m.flag_key() << 24 for _ in (c.gemm1, c.gemm2)]
-        reductions = CoordinatedAccess(r.m, r.d.rows_l, self.coord, groups[0], tbd, block_keys)
-        loads = CoordinatedAccess(r.m, r.d.rows_l, self.coord, groups[1], tbd, ready=ready)
+        reductions = self.access(r, groups[0], tbd, block_keys)
+        loads = self.access(r, groups[1], tbd, ready=ready)
         ops = remote_operands(c.gemm2, self._sharded)
         plan = fuse(r.period.graph.chain(c.name))  # GEMM-RS, LN, AG-GEMM launched together
         assert [op.name for op in plan.kernels] == [c.gemm1.name, c.rowop.name, c.gemm2.name]

@@ -23,7 +23,7 @@ from cais.sweep.grid import Point
 __all__ = ["LAYER", "TIMELINE", "COLLECTIVE", "WHY_CAIS", "WHY_BOTH", "UNBOUNDED", "Context", "Experiment",
            "geomean", "compare", "ok_rows", "failures", "grid_models", "grid_modes", "one_model",
            "scalable_system", "grid_words", "fig11_points", "no_points", "entries_of", "World", "worlds",
-           "world_rows", "own_world", "PAPER_L2", "why_measured"]
+           "world_rows", "own_world", "PAPER_L2", "why_measured", "GRID_SCHEMES"]
 
 #: the point functions (cais.reproduce.points) an experiment's points name
 LAYER = "cais.reproduce.points:layer_point"
@@ -155,12 +155,17 @@ def grid_words(ctx: Context, t: pd.DataFrame) -> str:
     return f"the {'quick' if ctx.quick else 'full'} grid on {ctx.system} ({models})"
 
 
+#: the schemes of the Fig. 11 grid: the paper's 13, and cais-sw, software-only CAIS, whose
+#: gap to CAIS is the switch's share of CAIS's gain (issue 57, cais.reproduce.switch_share)
+GRID_SCHEMES = (*P.SCHEMES, "cais-sw")
+
+
 def fig11_points(ctx: Context, system: str | None = None, **extra_sets: Any) -> list[tuple[str, Point]]:
     """The Fig. 11 grid, which Figs. 11, 12, 15, bound and worlds analyse: every model x
-    mode x the 13 schemes at the half set-up's 66 SMs (``extra_sets``: a world's
-    overrides on top of the context's)."""
+    mode x the 14 schemes of :data:`GRID_SCHEMES` at the half set-up's 66 SMs
+    (``extra_sets``: a world's overrides on top of the context's)."""
     return [(LAYER, {**ctx.base(system, **extra_sets), **m, "scheme": s, "mode": mode, "sms": P.SMS_HALF})
-            for m in grid_models(ctx) for mode in grid_modes(ctx) for s in P.SCHEMES]
+            for m in grid_models(ctx) for mode in grid_modes(ctx) for s in GRID_SCHEMES]
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from cais.reproduce.experiments.common import (WHY_BOTH, WHY_CAIS, Context, Expe
                                                worlds)
 from cais.sweep.grid import Point
 from cais.reproduce.report import Section
+from cais.reproduce.switch_share import fig11_switch_sentence
 from cais.reproduce.verdict import count_faster, holds, span
 
 
@@ -232,7 +233,8 @@ def fig11_analyse(ctx: Context, rows: pd.DataFrame, name: str = "fig11",
         sec.claim(f"CAIS beats TP-NVLS in {a['mode']}, {a['world']}", a["over TP-NVLS"] >= 1,
                   f"{a['over TP-NVLS']:.2f}x")
     sec.says(fig11_verdict(g, df, grid_words(ctx, t), l2)
-             + (" " + answers_sentence(answers) if len(answers) else ""))
+             + (" " + answers_sentence(answers) if len(answers) else "")
+             + fig11_switch_sentence(ctx, every))  # the switch's share per world (issue 57)
     sec.p(f"One layer period per (model, mode, scheme) on {ctx.system}, 8 GPUs x {P.SMS_HALF} SMs"
           + (" (quick grid: Mega-GPT-4B with one sequence of 1,024 tokens)" if ctx.quick else "")
           + f"; models: {', '.join(dict.fromkeys(t['model']))}; modes: {', '.join(dict.fromkeys(t['mode']))}"

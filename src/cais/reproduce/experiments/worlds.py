@@ -30,7 +30,7 @@ def worlds_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, Sect
     world moves the schemes' times, and each headline claim per world."""
     df = ok_rows(rows)
     # only (model, mode) pairs complete in both worlds (every scheme ran), so the geomeans compare like with like
-    n = df.groupby(["system", "model", "mode"])["scheme"].nunique()
+    n = df[df["scheme"].isin(P.SCHEMES)].groupby(["system", "model", "mode"])["scheme"].nunique()  # the paper's
     full = n[n == len(P.SCHEMES)].reset_index().groupby(["model", "mode"])["system"].nunique()
     keep = set(full[full == 2].index)
     df = df[[(m, md) in keep for m, md in zip(df["model"], df["mode"])]]
