@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cais.reproduce.claims import against_full, claims_of, shipped, write_claims
+from cais.reproduce.claims import against_full, claims_of, lead_with_full, shipped, write_claims
 from cais.reproduce.report import Section
 
 FULL = {"system": "dgx-h100", "commit": "0123456789abcdef", "grid": "full",
@@ -18,8 +18,21 @@ def test_a_claim_that_points_the_other_way_gets_the_full_grids_figure() -> None:
     sec = Section("fig17", "Fig. 17")
     assert sec.claim("throughput holds", True, "+70.3 % from 8 to 16 GPUs") == "holds"
     said = against_full(sec, FULL)
-    assert "full grid points the other way" in said and "-11.4 % from 8 to 32 GPUs" in said
-    assert "+70.3 %" in said and "commit 0123456" in said
+    assert said.startswith("The answer, from the full grid") and "-11.4 % from 8 to 32 GPUs" in said
+    assert "+70.3 %" in said and "commit 0123456" in said and "The quick grid points the other way" in said
+
+
+def test_the_verdict_leads_with_the_full_grids_answer() -> None:
+    sec = Section("fig17", "Fig. 17").says("+70.3 % per GPU from 8 to 16 GPUs: the claim holds here.")
+    sec.claim("throughput holds", True, "+70.3 % from 8 to 16 GPUs")
+    lead_with_full(sec, FULL)
+    first, rest = sec.verdict.split(" Quick grid: ")
+    assert first.startswith("The answer, from the full grid") and "does not hold (-11.4 %" in first
+    assert rest == "+70.3 % per GPU from 8 to 16 GPUs: the claim holds here."
+    agreeing = Section("fig17", "Fig. 17").says("as it was")
+    agreeing.claim("throughput holds", False, "-3 %")
+    lead_with_full(agreeing, FULL)
+    assert agreeing.verdict == "as it was"
 
 
 def test_agreeing_or_unknown_claims_add_nothing() -> None:

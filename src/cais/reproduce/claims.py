@@ -43,14 +43,23 @@ def shipped(system: str) -> dict[str, Any] | None:
 
 
 def against_full(section: Section, table: dict[str, Any]) -> str:
-    """The sentence a quick section's verdict ends with where one of its claims points
-    the other way from the shipped full grid ("" where all agree or none is shipped)."""
+    """Where one of a quick section's claims points the other way from the shipped
+    full grid: the sentence its verdict must lead with, the full grid's answer (""
+    where all agree or none is shipped)."""
     full = {c["name"]: c for c in table.get("claims", {}).get(section.name, [])}
     other = [(c, full[c.name]) for c in section.claims if c.name in full and full[c.name]["holds"] != c.holds]
     if not other:
         return ""
-    said = "; ".join(f"'{q.name}' {'holds' if f['holds'] else 'does not hold'} there ({f['figure']}), "
-                     f"here {'it holds' if q.holds else 'not'} ({q.figure})" for q, f in other)
-    return (f" The full grid points the other way, and is the answer (shipped table "
-            f"src/cais/data/full-grid/{table.get('system', '?')}.json, commit {str(table.get('commit', '?'))[:7]}): "
-            f"{said}.")
+    said = "; ".join(f"'{q.name}' {'holds' if f['holds'] else 'does not hold'} ({f['figure']}; the quick grid: "
+                     f"{q.figure})" for q, f in other)
+    return (f"The answer, from the full grid (shipped table src/cais/data/full-grid/{table.get('system', '?')}.json, "
+            f"commit {str(table.get('commit', '?'))[:7]}): {said}. The quick grid points the other way; its reading "
+            "follows, indicative only.")
+
+
+def lead_with_full(section: Section, table: dict[str, Any]) -> None:
+    """Put the full grid's answer first in a quick section's verdict where the quick
+    grid points the other way (:func:`against_full`); leave it as it is elsewhere."""
+    lead = against_full(section, table)
+    if lead and section.verdict:
+        section.verdict = f"{lead} Quick grid: {section.verdict}"

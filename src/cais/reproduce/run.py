@@ -14,7 +14,7 @@ import pandas as pd
 from cais.errors import UserError
 from cais.hw.config import apply_overrides, load_system
 from cais.provenance import Provenance, collect
-from cais.reproduce.claims import against_full, shipped, write_claims
+from cais.reproduce.claims import lead_with_full, shipped, write_claims
 from cais.reproduce.experiments import EXPERIMENTS, PAPER_SET, Context
 from cais.reproduce.points import same_run
 from cais.reproduce.report import Front, Section, write_report
@@ -201,8 +201,8 @@ def _analyse(name: str, points: list[tuple[str, dict]], rows: pd.DataFrame, ctx:
             table, section = pd.DataFrame(), Section(name, exp.title).p(
                 f"ANALYSIS FAILED on these runs ({len(rows)} rows): {type(exc).__name__}: {exc}")
     full = shipped(ctx.system) if ctx.quick and not ctx.sets else None
-    if full is not None and section.verdict:
-        section.verdict += against_full(section, full)
+    if full is not None:
+        lead_with_full(section, full)
     table.assign(**provenance.columns()).to_csv(ctx.out / f"{name}.csv", index=False)
     runs_s = float(pd.to_numeric(rows["wall_s"], errors="coerce").sum()) if "wall_s" in rows else 0.0
     res.tables[name], res.seconds[name] = table, runs_s + time.perf_counter() - t0
