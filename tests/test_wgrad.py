@@ -132,3 +132,13 @@ def test_kept_inputs_are_counted_by_the_memory_check() -> None:
     d = build_period(model, 4, "train", True).dims
     assert kept.activations - plain.activations == (model.layers - 1) * 2 * d.hidden * model.dtype_bytes * (d.tokens - d.rows_l)
     assert footprint(model, 4, "train", False, keep_inputs=True) == footprint(model, 4, "train", False)
+
+
+def test_a_period_without_weight_gradients_ignores_the_choice() -> None:
+    """Prefill runs the same whatever ``train`` says, and a choice a scheme cannot run
+    in training is no error there."""
+    for scheme in ("cais", "sp-nvls"):
+        times = {run_layer(_four(**{"train.wgrad_inputs": i, "train.wgrad_grads": g}), GPT, scheme, "prefill").total_us
+                 for i, g in (("keep", "keep"), ("scheme", "scheme"))}
+        assert len(times) == 1, (scheme, times)
+    assert run_layer(_train("scheme", "refetch"), GPT, "sp-nvls", "prefill").total_us > 0

@@ -19,7 +19,7 @@ from cais.experiments.collective import SIM_MODES, check_mirror, mirror_misfit
 from cais.results import LinkUtil, Recorder, RunMetrics, run_metrics
 from cais.results.metrics import mirrored
 from cais.schemes import get_scheme
-from cais.schemes.base import LayerRun
+from cais.schemes.base import LayerRun, Scheme
 from cais.workload import reference as ref
 from cais.workload.footprint import Footprint, check_fits, footprint
 from cais.workload.graph import Chain, Period, build_period
@@ -292,6 +292,13 @@ def check_memory(cfg: SystemConfig, model: ModelSpec, mode: str, sp: bool, keep_
     return fp
 
 
+def _keeps_inputs(sch: Scheme, cfg: SystemConfig, mode: str) -> bool:
+    """Whether a training period of ``sch`` keeps its gathered forward inputs for the
+    backward (``train.wgrad_inputs``; a choice the scheme cannot run is its
+    WgradMismatch); False outside training."""
+    return mode == "train" and sch.wgrad_plan(cfg.train).inputs.startswith("keep")
+
+
 def check_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: int | None = None) -> None:
     """Raise the UserError :func:`run_layer` would raise before simulating anything (an
     unknown scheme or mode, a bad ``sms``, a switch model the scheme cannot run on
@@ -301,9 +308,9 @@ def check_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms
     _check_sms(cfg, sms)
     sch.switch_model(cfg.switch.model)  # a scheme on a switch without what it needs (SwitchMismatch)
     sch.vc_policy_for(cfg.link.vc_policy)  # a VC policy that undoes the scheme (VcMismatch)
-    plan = sch.wgrad_plan(cfg.train)  # a weight-gradient dataflow it cannot run (WgradMismatch)
+    keep = _keeps_inputs(sch, cfg, mode)  # a weight-gradient dataflow it cannot run (WgradMismatch)
     _check_size(cfg, model, scheme, sch.switch, mode, build_period(model, cfg.gpus, mode, sch.sp))
-    check_memory(cfg, model, mode, sch.sp, plan.inputs == "keep")
+    check_memory(cfg, model, mode, sch.sp, keep)
 
 
 def run_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: int | None = None,
@@ -321,13 +328,13 @@ def run_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: 
     if switch != cfg.switch.model:
         cfg = cfg.with_overrides(switch={**cfg.switch.model_dump(), "model": switch})
     vc_policy = sch.vc_policy_for(cfg.link.vc_policy)
-    plan = sch.wgrad_plan(cfg.train)
+    keep = _keeps_inputs(sch, cfg, mode)
     if vc_policy != cfg.link.vc_policy:
         cfg = cfg.with_overrides(link={**cfg.link.model_dump(), "vc_policy": vc_policy})
     mirror = _mirror_mode(cfg, scheme, sim, functional)
     period = build_period(model, cfg.gpus, mode, sch.sp, seed, regather)
     _check_size(cfg, model, scheme, sch.switch, mode, period, mirror)
-    memory = check_memory(cfg, model, mode, sch.sp, plan.inputs == "keep")
+    memory = check_memory(cfg, model, mode, sch.sp, keep)
     if progress is not None:
         progress.begin(period_events(cfg, period, model.dtype_bytes, sch.switch) / (cfg.gpus if mirror else 1),
                        f"{model.name} {mode} under {scheme} on {cfg.gpus} GPUs")

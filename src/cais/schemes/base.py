@@ -466,12 +466,19 @@ class Scheme:
                         f"GEMMs load remote rows; allowed with this scheme: scheme, {', '.join(allowed)}")
         return WgradPlan(inputs, grads)
 
+    def period_wgrad_plan(self, r: LayerRun) -> WgradPlan:
+        """:meth:`wgrad_plan` for a training period; a period without weight
+        gradients (prefill, decode) runs the scheme's own, whatever ``train`` says."""
+        if r.period.mode == "train":
+            return self.wgrad_plan(r.m.cfg.train)
+        return WgradPlan(self.wgrad_inputs, self.wgrad_grads)
+
     def run(self, r: LayerRun) -> None:
         """The period's segments in program order, each after the one before it, but
         for the weight gradients' gathered operands (:meth:`wgrad_plan`): a kept copy
         skips the re-gather, ``refetch-overlap`` starts it beside the dgrad sub-layer
         before it, and :meth:`wgrad` places the weight gradient."""
-        plan = self.wgrad_plan(r.m.cfg.train)
+        plan = self.period_wgrad_plan(r)
         ready: Deps = [Signal() for _ in range(r.m.n)]
         for s in ready:
             s.fire(r.m.sim)

@@ -45,8 +45,12 @@ class RemoteLoadScheme(Scheme):
     _wgrad_access: RemoteAccess
 
     def run(self, r: LayerRun) -> None:
-        plan = self.wgrad_plan(r.m.cfg.train)
-        self._kept = {name for name in self._sharded if plan.of(gathered_class(r.period, name)).startswith("keep")}
+        plan = self.period_wgrad_plan(r)
+        read = {t for seg in r.period.segments if isinstance(seg, Local) and seg.gemm is not None
+                and seg.gemm.role == "wgrad" for t in (seg.gemm.ops.a, seg.gemm.ops.b)}
+        # the gathered tensors a weight gradient reads from a local copy
+        self._kept = {name for name in set(self._sharded) & read
+                      if plan.of(gathered_class(r.period, name)).startswith("keep")}
         super().run(r)
 
     def keeps(self, c: Chain) -> bool:
