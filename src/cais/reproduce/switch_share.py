@@ -13,14 +13,9 @@ speedup of at most 1x: the ratio of logs would then mean nothing)."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
-
 import pandas as pd
 
-from cais.experiments.baselines import geomean
-
-if TYPE_CHECKING:
-    from cais.reproduce.experiments.common import Context
+from cais.reproduce.experiments.common import Context, geomean, world_rows, worlds
 
 #: the columns :func:`switch_share` returns
 COLUMNS = ["mode", "over TP-NVLS", "over cais-sw", "switch share"]
@@ -68,7 +63,6 @@ def fig11_switch_sentence(ctx: "Context", every: pd.DataFrame) -> str:
     ran all three): :func:`switch_share_sentence` over the context's worlds, from the
     run's ok rows ``every`` (one world, the context's system, where they carry no
     ``sets``)."""
-    from cais.reproduce.experiments.common import world_rows, worlds
 
     pairs = ([(w.label, world_rows(ctx, w, every)) for w in worlds(ctx)] if "sets" in every
              else [(ctx.system, every)])
