@@ -13,12 +13,21 @@ speedup of at most 1x: the ratio of logs would then mean nothing)."""
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
+
 import pandas as pd
 
-from cais.reproduce.experiments.common import Context, geomean, world_rows, worlds
+
+if TYPE_CHECKING:
+    from cais.reproduce.experiments.common import Context
 
 #: the columns :func:`switch_share` returns
 COLUMNS = ["mode", "over TP-NVLS", "over cais-sw", "switch share"]
+
+
+def _geomean(ratios: list[float]) -> float:
+    """The geometric mean of positive ratios (NaN for none)."""
+    return math.exp(sum(math.log(x) for x in ratios) / len(ratios)) if ratios else float("nan")
 
 
 def switch_share(df: pd.DataFrame) -> pd.DataFrame:
@@ -34,8 +43,8 @@ def switch_share(df: pd.DataFrame) -> pd.DataFrame:
         t = t.dropna(subset=["cais", "cais-sw", "tp-nvls"])
         if t.empty:
             continue
-        over_tp = geomean(list(t["tp-nvls"] / t["cais"]))
-        over_sw = geomean(list(t["cais-sw"] / t["cais"]))
+        over_tp = _geomean(list(t["tp-nvls"] / t["cais"]))
+        over_sw = _geomean(list(t["cais-sw"] / t["cais"]))
         share = math.log(over_sw) / math.log(over_tp) if over_tp > 1 else float("nan")
         out.append({"mode": mode, "over TP-NVLS": over_tp, "over cais-sw": over_sw, "switch share": share})
     return pd.DataFrame(out, columns=COLUMNS)
@@ -63,6 +72,7 @@ def fig11_switch_sentence(ctx: "Context", every: pd.DataFrame) -> str:
     ran all three): :func:`switch_share_sentence` over the context's worlds, from the
     run's ok rows ``every`` (one world, the context's system, where they carry no
     ``sets``)."""
+    from cais.reproduce.experiments.common import world_rows, worlds
 
     pairs = ([(w.label, world_rows(ctx, w, every)) for w in worlds(ctx)] if "sets" in every
              else [(ctx.system, every)])
