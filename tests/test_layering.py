@@ -81,11 +81,6 @@ ALLOWED: dict[str, tuple[str, ...]] = {
 
 # (file under src/cais, imported module) -> why it is tolerated today; removed by what.
 TOLERATED: dict[tuple[str, str], str] = {
-    # isa below machine: the Isa is handed its Machine and reads its GPUs, fabric and
-    # config (a type hint only). Goes when the Isa takes the fabric and GPUs it uses
-    # (the ISA boundary the Rust engine and fabric are to sit behind, issues 14/15).
-    ("isa.py", "cais.machine"):
-        "type hint of the Machine that holds the Isa; goes when Isa takes fabric and GPUs (ISA boundary)",
     # results/ reads the live machine after a run (issue 19 names it); goes when the
     # machine hands a run's record (counters, logs) to results/ instead.
     ("results/merging.py", "cais.machine"): "reads Machine after the run; goes with a run record",

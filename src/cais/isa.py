@@ -30,18 +30,17 @@ the destination memory, which is when a flag written behind it would be seen).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
 
 import numpy as np
 
-from cais.engine import ArrivePerGpu, Bound, Completion, Countdown, Signal, TbPlan, Train
-from cais.hw.gpu import KeptLines, LoadPlan, LoadStream, RedPlan, RedStream, ReduceStream, SmPort
+from cais.engine import ArrivePerGpu, Bound, Completion, Countdown, Signal, Simulator, TbPlan, Train
+from cais.hw.config import SystemConfig
+from cais.hw.fabric import Fabric
+from cais.hw.gpu import Gpu, KeptLines, LoadPlan, LoadStream, RedPlan, RedStream, ReduceStream, SmPort
 from cais.hw.memory import Region, as_run
-from cais.hw.packets import Kind
-
-if TYPE_CHECKING:
-    from cais.machine import Machine
+from cais.hw.packets import Kind, Packetizer, VcMap
 
 Done = Callable[[], None]
 # Kinds whose payload the issuing GPU reads from its HBM to send (hw/hbm.py counts it).
@@ -59,10 +58,22 @@ StreamRed = tuple[int, int, list[tuple[Region, int]], list[np.ndarray | None] | 
 StreamItem = Callable[[], None] | tuple[int, list[StreamRed]]
 
 
-class Isa:
-    """Issues ISA operations of one :class:`Machine` onto its fabric."""
+class IsaHost(Protocol):
+    """What the ISA issues onto: a machine's clock, fabric, packetizer, VC map, config
+    and GPUs (``cais.machine.Machine`` is one; the ISA knows nothing else of it)."""
 
-    def __init__(self, machine: "Machine") -> None:
+    sim: Simulator
+    fabric: Fabric
+    pk: Packetizer
+    vcmap: VcMap
+    cfg: SystemConfig
+    gpus: Sequence[Gpu]
+
+
+class Isa:
+    """Issues ISA operations of one machine (:class:`IsaHost`) onto its fabric."""
+
+    def __init__(self, machine: IsaHost) -> None:
         self.m = machine
         self.sim = machine.sim
         self.fab = machine.fabric
