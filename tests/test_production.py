@@ -50,7 +50,7 @@ def test_analysis_gives_a_verdict_per_world_and_judges_the_claim(tmp_path: Path)
     from cais.reproduce.report import table_md
     for kind, block in sec.blocks:
         if kind == "table":  # readable headers, 80 columns
-            assert list(block.columns) == ["case", "NCCL", "vLLM", "SGLang", "TRT-LLM", "CAIS", "best", "best/CAIS"]
+            assert list(block.columns) == ["case", "NCCL", "vLLM", "SGLang", "TRT-LLM", "CAIS", "best", "speedup"]
             assert max(len(line) for line in table_md(block).splitlines()) <= 80
 
 
