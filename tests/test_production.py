@@ -21,6 +21,8 @@ def _rows() -> pd.DataFrame:
             out.append({"status": "ok", "point.world": world, "point.model": "llama3-8b", "point.mode": "decode",
                         "point.batch": 1, "point.seq": 1024, "point.scheme": s,
                         "point.sets": '{"gpu.launch": "graph"}', "gpus_run": 8,
+                        "collectives_ran": {"tp-trtllm": "fused-oneshot", "tp-vllm": "fused-oneshot",
+                                            "tp-sglang": "push-oneshot"}.get(s, "ring-ll"),
                         "total_us": t if world == "w1" else t * (0.5 if s == "cais" else 1.0),
                         "comm_kernel_us": t / 4, "compute_kernel_us": t / 2})
     return pd.DataFrame(out)

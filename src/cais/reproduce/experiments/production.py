@@ -160,27 +160,6 @@ def _gap(by: pd.DataFrame, scheme: str) -> float:
     return max(0.0, float(r["total_us"] - r["comm_kernel_us"] - r["compute_kernel_us"]))
 
 
-def stack_kernels(scheme: str, model: str, mode: str, batch: int, seq: int, gpus: int, launch: str) -> str:
-    """The all-reduce kernels a stack runs in this case, in words (its plan,
-    kernels/stacks.py): e.g. ``fused-oneshot``, ``copy+custom-oneshot``, ``nccl``."""
-    from cais.kernels import stacks as st
-    from cais.workload.models import load_model
-
-    spec = load_model(model)
-    tokens = batch if mode == "decode" else batch * seq
-    nbytes = tokens * spec.hidden * spec.dtype_bytes
-    fusable = spec.norm == "rmsnorm"
-    if scheme == "tp-vllm":
-        plan = st.vllm_plan(gpus, nbytes, launch, fusable)
-    elif scheme == "tp-sglang":
-        plan = st.sglang_plan(gpus, nbytes, launch)
-    elif scheme == "tp-trtllm":
-        plan = st.trtllm_plan(gpus, tokens, spec.hidden, spec.dtype_bytes, fusable)
-    else:
-        return ""
-    return "+".join(plan.labels)
-
-
 def _launch_of(sets: str) -> str:
     import json
 
@@ -210,8 +189,8 @@ def production_table(rows: pd.DataFrame) -> pd.DataFrame:
         best = min(prod, key=lambda s: by["total_us"][s]) if prod else None
         cais = float(by["total_us"]["cais"])
         row["best_production"] = best or ""
-        row["best_kernels"] = (stack_kernels(best, row["model"], row["mode"], int(row["batch"]), int(row["seq"]),
-                                             row["gpus"], row["launch"]) if best else "")
+        ran = by["collectives_ran"] if "collectives_ran" in by else None
+        row["best_kernels"] = str(ran[best]) if best and ran is not None and isinstance(ran[best], str) else ""
         row["cais_over_tp_nccl"] = row["tp-nccl_us"] / cais
         row["cais_over_best"] = float(by["total_us"][best]) / cais if best else float("nan")
         row["best_comm_us"] = float(by["comm_kernel_us"][best]) if best else float("nan")
@@ -266,7 +245,7 @@ def _why(t: pd.DataFrame) -> str:
         m = t[t["mode"] == mode]
         if len(m):
             kinds = ", ".join(f"{LABEL[k]} ({n})" for k, n in m["best_production"].value_counts().items())
-            kern = ", ".join(f"{k}" for k in dict.fromkeys(m["best_kernels"]))
+            kern = ", ".join(f"{k}" for k in dict.fromkeys(m["best_kernels"]) if k) or "its kernels"
             notes.append(f"in {mode} the best stack is {kinds}, running {kern}; its all-reduces take "
                          f"{span(list(m['best_comm_us']), ' us')} per period against NCCL's "
                          f"{span(list(m['tp_nccl_comm_us']), ' us')}; outside any kernel its periods spend "
