@@ -101,6 +101,44 @@ def ours_us(row: Row) -> float:
     return max(k.finished_at or 0 for k in kernels) / PS_PER_US
 
 
+def _kernel_us(row: Row) -> float:
+    """The kernel alone (us): its input registered, no launch, no copy."""
+    cfg = load_system(row.system, gpus=row.gpus)
+    count = check_collective(cfg, row.op, row.algo, row.nbytes, row.elem_bytes)
+    extra: dict[str, object] = {"registered": True}
+    if row.hidden is not None:
+        extra["row_elems"] = row.hidden
+    m = Machine(cfg)
+    kernels = build(m, CollectiveSpec(row.op, row.algo, count, row.elem_bytes, **extra))
+    for gpu, k in zip(m.gpus, kernels):
+        gpu.launch(k, 0)
+    m.run()
+    return max(k.finished_at or 0 for k in kernels) / PS_PER_US
+
+
+def launched_us(row: Row) -> float:
+    """One call of the row's back-to-back loop under the launch model (issue 58,
+    docs/compute-model.md "Launch modes", the system's constants): on the GPU, per
+    kernel of the call the dependent-kernel gap (PDL's for the fused kernel, launched
+    with PDL in its source) and the kernel; a copy into the registered buffer (vLLM's
+    custom all-reduce, eager) or into and out of the symmetric buffer (multimem) is a
+    kernel of its own at HBM rate; the closing system-scope barrier after every kernel
+    but the fused one-shot. Eager, the host issues one op and a launch per further
+    kernel, and the slower of host and GPU sets the loop's rate."""
+    cfg = load_system(row.system, gpus=row.gpus)
+    g = cfg.gpu
+    kind = row.algo.split("-")[0]
+    copies = 2 if kind == "multimem" else 1 if (kind == "custom" and not row.registered) else 0
+    copy = 2 * row.nbytes / g.hbm_bandwidth_GBps / 1000
+    fence = 0.0 if row.algo == "fused-oneshot" or (kind == "fused" and row.nbytes // (row.hidden or 4096)
+                                                   // row.elem_bytes <= 128) else cfg.collective.fence_us
+    gap = g.pdl_gap_us if kind == "fused" else g.kernel_gap_us
+    gpu = copies * (g.kernel_gap_us + copy) + gap + _kernel_us(row) + fence
+    if row.mode == "eager":
+        return max(g.host_op_us + copies * g.host_launch_us, gpu)
+    return gpu
+
+
 def size(b: int) -> str:
     for unit, k in (("MiB", 20), ("KiB", 10)):
         if b >= 1 << k:
@@ -117,14 +155,24 @@ def short_source(source: str) -> str:
 def table(selected: list[Row]) -> str:
     """One markdown row per CSV row; a source whose GPU is in doubt (its note says so)
     is marked with a dagger."""
-    lines = ["| kernel | system | GPUs | size | dtype | mode | published (us) | ours (us) | ours / published | source |",
-             "|---|---|---:|---:|---|---|---:|---:|---:|---|"]
+    lines = ["| kernel | system | GPUs | size | dtype | mode | published (us) | ours (us) | ours / published | source "
+             "| launched (us) | launched / published |",
+             "|---|---|---:|---:|---|---|---:|---:|---:|---|---:|---:|"]
     for r in selected:
-        ours = ours_us(r)
+        ours, launched = ours_us(r), launched_us(r)
         lines.append(f"| {r.algo} | {r.system} | {r.gpus} | {size(r.nbytes)} | {r.dtype} | {r.mode} | "
                      f"{r.time_us:g} | {ours:.2f} | {ours / r.time_us:.2f} | {short_source(r.source)}"
-                     f"{' (GPU in doubt)' if r.gpu_in_doubt else ''} |")
+                     f"{' (GPU in doubt)' if r.gpu_in_doubt else ''} | {launched:.2f} | {launched / r.time_us:.2f} |")
     return "\n".join(lines)
+
+
+def errors(selected: list[Row]) -> str:
+    """Mean |launched / published - 1| per source (and its GPU-certain rows)."""
+    by: dict[str, list[float]] = {}
+    for r in selected:
+        e = abs(launched_us(r) / r.time_us - 1)
+        by.setdefault(short_source(r.source) + (" (GPU in doubt)" if r.gpu_in_doubt else ""), []).append(e)
+    return "\n".join(f"{k}: mean |error| {100 * sum(v) / len(v):.0f} % over {len(v)} rows" for k, v in by.items())
 
 
 def main() -> None:
@@ -132,7 +180,10 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="+", default=None, help="CSV row indices (0-based; default: all)")
     args = ap.parse_args()
     every = rows()
-    print(table([every[i] for i in args.rows] if args.rows else every))
+    chosen = [every[i] for i in args.rows] if args.rows else every
+    print(table(chosen))
+    print()
+    print(errors(chosen))
 
 
 if __name__ == "__main__":

@@ -668,7 +668,10 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
                     on_section=lambda sec: _print_section(sec, args.system, args.quick),
                     log=lambda line: Console().print(line, markup=False, highlight=False))  # wrapped to the width
     models = [str(m) for t in res.tables.values() if "model" in t for m in t["model"]]
-    warning = quick_warning(args.quick, list(dict.fromkeys(models)))
+    from cais.reproduce.experiments import EXPERIMENTS
+
+    paper = any(EXPERIMENTS[n].paper for n in names)  # the warning is about the paper's numbers
+    warning = quick_warning(args.quick and paper, list(dict.fromkeys(models)))
     if warning:
         Console().print(f"[bold yellow]Warning:[/] {warning}", highlight=False)
     Console().print(f"report: {res.report_md} and {res.report_html} (verdict, provenance, every figure; why we "
@@ -770,6 +773,14 @@ def _sim_option(sp: argparse.ArgumentParser) -> None:
                          "docs/validation.md sections 10 and 14)")
 
 
+def _launch_option(sp: argparse.ArgumentParser, what: str) -> None:
+    sp.add_argument("--launch", choices=("fitted", "eager", "graph"), default=None,
+                    help="how kernels reach the GPU, short for --set gpu.launch=...: fitted (the compute model's "
+                         "fitted per-kernel overheads, the paper's runs), eager (host issue per op, the gap between "
+                         "dependent kernels), graph (a CUDA-graph replay: the gap only, less with PDL); "
+                         f"docs/compute-model.md, \"Launch modes\". {what}")
+
+
 def _progress_option(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                     help="a progress bar on stderr (simulated time, events, ETA) once a run passes 2 s; default: "
@@ -830,6 +841,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--seq", type=_positive_int, default=None, help="tokens per sequence (default: the model preset's)")
     r.add_argument("--json", action="store_true", help="print the result (every metric) as JSON instead of a table")
     _sim_option(r)
+    _launch_option(r, "Default: the system's (fitted on every preset); a --set gpu.launch wins")
     _set_option(r)
     _output_options(r)
     _progress_option(r)
@@ -880,6 +892,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="local worker processes for the runs (default: the CPU count)")
     rp.add_argument("--cached", action="store_true",
                     help="simulate nothing: analyse only the runs already in DIR/runs (others are left out)")
+    _launch_option(rp, "Default: each experiment's own (production: decode under graphs, prefill eager; the "
+                       "paper's experiments fitted); given, every point runs it; a --set gpu.launch wins")
     _set_option(rp, "The report's provenance and every CSV row record them")
     rp.set_defaults(fn=cmd_reproduce)
     for sp in sub.choices.values():  # each command's option strings, for as_flags
@@ -946,6 +960,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         return _stdout_closed()
     args.command_line = shlex.join(["cais", *(sys.argv[1:] if argv is None else argv)])
+    if getattr(args, "launch", None):  # --launch X is --set gpu.launch=X, before the --set values (they win)
+        args.set = [("gpu.launch", args.launch), *args.set]
     try:
         args.fn(args)
         sys.stdout.flush()  # a closed stdout is found here, not at the interpreter's exit

@@ -175,6 +175,33 @@ class GpuConfig(_Strict):
                                                               "256 MiB of NVLS pulls in flight per GPU "
                                                               "(docs/fabric-model.md)")
     kernel_launch_us: float = Field(3.0, ge=0)
+    launch: Literal["fitted", "eager", "graph"] = knob(
+        "fitted", description="how a layer's kernels reach the GPU (docs/compute-model.md, \"Launch modes\"): "
+                              "fitted = each kernel's fixed cost is the compute model's fitted per-kernel overhead "
+                              "(gemm_overhead_ns, mem_overhead_ns; kernel_launch_us for collectives), measured on "
+                              "kernels of 27 us and more and extrapolated below: the paper's experiments; eager = "
+                              "the framework's host thread issues every op (host_op_us, host_launch_us per extra "
+                              "kernel of the op) and a kernel starts once its inputs are ready plus kernel_gap_us "
+                              "and the host has issued it (the host runs ahead where kernels are longer than its "
+                              "issue time); graph = a CUDA-graph replay: no host cost per op, kernel_gap_us between "
+                              "dependent kernels, pdl_gap_us before a kernel its stack launches with programmatic "
+                              "dependent launch. In eager and graph a kernel's own work is timed without the fitted "
+                              "overhead (GEMM tiles, the memory-bound work, the collective's packets)")
+    kernel_gap_us: float = knob(1.5, ge=0, description="launch=eager|graph: time from a kernel's last input ready to "
+                                                       "its first TB on one stream when it is already queued (a CUDA "
+                                                       "graph's dependent kernel, or the host ahead): ~1-2 us on "
+                                                       "H100 (SGLang PR #2904 and NVIDIA/nccl #1984 measurements, "
+                                                       "docs/compute-model.md, \"Launch modes\"); the middle")
+    pdl_gap_us: float = knob(0.5, ge=0, description="launch=eager|graph: the same gap before a kernel launched with "
+                                                    "programmatic dependent launch (its prologue overlaps the "
+                                                    "previous kernel's tail): less than kernel_gap_us; 0.5 us is an "
+                                                    "assumption (the sensitivity runs 0 to kernel_gap_us)")
+    host_op_us: float = knob(5.0, ge=0, description="launch=eager: host time to issue one framework op (Python "
+                                                    "dispatch, argument checks, the first launch): ~4-6 us per op "
+                                                    "(SGLang PR #2904, eager custom all-reduce vs NCCL timings)")
+    host_launch_us: float = knob(4.5, ge=0, description="launch=eager: host time of each further kernel launch of "
+                                                        "the same op (a copy into a registered buffer, a copy out): "
+                                                        "~4-5 us per launch (NVIDIA/nccl #1984)")
     sm_copy_bandwidth_GBps: float = Field(200.0, gt=0,
                                           description="data one SM can move through its load/store path")
     compute_model: str = Field("h200", description="name of the calibration the GEMM model is fitted to")
@@ -272,6 +299,11 @@ class CollectiveConfig(_Strict):
                               "multimem poll's read at half its simulated round trip; a local ld.volatile poll "
                               "of gpu.memory_latency_ns), a value a past poll already read needing none. NCCL's "
                               "mechanism, nothing fitted")
+    fence_us: float = knob(1.5, ge=0, description="the system-scope release/acquire barrier a production "
+                                                  "all-reduce kernel ends with (vLLM/SGLang custom all-reduce "
+                                                  "end_sync after __threadfence_system; the fused two-shot's): its "
+                                                  "cost beyond the flags' packets, ~1-2 us (issue 58's "
+                                                  "finding; the sensitivity runs 1 to 2); kernels/production_ar.py")
     tuning: Literal["sm90", "sm100"] = Field("sm90", description="NCCL's tuning table that chooses algorithm and "
                                                                  "protocol by size when a run asks for auto "
                                                                  "(kernels/tuning.py): sm90 Hopper, sm100 Blackwell")

@@ -222,10 +222,13 @@ class ProductionAr:
     staging: str = "lamport"
     row_elems: int = 1
     rowop: Callable[[int, list[tuple[int, int]]], ProgramGen] | None = None
+    fence_ps: int = 0
+    clear_ps: int = 0
+    label: str = ""
 
     @property
     def name(self) -> str:
-        return f"{self.kind}-{self.path}-allreduce"
+        return f"{self.label or self.kind}-{self.path}-allreduce"
 
 
 def copy_time_ps(m: Machine, nbytes: int) -> int:
@@ -308,6 +311,8 @@ def _custom_tb(m: Machine, g: int, b: int, spec: ProductionAr, flags: list[Block
                 yield from _pull(m, g, win, mine, Region(spec.recv, s, c, eb), spec.stream, unit, True, done)
                 yield done
             yield flags[1].arrive(g, b)  # end_sync (final)
+            if spec.fence_ps:  # the system-scope release/acquire beyond the flags' packets
+                yield pause(sim, spec.fence_ps)
             return
         # two-shot: reduce-scatter of this GPU's shard (part b of it), into recv
         s0, c0 = shards[g]
@@ -329,6 +334,8 @@ def _custom_tb(m: Machine, g: int, b: int, spec: ProductionAr, flags: list[Block
         if parts:
             yield from _gather(m, g, win, parts, spec.stream, unit, got)
             yield got
+        if spec.fence_ps:
+            yield pause(sim, spec.fence_ps)
     return program
 
 
@@ -370,6 +377,8 @@ def _multimem_tb(m: Machine, g: int, b: int, spec: ProductionAr, flags: list[Blo
         if pieces:
             yield landed  # release: the flags go once the block's stores have landed
         yield flags[1].arrive(g, b)  # sync_remote_blocks<true, ...>
+        if spec.fence_ps:
+            yield pause(sim, spec.fence_ps)
         if spec.copy_out_ps:  # vLLM: the result copied out of the symmetric buffer
             yield pause(sim, spec.copy_out_ps)
     return program
@@ -395,6 +404,10 @@ def _fused_tb(m: Machine, g: int, b: int, spec: ProductionAr, flags: list[BlockF
     def program(sm: int, busy: int) -> ProgramGen:
         if spec.host_ps:
             yield pause(sim, spec.host_ps)
+        if spec.clear_ps:  # the one-shot clears an earlier call's Lamport buffer (to the -0 sentinel)
+            yield pause(sim, spec.clear_ps)
+        if spec.copy_ps:  # the two-shot copies its input into its own buffer first
+            yield pause(sim, spec.copy_ps)
         port = isa.sm_port()
         win = Window(sim, limit)
         if spec.path == "oneshot":
@@ -449,6 +462,8 @@ def _fused_tb(m: Machine, g: int, b: int, spec: ProductionAr, flags: list[BlockF
                         isa.st(g, peer, piece, chunk, stored, port, spec.stream, unit)
                 yield pushed  # the barrier's flags go after the stores have landed
             yield flags[1].arrive(g, b)
+            if spec.fence_ps:
+                yield pause(sim, spec.fence_ps)
         if spec.rowop is not None:
             yield from spec.rowop(g, [(r0, nr) for r0, nr in mine if nr])
     return program

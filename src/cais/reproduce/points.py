@@ -69,7 +69,9 @@ def layer_point(point: dict[str, Any]) -> dict[str, Any]:
                            "comm_kernel_us": FLOAT(r.kernel_us.get("communication", 0.0)),
                            "compute_kernel_us": FLOAT(r.kernel_us.get("computation", 0.0)),
                            "hidden_run": model.hidden, "ffn_run": model.ffn_hidden,
-                           "segments_us": json.dumps({k: round(v, 3) for k, v in r.segments.items()})}
+                           "segments_us": json.dumps({k: round(v, 3) for k, v in r.segments.items()}),
+                           # the collective kernels the period ran (algorithm-protocol or production family-path)
+                           "collectives_ran": ",".join(sorted(k.split("/")[0] for k in r.collectives_ran))}
     for name in ("L1", "L2", "L3", "L4"):
         s = r.sublayers.get(name)
         for key in ("time_us", "bound_us", "compute_us", "comm_us", "table_peak_kB"):

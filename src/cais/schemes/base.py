@@ -136,15 +136,44 @@ class LayerRun:
         self._image_seen: dict[tuple[int, str], int] = {}
         # remote GEMM tiles' planned loads and epilogue pieces, shared by the GPUs
         self.plans: dict[tuple, Any] = {}
+        # launch modes (gpu.launch): when each GPU's host thread has issued its latest kernel (eager)
+        self._host_ps = [0] * self.m.n
+
+    # ---- launch modes --------------------------------------------------------------
+    @property
+    def launch_mode(self) -> str:
+        """``gpu.launch``: fitted (the compute model's per-kernel overheads), eager or graph."""
+        return self.m.cfg.gpu.launch
+
+    def _launch(self, g: int, delay_ps: int, host: str, pdl: bool) -> tuple[int, int]:
+        """(the kernel's gap after its inputs are ready, when the host has issued it) for
+        a kernel submitted with the fitted fixed cost ``delay_ps`` (docs/compute-model.md,
+        "Launch modes"): fitted keeps ``delay_ps`` and has no host; eager and graph
+        replace it by the dependent-kernel gap (``pdl_gap_us`` for a PDL launch; none
+        where the scheme submits the kernel with no cost, already queued), and eager
+        charges the host ``host_op_us`` for an op's first kernel and ``host_launch_us``
+        for each further one (``host`` = ``op`` or ``launch``)."""
+        gpu = self.m.cfg.gpu
+        if gpu.launch == "fitted":
+            return delay_ps, 0
+        gap = 0 if delay_ps == 0 else round((gpu.pdl_gap_us if pdl else gpu.kernel_gap_us) * 1_000_000)
+        if gpu.launch == "graph":
+            return gap, 0
+        cost = gpu.host_op_us if host == "op" else gpu.host_launch_us
+        self._host_ps[g] += round(cost * 1_000_000)
+        return gap, self._host_ps[g]
 
     # ---- scheduling --------------------------------------------------------------
     def when(self, deps: Sequence[Signal], fn: Callable[[], None]) -> None:
         all_of(self.m.sim, list(deps)).on_fire(lambda _v: fn())
 
     def submit(self, g: int, kernel: Kernel, deps: Sequence[Signal], delay_ps: int = 0,
-               segment: str | None = None) -> Signal:
+               segment: str | None = None, host: str = "op", pdl: bool = False) -> Signal:
         """Launch ``kernel`` on GPU ``g`` once ``deps`` have fired (plus ``delay_ps``:
-        its launch overhead)."""
+        its fitted fixed cost; in the eager and graph launch modes the dependent-kernel
+        gap instead, and in eager no earlier than its host issue, :meth:`_launch`).
+        ``host``: ``op`` for an op's first kernel, ``launch`` for a further kernel of
+        the same op; ``pdl``: launched with programmatic dependent launch."""
         if self.m.fabric.mirror:
             if g == 0:
                 self._images.setdefault(kernel.name, []).append(kernel)
@@ -154,7 +183,9 @@ class LayerRun:
         if segment is not None:
             span = self.spans.setdefault(segment, Span())
             kernel.done.on_fire(lambda _v: span.add(kernel))
-        self.when(deps, lambda: self.m.gpus[g].launch(kernel, delay_ps))
+        gap, issued = self._launch(g, delay_ps, host, pdl)
+        sim = self.m.sim
+        self.when(deps, lambda: self.m.gpus[g].launch(kernel, max(gap, issued - sim.now)))
         return kernel.done
 
     def _image(self, g: int, kernel: Kernel) -> Signal:
@@ -342,6 +373,18 @@ class LayerRun:
         for k, sms in zip(kernels, sm_sets or []):
             k.sms = sms
         return kernels
+
+    def copy_kernel(self, g: int, nbytes: int, name: str = "copy") -> Kernel:
+        """A device-to-device copy of ``nbytes`` on GPU ``g`` as a kernel of its own (a
+        stack's copy into or out of a registered buffer): the calibrated memory-bound
+        time of reading and writing them on every SM, without the fitted fixed overhead
+        (the caller charges it as the launch). It moves no data: the copy is the identity
+        on the values the next kernel reads, so it is timed and left out of the data."""
+        from cais.kernels.local import even_kernel
+
+        work = max(0, self.cm.memory_time_ps(2 * nbytes, self.sms, self.sms) - self.cm_mem_overhead_ps)
+        tbs = max(1, min(self.sms, -(-nbytes // (32 * 1024))))
+        return even_kernel(name, work, tbs, self.sms, None, hbm_bytes=2 * nbytes)
 
     def production_allreduce(self, spec: ProductionAr) -> list[Kernel]:
         """One kernel per GPU for a production all-reduce (kernels/production_ar.py)

@@ -98,6 +98,8 @@ class Experiment:
     title: str
     points: Callable[[Context], list[tuple[str, Point]]]
     analyse: Callable[[Context, pd.DataFrame], tuple[pd.DataFrame, Section]]
+    #: whether it compares with the paper's numbers (a quick grid then warns that it stands in for the paper's)
+    paper: bool = True
 
 
 def compare(what: str, ours: float, paper: float | None, why: str, unit: str = "") -> dict[str, Any]:
