@@ -1,7 +1,9 @@
 """The output samples in README.md and docs/: every ```text block preceded by a
-``<!-- sample: COMMAND -->`` line is what COMMAND prints, made by running it. Run this
-to regenerate them after a change that moves a number or a word; ``--check`` runs them
-and fails where a block differs (tests/test_samples.py does so for every sample).
+``<!-- sample: COMMAND -->`` line is what COMMAND prints, made by running it, and
+every ``<!-- table: COMMAND -->`` ... ``<!-- /table -->`` span is the Markdown COMMAND
+prints (a table generated from shipped results). Run this to regenerate them after a
+change that moves a number or a word; ``--check`` runs them and fails where one
+differs (tests/test_samples.py does so for every sample).
 
     .venv/bin/python scripts/samples.py [--check] [--only TEXT] [FILE.md ...]
 
@@ -27,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 FILES = ("README.md",)
 MARK = re.compile(r"^<!-- sample: (?P<cmd>.+?) -->\n```text\n(?P<body>.*?)^```$", re.M | re.S)
+TABLE = re.compile(r"^<!-- table: (?P<cmd>.+?) -->\n(?P<body>.*?)^<!-- /table -->$", re.M | re.S)
 WIDTH = 110
 #: a wall-clock duration in a command's output ("10 s", "1.2 s", "4 min 37 s"), masked when checking
 WALL = re.compile(r"\b\d[\d,]*(?:\.\d+)?\s?(?:s|min)\b")
@@ -36,26 +39,42 @@ PROGRESS = re.compile(r"^cais: .*ETA", re.M)
 
 @dataclass(frozen=True)
 class Sample:
-    """One sample block: the file, the command and the text the file shows."""
+    """One sample block: the file, the command, the text the file shows and whether
+    it is raw Markdown (a ``table``) rather than a ```text block."""
 
     path: Path
     command: str
     shown: str
+    table: bool = False
+
+    def block(self, body: str) -> str:
+        """The block as the file holds it, with ``body``."""
+        if self.table:
+            return f"<!-- table: {self.command} -->\n{body}<!-- /table -->"
+        return f"<!-- sample: {self.command} -->\n```text\n{body}```"
 
 
 def samples(paths: list[Path]) -> list[Sample]:
     """Every sample block of ``paths``, in order."""
-    return [Sample(p, m["cmd"], m["body"]) for p in paths for m in MARK.finditer(p.read_text())]
+    out = []
+    for p in paths:
+        text = p.read_text()
+        found = [(m.start(), Sample(p, m["cmd"], m["body"])) for m in MARK.finditer(text)]
+        found += [(m.start(), Sample(p, m["cmd"], m["body"], True)) for m in TABLE.finditer(text)]
+        out += [s for _, s in sorted(found, key=lambda f: f[0])]
+    return out
 
 
-def run(command: str) -> tuple[str, float]:
+def run(command: str, here: bool = False) -> tuple[str, float]:
     """What ``command`` prints (stdout and stderr, progress lines dropped) and its wall
-    seconds, run in a fresh temporary folder."""
+    seconds, run in a fresh temporary folder (``here``: in the checkout, for a command
+    that only reads what the checkout holds)."""
     env = {**os.environ, "COLUMNS": str(WIDTH), "NO_COLOR": "1", "TERM": "dumb",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        done = subprocess.run(command, shell=True, cwd=tmp, env=env, capture_output=True, text=True, timeout=900)
+        done = subprocess.run(command, shell=True, cwd=ROOT if here else tmp, env=env, capture_output=True, text=True,
+                              timeout=900)
         wall = time.perf_counter() - t0
     text = PROGRESS.sub("", done.stdout + done.stderr)
     text = "\n".join(line.rstrip() for line in text.splitlines() if line.strip()) + "\n"
@@ -91,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     bad = 0
     for s in todo:
-        got, wall = run(s.command)
+        got, wall = run(s.command, s.table)
         print(f"samples: {s.path.name}: '{s.command}' ran in {wall:.1f} s", file=sys.stderr)
         if a.check:
             diff = first_difference(s.shown, got)
@@ -100,8 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"samples: {s.path.name}: '{s.command}' differs from its sample: {diff}", file=sys.stderr)
             continue
         text = s.path.read_text()
-        old = f"<!-- sample: {s.command} -->\n```text\n{s.shown}```"
-        s.path.write_text(text.replace(old, f"<!-- sample: {s.command} -->\n```text\n{got}```", 1))
+        s.path.write_text(text.replace(s.block(s.shown), s.block(got), 1))
     return 1 if bad else 0
 
 

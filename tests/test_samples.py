@@ -29,7 +29,7 @@ def test_readme_shows_samples_of_its_commands() -> None:
 
 @pytest.mark.parametrize("sample", ALL, ids=[s.command for s in ALL])
 def test_a_sample_is_what_its_command_prints(sample) -> None:
-    got, _ = samples.run(sample.command)
+    got, _ = samples.run(sample.command, sample.table)
     assert samples.first_difference(sample.shown, got) is None, samples.first_difference(sample.shown, got)
 
 
