@@ -61,7 +61,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from cais.hw.config import load_system
-    from cais.limits import collective_events
+    from cais.experiments.estimates import collective_events
 
     table = Table(title=f"AllReduce simulation cost on {args.system}, --sim {args.sim}")
     for col in ("algo", "GPUs", "bytes", "GPUs x GiB", "sim time (us)", "busbw (GB/s)", "events", "estimate",

@@ -456,7 +456,8 @@ def test_the_bound_keeps_every_sum_of_the_run_within_the_clock() -> None:
     """check_times' bound: a step at the bound, times the steps one delay adds up, times
     the run's estimated events, stays within the half of the clock a run may reach (so
     the sums the machine forms stay below 2**63); a step just past it is refused."""
-    from cais.limits import MAX_TIME_PS, STEPS_PER_DELAY, check_times, collective_events, step_bound_ps
+    from cais.experiments.estimates import collective_events
+    from cais.limits import MAX_TIME_PS, STEPS_PER_DELAY, check_times, step_bound_ps
     from cais.machine import CLOCK_GUARD_PS
 
     assert MAX_TIME_PS == CLOCK_GUARD_PS and 2 * MAX_TIME_PS <= 2**63

@@ -89,12 +89,6 @@ TOLERATED: dict[tuple[str, str], str] = {
     ("results/recorder.py", "cais.hw.gpu"): "reads Kernel objects; goes with a run record",
     ("results/recorder.py", "cais.hw.merge"): "reads MergeUnit logs; goes with a run record",
     ("report/trace.py", "cais.hw.gpu"): "type hint of Kernel (TYPE_CHECKING); goes with a run record",
-    # limits.py estimates events from kernels' block sizes, imported inside functions
-    # (issue 19 names it); goes when each kernel module states its own estimate, or
-    # when limits moves up beside experiments/.
-    ("limits.py", "cais.kernels.attention"): "Q_BLOCK, lazily; goes when kernels state their estimates",
-    ("limits.py", "cais.kernels.local"): "ROWS_PER_TB, lazily; goes when kernels state their estimates",
-    ("limits.py", "cais.kernels.nvls_staged"): "chunk_bytes, lazily; goes when kernels state their estimates",
     # the paper's published speedups, Table I and geomean() live in experiments/baselines.py;
     # goes when the numbers move to a data file (src/cais/data/published/) both read.
     ("reproduce/paper.py", "cais.experiments.baselines"): "the paper's numbers; goes when they are data",

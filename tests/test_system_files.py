@@ -130,7 +130,7 @@ def test_the_estimates_cover_the_measured_runs() -> None:
     docs/errors.md: a collective within 2x above, a period at or above."""
     from cais.experiments.collective import run_collective
     from cais.experiments.layer import run_layer
-    from cais.limits import collective_events, period_events
+    from cais.experiments.estimates import collective_events, period_events
     from cais.schemes import get_scheme
     from cais.workload.graph import build_period
     from cais.workload.models import load_model

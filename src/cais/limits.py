@@ -2,10 +2,13 @@
 before anything is built, so a run the simulator cannot finish is refused at once
 with one line instead of running without end.
 
-The estimates are deliberately simple upper-ish counts, fitted to measured runs
-(docs/errors.md, "Size limits"): a collective moves its bytes in packet trains
-(a transfer unit striped over the switch chips), and each train costs a handful of
-events; a GEMM, attention or row-wise kernel costs a few events per thread block.
+The limits and the cost of each unit of work live here; the estimates of a
+collective, a GEMM and a layer period, which ask the kernels how many thread blocks
+and packet trains they make, are ``cais.experiments.estimates``. They are
+deliberately simple upper-ish counts, fitted to measured runs (docs/errors.md, "Size
+limits"): a collective moves its bytes in packet trains (a transfer unit striped over
+the switch chips), and each train costs a handful of events; a GEMM, attention or
+row-wise kernel costs a few events per thread block.
 The simulator runs roughly 350,000 (a layer on 72 GPUs) to 2,500,000 (a collective on
 8) events per second with the compiled core (docs/validation.md section 15), so
 :data:`MAX_EVENTS` is a run of half a minute to a few minutes; the largest shipped run,
@@ -23,7 +26,6 @@ from cais.errors import UserError
 
 if TYPE_CHECKING:
     from cais.hw.config import SystemConfig
-    from cais.workload.graph import Period
 
 DEFAULT_MAX_EVENTS = 50_000_000
 
@@ -33,15 +35,6 @@ DEFAULT_MAX_EVENTS = 50_000_000
 EVENTS_PER_TRAIN = 7
 EVENTS_PER_TRAIN_NVLS = 5
 EVENTS_PER_TB = 4
-# A staged NVLS AllReduce's step on one TB beyond its data (kernels/nvls_staged.py):
-# two polls, the fence's probes and the counter stores, each fanned out over the GPUs;
-# measured 644 on dgx-h100 (8 GPUs, 4 chips) at 16 MiB.
-EVENTS_PER_STAGED_STEP = 700
-# A layer period's events over the count of its TBs and trains (period_events): at
-# most about 3.1 for the bulk-synchronous and overlap baselines, 11-20.5 for the CAIS
-# schemes, whose GEMMs load their operands tile by tile through the switch.
-LAYER_FACTOR = 4
-LAYER_FACTOR_CAIS = 21
 # Building the machine: an input-buffer VC costs about 5 us and 2 kB, an SM about 5 us
 # (measured with 100,000 of each); weighted so that 50 M allows about 2 M VCs (4 GB).
 EVENTS_PER_VC = 25
@@ -293,83 +286,6 @@ def check_machine(cfg: SystemConfig, events: float) -> None:
     estimate = cfg.gpus * EVENTS_PER_SM * cfg.gpu.sms + ports * EVENTS_PER_VC * cfg.link.vcs
     check_events(estimate, f"the system {cfg.name} ({cfg.gpus:,} GPUs x {cfg.gpu.sms:,} SMs, {ports:,} port "
                            f"directions x {cfg.link.vcs:,} VCs)", "use fewer GPUs, SMs (gpu.sms) or VCs (link.vcs)")
-
-
-def collective_events(cfg: SystemConfig, op: str, algo: str, nbytes: int) -> float:
-    """Estimated events of one collective of ``nbytes`` (nccl-tests size) on ``cfg``:
-    every GPU sends its bus bytes (nccl-tests' busbw factor) in the transfer unit the
-    kernels pick, plus a few events per TB."""
-    n = cfg.gpus
-    if algo == "nvls":
-        channels = cfg.collective.nvls_channels
-        stream = nbytes / n / channels
-    else:
-        channels = cfg.collective.ring_channels
-        stream = min(cfg.collective.ring_step_bytes, nbytes / n / channels)
-    unit = cfg.unit_for(max(1, int(stream)))
-    factor = 2 * (n - 1) / n if op == "allreduce" else (n - 1) / n
-    per_train = EVENTS_PER_TRAIN_NVLS if algo == "nvls" else EVENTS_PER_TRAIN
-    events = n * (per_train * trains(cfg, nbytes * factor, unit) + EVENTS_PER_TB * channels)
-    if algo == "nvls" and op == "allreduce" and cfg.collective.nvls_buffers == "staged":
-        events += _staged_steps(cfg, nbytes, channels)
-    return events
-
-
-def _staged_steps(cfg: SystemConfig, nbytes: int, channels: int) -> float:
-    """Events of a staged NVLS AllReduce's steps beyond its data (every GPU, channel
-    and step)."""
-    from cais.kernels.nvls_staged import chunk_bytes
-
-    n = cfg.gpus
-    chunk = chunk_bytes(nbytes, channels, n, cfg.collective.nvls_chunk_bytes)
-    steps = -(-nbytes // (channels * n * chunk))
-    return n * channels * steps * EVENTS_PER_STAGED_STEP * cfg.switch.chips / 4
-
-
-def gemm_events(tiles: int) -> float:
-    """Estimated events of a GEMM of ``tiles`` output tiles (one TB each)."""
-    return EVENTS_PER_TB * tiles
-
-
-def period_events(cfg: SystemConfig, period: Period, dtype_bytes: int,
-                  switch: str = "nvls") -> float:
-    """Estimated events of one layer period on ``cfg``: on every GPU, a few events per
-    TB of its kernels (128 x 128 GEMM tiles, attention blocks, 64-row blocks) and the
-    packet trains of the activation each sub-layer reduces and gathers, cut in the
-    system's transfer unit; times the measured factor of the scheme family
-    (``switch``: the switch model the scheme needs, ``cais`` for the CAIS schemes)."""
-    from cais.kernels.attention import Q_BLOCK
-    from cais.kernels.local import ROWS_PER_TB
-    from cais.workload.graph import Chain, Gather, Gemm, Local
-
-    d = period.dims
-
-    def tiles(g: Gemm) -> int:
-        return -(-g.m // 128) * -(-g.n // 128)
-
-    tbs = 0
-    moved = 0.0
-    act = d.tokens * d.hidden * dtype_bytes
-    for seg in period.segments:
-        if isinstance(seg, Chain):
-            tbs += tiles(seg.gemm1) + tiles(seg.gemm2) + -(-seg.rowop.rows // ROWS_PER_TB)
-            moved += 2 * act
-        elif isinstance(seg, Gather):
-            moved += act
-        elif isinstance(seg, Local) and seg.gemm is not None:
-            tbs += tiles(seg.gemm)
-        elif isinstance(seg, Local) and seg.kind.startswith("attention"):
-            tbs += d.batch * d.heads_l * max(1, -(-d.seq // Q_BLOCK))
-        else:
-            tbs += -(-d.tokens // ROWS_PER_TB)
-    unit = min(cfg.transfer_unit_bytes, cfg.collective_unit_bytes)
-    factor = LAYER_FACTOR_CAIS if switch == "cais" else LAYER_FACTOR
-    events = factor * cfg.gpus * (EVENTS_PER_TB * tbs + EVENTS_PER_TRAIN * trains(cfg, moved, unit))
-    if switch != "cais" and cfg.collective.layer_choice == "nccl" and cfg.collective.nvls_buffers == "staged":
-        # NCCL's own NVLS AllReduce on its own buffers: the steps' polls and fences, as standalone
-        chains = sum(isinstance(seg, Chain) for seg in period.segments)
-        events += chains * _staged_steps(cfg, int(act), cfg.collective.nvls_channels)
-    return events
 
 
 def size_text(nbytes: float) -> str:

@@ -15,7 +15,8 @@ from cais.machine import Conservation, Machine
 from cais.kernels.collectives import ALL_ALGOS, PRODUCTION_ALGOS, OPS, CollectiveSpec, build, shard_bounds
 from cais.kernels.protocols import PROTOCOL_CHOICES
 from cais.kernels.tuning import choose_for
-from cais.limits import check_events, check_machine, collective_events, max_events, size_text
+from cais.experiments.estimates import collective_events
+from cais.limits import check_events, check_machine, max_events, size_text
 from cais.results import LinkUtil, Recorder, RunMetrics, run_metrics
 from cais.results.metrics import mirrored
 

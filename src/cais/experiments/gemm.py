@@ -9,7 +9,8 @@ from cais.errors import UserError
 from cais.hw.config import PS_PER_US, SystemConfig
 from cais.machine import Machine
 from cais.kernels.gemm import gemm_kernel, gemm_shape
-from cais.limits import MAX_GEMM_DIM, check_events, check_machine, gemm_events
+from cais.experiments.estimates import gemm_events
+from cais.limits import MAX_GEMM_DIM, check_events, check_machine
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ import numpy as np
 from cais.hw.compute import ComputeModel
 from cais.errors import UserError
 from cais.hw.config import PS_PER_US, SystemConfig
-from cais.limits import check_events, check_machine, period_events
+from cais.experiments.estimates import period_events
+from cais.limits import check_events, check_machine
 from cais.engine.sim import fewer_collections
 from cais.machine import Machine, Stalled
 from cais.experiments.collective import SIM_MODES, check_mirror, mirror_misfit

@@ -24,6 +24,12 @@ KINDS = ("attention", "attention_bwd")
 Q_BLOCK = 128  # query rows per TB
 
 
+def attention_tbs(d: Dims) -> int:
+    """Thread blocks of one attention kernel over the period's sequences: one per
+    sequence, local head and block of :data:`Q_BLOCK` query rows."""
+    return d.batch * d.heads_l * max(1, -(-d.seq // Q_BLOCK))
+
+
 def heads(buf: np.ndarray, d: Dims, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """q [1, hq, s, d], k, v [1, hkv, s, d] of sequence ``b`` from a [T, qkv] buffer
     laid out as this GPU's q heads, then its k heads, then its v heads."""

@@ -61,6 +61,12 @@ class GemmShape:
         return c0, min(self.bn, self.n - c0)
 
 
+def nominal_tiles(m: int, n: int) -> int:
+    """Output tiles of an ``m`` x ``n`` GEMM at 128 x 128, the size a work estimate
+    counts a GEMM's thread blocks by (its real tile shape depends on the SMs)."""
+    return -(-m // 128) * -(-n // 128)
+
+
 def gemm_shape(model: ComputeModel, m: int, n: int, k: int, sms: int) -> GemmShape:
     bm, bn = model.tile_shape(m, n, k, sms)
     return GemmShape(m, n, k, bm, bn)

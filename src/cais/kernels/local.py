@@ -23,6 +23,11 @@ from cais.hw.hbm import HbmPhase
 ROWS_PER_TB = 64
 
 
+def row_tbs(rows: int) -> int:
+    """Thread blocks of a row-wise kernel over ``rows`` rows (:data:`ROWS_PER_TB` each)."""
+    return -(-rows // ROWS_PER_TB)
+
+
 def even_kernel(name: str, work_ps: int, n_tbs: int, sms: int, body: Callable[[int], None] | None,
                 sm_set: frozenset[int] | None = None, hbm_bytes: float = 0.0) -> Kernel:
     """``n_tbs`` TBs sharing ``work_ps`` of kernel time (overhead excluded) evenly

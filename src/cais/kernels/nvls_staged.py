@@ -70,6 +70,13 @@ def chunk_bytes(nbytes: int, channels: int, heads: int, max_chunk: int) -> int:
     return chunk
 
 
+def staged_steps(nbytes: int, channels: int, heads: int, max_chunk: int) -> int:
+    """Steps of each channel of a staged NVLS AllReduce of ``nbytes`` (one chunk per
+    head each, :func:`chunk_bytes`)."""
+    chunk = chunk_bytes(nbytes, channels, heads, max_chunk)
+    return -(-nbytes // (channels * heads * chunk))
+
+
 def spin_end(t0: int, landed: int, rtt: int) -> tuple[int, int]:
     """Polls issued back to back from ``t0``, each a round trip of ``rtt`` whose read
     reaches the flag halfway: (when the first poll that reads the flag after it

@@ -1,0 +1,93 @@
+"""How many discrete events a collective, a GEMM or a layer period will take,
+computed from its sizes before anything is built (``cais.limits`` holds the limits and
+each unit of work's cost in events): each kernel module says how many thread blocks it
+makes of a size (``attention.attention_tbs``, ``local.row_tbs``, ``gemm.nominal_tiles``)
+and the staged NVLS AllReduce how many steps (``nvls_staged.staged_steps``); the
+packet trains are the bytes moved in the system's transfer unit."""
+
+from __future__ import annotations
+
+from cais.hw.config import SystemConfig
+from cais.kernels.attention import attention_tbs
+from cais.kernels.gemm import nominal_tiles
+from cais.kernels.local import row_tbs
+from cais.kernels.nvls_staged import staged_steps
+from cais.limits import EVENTS_PER_TB, EVENTS_PER_TRAIN, EVENTS_PER_TRAIN_NVLS, trains
+from cais.workload.graph import Chain, Gather, Local, Period
+
+# A staged NVLS AllReduce's step on one TB beyond its data (kernels/nvls_staged.py):
+# two polls, the fence's probes and the counter stores, each fanned out over the GPUs;
+# measured 644 on dgx-h100 (8 GPUs, 4 chips) at 16 MiB.
+EVENTS_PER_STAGED_STEP = 700
+# A layer period's events over the count of its TBs and trains (period_events): at
+# most about 3.1 for the bulk-synchronous and overlap baselines, 11-20.5 for the CAIS
+# schemes, whose GEMMs load their operands tile by tile through the switch.
+LAYER_FACTOR = 4
+LAYER_FACTOR_CAIS = 21
+
+
+def collective_events(cfg: SystemConfig, op: str, algo: str, nbytes: int) -> float:
+    """Estimated events of one collective of ``nbytes`` (nccl-tests size) on ``cfg``:
+    every GPU sends its bus bytes (nccl-tests' busbw factor) in the transfer unit the
+    kernels pick, plus a few events per TB."""
+    n = cfg.gpus
+    if algo == "nvls":
+        channels = cfg.collective.nvls_channels
+        stream = nbytes / n / channels
+    else:
+        channels = cfg.collective.ring_channels
+        stream = min(cfg.collective.ring_step_bytes, nbytes / n / channels)
+    unit = cfg.unit_for(max(1, int(stream)))
+    factor = 2 * (n - 1) / n if op == "allreduce" else (n - 1) / n
+    per_train = EVENTS_PER_TRAIN_NVLS if algo == "nvls" else EVENTS_PER_TRAIN
+    events = n * (per_train * trains(cfg, nbytes * factor, unit) + EVENTS_PER_TB * channels)
+    if algo == "nvls" and op == "allreduce" and cfg.collective.nvls_buffers == "staged":
+        events += _staged_steps(cfg, nbytes, channels)
+    return events
+
+
+def _staged_steps(cfg: SystemConfig, nbytes: int, channels: int) -> float:
+    """Events of a staged NVLS AllReduce's steps beyond its data (every GPU, channel
+    and step)."""
+    n = cfg.gpus
+    steps = staged_steps(nbytes, channels, n, cfg.collective.nvls_chunk_bytes)
+    return n * channels * steps * EVENTS_PER_STAGED_STEP * cfg.switch.chips / 4
+
+
+def gemm_events(tiles: int) -> float:
+    """Estimated events of a GEMM of ``tiles`` output tiles (one TB each)."""
+    return EVENTS_PER_TB * tiles
+
+
+def period_events(cfg: SystemConfig, period: Period, dtype_bytes: int,
+                  switch: str = "nvls") -> float:
+    """Estimated events of one layer period on ``cfg``: on every GPU, a few events per
+    TB of its kernels (128 x 128 GEMM tiles, attention blocks, 64-row blocks) and the
+    packet trains of the activation each sub-layer reduces and gathers, cut in the
+    system's transfer unit; times the measured factor of the scheme family
+    (``switch``: the switch model the scheme needs, ``cais`` for the CAIS schemes)."""
+    d = period.dims
+    tbs = 0
+    moved = 0.0
+    act = d.tokens * d.hidden * dtype_bytes
+    for seg in period.segments:
+        if isinstance(seg, Chain):
+            tbs += (nominal_tiles(seg.gemm1.m, seg.gemm1.n) + nominal_tiles(seg.gemm2.m, seg.gemm2.n)
+                    + row_tbs(seg.rowop.rows))
+            moved += 2 * act
+        elif isinstance(seg, Gather):
+            moved += act
+        elif isinstance(seg, Local) and seg.gemm is not None:
+            tbs += nominal_tiles(seg.gemm.m, seg.gemm.n)
+        elif isinstance(seg, Local) and seg.kind.startswith("attention"):
+            tbs += attention_tbs(d)
+        else:
+            tbs += row_tbs(d.tokens)
+    unit = min(cfg.transfer_unit_bytes, cfg.collective_unit_bytes)
+    factor = LAYER_FACTOR_CAIS if switch == "cais" else LAYER_FACTOR
+    events = factor * cfg.gpus * (EVENTS_PER_TB * tbs + EVENTS_PER_TRAIN * trains(cfg, moved, unit))
+    if switch != "cais" and cfg.collective.layer_choice == "nccl" and cfg.collective.nvls_buffers == "staged":
+        # NCCL's own NVLS AllReduce on its own buffers: the steps' polls and fences, as standalone
+        chains = sum(isinstance(seg, Chain) for seg in period.segments)
+        events += chains * _staged_steps(cfg, int(act), cfg.collective.nvls_channels)
+    return events
