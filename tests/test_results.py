@@ -30,7 +30,7 @@ def test_link_util_is_bytes_over_gpu_bandwidth_times_span(recorded) -> None:
     m = rec.m
     span = round(r.time_us * PS_PER_US) - m.launch_ps
     gbps = m.cfg.link.bandwidth_GBps * m.cfg.links_per_gpu  # bytes per ns
-    wire = wire_bytes_per_gpu(m)
+    wire = wire_bytes_per_gpu(m.record(span))
     lu = r.link_util
     assert set(lu.per_gpu) == set(range(m.n))
     for g in range(m.n):
@@ -114,9 +114,9 @@ def test_recorder_reads_credit_logs_and_peaks(h100, monkeypatch) -> None:
     occ = rec.buffer_occupancy(0, 300)["gpu0->sw9"]
     assert [o.peak_bytes for o in occ] == [1000, 2000]
     assert occ[0].mean_bytes == pytest.approx(1000 * 70 / 300) and occ[1].mean_bytes == pytest.approx(2000 * 100 / 300)
-    assert buffer_peaks_kB(m)["gpu0->sw9"] == 2.0
+    assert buffer_peaks_kB(m.record(0))["gpu0->sw9"] == 2.0
     credits.peak = [3000, 500]  # a counter that keeps its own peaks is preferred
-    assert buffer_peaks_kB(m)["gpu0->sw9"] == 3.0
+    assert buffer_peaks_kB(m.record(0))["gpu0->sw9"] == 3.0
     bins = rec.buffer_peak_bins()["gpu0->sw9"]
     assert bins[1][:3].tolist() == [0, 2000, 2000]
 
@@ -128,8 +128,8 @@ def test_without_a_recorder_nothing_is_logged(h100) -> None:
     assert all(ch.timeline is None for ch in m.fabric.channels())
     assert all(g.kernel_log is None and g.tb_log is None for g in m.gpus)
     assert all(ch.credits.log is None for ch in m.fabric.channels())
-    assert set(buffer_peaks_kB(m).values()) == {0.0}  # peaks are counted without a recorder; nothing ran
-    assert link_utilisation(m, 0).mean == 0.0
+    assert set(buffer_peaks_kB(m.record(0)).values()) == {0.0}  # peaks are counted without a recorder; nothing ran
+    assert link_utilisation(m.record(0)).mean == 0.0
 
 
 def test_marks_and_kernels_are_recorded(recorded) -> None:

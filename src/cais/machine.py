@@ -17,6 +17,7 @@ from cais.hw.hbm import HbmShare
 from cais.hw.memory import Memory
 from cais.hw.packets import Packetizer, VcMap
 from cais.isa import Isa
+from cais.record import MERGE_COUNTS, ChannelRecord, GpuRecord, MergeUnitRecord, RunRecord, SwitchRecord
 
 
 # The simulated clock counts picoseconds in a signed 64-bit integer (the compiled
@@ -124,6 +125,36 @@ class Machine:
     @property
     def n(self) -> int:
         return self.cfg.gpus
+
+    def record(self, span_ps: int) -> RunRecord:
+        """The plain record of this machine's counters after a run whose measured
+        interval lasted ``span_ps`` (``cais.record``; what ``cais.results`` reads)."""
+        channels = []
+        for ch in self.fabric.channels():
+            credits = getattr(ch, "credits", None)
+            peak = getattr(credits, "peak", None) if credits is not None else None
+            log = getattr(credits, "log", None) if credits is not None and peak is None else None
+            channels.append(ChannelRecord(ch.name, ch.wire_bytes, ch.busy_ps, credits.vcs if credits is not None else 0,
+                                          tuple(peak) if peak is not None else None,
+                                          tuple(tuple(e) for e in log) if log is not None else None))
+        gpus = []
+        for gpu in self.gpus:
+            h, rb = gpu.hbm, gpu.remote
+            gpus.append(GpuRecord(gpu.tbs_finished, h.phases, h.stretched, h.added_ps, h.stream_bytes, h.saturated,
+                                  tuple(h.saturated_demand), rb.limit, rb.peak, rb.waited))  # type: ignore[arg-type]
+        switches = []
+        for sw in self.fabric.switches:
+            units = getattr(sw, "units", None)
+            if not units:
+                continue
+            recs = tuple(MergeUnitRecord(f"sw{sw.chip}.port{u.port}", u.line_bytes, u.stats.peak_lines,
+                                         u.line_ps_until(span_ps), {k: getattr(u.stats, k) for k in MERGE_COUNTS},
+                                         u.stats.skew_n, u.stats.skew_sum_ps, u.stats.skew_max_ps, u.stats.sessions,
+                                         dict(u.tensor_peak)) for u in units)
+            any_ps, port_ps = sw.spread.until(span_ps)
+            switches.append(SwitchRecord(sw.chip, any_ps, port_ps, recs))
+        return RunRecord(span_ps, self.n, self.cfg.link.bandwidth_GBps, self.cfg.links_per_gpu, tuple(channels),
+                         tuple(gpus), tuple(switches))
 
     def flag_key(self) -> int:
         """A new synchronisation flag's key (it decides the flag's address and chip)."""

@@ -238,7 +238,7 @@ def run_collective(cfg: SystemConfig, op: str, algo: str, nbytes: int, functiona
         correct = all(np.array_equal(gpu.memory.buffers["recv"], exp) for gpu, exp in zip(m.gpus, expected))
     t_us = end / PS_PER_US
     algbw = spec.nbytes / (end / 1e12) / 1e9
-    metrics = run_metrics(m, max(1, end - m.launch_ps))
+    metrics = run_metrics(m.record(max(1, end - m.launch_ps)))
     if mirror:
         metrics = mirrored(metrics, m.n)
     return CollectiveResult(op, algo, m.n, spec.nbytes, t_us, algbw, algbw * bus_factor(op, m.n), metrics,

@@ -355,7 +355,7 @@ def run_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: 
     if unfinished:  # never launched: their dependencies never fired
         raise Stalled(f"scheme {scheme}: kernels never launched, their dependencies never came: "
                       f"{', '.join(sorted(set(unfinished))[:5])}")
-    metrics = run_metrics(m, end)
+    metrics = run_metrics(m.record(end))
     tables = metrics.merge.by_tensor_kB if metrics.merge is not None else None
     subs = {}
     for c in sorted(period.chains, key=lambda c: c.name):

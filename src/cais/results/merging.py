@@ -1,6 +1,6 @@
-"""Merge-unit metrics of a finished run (CAIS switches only): how full the merging
-tables got, how long requests for one address took to all arrive, and what became
-of the mergeable requests."""
+"""Merge-unit metrics of a finished run (CAIS switches only), from its record
+(``cais.record``): how full the merging tables got, how long requests for one address
+took to all arrive, and what became of the mergeable requests."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cais.hw.config import PS_PER_US
-from cais.machine import Machine
+from cais.record import MERGE_COUNTS, RunRecord, SwitchRecord
 
 BYTES_PER_KB = 1000
 
@@ -51,40 +51,39 @@ class MergeMetrics:
                     "per_chip": {k: dict(v) for k, v in self.ports.items()}}}
 
 
-def port_concentration(units: list[Any], any_ps: int, port_ps: int, span_ps: int) -> dict[str, float]:
-    """Of one chip's merge units over [0, ``span_ps``]: how many held sessions at once
-    while any did (``holding_sessions``, of ``len(units)``), and the busiest unit's
-    share of the chip's line-time (``busiest_share``: 1/len(units) when even)."""
-    line = [u.line_ps_until(span_ps) for u in units]
+def port_concentration(sw: SwitchRecord) -> dict[str, float]:
+    """Of one chip's merge units over the run: how many held sessions at once while
+    any did (``holding_sessions``, of its units), and the busiest unit's share of the
+    chip's line-time (``busiest_share``: 1/units when even)."""
+    line = [u.line_ps for u in sw.units]
     total = sum(line)
-    return {"holding_sessions": port_ps / any_ps if any_ps else 0.0,
+    return {"holding_sessions": sw.port_ps / sw.any_ps if sw.any_ps else 0.0,
             "busiest_share": max(line) / total if total else 0.0,
             "busiest_port": float(line.index(max(line))) if total else -1.0}
 
 
-def merge_metrics(m: Machine, span_ps: int) -> MergeMetrics | None:
-    """:class:`MergeMetrics` of ``m`` over [0, ``span_ps``], None when its switches have
-    no merge units."""
-    units = [(f"sw{sw.chip}.port{u.port}", u) for sw in m.fabric.switches for u in getattr(sw, "units", [])]
+def merge_metrics(rec: RunRecord) -> MergeMetrics | None:
+    """:class:`MergeMetrics` of a run over its span, None when its switches have no
+    merge units."""
+    units = [u for sw in rec.switches for u in sw.units]
     if not units:
         return None
+    span_ps = rec.span_ps
     peak, mean = {}, {}
-    counts = {"merged": 0, "bypassed": 0, "bypassed_loads": 0, "evicted": 0, "timed_out": 0, "tracked": 0}
+    counts = {key: 0 for key in MERGE_COUNTS}
     skew_n = skew_sum = skew_max = sessions = 0
-    for name, u in units:
-        st = u.stats
-        peak[name] = st.peak_lines * u.line_bytes / BYTES_PER_KB
-        mean[name] = u.line_ps_until(span_ps) / span_ps * u.line_bytes / BYTES_PER_KB if span_ps > 0 else 0.0
+    for u in units:
+        peak[u.name] = u.peak_lines * u.line_bytes / BYTES_PER_KB
+        mean[u.name] = u.line_ps / span_ps * u.line_bytes / BYTES_PER_KB if span_ps > 0 else 0.0
         for key in counts:
-            counts[key] += getattr(st, key)
-        skew_n += st.skew_n
-        skew_sum += st.skew_sum_ps
-        skew_max = max(skew_max, st.skew_max_ps)
-        sessions += st.sessions
-    ports = {f"sw{sw.chip}": port_concentration(sw.units, *sw.spread.until(span_ps), span_ps)
-             for sw in m.fabric.switches if getattr(sw, "units", None)}
+            counts[key] += u.counts[key]
+        skew_n += u.skew_n
+        skew_sum += u.skew_sum_ps
+        skew_max = max(skew_max, u.skew_max_ps)
+        sessions += u.sessions
+    ports = {f"sw{sw.chip}": port_concentration(sw) for sw in rec.switches}
     tensors: dict[str, float] = {}
-    for _, u in units:
+    for u in units:
         for tensor, lines in u.tensor_peak.items():
             tensors[tensor] = max(tensors.get(tensor, 0.0), lines * u.line_bytes / BYTES_PER_KB)
     return MergeMetrics(peak, mean, skew_sum / skew_n / PS_PER_US if skew_n else 0.0, skew_max / PS_PER_US, counts,

@@ -1,13 +1,14 @@
-"""Link, buffer and HBM metrics of a finished run, from counters every channel and
-GPU keeps (no recorder needed), and the one definition of link utilisation every
-report uses (docs/fabric-model.md, "Link utilisation")."""
+"""Link, buffer and HBM metrics of a finished run, from the run's record
+(``cais.record.RunRecord``: the counters every channel and GPU keeps; no recorder
+needed), and the one definition of link utilisation every report uses
+(docs/fabric-model.md, "Link utilisation")."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from cais.machine import Machine
+from cais.record import RunRecord
 from cais.results.merging import MergeMetrics, merge_metrics
 from cais.results.occupancy import level_steps
 from cais.results.ports import port_direction
@@ -36,51 +37,46 @@ class LinkUtil:
                 "per_gpu": {str(g): dict(d) for g, d in sorted(self.per_gpu.items())}}
 
 
-def wire_bytes_per_gpu(m: Machine) -> dict[int, dict[str, int]]:
+def wire_bytes_per_gpu(rec: RunRecord) -> dict[int, dict[str, int]]:
     """Wire bytes (payload plus headers) each GPU sent (``up``) and received (``down``)."""
-    out = {g: {d: 0 for d in DIRECTIONS} for g in range(m.n)}
-    for ch in m.fabric.channels():
+    out = {g: {d: 0 for d in DIRECTIONS} for g in range(rec.gpus)}
+    for ch in rec.channels:
         port = port_direction(ch.name)
         if port is not None:
             out[port.gpu][port.direction] += ch.wire_bytes
     return out
 
 
-def gpu_bandwidth_bytes_per_ps(m: Machine) -> float:
+def gpu_bandwidth_bytes_per_ps(rec: RunRecord) -> float:
     """A GPU's total NVLink bandwidth per direction, bytes per picosecond."""
-    return m.cfg.link.bandwidth_GBps * m.cfg.links_per_gpu / 1000  # GB/s == bytes/ns
+    return rec.link_bandwidth_GBps * rec.links_per_gpu / 1000  # GB/s == bytes/ns
 
 
-def link_utilisation(m: Machine, span_ps: int) -> LinkUtil:
+def link_utilisation(rec: RunRecord, span_ps: int | None = None) -> LinkUtil:
     """THE link utilisation of a run whose measured interval lasted ``span_ps`` (a
-    collective: from its launch to its end; a layer: the period)."""
-    chans = m.fabric.channels()
+    collective: from its launch to its end; a layer: the period; default the record's)."""
+    span_ps = rec.span_ps if span_ps is None else span_ps
+    chans = rec.channels
     if span_ps <= 0 or not chans:
-        return LinkUtil(0.0, 0.0, "", {g: {d: 0.0 for d in DIRECTIONS} for g in range(m.n)})
-    capacity = gpu_bandwidth_bytes_per_ps(m) * span_ps
-    per_gpu = {g: {d: b / capacity for d, b in dirs.items()} for g, dirs in wire_bytes_per_gpu(m).items()}
+        return LinkUtil(0.0, 0.0, "", {g: {d: 0.0 for d in DIRECTIONS} for g in range(rec.gpus)})
+    capacity = gpu_bandwidth_bytes_per_ps(rec) * span_ps
+    per_gpu = {g: {d: b / capacity for d, b in dirs.items()} for g, dirs in wire_bytes_per_gpu(rec).items()}
     values = [u for dirs in per_gpu.values() for u in dirs.values()]
     busiest = max(chans, key=lambda ch: ch.busy_ps)
     return LinkUtil(sum(values) / len(values), busiest.busy_ps / span_ps, busiest.name, per_gpu)
 
 
-def buffer_peaks_kB(m: Machine) -> dict[str, float]:
+def buffer_peaks_kB(rec: RunRecord) -> dict[str, float]:
     """Peak input-buffer occupancy (kB = 1000 bytes; the fullest virtual channel) of every
-    port direction with credit flow control: from the credit counter's own ``peak``
-    (one entry per VC) when it keeps one, else from its ``log`` when a recorder set
-    one. Ports without credits (or with neither) are left out."""
+    port direction with credit flow control: from the credit counter's own peak (one
+    entry per VC) when it keeps one, else from its log when a recorder set one. Ports
+    without credits (or with neither) are left out."""
     out: dict[str, float] = {}
-    for ch in m.fabric.channels():
-        credits = getattr(ch, "credits", None)
-        if credits is None:
-            continue
-        peak = getattr(credits, "peak", None)
-        if peak is not None:
-            out[ch.name] = max(peak, default=0) / BYTES_PER_KB
-            continue
-        log = getattr(credits, "log", None)
-        if log is not None:
-            levels = [level_steps(log, vc)[1] for vc in range(credits.vcs)]
+    for ch in rec.channels:
+        if ch.credit_peak is not None:
+            out[ch.name] = max(ch.credit_peak, default=0) / BYTES_PER_KB
+        elif ch.credit_log is not None:
+            levels = [level_steps(ch.credit_log, vc)[1] for vc in range(ch.vcs)]
             out[ch.name] = max((max(0, int(lv.max())) for lv in levels if len(lv)), default=0) / BYTES_PER_KB
     return out
 
@@ -102,15 +98,14 @@ class HbmMetrics:
                         "per_gpu": {str(g): dict(d) for g, d in sorted(self.per_gpu.items())}}}
 
 
-def hbm_metrics(m: Machine) -> HbmMetrics:
-    """:class:`HbmMetrics` of machine ``m`` after a run."""
+def hbm_metrics(rec: RunRecord) -> HbmMetrics:
+    """:class:`HbmMetrics` of a finished run."""
     out = {}
-    for g, gpu in enumerate(m.gpus):
-        h = gpu.hbm
-        at = {name: part / h.saturated if h.saturated else 0.0
-              for name, part in zip(("starting", "running", "streams"), h.saturated_demand)}
-        out[g] = {"tbs": gpu.tbs_finished, "phases": h.phases, "stretched": h.stretched, "added_us": h.added_ps / 1e6,
-                  "stream_GB": h.stream_bytes / 1e9, "saturated": h.saturated,
+    for g, r in enumerate(rec.gpu):
+        at = {name: part / r.hbm_saturated if r.hbm_saturated else 0.0
+              for name, part in zip(("starting", "running", "streams"), r.hbm_saturated_demand)}
+        out[g] = {"tbs": r.tbs, "phases": r.hbm_phases, "stretched": r.hbm_stretched, "added_us": r.hbm_added_ps / 1e6,
+                  "stream_GB": r.hbm_stream_bytes / 1e9, "saturated": r.hbm_saturated,
                   **{f"saturated_{k}": v for k, v in at.items()}}
     return HbmMetrics(out)
 
@@ -142,22 +137,22 @@ class RunMetrics:
         return out
 
 
-def run_metrics(m: Machine, span_ps: int) -> RunMetrics:
-    """:class:`RunMetrics` of machine ``m`` after a run whose measured interval lasted
-    ``span_ps``."""
-    return RunMetrics(link_utilisation(m, span_ps), wire_bytes_per_gpu(m), buffer_peaks_kB(m),
-                      merge_metrics(m, span_ps), hbm_metrics(m), remote_requests(m))
+def run_metrics(rec: RunRecord) -> RunMetrics:
+    """:class:`RunMetrics` of a finished run, from its record (its span: the measured
+    interval)."""
+    return RunMetrics(link_utilisation(rec), wire_bytes_per_gpu(rec), buffer_peaks_kB(rec), merge_metrics(rec),
+                      hbm_metrics(rec), remote_requests(rec))
 
 
-def remote_requests(m: Machine) -> dict[str, float] | None:
+def remote_requests(rec: RunRecord) -> dict[str, float] | None:
     """Each GPU's bound on outstanding remote SM requests (``gpu.remote_outstanding_kB``):
     its limit, the most any GPU held at once, and how many requests waited for room;
     None when no TB used it."""
-    bounds = [g.remote for g in m.gpus]
-    if not any(b.peak for b in bounds):
+    if not any(r.remote_peak for r in rec.gpu):
         return None
-    return {"limit_kB": bounds[0].limit / BYTES_PER_KB, "peak_kB": max(b.peak for b in bounds) / BYTES_PER_KB,
-            "waited": sum(b.waited for b in bounds)}
+    return {"limit_kB": rec.gpu[0].remote_limit / BYTES_PER_KB,
+            "peak_kB": max(r.remote_peak for r in rec.gpu) / BYTES_PER_KB,
+            "waited": sum(r.remote_waited for r in rec.gpu)}
 
 
 def mirrored(metrics: RunMetrics, n: int) -> RunMetrics:
