@@ -719,7 +719,8 @@ def _set_option(sp: argparse.ArgumentParser, recorded: str = "--json records the
     sp.add_argument("--set", action="append", type=_key_value, default=[], metavar="KEY=VALUE",
                     help="set a system config field by its dotted path (e.g. link.bandwidth_GBps=50, "
                          "switch.links_per_gpu=[9,9], switch.model=nvls); repeatable. VALUE is read as JSON "
-                         "where it parses, else as text, and validated like a system file. Applied last: after "
+                         "where it parses, else as text, and validated like a system file; a section given as a JSON "
+                         "object (gpu={\"sms\":66}) changes only the fields it names. Applied last: after "
                          f"{after}, so --set wins; a repeated key takes its last value. {recorded}")
 
 
