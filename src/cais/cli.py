@@ -13,6 +13,7 @@ import signal
 import sys
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, NoReturn, TypeVar
 
@@ -328,11 +329,14 @@ def _progress(args: argparse.Namespace) -> RunProgress:
 
 
 @contextmanager
-def _offer_mirror(args: argparse.Namespace, cfg: SystemConfig) -> Iterator[None]:
+def _offer_mirror(args: argparse.Namespace, cfg: SystemConfig, mirrored: Callable[[], None]) -> Iterator[None]:
     """A run refused as too big (``cais.limits.TooBig``) that mirror mode could
     simulate (--sim full, a symmetric run: a collective, or a scheme of
     MIRROR_SCHEMES, on alike GPUs and an NVLS switch) gets ``or sim='mirror'`` added
-    to its hint, with its estimate there; the command shows it as ``--sim mirror``."""
+    to its hint, with its estimate there; the command shows it as ``--sim mirror``.
+    Only advice that works is given: ``mirrored`` runs the checks of the same run with
+    --sim mirror (the spec's ``check``: its size, its memory footprint, its symmetry),
+    and a refusal there means no offer."""
     from cais.experiments.collective import mirror_misfit
     from cais.experiments.layer import MIRROR_SCHEMES
     from cais.limits import TooBig, mirror_hint
@@ -346,6 +350,10 @@ def _offer_mirror(args: argparse.Namespace, cfg: SystemConfig) -> Iterator[None]
         hint = mirror_hint(exc, cfg.gpus)
         if not hint:
             raise
+        try:
+            mirrored()
+        except UserError:  # --sim mirror would be refused too: offering it would be advice that fails
+            raise exc from None
         raise TooBig(str(exc) + hint, exc.estimate, exc.limit) from None
 
 
@@ -363,7 +371,7 @@ def cmd_collective(args: argparse.Namespace) -> None:
     cfg, overrides = spec.build()
     _check_outputs(args)
     rec = _recorder(args)
-    with _progress(args) as progress, _offer_mirror(args, cfg):
+    with _progress(args) as progress, _offer_mirror(args, cfg, lambda: replace(spec, sim="mirror").check()):
         r = spec.run((cfg, overrides), recorder=rec, progress=progress)
     notes = _write_outputs(args, cfg, rec, {"command": "collective", "system": args.system, "unit": args.unit,
                                             "sim": r.sim, "overrides": json.dumps(overrides)}, r, overrides)
@@ -407,7 +415,7 @@ def cmd_run(args: argparse.Namespace) -> None:
     cfg, overrides, model = built = spec.build()
     _check_outputs(args)
     rec = _recorder(args)
-    with _progress(args) as progress, _offer_mirror(args, cfg):
+    with _progress(args) as progress, _offer_mirror(args, cfg, lambda: replace(spec, sim="mirror").check(built)):
         r = spec.run(built, recorder=rec, progress=progress)
     notes = _write_outputs(args, cfg, rec, {"command": "run", "system": args.system, "batch": model.batch,
                                             "seq": model.seq, "sim": r.sim, "overrides": json.dumps(overrides)}, r, overrides)

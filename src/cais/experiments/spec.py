@@ -123,10 +123,11 @@ class LayerSpec:
         cfg, overrides = self.system.build()
         return cfg, overrides, self.workload()
 
-    def check(self) -> None:
-        """Everything :meth:`run` would refuse, without simulating (UserError)."""
-        cfg, _, model = self.build()
-        check_layer(cfg, model, self.scheme, self.mode, self.sms)
+    def check(self, built: tuple[SystemConfig, dict[str, Any], ModelSpec] | None = None) -> None:
+        """Everything :meth:`run` would refuse, without simulating (UserError); on
+        ``built``, if the caller built it already."""
+        cfg, _, model = built or self.build()
+        check_layer(cfg, model, self.scheme, self.mode, self.sms, self.sim)
 
     def same_run_as(self, built: tuple[SystemConfig, dict[str, Any], ModelSpec] | None = None) -> str:
         """The scheme whose run of this period is this one's, event for event
@@ -172,9 +173,10 @@ class CollectiveRunSpec:
         except SizeError as exc:
             raise SizeError(f"nbytes: {exc}") from None
 
-    def check(self) -> None:
-        """Everything :meth:`run` would refuse about the size, without simulating."""
-        cfg, _ = self.build()
+    def check(self, built: tuple[SystemConfig, dict[str, Any]] | None = None) -> None:
+        """Everything :meth:`run` would refuse about the size, without simulating; on
+        ``built``, if the caller built it already."""
+        cfg, _ = built or self.build()
         nbytes = self.size()
         algo, _, _ = resolve_choice(cfg, self.op, self.algo, self.protocol, nbytes)
         check_collective(cfg, self.op, algo, nbytes, mirror=self.sim == "mirror")
