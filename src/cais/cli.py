@@ -57,7 +57,19 @@ class Console(_RichConsole):
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (exit code 2)."""
+    """argparse with one-line errors (exit code 2), and negative numbers read as values:
+    argparse takes an argument that starts with ``-`` for an option unless it is a
+    plain number (``-1``, ``-.5``), so ``--bytes -1M``, ``--trace-bin-us -1e-3`` or
+    ``--bytes -nan`` were ``expected one argument``; here anything that starts with
+    ``-`` and a digit, ``-.`` and a digit, or is ``-inf`` / ``-nan`` is a value, and the
+    flag's own parser refuses it naming the flag and what it allows. No option of the
+    command starts with a single ``-`` and a digit, ``i`` or ``n``."""
+
+    NEGATIVE_NUMBER = re.compile(r"^-(?:\.?\d|(?:inf|infinity|nan)$)", re.IGNORECASE)
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._negative_number_matcher = self.NEGATIVE_NUMBER
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"cais: error: {message}\n")
@@ -169,6 +181,8 @@ def _positive_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive number, got '{text}'") from None
+    if value != value:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number (NaN); expected a positive number")
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
     return value

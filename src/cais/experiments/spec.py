@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from cais.experiments.collective import CollectiveResult, check_collective, resolve_choice, run_collective
+from cais.errors import validation_message
 from cais.experiments.layer import LayerResult, check_layer, run_layer
 from cais.hw.config import ConfigError, SystemConfig, apply_overrides, check_gpus, load_system, overridden
 from cais.progress import RunProgress
@@ -81,7 +82,7 @@ def _option(cfg: SystemConfig, option: str, value: int, **fields: int) -> System
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
-        msg = str(err["msg"]).removeprefix("Value error, ")
+        msg = validation_message(err)
         raise ConfigError(f"{option}: {value:,} is refused" + (f" as {where}: " if where else ": ") + msg
                           + f" (on {cfg.name})") from None
 

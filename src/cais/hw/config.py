@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 
-from cais.errors import UserError, looks_like_path
+from cais.errors import UserError, looks_like_path, validation_message
 
 PS_PER_NS = 1_000
 PS_PER_US = 1_000_000
@@ -633,7 +633,7 @@ def _first_error(exc: ValidationError, prefix: str = "") -> tuple[str, str]:
     """(dotted location under ``prefix``, message) of a validation error's first entry."""
     err = exc.errors()[0]
     where = ".".join([prefix, *(str(p) for p in err["loc"])] if prefix else [str(p) for p in err["loc"]])
-    return where, err["msg"].removeprefix("Value error, ")
+    return where, validation_message(err)
 
 
 def _checked_value(key: str, text: str, current: Any = None) -> Any:

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from cais.errors import UserError, looks_like_path
+from cais.errors import UserError, looks_like_path, validation_message
 
 
 class ModelError(UserError):
@@ -157,7 +157,7 @@ def list_models() -> dict[str, str]:
 def _one_line(exc: ValidationError, where: str) -> ModelError:
     err = exc.errors()[0]
     loc = ".".join(str(p) for p in err["loc"])
-    msg = err["msg"].removeprefix("Value error, ")  # cross-field checks name their fields
+    msg = validation_message(err)  # cross-field checks name their fields
     return ModelError(f"{where}: field '{loc}': {msg}" if loc else f"{where}: {msg}")
 
 
