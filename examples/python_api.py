@@ -1,21 +1,14 @@
 """The Python API as a notebook uses it (docs/python.md): one layer, one collective, a
 system with overrides, a model from a Hugging Face config.json, and a sweep into a
 pandas DataFrame; every result carries its provenance. Small and fast (Mega-GPT-4B,
-64 tokens, 4 GPUs): a few seconds. Files go to OUT_DIR (default: a new temporary
-folder).
+64 tokens, 4 GPUs): a few seconds. Files go to a new temporary folder, named at the
+end.
 
-    .venv/bin/python examples/python_api.py [OUT_DIR]
+    .venv/bin/python examples/python_api.py
 
 Each part between two ``# ---`` lines is a code block of docs/python.md, word for word
 (tests/test_examples.py checks this and runs the script).
 """
-
-import sys
-import tempfile
-from pathlib import Path
-
-out_dir = Path(sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="cais-example-"))
-out_dir.mkdir(parents=True, exist_ok=True)
 
 # --- one layer
 from cais.experiments.spec import LayerSpec, SystemSpec
@@ -61,6 +54,10 @@ print(ar_slow.as_json()["provenance"]["sets"])  # the overrides, in the result
 # ---
 
 # --- a system file
+import tempfile
+from pathlib import Path
+
+out_dir = Path(tempfile.mkdtemp(prefix="cais-python-api-"))  # a new folder for the files this page writes
 system_file = out_dir / "my-h100.json"
 system_file.write_text('{"base": "dgx-h100", "name": "my-h100", "link": {"bandwidth_GBps": 50}}')
 mine = CollectiveRunSpec("allreduce", "nvls", 16 << 20, system=SystemSpec(str(system_file), gpus=4)).run()

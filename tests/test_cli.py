@@ -268,3 +268,75 @@ def test_library_messages_name_parameters_and_the_command_shows_flags(capsys) ->
         run_gemm(load_system("dgx-h100"), 8, 8, 8, 1000)
     assert main(["gemm", "--m", "8", "--n", "8", "--k", "8", "--sms", "1000"]) == 2
     assert capsys.readouterr().err == "cais: error: --sms: must be between 1 and 132 on dgx-h100, got 1000\n"
+
+
+COLL_1M = ["collective", "--op", "allreduce", "--algo", "nvls", "--bytes", "1M"]
+
+
+def _refusal(capsys, args: list[str]) -> str:
+    """The one stderr line of a refused command (exit 2, nothing on stdout); argparse's
+    refusals end in SystemExit(2) in-process."""
+    try:
+        code = main(args)
+    except SystemExit as exc:
+        code = exc.code
+    assert code == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith("cais: error: ") and "Traceback" not in err
+    return err.strip()
+
+
+@pytest.mark.parametrize("args, says", [
+    (["collective", "--op", "allreduce", "--algo", "nvls", "--bytes", "-1M"],
+     "argument --bytes: expected a positive size, got '-1M'"),
+    (["collective", "--op", "allreduce", "--algo", "nvls", "--bytes", "-1e6"],
+     "argument --bytes: expected a positive size, got '-1e6'"),
+    ([*COLL_1M, "--unit", "-4K"], "argument --unit: expected a positive size, got '-4K'"),
+    ([*COLL_1M, "--trace", "t.json", "--trace-bin-us", "-1e-3"],
+     "argument --trace-bin-us: expected a positive number, got -1e-3"),
+    (["run", "--model", "paper-llama-7b", "--scheme", "tp-nvls", "--mode", "decode", "--batch", "-1k"],
+     "argument --batch: expected a positive integer, got '-1k'"),
+    (["demo", "--bytes", "-inf"], "argument --bytes: '-inf' is not a finite size"),
+])
+def test_a_negative_number_is_a_value_refused_by_its_flag(capsys, args, says) -> None:
+    """Issue 59: argparse took ``-1M`` for an option (``--bytes: expected one argument``);
+    a negative number is the flag's value, refused naming the flag and what it allows."""
+    err = _refusal(capsys, args)
+    assert says in err and "expected one argument" not in err
+
+
+def test_an_option_is_still_an_option_after_the_negative_number_change(capsys) -> None:
+    assert "unrecognized arguments: -x" in _refusal(capsys, [*COLL_1M, "-x"])
+    assert "expected one argument" in _refusal(capsys, ["collective", "--op", "allreduce", "--algo", "nvls",
+                                                        "--bytes", "--json"])
+
+
+@pytest.mark.parametrize("args, says", [
+    ([*COLL_1M, "--set", "link.bandwidth_GBps=nan"],
+     "--set: invalid value 'nan' for 'link.bandwidth_GBps': not a number (NaN); Input should be greater than 0"),
+    ([*COLL_1M, "--set", "link.latency_ns=NaN"],
+     "for 'link.latency_ns': not a number (NaN); Input should be greater than or equal to 0"),
+    ([*COLL_1M, "--set", 'gpu={"sms": NaN}'], "for 'gpu.sms': not a number (NaN)"),
+    (["collective", "--op", "allreduce", "--algo", "nvls", "--bytes", "nan"],
+     "argument --bytes: 'nan' is not a number (NaN); expected a positive size"),
+    (["collective", "--op", "allreduce", "--algo", "nvls", "--bytes", "-nan"],
+     "argument --bytes: '-nan' is not a number (NaN)"),
+    ([*COLL_1M, "--trace", "t.json", "--trace-bin-us", "nan"],
+     "argument --trace-bin-us: 'nan' is not a number (NaN); expected a positive number"),
+])
+def test_a_nan_is_refused_as_not_a_number_naming_the_field(capsys, args, says) -> None:
+    """Issue 59: a NaN was refused as "should be greater than or equal to 0"; it is
+    not a number, and the message says so, naming the field and what it allows."""
+    assert says in _refusal(capsys, args)
+
+
+def test_a_nan_in_the_python_api_is_not_a_number_too() -> None:
+    from cais.experiments.spec import CollectiveRunSpec, SystemSpec
+    from cais.workload.models import ModelError, load_model
+
+    with pytest.raises(ConfigError, match=r"'link\.latency_ns': not a number \(NaN\); Input should be greater"):
+        SystemSpec(sets={"link.latency_ns": float("nan")}).build()
+    with pytest.raises(UserError, match=r"nbytes: 'nan' is not a number \(NaN\)"):
+        CollectiveRunSpec("allreduce", "nvls", float("nan")).size()
+    with pytest.raises(ModelError, match=r"field 'batch': not a number \(NaN\)"):
+        load_model("paper-llama-7b", batch=float("nan"))

@@ -217,8 +217,9 @@ CASES = [
          says=r"deadlock at t = .*waiting for credits", setup=_deadlock_system),
     # 6. the event limit offers --sim mirror where the run is symmetric
     Case("limit-offers-mirror-for-a-collective", NVL72_1G, says=r"beyond the limit.*, or --sim mirror \("),
-    Case("limit-offers-mirror-for-tp-nvls", [*BIG_TRAIN, "--scheme", "tp-nvls"],
-         says=r"use a smaller batch or seq, or --sim mirror \("),
+    Case("limit-offers-mirror-for-tp-nvls", [*BIG_TRAIN, "--scheme", "tp-nvls", "--set", "gpu.hbm_capacity_GB=400"],
+         says=r"use a smaller batch or seq, or --sim mirror \("),  # 335 GB per GPU: mirror only where it fits
+    Case("limit-no-mirror-beyond-hbm", [*BIG_TRAIN, "--scheme", "tp-nvls"], says=r"use a smaller batch or seq$"),
     Case("limit-no-mirror-for-cais", [*BIG_TRAIN, "--scheme", "cais"], says=r"use a smaller batch or seq$"),
     Case("limit-no-mirror-when-mirror-is-on", ["collective", "--op", "allreduce", "--algo", "ring",
                                                "--bytes", "1e20", "--sim", "mirror"],
@@ -565,3 +566,46 @@ def test_a_csv_sweep_table_resumes(tmp_path: Path) -> None:
     assert again.attrs == {"points_run": 0, "points_reused": 1}
     assert list(pd.read_csv(out, dtype={"point_id": str})["point_id"]) == [point_id(point)]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.csv"]  # no lock or temporary file left
+
+
+def test_mirror_is_offered_only_where_the_mirrored_run_passes_its_checks(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 59: a decode of batch 100,000 was offered --sim mirror, which then failed the
+    memory check. The offer is made only where the same run with --sim mirror passes
+    every check the run makes (LayerSpec.check with sim='mirror')."""
+    from cais.cli import main
+    from cais.experiments.spec import LayerSpec, SystemSpec
+
+    huge = ["run", "--model", "paper-llama-7b", "--scheme", "tp-nvls", "--mode", "decode", "--batch", "100000"]
+    assert main(huge) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "beyond the limit" in err and "use a smaller batch or seq" in err
+    assert "mirror" not in err
+    assert main([*huge, "--sim", "mirror"]) == 2  # what the advice led to: 20,137 GB per GPU
+    assert capsys.readouterr().err.startswith("cais: error: memory: ")
+    fits = [*BIG_TRAIN, "--scheme", "tp-nvls", "--set", "gpu.hbm_capacity_GB=400"]
+    assert main(fits) == 2
+    assert "or --sim mirror (this run is symmetric" in capsys.readouterr().err
+    LayerSpec("paper-llama-7b", "tp-nvls", "train", SystemSpec(sets={"gpu.hbm_capacity_GB": 400}), batch=64,
+              sim="mirror").check()  # the offer works: the mirrored run passes every check
+    with pytest.raises(Exception, match="sim mirror: this run is not symmetric"):  # check() knows sim now
+        LayerSpec("paper-llama-7b", "cais", "train", batch=1, seq=64, sim="mirror").check()
+
+
+def test_a_mirror_offer_the_mirrored_checks_refuse_is_not_made() -> None:
+    """The guard itself: whatever the mirrored run's checks refuse (memory, symmetry),
+    the refusal keeps its own hint and offers no --sim mirror."""
+    import argparse
+
+    from cais.cli import _offer_mirror
+    from cais.errors import UserError
+    from cais.limits import TooBig
+
+    def refused() -> None:
+        raise UserError("memory: does not fit")
+
+    args = argparse.Namespace(sim="full", scheme="tp-nvls")
+    cfg = load_system("dgx-h100")
+    for mirrored, offered in ((refused, False), (lambda: None, True)):
+        with pytest.raises(TooBig) as e, _offer_mirror(args, cfg, mirrored):
+            raise TooBig("too big; use a smaller batch or seq", 8e7, 5e7)
+        assert ("sim='mirror'" in str(e.value)) == offered, str(e.value)

@@ -173,3 +173,41 @@ def test_the_docs_index_lists_every_page() -> None:
     for page in pages:  # one line each, with what the page is about
         line = next(line for line in index.splitlines() if f"]({page})" in line)
         assert len(line.split("—", 1)[-1].split()) >= 5, line
+
+
+# Every python block of docs/python.md runs as pasted (issue 59, part 3): in order, in
+# one fresh interpreter, with nothing but what the page itself defines.
+PYTHON_PAGE = DOCS / "python.md"
+PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+RUN_BLOCKS = """\
+import json, sys
+blocks = json.load(open(sys.argv[1]))
+namespace = {"__name__": "__main__"}
+for i, block in enumerate(blocks, 1):
+    exec(compile(block, f"<docs/python.md, python block {i}>", "exec"), namespace)
+    print(f"@@ block {i} ran", flush=True)
+"""
+
+
+def test_every_python_block_of_the_python_page_runs_in_order_as_pasted(tmp_path: Path) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import cais
+
+    blocks = PYTHON_BLOCK.findall(PYTHON_PAGE.read_text())  # the page itself, not a copy
+    assert len(blocks) >= 8, f"docs/python.md has {len(blocks)} python blocks; expected at least 8"
+    (tmp_path / "blocks.json").write_text(json.dumps(blocks))
+    (tmp_path / "run_blocks.py").write_text(RUN_BLOCKS)
+    work = tmp_path / "work"  # the reader's folder: empty, and not the repository
+    work.mkdir()
+    src = str(Path(cais.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, *filter(None, [os.environ.get("PYTHONPATH")])]),
+           "TMPDIR": str(tmp_path), "MPLBACKEND": "Agg"}
+    done = subprocess.run([sys.executable, str(tmp_path / "run_blocks.py"), str(tmp_path / "blocks.json")],
+                          cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"a block of docs/python.md failed:\n{done.stderr[-3000:]}"
+    ran = [line for line in done.stdout.splitlines() if line.startswith("@@ block ")]
+    assert ran == [f"@@ block {i} ran" for i in range(1, len(blocks) + 1)]

@@ -8,6 +8,7 @@ import json
 import re
 import runpy
 import sys
+import tempfile
 from contextlib import redirect_stdout
 from io import StringIO
 from pathlib import Path
@@ -40,16 +41,19 @@ def test_every_python_block_of_the_doc_is_a_part_of_the_example_and_back() -> No
 
 @pytest.fixture(scope="module")
 def example(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str, Path]:
-    """The example run once, as ``python examples/python_api.py OUT_DIR``: its names,
-    what it printed and its folder."""
-    out = tmp_path_factory.mktemp("example")
-    argv, sys.argv = sys.argv, [str(EXAMPLE), str(out)]
+    """The example run once, as ``python examples/python_api.py``: its names, what it
+    printed and its folder (its new temporary folder, made under the test's)."""
+    tmp = tmp_path_factory.mktemp("example")
+    argv, sys.argv = sys.argv, [str(EXAMPLE)]
+    tempdir, tempfile.tempdir = tempfile.tempdir, str(tmp)
     try:
         printed = StringIO()
         with redirect_stdout(printed):
             names = runpy.run_path(str(EXAMPLE), run_name="__main__")
     finally:
-        sys.argv = argv
+        sys.argv, tempfile.tempdir = argv, tempdir
+    out = names["out_dir"]
+    assert out.parent == tmp and f"files in {out}" in printed.getvalue()
     return names, printed.getvalue(), out
 
 

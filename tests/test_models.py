@@ -162,6 +162,35 @@ def test_hf_opt_and_missing_key():
     assert "\n" not in str(e.value)
 
 
+MIXTRAL_HF = {
+    "_name_or_path": "mistralai/Mixtral-8x7B-v0.1", "architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+    "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+    "num_hidden_layers": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-5, "vocab_size": 32000,
+    "num_local_experts": 8, "num_experts_per_tok": 2,
+}
+
+
+@pytest.mark.parametrize("key, extra", [
+    ("num_local_experts", {}),  # Mixtral
+    ("n_routed_experts", {"n_routed_experts": 64, "n_shared_experts": 2}),  # DeepSeek-V2/V3
+    ("num_experts", {"num_experts": 60, "moe_intermediate_size": 1408}),  # Qwen-MoE, OLMoE
+])
+def test_hf_mixture_of_experts_is_refused_not_run_as_dense(tmp_path, key, extra):
+    """Issue 59: a MoE config ran silently as a dense model; it is refused in one line
+    naming the key, saying what is modelled."""
+    cfg = {k: v for k, v in MIXTRAL_HF.items() if k != "num_local_experts" or key == "num_local_experts"} | extra
+    d = tmp_path / "moe"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(cfg))
+    for load in (lambda: from_hf_config(cfg), lambda: load_model(str(d))):
+        with pytest.raises(ModelError) as e:  # a UserError: exit 2 on the command line
+            load()
+        msg = str(e.value)
+        assert "\n" not in msg and f"field '{key}'" in msg and "mixture-of-experts" in msg
+        assert "dense decoder layers" in msg and "absent or 1" in msg
+    assert from_hf_config({**cfg, key: 1}).ffn_hidden == 14336  # one expert is a dense MLP
+
+
 def test_spec_is_frozen():
     m = load_model("llama3-8b")
     with pytest.raises(Exception):

@@ -100,3 +100,26 @@ def test_apply_overrides_checks_the_whole_system() -> None:
     with pytest.raises(ConfigError, match="transfer_unit_bytes must be a multiple"):
         apply_overrides(cfg, {"transfer_unit_bytes": "1000"})
     assert apply_overrides(cfg, {"transfer_unit_bytes": "65536"}).transfer_unit_bytes == 65536
+
+
+def test_a_section_set_as_an_object_merges_into_the_preset(capsys) -> None:
+    """Issue 59: ``--set 'gpu={"sms":66}'`` replaced the whole gpu section, so every
+    other gpu field fell back to the built-in default (remote_outstanding_kB 1280 -> null).
+    It merges, on the command line and in the Python API alike."""
+    from cais.experiments.spec import SystemSpec
+
+    preset = load_system("dgx-h100")
+    assert preset.gpu.remote_outstanding_kB == 1280  # a preset value that differs from the default (null)
+    cfg = apply_overrides(preset, {"gpu": '{"sms": 66}'})
+    assert cfg.gpu.sms == 66 and cfg.gpu.remote_outstanding_kB == preset.gpu.remote_outstanding_kB
+    assert cfg.gpu.model_dump() == {**preset.gpu.model_dump(), "sms": 66}
+    two_down = apply_overrides(preset, {"gpu": '{"interference": {"hbm": false}}', "switch.merge": '{"entries": 40}'})
+    assert two_down.gpu.interference.model_dump() == {**preset.gpu.interference.model_dump(), "hbm": False}
+    assert two_down.switch.merge.model_dump() == {**preset.switch.merge.model_dump(), "entries": 40}
+    assert two_down.gpu.remote_outstanding_kB == 1280
+    api, values = SystemSpec("dgx-h100", sets={"gpu": {"sms": 66}}).build()
+    assert api == cfg and values["gpu"]["remote_outstanding_kB"] == 1280
+    out = _allreduce(capsys, 'gpu={"sms":66}')
+    assert out["overrides"]["gpu"] == cfg.gpu.model_dump(mode="json")
+    with pytest.raises(ConfigError, match=r"'gpu\.smss': Extra inputs"):
+        apply_overrides(preset, {"gpu": '{"smss": 66}'})

@@ -13,6 +13,7 @@ import signal
 import sys
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, NoReturn, TypeVar
 
@@ -56,7 +57,19 @@ class Console(_RichConsole):
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (exit code 2)."""
+    """argparse with one-line errors (exit code 2), and negative numbers read as values:
+    argparse takes an argument that starts with ``-`` for an option unless it is a
+    plain number (``-1``, ``-.5``), so ``--bytes -1M``, ``--trace-bin-us -1e-3`` or
+    ``--bytes -nan`` were ``expected one argument``; here anything that starts with
+    ``-`` and a digit, ``-.`` and a digit, or is ``-inf`` / ``-nan`` is a value, and the
+    flag's own parser refuses it naming the flag and what it allows. No option of the
+    command starts with a single ``-`` and a digit, ``i`` or ``n``."""
+
+    NEGATIVE_NUMBER = re.compile(r"^-(?:\.?\d|(?:inf|infinity|nan)$)", re.IGNORECASE)
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._negative_number_matcher = self.NEGATIVE_NUMBER
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"cais: error: {message}\n")
@@ -168,6 +181,8 @@ def _positive_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive number, got '{text}'") from None
+    if value != value:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number (NaN); expected a positive number")
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
     return value
@@ -328,11 +343,14 @@ def _progress(args: argparse.Namespace) -> RunProgress:
 
 
 @contextmanager
-def _offer_mirror(args: argparse.Namespace, cfg: SystemConfig) -> Iterator[None]:
+def _offer_mirror(args: argparse.Namespace, cfg: SystemConfig, mirrored: Callable[[], None]) -> Iterator[None]:
     """A run refused as too big (``cais.limits.TooBig``) that mirror mode could
     simulate (--sim full, a symmetric run: a collective, or a scheme of
     MIRROR_SCHEMES, on alike GPUs and an NVLS switch) gets ``or sim='mirror'`` added
-    to its hint, with its estimate there; the command shows it as ``--sim mirror``."""
+    to its hint, with its estimate there; the command shows it as ``--sim mirror``.
+    Only advice that works is given: ``mirrored`` runs the checks of the same run with
+    --sim mirror (the spec's ``check``: its size, its memory footprint, its symmetry),
+    and a refusal there means no offer."""
     from cais.experiments.collective import mirror_misfit
     from cais.experiments.layer import MIRROR_SCHEMES
     from cais.limits import TooBig, mirror_hint
@@ -346,6 +364,10 @@ def _offer_mirror(args: argparse.Namespace, cfg: SystemConfig) -> Iterator[None]
         hint = mirror_hint(exc, cfg.gpus)
         if not hint:
             raise
+        try:
+            mirrored()
+        except UserError:  # --sim mirror would be refused too: offering it would be advice that fails
+            raise exc from None
         raise TooBig(str(exc) + hint, exc.estimate, exc.limit) from None
 
 
@@ -363,7 +385,7 @@ def cmd_collective(args: argparse.Namespace) -> None:
     cfg, overrides = spec.build()
     _check_outputs(args)
     rec = _recorder(args)
-    with _progress(args) as progress, _offer_mirror(args, cfg):
+    with _progress(args) as progress, _offer_mirror(args, cfg, lambda: replace(spec, sim="mirror").check()):
         r = spec.run((cfg, overrides), recorder=rec, progress=progress)
     notes = _write_outputs(args, cfg, rec, {"command": "collective", "system": args.system, "unit": args.unit,
                                             "sim": r.sim, "overrides": json.dumps(overrides)}, r, overrides)
@@ -408,7 +430,7 @@ def cmd_run(args: argparse.Namespace) -> None:
     cfg, overrides, model = built = spec.build()
     _check_outputs(args)
     rec = _recorder(args)
-    with _progress(args) as progress, _offer_mirror(args, cfg):
+    with _progress(args) as progress, _offer_mirror(args, cfg, lambda: replace(spec, sim="mirror").check(built)):
         r = spec.run(built, recorder=rec, progress=progress)
     notes = _write_outputs(args, cfg, rec, {"command": "run", "system": args.system, "batch": model.batch,
                                             "seq": model.seq, "sim": r.sim, "overrides": json.dumps(overrides)}, r, overrides)
@@ -742,7 +764,8 @@ def _set_option(sp: argparse.ArgumentParser, recorded: str = "--json records the
     sp.add_argument("--set", action="append", type=_key_value, default=[], metavar="KEY=VALUE",
                     help="set a system config field by its dotted path (e.g. link.bandwidth_GBps=50, "
                          "switch.links_per_gpu=[9,9], switch.model=nvls); repeatable. VALUE is read as JSON "
-                         "where it parses, else as text, and validated like a system file. Applied last: after "
+                         "where it parses, else as text, and validated like a system file; a section given as a JSON "
+                         "object (gpu={\"sms\":66}) changes only the fields it names. Applied last: after "
                          f"{after}, so --set wins; a repeated key takes its last value. {recorded}")
 
 

@@ -24,3 +24,23 @@ def looks_like_path(text: str) -> bool:
     directory part or a ``.json`` suffix; a preset name has neither), so that a
     missing one is reported as "file not found", not as an unknown name."""
     return "/" in text or "\\" in text or text.lower().endswith(".json")
+
+
+def _is_nan(value: object) -> bool:
+    """Whether ``value`` is a NaN, or text that reads as one (``nan``, ``-NaN``)."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return False
+    return isinstance(value, float) and value != value
+
+
+def validation_message(error: dict) -> str:
+    """The words of one pydantic validation error (an entry of
+    ``ValidationError.errors()``) for a one-line message: without pydantic's "Value
+    error, " prefix, and saying so where the input is a NaN, which pydantic reports as
+    a failed bound ("Input should be greater than or equal to 0"): ``not a number
+    (NaN); Input should be greater than or equal to 0``."""
+    msg = str(error.get("msg", "")).removeprefix("Value error, ")
+    return f"not a number (NaN); {msg}" if _is_nan(error.get("input")) else msg

@@ -22,7 +22,7 @@ from cais.errors import UserError
 BINARY = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 SIZE_EXAMPLES = "1048576, 1e9, 64K, 16M, 1G or 1GiB (K, M, G, T and KiB, MiB, GiB, TiB are binary: 1G = 2**30)"
 MAX_DIGITS = 30  # sizes of 1e30 bytes and more are refused here (far past the event limit)
-_SIZE = re.compile(r"(?P<number>[0-9][0-9_]*(?:\.[0-9_]*)?(?:e[+-]?[0-9]+)?|\.[0-9]+(?:e[+-]?[0-9]+)?)"
+_SIZE = re.compile(r"(?P<sign>[+-]?)\s*(?P<number>[0-9][0-9_]*(?:\.[0-9_]*)?(?:e[+-]?[0-9]+)?|\.[0-9]+(?:e[+-]?[0-9]+)?)"
                    r"\s*(?P<unit>[kmgt]?i?b?)", re.IGNORECASE)
 
 
@@ -42,6 +42,11 @@ def parse_size(value: int | float | str) -> int:
         if value <= 0:
             raise SizeError(f"expected a positive size, got {value}")
         return value
+    word = value.strip().lstrip("+-").strip().lower()
+    if word == "nan":
+        raise SizeError(f"'{value}' is not a number (NaN); expected a positive size like {SIZE_EXAMPLES}")
+    if word in ("inf", "infinity"):
+        raise SizeError(f"'{value}' is not a finite size; expected a positive size like {SIZE_EXAMPLES}")
     m = _SIZE.fullmatch(value.strip())
     if not m:
         raise SizeError(f"expected a size like {SIZE_EXAMPLES}, got '{value}'")
@@ -53,7 +58,7 @@ def parse_size(value: int | float | str) -> int:
     if unit not in ("", "B") and unit.removesuffix("B").removesuffix("I") not in BINARY:
         raise SizeError(f"expected a size like {SIZE_EXAMPLES}, got '{value}'")
     try:
-        number = Decimal(m["number"].replace("_", ""))
+        number = Decimal(m["sign"] + m["number"].replace("_", ""))
     except InvalidOperation:
         raise SizeError(f"expected a size like {SIZE_EXAMPLES}, got '{value}'") from None
     if number.adjusted() > MAX_DIGITS:  # no run is near; and the whole number would be huge to make

@@ -300,17 +300,22 @@ def _keeps_inputs(sch: Scheme, cfg: SystemConfig, mode: str) -> bool:
     return mode == "train" and sch.wgrad_plan(cfg.train).inputs.startswith("keep")
 
 
-def check_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: int | None = None) -> None:
+def check_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: int | None = None,
+                sim: str = "full") -> None:
     """Raise the UserError :func:`run_layer` would raise before simulating anything (an
     unknown scheme or mode, a bad ``sms``, a switch model the scheme cannot run on
-    (``SwitchMismatch``), a model that does not split over the GPUs,
-    a period too big to simulate, a footprint beyond the GPUs' HBM), without running it."""
+    (``SwitchMismatch``), ``sim='mirror'`` on a run that is not symmetric, a model that
+    does not split over the GPUs, a period too big to simulate, a footprint beyond the
+    GPUs' HBM), without running it."""
     sch = get_scheme(scheme)
     _check_sms(cfg, sms)
-    sch.switch_model(cfg.switch.model)  # a scheme on a switch without what it needs (SwitchMismatch)
+    switch = sch.switch_model(cfg.switch.model)  # a scheme on a switch without what it needs (SwitchMismatch)
     sch.vc_policy_for(cfg.link.vc_policy)  # a VC policy that undoes the scheme (VcMismatch)
     keep = _keeps_inputs(sch, cfg, mode)  # a weight-gradient dataflow it cannot run (WgradMismatch)
-    _check_size(cfg, model, scheme, sch.switch, mode, build_period(model, cfg.gpus, mode, sch.sp))
+    if switch != cfg.switch.model:
+        cfg = cfg.with_overrides(switch={**cfg.switch.model_dump(), "model": switch})
+    mirror = _mirror_mode(cfg, scheme, sim, False)
+    _check_size(cfg, model, scheme, sch.switch, mode, build_period(model, cfg.gpus, mode, sch.sp), mirror)
     check_memory(cfg, model, mode, sch.sp, keep)
 
 

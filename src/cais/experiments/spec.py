@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from cais.experiments.collective import CollectiveResult, check_collective, resolve_choice, run_collective
+from cais.errors import validation_message
 from cais.experiments.layer import LayerResult, check_layer, run_layer
 from cais.hw.config import ConfigError, SystemConfig, apply_overrides, check_gpus, load_system, overridden
 from cais.progress import RunProgress
@@ -81,7 +82,7 @@ def _option(cfg: SystemConfig, option: str, value: int, **fields: int) -> System
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
-        msg = str(err["msg"]).removeprefix("Value error, ")
+        msg = validation_message(err)
         raise ConfigError(f"{option}: {value:,} is refused" + (f" as {where}: " if where else ": ") + msg
                           + f" (on {cfg.name})") from None
 
@@ -123,10 +124,11 @@ class LayerSpec:
         cfg, overrides = self.system.build()
         return cfg, overrides, self.workload()
 
-    def check(self) -> None:
-        """Everything :meth:`run` would refuse, without simulating (UserError)."""
-        cfg, _, model = self.build()
-        check_layer(cfg, model, self.scheme, self.mode, self.sms)
+    def check(self, built: tuple[SystemConfig, dict[str, Any], ModelSpec] | None = None) -> None:
+        """Everything :meth:`run` would refuse, without simulating (UserError); on
+        ``built``, if the caller built it already."""
+        cfg, _, model = built or self.build()
+        check_layer(cfg, model, self.scheme, self.mode, self.sms, self.sim)
 
     def same_run_as(self, built: tuple[SystemConfig, dict[str, Any], ModelSpec] | None = None) -> str:
         """The scheme whose run of this period is this one's, event for event
@@ -172,9 +174,10 @@ class CollectiveRunSpec:
         except SizeError as exc:
             raise SizeError(f"nbytes: {exc}") from None
 
-    def check(self) -> None:
-        """Everything :meth:`run` would refuse about the size, without simulating."""
-        cfg, _ = self.build()
+    def check(self, built: tuple[SystemConfig, dict[str, Any]] | None = None) -> None:
+        """Everything :meth:`run` would refuse about the size, without simulating; on
+        ``built``, if the caller built it already."""
+        cfg, _ = built or self.build()
         nbytes = self.size()
         algo, _, _ = resolve_choice(cfg, self.op, self.algo, self.protocol, nbytes)
         check_collective(cfg, self.op, algo, nbytes, mirror=self.sim == "mirror")

@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 
-from cais.errors import UserError, looks_like_path
+from cais.errors import UserError, looks_like_path, validation_message
 
 PS_PER_NS = 1_000
 PS_PER_US = 1_000_000
@@ -706,20 +706,26 @@ def _first_error(exc: ValidationError, prefix: str = "") -> tuple[str, str]:
     """(dotted location under ``prefix``, message) of a validation error's first entry."""
     err = exc.errors()[0]
     where = ".".join([prefix, *(str(p) for p in err["loc"])] if prefix else [str(p) for p in err["loc"]])
-    return where, err["msg"].removeprefix("Value error, ")
+    return where, validation_message(err)
 
 
-def _checked_value(key: str, text: str) -> Any:
+def _checked_value(key: str, text: str, current: Any = None) -> Any:
     """The value for ``key``: the JSON reading of ``text`` if the field accepts it, else
     the plain text if the field accepts that (a string field given ``5``); ConfigError
-    naming the key and what it allows otherwise."""
+    naming the key and what it allows otherwise. A section (``gpu``, ``switch.merge``)
+    given as a JSON object merges into its ``current`` value field by field, as a
+    system file's section merges into its base preset: the fields it does not give
+    keep their values."""
     field = _field_at(key)
+    sub = _submodel(field.annotation)
     adapter: TypeAdapter[Any] = TypeAdapter(Annotated[field.annotation, field])
     candidates = [parse_value(text)]
     if candidates[0] != text:
         candidates.append(text)
     first: ValidationError | None = None
     for value in candidates:
+        if sub is not None and isinstance(value, dict) and isinstance(current, dict):
+            value = _merged(current, value, sub)
         try:
             adapter.validate_python(value)
             return value
@@ -728,6 +734,16 @@ def _checked_value(key: str, text: str) -> Any:
     assert first is not None
     where, msg = _first_error(first, key)
     raise ConfigError(f"invalid value '{text}' for '{where}': {msg}")
+
+
+def _get(data: dict[str, Any], key: str) -> Any:
+    """``data[a][b]...`` for ``key`` ``a.b...``; None where a part is missing."""
+    value: Any = data
+    for part in key.split("."):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(part)
+    return value
 
 
 def _put(data: dict[str, Any], key: str, value: Any) -> None:
@@ -744,14 +760,15 @@ def _put(data: dict[str, Any], key: str, value: Any) -> None:
 def apply_overrides(cfg: SystemConfig, pairs: Mapping[str, str]) -> SystemConfig:
     """A copy of ``cfg`` with dotted keys (``link.bandwidth_GBps``, ``switch.chips``,
     any nested field) set from their text values (see :func:`parse_value`), in order,
-    then validated as a whole like a system file. Raises ConfigError with a one-line
+    then validated as a whole like a system file. A section set to a JSON object
+    (``gpu={"sms": 66}``) merges into the section as it is, field by field. Raises ConfigError with a one-line
     message naming the key: an unknown key (listing the valid keys at that level), a
     value the field does not allow, or a combination the system rejects."""
     if not pairs:
         return cfg
     data = cfg.model_dump()
     for key, text in pairs.items():
-        _put(data, key, _checked_value(key, text))
+        _put(data, key, _checked_value(key, text, _get(data, key)))
     try:
         return SystemConfig.model_validate(data)
     except ValidationError as exc:

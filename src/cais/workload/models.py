@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from cais.errors import UserError, looks_like_path
+from cais.errors import UserError, looks_like_path, validation_message
 
 
 class ModelError(UserError):
@@ -157,7 +157,7 @@ def list_models() -> dict[str, str]:
 def _one_line(exc: ValidationError, where: str) -> ModelError:
     err = exc.errors()[0]
     loc = ".".join(str(p) for p in err["loc"])
-    msg = err["msg"].removeprefix("Value error, ")  # cross-field checks name their fields
+    msg = validation_message(err)  # cross-field checks name their fields
     return ModelError(f"{where}: field '{loc}': {msg}" if loc else f"{where}: {msg}")
 
 
@@ -217,6 +217,25 @@ def _hf_name(cfg: dict, path: Path | None) -> str:
     return str(cfg.get("model_type", "hf-model"))
 
 
+# Keys that give a mixture-of-experts model's expert count: Mixtral (``num_local_experts``),
+# DeepSeek-V2/V3 (``n_routed_experts``), Qwen-MoE, OLMoE and Jamba (``num_experts``),
+# ERNIE-MoE (``moe_num_experts``). A value above 1 means routed experts, not a dense MLP.
+MOE_KEYS = ("num_local_experts", "n_routed_experts", "num_experts", "moe_num_experts")
+
+
+def _refuse_moe(cfg: dict, where: str) -> None:
+    """ModelError (one line, naming the key) for a mixture-of-experts config: its MLP is
+    routed experts, and importing it as one dense MLP would be a silent wrong answer."""
+    for key in MOE_KEYS:
+        value = cfg.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 1:
+            per_token = cfg.get("num_experts_per_tok", cfg.get("moe_k"))
+            routed = f", {per_token} per token" if isinstance(per_token, int) else ""
+            raise ModelError(f"{where}: field '{key}': {value:g} experts{routed}: a mixture-of-experts (MoE) model, "
+                             "which cais-sim does not model; it models dense decoder layers (attention and one "
+                             f"dense MLP per layer), so '{key}' must be absent or 1")
+
+
 def from_hf_config(path_or_dict: str | Path | dict, name: str | None = None,
                    seq: int = 2048, batch: int = 1, where: str | None = None) -> ModelSpec:
     """Build a ModelSpec from a Hugging Face ``config.json`` (path, folder or dict).
@@ -228,6 +247,8 @@ def from_hf_config(path_or_dict: str | Path | dict, name: str | None = None,
     Non-gated activations other than GELU (e.g. OPT's relu) are modelled as ``gelu``
     (same cost). ``max_position_embeddings`` is not used: ``seq`` is the run shape.
     ``where`` names the config in error messages (default: its path, or "hf config").
+    A mixture-of-experts config (:data:`MOE_KEYS` above 1) is refused: only dense
+    decoder layers are modelled.
     """
     path: Path | None = None
     if isinstance(path_or_dict, dict):
@@ -246,6 +267,7 @@ def from_hf_config(path_or_dict: str | Path | dict, name: str | None = None,
             raise ModelError(f"{where}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
     if "text_config" in cfg and "hidden_size" not in cfg and isinstance(cfg["text_config"], dict):
         cfg = {**cfg["text_config"], "_name_or_path": cfg.get("_name_or_path", "")}
+    _refuse_moe(cfg, where)
 
     def get(*keys: str, default: Any = KeyError) -> Any:
         for k in keys:
