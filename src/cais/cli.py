@@ -23,7 +23,8 @@ from rich.table import Table
 from cais import DISTRIBUTION, __version__
 from cais.errors import UserError
 from cais.hw.config import PS_PER_US, SystemConfig, list_systems, load_system
-from cais.kernels.collectives import ALGOS, ALL_ALGOS, OPS
+from cais.kernels.algorithms import names as algorithm_names
+from cais.kernels.collectives import ALGOS, OPS
 from cais.kernels.protocols import PROTOCOL_CHOICES
 from cais.machine import Stalled
 from cais.provenance import Provenance, collect
@@ -823,7 +824,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = with_system(sub.add_parser("collective", help="time one collective"))
     c.add_argument("--op", required=True, choices=OPS, help="the collective")
-    c.add_argument("--algo", required=True, choices=("auto", *ALL_ALGOS),
+    c.add_argument("--algo", required=True, choices=("auto", *algorithm_names()),
                    help="ring: NCCL-style ring on SMs; nvls: NVLink SHARP; auto: NCCL's choice by size "
                         "(docs/fabric-model.md, \"Protocols\"); AllReduce only: custom-oneshot, custom-twoshot, "
                         "custom (vLLM's custom all-reduce, its path by size), multimem-oneshot, multimem-twoshot, "

@@ -30,10 +30,9 @@ if TYPE_CHECKING:
 DEFAULT_MAX_EVENTS = 50_000_000
 
 # Measured cost per unit of work, in events (docs/errors.md, "Size limits"): a packet
-# train of a collective costs 3.7-4.6 (NVLS) or 3.2-6.0 (ring) events; a GEMM tile 2
-# events, but its TB costs as much time as about 4 events.
+# train of a layer's traffic about 7 (each collective algorithm states its own,
+# kernels/algorithms.py); a GEMM tile 2 events, but its TB costs as much time as about 4.
 EVENTS_PER_TRAIN = 7
-EVENTS_PER_TRAIN_NVLS = 5
 EVENTS_PER_TB = 4
 # Building the machine: an input-buffer VC costs about 5 us and 2 kB, an SM about 5 us
 # (measured with 100,000 of each); weighted so that 50 M allows about 2 M VCs (4 GB).

@@ -12,7 +12,8 @@ from cais.errors import UserError
 from cais.hw.config import PS_PER_US, SystemConfig
 from cais.engine.sim import fewer_collections
 from cais.machine import Conservation, Machine
-from cais.kernels.collectives import ALL_ALGOS, PRODUCTION_ALGOS, OPS, CollectiveSpec, build, shard_bounds
+from cais.kernels.algorithms import algorithm, names
+from cais.kernels.collectives import OPS, CollectiveSpec, build, shard_bounds
 from cais.kernels.protocols import PROTOCOL_CHOICES
 from cais.kernels.tuning import choose_for
 from cais.experiments.estimates import collective_events
@@ -103,10 +104,7 @@ def check_collective(cfg: SystemConfig, op: str, algo: str, nbytes: int, elem_by
     too small to shard, or a run too big to simulate (cais.limits)."""
     if op not in OPS:
         raise UserError(f"op: unknown collective '{op}'; valid: {', '.join(OPS)}")
-    if algo not in ALL_ALGOS:
-        raise UserError(f"algo: unknown algorithm '{algo}'; valid: {', '.join(ALL_ALGOS)}")
-    if algo in PRODUCTION_ALGOS and op != "allreduce":
-        raise UserError(f"op: algorithm '{algo}' is an AllReduce kernel; valid with it: allreduce")
+    algorithm(algo).check(op)
     if nbytes <= 0 or nbytes % elem_bytes:
         raise UserError(f"bytes: must be a positive multiple of {elem_bytes} (bf16 elements), got {nbytes}")
     count = nbytes // elem_bytes
@@ -180,15 +178,14 @@ def resolve_choice(cfg: SystemConfig, op: str, algo: str, protocol: str, nbytes:
     the protocol NCCL's choice by size for it)."""
     if protocol not in PROTOCOL_CHOICES:
         raise UserError(f"protocol: unknown '{protocol}'; valid: {', '.join(PROTOCOL_CHOICES)}")
-    if algo not in ("auto", *ALL_ALGOS):
-        raise UserError(f"algo: unknown algorithm '{algo}'; valid: auto, {', '.join(ALL_ALGOS)}")
-    if algo in PRODUCTION_ALGOS:  # not NCCL's: one protocol, nothing to choose
-        if protocol not in ("auto", "simple"):
-            raise UserError(f"protocol: '{algo}' has one protocol (simple), got '{protocol}'")
-        return algo, "simple", "asked"
-    if algo != "auto" and protocol != "auto":
-        if algo == "nvls" and protocol != "simple":
-            raise UserError(f"protocol: NVLS runs the simple protocol only, got '{protocol}'")
+    if algo not in ("auto", *names()):
+        raise UserError(f"algo: unknown algorithm '{algo}'; valid: auto, {', '.join(names())}")
+    a = algorithm(algo) if algo != "auto" else None
+    if a is not None and protocol != "auto":
+        a.check(a.ops[0], protocol)
+    if a is not None and not a.nccl:  # not NCCL's: nothing to choose
+        return algo, protocol if protocol != "auto" else a.protocols[0], "asked"
+    if a is not None and protocol != "auto":
         return algo, protocol, "asked"
     c = choose_for(cfg, op, nbytes, algo, protocol)
     return c.algo, c.protocol, "nccl" if algo == "auto" else "nccl-protocol"

@@ -12,7 +12,9 @@ from cais.kernels.attention import attention_tbs
 from cais.kernels.gemm import nominal_tiles
 from cais.kernels.local import row_tbs
 from cais.kernels.nvls_staged import staged_steps
-from cais.limits import EVENTS_PER_TB, EVENTS_PER_TRAIN, EVENTS_PER_TRAIN_NVLS, trains
+from cais.kernels.algorithms import algorithm
+from cais.kernels.collectives import ALGOS  # noqa: F401 - registers NCCL's and the production algorithms
+from cais.limits import EVENTS_PER_TB, EVENTS_PER_TRAIN, trains
 from cais.workload.graph import Chain, Gather, Local, Period
 
 # A staged NVLS AllReduce's step on one TB beyond its data (kernels/nvls_staged.py):
@@ -30,17 +32,12 @@ def collective_events(cfg: SystemConfig, op: str, algo: str, nbytes: int) -> flo
     """Estimated events of one collective of ``nbytes`` (nccl-tests size) on ``cfg``:
     every GPU sends its bus bytes (nccl-tests' busbw factor) in the transfer unit the
     kernels pick, plus a few events per TB."""
-    n = cfg.gpus
-    if algo == "nvls":
-        channels = cfg.collective.nvls_channels
-        stream = nbytes / n / channels
-    else:
-        channels = cfg.collective.ring_channels
-        stream = min(cfg.collective.ring_step_bytes, nbytes / n / channels)
+    n, a = cfg.gpus, algorithm(algo)
+    channels = a.channels(cfg)
+    stream = nbytes / n / channels if a.step_bytes is None else min(a.step_bytes(cfg), nbytes / n / channels)
     unit = cfg.unit_for(max(1, int(stream)))
     factor = 2 * (n - 1) / n if op == "allreduce" else (n - 1) / n
-    per_train = EVENTS_PER_TRAIN_NVLS if algo == "nvls" else EVENTS_PER_TRAIN
-    events = n * (per_train * trains(cfg, nbytes * factor, unit) + EVENTS_PER_TB * channels)
+    events = n * (a.events_per_train * trains(cfg, nbytes * factor, unit) + EVENTS_PER_TB * channels)
     if algo == "nvls" and op == "allreduce" and cfg.collective.nvls_buffers == "staged":
         events += _staged_steps(cfg, nbytes, channels)
     return events

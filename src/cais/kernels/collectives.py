@@ -41,6 +41,7 @@ from cais.errors import UserError
 from cais.hw.gpu import Kernel, TbProgram
 from cais.machine import Machine
 from cais.hw.memory import Region
+from cais.kernels.algorithms import OPS, Algorithm, algorithm, names, register
 from cais.kernels.common import Window, pause, split
 from cais.kernels import production_ar as pa
 from cais.kernels.nvls_staged import nvls_staged_kernels
@@ -48,13 +49,10 @@ from cais.kernels.production_ar import ProductionAr, production_kernels
 from cais.kernels.protocols import SIMPLE, Protocol, protocol
 from cais.kernels.tuning import MAX_THREADS, ring_launch
 
-OPS = ("allreduce", "allgather", "reducescatter")
-ALGOS = ("ring", "nvls")  # NCCL's algorithms (every op)
 # The production all-reduce kernels (kernels/production_ar.py; AllReduce only): a
 # family and a path, or the family alone for the path its stack picks by size.
 PRODUCTION_ALGOS = ("custom-oneshot", "custom-twoshot", "custom", "multimem-oneshot", "multimem-twoshot", "multimem",
                     "fused-oneshot", "fused-twoshot", "fused")
-ALL_ALGOS = ALGOS + PRODUCTION_ALGOS
 
 
 @dataclass(frozen=True)
@@ -373,23 +371,42 @@ def production_spec(m: Machine, spec: CollectiveSpec) -> ProductionAr:
 
 
 def build(m: Machine, spec: CollectiveSpec) -> list[Kernel]:
-    """One kernel per GPU implementing ``spec`` on machine ``m``."""
+    """One kernel per GPU implementing ``spec`` on machine ``m``: its algorithm's
+    (:mod:`cais.kernels.algorithms`), after checking the operation and protocol."""
     if spec.full_stride is not None and (spec.op == "allreduce" or spec.count % m.n):
         raise ValueError("a strided layout needs ReduceScatter or AllGather with equal shards")
     if spec.op not in OPS:
         raise UserError(f"op: unknown collective '{spec.op}'; valid: {', '.join(OPS)}")
-    if spec.algo not in ALL_ALGOS:
-        raise UserError(f"algo: unknown algorithm '{spec.algo}'; valid: {', '.join(ALL_ALGOS)}")
-    if spec.algo in PRODUCTION_ALGOS:
-        if spec.op != "allreduce":
-            raise UserError(f"op: algorithm '{spec.algo}' is an AllReduce kernel; valid with it: allreduce")
-        if spec.protocol != "simple":
-            raise UserError(f"protocol: '{spec.algo}' has one protocol (simple), got '{spec.protocol}'")
-        return production_kernels(m, production_spec(m, spec))
-    if spec.algo == "nvls" and spec.protocol != "simple":
-        raise UserError(f"protocol: NVLS runs the simple protocol only, got '{spec.protocol}'")
-    if spec.algo == "nvls" and spec.staged and spec.op == "allreduce" and spec.full_stride is None:
+    algo = algorithm(spec.algo)
+    algo.check(spec.op, spec.protocol)
+    return algo.build(m, spec)
+
+
+def _nvls(m: Machine, spec: CollectiveSpec) -> list[Kernel]:
+    """NVLS: an AllReduce staged through NCCL's own buffers where the spec says so,
+    else zero-copy on the registered buffers."""
+    if spec.staged and spec.op == "allreduce" and spec.full_stride is None:
         return nvls_staged_kernels(m, spec.send, spec.recv, spec.count, spec.elem_bytes,
                                    spec.channels or m.cfg.collective.nvls_channels, spec.host_ps, spec.stream,
                                    spec.sms)
-    return nvls_kernels(m, spec) if spec.algo == "nvls" else ring_kernels(m, spec)
+    return nvls_kernels(m, spec)
+
+
+def _production(m: Machine, spec: CollectiveSpec) -> list[Kernel]:
+    return production_kernels(m, production_spec(m, spec))
+
+
+# events per packet train: measured 3.2-6.0 (ring) and 3.7-4.6 (NVLS), docs/errors.md, "Size limits"
+register(Algorithm("ring", OPS, ("simple", "ll", "ll128"), nccl=True, barriers=False,
+                   channels=lambda cfg: cfg.collective.ring_channels, events_per_train=7, build=ring_kernels,
+                   step_bytes=lambda cfg: cfg.collective.ring_step_bytes))
+register(Algorithm("nvls", OPS, ("simple",), nccl=True, barriers=True,
+                   channels=lambda cfg: cfg.collective.nvls_channels, events_per_train=5, build=_nvls))
+for _name in PRODUCTION_ALGOS:
+    register(Algorithm(_name, ("allreduce",), ("simple",), nccl=False, barriers=False,
+                       channels=lambda cfg: cfg.collective.ring_channels, events_per_train=7, build=_production,
+                       step_bytes=lambda cfg: cfg.collective.ring_step_bytes))
+
+#: NCCL's algorithms, and every algorithm (the registry's names)
+ALGOS = names(nccl=True)
+ALL_ALGOS = names()

@@ -23,6 +23,7 @@ from cais.hw.gpu import Kernel
 from cais.hw.memory import Memory
 from cais.machine import Machine
 from cais.kernels import activation, attention, fused_workers, remote_gemm, rowop, sync
+from cais.kernels.algorithms import algorithm
 from cais.kernels.collectives import ALGOS, CollectiveSpec, build
 from cais.kernels.production_ar import ProductionAr, production_kernels
 from cais.kernels.fused_workers import FusedPath, RowWise
@@ -577,7 +578,7 @@ class Scheme:
         peers have not produced, or use data its peers have not sent), on the wire."""
         kernels = r.collective(op, algo or self.algo, src, dst, channels, sm_sets, rows)
         launch = r.m.launch_ps if launch is None else launch
-        if r.last_algo == "nvls":
+        if algorithm(r.last_algo).barriers:
             start = r.barrier(deps, f"{segment} {op} start")
             done = [r.submit(g, k, [start[g]], launch, segment) for g, k in enumerate(kernels)]
             return r.barrier(done, f"{segment} {op} end")

@@ -117,10 +117,11 @@ def prepare(point: Mapping[str, Any]) -> LayerSpec | CollectiveRunSpec:
         sets = tuple(config_sets(point).items())
         return LayerSpec(point["model"], scheme, mode, SystemSpec(system, gpus, sets, None, *_LABELS), sms, batch,
                          seq)
-    from cais.kernels.collectives import ALL_ALGOS, OPS
+    from cais.kernels.algorithms import names
+    from cais.kernels.collectives import OPS
 
     op = _choice("op", point["op"], OPS)
-    algo = _choice("algo", point["algo"], ALL_ALGOS)
+    algo = _choice("algo", point["algo"], names())
     nbytes = parse_bytes(point["bytes"])
     unit = None if point.get("unit") is None else parse_bytes(point["unit"], "unit")
     sets = tuple(config_sets(point).items())
