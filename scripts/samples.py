@@ -77,7 +77,7 @@ def run(command: str, here: bool = False) -> tuple[str, float]:
                               timeout=900)
         wall = time.perf_counter() - t0
     text = PROGRESS.sub("", done.stdout + done.stderr)
-    text = "\n".join(line.rstrip() for line in text.splitlines() if line.strip()) + "\n"
+    text = "\n".join(line.rstrip() for line in text.strip("\n").splitlines()) + "\n"
     return text, wall
 
 

@@ -62,4 +62,4 @@ def lead_with_full(section: Section, table: dict[str, Any]) -> None:
     grid points the other way (:func:`against_full`); leave it as it is elsewhere."""
     lead = against_full(section, table)
     if lead and section.verdict:
-        section.verdict = f"{lead} Quick grid: {section.verdict}"
+        section.verdict = f"{lead} {section.verdict}"
