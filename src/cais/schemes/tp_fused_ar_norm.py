@@ -21,7 +21,7 @@ NCCL's all-reduce (its own choice by size) and the separate row-wise kernel: a m
 kernel). Dropout, part of the shared row-wise op, is applied as the other schemes
 do (0 in inference). Sources: docs/schemes/tp-fused-ar-norm.md."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from cais.engine.sim import ProgramGen
 from cais.hw.hbm import HbmPhase
@@ -29,6 +29,21 @@ from cais.kernels import production_ar as pa
 from cais.schemes.base import NCCL_CHOICE, Deps, LayerRun, Scheme
 from cais.workload.graph import Chain
 
+
+
+def fused_rowop(r: LayerRun, c: Chain, work: int) -> Callable[[int, Sequence[tuple[int, int]]], ProgramGen]:
+    """The row-wise op a fused all-reduce + norm kernel's TB runs on GPU ``g`` over
+    its reduced rows (first, count): applied to memory in functional mode, timed as
+    ``work`` against the HBM share for the bytes of its rows."""
+    def rowop(g: int, rows: Sequence[tuple[int, int]]) -> ProgramGen:
+        nr = sum(k for _, k in rows)
+        if not nr:
+            return
+        if r.m.gpus[g].memory.functional:
+            for r0, k in rows:
+                r.rowop_apply(g, c.rowop, r0, k)
+        yield HbmPhase(work, r.rowop_bytes(c.rowop, nr))
+    return rowop
 
 class TpFusedArNorm(Scheme):
     """Basic TP, bulk synchronous, all-reduce + residual + RMSNorm in one kernel."""
@@ -49,16 +64,7 @@ class TpFusedArNorm(Scheme):
         tokens = r.d.tokens
         path = pa.fused_path(tokens)
         blocks = pa.fused_grid(tokens, h, n, r.sms, eb, path == "oneshot")
-        work = r.rowop_work_ps(c.rowop, c.rowop.rows, blocks)
-
-        def rowop(g: int, rows: Sequence[tuple[int, int]]) -> ProgramGen:
-            nr = sum(k for _, k in rows)
-            if not nr:
-                return
-            if r.m.gpus[g].memory.functional:
-                for r0, k in rows:
-                    r.rowop_apply(g, c.rowop, r0, k)
-            yield HbmPhase(work, r.rowop_bytes(c.rowop, nr))
+        rowop = fused_rowop(r, c, r.rowop_work_ps(c.rowop, c.rowop.rows, blocks))
 
         spec = pa.ProductionAr("fused", path, tokens * h, eb, c.gemm1.ops.c, c.reduced, blocks, row_elems=h,
                                rowop=rowop)

@@ -21,13 +21,10 @@ each further kernel ``host_launch_us``; a kernel launched with PDL waits
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from cais.engine.sim import ProgramGen
-from cais.hw.hbm import HbmPhase
 from cais.kernels import production_ar as pa
 from cais.kernels import stacks as st
 from cais.schemes.base import NCCL_CHOICE, Deps, LayerRun, Scheme
+from cais.schemes.tp_fused_ar_norm import fused_rowop
 from cais.workload.graph import Chain
 
 PS_PER_US = 1_000_000
@@ -125,16 +122,7 @@ class TpStack(Scheme):
         n, over = r.m.n, r.cm.kernel_overhead_ps
         step = plan.steps[0]
         blocks = pa.fused_grid(r.d.tokens, r.d.hidden, n, r.sms, r.model.dtype_bytes, step.path == "oneshot")
-        work = r.rowop_work_ps(c.rowop, c.rowop.rows, blocks)
-
-        def rowop(g: int, rows: Sequence[tuple[int, int]]) -> ProgramGen:
-            nr = sum(k for _, k in rows)
-            if not nr:
-                return
-            if r.m.gpus[g].memory.functional:
-                for r0, k in rows:
-                    r.rowop_apply(g, c.rowop, r0, k)
-            yield HbmPhase(work, r.rowop_bytes(c.rowop, nr))
+        rowop = fused_rowop(r, c, r.rowop_work_ps(c.rowop, c.rowop.rows, blocks))
 
         g1 = [r.submit(g, r.gemm_kernel(g, c.gemm1), [deps[g]], over, c.name) for g in range(n)]
         fused = self._run(r, plan, c.gemm1.ops.c, c.reduced, g1, c.name, rowop)
