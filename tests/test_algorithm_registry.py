@@ -49,3 +49,19 @@ def test_unknown_names_and_protocols_are_user_errors() -> None:
     with pytest.raises(UserError, match=r"^protocol: 'nvls' runs simple; got 'll'$"):
         algorithm("nvls").check("allreduce", "ll")
     assert algorithm("nvls").barriers and not algorithm("ring").barriers
+
+
+def test_the_config_takes_its_replacement_policies_from_the_core() -> None:
+    """``switch.merge.replacement`` accepts exactly the policies the compiled core
+    registers (rust/src/hw/replacement/: a file and its line in POLICIES); nothing on
+    the Python side lists them."""
+    from cais._core import replacement_policies
+    from cais.hw.config import ConfigError, apply_overrides
+
+    cfg = load_system("dgx-h100")
+    assert replacement_policies()[0] == cfg.switch.merge.replacement == "lru"
+    for name in replacement_policies():
+        assert apply_overrides(cfg, {"switch.merge.replacement": name}).switch.merge.replacement == name
+    with pytest.raises(ConfigError, match=r"switch\.merge\.replacement.*'lru' or 'fifo'") as e:
+        apply_overrides(cfg, {"switch.merge.replacement": "mru"})
+    assert "\n" not in str(e.value)

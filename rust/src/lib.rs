@@ -60,6 +60,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     register_units();
     m.add_class::<sim::Simulator>()?;
     m.add_function(wrap_pyfunction!(yardstick::heap_yardstick, m)?)?;
+    m.add_function(wrap_pyfunction!(hw::replacement::replacement_policies, m)?)?;
     m.add_class::<train::Train>()?;
     m.add_class::<region::Region>()?;
     m.add_class::<interleave::Interleave>()?;

@@ -48,6 +48,7 @@ __all__ = [
     "FreeLines",
     "CORE_KINDS",
     "heap_yardstick",
+    "replacement_policies",
 ]
 
 CORE_KINDS: dict[str, int]
@@ -55,6 +56,10 @@ CORE_KINDS: dict[str, int]
 def heap_yardstick(n: int, pending: int) -> tuple[float, int]:
     """``benchmarks/bench_core.py``'s ``heapq`` loop on Rust's ``BinaryHeap``: ``n``
     pop/push of (time, seq) with ``pending`` waiting; (seconds, last time popped)."""
+
+def replacement_policies() -> list[str]:
+    """The merge unit's replacement policies the core registers, by the names
+    ``switch.merge.replacement`` takes (the default first)."""
 
 @final
 class Simulator:

@@ -22,9 +22,10 @@ from pathlib import Path
 from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
+from cais._core import replacement_policies
 from cais.errors import UserError, looks_like_path, validation_message
 
 PS_PER_NS = 1_000
@@ -95,10 +96,19 @@ class MergeConfig(_Strict):
     timeout_us: float = Field(20.0, gt=0, description="an entry idle this long is flushed (Reduction: its partial sum "
                                                       "goes home; Load-Ready: dropped)")
     latency_ns: float = Field(0.0, ge=0, description="CAM lookup and merge time added to a merged response or sum")
-    replacement: Literal["lru", "fifo"] = knob(
-        "lru", description="which session is evicted when a new one needs lines: lru (the one accessed longest "
-                           "ago, the paper's) or fifo (the one opened first); rust/src/hw/replacement/ has one "
-                           "file per policy")
+    replacement: str = knob(
+        "lru", description="which session is evicted when a new one needs lines: a policy of the core's registry "
+                           "(cais._core.replacement_policies: lru, the one accessed longest ago, the paper's; fifo, "
+                           "the one opened first); rust/src/hw/replacement/ has one file per policy")
+
+    @field_validator("replacement")
+    @classmethod
+    def _a_policy_of_the_core(cls, name: str) -> str:
+        """Only a policy the compiled core registers (its registry is the one list)."""
+        names = replacement_policies()
+        if name not in names:
+            raise ValueError(f"Input should be {' or '.join(repr(n) for n in names)}")
+        return name
 
 
 class SwitchConfig(_Strict):

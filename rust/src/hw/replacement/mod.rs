@@ -7,8 +7,9 @@
 //! its data is out and lets the new request bypass. The idle timer is not the policy's:
 //! the unit keeps sessions in order of last access for it whatever the policy.
 //!
-//! A new policy is a file here implementing [`Replacement`], its name in [`by_name`],
-//! and its name among the values `cais.hw.config.MergeConfig.replacement` accepts.
+//! A new policy is a file here implementing [`Replacement`] and its line in
+//! [`POLICIES`]; the config accepts the names this registry lists
+//! (`cais._core.replacement_policies`), so nothing on the Python side names it.
 
 mod fifo;
 mod lru;
@@ -37,15 +38,33 @@ pub(crate) trait Replacement: Send {
     fn victim(&self, by_access: &AccessOrder) -> Option<i64>;
 }
 
+/// A policy's constructor.
+type Make = fn() -> Box<dyn Replacement>;
+
+/// Every policy, by the name the config gives it; the first is the default.
+pub(crate) const POLICIES: &[(&str, Make)] = &[("lru", || Box::new(Lru)), ("fifo", || Box::new(Fifo::default()))];
+
+/// The names of the policies, in registry order.
+pub(crate) fn names() -> Vec<&'static str> {
+    POLICIES.iter().map(|(name, _)| *name).collect()
+}
+
 /// The policy called `name` in the config.
 pub(crate) fn by_name(name: &str) -> PyResult<Box<dyn Replacement>> {
-    match name {
-        "lru" => Ok(Box::new(Lru)),
-        "fifo" => Ok(Box::new(Fifo::default())),
-        _ => Err(PyValueError::new_err(format!(
-            "switch.merge.replacement: expected one of lru, fifo; got {name:?}"
+    match POLICIES.iter().find(|(n, _)| *n == name) {
+        Some((_, make)) => Ok(make()),
+        None => Err(PyValueError::new_err(format!(
+            "switch.merge.replacement: expected one of {}; got {name:?}",
+            names().join(", ")
         ))),
     }
+}
+
+/// The replacement policies a merge unit can run, by the names the config takes
+/// (`switch.merge.replacement`), the default first.
+#[pyo3::pyfunction]
+pub fn replacement_policies() -> Vec<&'static str> {
+    names()
 }
 
 #[cfg(test)]
@@ -76,5 +95,6 @@ mod tests {
         assert_eq!(victims(by_name("lru").unwrap()), vec![2, 3, 1]);
         assert_eq!(victims(by_name("fifo").unwrap()), vec![1, 2, 3]);
         assert!(by_name("mru").is_err());
+        assert_eq!(names(), vec!["lru", "fifo"]);
     }
 }
