@@ -22,7 +22,7 @@ from rich.table import Table
 
 from cais.cli import _size
 from cais.experiments.collective import run_collective
-from cais.hw.config import apply_overrides, load_system
+from cais.config import apply_overrides, load_system
 
 
 def main() -> None:

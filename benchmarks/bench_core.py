@@ -64,7 +64,7 @@ BEFORE = "ea63d9d"  # the last commit whose event loop, channels and credits wer
 # name -> (what it sets up, what it runs and times, in a child process; a long row?)
 def _layer(l2: bool) -> str:
     return ("from cais.experiments.layer import run_layer\n"
-            "from cais.hw.config import apply_overrides, load_system\n"
+            "from cais.config import apply_overrides, load_system\n"
             "from cais.workload.models import load_model\n"
             f"cfg = apply_overrides(load_system('dgx-h100'), {{'gpu.l2_keeps_peer_reads': '{str(l2).lower()}'}})\n"
             "model = load_model('paper-llama-7b')\n")
@@ -72,7 +72,7 @@ def _layer(l2: bool) -> str:
 
 def _nvls(buffers: str) -> str:
     return ("from cais.experiments.collective import run_collective\n"
-            "from cais.hw.config import apply_overrides, load_system\n"
+            "from cais.config import apply_overrides, load_system\n"
             f"cfg = apply_overrides(load_system('dgx-h100'), {{'collective.nvls_buffers': '{buffers}'}})\n")
 
 
@@ -98,7 +98,7 @@ ROWS: dict[str, tuple[str, str, bool]] = {
         "import os\n"
         "os.environ['CAIS_MAX_EVENTS'] = '60000000'\n"
         "from cais.experiments.collective import run_collective\n"
-        "from cais.hw.config import apply_overrides, load_system\n"
+        "from cais.config import apply_overrides, load_system\n"
         "# the zero-copy kernel on the preset as it was at the revision compared against\n"
         "cfg = apply_overrides(load_system('nvl72'), {'collective.nvls_buffers': 'registered',\n"
         "                                             'collective.nvls_channels': '16', 'switch.reduce_GBps': '1690'})\n",

@@ -29,7 +29,7 @@ from rich.table import Table
 
 def one(model: str, scheme: str, mode: str, sms: int) -> None:
     from cais.experiments.layer import run_layer
-    from cais.hw.config import load_system
+    from cais.config import load_system
     from cais.workload.models import load_model
 
     t0 = time.perf_counter()

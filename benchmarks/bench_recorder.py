@@ -22,7 +22,7 @@ from rich.table import Table
 
 from cais.experiments.collective import run_collective
 from cais.experiments.layer import run_layer
-from cais.hw.config import SystemConfig, load_system
+from cais.config import SystemConfig, load_system
 from cais.report.trace import build_trace
 from cais.results import Recorder
 from cais.workload.models import load_model

@@ -28,7 +28,7 @@ from rich.table import Table
 
 def _one(system: str, gpus: int, algo: str, nbytes: int, sim: str, out: Any) -> None:
     from cais.experiments.collective import run_collective
-    from cais.hw.config import load_system
+    from cais.config import load_system
 
     cfg = load_system(system).with_overrides(gpus=gpus) if gpus != load_system(system).gpus else load_system(system)
     w0, c0 = time.perf_counter(), time.process_time()
@@ -60,7 +60,7 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="also write the rows to this JSON file")
     args = ap.parse_args()
 
-    from cais.hw.config import load_system
+    from cais.config import load_system
     from cais.experiments.estimates import collective_events
 
     table = Table(title=f"AllReduce simulation cost on {args.system}, --sim {args.sim}")

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cais.experiments.collective import run_collective
-from cais.hw.config import load_system
+from cais.config import load_system
 
 G = 1 << 30
 M = 1 << 20

@@ -30,7 +30,7 @@ from multiprocessing.pool import Pool as PoolType
 from cais.errors import UserError
 from cais.experiments.collective import run_collective
 from cais.experiments.published import published
-from cais.hw.config import apply_overrides, load_system
+from cais.config import apply_overrides, load_system
 
 STAGED = {"collective.nvls_buffers": "staged", "collective.nvls_channels": "32"}
 

@@ -14,7 +14,7 @@ from collections import defaultdict
 
 
 from cais.hw.compute import ComputeModel
-from cais.hw.config import PS_PER_US, apply_overrides, load_system
+from cais.config import PS_PER_US, apply_overrides, load_system
 from cais.machine import Machine
 from cais.schemes import get_scheme
 from cais.schemes.base import LayerRun

@@ -98,7 +98,7 @@ def main() -> None:
     path = Path(__file__).resolve().parents[1] / "src/cais/data/systems/paper-world.json"
     path.write_text(json.dumps(preset, indent=2) + "\n")
     # presets give every field (tests/test_system_files.py): write the merged system out whole
-    from cais.hw.config import load_system
+    from cais.config import load_system
 
     full = load_system(str(path)).model_dump(mode="json")
     full["gpu_slowdown"] = {str(g): v for g, v in full["gpu_slowdown"].items()}

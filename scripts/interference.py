@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 
 from cais.experiments.interference import PAIRS, corun
-from cais.hw.config import apply_overrides, load_system
+from cais.config import apply_overrides, load_system
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ import json
 import tempfile
 
 from cais.experiments.baselines import TABLE1, grid_point, grid_points, grid_rows, markdown
-from cais.hw.config import load_system
+from cais.config import load_system
 from cais.sweep.runner import sweep_rows
 
 if __name__ == "__main__":

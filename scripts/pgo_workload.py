@@ -27,7 +27,7 @@ from pathlib import Path
 
 from cais.experiments.collective import run_collective
 from cais.experiments.layer import run_layer
-from cais.hw.config import apply_overrides, load_system
+from cais.config import apply_overrides, load_system
 from cais.schemes import schemes
 from cais.workload.models import load_model
 

@@ -5,7 +5,7 @@
 """
 
 from cais.experiments.collective import run_collective
-from cais.hw.config import load_system
+from cais.config import load_system
 
 # nccl-tests busbw (GB/s), 8 x H100 SXM, ring, out-of-place: ReduceScatter from
 # NVIDIA/nccl#1047 (NCCL_ALGO=Ring); AllGather 1 GB from NVIDIA/nccl#1506.

@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 
 from cais.experiments.collective import run_collective
-from cais.hw.config import load_system
+from cais.config import load_system
 
 # Published busbw (GB/s), midpoints of the ranges in reference/nccl-facts.md.
 REFERENCE = {("allreduce", "nvls"): 475.0, ("allreduce", "ring"): 367.5,

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cais.experiments.collective import check_collective, run_collective
-from cais.hw.config import PS_PER_US, load_system
+from cais.config import PS_PER_US, load_system
 from cais.kernels.collectives import CollectiveSpec, build
 from cais.machine import Machine
 

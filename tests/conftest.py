@@ -1,6 +1,6 @@
 import pytest
 
-from cais.hw.config import SystemConfig, load_system
+from cais.config import SystemConfig, load_system
 
 # The modules that take longest (a module-scoped reproduction, CLI runs in subprocesses,
 # a Ray cluster): collected first, so that with several workers (pytest-xdist, one

@@ -12,7 +12,7 @@ import pytest
 from cais.errors import UserError
 from cais.experiments.collective import run_collective
 from cais.experiments.estimates import collective_events
-from cais.hw.config import load_system
+from cais.config import load_system
 from cais.kernels.algorithms import ALGORITHMS, Algorithm, algorithm, names, register, unregister
 from cais.kernels.collectives import ring_kernels
 
@@ -56,7 +56,7 @@ def test_the_config_takes_its_replacement_policies_from_the_core() -> None:
     registers (rust/src/hw/replacement/: a file and its line in POLICIES); nothing on
     the Python side lists them."""
     from cais._core import replacement_policies
-    from cais.hw.config import ConfigError, apply_overrides
+    from cais.config import ConfigError, apply_overrides
 
     cfg = load_system("dgx-h100")
     assert replacement_policies()[0] == cfg.switch.merge.replacement == "lru"

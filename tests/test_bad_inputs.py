@@ -16,7 +16,7 @@ from typing import Callable
 
 import pytest
 
-from cais.hw.config import load_system
+from cais.config import load_system
 from cli_harness import TIME_LIMIT_S, Outcome, cais_env, files_of, run_cais
 
 

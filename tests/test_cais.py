@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from cais.experiments.layer import run_layer
-from cais.hw.config import apply_overrides, load_system
+from cais.config import apply_overrides, load_system
 from cais.hw.memory import Region
 from cais.machine import Machine
 

@@ -9,7 +9,7 @@ import pytest
 
 import cais.experiments.layer as layer
 from cais.experiments.layer import run_layer
-from cais.hw.config import apply_overrides, load_system
+from cais.config import apply_overrides, load_system
 from cais.machine import Machine, Stalled
 from cais.schemes import get_scheme
 from cais.schemes.cais_sw import SoftwareAccess

@@ -8,7 +8,7 @@ import pytest
 
 from cais.cli import main
 from cais.errors import UserError
-from cais.hw.config import ConfigError, list_systems, load_system
+from cais.config import ConfigError, list_systems, load_system
 
 
 def _cais(*args: str) -> subprocess.CompletedProcess:
@@ -182,7 +182,7 @@ def test_run_trace_of_cais_base_has_merge_table_tracks(tmp_path, capsys) -> None
 def test_a_deadlocking_system_stops_with_one_line_and_exit_code_3(tmp_path) -> None:
     """Requests and responses on one VC, 64 B buffers, one read served at a time: the
     NVLS pulls deadlock and the watchdog names what is stuck."""
-    from cais.hw.config import load_system
+    from cais.config import load_system
     data = load_system("dgx-h100").model_dump()
     data["name"] = "deadlock"
     data["link"].update(vc_policy="shared", vc_depth_flits=4, buffer_scope="port")

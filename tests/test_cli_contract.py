@@ -33,7 +33,7 @@ from typing import Callable
 
 import pytest
 
-from cais.hw.config import load_system
+from cais.config import load_system
 from cais.schemes import schemes
 from cli_harness import SRC, TIME_LIMIT_S, Outcome, cais_env, files_of, run_cais
 ROOT = os.geteuid() == 0

@@ -7,7 +7,7 @@ import pytest
 
 from cais.experiments.collective import run_collective
 from cais.experiments.published import FIT_SETS, TP_RANGE, Point, fitted_by, published, source_label, tp_summary
-from cais.hw.config import load_system
+from cais.config import load_system
 from cais.kernels.nvls_staged import spin_end
 from cais.kernels.tuning import ring_launch
 

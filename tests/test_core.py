@@ -149,7 +149,7 @@ def test_signals_countdowns_and_bounds_keep_their_contracts() -> None:
 
 
 def test_the_cais_switch_serves_mergeable_kinds_natively() -> None:
-    from cais.hw.config import apply_overrides, load_system
+    from cais.config import apply_overrides, load_system
     m = Machine(apply_overrides(load_system("dgx-h100"), {"gpus": "4", "switch.model": "cais"}))
     sw = m.fabric.switches[0]
     assert len(sw.units) == 4 and all(isinstance(u, _core.MergeUnit) for u in sw.units)
@@ -164,7 +164,7 @@ def _group_release_times(entries: int, via_issue: bool = False) -> tuple[dict[st
     released (us), and the chip's (registrations, most groups held). ``via_issue``:
     each registration is the generic ``Endpoint.issue`` of a ``GROUP_SYNC`` train, not
     the ISA's (``Endpoint.group_sync``)."""
-    from cais.hw.config import apply_overrides, load_system
+    from cais.config import apply_overrides, load_system
     m = Machine(apply_overrides(load_system("dgx-h100"), {"gpus": "2", "switch.model": "cais",
                                                          "cais.sync_entries": str(entries)}))
     chip = m.isa.flag_chip(0)

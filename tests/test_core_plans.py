@@ -20,7 +20,7 @@ import pytest
 from cais._core import LoadPlan, RedPlan, ReduceTbs, Region, Signal, Simulator, TbDispatcher, TbPlan
 from cais.engine.sim import ProgramGen
 from cais.experiments.layer import run_layer
-from cais.hw.config import apply_overrides, load_system
+from cais.config import apply_overrides, load_system
 from cais.kernels import remote_gemm
 from cais.workload.models import load_model
 

@@ -9,7 +9,7 @@ import pytest
 
 from cais.cli import main
 from cais.experiments.layer import _matches, run_layer
-from cais.hw.config import load_system
+from cais.config import load_system
 from cais.schemes import get_scheme, schemes
 from cais.workload import numerics as nx
 from cais.workload.dims import dims_for

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from cais.engine import Countdown
-from cais.hw.config import PS_PER_US, ConfigError, SystemConfig, load_system
+from cais.config import PS_PER_US, ConfigError, SystemConfig, load_system
 from cais.hw.gpu import Kernel
 from cais.hw.memory import Region
 from cais.hw.packets import KINDS, Kind, VcMap

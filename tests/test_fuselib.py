@@ -5,7 +5,7 @@ import pytest
 
 from cais.engine import Countdown
 from cais.experiments.layer import run_layer
-from cais.hw.config import load_system
+from cais.config import load_system
 from cais.kernels.fused_workers import Piece, PushPath, owner_pieces
 from cais.kernels.local import row_blocks
 from cais.schemes.fuselib import FuseLib

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from cais.experiments.layer import run_layer
-from cais.hw.config import apply_overrides, load_system
+from cais.config import apply_overrides, load_system
 from cais.schemes import schemes
 from cais.workload.models import ModelSpec, load_model
 

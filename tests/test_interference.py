@@ -6,7 +6,7 @@ import pytest
 
 from cais.experiments.layer import run_layer
 from cais.hw.compute import ComputeModel
-from cais.hw.config import apply_overrides, load_system
+from cais.config import apply_overrides, load_system
 from cais.hw.hbm import HbmShare
 from cais.kernels.gemm import GemmShape, gemm_kernel
 from cais.kernels.local import even_kernel

@@ -6,7 +6,7 @@ import pytest
 import cais.experiments.layer as layer
 from cais.experiments.layer import run_layer
 from cais.hw.compute import ComputeModel
-from cais.hw.config import apply_overrides, load_system
+from cais.config import apply_overrides, load_system
 from cais.machine import Machine
 from cais.schemes.base import LayerRun
 from cais.kernels.remote_gemm import RemoteAccess, remote_operands, tile_order

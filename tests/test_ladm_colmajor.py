@@ -2,7 +2,7 @@
 order, a strategy choice in one short module."""
 
 from cais.experiments.layer import run_layer
-from cais.hw.config import load_system
+from cais.config import load_system
 from cais.kernels.gemm import GemmShape
 from cais.kernels.remote_gemm import RemoteAccess
 from cais.machine import Machine

@@ -30,8 +30,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "cais"
 EVERYONE = ("cais.errors", "cais.units")
 
 # part -> what it may import besides itself and EVERYONE. A module belongs to the
-# longest key that is it or a package above it (cais.hw.config is its own part, not
-# cais.hw's). An entry allows a module and everything under it; the bare "cais"
+# longest key that is it or a package above it. An entry allows a module and everything under it; the bare "cais"
 # (the package root) allows only ``from cais import __version__``-style imports.
 ALLOWED: dict[str, tuple[str, ...]] = {
     # ---- leaves: import nothing of cais (but errors) ----------------------------
@@ -44,37 +43,38 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "cais._core": (),
     "cais.engine": ("cais._core",),  # discrete-event core: knows nothing of GPUs
     "cais.workload": (),  # models and layer graphs: plain data
-    # hw/config.py is its own part: most layers above the engine read the system
-    # config, yet it sits in hw/ (issue 19 names it); moving it to cais/config.py
-    # would make the file's place match this row.
-    "cais.hw.config": ("cais._core",),  # the core's registries name what the config allows
+    # the system config: every layer above the engine reads it
+    "cais.config": ("cais._core",),  # the core's registries name what the config allows
     "cais.provenance": ("cais",),  # reads cais.__version__
     "cais.record": (),  # what a finished run leaves: plain data the machine makes and results/ reads
     # ---- the simulated machine ----------------------------------------------------
-    "cais.hw": ("cais._core", "cais.engine", "cais.hw.config"),
-    "cais.isa": ("cais.engine", "cais.hw"),
-    "cais.machine": ("cais.engine", "cais.hw", "cais.isa", "cais.record"),
+    "cais.hw": ("cais._core", "cais.engine", "cais.config"),
+    "cais.isa": ("cais.engine", "cais.hw", "cais.config"),
+    "cais.machine": ("cais.engine", "cais.hw", "cais.config", "cais.isa", "cais.record"),
     # ---- programs on the machine --------------------------------------------------
     # (and the core's kernel pieces: rust/src/kernels/, a TB factory a kernel describes)
-    "cais.kernels": ("cais._core", "cais.engine", "cais.hw", "cais.isa", "cais.machine", "cais.workload"),
+    "cais.kernels": ("cais._core", "cais.engine", "cais.hw", "cais.config", "cais.isa", "cais.machine",
+                     "cais.workload"),
     "cais.opt": ("cais.workload", "cais.kernels.gemm"),  # the CAIS passes: graphs and GEMM tile shapes only
-    "cais.schemes": ("cais.engine", "cais.hw", "cais.isa", "cais.machine", "cais.kernels", "cais.opt",
+    "cais.schemes": ("cais.engine", "cais.hw", "cais.config", "cais.isa", "cais.machine", "cais.kernels", "cais.opt",
                      "cais.workload"),
     # ---- reading a run --------------------------------------------------------------
-    "cais.results": ("cais.hw.config", "cais.record"),
-    "cais.report": ("cais.results", "cais.hw.config"),
-    "cais.limits": ("cais.hw.config", "cais.workload"),
+    "cais.results": ("cais.config", "cais.record"),
+    "cais.report": ("cais.results", "cais.config"),
+    "cais.limits": ("cais.config", "cais.workload"),
     # ---- running things -------------------------------------------------------------
-    "cais.experiments": ("cais.engine", "cais.hw", "cais.isa", "cais.machine", "cais.kernels", "cais.opt",
+    "cais.experiments": ("cais.engine", "cais.hw", "cais.config", "cais.isa", "cais.machine", "cais.kernels",
+                         "cais.opt",
                          "cais.schemes", "cais.workload", "cais.results", "cais.limits", "cais.progress",
                          "cais.provenance"),  # a run's result says what made it (LayerSpec.run)
-    "cais.sweep": ("cais.experiments", "cais.schemes", "cais.kernels", "cais.hw.config", "cais.workload",
+    "cais.sweep": ("cais.experiments", "cais.schemes", "cais.kernels", "cais.config", "cais.workload",
                    "cais.results", "cais.provenance", "cais.progress"),
     # reproduce runs its points through the one run description, experiments/spec.py
-    "cais.reproduce": ("cais.sweep", "cais.experiments.spec", "cais.results", "cais.report", "cais.hw.config",
+    "cais.reproduce": ("cais.sweep", "cais.experiments.spec", "cais.results", "cais.report", "cais.config",
                        "cais.workload", "cais.provenance", "cais.progress"),
     # ---- the command ----------------------------------------------------------------
-    "cais.cli": ("cais", "cais.progress", "cais.record", "cais.engine", "cais.workload", "cais.hw", "cais.provenance",
+    "cais.cli": ("cais", "cais.progress", "cais.record", "cais.engine", "cais.workload", "cais.hw", "cais.config",
+                 "cais.provenance",
                  "cais.isa", "cais.machine", "cais.kernels", "cais.opt", "cais.schemes", "cais.results",
                  "cais.report", "cais.limits", "cais.experiments", "cais.sweep", "cais.reproduce"),
     "cais.__main__": ("cais.cli",),

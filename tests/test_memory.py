@@ -11,7 +11,7 @@ import pytest
 from cais.cli import main
 from cais.errors import UserError
 from cais.experiments.layer import check_layer, check_memory
-from cais.hw.config import apply_overrides, load_system
+from cais.config import apply_overrides, load_system
 from cais.workload.dims import dims_for
 from cais.workload.footprint import GB, MemoryCapacityError, footprint, stored_activation_bytes
 from cais.workload.models import load_model

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from cais.engine import Simulator, Train
-from cais.hw.config import MergeConfig
+from cais.config import MergeConfig
 from cais.hw.merge import LOAD_READY, LOAD_WAIT, REDUCTION, MergeUnit
 from cais.hw.packets import Kind
 
@@ -208,11 +208,11 @@ def test_lru_evicts_the_session_accessed_longest_ago_and_fifo_the_one_opened_fir
 
 
 def test_a_system_file_may_leave_out_the_replacement_policy(tmp_path) -> None:
-    """A knob added after the presets (cais.hw.config.knob) may be left out of a file:
+    """A knob added after the presets (cais.config.knob) may be left out of a file:
     the presets do not list switch.merge.replacement and get LRU; a file may set it."""
     import json
 
-    from cais.hw.config import load_system, missing_field
+    from cais.config import load_system, missing_field
 
     cfg = load_system("dgx-h100")
     assert cfg.switch.merge.replacement == "lru"

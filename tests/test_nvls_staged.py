@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cais.experiments.collective import run_collective
-from cais.hw.config import apply_overrides, load_system
+from cais.config import apply_overrides, load_system
 from cais.kernels.nvls_staged import chunk_bytes
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30

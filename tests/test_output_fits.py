@@ -248,7 +248,7 @@ def narrow(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_the_layer_table_with_huge_numbers_and_a_long_system(narrow: None, capsys: pytest.CaptureFixture[str]) -> None:
     from cais.cli import _print_layer
     from cais.experiments.layer import run_layer
-    from cais.hw.config import load_system
+    from cais.config import load_system
     from cais.workload.models import load_model
 
     model = load_model("paper-mega-gpt-4b").with_run(batch=1, seq=64)

@@ -12,7 +12,7 @@ import pytest
 
 from cais.engine import Bound, Simulator
 from cais.experiments.layer import run_layer
-from cais.hw.config import apply_overrides, load_system
+from cais.config import apply_overrides, load_system
 import cais.isa as isa_module
 from cais.isa import Isa
 from cais.kernels.gemm import GemmShape

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from cais.cli import main
-from cais.hw.config import ConfigError, apply_overrides, config_values, load_system
+from cais.config import ConfigError, apply_overrides, config_values, load_system
 
 
 def _cais(*args: str) -> subprocess.CompletedProcess:

@@ -1,6 +1,6 @@
 """NVLink packetisation."""
 
-from cais.hw.config import PacketFormat
+from cais.config import PacketFormat
 from cais.hw.packets import Kind, Packetizer
 
 NVLINK = PacketFormat(request_extra_flits=1, write_extra_flits=1)

@@ -8,7 +8,7 @@ import pytest
 
 from cais.experiments.collective import run_collective
 from cais.experiments.layer import run_layer
-from cais.hw.config import load_system
+from cais.config import load_system
 from cais.kernels import production_ar as pa
 from cais.kernels.collectives import CollectiveSpec, build
 from cais.machine import Machine

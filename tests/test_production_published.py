@@ -12,7 +12,7 @@ from types import ModuleType
 
 import pytest
 
-from cais.hw.config import load_system
+from cais.config import load_system
 from cais.kernels.collectives import PRODUCTION_ALGOS
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "validate_production.py"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from cais.engine import Simulator
 from cais.experiments.collective import run_collective
-from cais.hw.config import load_system
+from cais.config import load_system
 from cais.progress import RunProgress
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ import pytest
 from cais.errors import UserError
 from cais.experiments.collective import run_collective
 from cais.experiments.published import compare, published, summary
-from cais.hw.config import load_system
+from cais.config import load_system
 from cais.kernels.protocols import LL, LL128, SIMPLE
 from cais.kernels.tuning import choose
 

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from cais.cli import main
-from cais.hw.config import load_system
+from cais.config import load_system
 from cais.provenance import collect, content_hash, git_commit, package_version
 from cais.sweep.runner import run_sweep
 

@@ -10,7 +10,7 @@ import pytest
 
 from cais.experiments.layer import run_layer
 from cais.hw.compute import ComputeModel
-from cais.hw.config import apply_overrides, load_system
+from cais.config import apply_overrides, load_system
 from cais.kernels.gemm import GemmShape
 from cais.kernels.remote_reuse import RemoteReuse
 from cais.machine import Machine

@@ -8,7 +8,7 @@ import pytest
 
 from cais.experiments.collective import run_collective
 from cais.experiments.layer import kernel_split
-from cais.hw.config import PS_PER_US
+from cais.config import PS_PER_US
 from cais.hw.gpu import Kernel
 from cais.machine import Machine
 from cais.results import Recorder, link_utilisation

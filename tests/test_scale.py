@@ -11,7 +11,7 @@ import pytest
 from cais.cli import main
 from cais.errors import UserError
 from cais.experiments.collective import run_collective
-from cais.hw.config import apply_overrides, load_system
+from cais.config import apply_overrides, load_system
 
 MIB = 1 << 20
 

@@ -4,7 +4,7 @@ unsharded numpy layer (forward outputs and gradients); a broken dependency is ca
 import pytest
 
 from cais.experiments.layer import run_layer
-from cais.hw.config import load_system
+from cais.config import load_system
 from cais.schemes import get_scheme, schemes
 from cais.schemes.sp_nvls import SpNvls
 from cais.workload.models import ModelSpec

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from cais.experiments.layer import run_layer
-from cais.hw.config import load_system
+from cais.config import load_system
 from cais.kernels import stacks as st
 from cais.workload.models import ModelSpec
 

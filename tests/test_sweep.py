@@ -314,7 +314,7 @@ def test_sigterm_ends_a_sweep_and_its_worker_processes(tmp_path) -> None:
 def test_run_point_rows_match_running_the_layer_and_the_collective_directly(tmp_path) -> None:
     from cais.experiments.collective import run_collective
     from cais.experiments.layer import run_layer
-    from cais.hw.config import load_system
+    from cais.config import load_system
     from cais.workload.models import load_model
 
     points = expand({"points": [TINY_LAYER, SMALL_ALLREDUCE]})

@@ -8,13 +8,13 @@ import pytest
 
 from cais.cli import main
 from cais.errors import UserError
-from cais.hw.config import ConfigError, SystemConfig, list_systems, load_system, missing_field
+from cais.config import ConfigError, SystemConfig, list_systems, load_system, missing_field
 from cais.workload.models import ModelError
 
 
 @pytest.mark.parametrize("name", sorted(list_systems()))
 def test_every_preset_gives_every_field(name) -> None:
-    from cais.hw.config import _presets_dir
+    from cais.config import _presets_dir
 
     data = json.loads((_presets_dir() / f"{name}.json").read_text())
     assert "base" not in data

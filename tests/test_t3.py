@@ -44,7 +44,7 @@ def test_dma_store_of_a_chunk_is_link_limited(h100) -> None:
 def test_copy_engine_rate_is_a_config_field(h100) -> None:
     """gpu.copy_engine.rate_GBps = 100 caps a chunk store at 100 GB/s (the links would
     give about 347)."""
-    from cais.hw.config import apply_overrides
+    from cais.config import apply_overrides
 
     cfg = apply_overrides(h100, {"gpu.copy_engine.rate_GBps": "100"})
     m, dma = _engines(cfg, functional=False)

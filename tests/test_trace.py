@@ -8,7 +8,7 @@ import pytest
 
 from cais.experiments.collective import run_collective
 from cais.experiments.layer import run_layer
-from cais.hw.config import PS_PER_US
+from cais.config import PS_PER_US
 from cais.report.trace import build_trace, write_trace
 from cais.results import Recorder
 from cais.hw.gpu import Kernel

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from cais.experiments.layer import run_layer
-from cais.hw.config import TrainConfig, apply_overrides, load_system
+from cais.config import TrainConfig, apply_overrides, load_system
 from cais.machine import Machine
 from cais.hw.compute import ComputeModel
 from cais.schemes import get_scheme, schemes

@@ -382,7 +382,7 @@ class SwitchChip:
     mirror: bool
     nvls: bool
     units: list[MergeUnit]
-    # cfg: a cais.hw.config.SystemConfig; read: link.vcs, switch.pipeline_latency_ns, switch.reduce_latency_ns,
+    # cfg: a cais.config.SystemConfig; read: link.vcs, switch.pipeline_latency_ns, switch.reduce_latency_ns,
     # switch.reduce_GBps, switch.merge, cais.sync_entries
     def __new__(cls, sim: Simulator, chip: int, down: Iterable[Channel], gpus: Iterable[Any], packetizer: Any,
                  vcmap: Any, cfg: Any) -> Self: ...
@@ -438,7 +438,7 @@ class Endpoint:
     handlers: dict[int, Callable[[Train], bool]]
     signals: dict[int, int]
     injected: int
-    # cfg: a cais.hw.config.SystemConfig; read: gpu.memory_latency_ns, gpu.read_serve_kB, switch.chips, link.vcs
+    # cfg: a cais.config.SystemConfig; read: gpu.memory_latency_ns, gpu.read_serve_kB, switch.chips, link.vcs
     def __new__(cls, sim: Simulator, index: int, cfg: Any, memory: Any, packetizer: Any, vcmap: Any,
                  hbm: HbmShare | None = None) -> Self: ...
     def connect(self, up: list[Channel], switches: list[SwitchChip], write_ack_flits: int) -> None: ...
@@ -525,7 +525,7 @@ class MergeUnit:
     tensor_peak: dict[str, int]
     table: dict[tuple[int, Any], Session]
     log: list[tuple[int, int]] | None
-    # cfg: a cais.hw.config.MergeConfig (switch.merge); read: entries, line_bytes, timeout_us, latency_ns, replacement
+    # cfg: a cais.config.MergeConfig (switch.merge); read: entries, line_bytes, timeout_us, latency_ns, replacement
     def __new__(cls, host: Any, port: int, cfg: Any, gpus: int, spread: PortSpread | None = None) -> Self: ...
     def load(self, req: Train) -> None: ...
     def load_data(self, resp: Train) -> bool: ...

@@ -22,7 +22,7 @@ from rich.table import Table
 
 from cais import DISTRIBUTION, __version__
 from cais.errors import UserError
-from cais.hw.config import PS_PER_US, SystemConfig, list_systems, load_system
+from cais.config import PS_PER_US, SystemConfig, list_systems, load_system
 from cais.kernels.algorithms import names as algorithm_names
 from cais.kernels.collectives import ALGOS, OPS
 from cais.kernels.protocols import PROTOCOL_CHOICES
@@ -607,7 +607,7 @@ def _reproduce_system(args: argparse.Namespace) -> SystemConfig:
     """reproduce's system with its --set values, after checking them and --models;
     a mistake names its flag (``--set foo=bar: ...``, ``--models: unknown model ...``),
     as ``cais run`` does."""
-    from cais.hw.config import apply_overrides
+    from cais.config import apply_overrides
     from cais.workload.models import load_model
 
     cfg = _for_flag("--set", apply_overrides, _system(args), dict(args.set))

@@ -36,7 +36,7 @@ from typing import Protocol
 import numpy as np
 
 from cais.engine import ArrivePerGpu, Bound, Completion, Countdown, Signal, Simulator, TbPlan, Train
-from cais.hw.config import SystemConfig
+from cais.config import SystemConfig
 from cais.hw.fabric import Fabric
 from cais.hw.gpu import Gpu, KeptLines, LoadPlan, LoadStream, RedPlan, RedStream, ReduceStream, SmPort
 from cais.hw.memory import Region, as_run

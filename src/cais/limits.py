@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from cais.errors import UserError
 
 if TYPE_CHECKING:
-    from cais.hw.config import SystemConfig
+    from cais.config import SystemConfig
 
 DEFAULT_MAX_EVENTS = 50_000_000
 

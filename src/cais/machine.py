@@ -10,7 +10,7 @@ from cais.engine import Channel, Simulator
 from cais.errors import UserError
 from cais.engine.sim import fewer_collections
 from cais.hw.compute import ComputeModel
-from cais.hw.config import PS_PER_NS, PS_PER_US, SystemConfig
+from cais.config import PS_PER_NS, PS_PER_US, SystemConfig
 from cais.hw.fabric import Fabric
 from cais.hw.gpu import Gpu
 from cais.hw.hbm import HbmShare

@@ -1,4 +1,4 @@
-//! What the hardware units read of the system config (`cais.hw.config.SystemConfig`,
+//! What the hardware units read of the system config (`cais.config.SystemConfig`,
 //! loaded from a preset in `src/cais/data/systems/`), typed. Each struct is extracted
 //! from the config object by attribute, and each field has the name it has in the
 //! preset's JSON and in the pydantic model (`switch.merge.entries` is

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from cais.experiments.layer import run_layer
-from cais.hw.config import apply_overrides, load_system
+from cais.config import apply_overrides, load_system
 
 TABLE1 = ("paper-mega-gpt-4b", "paper-mega-gpt-8b", "paper-llama-7b")
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from cais.errors import UserError
-from cais.hw.config import PS_PER_US, SystemConfig
+from cais.config import PS_PER_US, SystemConfig
 from cais.engine.sim import fewer_collections
 from cais.machine import Conservation, Machine
 from cais.kernels.algorithms import algorithm, names

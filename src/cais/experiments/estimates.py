@@ -7,7 +7,7 @@ packet trains are the bytes moved in the system's transfer unit."""
 
 from __future__ import annotations
 
-from cais.hw.config import SystemConfig
+from cais.config import SystemConfig
 from cais.kernels.attention import attention_tbs
 from cais.kernels.gemm import nominal_tiles
 from cais.kernels.local import row_tbs

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from cais.hw.compute import ComputeModel
 from cais.errors import UserError
-from cais.hw.config import PS_PER_US, SystemConfig
+from cais.config import PS_PER_US, SystemConfig
 from cais.machine import Machine
 from cais.kernels.gemm import gemm_kernel, gemm_shape
 from cais.experiments.estimates import gemm_events

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cais.hw.compute import ComputeModel
-from cais.hw.config import PS_PER_US, SystemConfig
+from cais.config import PS_PER_US, SystemConfig
 from cais.kernels.collectives import CollectiveSpec, build
 from cais.kernels.gemm import gemm_kernel, gemm_shape
 from cais.machine import Machine

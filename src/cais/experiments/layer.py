@@ -11,7 +11,7 @@ import numpy as np
 
 from cais.hw.compute import ComputeModel
 from cais.errors import UserError
-from cais.hw.config import PS_PER_US, SystemConfig
+from cais.config import PS_PER_US, SystemConfig
 from cais.experiments.estimates import period_events
 from cais.limits import check_events, check_machine
 from cais.engine.sim import fewer_collections

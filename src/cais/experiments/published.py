@@ -18,7 +18,7 @@ from importlib import resources
 import pandas as pd
 
 from cais.experiments.collective import bus_factor, run_collective
-from cais.hw.config import SystemConfig, load_system
+from cais.config import SystemConfig, load_system
 
 #: mean |error| allowed: (at or above 1 MB, below 1 MB)
 TARGETS = (0.10, 0.25)

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from cais.experiments.collective import CollectiveResult, check_collective, resolve_choice, run_collective
 from cais.errors import validation_message
 from cais.experiments.layer import LayerResult, check_layer, run_layer
-from cais.hw.config import ConfigError, SystemConfig, apply_overrides, check_gpus, load_system, overridden
+from cais.config import ConfigError, SystemConfig, apply_overrides, check_gpus, load_system, overridden
 from cais.progress import RunProgress
 from cais.provenance import collect
 from cais.results.recorder import Recorder

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from cais._core import Interleave
 from cais.engine import Channel, Credits, Simulator, Train
 from cais.engine.channel import OnStart
-from cais.hw.config import PS_PER_NS, SystemConfig
+from cais.config import PS_PER_NS, SystemConfig
 from cais.hw.packets import Packetizer, VcMap
 from cais.hw.switches import switch_model
 

@@ -12,7 +12,7 @@ from cais._core import (Endpoint, KeptLines, LoadPlan, LoadStream, RedForm, RedP
                         SmPort, TbDispatcher)
 from cais.engine import Bound, Signal, Simulator
 from cais.engine.sim import ProgramGen, TbPlan
-from cais.hw.config import SystemConfig
+from cais.config import SystemConfig
 from cais.hw.hbm import HbmShare
 from cais.hw.memory import Memory
 from cais.hw.packets import Packetizer, VcMap

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import IntEnum
 
-from cais.hw.config import LinkConfig, PacketFormat
+from cais.config import LinkConfig, PacketFormat
 
 
 class Kind(IntEnum):

@@ -5,7 +5,7 @@ builds whichever the config names."""
 from __future__ import annotations
 
 from cais.hw.cais_switch import CaisSwitch
-from cais.hw.config import ConfigError
+from cais.config import ConfigError
 from cais.hw.switch import NvlsSwitch, Switch
 
 SWITCH_MODELS: dict[str, type[Switch]] = {

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from cais.errors import UserError
 
 if TYPE_CHECKING:
-    from cais.hw.config import SystemConfig
+    from cais.config import SystemConfig
     from cais.hw.gpu import Kernel
     from cais.machine import Machine
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from cais.engine import Countdown, Process, Signal
-from cais.hw.config import PS_PER_NS, SystemConfig
+from cais.config import PS_PER_NS, SystemConfig
 from cais.hw.memory import Region
 from cais.isa import SmPort
 from cais.kernels.common import Window

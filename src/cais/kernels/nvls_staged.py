@@ -48,7 +48,7 @@ from __future__ import annotations
 
 from cais.engine import Countdown, Signal
 from cais.engine.sim import ProgramGen, Process
-from cais.hw.config import PS_PER_US
+from cais.config import PS_PER_US
 from cais.hw.gpu import Kernel, TbProgram
 from cais.hw.memory import Region
 from cais.hw.packets import Traffic

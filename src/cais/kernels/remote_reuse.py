@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cais.hw.config import SystemConfig
+from cais.config import SystemConfig
 from cais.kernels.gemm import GemmShape
 
 Tile = tuple[int, int]

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from cais.errors import UserError
 
 if TYPE_CHECKING:
-    from cais.hw.config import SystemConfig
+    from cais.config import SystemConfig
 
 
 @dataclass(frozen=True)

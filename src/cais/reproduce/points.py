@@ -14,7 +14,7 @@ from typing import Any
 
 from cais.errors import UserError
 from cais.experiments.spec import CollectiveRunSpec, LayerSpec, SystemSpec
-from cais.hw.config import SystemConfig
+from cais.config import SystemConfig
 from cais.provenance import content_hash
 
 FLOAT = float
@@ -113,7 +113,7 @@ def timeline_point(point: dict[str, Any]) -> dict[str, Any]:
     """A layer period recorded over time: mean link utilisation of all GPU-facing port
     directions per bin (``bin_us``) inside sub-layer ``segment``, as a JSON list
     (``series``), plus the :func:`layer_point` columns."""
-    from cais.hw.config import PS_PER_US
+    from cais.config import PS_PER_US
     from cais.results import Recorder
     from cais.results.ports import port_direction
 

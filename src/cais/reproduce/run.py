@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from cais.errors import UserError
-from cais.hw.config import apply_overrides, load_system
+from cais.config import apply_overrides, load_system
 from cais.provenance import Provenance, collect
 from cais.reproduce.claims import lead_with_full, shipped, write_claims
 from cais.reproduce.experiments import EXPERIMENTS, PAPER_SET, Context

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cais.hw.config import PS_PER_US
+from cais.config import PS_PER_US
 from cais.record import MERGE_COUNTS, RunRecord, SwitchRecord
 
 BYTES_PER_KB = 1000

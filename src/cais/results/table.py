@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from cais.errors import UserError
-from cais.hw.config import SystemConfig
+from cais.config import SystemConfig
 
 TABLE_SUFFIXES = (".parquet", ".csv")
 

@@ -18,7 +18,7 @@ from typing import Any
 from cais.errors import UserError
 from cais.engine import Countdown, Signal, Simulator
 from cais.hw.compute import ComputeModel
-from cais.hw.config import TrainConfig
+from cais.config import TrainConfig
 from cais.hw.gpu import Kernel
 from cais.hw.memory import Memory
 from cais.machine import Machine
@@ -79,7 +79,7 @@ class WgradMismatch(UserError):
 class WgradPlan:
     """How a period's weight gradients get their gathered operands (``train``): the
     forward inputs (``inputs``) and the output gradients (``grads``), each ``keep``
-    or ``refetch``, in program order or with ``-overlap`` (hw/config.py,
+    or ``refetch``, in program order or with ``-overlap`` (config.py,
     ``TrainConfig``)."""
 
     inputs: str

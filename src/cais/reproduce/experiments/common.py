@@ -152,7 +152,7 @@ def one_model(ctx: Context, full: str = "paper-llama-7b") -> dict[str, Any]:
 
 def scalable_system(ctx: Context) -> str:
     """The context's system if it can be resized to any GPU count, else h100-nvswitch."""
-    from cais.hw.config import load_system
+    from cais.config import load_system
 
     return ctx.system if load_system(ctx.system).scalable else "h100-nvswitch"
 

@@ -57,7 +57,7 @@ LAUNCH = {"decode": "graph", "prefill": "eager"}
 #: the constants the answer rests on and their plausible range (low end, high end): the
 #: dependent-kernel gap (~1-2 us), its PDL version (0 up to the gap, an assumption), the
 #: host's issue per op (~4-6 us) and per further launch (~4-5 us), the closing
-#: system-scope barrier (~1-2 us); sources in the fields' descriptions (hw/config.py)
+#: system-scope barrier (~1-2 us); sources in the fields' descriptions (config.py)
 CONSTANTS = {"gpu.kernel_gap_us": (1.0, 2.0), "gpu.pdl_gap_us": (0.0, 1.5), "gpu.host_op_us": (4.0, 6.0),
              "gpu.host_launch_us": (4.0, 5.0), "collective.fence_us": (1.0, 2.0)}
 SENS = ", constants "  # marks a sensitivity world's label
@@ -232,7 +232,7 @@ def _sensitivity(t: pd.DataFrame, sens: pd.DataFrame) -> str:
         if vals:
             parts.append(f"{mode} {span(vals)}")
     consts = ", ".join(f"{k.split('.')[-1]} {lo:g}-{hi:g}" for k, (lo, hi) in CONSTANTS.items())
-    return (f"The answer rests on constants that are not measured here ({consts} us; hw/config.py gives each "
+    return (f"The answer rests on constants that are not measured here ({consts} us; config.py gives each "
             f"one's source): over their nominal values and both ends of these ranges, CAIS over the best stack "
             f"spans " + "; ".join(parts) + ".")
 
