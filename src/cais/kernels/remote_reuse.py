@@ -55,6 +55,12 @@ class RemoteReuse:
         return self.strategy != "reload"
 
     @property
+    def copies(self) -> bool:
+        """Whether a copy stage fills a local gathered copy that the GEMM reads
+        (``copy-engine``, ``comm-sms``: kernels/remote_copy.py)."""
+        return self.strategy in ("copy-engine", "comm-sms")
+
+    @property
     def clusters(self) -> bool:
         return self.strategy == "cluster"
 
@@ -62,7 +68,7 @@ class RemoteReuse:
         """Per loaded operand, the share of it in this GPU's HBM traffic
         (``tile_hbm_bytes``): its own rows (1/n), or with staging every row read from
         the GPU's own memory plus the remote share written there once."""
-        share = 2.0 - 1.0 / n if self.strategy == "staged" else 1.0 / n
+        share = 2.0 - 1.0 / n if self.strategy == "staged" or self.copies else 1.0 / n
         return {w: share for w in loaded}
 
     def _span(self, tile: Tile, shape: GemmShape) -> tuple[int, int, int]:
