@@ -73,10 +73,11 @@ class Chunk:
     dst: Region
 
 
-def chunks(ops: Sequence[Any], gathered: Sequence[str], n: int, eb: int, chunk_bytes: int) -> list[Chunk]:
+def chunks(ops: Sequence[Any], gathered: Sequence[str], n: int, eb: int, chunk_bytes: int,
+           first: int = 0) -> list[Chunk]:
     """Every chunk of every loaded operand (``ops``: :class:`Operand`, their gathered
-    tensors ``gathered``), in the order copy TBs take them: row position in the shard,
-    then owner, then operand."""
+    tensors ``gathered``), in the order they are copied: row position in the shard,
+    then owner (from ``first`` round), then operand."""
     out = []
     per: list[list[tuple[int, int]]] = []
     for op in ops:
@@ -84,7 +85,7 @@ def chunks(ops: Sequence[Any], gathered: Sequence[str], n: int, eb: int, chunk_b
         step = rows_l if chunk_bytes <= 0 else max(1, min(rows_l, chunk_bytes // (cols * eb)))
         per.append([(r0, min(step, rows_l - r0)) for r0 in range(0, rows_l, step)])
     for c in range(max(len(p) for p in per)):
-        for owner in range(n):
+        for owner in [(first + a) % n for a in range(n)]:
             for w, (op, name) in enumerate(zip(ops, gathered)):
                 if c >= len(per[w]):
                     continue
@@ -128,7 +129,13 @@ def copy_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
     strategy = rr.strategy
     sim = m.sim
     gathered = [gemm.ops.a if op.which == "a" else gemm.ops.b for op in ops]
-    work = chunks(ops, gathered, m.n, eb, round(rr.copy_chunk_kB * 1024))
+    # the copy order: each GPU from the next one round (a peer serves one puller at a time,
+    # as PyTorch's async TP and CUTLASS's Distributed GEMM rotate their peers), but for
+    # mergeable loads, which every GPU issues in the same order so that the switch merges them
+    merges = strategy == "comm-sms" and access.load_mode()[0]
+    work = chunks(ops, gathered, m.n, eb, round(rr.copy_chunk_kB * 1024), 0 if merges else (g + 1) % m.n)
+    rank = {c.owner: k for k, c in reversed(list(enumerate(work)))}  # an owner's first chunk's place
+    rank[g] = -1  # the GPU's own rows are there first
     launched = Signal()
     poll_ps = round(m.cfg.gpu.memory_latency_ns * PS_PER_NS)
     landed: list[Signal] = [Signal() for _ in work]  # the chunk's flag set
@@ -181,7 +188,14 @@ def copy_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
     share = 2.0 - 1.0 / m.n
     loaded = {op.which: share for op in ops}
     hbm = tile_hbm_bytes(shape, eb, **loaded)
-    order = raster(shape, "col" if shape.tiles_n > shape.tiles_m else "row")  # CUTLASS's heuristic
+    # tiles in the order their rows arrive (the latest owner they read), CUTLASS's
+    # heuristic raster among equals, as T3's GEMM waits for its ring's chunks (where every
+    # tile reads every row, K over tokens: the raster alone)
+    order = raster(shape, "col" if shape.tiles_n > shape.tiles_m else "row")
+    if not any(op.k_is_tokens for op in ops):
+        def latest(tile: tuple[int, int]) -> int:
+            return max(rank[o] for op in ops for o, _, _ in op.src.owners(*op.tile_span(shape, *tile)))
+        order.sort(key=latest)  # stable: the raster among tiles of the same latest owner
     kernel = gemm_kernel(cm, shape, gemm.name, gemm_sms, mem, gemm.ops if mem is not None else None, None, order,
                          waits, floor_ps, hbm)
     kernel.launched = launched
