@@ -14,9 +14,15 @@ kernel would use (docs/remote-access.md):
   other dimension, whose loads are TMA loads multicast into every CTA's shared
   memory: one remote read per cluster. A cluster is launched together, so the
   launch order keeps its CTAs adjacent, and they walk K in step.
-* ``staged``: the first TB of the GPU that needs a remote block pulls it into a
-  local staging buffer; later TBs read the copy. The copy costs HBM: the remote
-  share of the operand is written once and the whole operand is read locally.
+* ``staged`` (the upper bound: no real kernel works so): the first TB of the GPU
+  that needs a remote block pulls it into a local staging buffer; later TBs read the
+  copy after an untimed local flag, and the copy takes no SM time. The copy costs
+  HBM: the remote share of the operand is written once and the whole operand is
+  read locally.
+* ``copy-engine``, ``comm-sms`` (:attr:`RemoteReuse.copies`): what real kernels do
+  instead, a copy stage (the copy engine, or copy TBs on some SMs) filling the local
+  gathered tensor by chunk and a local GEMM waiting on per-chunk flags
+  (kernels/remote_copy.py).
 """
 
 from __future__ import annotations
