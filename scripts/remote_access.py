@@ -25,7 +25,11 @@ STRATEGIES: dict[str, dict[str, str]] = {
     "cluster 4": {"remote_read.strategy": "cluster", "remote_read.cluster_ctas": "4"},
     "cluster 8": {"remote_read.strategy": "cluster", "remote_read.cluster_ctas": "8"},
     "cluster 16": {"remote_read.strategy": "cluster", "remote_read.cluster_ctas": "16"},
-    "staged": {"remote_read.strategy": "staged"},
+    "staged": {"remote_read.strategy": "staged"},  # the upper bound: an untimed flag, no SM time for the copy
+    "copy-engine": {"remote_read.strategy": "copy-engine"},
+    "comm-sms": {"remote_read.strategy": "comm-sms"},
+    "copy-engine 1 MiB": {"remote_read.strategy": "copy-engine", "remote_read.copy_chunk_kB": "1024"},
+    "comm-sms 1 MiB": {"remote_read.strategy": "comm-sms", "remote_read.copy_chunk_kB": "1024"},
     "L2 keeps (paper)": {"gpu.l2_keeps_peer_reads": "true"},
 }
 

@@ -30,7 +30,12 @@ STRATEGIES = {
     "cluster2": {"remote_read.strategy": "cluster", "remote_read.cluster_ctas": "2"},
     "cluster3": {"remote_read.strategy": "cluster", "remote_read.cluster_ctas": "3"},
     "staged": {"remote_read.strategy": "staged"},
+    "copy-engine": {"remote_read.strategy": "copy-engine"},
+    "comm-sms": {"remote_read.strategy": "comm-sms"},
+    "copy-engine-chunks": {"remote_read.strategy": "copy-engine", "remote_read.copy_chunk_kB": "2"},
+    "comm-sms-chunks": {"remote_read.strategy": "comm-sms", "remote_read.copy_chunk_kB": "2"},
 }
+COPIES = ["copy-engine", "comm-sms", "copy-engine-chunks", "comm-sms-chunks"]
 
 
 def test_clusters_launch_together_along_the_shared_operands_other_dimension() -> None:
@@ -78,14 +83,14 @@ def test_ladm_wire_bytes_match_the_closed_form(name: str) -> None:
         want += remote_rows * d.hidden * eb  # reductions
         tiles_n = run.shape(c.gemm2).tiles_n
         reloads += tiles_n
-        per = {"reload": tiles_n, "staged": 1}.get(name) or -(-tiles_n // int(name[-1]))
+        per = {"reload": tiles_n, "staged": 1}.get(name) or (1 if name in COPIES else -(-tiles_n // int(name[-1])))
         want += remote_rows * d.hidden * eb * per  # loads: responses carry the data
     assert reloads > len(period.chains)  # the GEMMs have several column tiles: the strategies differ
     assert m.fabric.injected == n * want
 
 
-@pytest.mark.parametrize("name", ["cluster3", "staged"])
-@pytest.mark.parametrize("scheme", ["ladm", "cais-base", "cais"])
+@pytest.mark.parametrize("name", ["cluster3", "staged", "copy-engine", "comm-sms", "comm-sms-chunks"])
+@pytest.mark.parametrize("scheme", ["ladm", "cais-base", "cais", "cais-sw"])
 def test_every_strategy_is_exact(scheme: str, name: str) -> None:
     r = run_layer(_four(**STRATEGIES[name]), GPT, scheme, "train", functional=True, seed=5)
     assert r.checked >= 30 and r.mismatches == []
@@ -98,3 +103,40 @@ def test_sharing_cuts_a_cais_layers_delivered_bytes_in_order() -> None:
         down[name] = sum(r.as_json()["wire_bytes"][str(g)]["down"] for g in range(4))
     # the tiny GEMMs have two column tiles: a cluster of two already delivers each block once
     assert down["staged"] == down["cluster2"] < down["reload"]
+
+
+def test_copy_chunks_cover_every_owner_once_in_the_copy_order() -> None:
+    from cais.kernels.remote_copy import chunks
+    from cais.kernels.remote_gemm import Operand, Sharded
+
+    op = Operand("a", Sharded("n1", 64, 256), False)  # 64 rows x 256 cols per owner
+    whole = chunks([op], ["g1"], 4, 2, 0, first=2)
+    assert [(c.owner, c.r0, c.nr) for c in whole] == [(2, 0, 64), (3, 0, 64), (0, 0, 64), (1, 0, 64)]
+    assert whole[0].src.nbytes == whole[0].dst.nbytes == 64 * 256 * 2
+    assert whole[1].dst.start == 3 * 64 * 256  # the owner's rows in the gathered tensor
+    cut = chunks([op], ["g1"], 4, 2, 16 * 1024)  # 32 rows a chunk
+    assert [(c.owner, c.r0, c.nr) for c in cut[:5]] == [(0, 0, 32), (1, 0, 32), (2, 0, 32), (3, 0, 32), (0, 32, 32)]
+    assert sum(c.nr for c in cut) == 4 * 64
+
+
+@pytest.mark.parametrize("scheme", ["ladm", "cais-sw"])
+def test_copies_put_a_training_periods_bytes_on_the_wire_as_staging(scheme: str) -> None:
+    """Training (the weight gradients' loads too): a copy stage delivers each remote
+    block to each GPU once per GEMM that loads it, as staging does; plain loads (no
+    merging), so the wire bytes are equal."""
+    wire = {}
+    for name in ("staged", "copy-engine", "comm-sms", "comm-sms-chunks"):
+        wire[name] = run_layer(_four(**STRATEGIES[name]), GPT, scheme, "train").as_json()["wire_bytes"]
+    assert wire["copy-engine"] == wire["comm-sms"] == wire["comm-sms-chunks"]
+    down = {k: sum(v[str(g)]["down"] for g in range(4)) for k, v in wire.items()}
+    assert down["copy-engine"] == down["staged"]
+
+
+def test_comm_sms_keep_cais_merging_and_the_copy_engine_cannot() -> None:
+    """comm-sms copy TBs issue ld.cais under CAIS (the switch merges the GPUs' reads of
+    one block: less up-link traffic from the owners), the copy engine plain reads."""
+    up = {}
+    for name in ("copy-engine", "comm-sms"):
+        r = run_layer(_four(**STRATEGIES[name]), GPT, "cais-base", "prefill").as_json()["wire_bytes"]
+        up[name] = sum(r[str(g)]["up"] for g in range(4))
+    assert up["comm-sms"] < up["copy-engine"]

@@ -360,17 +360,47 @@ class RemoteReadConfig(_Strict):
     variants), built on a feature the GPU has (docs/remote-access.md). Where
     ``gpu.l2_keeps_peer_reads`` is true the L2 shares them whatever the strategy."""
 
-    strategy: Literal["reload", "cluster", "staged"] = Field(
+    strategy: Literal["reload", "cluster", "staged", "copy-engine", "comm-sms"] = Field(
         "reload", description="reload: every TB loads its remote rows itself (a mainloop streams them through "
                               "shared memory; nothing keeps them); cluster: TB clusters of cluster_ctas CTAs along "
                               "the shared operand's other dimension, whose remote loads are TMA loads multicast "
-                              "into every CTA of the cluster (one remote read per cluster); staged: the first TB "
-                              "of a GPU that needs a remote block pulls it into a local staging buffer in HBM "
-                              "(written once, read by every TB that needs it; the pulls are ld.cais where the "
-                              "scheme merges)")
+                              "into every CTA of the cluster (one remote read per cluster); staged (an upper "
+                              "bound: no real kernel works so): the first TB of a GPU that needs a remote block "
+                              "pulls it into a local staging buffer in HBM (written once, read by every TB that "
+                              "needs it; the pulls are ld.cais where the scheme merges), the others wait on an "
+                              "untimed local flag and the copy takes no SM time; copy-engine: the GPU's copy "
+                              "engine pulls each owner's rows into the local gathered copy in chunks of "
+                              "copy_chunk_kB (plain reads: a copy engine cannot merge), each chunk once its rows "
+                              "are ready, and the GEMM's tiles wait on a flag per chunk they read (CUTLASS's "
+                              "Distributed GEMM, PyTorch's async TP); comm-sms: comm_sms SMs of the GEMM's run "
+                              "copy TBs that load the rows (ld.cais where the scheme merges) and store them into "
+                              "the local gathered copy, flagging each chunk; the GEMM runs on the other SMs "
+                              "(docs/remote-access.md)")
     cluster_ctas: int = Field(2, ge=2, le=16, description="CTAs per thread-block cluster (strategy cluster): "
                                                           "Hopper allows 8 portably and 16 with the non-portable "
                                                           "opt-in; a cluster's CTAs are co-scheduled on one GPC")
+    copy_chunk_kB: float = Field(0.0, ge=0, description="copy-engine and comm-sms: bytes of one owner's rows one "
+                                                        "copy moves and flags (whole rows; 0: the owner's whole "
+                                                        "shard, as CUTLASS's Distributed GEMM and PyTorch's async "
+                                                        "TP copy it)")
+    copy_start_us: float = Field(2.8, ge=0, description="copy-engine: time from a copy's trigger (its rows ready) "
+                                                        "to its first byte issued. A calibration: the CUDA sample "
+                                                        "p2pBandwidthLatencyTest's P2P=Enabled latency of a "
+                                                        "cudaMemcpyPeerAsync on an 8-GPU NVSwitch HGX A100 is "
+                                                        "2.7-3.3 us (no H100 matrix found in the sources searched; "
+                                                        "docs/remote-access.md). A host-submitted cudaMemcpyAsync "
+                                                        "costs 5-7 us more on the host (DualPath, arXiv "
+                                                        "2602.21548), hidden where the host runs ahead")
+    copy_GBps: float | None = Field(376.0, gt=0, description="copy-engine: the rate at which a GPU's copy "
+                                                             "engine issues a peer copy. A calibration: "
+                                                             "p2pBandwidthLatencyTest's unidirectional P2P "
+                                                             "bandwidth (copy engine) on an HGX H100 is 371-377 "
+                                                             "GB/s per pair (NVIDIA/nccl issue #1264); null: "
+                                                             "gpu.copy_engine.rate_GBps (T3's, link-limited)")
+    comm_sms: int = Field(16, gt=0, description="comm-sms: SMs of a GEMM's SM set that run its copy TBs (at most "
+                                                "half the set); 16 = the channels (one SM each) NCCL's ring and "
+                                                "NVLS kernels use here (collective.ring_channels, "
+                                                "nvls_channels)")
 
 
 #: how a weight gradient gets a gathered operand: its source (a kept copy, or fetched

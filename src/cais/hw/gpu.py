@@ -35,7 +35,10 @@ class Kernel:
     served first when SMs free up (a CUDA stream priority); equal ones in launch order.
     A kernel launches once: the GPU's dispatcher takes each TB's program out of ``tbs``
     as it starts the TB (leaving None; the list keeps its length, the kernel's TB
-    count), so what a TB's factory holds is freed as the kernel runs."""
+    count), so what a TB's factory holds is freed as the kernel runs. ``launched``: where
+    set, fired when the kernel becomes dispatchable (its dependencies met, plus its
+    launch overhead), for work a kernel brings beside it that needs no SM of its own
+    (a copy engine's copies; kernels/remote_copy.py)."""
 
     name: str
     tbs: list[TbProgram | None]
@@ -46,6 +49,7 @@ class Kernel:
     done: Signal = field(default_factory=Signal)
     started_at: int | None = None
     finished_at: int | None = None
+    launched: Signal | None = None
 
 
 class Gpu(Endpoint):
@@ -131,6 +135,8 @@ class Gpu(Endpoint):
         kernel.done.fire(self.sim)
 
     def _enqueue(self, kernel: Kernel) -> None:
+        if kernel.launched is not None:
+            kernel.launched.fire(self.sim)
         sms = None if kernel.sms is None else sorted(kernel.sms)
         self.dispatcher.enqueue(kernel, kernel.name, kernel.tbs, sms, kernel.priority, kernel.hbm_phases, kernel.done)
         self._running.append(kernel)

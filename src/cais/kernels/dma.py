@@ -25,6 +25,7 @@ class DmaCommand:
     """One pre-programmed DMA transfer of a contiguous region.
 
     ``op``: ``st`` / ``red`` (``src`` on this GPU -> ``dst`` on GPU ``peer``),
+    ``ld`` (a pull: ``src`` on GPU ``peer`` -> ``dst`` on this GPU, plain reads),
     ``mc_st`` (``src`` multicast to ``dst`` on every GPU), ``ld_reduce`` (the sum of
     ``src`` over all GPUs -> ``dst`` on this GPU). ``done`` fires when all of it
     has landed."""
@@ -58,6 +59,7 @@ class DmaEngine:
         self.m = m
         self.gpu = gpu
         self.port = SmPort(PS_PER_NS / rate_GBps)
+        self.ps_per_byte = PS_PER_NS / rate_GBps  # a pull's issue rate (its data comes back, not out)
         self.window = Window(m.sim, window_bytes)
         self.queue: deque[DmaCommand] = deque()
         self._wake: Signal | None = None
@@ -86,7 +88,7 @@ class DmaEngine:
     def _issue(self, cmd: DmaCommand) -> Generator[Any, Any, None]:
         m, sim, isa = self.m, self.m.sim, self.m.isa
         mem = m.gpus[self.gpu].memory
-        cut = cmd.src if cmd.op == "ld_reduce" else cmd.dst  # cut at the routed address
+        cut = cmd.src if cmd.op in ("ld_reduce", "ld") else cmd.dst  # cut at the routed address
         pieces = isa.pieces(cut, cmd.unit)
         left = Countdown(len(pieces))
         if cmd.done is not None:
@@ -97,7 +99,10 @@ class DmaEngine:
             self.bytes_moved += p.nbytes
             release = self._release(p.nbytes, left)
             other = (cmd.dst if cut is cmd.src else cmd.src).sub(p.start - cut.start, p.count)
-            if cmd.op == "ld_reduce":
+            if cmd.op == "ld":  # a pull, issued at the engine's rate
+                isa.ld(self.gpu, cmd.peer, p, self._landed(other, release), unit=cmd.unit)
+                yield round(p.nbytes * self.ps_per_byte)
+            elif cmd.op == "ld_reduce":
                 isa.multimem_ld_reduce(self.gpu, p, self._landed(other, release), unit=cmd.unit)
             elif cmd.op == "mc_st":
                 isa.multimem_st(self.gpu, p, mem.read(other), release, self.port, unit=cmd.unit)

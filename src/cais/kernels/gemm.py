@@ -139,13 +139,13 @@ def gemm_kernel(model: ComputeModel, shape: GemmShape, name: str = "gemm", sms: 
                 mem: Memory | None = None, ops: GemmOperands | None = None, epilogue: Epilogue | None = None,
                 order: Sequence[tuple[int, int]] | None = None,
                 waits: Callable[[int, int], Sequence[Signal]] | None = None,
-                floor_ps: int = 0) -> Kernel:
+                floor_ps: int = 0, hbm_bytes: float | None = None) -> Kernel:
     """A kernel with one TB per output tile, launched in ``order`` (default row
     raster). ``waits(i, j)`` lists signals tile (i, j) waits for before its mainloop;
     ``floor_ps`` is the least time one tile may take (memory bound). Each tile's
     mainloop is an HBM phase moving its share of the GEMM's HBM traffic
-    (:func:`tile_hbm_bytes`)."""
-    phases = TilePhases(model, shape, floor_ps, tile_hbm_bytes(shape))
+    (:func:`tile_hbm_bytes`, or ``hbm_bytes`` per tile)."""
+    phases = TilePhases(model, shape, floor_ps, tile_hbm_bytes(shape) if hbm_bytes is None else hbm_bytes)
     tiles = list(order) if order is not None else raster(shape)
     if mem is not None and ops is not None and epilogue is None:
         epilogue = store_epilogue(mem, ops, shape)

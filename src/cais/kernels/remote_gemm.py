@@ -269,6 +269,11 @@ class RemoteAccess:
         (a kernel boundary already orders them)."""
         return []
 
+    def rows_ready(self, g: int, owner: int, r0: int, nr: int) -> list[Signal]:
+        """Signals, on GPU ``g``, that rows ``r0 .. r0+nr-1`` of ``owner``'s shard are
+        ready to copy (kernels/remote_copy.py): none (a kernel boundary orders them)."""
+        return []
+
     # ---- the accesses -------------------------------------------------------------
     def drain(self, g: int, kernel: Kernel) -> Drain | None:
         """What closes a reducing kernel on GPU ``g``: a fence behind its reductions."""

@@ -14,9 +14,15 @@ kernel would use (docs/remote-access.md):
   other dimension, whose loads are TMA loads multicast into every CTA's shared
   memory: one remote read per cluster. A cluster is launched together, so the
   launch order keeps its CTAs adjacent, and they walk K in step.
-* ``staged``: the first TB of the GPU that needs a remote block pulls it into a
-  local staging buffer; later TBs read the copy. The copy costs HBM: the remote
-  share of the operand is written once and the whole operand is read locally.
+* ``staged`` (the upper bound: no real kernel works so): the first TB of the GPU
+  that needs a remote block pulls it into a local staging buffer; later TBs read the
+  copy after an untimed local flag, and the copy takes no SM time. The copy costs
+  HBM: the remote share of the operand is written once and the whole operand is
+  read locally.
+* ``copy-engine``, ``comm-sms`` (:attr:`RemoteReuse.copies`): what real kernels do
+  instead, a copy stage (the copy engine, or copy TBs on some SMs) filling the local
+  gathered tensor by chunk and a local GEMM waiting on per-chunk flags
+  (kernels/remote_copy.py).
 """
 
 from __future__ import annotations
@@ -55,6 +61,12 @@ class RemoteReuse:
         return self.strategy != "reload"
 
     @property
+    def copies(self) -> bool:
+        """Whether a copy stage fills a local gathered copy that the GEMM reads
+        (``copy-engine``, ``comm-sms``: kernels/remote_copy.py)."""
+        return self.strategy in ("copy-engine", "comm-sms")
+
+    @property
     def clusters(self) -> bool:
         return self.strategy == "cluster"
 
@@ -62,7 +74,7 @@ class RemoteReuse:
         """Per loaded operand, the share of it in this GPU's HBM traffic
         (``tile_hbm_bytes``): its own rows (1/n), or with staging every row read from
         the GPU's own memory plus the remote share written there once."""
-        share = 2.0 - 1.0 / n if self.strategy == "staged" else 1.0 / n
+        share = 2.0 - 1.0 / n if self.strategy == "staged" or self.copies else 1.0 / n
         return {w: share for w in loaded}
 
     def _span(self, tile: Tile, shape: GemmShape) -> tuple[int, int, int]:

@@ -22,13 +22,14 @@ from cais.config import TrainConfig
 from cais.hw.gpu import Kernel
 from cais.hw.memory import Memory
 from cais.machine import Machine
-from cais.kernels import activation, attention, fused_workers, remote_gemm, rowop, sync
+from cais.kernels import activation, attention, fused_workers, remote_copy, remote_gemm, rowop, sync
 from cais.kernels.algorithms import algorithm
 from cais.kernels.collectives import ALGOS, CollectiveSpec, build
 from cais.kernels.production_ar import ProductionAr, production_kernels
 from cais.kernels.fused_workers import FusedPath, RowWise
 from cais.kernels.gemm import Epilogue, GemmShape, gemm_kernel, gemm_shape, store_epilogue
 from cais.kernels.remote_gemm import Drain, Operand, RemoteAccess, Sharded
+from cais.kernels.remote_reuse import RemoteReuse
 from cais.kernels.tuning import choose_for
 from cais.workload.dims import dims_for
 from cais.workload.graph import Chain, Gather, Gemm, Local, Period, RowOp
@@ -264,6 +265,13 @@ class LayerRun:
         sms = len(sm_set) if sm_set else self.sms
         shape = self.shape(gemm, sms)
         mem = self._memory(g)
+        if RemoteReuse.of(self.m.cfg, [op.which for op in ops]).copies:
+            # the remote rows copied into the local gathered tensor by a copy stage, and a
+            # local GEMM whose tiles wait for them (kernels/remote_copy.py); ``keep`` holds
+            return remote_copy.copy_gemm(self.m, self.cm, g, gemm, shape, self.gemm_floor_ps(gemm, shape, sms),
+                                         self.model.dtype_bytes, ops, access, sm_set,
+                                         mem if mem.functional else None, self.plans,
+                                         lambda s, n: self.gemm_floor_ps(gemm, s, n))
         return remote_gemm.load_gemm(self.m, self.cm, g, gemm, shape, self.gemm_floor_ps(gemm, shape, sms),
                                      self.model.dtype_bytes, ops, access, sm_set, mem if mem.functional else None,
                                      self.plans, keep)

@@ -131,6 +131,13 @@ class CoordinatedAccess(MergeableAccess):
             raise ValueError(f"tiled {shape}, its TB dependencies were derived for {self.deps.gemm2}")
         return [self.ready[g][key] for key in self.deps.waits(i)]
 
+    def rows_ready(self, g: int, owner: int, r0: int, nr: int) -> list[Signal]:
+        """The ready flags (on ``g``) of ``owner``'s LN row blocks that rows ``r0 ..
+        r0+nr-1`` of its shard fall in."""
+        if self.ready is None or self.deps is None:
+            return []
+        return [self.ready[g][(owner, b)] for b, _, _ in self.deps.cut(owner, r0, nr)]
+
     def reductions(self, g: int, owner: int, region: Region, data: np.ndarray | None) -> list[StreamRed]:
         """One ``red.cais`` per LN row block the piece covers, into the block's signal word."""
         return [self.m.isa.red_cais_op(owner, sub, part, self.block_keys[b], self.red_unit(), self.quorum)
