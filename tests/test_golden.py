@@ -29,7 +29,7 @@ TINY = ModelSpec(name="tiny-gpt", family="gpt", hidden=256, ffn_hidden=512, head
                  norm="layernorm", activation="gelu", seq=64, batch=4)
 
 # The goldens were recorded on dgx-h100 as it was before issue 39 made the H100 as
-# sold its default (staged remote reads, NCCL's own algorithm per layer call); they
+# sold its default (staged remote reads then, NCCL's own algorithm per layer call); they
 # pin those settings, so a refactor is still checked against the same runs.
 # The weight gradients' operands are pinned to what every period ran before issue 56
 # gave each scheme its own (loaded again after the sub-layer: a remote-load scheme's

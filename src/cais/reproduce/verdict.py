@@ -26,7 +26,9 @@ WHY_DIFFER: tuple[tuple[str, str, str], ...] = (
      "validation.md", "6. The baselines against the paper (Table I models, 66 SMs)"),
     ("CAIS depends on the paper's stated mechanisms (TB coordination, merging-aware TB order, the per-GPU bound "
      "on outstanding requests) and on each remote row block reaching a GPU once: the paper's traffic model "
-     "needs peer reads kept in L2, which the H100 as sold does not do; staging each block once gives the same "
+     "needs peer reads kept in L2, which the H100 as sold does not do; real kernels copy each peer's shard with "
+     "the copy engines instead, which serialises the copy before the GEMM that reads it; staging each block once "
+     "for free (an upper bound) gives the L2 world's "
      "times, and without either every column tile loads its rows again through the switch.",
      "validation.md", "18. CAIS on the H100 as sold (issue 39; 2026-12-02)"),
     ("The paper's world (Accel-Sim GEMMs, its baselines' time ratios) is approximated by the paper-world preset, "

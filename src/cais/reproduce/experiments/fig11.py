@@ -264,10 +264,12 @@ def fig11_analyse(ctx: Context, rows: pd.DataFrame, name: str = "fig11",
         answers.to_csv(ctx.out / f"{name}_worlds.csv", index=False)  # (claims.json beside it: its commit)
         sec.p("One answer per world: CAIS's geomean speedup over TP-NVLS and over the best baseline (the one it "
               "beats by the least). (i) the system as sold: on dgx-h100 the evidence's L2 behaviour (peer reads "
-              "not kept, docs/h100-evidence.md), CAIS and LADM pulling each remote block once into a staging "
-              "buffer (remote_read.strategy=staged, docs/remote-access.md), every layer collective in the "
-              "algorithm its scheme names (TP-NVLS forced to NVLS) and NCCL's protocol by size for it; (ii) the same with the paper's L2 assumption (gpu.l2_keeps_peer_reads=true); (iii) "
-              "paper-world, fitted to the paper's baselines only:")
+              "not kept, docs/h100-evidence.md), CAIS and LADM copying each peer's shard with the copy engines "
+              "as real distributed GEMMs do (remote_read.strategy=copy-engine, docs/remote-access.md), every "
+              "layer collective in the algorithm its scheme names (TP-NVLS forced to NVLS) and NCCL's protocol "
+              "by size for it; (ii) the same with the paper's L2 assumption (gpu.l2_keeps_peer_reads=true: each "
+              "remote block reaches a GPU once, for free); (iii) paper-world, fitted to the paper's baselines "
+              "only:")
         sec.table(answers)
     if "train" in set(t["mode"]):
         b = train_breakdown(df, best_baseline(g, "train"))
