@@ -42,3 +42,10 @@ def test_the_reason_gives_the_period_the_sublayers_and_the_rest() -> None:
 def test_runs_without_segment_spans_give_no_breakdown() -> None:
     df = _df().drop(columns=["segments_us"])
     assert train_breakdown(df, "t3").empty and train_reason(train_breakdown(df, "t3")) == ""
+
+
+def test_sublayers_that_overlap_one_another_are_said_so() -> None:
+    df = _df()
+    df.loc[df["scheme"] == "cais", "total_us"] = 40.0  # the spans (50 + 30 per model) exceed the period
+    text = train_reason(train_breakdown(df, "t3"))
+    assert "they overlap one another, spanning 20 us more than the period" in text and "-20" not in text

@@ -147,11 +147,13 @@ def train_reason(b: pd.DataFrame) -> str:
     t = b.set_index("segment")
     c, tp = t["cais (us)"], t["tp-nvls (us)"]
     rest_c, rest_tp = float(c["period"] - c["L1-L4"]), float(tp["period"] - tp["L1-L4"])
+    rest = (f"the rest of the period {rest_c:,.0f} us against {rest_tp:,.0f}" if rest_c >= 0 else
+            f"they overlap one another, spanning {-rest_c:,.0f} us more than the period (TP-NVLS's rest of the "
+            f"period: {rest_tp:,.0f} us)")
     return (f"in training, CAIS's period is {float(tp['period'] / c['period']):.2f}x TP-NVLS's (the paper: "
             f"{P.fig11_paper('tp-nvls', 'train'):.2f}x): its sub-layers L1-L4 span {float(c['L1-L4']):,.0f} us "
-            f"against {float(tp['L1-L4']):,.0f} ({float(tp['L1-L4'] / c['L1-L4']):.2f}x), the rest of the period "
-            f"{rest_c:,.0f} us against {rest_tp:,.0f} (summed over the models; the weight gradients CAIS runs "
-            "beside the sub-layers count in the sub-layers' spans)")
+            f"against {float(tp['L1-L4']):,.0f} ({float(tp['L1-L4'] / c['L1-L4']):.2f}x), {rest} (summed over "
+            "the models; the weight gradients CAIS runs beside the sub-layers count in the sub-layers' spans)")
 
 
 def fig11_verdict(g: pd.DataFrame, df: pd.DataFrame, grid: str, l2: pd.DataFrame | None = None) -> str:
