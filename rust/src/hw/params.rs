@@ -25,6 +25,9 @@ pub(crate) struct MergeConfig {
     pub timeout_us: f64,
     /// CAM lookup and merge time added to a merged response or sum.
     pub latency_ns: f64,
+    /// Lookups one port's unit starts per ns (None: no limit): a request waits for
+    /// the unit's next free lookup slot.
+    pub lookups_per_ns: Option<f64>,
     /// Which session goes when lines are needed: "lru" or "fifo" (`replacement/`).
     pub replacement: String,
 }

@@ -35,6 +35,11 @@ class MergeMetrics:
     sessions: int
     ports: dict[str, dict[str, float]]
     by_tensor_kB: dict[str, float]
+    #: line lookups the units made (requests and the homes' load data, one per line) and
+    #: the time they waited for a free lookup slot (``switch.merge.lookups_per_ns``), in
+    #: all; not in :meth:`as_json` (the goldens' record), read by the cost experiment
+    lookups: int = 0
+    lookup_wait_us: float = 0.0
 
     def as_json(self) -> dict[str, Any]:
         chips = self.ports.values()
@@ -70,7 +75,7 @@ def merge_metrics(m: Machine, span_ps: int) -> MergeMetrics | None:
         return None
     peak, mean = {}, {}
     counts = {"merged": 0, "bypassed": 0, "bypassed_loads": 0, "evicted": 0, "timed_out": 0, "tracked": 0}
-    skew_n = skew_sum = skew_max = sessions = 0
+    skew_n = skew_sum = skew_max = sessions = lookups = wait_ps = 0
     for name, u in units:
         st = u.stats
         peak[name] = st.peak_lines * u.line_bytes / BYTES_PER_KB
@@ -81,6 +86,8 @@ def merge_metrics(m: Machine, span_ps: int) -> MergeMetrics | None:
         skew_sum += st.skew_sum_ps
         skew_max = max(skew_max, st.skew_max_ps)
         sessions += st.sessions
+        lookups += st.lookups
+        wait_ps += st.lookup_wait_ps
     ports = {f"sw{sw.chip}": port_concentration(sw.units, *sw.spread.until(span_ps), span_ps)
              for sw in m.fabric.switches if getattr(sw, "units", None)}
     tensors: dict[str, float] = {}
@@ -88,4 +95,4 @@ def merge_metrics(m: Machine, span_ps: int) -> MergeMetrics | None:
         for tensor, lines in u.tensor_peak.items():
             tensors[tensor] = max(tensors.get(tensor, 0.0), lines * u.line_bytes / BYTES_PER_KB)
     return MergeMetrics(peak, mean, skew_sum / skew_n / PS_PER_US if skew_n else 0.0, skew_max / PS_PER_US, counts,
-                        sessions, ports, dict(sorted(tensors.items())))
+                        sessions, ports, dict(sorted(tensors.items())), lookups, wait_ps / PS_PER_US)
