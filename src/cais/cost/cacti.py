@@ -6,7 +6,8 @@ Where the binary comes from (:func:`find_cacti`, first found wins):
 
 1. ``$CAIS_CACTI``: the path of a ``cacti`` binary;
 2. ``$CAIS_CACTI_DIR/cacti`` (default ``~/.cache/cais/cacti/cacti``), which
-   ``scripts/build_cacti.sh`` builds from the ``hwcomponents-cacti`` sdist's sources
+   ``scripts/build_cacti.sh`` builds (with the technology files CACTI reads from its
+   folder) from the ``hwcomponents-cacti`` sdist's sources
    (:data:`SDIST`, pinned by hash) with ``make opt``;
 3. the binary inside an installed ``hwcomponents_cacti`` package (``pip install
    -e '.[cost]'`` on Python >= 3.12, which that package requires; its wheel's binary
@@ -159,7 +160,7 @@ def run_array(array: Array, node_nm: float, binary: Path) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="cais-cacti-") as tmp:
         cfg = Path(tmp) / f"{array.name}.cfg"
         cfg.write_text(array.cfg(node_nm))
-        # CACTI reads nothing from its folder at run time, but hwcomponents runs it there: so do we
+        # CACTI reads its technology files (tech_params/, contention.dat) from the folder it runs in
         p = subprocess.run([str(binary), "-infile", str(cfg)], cwd=binary.parent, capture_output=True, text=True,
                            timeout=120)
         out = Path(str(cfg) + ".out")

@@ -88,7 +88,7 @@ def cost(entries: int = 320, line_bytes: int = 128, gpus: int = 8, fresh: bool =
     """(a run in :func:`run`'s form, where it came from): CACTI's where it is found and
     ``fresh``, else the stored run (which must be of the same sizes)."""
     if fresh and C.find_cacti() is not None:
-        return run(entries, line_bytes, gpus), f"CACTI run now ({C.find_cacti()})"
+        return run(entries, line_bytes, gpus), "a CACTI run made now (it equals the stored run where the sizes do)"
     s = stored()
     if (s["entries"], s["line_bytes"], s["gpus"]) != (entries, line_bytes, gpus):
         raise ValueError(f"the stored CACTI run is of {s['entries']} x {s['line_bytes']} B, {s['gpus']} GPUs; "
