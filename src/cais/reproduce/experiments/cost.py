@@ -299,7 +299,7 @@ def verdict(area12: float, tim: dict[str, float], be: pd.DataFrame, energy: pd.D
             ex = [x for x in b.get("extrapolated_ns", pd.Series(dtype=float)) if x == x]
             tail = (f"; the nearest break-even is {margin:.0f}x CACTI's latency" if fin else
                     f" (a straight line through the sweep reaches 1.0 at {min(ex) / 1e3:.1f}-{max(ex) / 1e3:.1f} us, "
-                    f"{min(ex) / mine:.0f}x CACTI's latency or more)" if ex else "")
+                    f"over {10 ** int(math.log10(min(ex) / mine)):,}x CACTI's latency)" if ex else "")
         else:
             margin = (mine / max(fin) if fin else float("nan"))
             ok = lost == 0 and (not fin or margin >= 2)
