@@ -224,3 +224,30 @@ def test_a_system_file_may_leave_out_the_replacement_policy(tmp_path) -> None:
     path = tmp_path / "fifo.json"
     path.write_text(json.dumps({"base": "dgx-h100", "switch": {"merge": {"replacement": "fifo"}}}))
     assert load_system(str(path)).switch.merge.replacement == "fifo"
+
+
+def test_lookups_wait_for_the_units_next_free_slot() -> None:
+    """switch.merge.lookups_per_ns: at 0.01 per ns one line's lookup takes 100 ns, so
+    three one-line loads arriving together leave 0, 100 and 200 ns later; a two-line
+    load takes two slots. Without a limit none waits; lookups are counted either way."""
+    host = Host()
+    mu = MergeUnit(host, 0, MergeConfig(lookups_per_ns=0.01), 3)
+    for a in ("x", "y", "z"):
+        mu.load(load(1, a))
+    mu.load(load(1, "w", nbytes=2 * LINE))
+    mu.load(load(1, "v"))
+    assert [t.head for t in host.forwarded] == [0, 100_000, 200_000, 300_000, 500_000]
+    assert mu.stats.lookups == 6 and mu.stats.lookup_wait_ps == 1_100_000 and mu.lookup_ps == 100_000
+    host = Host()
+    mu = MergeUnit(host, 0, MergeConfig(), 3)
+    for a in ("x", "y"):
+        mu.load(load(1, a))
+    assert [t.head for t in host.forwarded] == [0, 0] and mu.stats.lookups == 2 and mu.stats.lookup_wait_ps == 0
+
+
+def test_the_cacti_node_sets_the_lookup_latency_and_rate() -> None:
+    from cais.cost.merge_unit import preset_timing
+
+    cfg = MergeConfig(cacti_node="7nm")
+    t = preset_timing("7nm")
+    assert (cfg.latency_ns, cfg.lookups_per_ns) == (t["latency_ns"], t["lookups_per_ns"]) and cfg.lookups_per_ns > 1

@@ -477,6 +477,8 @@ class MergeStats:
     skew_n: int
     skew_sum_ps: int
     skew_max_ps: int
+    lookups: int
+    lookup_wait_ps: int
 
 @final
 class PortSpread:
@@ -519,13 +521,15 @@ class MergeUnit:
     replacement: str  # switch.merge.replacement: "lru" or "fifo"
     timeout_ps: int
     latency_ps: int
+    lookup_ps: int  # the time between two lookups (1 / switch.merge.lookups_per_ns); 0: no limit
     default_expect: int
     used: int
     stats: MergeStats
     tensor_peak: dict[str, int]
     table: dict[tuple[int, Any], Session]
     log: list[tuple[int, int]] | None
-    # cfg: a cais.config.MergeConfig (switch.merge); read: entries, line_bytes, timeout_us, latency_ns, replacement
+    # cfg: a cais.config.MergeConfig (switch.merge); read: entries, line_bytes, timeout_us, latency_ns, lookups_per_ns,
+    # replacement
     def __new__(cls, host: Any, port: int, cfg: Any, gpus: int, spread: PortSpread | None = None) -> Self: ...
     def load(self, req: Train) -> None: ...
     def load_data(self, resp: Train) -> bool: ...

@@ -96,6 +96,13 @@ class MergeConfig(_Strict):
     timeout_us: float = Field(20.0, gt=0, description="an entry idle this long is flushed (Reduction: its partial sum "
                                                       "goes home; Load-Ready: dropped)")
     latency_ns: float = Field(0.0, ge=0, description="CAM lookup and merge time added to a merged response or sum")
+    lookups_per_ns: float | None = knob(None, gt=0, description="lookups one port's unit starts per ns (a request, "
+                                                                 "or the home's load data, each takes one); a "
+                                                                 "request waits for the next free slot; null: no "
+                                                                 "limit")
+    cacti_node: Literal["22nm", "12nm", "7nm"] | None = knob(
+        None, description="take latency_ns and lookups_per_ns from the stored CACTI run of this table at this node "
+                          "(cais/data/cacti/merge_unit.json; docs/switch-cost.md): they override what is set")
     replacement: str = knob(
         "lru", description="which session is evicted when a new one needs lines: a policy of the core's registry "
                            "(cais._core.replacement_policies: lru, the one accessed longest ago, the paper's; fifo, "
@@ -109,6 +116,15 @@ class MergeConfig(_Strict):
         if name not in names:
             raise ValueError(f"Input should be {' or '.join(repr(n) for n in names)}")
         return name
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_cacti(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("cacti_node") is not None:
+            from cais.cost.merge_unit import preset_timing
+
+            data = {**data, **preset_timing(str(data["cacti_node"]))}
+        return data
 
 
 class SwitchConfig(_Strict):

@@ -150,7 +150,8 @@ class Machine:
             recs = tuple(MergeUnitRecord(f"sw{sw.chip}.port{u.port}", u.line_bytes, u.stats.peak_lines,
                                          u.line_ps_until(span_ps), {k: getattr(u.stats, k) for k in MERGE_COUNTS},
                                          u.stats.skew_n, u.stats.skew_sum_ps, u.stats.skew_max_ps, u.stats.sessions,
-                                         dict(u.tensor_peak)) for u in units)
+                                         dict(u.tensor_peak), u.stats.lookups, u.stats.lookup_wait_ps)
+                         for u in units)
             any_ps, port_ps = sw.spread.until(span_ps)
             switches.append(SwitchRecord(sw.chip, any_ps, port_ps, recs))
         return RunRecord(span_ps, self.n, self.cfg.link.bandwidth_GBps, self.cfg.links_per_gpu, tuple(channels),

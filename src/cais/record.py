@@ -53,8 +53,9 @@ class MergeUnitRecord:
     """One CAIS merge unit (``sw<chip>.port<gpu>``) over the run's span: its line size,
     the most lines it held at once, its line-time (lines held x time), the counts of
     what became of the mergeable requests (merged, bypassed, ...), the arrival skew of
-    the requests of one access (count, sum, max), the sessions it opened and, per
-    tensor, the most lines that tensor's sessions held."""
+    the requests of one access (count, sum, max), the sessions it opened, per tensor
+    the most lines that tensor's sessions held, and its line lookups with the time they
+    waited for a free lookup slot (``switch.merge.lookups_per_ns``)."""
 
     name: str
     line_bytes: int
@@ -66,6 +67,8 @@ class MergeUnitRecord:
     skew_max_ps: int
     sessions: int
     tensor_peak: dict[str, int] = field(default_factory=dict)
+    lookups: int = 0
+    lookup_wait_ps: int = 0
 
 
 @dataclass(frozen=True)

@@ -235,6 +235,10 @@ pub struct MergeStats {
     skew_n: i64,
     skew_sum_ps: i64,
     skew_max_ps: i64,
+    /// Lookups the unit started (requests and the home's load data), and the time
+    /// they waited for a free lookup slot (`switch.merge.lookups_per_ns`).
+    lookups: i64,
+    lookup_wait_ps: i64,
 }
 
 /// How the merge units of one switch chip share the work over time: the time any of
@@ -373,6 +377,12 @@ pub(crate) struct MergeUnitState {
     line_bytes: i64,
     timeout_ps: i64,
     latency_ps: i64,
+    /// The time between two lookups (`1 / lookups_per_ns`; 0: no limit), when the next
+    /// may start, and what the request being served waited for its slot.
+    lookup_ps: i64,
+    free_at: i64,
+    wait_ps: i64,
+    wait_at: i64,
     default_expect: i64,
     /// The CAM: key -> session id.
     cam: HashMap<Key, i64>,
@@ -455,6 +465,10 @@ impl MergeUnit {
     ) -> PyResult<(Key, AddrInfo, bool, Option<i64>)> {
         let py = slf.py();
         let mut me = slf.st();
+        let now = me.now(py);
+        let nbytes = if kind == LOAD { req.st().want } else { req.st().payload };
+        let slots = me.lines_for(nbytes).max(1);
+        me.reserve(now, req, slots);
         let r = req.st();
         let (key, info) = match &r.addr {
             // borrowed: a new reference would be dropped with a check of the thread's state
@@ -531,6 +545,12 @@ impl MergeUnit {
         let (sid, mut waiters, answer, data, lat, host) = {
             let mut me = slf.st();
             let sid = resp.st().tag;
+            if !me.entries.get(&sid).is_some_and(|e| e.state == State::LoadWait) {
+                return Ok(false);
+            }
+            let now = me.now(py);
+            let slots = me.lines_for(resp.st().payload).max(1);
+            me.reserve(now, resp, slots); // the data is written into the content array
             let lat = me.latency_ps;
             let host = me.host(py);
             let Some(e) = me.entries.get_mut(&sid) else {
@@ -746,7 +766,8 @@ impl MergeUnit {
         let py = slf.py();
         let (mut held, data, t, host) = {
             let mut me = slf.st();
-            let t = now + me.latency_ps;
+            let wait = if now == me.wait_at { me.wait_ps } else { 0 }; // the request being served's
+            let t = now + me.latency_ps + wait;
             let host = me.host(py);
             let e = me.entries.get_mut(&sid).expect("session");
             (std::mem::take(&mut e.held), e.data.clone_ref(py), t, host)
@@ -926,6 +947,24 @@ impl MergeUnit {
 }
 
 impl MergeUnitState {
+    /// The lookups of `train`, one per line it covers (a packet of up to `line_bytes`
+    /// each), start at the unit's next free slot: the train is held the wait (its head
+    /// and tail move on by it, as a switch's pipeline moves them) and its slots are
+    /// taken. Counted whatever the limit (the energy's accesses).
+    fn reserve(&mut self, now: i64, train: &Bound<'_, Train>, slots: i64) {
+        let (start, free) = next_slot(now, self.free_at, self.lookup_ps * slots);
+        self.free_at = free;
+        self.wait_ps = start - now;
+        self.wait_at = now;
+        self.stats.lookups += slots;
+        self.stats.lookup_wait_ps += self.wait_ps;
+        if self.wait_ps > 0 {
+            let mut t = train.st();
+            t.head += self.wait_ps;
+            t.tail += self.wait_ps;
+        }
+    }
+
     fn now(&self, py: Python<'_>) -> i64 {
         let _ = py;
         self.clock.now()
@@ -1012,6 +1051,27 @@ impl Handler for MergeUnit {
     }
 }
 
+/// When a lookup asked for at `now` starts, and when the next may: one every
+/// `interval` ps (0: every lookup starts at once), from `free` on.
+fn next_slot(now: i64, free: i64, interval: i64) -> (i64, i64) {
+    if interval <= 0 {
+        return (now, free);
+    }
+    let start = now.max(free);
+    (start, start + interval)
+}
+
+/// The time between two lookups at `lookups_per_ns` (None: 0, no limit).
+fn lookup_interval_ps(lookups_per_ns: Option<f64>) -> PyResult<i64> {
+    match lookups_per_ns {
+        None => Ok(0),
+        Some(r) if r > 0.0 && r.is_finite() => Ok(ps(1.0 / r, 1e3).max(1)),
+        Some(r) => Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "switch.merge.lookups_per_ns must be positive, not {r}"
+        ))),
+    }
+}
+
 #[pymethods]
 impl MergeUnit {
     #[new]
@@ -1043,6 +1103,10 @@ impl MergeUnit {
             line_bytes: cfg.line_bytes,
             timeout_ps: ps(cfg.timeout_us, 1e6),
             latency_ps: ps(cfg.latency_ns, 1e3),
+            lookup_ps: lookup_interval_ps(cfg.lookups_per_ns)?,
+            free_at: 0,
+            wait_ps: 0,
+            wait_at: -1,
             default_expect: gpus - 1,
             cam: HashMap::default(),
             entries: HashMap::default(),
@@ -1174,6 +1238,8 @@ properties!(MergeUnit {
     replacement: String;
     timeout_ps: i64;
     latency_ps: i64;
+    /// The time between two lookups (0: no limit).
+    lookup_ps: i64;
     default_expect: i64;
     used: i64;
     /// What was recorded (None: not recording); set a list to start recording (what to
@@ -1197,5 +1263,22 @@ mod tests {
             s.change(py, 50, -1);
             assert_eq!(s.until(py, 1_000), (40, 50)); // nothing held after 50
         });
+    }
+
+    #[test]
+    fn lookups_wait_for_the_next_free_slot() {
+        assert_eq!(next_slot(100, 0, 0), (100, 0)); // no limit: at once, nothing reserved
+        assert_eq!(next_slot(100, 0, 400), (100, 500)); // idle unit: at once
+        assert_eq!(next_slot(200, 500, 400), (500, 900)); // busy until 500: waits 300
+        assert_eq!(next_slot(1_000, 900, 400), (1_000, 1_400)); // free again
+    }
+
+    #[test]
+    fn the_lookup_interval_is_the_rate_inverted() {
+        Python::initialize();
+        assert_eq!(lookup_interval_ps(None).unwrap(), 0);
+        assert_eq!(lookup_interval_ps(Some(2.5)).unwrap(), 400);
+        assert_eq!(lookup_interval_ps(Some(1e9)).unwrap(), 1); // at least a ps
+        assert!(lookup_interval_ps(Some(0.0)).is_err());
     }
 }

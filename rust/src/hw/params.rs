@@ -25,6 +25,9 @@ pub(crate) struct MergeConfig {
     pub timeout_us: f64,
     /// CAM lookup and merge time added to a merged response or sum.
     pub latency_ns: f64,
+    /// Lookups one port's unit starts per ns (None: no limit): a request waits for
+    /// the unit's next free lookup slot.
+    pub lookups_per_ns: Option<f64>,
     /// Which session goes when lines are needed: "lru" or "fifo" (`replacement/`).
     pub replacement: String,
 }
@@ -109,8 +112,13 @@ mod tests {
                 }
             }
             kw.set_item("replacement", "lru").unwrap();
+            kw.set_item("lookups_per_ns", py.None()).unwrap();
             let cfg: MergeConfig = ns.call((), Some(&kw)).unwrap().extract().unwrap();
             assert_eq!((cfg.entries, cfg.line_bytes, cfg.timeout_us), (320, 128, 20.0));
+            assert_eq!(cfg.lookups_per_ns, None); // null: no limit
+            kw.set_item("lookups_per_ns", 2.5).unwrap();
+            let cfg: MergeConfig = ns.call((), Some(&kw)).unwrap().extract().unwrap();
+            assert_eq!(cfg.lookups_per_ns, Some(2.5));
             kw.del_item("entries").unwrap();
             let missing = ns.call((), Some(&kw)).unwrap().extract::<MergeConfig>();
             assert!(missing.unwrap_err().to_string().contains("entries"));

@@ -82,6 +82,9 @@ def layer_point(point: dict[str, Any]) -> dict[str, Any]:
     out.update(table_peak_kB=FLOAT(peak.get("max", float("nan"))),
                skew_mean_us=FLOAT(skew.get("mean", float("nan"))), skew_max_us=FLOAT(skew.get("max", float("nan"))),
                merged=int(merge.get("merged", 0)), bypassed=int(merge.get("bypassed", 0)))
+    mm = r.metrics.merge
+    out.update(merge_lookups=int(mm.lookups) if mm else 0,
+               merge_lookup_wait_us=FLOAT(mm.lookup_wait_us) if mm else 0.0)
     ports = j.get("merge_ports") or {}
     remote = j.get("remote_requests") or {}
     out.update(table_mean_kB=FLOAT((j.get("merge_table_mean_kB") or {}).get("mean", float("nan"))),

@@ -35,6 +35,11 @@ class MergeMetrics:
     sessions: int
     ports: dict[str, dict[str, float]]
     by_tensor_kB: dict[str, float]
+    #: line lookups the units made (requests and the homes' load data, one per line) and
+    #: the time they waited for a free lookup slot (``switch.merge.lookups_per_ns``), in
+    #: all; not in :meth:`as_json` (the goldens' record), read by the cost experiment
+    lookups: int = 0
+    lookup_wait_us: float = 0.0
 
     def as_json(self) -> dict[str, Any]:
         chips = self.ports.values()
@@ -71,7 +76,7 @@ def merge_metrics(rec: RunRecord) -> MergeMetrics | None:
     span_ps = rec.span_ps
     peak, mean = {}, {}
     counts = {key: 0 for key in MERGE_COUNTS}
-    skew_n = skew_sum = skew_max = sessions = 0
+    skew_n = skew_sum = skew_max = sessions = lookups = wait_ps = 0
     for u in units:
         peak[u.name] = u.peak_lines * u.line_bytes / BYTES_PER_KB
         mean[u.name] = u.line_ps / span_ps * u.line_bytes / BYTES_PER_KB if span_ps > 0 else 0.0
@@ -81,10 +86,12 @@ def merge_metrics(rec: RunRecord) -> MergeMetrics | None:
         skew_sum += u.skew_sum_ps
         skew_max = max(skew_max, u.skew_max_ps)
         sessions += u.sessions
+        lookups += u.lookups
+        wait_ps += u.lookup_wait_ps
     ports = {f"sw{sw.chip}": port_concentration(sw) for sw in rec.switches}
     tensors: dict[str, float] = {}
     for u in units:
         for tensor, lines in u.tensor_peak.items():
             tensors[tensor] = max(tensors.get(tensor, 0.0), lines * u.line_bytes / BYTES_PER_KB)
     return MergeMetrics(peak, mean, skew_sum / skew_n / PS_PER_US if skew_n else 0.0, skew_max / PS_PER_US, counts,
-                        sessions, ports, dict(sorted(tensors.items())))
+                        sessions, ports, dict(sorted(tensors.items())), lookups, wait_ps / PS_PER_US)
