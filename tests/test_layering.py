@@ -44,7 +44,9 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "cais.engine": ("cais._core",),  # discrete-event core: knows nothing of GPUs
     "cais.workload": (),  # models and layer graphs: plain data
     # the system config: every layer above the engine reads it
-    "cais.config": ("cais._core",),  # the core's registries name what the config allows
+    "cais.cost": (),  # the merge unit's arrays in CACTI (a driver and its stored run)
+    # the core's registries name what the config allows; a CACTI node gives the merge unit's timing
+    "cais.config": ("cais._core", "cais.cost"),
     "cais.provenance": ("cais",),  # reads cais.__version__
     "cais.record": (),  # what a finished run leaves: plain data the machine makes and results/ reads
     # ---- the simulated machine ----------------------------------------------------
@@ -70,10 +72,10 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "cais.sweep": ("cais.experiments", "cais.schemes", "cais.kernels", "cais.config", "cais.workload",
                    "cais.results", "cais.provenance", "cais.progress"),
     # reproduce runs its points through the one run description, experiments/spec.py
-    "cais.reproduce": ("cais.sweep", "cais.experiments.spec", "cais.results", "cais.report", "cais.config",
+    "cais.reproduce": ("cais.sweep", "cais.experiments.spec", "cais.results", "cais.report", "cais.config", "cais.cost",
                        "cais.workload", "cais.provenance", "cais.progress"),
     # ---- the command ----------------------------------------------------------------
-    "cais.cli": ("cais", "cais.progress", "cais.record", "cais.engine", "cais.workload", "cais.hw", "cais.config",
+    "cais.cli": ("cais", "cais.progress", "cais.record", "cais.cost", "cais.engine", "cais.workload", "cais.hw", "cais.config",
                  "cais.provenance",
                  "cais.isa", "cais.machine", "cais.kernels", "cais.opt", "cais.schemes", "cais.results",
                  "cais.report", "cais.limits", "cais.experiments", "cais.sweep", "cais.reproduce"),
