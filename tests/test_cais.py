@@ -148,7 +148,7 @@ def _counts(r) -> dict[str, int]:
 
 def test_cais_base_is_exact_with_a_tiny_table_that_evicts_bypasses_and_times_out() -> None:
     cfg = apply_overrides(load_system("dgx-h100"), {"gpus": "4", "switch.merge.entries": "40",
-                                                      "switch.merge.timeout_us": "0.3"})
+                                                      "switch.merge.timeout_us": "0.3", "remote_read.strategy": "staged"})
     r = run_layer(cfg, GPT, "cais-base", "train", functional=True, seed=3)
     assert r.checked >= 60 and r.mismatches == []
     counts = _counts(r)

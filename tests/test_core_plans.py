@@ -188,7 +188,8 @@ def test_the_gpus_of_a_layer_share_their_tiles_plans(monkeypatch: pytest.MonkeyP
         factories.append(ReduceTbs(*args))
         return factories[-1]
     monkeypatch.setattr(remote_gemm, "ReduceTbs", reduce_tbs)
-    cfg = apply_overrides(load_system("dgx-h100"), {"gpus": "4"})
+    # the GEMMs' own remote loads (staged reads; a copy engine would load for them)
+    cfg = apply_overrides(load_system("dgx-h100"), {"gpus": "4", "remote_read.strategy": "staged"})
     r = run_layer(cfg, load_model("paper-mega-gpt-4b").with_run(1, 512), "cais", mode, 32)
     tbs = sum(g["tbs"] for g in r.as_json()["hbm"]["per_gpu"].values())
     reds[0] = sum(f.plans_made for f in factories)
@@ -372,10 +373,16 @@ def test_the_cores_tb_factories_time_a_layer_as_pythons_plans_do(monkeypatch: py
     monkeypatch.setattr(remote_gemm, "ReduceTbs", counted(ReduceTbs, "reduce"))
     gpt = ModelSpec(name="tiny-gpt", family="gpt", hidden=256, ffn_hidden=512, heads=4, layers=2, gated_mlp=False,
                     norm="layernorm", activation="gelu", seq=64, batch=4)
-    cfg = load_system("dgx-h100").with_overrides(gpus=4)
+    # the GEMMs' own remote loads (staged reads; with a copy engine the AG-GEMMs load nothing)
+    cfg = apply_overrides(load_system("dgx-h100"), {"gpus": "4", "remote_read.strategy": "staged"})
     timed = run_layer(cfg, gpt, scheme, mode, functional=False, seed=3)
     assert made["load"] > 0 and made["reduce"] > 0  # the core's factories made the timing mode's TBs
     made.update(load=0, reduce=0)
     data = run_layer(cfg, gpt, scheme, mode, functional=True, seed=3)
     assert made == {"load": 0, "reduce": 0} and data.mismatches == []  # Python's, with the data
     assert (timed.total_us, timed.events) == (data.total_us, data.events)
+    # the presets' copy-engine reads time the same in both modes too
+    copied = load_system("dgx-h100").with_overrides(gpus=4)
+    assert copied.remote_read.strategy == "copy-engine"
+    timed, data = (run_layer(copied, gpt, scheme, mode, functional=f, seed=3) for f in (False, True))
+    assert (timed.total_us, timed.events) == (data.total_us, data.events) and data.mismatches == []

@@ -72,12 +72,11 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "cais.sweep": ("cais.experiments", "cais.schemes", "cais.kernels", "cais.config", "cais.workload",
                    "cais.results", "cais.provenance", "cais.progress"),
     # reproduce runs its points through the one run description, experiments/spec.py
-    "cais.reproduce": ("cais.sweep", "cais.experiments.spec", "cais.results", "cais.report", "cais.config", "cais.cost",
-                       "cais.workload", "cais.provenance", "cais.progress"),
+    "cais.reproduce": ("cais.sweep", "cais.experiments.spec", "cais.results", "cais.report", "cais.config",
+                       "cais.cost", "cais.workload", "cais.provenance", "cais.progress"),
     # ---- the command ----------------------------------------------------------------
-    "cais.cli": ("cais", "cais.progress", "cais.record", "cais.cost", "cais.engine", "cais.workload", "cais.hw", "cais.config",
-                 "cais.provenance",
-                 "cais.isa", "cais.machine", "cais.kernels", "cais.opt", "cais.schemes", "cais.results",
+    "cais.cli": ("cais", "cais.progress", "cais.record", "cais.cost", "cais.engine", "cais.workload", "cais.hw",
+                 "cais.config", "cais.provenance", "cais.isa", "cais.machine", "cais.kernels", "cais.opt", "cais.schemes", "cais.results",
                  "cais.report", "cais.limits", "cais.experiments", "cais.sweep", "cais.reproduce"),
     "cais.__main__": ("cais.cli",),
 }

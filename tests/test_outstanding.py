@@ -150,7 +150,7 @@ MID = GPT.with_run(batch=4, seq=512).model_copy(update={"hidden": 1024, "ffn_hid
 
 def test_spreading_puts_sessions_on_more_ports_and_bypasses_no_more() -> None:
     def run(**sets: str) -> dict:
-        cfg = apply_overrides(load_system("dgx-h100"), {"gpus": "8", **sets})
+        cfg = apply_overrides(load_system("dgx-h100"), {"gpus": "8", "remote_read.strategy": "staged", **sets})
         return run_layer(cfg, MID, "cais", "prefill", sms=16).as_json()
 
     on, off = run(), run(**{"cais.spread": "false"})
