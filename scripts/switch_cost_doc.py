@@ -23,11 +23,15 @@ BEGIN, END = "<!-- cost:begin -->", "<!-- cost:end -->"
 
 
 def section(report: str) -> str:
-    """The cost experiment's section of a report.md, its heading dropped and its
-    figures' paths made relative to docs/."""
+    """The cost experiment's section of a report.md, its heading dropped (its
+    figures' paths relative to the report's folder)."""
     body = report.split("## Past the paper: what each part buys, and what the merge unit costs", 1)[1]
-    body = body.split("\n## ", 1)[0].strip()
-    return re.sub(r"\]\((cost_[a-z]+\.png)\)", r"](reproduce-results/cost/\1)", body)
+    return body.split("\n## ", 1)[0].strip()
+
+
+def from_docs(block: str) -> str:
+    """``block`` with its figures' paths made relative to docs/."""
+    return re.sub(r"\]\((cost_[a-z]+\.png)\)", r"](reproduce-results/cost/\1)", block)
 
 
 def main() -> int:
@@ -39,7 +43,7 @@ def main() -> int:
     page = PAGE.read_text()
     head, rest = page.split(BEGIN, 1)
     tail = rest.split(END, 1)[1]
-    PAGE.write_text(f"{head}{BEGIN}\n{block}\n{END}{tail}")
+    PAGE.write_text(f"{head}{BEGIN}\n{from_docs(block)}\n{END}{tail}")
     for name in ("report.md", "report.html", "claims.json"):
         (OUT / name).unlink(missing_ok=True)
     subprocess.run(["rm", "-rf", str(OUT / "runs")], check=True)
