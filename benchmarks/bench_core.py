@@ -38,7 +38,7 @@ loop's events/s; LLaMA-7B ``cais`` prefill period within 1x the loop million's w
 time and training period within 3x, both with ``gpu.l2_keeps_peer_reads`` true and
 false. Issue 20's: NVL72 1 GiB NVLS in the full model under 60 s; peak memory no
 higher than before. The row on 18 GPUs of ``nvl72`` has no target: a machine larger
-than the cache, where an event costs mostly its misses (docs/core.md, the sixth step).
+than the cache, where an event costs mostly its misses (the git history of benchmarks/bench_core.py).
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ ROWS: dict[str, tuple[str, str, bool]] = {
     "paper-llama-7b cais prefill, 8 x 66 SMs, L2 not kept (default)": (_layer(False), _PREFILL, False),
     "paper-llama-7b cais train, 8 x 66 SMs, L2 kept": (_layer(True), _TRAIN, True),
     "paper-llama-7b cais train, 8 x 66 SMs, L2 not kept (default)": (_layer(False), _TRAIN, True),
-    # a machine larger than the cache: the nvl72 experiment's layer, shortened (docs/core.md, the sixth step)
+    # a machine larger than the cache: the nvl72 experiment's layer, shortened (the git history of benchmarks/bench_core.py)
     "Llama-3-70B-like tp-nvls prefill, 256 tokens, nvl72 x 18": (
         "from cais.reproduce.points import layer_spec\n"
         "spec = layer_spec({'system': 'nvl72', 'sets': '{}', 'model': 'llama3-70b', 'batch': 1, 'seq': 256,\n"

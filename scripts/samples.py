@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FILES = ("README.md", "docs/cais.md")
+FILES = ("README.md", "docs/cais.md", "docs/validation.md")
 MARK = re.compile(r"^<!-- sample: (?P<cmd>.+?) -->\n```text\n(?P<body>.*?)^```$", re.M | re.S)
 TABLE = re.compile(r"^<!-- table: (?P<cmd>.+?) -->\n(?P<body>.*?)^<!-- /table -->$", re.M | re.S)
 WIDTH = 110
@@ -99,7 +99,7 @@ def first_difference(shown: str, got: str) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("files", nargs="*", type=Path, help="Markdown files (default: README.md and docs/cais.md)")
+    ap.add_argument("files", nargs="*", type=Path, help="Markdown files (default: README.md, docs/cais.md, docs/validation.md)")
     ap.add_argument("--check", action="store_true", help="run the samples and fail where one differs")
     ap.add_argument("--only", default="", help="only the samples whose command contains this text")
     a = ap.parse_args(argv)

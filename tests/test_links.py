@@ -61,3 +61,23 @@ def test_a_broken_link_is_found(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
     bad, checked = broken()
     assert checked == 3 and len(bad) == 2
+
+
+HISTORY = re.compile(r"\bissues? \d+|\b20\d\d-\d\d-\d\d\b|\b(first|second|third|fourth|fifth|sixth|seventh|eighth|"
+                     r"ninth|tenth|eleventh|twelfth) (part|step)\b|^#+ (part|step) \d", re.I)
+
+
+def test_reference_pages_are_not_organised_by_issue_or_date() -> None:
+    """docs/core.md and docs/validation.md are topic pages: no heading names an issue,
+    a date or a step of the work (that history is CHANGELOG.md and the git log)."""
+    headings = 0
+    for name in ("core.md", "validation.md"):
+        text = FENCE.sub("", (ROOT / "docs" / name).read_text())
+        for line in text.splitlines():
+            if re.match(r"^#+ ", line):
+                headings += 1
+                assert not HISTORY.search(line), f"docs/{name}: {line}"
+    assert headings >= 30, headings
+    assert HISTORY.search("## The fifth step (2026-12-03): x") and HISTORY.search("### Part 3: y")
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    assert changelog.startswith("# Changelog") and "\n## Unreleased\n" in changelog

@@ -30,7 +30,7 @@ WHY_DIFFER: tuple[tuple[str, str, str], ...] = (
      "the copy engines instead, which serialises the copy before the GEMM that reads it; staging each block once "
      "for free (an upper bound) gives the L2 world's "
      "times, and without either every column tile loads its rows again through the switch.",
-     "validation.md", "18. CAIS on the H100 as sold (issue 39; 2026-12-02)"),
+     "validation.md", "18. CAIS on the H100 as sold"),
     ("The paper's world (Accel-Sim GEMMs, its baselines' time ratios) is approximated by the paper-world preset, "
      "fitted to the baselines only; its CAIS numbers are a prediction.",
      "validation.md", "Fig. 11 at 40 KB in `paper-world` (the paper's world, fitted to its baselines only)"),
