@@ -41,7 +41,8 @@ class TpStack(Scheme):
     def plan(self, r: LayerRun, c: Chain | None) -> st.Plan:
         """The stack's plan for this period's all-reduce (``c``: the sub-layer, whose
         row-wise op decides whether the norm may fuse; None: a bare all-reduce)."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__}: each stack's scheme (tp-vllm, tp-sglang, tp-trtllm) "
+                                  "gives its own plan")
 
     def fusable(self, r: LayerRun, c: Chain | None) -> bool:
         """The all-reduce feeds a residual add + RMSNorm (what the fusions match)."""
