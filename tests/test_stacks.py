@@ -186,3 +186,37 @@ def test_pdl_gap_applies_to_pdl_launches_only(h100) -> None:
     nccl = [run_layer(_cfg(h100, "graph", pdl_gap_us=p), model, "tp-nccl", "decode").total_us for p in (0.0, 0.5)]
     assert abs(base - less - 2 * 0.5) < 0.05  # two fused all-reduces launched with PDL
     assert nccl[0] == nccl[1]
+
+
+# ---- the plan notation and the back-to-back op loop (experiments/stack_op.py) ----------
+def test_plan_notation_parses_kernels_paths_pdl_and_the_fused_norm() -> None:
+    p = st.parse_plan("copy+multimem-twoshot+copy", 8, MIB)
+    assert p.labels == ("copy", "multimem-twoshot", "copy") and not p.fused
+    f = st.parse_plan("fused-oneshot@pdl+norm", 2, 72 * KIB)
+    assert f.fused and f.steps == (st.Step("fused", "oneshot", pdl=True),)
+    # a custom step without a path takes vLLM's choice by size
+    assert st.parse_plan("custom", 8, 8 * KIB).labels == ("custom-oneshot",)
+    assert st.parse_plan("custom", 8, 4 * MIB).labels == ("custom-twoshot",)
+    for bad in ("warp-oneshot", "custom-threeshot", "custom@fast", "norm", "copy+norm"):
+        with pytest.raises(ValueError, match="plan"):
+            st.parse_plan(bad, 8, MIB)
+
+
+def test_op_loop_is_host_bound_eager_and_gap_bound_in_a_graph() -> None:
+    """Back-to-back calls of a tiny all-reduce: eager, the host's issue (an op and a
+    further launch) spaces them; in a graph the kernels and their gaps do."""
+    from cais.config import apply_overrides
+    from cais.experiments.stack_op import op_loop
+
+    cfg = load_system("dgx-h100")
+    g = cfg.gpu
+    eager = op_loop(apply_overrides(cfg, {"gpu.launch": "eager"}), st.parse_plan("copy+custom-oneshot", 8, 2 * KIB),
+                    2 * KIB, 2)
+    assert len(eager.ends_us) == 6 and eager.ends_us == tuple(sorted(eager.ends_us))
+    assert eager.per_call_us == pytest.approx(g.host_op_us + g.host_launch_us, abs=1e-3)
+    graph = op_loop(apply_overrides(cfg, {"gpu.launch": "graph"}), st.parse_plan("custom-oneshot", 8, 2 * KIB),
+                    2 * KIB, 2)
+    assert g.kernel_gap_us < graph.per_call_us < eager.per_call_us
+    slower = op_loop(apply_overrides(cfg, {"gpu.launch": "graph", "gpu.kernel_gap_us": str(g.kernel_gap_us + 1)}),
+                     st.parse_plan("custom-oneshot", 8, 2 * KIB), 2 * KIB, 2)
+    assert slower.per_call_us == pytest.approx(graph.per_call_us + 1, abs=0.01)

@@ -213,7 +213,7 @@ class GpuConfig(_Strict):
                               "dependent kernels, pdl_gap_us before a kernel its stack launches with programmatic "
                               "dependent launch. In eager and graph a kernel's own work is timed without the fitted "
                               "overhead (GEMM tiles, the memory-bound work, the collective's packets)")
-    kernel_gap_us: float = knob(1.5, ge=0, description="launch=eager|graph: time from a kernel's last input ready to "
+    kernel_gap_us: float = knob(2.0, ge=0, description="launch=eager|graph: time from a kernel's last input ready to "
                                                        "its first TB on one stream when it is already queued (a CUDA "
                                                        "graph's dependent kernel, or the host ahead): ~1-2 us on "
                                                        "H100 (SGLang PR #2904 and NVIDIA/nccl #1984 measurements, "
@@ -325,11 +325,23 @@ class CollectiveConfig(_Strict):
                               "multimem poll's read at half its simulated round trip; a local ld.volatile poll "
                               "of gpu.memory_latency_ns), a value a past poll already read needing none. NCCL's "
                               "mechanism, nothing fitted")
-    fence_us: float = knob(1.5, ge=0, description="the system-scope release/acquire barrier a production "
-                                                  "all-reduce kernel ends with (vLLM/SGLang custom all-reduce "
-                                                  "end_sync after __threadfence_system; the fused two-shot's): its "
-                                                  "cost beyond the flags' packets, ~1-2 us (issue 58's "
-                                                  "finding; the sensitivity runs 1 to 2); kernels/production_ar.py")
+    fence_us: float = knob(8.5, ge=0, description="a production all-reduce kernel's release/acquire flag barrier "
+                                                  "at system scope (st.release.sys / ld.acquire.sys): its cost "
+                                                  "beyond the flags' packets: vLLM's two-shot between its stages, "
+                                                  "the fused two-shot's (kernels/production_ar.py). Calibrated on published "
+                                                  "measurements (scripts/fit_production.py, docs/validation.md)")
+    multimem_sync_us: float = knob(1.5, ge=0, description="PyTorch symmetric memory's cross-GPU syncs "
+                                                          "(sync_remote_blocks: put_signal / wait_signal on the "
+                                                          "signal pads at system scope, acquire at the start, "
+                                                          "release at the end) in the multimem all-reduce: their "
+                                                          "cost beyond the packets, charged at the closing sync. "
+                                                          "Calibrated on published measurements "
+                                                          "(scripts/fit_production.py, docs/validation.md)")
+    fused_fixed_us: float = knob(5.5, ge=0, description="the fused all-reduce + norm kernel's own fixed time beyond "
+                                                        "its data movement (the Lamport poll's detection, the norm's "
+                                                        "cluster-wide reductions, the PDL dependency wait). "
+                                                        "Calibrated on published measurements "
+                                                        "(scripts/fit_production.py, docs/validation.md)")
     tuning: Literal["sm90", "sm100"] = Field("sm90", description="NCCL's tuning table that chooses algorithm and "
                                                                  "protocol by size when a run asks for auto "
                                                                  "(kernels/tuning.py): sm90 Hopper, sm100 Blackwell")

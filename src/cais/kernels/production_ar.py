@@ -21,11 +21,12 @@ Sources read (not copied), with the figures taken from them:
     part of this GPU's 1/n shard from every peer and stores the sum locally), a
     barrier, then all-gather (the same block loads the same part of every peer's
     summed shard). Wire bytes per GPU: 2 (n - 1) S / n each way.
-  - synchronisation: per-block flags in the signal pads (``start_sync``: every block
-    stores a flag to each peer and waits for theirs; the two-shot's middle
-    ``end_sync`` is the same after a ``__threadfence_system``; the one-shot ends with
-    one more, the two-shot with none): ``sync.BlockFlags``, (n - 1) flag packets per
-    block per barrier.
+  - synchronisation: per-block flags in the signal pads (``multi_gpu_barrier``:
+    every block stores a flag to each peer and waits for theirs). The one-shot has a
+    volatile barrier at its start and its end; the two-shot one at its start and a
+    release/acquire one at system scope between its stages (``need_fence``; its cost
+    beyond the packets is ``collective.fence_us``), and none at its end:
+    ``sync.BlockFlags``, (n - 1) flag packets per block per barrier.
   - launch: 512 threads x min(36, ceil(S / 16 B / 512)) blocks (``block_limit`` 36,
     one block per SM); each block's slice is contiguous here (the source strides
     16-byte packets over the grid: the same bytes per block).
@@ -100,6 +101,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cais.config import PS_PER_US
 from cais.engine import Countdown
 from cais.engine.sim import ProgramGen
 from cais.errors import UserError
@@ -222,7 +224,6 @@ class ProductionAr:
     staging: str = "lamport"
     row_elems: int = 1
     rowop: Callable[[int, list[tuple[int, int]]], ProgramGen] | None = None
-    fence_ps: int = 0
     clear_ps: int = 0
     label: str = ""
 
@@ -291,10 +292,15 @@ def _slices(start: int, count: int, blocks: int) -> list[tuple[int, int]]:
 
 
 def _custom_tb(m: Machine, g: int, b: int, spec: ProductionAr, flags: list[BlockFlags], unit: int) -> TbProgram:
-    """Block ``b`` of vLLM's one-shot or two-shot kernel on GPU ``g``."""
+    """Block ``b`` of vLLM's one-shot or two-shot kernel on GPU ``g``. Barriers as
+    the source has them: the one-shot's start and end are volatile flag rounds; the
+    two-shot's start is volatile, its middle one release/acquire at system scope
+    (``need_fence``: its cost beyond the flags' packets is ``collective.fence_us``), and it has
+    no end barrier (the next call's start barrier orders the buffers' reuse)."""
     n, eb, sim = m.n, spec.elem_bytes, m.sim
     limit = max(m.cfg.collective.outstanding_bytes_per_sm, 2 * unit)
     shards = split(0, spec.count, n)
+    fence = fence_ps(m)
 
     def program(sm: int, busy: int) -> ProgramGen:
         if spec.host_ps:
@@ -310,9 +316,7 @@ def _custom_tb(m: Machine, g: int, b: int, spec: ProductionAr, flags: list[Block
             if c:
                 yield from _pull(m, g, win, mine, Region(spec.recv, s, c, eb), spec.stream, unit, True, done)
                 yield done
-            yield flags[1].arrive(g, b)  # end_sync (final)
-            if spec.fence_ps:  # the system-scope release/acquire beyond the flags' packets
-                yield pause(sim, spec.fence_ps)
+            yield flags[1].arrive(g, b)  # end_sync (volatile)
             return
         # two-shot: reduce-scatter of this GPU's shard (part b of it), into recv
         s0, c0 = shards[g]
@@ -322,7 +326,9 @@ def _custom_tb(m: Machine, g: int, b: int, spec: ProductionAr, flags: list[Block
         if c:
             yield from _pull(m, g, win, mine, Region(spec.recv, s, c, eb), spec.stream, unit, True, done)
             yield done
-        yield flags[1].arrive(g, b)  # end_sync (after __threadfence_system; the sums are local)
+        if fence:  # st.release.sys / ld.acquire.sys: the sums visible system-wide first
+            yield pause(sim, fence)
+        yield flags[1].arrive(g, b)  # the middle barrier
         # all-gather: part b of every peer's summed shard, from the peer's recv
         parts = []
         for k in range(1, n):
@@ -334,8 +340,6 @@ def _custom_tb(m: Machine, g: int, b: int, spec: ProductionAr, flags: list[Block
         if parts:
             yield from _gather(m, g, win, parts, spec.stream, unit, got)
             yield got
-        if spec.fence_ps:
-            yield pause(sim, spec.fence_ps)
     return program
 
 
@@ -345,6 +349,7 @@ def _multimem_tb(m: Machine, g: int, b: int, spec: ProductionAr, flags: list[Blo
     n, eb, sim, isa = m.n, spec.elem_bytes, m.sim, m.isa
     mem = m.gpus[g].memory
     limit = max(m.cfg.collective.outstanding_bytes_per_sm, 2 * unit)
+    syncs = round(m.cfg.collective.multimem_sync_us * PS_PER_US)
 
     def program(sm: int, busy: int) -> ProgramGen:
         if spec.host_ps:
@@ -376,9 +381,9 @@ def _multimem_tb(m: Machine, g: int, b: int, spec: ProductionAr, flags: list[Blo
             isa.multimem_ld_reduce(g, piece, got, spec.stream, unit)
         if pieces:
             yield landed  # release: the flags go once the block's stores have landed
+        if syncs:  # the syncs' acquire and release at system scope beyond their packets
+            yield pause(sim, syncs)
         yield flags[1].arrive(g, b)  # sync_remote_blocks<true, ...>
-        if spec.fence_ps:
-            yield pause(sim, spec.fence_ps)
         if spec.copy_out_ps:  # vLLM: the result copied out of the symmetric buffer
             yield pause(sim, spec.copy_out_ps)
     return program
@@ -396,6 +401,8 @@ def _fused_tb(m: Machine, g: int, b: int, spec: ProductionAr, flags: list[BlockF
     limit = max(m.cfg.collective.outstanding_bytes_per_sm, 2 * unit)
     h = spec.row_elems
     rows = spec.count // h
+    fence = fence_ps(m)
+    fixed = round(m.cfg.collective.fused_fixed_us * PS_PER_US)
 
     def part(r0: int, nr: int) -> tuple[int, int]:
         """Block b's rows of rows [r0, r0 + nr)."""
@@ -461,12 +468,20 @@ def _fused_tb(m: Machine, g: int, b: int, spec: ProductionAr, flags: list[BlockF
                             pushed.arrive(sim)
                         isa.st(g, peer, piece, chunk, stored, port, spec.stream, unit)
                 yield pushed  # the barrier's flags go after the stores have landed
+            if fence:
+                yield pause(sim, fence)
             yield flags[1].arrive(g, b)
-            if spec.fence_ps:
-                yield pause(sim, spec.fence_ps)
+        if fixed:  # the kernel's own fixed time (collective.fused_fixed_us)
+            yield pause(sim, fixed)
         if spec.rowop is not None:
             yield from spec.rowop(g, [(r0, nr) for r0, nr in mine if nr])
     return program
+
+
+def fence_ps(m: Machine) -> int:
+    """A system-scope release/acquire flag barrier's cost beyond its packets
+    (``collective.fence_us``)."""
+    return round(m.cfg.collective.fence_us * PS_PER_US)
 
 
 def production_kernels(m: Machine, spec: ProductionAr) -> list[Kernel]:

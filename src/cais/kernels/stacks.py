@@ -139,6 +139,35 @@ class Plan:
 
 NCCL = Plan((Step("nccl"),))
 
+STEP_KINDS = ("copy", "custom", "multimem", "fused", "push", "nccl")
+
+
+def parse_plan(text: str, n: int, nbytes: int) -> Plan:
+    """A plan from its notation: kernels in order joined by ``+``, each
+    ``kind[-path][@pdl]``, and a last ``norm`` where the residual add + RMSNorm is
+    fused into the fused kernel before it; e.g. ``copy+custom-twoshot``,
+    ``copy+multimem-twoshot+copy``, ``fused-oneshot@pdl+norm``. A ``custom`` step
+    without a path takes vLLM's choice by size (``custom_path``)."""
+    from cais.kernels.production_ar import PATHS, custom_path
+
+    parts = [p.strip() for p in text.split("+") if p.strip()]
+    fused = bool(parts) and parts[-1] == "norm"
+    if fused:
+        parts = parts[:-1]
+    steps = []
+    for part in parts:
+        body, _, flag = part.partition("@")
+        kind, _, path = body.partition("-")
+        if kind not in STEP_KINDS or (path and path not in PATHS) or flag not in ("", "pdl"):
+            raise ValueError(f"plan '{text}': step '{part}' is not kind[-path][@pdl] with kind one of "
+                             f"{', '.join(STEP_KINDS)} and path one of {', '.join(PATHS)}")
+        if kind == "custom" and not path:
+            path = custom_path(n, nbytes)
+        steps.append(Step(kind, path, pdl=flag == "pdl"))
+    if not steps or (fused and steps[-1].kind != "fused"):
+        raise ValueError(f"plan '{text}': no kernels, or 'norm' not after a fused kernel")
+    return Plan(tuple(steps), fused=fused)
+
 
 def vllm_plan(n: int, nbytes: int, launch: str, fusable: bool = True) -> Plan:
     """vLLM's all-reduce (+ norm) of ``nbytes`` on ``n`` sm90 GPUs. ``launch``:

@@ -13,9 +13,9 @@ building blocks are the single-kernel schemes' kernels (kernels/production_ar.py
 
 What costs time besides the data movement: each copy a memory-bound kernel
 (calibrated HBM time), the Lamport buffer clear of a fused one-shot and the input
-copy of a fused two-shot inside the kernel, the system-scope barrier the
-custom, multimem, push and fused two-shot kernels end with (``collective.fence_us``),
-and the launches (``gpu.launch``: in eager every op costs the host ``host_op_us`` and
+copy of a fused two-shot inside the kernel, the kernels' release/acquire barriers
+at system scope (``collective.fence_us``) and the fused kernels' fixed time
+(``collective.fused_fixed_us``; both calibrated, docs/validation.md), and the launches (``gpu.launch``: in eager every op costs the host ``host_op_us`` and
 each further kernel ``host_launch_us``; a kernel launched with PDL waits
 ``pdl_gap_us`` instead of ``kernel_gap_us``). docs/schemes/tp-stacks.md."""
 
@@ -57,16 +57,14 @@ class TpStack(Scheme):
         """The production kernel of ``step`` over ``count`` elements."""
         n, eb, h = r.m.n, r.model.dtype_bytes, r.d.hidden
         nbytes = count * eb
-        fence = round(r.m.cfg.collective.fence_us * PS_PER_US)
         if step.kind == "custom":
-            return pa.ProductionAr("custom", step.path, count, eb, src, dst, pa.custom_blocks(nbytes), fence_ps=fence)
+            return pa.ProductionAr("custom", step.path, count, eb, src, dst, pa.custom_blocks(nbytes))
         if step.kind == "multimem":
-            return pa.ProductionAr("multimem", "twoshot", count, eb, src, dst, pa.multimem_blocks(nbytes, n),
-                                   fence_ps=fence)
+            return pa.ProductionAr("multimem", "twoshot", count, eb, src, dst, pa.multimem_blocks(nbytes, n))
         if step.kind == "push":  # SGLang's one-shot push: the Lamport one-shot's movement, 16-byte rows
             row = max(1, pa.PACKET // eb)
             return pa.ProductionAr("fused", "oneshot", count, eb, src, dst, pa.custom_blocks(nbytes), row_elems=row,
-                                   fence_ps=fence, label="push")
+                                   label="push")
         assert step.kind == "fused"
         tokens = count // h
         oneshot = step.path == "oneshot"
@@ -75,14 +73,15 @@ class TpStack(Scheme):
         clear = round(n * nbytes / r.m.cfg.gpu.hbm_bandwidth_GBps * 1000) if oneshot else 0
         copy = 0 if oneshot else pa.copy_time_ps(r.m, nbytes)
         return pa.ProductionAr("fused", step.path, count, eb, src, dst, blocks, copy_ps=copy, row_elems=h,
-                               rowop=rowop, fence_ps=0 if oneshot else fence, clear_ps=clear)
+                               rowop=rowop, clear_ps=clear)
 
-    def _run(self, r: LayerRun, plan: st.Plan, src: str, dst: str, deps: Deps, segment: str,
-             rowop=None) -> Deps:
+    def run_plan(self, r: LayerRun, plan: st.Plan, src: str, dst: str, deps: Deps, segment: str,
+                 rowop=None, count: int | None = None) -> Deps:
         """The plan's kernels after ``deps``: one op, its first kernel the host's op,
-        the others further launches of it."""
+        the others further launches of it; ``count`` elements (default: the layer's
+        token rows)."""
         n = r.m.n
-        count = r.d.tokens * r.d.hidden
+        count = r.d.tokens * r.d.hidden if count is None else count
         nbytes = count * r.model.dtype_bytes
         mem_over = r.cm_mem_overhead_ps
         first = True
@@ -106,7 +105,7 @@ class TpStack(Scheme):
         return deps
 
     def allreduce(self, r: LayerRun, src: str, dst: str, deps: Deps, segment: str) -> Deps:
-        return self._run(r, self.plan(r, None), src, dst, deps, segment)
+        return self.run_plan(r, self.plan(r, None), src, dst, deps, segment)
 
     def chain(self, r: LayerRun, c: Chain, deps: Deps) -> Deps:
         """GEMM -> the stack's all-reduce (+ the norm where it fuses) -> GEMM."""
@@ -116,7 +115,7 @@ class TpStack(Scheme):
         if not plan.fused:
             n, over = r.m.n, r.cm.kernel_overhead_ps
             g1 = [r.submit(g, r.gemm_kernel(g, c.gemm1), [deps[g]], over, c.name) for g in range(n)]
-            red = self._run(r, plan, c.gemm1.ops.c, c.reduced, g1, c.name)
+            red = self.run_plan(r, plan, c.gemm1.ops.c, c.reduced, g1, c.name)
             rows = [r.submit(g, r.rowop_kernel(g, c.rowop), [red[g]], r.cm_mem_overhead_ps, c.name)
                     for g in range(n)]
             return [r.submit(g, r.gemm_kernel(g, c.gemm2), [rows[g]], over, c.name) for g in range(n)]
@@ -126,7 +125,7 @@ class TpStack(Scheme):
         rowop = fused_rowop(r, c, r.rowop_work_ps(c.rowop, c.rowop.rows, blocks))
 
         g1 = [r.submit(g, r.gemm_kernel(g, c.gemm1), [deps[g]], over, c.name) for g in range(n)]
-        fused = self._run(r, plan, c.gemm1.ops.c, c.reduced, g1, c.name, rowop)
+        fused = self.run_plan(r, plan, c.gemm1.ops.c, c.reduced, g1, c.name, rowop)
         return [r.submit(g, r.gemm_kernel(g, c.gemm2), [fused[g]], over, c.name) for g in range(n)]
 
 
