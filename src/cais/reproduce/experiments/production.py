@@ -16,10 +16,12 @@ GPU's 132 SMs.
 Launches (``gpu.launch``, docs/compute-model.md "Launch modes") as the stacks run
 them: decode under CUDA graphs, prefill eager (above the stacks' graph capture
 sizes); ``--launch`` / ``--set gpu.launch=...`` runs every point in one mode. The
-answer rests on a few constants (the gap between dependent kernels, its PDL
-version, the host's issue times, the production kernels' closing barrier): the
-sensitivity runs the context's world at the low and the high end of their
-plausible ranges (:data:`CONSTANTS`) and the verdict gives the range.
+answer rests on a few constants: the launch constants (the gap between dependent
+kernels, its PDL version, the host's issue times; sourced ranges) and the production
+kernels' fixed costs (their barriers and the fused kernel's own time, fitted on
+published measurements: scripts/fit_production.py, docs/validation.md). The
+sensitivity runs the context's world at the low and the high end of their ranges
+(:data:`CONSTANTS`) and the verdict gives the range.
 
 Worlds: every system as sold; the context's system also with the paper's L2
 assumption (the only world change that touches CAIS's remote loads). Paper-world is
@@ -30,6 +32,8 @@ apply to it."""
 
 from __future__ import annotations
 
+import json
+from importlib.resources import files
 from typing import Any
 
 import pandas as pd
@@ -54,12 +58,37 @@ AS_GOOD = 1.02
 #: the launch each mode runs under, as the stacks run it: decode replays CUDA graphs, a prefill
 #: above the graph capture sizes is launched op by op
 LAUNCH = {"decode": "graph", "prefill": "eager"}
-#: the constants the answer rests on and their plausible range (low end, high end): the
-#: dependent-kernel gap (~1-2 us), its PDL version (0 up to the gap, an assumption), the
-#: host's issue per op (~4-6 us) and per further launch (~4-5 us), the closing
-#: system-scope barrier (~1-2 us); sources in the fields' descriptions (config.py)
-CONSTANTS = {"gpu.kernel_gap_us": (1.0, 2.0), "gpu.pdl_gap_us": (0.0, 1.5), "gpu.host_op_us": (4.0, 6.0),
-             "gpu.host_launch_us": (4.0, 5.0), "collective.fence_us": (1.0, 2.0)}
+#: how far from the best fit a fitted constant's value may be and still count as plausible:
+#: its fit rows' mean |error| within this of the best (production_fit.json's surface)
+FIT_BAND = 0.02
+#: the launch constants and their sourced ranges (low end, high end): the dependent-kernel
+#: gap (~1-2 us), its PDL version (0 up to the gap, an assumption), the host's issue per op
+#: (~4-6 us) and per further launch (~4-5 us); sources in the fields' descriptions (config.py)
+LAUNCH_CONSTANTS = {"gpu.kernel_gap_us": (1.0, 2.0), "gpu.pdl_gap_us": (0.0, 1.5), "gpu.host_op_us": (4.0, 6.0),
+                    "gpu.host_launch_us": (4.0, 5.0)}
+
+
+def fitted_ranges(fit: dict[str, Any] | None = None) -> dict[str, tuple[float, float]]:
+    """The fitted kernel constants' plausible ranges from production_fit.json: every
+    value that is the best fit at some gap of the gap's sourced range, or whose fit
+    rows' error at the chosen gap is within :data:`FIT_BAND` of the best."""
+    if fit is None:
+        fit = json.loads((files("cais") / "data" / "published" / "production_fit.json").read_text())
+    gap = fit["chosen"]["gpu.kernel_gap_us"]
+    out = {}
+    for key in fit["chosen"]:
+        if key == "gpu.kernel_gap_us":
+            continue
+        vals = [b[key] for b in fit["per_gap"].values()]
+        surface = fit["surface"][f"{key} at kernel_gap_us {gap}"]
+        best = min(e for _, e in surface)
+        vals += [x for x, e in surface if e <= best + FIT_BAND]
+        out[key] = (min(vals), max(vals))
+    return out
+
+
+#: every constant the answer rests on and its range (low end, high end)
+CONSTANTS = {**LAUNCH_CONSTANTS, **fitted_ranges()}
 SENS = ", constants "  # marks a sensitivity world's label
 
 
@@ -231,10 +260,14 @@ def _sensitivity(t: pd.DataFrame, sens: pd.DataFrame) -> str:
             sens[sens["mode"] == mode]["cais_over_best"])
         if vals:
             parts.append(f"{mode} {span(vals)}")
-    consts = ", ".join(f"{k.split('.')[-1]} {lo:g}-{hi:g}" for k, (lo, hi) in CONSTANTS.items())
-    return (f"The answer rests on constants that are not measured here ({consts} us; config.py gives each "
-            f"one's source): over their nominal values and both ends of these ranges, CAIS over the best stack "
-            f"spans " + "; ".join(parts) + ".")
+    def listed(keys: list[str]) -> str:
+        return ", ".join(f"{k.split('.')[-1]} {CONSTANTS[k][0]:g}-{CONSTANTS[k][1]:g}" for k in keys)
+    launch = [k for k in CONSTANTS if k in LAUNCH_CONSTANTS]
+    fitted = [k for k in CONSTANTS if k not in LAUNCH_CONSTANTS]
+    return (f"The answer rests on launch constants not measured here ({listed(launch)} us; config.py gives each "
+            f"one's source) and on the production kernels' fixed costs fitted on published measurements "
+            f"({listed(fitted)} us; fused_fixed_us on one source; docs/validation.md): over their nominal values "
+            f"and both ends of these ranges, CAIS over the best stack spans " + "; ".join(parts) + ".")
 
 
 def _why(t: pd.DataFrame) -> str:
