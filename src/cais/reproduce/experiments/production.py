@@ -267,7 +267,9 @@ def _sensitivity(t: pd.DataFrame, sens: pd.DataFrame) -> str:
     return (f"The answer rests on launch constants not measured here ({listed(launch)} us; config.py gives each "
             f"one's source) and on the production kernels' fixed costs fitted on published measurements "
             f"({listed(fitted)} us; fused_fixed_us on one source; docs/validation.md): over their nominal values "
-            f"and both ends of these ranges, CAIS over the best stack spans " + "; ".join(parts) + ".")
+            f"and both ends of these ranges, CAIS over the best stack spans " + "; ".join(parts) + ". Decode's "
+            f"GEMMs have no split-K in the tile model: where they have few output tiles they run several times "
+            f"a published cuBLAS time, for every scheme alike (docs/compute-model.md).")
 
 
 def _why(t: pd.DataFrame) -> str:
