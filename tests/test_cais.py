@@ -204,13 +204,21 @@ def test_cais_partial_runs_with_one_request_vc_and_cais_with_a_vc_per_class() ->
         assert (vcs.vc(Kind.LD_CAIS_REQ) == vcs.vc(Kind.RED_CAIS)) == shared
 
 
-def test_a_slow_gpu_under_coordination_completes_and_slows_everyone() -> None:
-    fast = run_layer(_four(), GPT, "cais", "prefill", functional=True, seed=1)
-    slow_cfg = _four().model_copy(update={"gpu_slowdown": {2: 3.0}})
+@pytest.mark.parametrize("rule", ["on-ready", "on-launch"])
+def test_a_slow_gpu_under_coordination_completes_and_slows_everyone(rule: str) -> None:
+    fast = run_layer(_four(**{"gpu.tb_launch": rule}), GPT, "cais", "prefill", functional=True, seed=1)
+    slow_cfg = _four(**{"gpu.tb_launch": rule}).model_copy(update={"gpu_slowdown": {2: 3.0}})
     slow = run_layer(slow_cfg, GPT, "cais", "prefill", functional=True, seed=1)
     assert slow.mismatches == [] and slow.total_us > fast.total_us
-    # GPU 0 is not slowed itself, but its coordinated TBs wait for GPU 2's
-    assert slow.kernel_us["computation"] > 1.5 * fast.kernel_us["computation"]
+    # GPU 0 is not slowed itself, but its coordinated TBs wait for GPU 2's: on its
+    # SMs when placed in launch order; pending, holding none, when launched on ready
+    wait = {name: sum(r.kernel_tbs[k]["tb_wait_us"] for k in r.kernel_tbs) for name, r in (("fast", fast),
+                                                                                           ("slow", slow))}
+    if rule == "on-launch":
+        assert slow.kernel_us["computation"] > 1.5 * fast.kernel_us["computation"]
+        assert wait["slow"] > 2 * wait["fast"]
+    else:  # the slow GPU costs GPU 0 time, not SM time spent waiting
+        assert wait["slow"] == pytest.approx(wait["fast"], abs=1.0)
 
 
 def test_a_broken_group_size_ends_in_the_watchdogs_one_line_error(monkeypatch) -> None:

@@ -79,9 +79,12 @@ def test_sharing_off_restores_the_times_before_issue_9() -> None:
     # the collectives as the schemes ran them then (their own, not NCCL's choice)
     # and the weight gradients' inputs re-gathered after their sub-layer, as every
     # period ran them then (issue 56 gave each scheme its own)
+    # T3's copy engine free at the link rate and TBs placed in launch order, as then
     cfg = apply_overrides(_system(False, gpus=4), {"collective.layer_choice": "scheme", "collective.ring_launch": "fixed",
                                                    "collective.nvls_copy_step_us": "0",
-                                                   "train.wgrad_inputs": "refetch"})
+                                                   "train.wgrad_inputs": "refetch", "gpu.tb_launch": "on-launch",
+                                                   "gpu.copy_engine.rate_GBps": "null",
+                                                   "gpu.copy_engine.start_us": "0"})
     for (scheme, mode), us in before.items():
         assert run_layer(cfg, GPT, scheme, mode).total_us == us
 
@@ -207,10 +210,12 @@ def test_an_overlapped_phase_hands_its_time_back(hbm: bool) -> None:
 def test_fused_kernels_time_their_tiles_against_the_hbm_share(scheme: str) -> None:
     """Fused GEMM tiles (LADM's and CAIS's load and reduce GEMMs, FuseLib's persistent
     kernel) and CAIS's row-block TBs are HBM phases like every plain kernel's: in a
-    prefill every TB of LADM and CAIS is one; FuseLib's persistent workers (2 chains
-    x 8 SMs) run many tile and row-block phases each."""
+    prefill every TB of LADM and CAIS is one (their GEMMs loading their remote rows
+    themselves: no copy TBs); FuseLib's persistent workers (2 chains x 8 SMs) run many
+    tile and row-block phases each."""
     sms = 8
-    r = run_layer(_system(True, gpus=4), GPT, scheme, "prefill", sms)
+    r = run_layer(apply_overrides(_system(True, gpus=4), {"remote_read.strategy": "staged"}), GPT, scheme, "prefill",
+                  sms)
     for g, d in r.metrics.hbm.per_gpu.items():
         assert d["tbs"] > 0
         if scheme == "fuselib":

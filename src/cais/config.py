@@ -34,8 +34,8 @@ PS_PER_US = 1_000_000
 
 def knob(default: Any, **kwargs: Any) -> Any:
     """A field a system file may leave out (it then has ``default``): a setting added
-    after the presets, whose default is the behaviour before it. Otherwise a pydantic
-    ``Field``."""
+    after the presets (its description says what its default means). Otherwise a
+    pydantic ``Field``."""
     return Field(default, json_schema_extra={"optional_in_files": True}, **kwargs)
 
 
@@ -180,6 +180,12 @@ class CopyEngineConfig(_Strict):
                                                             "not model its DMA engine's internals)")
     window_kB: float = Field(4096.0, gt=0, description="bytes not yet delivered (or, for pulls, returned) the engine "
                                                        "keeps in flight")
+    start_us: float = knob(0.0, ge=0, description="time the engine takes to start each command, one after another "
+                                                  "(its descriptor fetched and set up before its first byte): 0 = "
+                                                  "free, as T3 models its tracker-triggered engine; the H100 as "
+                                                  "sold charges the copy-engine calibration (remote_read."
+                                                  "copy_start_us, p2pBandwidthLatencyTest), as T3's engine is the "
+                                                  "GPU's own (docs/schemes.md, \"What each scheme gets for free\")")
 
 
 class GpuConfig(_Strict):
@@ -213,6 +219,13 @@ class GpuConfig(_Strict):
                               "dependent kernels, pdl_gap_us before a kernel its stack launches with programmatic "
                               "dependent launch. In eager and graph a kernel's own work is timed without the fitted "
                               "overhead (GEMM tiles, the memory-bound work, the collective's packets)")
+    tb_launch: Literal["on-ready", "on-launch"] = knob(
+        "on-ready", description="when a thread block whose first step waits (for data landed, a flag, its TB group's "
+                                "release) is placed on an SM: on-ready = once what it waits for is there, as CAIS's "
+                                "paper launches its consumer TBs (section III-C.1) and as a dataflow runtime with a "
+                                "ready queue would (every scheme alike); on-launch = in launch order as SMs free, "
+                                "then it waits holding its SM (a plain CUDA grid spinning on flags). "
+                                "docs/compute-model.md, \"Launch on ready\"")
     kernel_gap_us: float = knob(2.0, ge=0, description="launch=eager|graph: time from a kernel's last input ready to "
                                                        "its first TB on one stream when it is already queued (a CUDA "
                                                        "graph's dependent kernel, or the host ahead): ~1-2 us on "
@@ -358,6 +371,11 @@ class CaisConfig(_Strict):
                                                     "starts (off: only for Fig. 13(b)'s step-by-step skew)")
     pre_access_sync: bool = Field(True, description="coordination: each TB registers again before its first "
                                                     "mergeable access (off: only for Fig. 13(b)'s steps)")
+    pre_access_overlap: bool = knob(True, description="coordination: the pre-access registration goes out as the TB "
+                                                      "starts and the TB waits for its release only before its first "
+                                                      "remote access, its latency hidden behind the mainloop (the "
+                                                      "paper, section III-B.2: hidden by independent instructions); "
+                                                      "false: it registers there and waits at once")
     throttle_quorum: float = Field(0.5, ge=0, le=1, description="TB-aware throttling: a mergeable request is "
                                                                 "acknowledged to its TB once this fraction of its "
                                                                 "session's expected requesters has arrived (0: off)")
@@ -376,9 +394,12 @@ class CaisConfig(_Strict):
     request_kB: float = Field(32.0, gt=0, description="bytes of one ld.cais / red.cais as a TB issues it (the "
                                                       "ISA's transfer unit for mergeable accesses; its share of "
                                                       "one chip is one merge session)")
-    split: Literal["work"] | float = Field("work", description="asymmetric kernel overlap: the share of SMs for the "
-                                                              "GEMM-RS group; work = in proportion to the two GEMMs' "
-                                                              "calibrated times, or a fraction in (0, 1)")
+    split: Literal["auto", "work", "none"] | float = Field(
+        "auto", description="asymmetric kernel overlap: the share of SMs for the GEMM-RS group; auto = the dataflow "
+                            "optimizer chooses per sub-layer between work and none from the calibrated GEMM times, "
+                            "the least link time of each direction and the pipeline's fill and drain "
+                            "(opt/fusion.py, choose_split); work = in proportion to the two GEMMs' calibrated times; "
+                            "none = both GEMMs on every SM, the GEMM-RS's tiles first; or a fraction in (0, 1)")
 
 
 class RemoteReadConfig(_Strict):
@@ -388,7 +409,7 @@ class RemoteReadConfig(_Strict):
     variants), built on a feature the GPU has (docs/remote-access.md). Where
     ``gpu.l2_keeps_peer_reads`` is true the L2 shares them whatever the strategy."""
 
-    strategy: Literal["reload", "cluster", "staged", "copy-engine", "comm-sms"] = Field(
+    strategy: Literal["reload", "cluster", "staged", "copy-engine", "comm-sms", "auto"] = Field(
         "reload", description="reload: every TB loads its remote rows itself (a mainloop streams them through "
                               "shared memory; nothing keeps them); cluster: TB clusters of cluster_ctas CTAs along "
                               "the shared operand's other dimension, whose remote loads are TMA loads multicast "
@@ -402,7 +423,10 @@ class RemoteReadConfig(_Strict):
                               "are ready, and the GEMM's tiles wait on a flag per chunk they read (CUTLASS's "
                               "Distributed GEMM, PyTorch's async TP); comm-sms: comm_sms SMs of the GEMM's run "
                               "copy TBs that load the rows (ld.cais where the scheme merges) and store them into "
-                              "the local gathered copy, flagging each chunk; the GEMM runs on the other SMs "
+                              "the local gathered copy, flagging each chunk; the GEMM runs on the other SMs; "
+                              "auto: each copy as an implementer would run it: copy-engine whole shards where "
+                              "the rows are ready at the GEMM's launch, comm-sms on signalled_comm_sms SMs in "
+                              "signalled_chunk_kB chunks where a producer signals them block by block "
                               "(docs/remote-access.md)")
     cluster_ctas: int = Field(2, ge=2, le=16, description="CTAs per thread-block cluster (strategy cluster): "
                                                           "Hopper allows 8 portably and 16 with the non-portable "
@@ -411,8 +435,19 @@ class RemoteReadConfig(_Strict):
                                                         "copy moves and flags (whole rows; 0: the owner's whole "
                                                         "shard, as CUTLASS's Distributed GEMM and PyTorch's async "
                                                         "TP copy it)")
-    copy_start_us: float = Field(2.8, ge=0, description="copy-engine: time from a copy's trigger (its rows ready) "
-                                                        "to its first byte issued. A calibration: the CUDA sample "
+    signalled_chunk_kB: float = knob(512.0, ge=0, description="copy-engine and comm-sms: bytes of one owner's "
+                                                                "rows one copy moves and flags where a producer "
+                                                                "signals the rows block by block (CAIS's fused "
+                                                                "pipeline): whole rows, about the signalled blocks "
+                                                                "gathered up to this; 0: whole shards, waiting for "
+                                                                "the owner's last block")
+    signalled_comm_sms: int = knob(8, gt=0, description="auto: SMs of a fused pipeline's GEMM set that copy the "
+                                                         "rows a producer signals (at most half the set); 8 was "
+                                                         "the best of 4, 6, 8, 12 and 16 on paper-llama-7b "
+                                                         "(docs/remote-access.md, \"The as-sold rule\")")
+    copy_start_us: float = Field(2.8, ge=0, description="copy-engine: time a copy takes to start, from its trigger "
+                                                        "(its rows ready) or from the engine's previous copy, "
+                                                        "whichever is later, to its first byte issued. A calibration: the CUDA sample "
                                                         "p2pBandwidthLatencyTest's P2P=Enabled latency of a "
                                                         "cudaMemcpyPeerAsync on an 8-GPU NVSwitch HGX A100 is "
                                                         "2.7-3.3 us (no H100 matrix found in the sources searched; "

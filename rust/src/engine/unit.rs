@@ -41,8 +41,10 @@ pub(crate) enum Event<'a, 'py> {
     },
     /// A signal the unit waited on has fired.
     Fired,
-    /// A program the unit started has ended; `args` are what the unit gave with it.
-    Ended([i64; 3]),
+    /// A program the unit started has ended; `args` are what the unit gave with it,
+    /// `waited` the time it spent waiting for data, flags or TB-group syncs on its SM
+    /// (picoseconds; `Process`'s docs say which waits count).
+    Ended { args: [i64; 3], waited: i64 },
     /// Credits of VC `vc` are coming back to the buffer the unit sends into.
     CreditsBack(usize),
     /// A request of `nbytes` that the unit issued is complete (every train in),

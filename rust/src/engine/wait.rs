@@ -409,6 +409,8 @@ properties!(ByteBound {
 pub(crate) enum PlanStep {
     /// Wait until the signal fires (at once if it has).
     Wait(Py<Signal>),
+    /// Wait for a TB-group release (a signal), counted as a sync wait wherever it comes.
+    Sync(Py<Signal>),
     /// Sleep this long (the program's units: stretched by its GPU's slowdown).
     Sleep(i64),
     /// A value for the process's pacer (an HBM phase), as a program would yield it;
@@ -430,7 +432,7 @@ pub(crate) enum PlanStep {
 impl PlanStep {
     fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
         match self {
-            PlanStep::Wait(s) => visit.call(s),
+            PlanStep::Wait(s) | PlanStep::Sync(s) => visit.call(s),
             PlanStep::Pace(v) | PlanStep::Call(v) => visit.call(v),
             PlanStep::Begin(u, _) => u.visit(visit),
             _ => Ok(()),
@@ -491,6 +493,11 @@ impl TbPlan {
     /// Wait until `signal` fires.
     fn wait(&self, py: Python<'_>, signal: Py<Signal>) -> PyResult<()> {
         self.add(py, PlanStep::Wait(signal))
+    }
+
+    /// Wait until `signal`, a TB group's release, fires (counted as a sync wait).
+    fn wait_sync(&self, py: Python<'_>, signal: Py<Signal>) -> PyResult<()> {
+        self.add(py, PlanStep::Sync(signal))
     }
 
     /// Sleep `ps` picoseconds (stretched by the GPU's slowdown, as a yielded delay).
@@ -586,7 +593,10 @@ enum Program {
 /// (sleep that many picoseconds) or a [`Signal`] (wait until it fires; the signal's
 /// value is sent back into the generator), or a [`TbPlan`]. `done` fires when the
 /// generator returns or the plan's last step is done (a process the core starts for a
-/// unit that is told instead, `then`, has none: Python's None).
+/// unit that is told instead, `then`, has none: Python's None). It counts the time it
+/// waits, told to `then` at its end: waits for signals before its work begins (its
+/// first sleep, HBM phase or mark), a thread block holding its SM for its data or
+/// flags, and TB-group syncs wherever they come.
 #[pyclass(module = "cais._core", frozen)]
 pub struct Process {
     st: GilCell<ProcessState>,
@@ -606,6 +616,12 @@ pub(crate) struct ProcessState {
     slowdown: f64,
     /// Waiting for the HBM share to time a phase: whether the program times it itself.
     phase: Option<bool>,
+    /// When a wait that counts as waiting began (None: not in one), the time such waits
+    /// took so far, and whether the program has started its work (a sleep, an HBM
+    /// phase, a mark): waits for signals before that count, and TB-group syncs anywhere.
+    blocked: Option<i64>,
+    waited: i64,
+    worked: bool,
 }
 
 unit!(Process, ProcessState);
@@ -717,6 +733,9 @@ impl Process {
                 hbm,
                 slowdown,
                 phase: None,
+                blocked: None,
+                waited: 0,
+                worked: false,
             }),
         )?;
         if start {
@@ -730,15 +749,15 @@ impl Process {
     /// The program has ended: `done` fires, or the unit that started it is told.
     fn finish(slf: &Bound<'_, Self>, now: i64) -> PyResult<()> {
         let py = slf.py();
-        let (done, then) = {
+        let (done, then, waited) = {
             let mut me = slf.st();
-            (me.done.as_ref().map(|d| d.clone_ref(py)), me.then.take())
+            (me.done.as_ref().map(|d| d.clone_ref(py)), me.then.take(), me.waited)
         };
         if let Some(done) = done {
             Signal::fire_now(done.bind(py), now, py.None())?;
         }
         match then {
-            Some((unit, args)) => unit.tell(py, Event::Ended(args)),
+            Some((unit, args)) => unit.tell(py, Event::Ended { args, waited }),
             None => Ok(()),
         }
     }
@@ -749,6 +768,15 @@ impl Process {
         let s = sim.get();
         let time = s.now() + slowed(slowdown, delay);
         s.schedule(py, time, Action::Step(slf.clone().unbind()))
+    }
+
+    /// The program now waits: counted as waiting if it is a TB-group sync (`sync`) or
+    /// comes before the program's work began (a wait for its data or flags).
+    fn block(slf: &Bound<'_, Self>, sim: &Bound<'_, Simulator>, sync: bool) {
+        let mut me = slf.st();
+        if sync || !me.worked {
+            me.blocked = Some(sim.get().now());
+        }
     }
 
     /// Wait on `sig`: its value if it has fired (go on), else None (the process is
@@ -817,9 +845,22 @@ impl Process {
                     }
                 }
             };
+            if matches!(
+                step,
+                PlanStep::Sleep(_) | PlanStep::Pace(_) | PlanStep::Mark | PlanStep::Rest(..)
+            ) {
+                slf.st().worked = true;
+            }
             match step {
                 PlanStep::Wait(sig) => {
                     if Process::wait_on(slf, sig.bind(py)).is_none() {
+                        Process::block(slf, s, false);
+                        return Ok(());
+                    }
+                }
+                PlanStep::Sync(sig) => {
+                    if Process::wait_on(slf, sig.bind(py)).is_none() {
+                        Process::block(slf, s, true);
                         return Ok(());
                     }
                 }
@@ -843,7 +884,10 @@ impl Process {
                 }
                 PlanStep::Begin(unit, args) => match unit.begin(s, args, slf)? {
                     Begun::Go => {}
-                    Begun::Held => return Ok(()),
+                    Begun::Held => {
+                        Process::block(slf, s, true); // a TB-group sync: the release resumes it
+                        return Ok(());
+                    }
                     Begun::Wait(sig) => {
                         if Process::wait_on(slf, sig.bind(py)).is_none() {
                             return Ok(());
@@ -882,6 +926,9 @@ impl Process {
         let py = slf.py();
         let (gen, sim, hbm, slowdown, phase) = {
             let mut me = slf.st();
+            if let Some(since) = me.blocked.take() {
+                me.waited += me.sim.get().now() - since;
+            }
             (
                 match &me.program {
                     Program::Gen(g) => Some(g.clone_ref(py)),
@@ -930,9 +977,13 @@ impl Process {
                         value = v.into_bound(py);
                         continue;
                     }
-                    None => return Ok(()),
+                    None => {
+                        Process::block(slf, &sim, false);
+                        return Ok(());
+                    }
                 }
             }
+            slf.st().worked = true; // a delay or an HBM phase: its work has begun
             if waited.is_instance_of::<PyInt>() {
                 let delay: i64 = waited.extract()?;
                 return Process::sleep(slf, sim.as_unbound(), slowdown, delay);

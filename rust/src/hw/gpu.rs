@@ -730,7 +730,7 @@ impl Endpoint {
     /// Table of chip `chip`: one empty packet up; the signal returned fires when the
     /// switch's release has come back (CAIS §III-B). `issue` with `GROUP_SYNC`, built
     /// here: a layer's TBs register twice each.
-    fn group_sync(slf: &Bound<'_, Self>, chip: i64, group: i64, members: i64) -> PyResult<Py<Signal>> {
+    pub(crate) fn group_sync(slf: &Bound<'_, Self>, chip: i64, group: i64, members: i64) -> PyResult<Py<Signal>> {
         let py = slf.py();
         let released = Py::new(py, Signal::blank(py))?;
         Endpoint::register(slf, chip, group, members, released.clone_ref(py).into_any())?;

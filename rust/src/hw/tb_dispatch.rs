@@ -9,7 +9,18 @@
 //! their SMs before new ones start (waves). A kernel's `tbs[i](sm, busy)` (Python)
 //! makes what its SM runs (`engine::wait::Process`): a generator, or a `TbPlan`; the
 //! dispatcher takes it out of the list as it starts the TB (None is left in its place).
+//!
+//! Launch on ready: a kernel may hold some TBs back (`gates`, per TB the number of
+//! gates still shut: the data or flags its first step waits for, a TB-group release).
+//! Such a TB is not placed on an SM until its last gate opens (`open`); within a kernel
+//! TBs are placed in the order they became ready (at launch: in index order), as a
+//! hardware scheduler with a ready queue would. Each kernel keeps the SM time its TBs
+//! held SMs (`tb_ps`) and the part of it they spent waiting (`tb_wait_ps`, as each
+//! process counts it), set on the kernel when it ends.
 
+use std::collections::VecDeque;
+
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 use pyo3::{PyTraverseError, PyVisit};
@@ -77,9 +88,15 @@ struct KernelSlot {
     name: String,
     tbs: Py<PyList>,
     count: usize,
-    /// The next TB to start, and the TBs running.
-    next: usize,
+    /// The TBs ready to start, in the order they became ready; per TB the gates still
+    /// shut (empty: none was gated); how many TBs have been placed, and are running.
+    ready: VecDeque<usize>,
+    shut: Vec<u32>,
+    placed: usize,
     running: usize,
+    /// SM time its TBs held SMs, and the part they spent waiting (picoseconds).
+    tb_ps: i64,
+    waited: i64,
     /// The SMs it may use (None: every SM).
     mask: Option<SmSet>,
     priority: i64,
@@ -157,16 +174,17 @@ impl TbDispatcher {
             let mut emptied: Vec<usize> = Vec::new();
             for id in order {
                 let k = me.slot(id);
-                while k.next < k.count {
+                while let Some(&index) = k.ready.front() {
                     let Some(sm) = free.lowest(k.mask.as_ref()) else {
                         break;
                     };
                     free.remove(sm);
-                    starts.push((id, sm, k.next));
-                    k.next += 1;
+                    k.ready.pop_front();
+                    starts.push((id, sm, index));
+                    k.placed += 1;
                     k.running += 1;
                 }
-                if k.next == k.count {
+                if k.placed == k.count {
                     emptied.push(id);
                 }
             }
@@ -215,7 +233,7 @@ impl TbDispatcher {
 
     /// A TB of kernel `id` ended on `sm`: its SM is free; the kernel is done with its
     /// last TB.
-    fn ended(slf: &Bound<'_, Self>, id: usize, sm: usize, start: i64) -> PyResult<()> {
+    fn ended(slf: &Bound<'_, Self>, id: usize, sm: usize, start: i64, waited: i64) -> PyResult<()> {
         let py = slf.py();
         let finished = {
             let mut me = slf.st();
@@ -225,7 +243,9 @@ impl TbDispatcher {
             me.busy -= 1;
             let k = me.slot(id);
             k.running -= 1;
-            let last = k.running == 0 && k.next == k.count;
+            k.tb_ps += now - start;
+            k.waited += waited;
+            let last = k.running == 0 && k.placed == k.count;
             let name = me.tb_log.is_some().then(|| me.slot(id).name.clone());
             if let (Some(log), Some(name)) = (me.tb_log.as_mut(), name) {
                 log.push((name, sm as i64, start, now));
@@ -233,13 +253,16 @@ impl TbDispatcher {
             if last {
                 let k = me.slots[id].take().expect("a live kernel");
                 me.spare.push(id);
-                Some((k.kernel, k.done, now))
+                Some((k.kernel, k.done, now, k.tb_ps, k.waited))
             } else {
                 None
             }
         };
-        if let Some((kernel, done, now)) = finished {
-            kernel.bind(py).setattr("finished_at", now)?;
+        if let Some((kernel, done, now, tb_ps, waited)) = finished {
+            let kernel = kernel.bind(py);
+            kernel.setattr("tb_ps", tb_ps)?;
+            kernel.setattr("tb_wait_ps", waited)?;
+            kernel.setattr("finished_at", now)?;
             Signal::fire_now(done.bind(py), now, py.None())?;
         }
         TbDispatcher::request(slf)
@@ -251,7 +274,10 @@ impl Handler for TbDispatcher {
         match ev {
             Event::Due { what: DISPATCH, .. } => TbDispatcher::dispatch(slf),
             // a TB's program ended: [its kernel's slot, its SM, when it started]
-            Event::Ended([id, sm, start]) => TbDispatcher::ended(slf, id as usize, sm as usize, start),
+            Event::Ended {
+                args: [id, sm, start],
+                waited,
+            } => TbDispatcher::ended(slf, id as usize, sm as usize, start, waited),
             _ => Err(unexpected("TbDispatcher")),
         }
     }
@@ -285,9 +311,11 @@ impl TbDispatcher {
 
     /// Make `kernel` dispatchable now: its `tbs` (TB programs), the SMs it may use
     /// (`sms`; None: every SM), its `priority`, whether its TBs' HBM phases are timed
-    /// (`hbm_phases`), and `done`, fired when its last TB ends. Its `started_at` and
-    /// `finished_at` are set when its first TB starts and its last ends.
-    #[pyo3(signature = (kernel, name, tbs, sms, priority, hbm_phases, done))]
+    /// (`hbm_phases`), and `done`, fired when its last TB ends; `gates`, per TB, the
+    /// gates still shut before it may be placed (None: none; each opened by `open`).
+    /// Its `started_at` and `finished_at` are set when its first TB starts and its last
+    /// ends, `tb_ps` and `tb_wait_ps` then too. Returns the kernel's id, for `open`.
+    #[pyo3(signature = (kernel, name, tbs, sms, priority, hbm_phases, done, gates = None))]
     #[allow(clippy::too_many_arguments)] // the Python method's parameters
     fn enqueue(
         slf: &Bound<'_, Self>,
@@ -298,8 +326,18 @@ impl TbDispatcher {
         priority: i64,
         hbm_phases: bool,
         done: Py<Signal>,
-    ) -> PyResult<()> {
-        {
+        gates: Option<Vec<u32>>,
+    ) -> PyResult<usize> {
+        let count = tbs.len();
+        let shut = gates.unwrap_or_default();
+        if !shut.is_empty() && shut.len() != count {
+            return Err(PyValueError::new_err(format!(
+                "{name}: {} gate counts for {count} TBs",
+                shut.len()
+            )));
+        }
+        let ready: VecDeque<usize> = (0..count).filter(|&i| shut.get(i).copied().unwrap_or(0) == 0).collect();
+        let id = {
             let mut me = slf.st();
             let mask = sms.map(|list| {
                 let mut set = SmSet::empty(me.sms);
@@ -311,10 +349,14 @@ impl TbDispatcher {
             let slot = KernelSlot {
                 kernel,
                 name,
-                count: tbs.len(),
+                count,
                 tbs: tbs.unbind(),
-                next: 0,
+                ready,
+                shut,
+                placed: 0,
                 running: 0,
+                tb_ps: 0,
+                waited: 0,
                 mask,
                 priority,
                 hbm_phases,
@@ -335,6 +377,33 @@ impl TbDispatcher {
             if priority != 0 {
                 me.prioritised = true;
             }
+            id
+        };
+        TbDispatcher::request(slf)?;
+        Ok(id)
+    }
+
+    /// One of the gates of TB `index` of kernel `id` has opened; at its last, the TB is
+    /// ready to be placed.
+    fn open(slf: &Bound<'_, Self>, id: usize, index: usize) -> PyResult<()> {
+        {
+            let mut me = slf.st();
+            let Some(k) = me.slots.get_mut(id).and_then(Option::as_mut) else {
+                return Err(PyValueError::new_err(format!(
+                    "no launched kernel {id} to open a TB of"
+                )));
+            };
+            let Some(left) = k.shut.get_mut(index).filter(|n| **n > 0) else {
+                return Err(PyValueError::new_err(format!(
+                    "{}: TB {index} has no gate shut",
+                    k.name
+                )));
+            };
+            *left -= 1;
+            if *left > 0 {
+                return Ok(());
+            }
+            k.ready.push_back(index);
         }
         TbDispatcher::request(slf)
     }

@@ -60,6 +60,7 @@ impl LoadTbs {
     pub(crate) fn plan(&self, py: Python<'_>, [t, i, key, scope]: [i64; 4], busy: usize) -> PyResult<TbPlan> {
         let i = usize::try_from(i).map_err(|_| PyValueError::new_err(format!("row tile {i} is negative")))?;
         let mut steps = Vec::with_capacity(8);
+        let early = self.st(py).syncs.register_early(py, t)?;
         steps.extend(self.st(py).syncs.step(py, t, 0));
         let ready = ask_once(
             py,
@@ -78,6 +79,7 @@ impl LoadTbs {
         };
         let plan = tiles.get().take(py, (key, 0, 0), &build)?;
         steps.extend(self.st(py).syncs.step(py, t, 1));
+        steps.extend(early.map(PlanStep::Sync));
         let me = self.st(py);
         let loads = plan.bind(py).cast::<LoadPlan>()?.get().loads(Some(me.src)) as i64;
         let arrived = Py::new(py, Countdown::new(py, loads))?;
@@ -109,6 +111,8 @@ impl LoadTbs {
 #[pymethods]
 impl LoadTbs {
     #[new]
+    #[pyo3(signature = (gpu, src, interleave, syncs, ready, phases, window, bound, kind, quorum, assemble, kept,
+                        tiles, build, rest, early_access = false))]
     #[allow(clippy::too_many_arguments)] // the Python constructor's parameters
     fn new(
         gpu: Py<Endpoint>,
@@ -126,6 +130,7 @@ impl LoadTbs {
         tiles: Py<TilePlans>,
         build: Py<PyAny>,
         rest: (i64, i64),
+        early_access: bool,
     ) -> PyResult<Self> {
         if rest.1 <= 0 || rest.0 < 0 {
             return Err(PyValueError::new_err(format!(
@@ -134,7 +139,12 @@ impl LoadTbs {
             )));
         }
         Ok(LoadTbs::from(LoadTbsState {
-            syncs: TbSyncs { gpu, interleave, syncs },
+            syncs: TbSyncs {
+                gpu,
+                interleave,
+                syncs,
+                early_access,
+            },
             src,
             ready: Asked::new(ready),
             phases: Asked::new(phases),

@@ -64,9 +64,11 @@ impl ReduceTbs {
     /// `busy` SMs busy.
     pub(crate) fn plan(&self, py: Python<'_>, [t, i, j, _]: [i64; 4], sm: usize, busy: usize) -> PyResult<TbPlan> {
         let mut steps = Vec::with_capacity(5);
+        let early = self.st(py).syncs.register_early(py, t)?;
         steps.extend(self.st(py).syncs.step(py, t, 0));
         steps.push(phase_step(py, &self.st, |s| &mut s.phases, busy)?);
         steps.extend(self.st(py).syncs.step(py, t, 1));
+        steps.extend(early.map(PlanStep::Sync));
         let (window, bound, port, piece) = ask_once(
             py,
             &self.st,
@@ -102,7 +104,7 @@ impl ReduceTbs {
 impl ReduceTbs {
     #[new]
     #[pyo3(signature = (gpu, src, interleave, syncs, phases, sm_state, tiles, form, reduced, shape, elem_bytes,
-                        users, skip = None))]
+                        users, skip = None, early_access = false))]
     #[allow(clippy::too_many_arguments)] // the Python constructor's parameters
     fn new(
         gpu: Py<Endpoint>,
@@ -118,9 +120,15 @@ impl ReduceTbs {
         elem_bytes: i64,
         users: i64,
         skip: Option<i64>,
+        early_access: bool,
     ) -> Self {
         ReduceTbs::from(ReduceTbsState {
-            syncs: TbSyncs { gpu, interleave, syncs },
+            syncs: TbSyncs {
+                gpu,
+                interleave,
+                syncs,
+                early_access,
+            },
             src,
             phases: Asked::new(phases),
             per_sm: Asked::new(sm_state),

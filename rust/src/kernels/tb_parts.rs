@@ -6,30 +6,56 @@ use pyo3::{PyTraverseError, PyVisit};
 
 use crate::engine::cell::GilCell;
 use crate::engine::unit::UnitRef;
-use crate::engine::wait::PlanStep;
+use crate::engine::wait::{PlanStep, Signal};
 use crate::hw::gpu::Endpoint;
 use crate::hw::interleave::Interleave;
 
 /// The TB groups a kernel's TBs register with, as `RemoteAccess.sync_groups` describes
 /// them: per sync point (0: before the TB's work, 1: before its first remote access),
 /// `(base, per TB, members)` or None; TB `t` registers with group `base + t * per` at
-/// the chip its address maps to.
+/// the chip its address maps to. `early_access`: the pre-access registration goes out
+/// when the TB starts and the TB waits for its release only before its first remote
+/// access (its latency overlapped with the mainloop, CAIS §III-B.2); else the TB
+/// registers there and waits at once.
 pub(crate) struct TbSyncs {
     pub(crate) gpu: Py<Endpoint>,
     pub(crate) interleave: Py<Interleave>,
     pub(crate) syncs: [Option<(i64, i64, i64)>; 2],
+    pub(crate) early_access: bool,
 }
 
 impl TbSyncs {
-    /// TB `t`'s registration at sync point `phase`, if it has one.
+    /// TB `t`'s registration at sync point `phase`, if it has one and it is made where
+    /// the TB waits (not `early_access`'s pre-access one).
     pub(crate) fn step(&self, py: Python<'_>, t: i64, phase: usize) -> Option<PlanStep> {
-        let (base, per, members) = self.syncs[phase]?;
-        let group = base + t * per;
-        let chip = self.interleave.borrow(py).chip_of(group);
+        if phase == 1 && self.early_access {
+            return None;
+        }
+        let (chip, group, members) = self.group(py, t, phase)?;
         Some(PlanStep::Begin(
             UnitRef::new(self.gpu.clone_ref(py)),
             [chip, group, members],
         ))
+    }
+
+    /// With `early_access`, TB `t`'s pre-access registration, made now (as the TB
+    /// starts): the signal of its release, which the TB waits for before its first
+    /// remote access (`PlanStep::Sync`).
+    pub(crate) fn register_early(&self, py: Python<'_>, t: i64) -> PyResult<Option<Py<Signal>>> {
+        if !self.early_access {
+            return Ok(None);
+        }
+        let Some((chip, group, members)) = self.group(py, t, 1) else {
+            return Ok(None);
+        };
+        Endpoint::group_sync(self.gpu.bind(py), chip, group, members).map(Some)
+    }
+
+    /// TB `t`'s group at sync point `phase`: (chip, group, members).
+    fn group(&self, py: Python<'_>, t: i64, phase: usize) -> Option<(i64, i64, i64)> {
+        let (base, per, members) = self.syncs[phase]?;
+        let group = base + t * per;
+        Some((self.interleave.borrow(py).chip_of(group), group, members))
     }
 
     pub(crate) fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {

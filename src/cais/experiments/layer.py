@@ -51,6 +51,9 @@ class LayerResult:
     events: int
     wall_s: float
     kernel_us: dict[str, float] = field(default_factory=dict)
+    # GPU 0's kernels by name: SM time their TBs held SMs ("tb_us") and the part spent
+    # waiting there for data, flags or TB-group syncs ("tb_wait_us"), summed over TBs
+    kernel_tbs: dict[str, dict[str, float]] = field(default_factory=dict)
     mismatches: list[str] = field(default_factory=list)
     checked: int = 0
     switch: str = ""
@@ -78,7 +81,8 @@ class LayerResult:
                 "switch": self.switch, "vc_policy": self.vc_policy,
                 "tokens": self.tokens, "padded_tokens": self.padded_tokens,
                 "total_us": self.total_us, "sublayers": self.sublayers, **self.metrics.as_json(),
-                "segments_us": self.segments, "kernel_us": self.kernel_us, "sim": self.sim,
+                "segments_us": self.segments, "kernel_us": self.kernel_us,
+                "kernels": self.kernel_tbs, "sim": self.sim,
                 "collectives": {"choice": self.collective_choice, "ran": self.collectives_ran},
                 **({"memory": {**self.memory.as_json(), "capacity_GB": self.hbm_capacity_GB}}
                    if self.memory is not None else {}),
@@ -86,17 +90,8 @@ class LayerResult:
 
 
 def chain_bound_ps(r: LayerRun, c: Chain) -> tuple[int, int]:
-    """(compute, communication) lower bounds of a sub-layer: its kernels' calibrated
-    work on all SMs (without launch and fixed kernel overheads), and the least bytes a
-    GPU must move per link direction, S = one [T, h] activation, T with its padding
-    (ReduceScatter with in-switch reduction: S up, S/n down; AllGather with
-    multicast: S/n up, S(n-1)/n down), over the GPU's NVLink bandwidth."""
-    cm, sms = r.cm, r.sms
-    compute = sum(cm.gemm_time_ps(g.m, g.n, g.k, sms) - cm.kernel_overhead_ps for g in (c.gemm1, c.gemm2))
-    compute += r.rowop_work_ps(c.rowop, c.rowop.rows, sms)
-    s_bytes = r.d.tokens * r.d.hidden * r.model.dtype_bytes
-    gbps = r.m.cfg.link.bandwidth_GBps * r.m.cfg.links_per_gpu
-    return compute, round(s_bytes / gbps * 1000)
+    """(compute, communication) lower bounds of a sub-layer (:meth:`LayerRun.chain_bound_ps`)."""
+    return r.chain_bound_ps(c)
 
 
 def _shard_cols(d, g: int) -> tuple[slice, slice, slice]:
@@ -368,6 +363,8 @@ def run_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: 
         comp, comm = chain_bound_ps(run, c)
         subs[c.name] = {"time_us": (span.end - (span.start or 0)) / PS_PER_US, "bound_us": max(comp, comm) / PS_PER_US,
                         "compute_us": comp / PS_PER_US, "comm_us": comm / PS_PER_US}
+        if c.name in run.sm_splits:  # a fused pipeline's SM split: (GEMM-RS SMs, LN + AG-GEMM SMs); equal: none
+            subs[c.name]["gemm_rs_sms"], subs[c.name]["ag_gemm_sms"] = map(float, run.sm_splits[c.name])
         if tables is not None:  # the table its reductions and gathered loads needed (any later reader's too)
             subs[c.name]["table_peak_kB"] = max(tables.get(c.reduced, 0.0), tables.get(c.gather_src, 0.0))
     segs = {name: (sp.end - (sp.start or 0)) / PS_PER_US for name, sp in run.spans.items()}
@@ -377,7 +374,8 @@ def run_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: 
     return LayerResult(
         model=model.name, scheme=scheme, mode=mode, gpus=cfg.gpus, sms=cfg.gpu.sms, total_us=end / PS_PER_US,
         sublayers=subs, segments=segs, metrics=mirrored(metrics, m.n) if mirror else metrics,
-        events=m.sim.events, wall_s=time.perf_counter() - t0, kernel_us=kernel_split(run), mismatches=bad,
+        events=m.sim.events, wall_s=time.perf_counter() - t0, kernel_us=kernel_split(run),
+        kernel_tbs=kernel_tb_times(run), mismatches=bad,
         checked=checked, switch=cfg.switch.model, vc_policy=cfg.link.vc_policy, tokens=period.dims.real_tokens,
         padded_tokens=period.dims.tokens, sim=sim, memory=memory, hbm_capacity_GB=cfg.gpu.hbm_capacity_GB,
         collective_choice=cfg.collective.layer_choice,
@@ -394,6 +392,18 @@ def _mark_segments(run: LayerRun) -> None:
         spans[(g, segment)] = (min(s, k.started_at), max(e, k.finished_at))
     for (g, segment), (s, e) in sorted(spans.items(), key=lambda kv: (kv[0][0], kv[1][0])):
         run.m.mark(g, "segments", segment, s, e)
+
+
+def kernel_tb_times(run: LayerRun) -> dict[str, dict[str, float]]:
+    """GPU 0's kernels by name: the SM time (us) their TBs held SMs, and the part of it
+    they spent waiting for data, flags or TB-group syncs (``Kernel.tb_wait_ps``)."""
+    out: dict[str, dict[str, float]] = {}
+    for _, g, k in run.kernels:
+        if g == 0 and k.finished_at is not None:
+            row = out.setdefault(k.name, {"tb_us": 0.0, "tb_wait_us": 0.0})
+            row["tb_us"] += k.tb_ps / PS_PER_US
+            row["tb_wait_us"] += k.tb_wait_ps / PS_PER_US
+    return out
 
 
 def kernel_split(run: LayerRun) -> dict[str, float]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from cais._core import (Endpoint, KeptLines, LoadPlan, LoadStream, RedForm, RedPlan, RedStream, ReduceStream, RowBlocks,
                         SmPort, TbDispatcher)
@@ -22,6 +23,11 @@ __all__ = ["Gpu", "KeptLines", "Kernel", "LoadPlan", "LoadStream", "RedForm", "R
 # A TB program: called with (sm index, SMs busy when it starts) it returns the
 # generator the SM runs, or the TB's plan for the core to execute (a TbPlan).
 TbProgram = Callable[[int, int], ProgramGen | TbPlan]
+
+# What a kernel's TBs wait for before their first step, asked when the kernel becomes
+# dispatchable: per TB, the signals (data landed, a flag, a TB group's release) whose
+# firing makes it ready to be placed on an SM (launch on ready, ``gpu.tb_launch``).
+TbGates = Callable[[], list[list[Signal]]]
 
 
 @dataclass
@@ -50,6 +56,9 @@ class Kernel:
     started_at: int | None = None
     finished_at: int | None = None
     launched: Signal | None = None
+    gates: TbGates | None = None
+    tb_ps: int = 0
+    tb_wait_ps: int = 0
 
 
 class Gpu(Endpoint):
@@ -86,6 +95,7 @@ class Gpu(Endpoint):
         self.remote = Bound(sim, cfg.remote_outstanding_bytes())
         self.hbm = hbm if hbm is not None else HbmShare(1.0, 1, enabled=False)
         self.n_sms = cfg.gpu.sms
+        self.on_ready = cfg.gpu.tb_launch == "on-ready"
         # the TB dispatcher (compiled): it places TBs on free SMs and runs their programs,
         # timing their HBM phases against ``hbm``
         self.dispatcher = TbDispatcher(sim, self.n_sms, self.hbm)
@@ -138,8 +148,22 @@ class Gpu(Endpoint):
         if kernel.launched is not None:
             kernel.launched.fire(self.sim)
         sms = None if kernel.sms is None else sorted(kernel.sms)
-        self.dispatcher.enqueue(kernel, kernel.name, kernel.tbs, sms, kernel.priority, kernel.hbm_phases, kernel.done)
+        shut: list[list[Signal]] | None = None
+        if kernel.gates is not None and self.on_ready:
+            shut = [[s for s in sigs if not s.fired] for sigs in kernel.gates()]
+            if len(shut) != len(kernel.tbs):
+                raise ValueError(f"{kernel.name}: gates for {len(shut)} TBs, it has {len(kernel.tbs)}")
+        counts = None if shut is None else [len(sigs) for sigs in shut]
+        kid = self.dispatcher.enqueue(kernel, kernel.name, kernel.tbs, sms, kernel.priority, kernel.hbm_phases,
+                                      kernel.done, counts)
+        if shut is not None:
+            for i, sigs in enumerate(shut):
+                for s in sigs:
+                    s.on_fire(partial(self._open, kid, i))
         self._running.append(kernel)
+
+    def _open(self, kid: int, index: int, _value: object) -> None:
+        self.dispatcher.open(kid, index)
 
     def queued_kernels(self) -> int:
         """Kernels with TBs not yet placed on an SM."""

@@ -45,6 +45,11 @@ def dma_rate_GBps(cfg: SystemConfig) -> float:
     return rate if rate is not None else cfg.link.bandwidth_GBps * cfg.links_per_gpu
 
 
+def dma_start_ps(cfg: SystemConfig) -> int:
+    """The copy engine's start per command (``gpu.copy_engine.start_us``), in ps."""
+    return round(cfg.gpu.copy_engine.start_us * 1e6)
+
+
 def dma_window_bytes(cfg: SystemConfig) -> int:
     """Bytes the copy engine keeps in flight (``gpu.copy_engine.window_kB``)."""
     return round(cfg.gpu.copy_engine.window_kB * 1024)
@@ -55,9 +60,10 @@ class DmaEngine:
     order, cutting each into transfer units pushed through its own port, with a
     bounded number of bytes not yet delivered (or, for pulls, not yet returned)."""
 
-    def __init__(self, m: Machine, gpu: int, rate_GBps: float, window_bytes: int) -> None:
+    def __init__(self, m: Machine, gpu: int, rate_GBps: float, window_bytes: int, start_ps: int = 0) -> None:
         self.m = m
         self.gpu = gpu
+        self.start_ps = start_ps  # each command's start, in sequence (gpu.copy_engine.start_us)
         self.port = SmPort(PS_PER_NS / rate_GBps)
         self.ps_per_byte = PS_PER_NS / rate_GBps  # a pull's issue rate (its data comes back, not out)
         self.window = Window(m.sim, window_bytes)
@@ -91,6 +97,8 @@ class DmaEngine:
         cut = cmd.src if cmd.op in ("ld_reduce", "ld") else cmd.dst  # cut at the routed address
         pieces = isa.pieces(cut, cmd.unit)
         left = Countdown(len(pieces))
+        if self.start_ps:
+            yield self.start_ps
         if cmd.done is not None:
             done = cmd.done
             left.on_fire(lambda _v: done.fire(sim))

@@ -169,7 +169,10 @@ def gemm_kernel(model: ComputeModel, shape: GemmShape, name: str = "gemm", sms: 
         return plan
 
     # one small object per TB (a closure per TB is several, each walked by every collection)
-    return Kernel(name, [partial(planned, i, j) for i, j in tiles], sms, hbm_phases=True)
+    kernel = Kernel(name, [partial(planned, i, j) for i, j in tiles], sms, hbm_phases=True)
+    if waits is not None:  # launch on ready: a tile is placed once the signals it waits for have fired
+        kernel.gates = lambda: [list(waits(i, j)) for i, j in tiles]
+    return kernel
 
 
 def tile_hbm_bytes(shape: GemmShape, elem_bytes: int = 2, a: float = 1.0, b: float = 1.0, c: float = 1.0) -> float:

@@ -9,7 +9,12 @@ start; PyTorch's async TP and Flux copy shard by shard on the copy engines behin
 barriers; ThunderKittens gives some SMs to communication. Here:
 
 * **Chunks.** Each loaded operand's rows of every other GPU are cut into chunks of
-  ``remote_read.copy_chunk_kB`` (whole rows; 0: the owner's whole shard). A chunk
+  ``remote_read.copy_chunk_kB`` (whole rows; 0: the owner's whole shard) where its
+  rows are ready when the GEMM launches, and of ``remote_read.signalled_chunk_kB``
+  where a producer signals them block by block (CAIS's fused pipeline): an implementer
+  copies what the producer signals, as Flux's wait-copy-signal per chunk and
+  ThunderKittens' comm SMs per row block do; the real kernels copy whole shards only
+  because every row is ready at their launch. A chunk
   starts once its rows are ready: the GEMM kernel launched (a kernel boundary already
   orders them) and, under CAIS's TB-level dependencies, the ready flags of the LN row
   blocks it covers (:meth:`RemoteAccess.rows_ready`). When it has landed in the local
@@ -18,9 +23,11 @@ barriers; ThunderKittens gives some SMs to communication. Here:
   own rows are read where they are (its chunks' flags are their readiness).
 * **copy-engine.** The GPU's copy engine (kernels/dma.py, window
   ``gpu.copy_engine.window_kB``, rate ``remote_read.copy_GBps``) pulls each chunk
-  with plain reads (a copy engine issues no ``ld.cais``), each command issued
-  ``remote_read.copy_start_us`` after its trigger; commands run in FIFO order. It
-  takes no SM.
+  with plain reads (a copy engine issues no ``ld.cais``); commands run in FIFO order,
+  each starting ``remote_read.copy_start_us`` after the one before it has issued its
+  last byte (or after its trigger, if the engine was idle): the start is charged per
+  command, in sequence, as a copy engine takes its commands one at a time. It takes
+  no SM.
 * **comm-sms.** ``remote_read.comm_sms`` SMs of the GEMM's set (at most half of it)
   run a copy kernel, one TB per SM; TB ``t`` takes chunks ``t``, ``t + C``, ... of one
   list that is the same on every GPU (row position in the shard, then owner: the
@@ -29,6 +36,13 @@ barriers; ThunderKittens gives some SMs to communication. Here:
   ``ld.cais`` with the scheme's quorum where it merges, the scheme's TB group syncs
   before it starts and before its first access), stores it to the local copy and sets
   its flag. The GEMM runs on the other SMs.
+
+* **auto** (the H100 as sold): each copy as a competent implementer would run it,
+  measured on paper-llama-7b (docs/remote-access.md, "The as-sold rule"): rows ready
+  at launch (LADM, CAIS-Base, weight gradients) by the copy engine, whole shards
+  (``copy_chunk_kB``); rows a producer signals block by block (CAIS's fused pipeline)
+  by ``remote_read.signalled_comm_sms`` comm SMs in ``signalled_chunk_kB`` chunks,
+  where a copy engine's start per command costs more than the SMs it saves.
 
 HBM: the local GEMM reads every row of a loaded operand from local HBM and the copy
 writes the remote share there once: each tile's HBM phase counts the operand's share
@@ -57,7 +71,7 @@ from cais.machine import Machine
 from cais.workload.graph import Gemm
 
 #: the strategies that copy remote rows into the local gathered tensor before the GEMM reads them
-COPY_STRATEGIES = ("copy-engine", "comm-sms")
+COPY_STRATEGIES = ("copy-engine", "comm-sms", "auto")
 
 
 @dataclass(frozen=True)
@@ -104,7 +118,7 @@ def _engine(m: Machine, g: int, plans: dict[tuple, Any]) -> DmaEngine:
     if hit is None:
         rr = m.cfg.remote_read
         rate = rr.copy_GBps if rr.copy_GBps is not None else dma_rate_GBps(m.cfg)
-        hit = plans[key] = DmaEngine(m, g, rate, dma_window_bytes(m.cfg))
+        hit = plans[key] = DmaEngine(m, g, rate, dma_window_bytes(m.cfg), round(rr.copy_start_us * 1e6))
     return hit
 
 
@@ -126,14 +140,22 @@ def copy_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
     copy that a copy stage fills (module doc); ``floor_of(sms)``: the tile's memory
     floor on that many SMs (the GEMM may run on fewer, comm-sms)."""
     rr = m.cfg.remote_read
-    strategy = rr.strategy
     sim = m.sim
     gathered = [gemm.ops.a if op.which == "a" else gemm.ops.b for op in ops]
+    # rows a producer signals block by block (a fused pipeline's TB-level dependencies)
+    # are copied as they are signalled; rows ready at launch, as the real kernels copy them
+    peer = (g + 1) % m.n
+    signalled = bool(access.rows_ready(g, peer, 0, 1))
+    strategy, chunk_kB, comm_sms = rr.strategy, rr.copy_chunk_kB, rr.comm_sms
+    if signalled:
+        chunk_kB = rr.signalled_chunk_kB
+    if strategy == "auto":  # each copy as an implementer runs it (module doc)
+        strategy, comm_sms = ("comm-sms", rr.signalled_comm_sms) if signalled else ("copy-engine", comm_sms)
     # the copy order: each GPU from the next one round (a peer serves one puller at a time,
     # as PyTorch's async TP and CUTLASS's Distributed GEMM rotate their peers), but for
     # mergeable loads, which every GPU issues in the same order so that the switch merges them
     merges = strategy == "comm-sms" and access.load_mode()[0]
-    work = chunks(ops, gathered, m.n, eb, round(rr.copy_chunk_kB * 1024), 0 if merges else (g + 1) % m.n)
+    work = chunks(ops, gathered, m.n, eb, round(chunk_kB * 1024), 0 if merges else peer)
     rank = {c.owner: k for k, c in reversed(list(enumerate(work)))}  # an owner's first chunk's place
     rank[g] = -1  # the GPU's own rows are there first
     launched = Signal()
@@ -154,17 +176,15 @@ def copy_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
     comm: frozenset[int] = frozenset()
     if strategy == "comm-sms":
         whole = sorted(sm_set) if sm_set else list(range(m.cfg.gpu.sms))
-        take = min(rr.comm_sms, len(whole) // 2)
+        take = min(comm_sms, len(whole) // 2)
         comm = frozenset(whole[len(whole) - take:])
         gemm_sms = frozenset(whole[:len(whole) - take])
     if strategy == "copy-engine":
         engine = _engine(m, g, plans)
-        start_ps = round(rr.copy_start_us * 1e6)
         unit = m.cfg.unit_for(max(c.src.nbytes for c in work))
         for k, c in enumerate(work):
             if c.owner != g:
-                cmd = DmaCommand("ld", c.src, c.dst, unit, c.owner, landed[k])
-                ready[k].on_fire(lambda _v, cmd=cmd: sim.after(start_ps, engine.push, cmd))
+                engine.on(ready[k], DmaCommand("ld", c.src, c.dst, unit, c.owner, landed[k]))
     else:
         copies = _copy_kernel(m, g, gemm, work, ready, landed, access, comm, mem)
         launched.on_fire(lambda _v: m.gpus[g].launch(copies, 0))

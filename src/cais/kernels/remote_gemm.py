@@ -255,14 +255,35 @@ class RemoteAccess:
         None: it does not (here, at neither)."""
         return (None, None)
 
+    def early_access(self) -> bool:
+        """Whether a TB's pre-access registration goes out as it starts, its release
+        waited for only before its first remote access (here: no registrations)."""
+        return False
+
+    def launch_gates(self, g: int, data: list[list[Signal]], window: int) -> list[list[Signal]]:
+        """What each TB (in launch order) on GPU ``g`` waits for before it is placed on
+        an SM, given its ``data`` gates (launch on ready; ``window``: the kernel's SMs):
+        its data alone here (no TB-group registration before dispatch)."""
+        return data
+
     def plan_sync(self, plan: TbPlan, g: int, t: int, phase: int) -> None:
         """What TB ``t`` (in launch order) on GPU ``g`` waits for before its work
         (``phase`` 0) or before its first remote access (1), as a step of its plan
-        (:meth:`sync_groups`)."""
+        (:meth:`sync_groups`); with :meth:`early_access`, phase 1's registration is
+        :meth:`register_early`'s."""
         sync = self.sync_groups()[phase]
-        if sync is not None:
+        if sync is not None and not (phase == 1 and self.early_access()):
             base, per, members = sync
             self.m.isa.group_sync_step(plan, g, base + t * per, members)
+
+    def register_early(self, g: int, t: int) -> Signal | None:
+        """With :meth:`early_access`, TB ``t``'s pre-access registration on GPU ``g``,
+        made now (as the TB starts): its release's signal (else None)."""
+        sync = self.sync_groups()[1]
+        if sync is None or not self.early_access():
+            return None
+        base, per, members = sync
+        return self.m.isa.group_sync(g, base + t * per, members)
 
     def operands_ready(self, g: int, shape: GemmShape, i: int) -> list[Signal]:
         """Signals a tile of row tile ``i`` waits for before loading its operands: none
@@ -433,9 +454,12 @@ def reduce_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmSha
         def timed(t: int, i: int, j: int, sm: int, busy: int) -> TbPlan:
             """Tile (i, j)'s TB as ``ReduceTbs`` makes it, then :meth:`RemoteAccess.epilogue_out`."""
             plan = TbPlan()
+            early = access.register_early(g, t)
             access.plan_sync(plan, g, t, 0)
             plan.phase(phases.of(busy))
             access.plan_sync(plan, g, t, 1)
+            if early is not None:
+                plan.wait_sync(early)
             slots, port, piece_unit = sm_state(sm)
             plan.begin(isa.new_red_stream(g, red_plan(i, j, piece_unit), slots.sm, slots.gpu, port))
             plan.begin(port)
@@ -443,6 +467,7 @@ def reduce_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmSha
             return plan
 
         kernel.tbs = [partial(timed, t, i, j) for t, (i, j) in enumerate(order)]
+        _gate(kernel, access, g, lambda: [[] for _ in order], m.cfg.gpu.sms)
         return kernel, drain
 
     if mem is None:  # timing mode: the core makes each TB's plan (ReduceTbs)
@@ -461,8 +486,10 @@ def reduce_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmSha
         # sends in mirror mode): its blocks of partial rows, one per owner, as ``red_form`` says
         factory = ReduceTbs(m.gpus[g], g, m.fabric.interleave, access.sync_groups(), phases, sm_of, tiles,
                             access.red_form(), (reduced.shard, reduced.rows_l, reduced.cols),
-                            (shape.m, shape.n, shape.bm, shape.bn), eb, users, None if users > 1 else g)
+                            (shape.m, shape.n, shape.bm, shape.bn), eb, users, None if users > 1 else g,
+                            access.early_access())
         kernel.tbs = factory.tbs(order)
+        _gate(kernel, access, g, lambda: [[] for _ in order], m.cfg.gpu.sms)
         return kernel, drain
 
     def epilogue(i: int, j: int, slots: RequestSlots, port: SmPort, piece_unit: int) -> RedStream:
@@ -492,9 +519,12 @@ def reduce_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmSha
         mainloop (an HBM phase), its epilogue's reductions, and its SM free once it has
         pushed them out."""
         plan = TbPlan()
+        early = access.register_early(g, t)
         access.plan_sync(plan, g, t, 0)
         plan.phase(phases.of(busy))
         access.plan_sync(plan, g, t, 1)
+        if early is not None:
+            plan.wait_sync(early)
         slots, port, piece_unit = sm_state(sm)
         plan.begin(epilogue(i, j, slots, port, piece_unit))
         plan.begin(port)
@@ -504,7 +534,16 @@ def reduce_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmSha
 
     # one small object per TB (a closure per TB is several, each walked by every collection)
     kernel.tbs = [partial(planned, t, i, j) for t, (i, j) in enumerate(order)]
+    _gate(kernel, access, g, lambda: [[] for _ in order], m.cfg.gpu.sms)
     return kernel, drain
+
+
+def _gate(kernel: Kernel, access: RemoteAccess, g: int, data: Callable[[], list[list[Signal]]], sms: int) -> None:
+    """Launch on ready: ``kernel``'s TBs on GPU ``g`` are placed once their ``data``
+    gates and whatever ``access`` registers before dispatch (:meth:`RemoteAccess.launch_gates`)
+    are in; the registrar's window is one wave of the kernel's SMs (all ``sms`` without a set)."""
+    window = len(kernel.sms) if kernel.sms else sms
+    kernel.gates = lambda: access.launch_gates(g, data(), window)
 
 
 # ---- AG-GEMM and weight gradients: operands loaded from their owners ---------------------
@@ -623,9 +662,11 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
         factory = LoadTbs(m.gpus[g], g, m.fabric.interleave, access.sync_groups(),
                           partial(access.operands_ready, g, shape), phases, limit, bound, kind, quorum, assemble, kept,
                           plans.setdefault(("load plans", gemm_key, piece_unit), TilePlans()), built,
-                          (SLICE_K, shape.k))
+                          (SLICE_K, shape.k), access.early_access())
         scopes = [reuse.scope(tile, shape) for tile in order] if kept is not None else [0] * len(order)
-        return Kernel(gemm.name, factory.tbs([i for i, _ in order], keys, scopes), sm_set, hbm_phases=True)
+        kernel = Kernel(gemm.name, factory.tbs([i for i, _ in order], keys, scopes), sm_set, hbm_phases=True)
+        _gate(kernel, access, g, partial(_operand_gates, access, g, shape, order), m.cfg.gpu.sms)
+        return kernel
 
     def planned(t: int, i: int, j: int, sm: int, busy: int) -> TbPlan:
         """Tile (i, j)'s TB (the ``t``-th launched) as a plan the core executes, in
@@ -635,6 +676,7 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
         and the tile computed and stored."""
         assert mem is not None and store is not None
         plan = TbPlan()
+        early = access.register_early(g, t)
         access.plan_sync(plan, g, t, 0)
         for ready in access.operands_ready(g, shape, i):
             plan.wait(ready)
@@ -643,6 +685,8 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
         slots = RequestSlots(Bound(m.sim, limit), bound)
         tp = tile_plan(i, j, t, piece_unit)
         access.plan_sync(plan, g, t, 1)
+        if early is not None:
+            plan.wait_sync(early)
         blocks = _blocks(shape, ops, i, j)
         plan.call(partial(_read_own, mem, g, tp.loads, blocks))
         # the core issues them in order, under the TB's slots; where a load may join
@@ -663,7 +707,22 @@ def load_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
         plan.call(partial(_store_tile, store, mem, gemm, shape, ops, blocks, i, j))
         return plan
 
-    return Kernel(gemm.name, [partial(planned, t, i, j) for t, (i, j) in enumerate(order)], sm_set, hbm_phases=True)
+    kernel = Kernel(gemm.name, [partial(planned, t, i, j) for t, (i, j) in enumerate(order)], sm_set, hbm_phases=True)
+    _gate(kernel, access, g, partial(_operand_gates, access, g, shape, order), m.cfg.gpu.sms)
+    return kernel
+
+
+def _operand_gates(access: RemoteAccess, g: int, shape: GemmShape, order: list[tuple[int, int]]) -> list[list[Signal]]:
+    """What each TB of a remote-loading GEMM on ``g`` (tiles in ``order``) waits for
+    before its first step: the ready flags of the operand blocks its row tile reads
+    (its gates, launch on ready)."""
+    by_row: dict[int, list[Signal]] = {}
+    out = []
+    for i, _ in order:
+        if i not in by_row:
+            by_row[i] = access.operands_ready(g, shape, i)
+        out.append(by_row[i])
+    return out
 
 
 def k_steps(shape: GemmShape, ops: list[Operand], eb: int, load_bytes: int) -> list[tuple[int, int]]:

@@ -64,7 +64,7 @@ class RemoteReuse:
     def copies(self) -> bool:
         """Whether a copy stage fills a local gathered copy that the GEMM reads
         (``copy-engine``, ``comm-sms``: kernels/remote_copy.py)."""
-        return self.strategy in ("copy-engine", "comm-sms")
+        return self.strategy in ("copy-engine", "comm-sms", "auto")
 
     @property
     def clusters(self) -> bool:

@@ -115,15 +115,20 @@ def signalled_rowop_kernel(m: Machine, cm: ComputeModel, g: int, mem: Memory, op
             rowop_apply(mem, op, r0, nr, norm, p_drop, row0)
         m.isa.flag_multicast_counts(g, flags[b], [per_gpu[(g, b)] for per_gpu in ready])
 
+    # block b's signal word at its expected bytes: every partial of its rows is in
+    landed = [Signal() for _ in blocks]
+    for b, sig in enumerate(landed):
+        m.isa.wait_signal(g, keys[b], expected[b], partial(sig.fire, m.sim))
+
     def planned(b: int, sm: int, busy: int) -> TbPlan:
         """TB ``b`` as a plan the core executes: it waits for its signal word, runs
         its phase, then finishes its block."""
         plan = TbPlan()
-        landed = Signal()
-        m.isa.wait_signal(g, keys[b], expected[b], partial(landed.fire, m.sim))
-        plan.wait(landed)
+        plan.wait(landed[b])
         plan.phase(HbmPhase(tb_ps, rowop_bytes(op, dtype_bytes, blocks[b][1])))
         plan.call(partial(finish, b))
         return plan
 
-    return Kernel(op.name, [partial(planned, b) for b in range(len(blocks))], sm_set, hbm_phases=True)
+    kernel = Kernel(op.name, [partial(planned, b) for b in range(len(blocks))], sm_set, hbm_phases=True)
+    kernel.gates = lambda: [[sig] for sig in landed]  # launch on ready: a block's TB once its rows are in
+    return kernel

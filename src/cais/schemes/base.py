@@ -131,6 +131,8 @@ class LayerRun:
         self.sms = self.m.cfg.gpu.sms
         self.collectives = 0
         self.choices: dict[tuple[str, str], int] = {}  # (algo, protocol) -> collectives that ran it
+        # sub-layer -> (GEMM-RS SMs, LN + AG-GEMM SMs) of a fused pipeline's SM split
+        self.sm_splits: dict[str, tuple[int, int]] = {}
         self.last_algo = ""  # the algorithm the latest :meth:`collective` ran
         # Mirror mode: GPU 0's kernels run; GPU g's k-th kernel of a name is the
         # image of GPU 0's k-th kernel of that name (its done signal stands for it).
@@ -217,6 +219,27 @@ class LayerRun:
         for a scheme's epilogue to call before its own work; None in timing mode."""
         mem = self._memory(g)
         return store_epilogue(mem, gemm.ops, shape) if mem.functional else None
+
+    @property
+    def slowest(self) -> float:
+        """The slowest GPU's factor on its compute time (``gpu_slowdown``; 1: none)."""
+        cfg = self.m.cfg
+        return max(cfg.gpu_slowdown.get(g, 1.0) for g in range(cfg.gpus))
+
+    def chain_bound_ps(self, c: Chain) -> tuple[int, int]:
+        """(compute, communication) lower bounds of a sub-layer: its kernels' calibrated
+        work on all SMs (without launch and fixed kernel overheads), stretched by the
+        slowest GPU's ``gpu_slowdown`` (a sub-layer ends with its slowest GPU), and the
+        least bytes a GPU must move per link direction, S = one [T, h] activation, T with
+        its padding (ReduceScatter with in-switch reduction: S up, S/n down; AllGather
+        with multicast: S/n up, S(n-1)/n down), over the GPU's NVLink bandwidth."""
+        cm, sms, cfg = self.cm, self.sms, self.m.cfg
+        compute = sum(cm.gemm_time_ps(g.m, g.n, g.k, sms) - cm.kernel_overhead_ps for g in (c.gemm1, c.gemm2))
+        compute += self.rowop_work_ps(c.rowop, c.rowop.rows, sms)
+        slowest = self.slowest
+        s_bytes = self.d.tokens * self.d.hidden * self.model.dtype_bytes
+        gbps = cfg.link.bandwidth_GBps * cfg.links_per_gpu
+        return round(compute * slowest), round(s_bytes / gbps * 1000)
 
     def shape(self, gemm: Gemm, sms: int | None = None) -> GemmShape:
         return gemm_shape(self.cm, gemm.m, gemm.n, gemm.k, sms or self.sms)

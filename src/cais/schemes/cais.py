@@ -45,11 +45,13 @@ gathered gradient for both) beside what follows. ``train.wgrad_inputs`` /
 from __future__ import annotations
 
 from bisect import bisect_left
+from functools import partial
 
 import numpy as np
 
 from cais.engine import Countdown, Signal
 from cais.hw.gpu import RedForm, RowBlocks
+from cais.hw.group_sync import TbGroupRegistrar
 from cais.hw.memory import Region
 from cais.hw.packets import Kind
 from cais.isa import StreamRed
@@ -57,7 +59,7 @@ from cais.kernels.gemm import GemmShape
 from cais.kernels.local import ROWS_PER_TB
 from cais.kernels.remote_gemm import MergeableAccess, SyncGroups, remote_operands, sharded_activations, tile_order
 from cais.machine import Machine
-from cais.opt.fusion import asymmetric_split, fuse
+from cais.opt.fusion import asymmetric_split, choose_split, fuse
 from cais.opt.tb_dependencies import TbDependencies, tb_dependencies
 from cais.opt.tb_order import k_start_owner, owner_interleaved_order
 from cais.schemes.base import Deps, LayerRun
@@ -96,9 +98,15 @@ class CoordinatedAccess(MergeableAccess):
         # which of the two sync points (pre-launch, pre-access) a TB registers at, and
         # with which group (one per TB and sync point, of one TB per GPU)
         self._groups: tuple[SyncGroups | None, SyncGroups | None] = (None, None)
+        # the pre-launch registration, made before dispatch where TBs launch on ready
+        # (the paper's: the TB stays pending, holding no SM; hw/group_sync.py)
+        self._at_dispatch: SyncGroups | None = None
         if coord and group is not None:
-            self._groups = ((group, _PHASES, m.n) if cfg.pre_launch_sync else None,
-                            (group + 1, _PHASES, m.n) if cfg.pre_access_sync else None)
+            launch = (group, _PHASES, m.n) if cfg.pre_launch_sync else None
+            if m.cfg.gpu.tb_launch == "on-ready":
+                self._at_dispatch, launch = launch, None
+            self._groups = (launch, (group + 1, _PHASES, m.n) if cfg.pre_access_sync else None)
+        self._early = cfg.pre_access_overlap
         self.deps = deps
         self.block_keys = block_keys or []
         # the pass's LN row blocks as the core cuts an epilogue's partial rows at them
@@ -120,8 +128,23 @@ class CoordinatedAccess(MergeableAccess):
 
     def sync_groups(self) -> tuple[SyncGroups | None, SyncGroups | None]:
         """TB ``t`` registers with its TB group at the switch (one per TB and sync
-        point) and waits for the release, at the sync points the config enables."""
+        point) and waits for the release, at the sync points the config enables that
+        it makes on its SM (the pre-launch one is made before dispatch with launch on
+        ready: :meth:`launch_gates`)."""
         return self._groups
+
+    def early_access(self) -> bool:
+        return self._early and self._groups[1] is not None
+
+    def launch_gates(self, g: int, data: list[list[Signal]], window: int) -> list[list[Signal]]:
+        """With launch on ready, each TB registers with its pre-launch TB group before
+        dispatch (after its data gates, one wave ahead: :class:`TbGroupRegistrar`) and
+        is placed at the release."""
+        if self._at_dispatch is None:
+            return data
+        base, per, members = self._at_dispatch
+        return TbGroupRegistrar(self.m.sim, partial(self.m.isa.group_sync, g), base, per, members, data,
+                                window).gates
 
     # ---- TB-level dependencies -------------------------------------------------------
     def operands_ready(self, g: int, shape: GemmShape, i: int) -> list[Signal]:
@@ -235,9 +258,18 @@ class Cais(RemoteLoadScheme):
 
     @staticmethod
     def _split(r: LayerRun, c: Chain) -> tuple[frozenset[int], frozenset[int]]:
-        """The two SM groups of asymmetric kernel overlap (``opt.fusion``)."""
+        """The two SM groups of asymmetric kernel overlap (``opt.fusion``): the
+        config's split, or with ``auto`` the optimizer's choice for this sub-layer
+        (recorded in ``r.sm_splits``)."""
         t1, t2 = (r.cm.gemm_time_ps(gm.m, gm.n, gm.k, r.sms) for gm in (c.gemm1, c.gemm2))
-        return asymmetric_split(t1, t2, r.sms, r.m.cfg.cais.split)
+        split = r.m.cfg.cais.split
+        if split == "auto":
+            _, comm = r.chain_bound_ps(c)  # an activation's least link time, each direction
+            f = r.slowest  # the GEMMs' times as the slowest GPU runs them
+            split = choose_split(round(t1 * f), round(t2 * f), comm, comm, max(1, c.rowop.rows // ROWS_PER_TB)).split
+        rs, ag = asymmetric_split(t1, t2, r.sms, split)
+        r.sm_splits[c.name] = (len(rs), len(ag))
+        return rs, ag
 
 
 class CaisPartial(Cais):

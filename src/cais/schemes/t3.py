@@ -76,7 +76,7 @@ from cais.engine import Countdown, Signal
 from cais.hw.gpu import Kernel
 from cais.hw.memory import Region
 from cais.kernels.gemm import GemmShape
-from cais.kernels.dma import DmaCommand, DmaEngine, dma_rate_GBps, dma_window_bytes
+from cais.kernels.dma import DmaCommand, DmaEngine, dma_rate_GBps, dma_start_ps, dma_window_bytes
 from cais.schemes.base import Deps, LayerRun, Scheme, all_of
 from cais.workload.graph import Chain
 
@@ -140,7 +140,7 @@ class DmaScheme(Scheme):
 
     def run(self, r: LayerRun) -> None:
         rate, window = dma_rate_GBps(r.m.cfg), dma_window_bytes(r.m.cfg)  # gpu.copy_engine
-        self.dma = [DmaEngine(r.m, g, rate, window) for g in range(r.m.n)]
+        self.dma = [DmaEngine(r.m, g, rate, window, dma_start_ps(r.m.cfg)) for g in range(r.m.n)]
         super().run(r)
 
     def gemm2_waiting(self, r: LayerRun, c: Chain, g: int, arrived: list[Signal],
