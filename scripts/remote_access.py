@@ -7,7 +7,11 @@ paper's traffic model (each remote row block reaches each GPU once).
 
     .venv/bin/python scripts/remote_access.py --workers 2 > /tmp/remote_access.md
 
-About 10 minutes on 2 cores with the defaults (three models, prefill).
+About 10 minutes on 2 cores with the defaults (three models, prefill). The as-sold
+rule's table (docs/remote-access.md, "The as-sold rule"):
+
+    .venv/bin/python scripts/remote_access.py --models paper-llama-7b --modes prefill train \
+        --schemes cais --baselines tp-nvls t3 --rule
 """
 
 from __future__ import annotations
@@ -31,7 +35,22 @@ STRATEGIES: dict[str, dict[str, str]] = {
     "copy-engine 1 MiB": {"remote_read.strategy": "copy-engine", "remote_read.copy_chunk_kB": "1024"},
     "comm-sms 1 MiB": {"remote_read.strategy": "comm-sms", "remote_read.copy_chunk_kB": "1024"},
     "L2 keeps (paper)": {"gpu.l2_keeps_peer_reads": "true"},
+    # the as-sold rule's candidates for rows a producer signals (CAIS's fused pipeline);
+    # rows ready at launch stay whole shards (remote_read.copy_chunk_kB) in each
+    "auto (default)": {"remote_read.strategy": "auto"},
+    "copy-engine, signalled whole": {"remote_read.strategy": "copy-engine", "remote_read.signalled_chunk_kB": "0"},
+    "copy-engine, signalled 1 MiB": {"remote_read.strategy": "copy-engine",
+                                     "remote_read.signalled_chunk_kB": "1024"},
+    "copy-engine, signalled 512 KiB": {"remote_read.strategy": "copy-engine",
+                                       "remote_read.signalled_chunk_kB": "512"},
+    "comm-sms 4, signalled 512 KiB": {"remote_read.strategy": "comm-sms", "remote_read.comm_sms": "4",
+                                      "remote_read.signalled_chunk_kB": "512"},
+    "comm-sms 8, signalled 512 KiB": {"remote_read.strategy": "comm-sms", "remote_read.comm_sms": "8",
+                                      "remote_read.signalled_chunk_kB": "512"},
 }
+#: the as-sold rule's table (docs/remote-access.md, "The as-sold rule")
+RULE = ["auto (default)", "copy-engine, signalled whole", "copy-engine, signalled 1 MiB",
+        "copy-engine, signalled 512 KiB", "comm-sms 4, signalled 512 KiB", "comm-sms 8, signalled 512 KiB"]
 
 
 def main() -> None:
@@ -43,9 +62,12 @@ def main() -> None:
     ap.add_argument("--baselines", nargs="+", default=["tp-nvls", "t3", "fuselib-nvls"],
                     help="schemes run as they are, to compare with (the first is the speedups' reference)")
     ap.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=list(STRATEGIES))
+    ap.add_argument("--rule", action="store_true", help="the as-sold rule's candidates only (RULE)")
     ap.add_argument("--sms", type=int, default=66)
     ap.add_argument("--workers", type=int, default=None)
     args = ap.parse_args()
+    if args.rule:
+        args.strategies = RULE
 
     def point(model: str, mode: str, scheme: str, sets: dict[str, str]) -> dict[str, object]:
         return {"system": args.system, "sets": json.dumps(sets, sort_keys=True), "model": model, "mode": mode,

@@ -69,7 +69,7 @@ def run(command: str, here: bool = False) -> tuple[str, float]:
     """What ``command`` prints (stdout and stderr, progress lines dropped) and its wall
     seconds, run in a fresh temporary folder (``here``: in the checkout, for a command
     that only reads what the checkout holds)."""
-    env = {**os.environ, "COLUMNS": str(WIDTH), "NO_COLOR": "1", "TERM": "dumb",
+    env = {**os.environ, "COLUMNS": str(WIDTH), "NO_COLOR": "1", "TERM": "dumb", "CAIS_PROGRESS": "0",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()

@@ -158,3 +158,17 @@ def test_a_sweep_in_a_pipe_prints_whole_lines_with_the_eta_first() -> None:
         bar.update(0, advance=1, failed=1)
     lines = out.getvalue().splitlines()
     assert lines == ["cais: sweep: ETA 0:00:20 | 2/4 | 1 failed | 0:00:20"]
+
+
+def test_the_environment_turns_progress_off_where_no_flag_asks(monkeypatch) -> None:
+    from argparse import Namespace
+
+    from cais.cli import _progress_asked
+
+    monkeypatch.delenv("CAIS_PROGRESS", raising=False)
+    assert _progress_asked(Namespace(progress=None)) is None
+    monkeypatch.setenv("CAIS_PROGRESS", "0")
+    assert _progress_asked(Namespace(progress=None)) is False
+    assert _progress_asked(Namespace(progress=True)) is True  # a flag wins
+    monkeypatch.setenv("CAIS_PROGRESS", "1")
+    assert _progress_asked(Namespace()) is True

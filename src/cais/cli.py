@@ -330,13 +330,24 @@ def _print_table(title: str, rows: list[tuple[str, str]]) -> None:
     print_table(Console(), table)
 
 
+def _progress_asked(args: argparse.Namespace) -> bool | None:
+    """Whether progress is to be shown, as asked: --progress / --no-progress, else the
+    environment's CAIS_PROGRESS (0 or 1: a harness that captures the output sets 0),
+    else None (the command's own default)."""
+    if getattr(args, "progress", None) is not None:
+        return bool(args.progress)
+    env = os.environ.get("CAIS_PROGRESS")
+    return None if env is None else env.strip() not in ("0", "", "false", "no")
+
+
 def _progress(args: argparse.Namespace) -> RunProgress:
     """The run's progress report on stderr: the bar where stderr is a terminal and
     --json is not given, or when --progress asks; never with --no-progress."""
     from cais.experiments.layer import MIRROR_SCHEMES
     from cais.progress import RunProgress
 
-    show = args.progress if args.progress is not None else (sys.stderr.isatty() and not args.json)
+    asked = _progress_asked(args)
+    show = asked if asked is not None else (sys.stderr.isatty() and not args.json)
     symmetric = getattr(args, "scheme", None) in (None, *MIRROR_SCHEMES)  # collectives have no scheme
     hint = ("; '--sim mirror' simulates GPU 0 only, about N times fewer events, where the run is symmetric"
             if args.sim == "full" and symmetric else "")
@@ -687,7 +698,9 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
     cfg = _reproduce_system(args)
     ctx = Context(args.system, sets, args.quick, Path(args.out), tuple(args.models or ()), tuple(args.modes or ()))
     prov = collect(args.command_line, args.system, cfg.model_dump(), sets)
+    asked = _progress_asked(args)
     res = reproduce(names, ctx, args.workers or os.cpu_count(), cached=args.cached, provenance=prov,
+                    progress=True if asked is None else asked,
                     on_section=lambda sec: _print_section(sec, args.system, args.quick),
                     log=lambda line: Console().print(line, markup=False, highlight=False))  # wrapped to the width
     models = [str(m) for t in res.tables.values() if "model" in t for m in t["model"]]
@@ -808,7 +821,8 @@ def _launch_option(sp: argparse.ArgumentParser, what: str) -> None:
 def _progress_option(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                     help="a progress bar on stderr (simulated time, events, ETA) once a run passes 2 s; default: "
-                         "shown when stderr is a terminal and --json is not given")
+                         "shown when stderr is a terminal and --json is not given, unless the environment sets "
+                         "CAIS_PROGRESS=0")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -919,6 +933,9 @@ def build_parser() -> argparse.ArgumentParser:
     _launch_option(rp, "Default: each experiment's own (production: decode under graphs, prefill eager; the "
                        "paper's experiments fitted); given, every point runs it; a --set gpu.launch wins")
     _set_option(rp, "The report's provenance and every CSV row record them")
+    rp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                    help="the runs' progress on stderr (a bar on a terminal, a line now and then elsewhere); "
+                         "default: shown, unless the environment sets CAIS_PROGRESS=0")
     rp.set_defaults(fn=cmd_reproduce)
     for sp in sub.choices.values():  # each command's option strings, for as_flags
         sp.set_defaults(options=frozenset(sp._option_string_actions))

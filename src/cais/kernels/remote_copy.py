@@ -39,10 +39,13 @@ barriers; ThunderKittens gives some SMs to communication. Here:
 
 * **auto** (the H100 as sold): each copy as a competent implementer would run it,
   measured on paper-llama-7b (docs/remote-access.md, "The as-sold rule"): rows ready
-  at launch (LADM, CAIS-Base, weight gradients) by the copy engine, whole shards
-  (``copy_chunk_kB``); rows a producer signals block by block (CAIS's fused pipeline)
-  by ``remote_read.signalled_comm_sms`` comm SMs in ``signalled_chunk_kB`` chunks,
-  where a copy engine's start per command costs more than the SMs it saves.
+  at the launch of a GEMM that runs alone (LADM, CAIS-Base, their weight gradients)
+  by the copy engine, whole shards (``copy_chunk_kB``); rows a producer signals block
+  by block (CAIS's fused pipeline), and the rows of a GEMM that runs beside other work
+  (CAIS's overlapped weight gradients), by ``remote_read.signalled_comm_sms`` comm SMs
+  (``signalled_chunk_kB`` chunks where signalled): there a copy engine's start per
+  command, or its plain reads competing with the work beside it, cost more than the
+  SMs the copy takes.
 
 HBM: the local GEMM reads every row of a loaded operand from local HBM and the copy
 writes the remote share there once: each tile's HBM phase counts the operand's share
@@ -135,10 +138,11 @@ def _all(m: Machine, sigs: list[Signal]) -> Signal:
 
 def copy_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape, floor_ps: int, eb: int,
               ops: list[Any], access: Any, sm_set: frozenset[int] | None, mem: Memory | None,
-              plans: dict[tuple, Any], floor_of: Any) -> Kernel:
+              plans: dict[tuple, Any], floor_of: Any, beside: bool = False) -> Kernel:
     """GPU ``g``'s GEMM reading the token-sharded operands ``ops`` from a local gathered
     copy that a copy stage fills (module doc); ``floor_of(sms)``: the tile's memory
-    floor on that many SMs (the GEMM may run on fewer, comm-sms)."""
+    floor on that many SMs (the GEMM may run on fewer, comm-sms); ``beside``: the GEMM
+    runs beside other work (a side stream: strategy ``auto`` copies by SMs there)."""
     rr = m.cfg.remote_read
     sim = m.sim
     gathered = [gemm.ops.a if op.which == "a" else gemm.ops.b for op in ops]
@@ -150,7 +154,8 @@ def copy_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
     if signalled:
         chunk_kB = rr.signalled_chunk_kB
     if strategy == "auto":  # each copy as an implementer runs it (module doc)
-        strategy, comm_sms = ("comm-sms", rr.signalled_comm_sms) if signalled else ("copy-engine", comm_sms)
+        by_sms = signalled or beside
+        strategy, comm_sms = ("comm-sms", rr.signalled_comm_sms) if by_sms else ("copy-engine", comm_sms)
     # the copy order: each GPU from the next one round (a peer serves one puller at a time,
     # as PyTorch's async TP and CUTLASS's Distributed GEMM rotate their peers), but for
     # mergeable loads, which every GPU issues in the same order so that the switch merges them

@@ -106,12 +106,12 @@ def runs_of_other_code(tables: Mapping[str, pd.DataFrame], plans: list[tuple[str
 def reproduce(names: list[str], ctx: Context, workers: int | None = None,
               log: Callable[[str], None] = print, cached: bool = False,
               on_section: Callable[[Section], None] | None = None,
-              provenance: Provenance | None = None) -> Outcome:
+              provenance: Provenance | None = None, progress: bool = True) -> Outcome:
     """Run the experiments ``names`` in ``ctx`` and write their CSVs (each row with
     ``provenance``'s columns), PNGs and the report (verdict and provenance first);
     ``cached``: simulate nothing, analyse the runs already in ``ctx.out/runs``;
     ``on_section``: called with each experiment's section as it is done;
-    ``provenance``: default, this library call.
+    ``provenance``: default, this library call; ``progress``: the runs' progress on stderr.
 
     Every experiment's points run in one pool of ``workers`` processes, in the order of
     the experiments, a point that two experiments share once; each experiment is
@@ -143,7 +143,7 @@ def reproduce(names: list[str], ctx: Context, workers: int | None = None,
         res.points_reused = sum((fn, pid) in ids for fn, t in tables.items()
                                 for pid in t.loc[t["status"] == "ok", "point_id"].unique())
     else:
-        tables = run_sweeps([job for _, points in plans for job in points], outs, workers=workers, progress=True,
+        tables = run_sweeps([job for _, points in plans for job in points], outs, workers=workers, progress=progress,
                             desc="reproduce", on_batch=analyse_ready, same_run=same_run)
         res.points_run = sum(t.attrs["points_run"] for t in tables.values())
         res.points_shared = sum(t.attrs["points_shared"] for t in tables.values())

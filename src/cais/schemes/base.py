@@ -278,11 +278,12 @@ class LayerRun:
                                        sm_set, mem if mem.functional else None, self.plans)
 
     def load_gemm(self, g: int, gemm: Gemm, ops: list[Operand], access: RemoteAccess,
-                  sm_set: frozenset[int] | None = None, keep: bool = False) -> Kernel:
+                  sm_set: frozenset[int] | None = None, keep: bool = False, beside: bool = False) -> Kernel:
         """A GEMM kernel whose tiles load the token-sharded operands ``ops`` from their
         owners through ``access`` (kernels/remote_gemm.py); a plain GEMM without any.
         ``keep``: the tiles also write the rows they load to the gathered tensor's local
-        copy (a later GEMM reads it there)."""
+        copy (a later GEMM reads it there); ``beside``: it runs beside other work (a
+        side stream), which a copy strategy may weigh (kernels/remote_copy.py)."""
         if not ops:
             return self.gemm_kernel(g, gemm, sm_set)
         sms = len(sm_set) if sm_set else self.sms
@@ -294,7 +295,7 @@ class LayerRun:
             return remote_copy.copy_gemm(self.m, self.cm, g, gemm, shape, self.gemm_floor_ps(gemm, shape, sms),
                                          self.model.dtype_bytes, ops, access, sm_set,
                                          mem if mem.functional else None, self.plans,
-                                         lambda s, n: self.gemm_floor_ps(gemm, s, n))
+                                         lambda s, n: self.gemm_floor_ps(gemm, s, n), beside)
         return remote_gemm.load_gemm(self.m, self.cm, g, gemm, shape, self.gemm_floor_ps(gemm, shape, sms),
                                      self.model.dtype_bytes, ops, access, sm_set, mem if mem.functional else None,
                                      self.plans, keep)

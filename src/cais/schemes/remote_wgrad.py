@@ -62,10 +62,11 @@ class RemoteLoadScheme(Scheme):
         """No AllGather: the weight-gradient GEMM loads the rows where they live."""
         return deps
 
-    def local_gemm(self, r: LayerRun, g: int, gemm: Gemm) -> Kernel:
-        """A weight gradient loads its token-sharded operands that have no local copy."""
+    def local_gemm(self, r: LayerRun, g: int, gemm: Gemm, beside: bool = False) -> Kernel:
+        """A weight gradient loads its token-sharded operands that have no local copy
+        (``beside``: it runs beside the work around it, on a side stream)."""
         loaded = {k: v for k, v in self._sharded.items() if k not in self._kept}
-        return r.load_gemm(g, gemm, remote_operands(gemm, loaded), self._wgrad_access)
+        return r.load_gemm(g, gemm, remote_operands(gemm, loaded), self._wgrad_access, beside=beside)
 
     def wgrad(self, r: LayerRun, seg: Local, deps: Deps, before: Deps, fetched: dict[str, Deps],
               plan: WgradPlan) -> Deps:
@@ -79,7 +80,7 @@ class RemoteLoadScheme(Scheme):
             return self.local(r, seg, deps)
         after = before if kinds == {"input"} else deps
         for g in range(r.m.n):
-            k = self.local_gemm(r, g, gemm)
+            k = self.local_gemm(r, g, gemm, beside=True)
             k.priority = SIDE_PRIORITY
             r.submit(g, k, [after[g]], r.cm.kernel_overhead_ps, seg.name)
         return deps
