@@ -381,8 +381,8 @@ def test_the_cores_tb_factories_time_a_layer_as_pythons_plans_do(monkeypatch: py
     data = run_layer(cfg, gpt, scheme, mode, functional=True, seed=3)
     assert made == {"load": 0, "reduce": 0} and data.mismatches == []  # Python's, with the data
     assert (timed.total_us, timed.events) == (data.total_us, data.events)
-    # the presets' copy-engine reads time the same in both modes too
+    # the presets' copies (the as-sold rule: copy engine or comm SMs) time the same in both modes too
     copied = load_system("dgx-h100").with_overrides(gpus=4)
-    assert copied.remote_read.strategy == "copy-engine"
+    assert copied.remote_read.strategy == "auto"
     timed, data = (run_layer(copied, gpt, scheme, mode, functional=f, seed=3) for f in (False, True))
     assert (timed.total_us, timed.events) == (data.total_us, data.events) and data.mismatches == []

@@ -156,3 +156,24 @@ def test_t3s_copy_engine_pays_its_start_per_command() -> None:
     free = run_layer(_four(**{"gpu.copy_engine.start_us": "0"}), GPT, "t3", "prefill")
     paid = run_layer(_four(**{"gpu.copy_engine.start_us": "2.8"}), GPT, "t3", "prefill")
     assert paid.total_us > free.total_us
+
+
+def test_coordinated_tbs_sharing_one_sm_pool_never_deadlock() -> None:
+    """A slow merge unit (0.3 lookups per ns) with both fused GEMMs on every SM: placed
+    in different orders on different GPUs, each GPU's SMs filled with TBs waiting at
+    their pre-access syncs for members the others kept off their SMs (a deadlock at
+    2,235.8 us). Placed in one order, the run completes with no sync timing out."""
+    from cais.workload.models import load_model
+
+    cfg = apply_overrides(load_system("dgx-h100"), {"switch.merge.lookups_per_ns": "0.3"})
+    r = run_layer(cfg, load_model("paper-llama-7b"), "cais", "prefill", 66)
+    assert r.total_us > 0 and "sync_timeouts" not in r.as_json()
+    assert all(v["gemm_rs_sms"] == v["ag_gemm_sms"] == 66 for v in r.sublayers.values()), "one pool: no split"
+
+
+def test_a_sync_entry_that_times_out_releases_its_members_and_is_counted() -> None:
+    """A group that cannot complete in time (a 1 ns timeout) releases the members it
+    has; the late ones go at once; the layer stays exact and the timeouts are counted."""
+    cfg = _four(**{"cais.sync_timeout_us": "0.001"})
+    r = run_layer(cfg, GPT, "cais", "prefill", functional=True, seed=2)
+    assert r.mismatches == [] and r.as_json().get("sync_timeouts", 0) > 0

@@ -153,6 +153,24 @@ def test_each_quick_claim_agrees_with_the_shipped_full_grid_or_says_so(quick: Pa
     assert verdict.count("The answer, from the full grid") <= differ
 
 
+def test_the_first_screen_points_the_way_the_full_grid_does_in_every_world(quick: Path) -> None:
+    """README's first command (the quick Fig. 11) gives each world's answer the way the
+    shipped full grid does: no Fig. 11 claim of the quick grid contradicts it."""
+    import json
+
+    from cais.reproduce.claims import shipped
+
+    full = shipped("dgx-h100")
+    assert full is not None
+    theirs = {c["name"]: c["holds"] for c in full["claims"]["fig11"]}
+    mine = json.loads((quick / "claims.json").read_text())["claims"]["fig11"]
+    worlds = [c for c in mine if "dgx-h100" in c["name"] or "paper-world" in c["name"]]
+    assert len(worlds) >= 3, [c["name"] for c in mine]  # one claim per world at least
+    for c in mine:
+        if c["name"] in theirs:
+            assert c["holds"] == theirs[c["name"]], (c["name"], c["figure"])
+
+
 def test_fig14_has_the_fifo_curve_at_every_table_size(quick: Path) -> None:
     """Issue 38's second replacement policy, as a third curve of Fig. 14: cais with
     switch.merge.replacement=fifo at each size cais runs at, the same run as LRU's with a

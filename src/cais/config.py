@@ -367,6 +367,17 @@ class CaisConfig(_Strict):
     sync_entries: int = Field(256, gt=0, description="Group Sync Table entries per switch chip (TB groups being "
                                                       "synchronised at once); a sync request that finds it full "
                                                       "waits in its input buffer")
+    sync_timeout_us: float | None = knob(None, gt=0, description="a Group Sync Table entry's timeout: a TB group "
+                                                                 "not complete this long after its first member "
+                                                                 "registered releases the members it has, and later "
+                                                                 "members go at once (null: never). As the merge "
+                                                                 "table's timer does for throttling, it makes the "
+                                                                 "syncs delay TBs but never deadlock them (a group "
+                                                                 "whose members cannot all start because each GPU's "
+                                                                 "SMs hold other groups' TBs). Off on the presets: "
+                                                                 "CAIS's TBs are placed in one order on every GPU "
+                                                                 "(hw/group_sync.py), which already rules that out; "
+                                                                 "20 us would match switch.merge.timeout_us")
     pre_launch_sync: bool = Field(True, description="coordination: each TB registers with its TB group before it "
                                                     "starts (off: only for Fig. 13(b)'s step-by-step skew)")
     pre_access_sync: bool = Field(True, description="coordination: each TB registers again before its first "

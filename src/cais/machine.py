@@ -153,7 +153,7 @@ class Machine:
                                          dict(u.tensor_peak), u.stats.lookups, u.stats.lookup_wait_ps)
                          for u in units)
             any_ps, port_ps = sw.spread.until(span_ps)
-            switches.append(SwitchRecord(sw.chip, any_ps, port_ps, recs))
+            switches.append(SwitchRecord(sw.chip, any_ps, port_ps, recs, getattr(sw, "sync_timeouts", 0)))
         return RunRecord(span_ps, self.n, self.cfg.link.bandwidth_GBps, self.cfg.links_per_gpu, tuple(channels),
                          tuple(gpus), tuple(switches))
 

@@ -80,6 +80,8 @@ class SwitchRecord:
     any_ps: int
     port_ps: int
     units: tuple[MergeUnitRecord, ...]
+    #: TB groups its Group Sync Table released by their timeout (``cais.sync_timeout_us``)
+    sync_timeouts: int = 0
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,9 @@ pub(crate) struct SwitchConfig {
 pub(crate) struct CaisConfig {
     /// TB groups the table holds at once.
     pub sync_entries: i64,
+    /// An entry's timeout (us): a group not complete this long after its first member
+    /// registered releases the members it has (None: never).
+    pub sync_timeout_us: Option<f64>,
 }
 
 /// What the core's hardware units read of a `SystemConfig`.

@@ -26,7 +26,7 @@ use pyo3::{PyTraverseError, PyVisit};
 use crate::engine::cell::{properties, unit, GilCell, Unit, UnitState};
 use crate::engine::channel::{Channel, Hook, Sink};
 use crate::engine::credits::Credits;
-use crate::engine::sim::{Clock, Simulator};
+use crate::engine::sim::{Action, Clock, Simulator};
 use crate::engine::train::{opt, opt_ref, Fanout, Train, TrainState};
 use crate::engine::unit::{unexpected, Event, Handler, UnitRef};
 use crate::hw::gpu::Endpoint;
@@ -37,6 +37,8 @@ use crate::hw::packets::PacketBook;
 use crate::hw::params::{ps, SwitchConfig, SystemParams};
 
 const NEVER: i64 = 1 << 62;
+/// The chip's own timed event: a Group Sync Table entry's deadline.
+const SYNC_TIMEOUT: u8 = 0;
 
 /// Byte accounting of a switch chip, for the conservation check:
 /// bytes in + bytes created by multicast = bytes out + bytes absorbed by reduction.
@@ -65,6 +67,8 @@ impl Handler for SwitchChip {
             Event::Started {
                 train, start, finish, ..
             } => SwitchChip::departed(slf, train, start, finish),
+            // a Group Sync Table entry's deadline
+            Event::Due { what: SYNC_TIMEOUT, .. } => SwitchChip::sync_deadlines(slf),
             _ => Err(unexpected("SwitchChip")),
         }
     }
@@ -151,6 +155,8 @@ pub(crate) struct SwitchChipState {
     handlers: Py<PyDict>,
     merge_cfg: Py<PyAny>,
     sync_entries: i64,
+    /// The Group Sync Table's entry timeout (ps; None: never).
+    sync_timeout_ps: Option<i64>,
     /// Mirror mode (the fabric's `mirror`): only GPU 0 runs; a train for GPU g
     /// stands for the train GPU -g sends to GPU 0 (its image under the GPUs'
     /// rotation), so every output goes to GPU 0's port.
@@ -481,6 +487,12 @@ impl SwitchChip {
         let tag = req.st().tag;
         let mut me = slf.st();
         let gst = me.gst.as_mut().expect("a chip with a Group Sync Table");
+        if gst.late_member(tag) {
+            // its group timed out: released at once
+            drop(me);
+            SwitchChip::consume_train(slf, req)?;
+            return SwitchChip::release_group(slf, tag, vec![req.clone().unbind()]);
+        }
         if gst.full_for(tag) {
             req.st().left += 1; // stays in its input buffer
             gst.wait(req.clone().unbind());
@@ -498,16 +510,58 @@ impl SwitchChip {
             let t = req.st();
             (t.tag, t.expect)
         };
-        let admitted = {
+        let (admitted, arm) = {
             let mut me = slf.st();
+            let (timeout, now) = (me.sync_timeout_ps, me.now(py));
             let gst = me.gst.as_mut().expect("a chip with a Group Sync Table");
-            gst.admit(req.clone().unbind(), tag, expect)
+            let new = !gst.holds(tag);
+            let admitted = gst.admit(req.clone().unbind(), tag, expect);
+            let arm = match (timeout, &admitted) {
+                (Some(t), Admitted::Counted) if new => {
+                    gst.arm(tag, now + t);
+                    Some(now + t)
+                }
+                _ => None,
+            };
+            (admitted, arm)
         };
+        if let Some(deadline) = arm {
+            let s = slf.st().sim.clone_ref(py);
+            s.get()
+                .push(py, deadline, Action::Due(UnitRef::of_bound(slf), SYNC_TIMEOUT, None))?;
+        }
         SwitchChip::consume_train(slf, req)?;
         let Admitted::Complete(members) = admitted else {
             return Ok(());
         };
         SwitchChip::release_group(slf, tag, members)?;
+        loop {
+            let next = {
+                let mut me = slf.st();
+                let gst = me.gst.as_mut().expect("a chip with a Group Sync Table");
+                gst.next_waiting(|t| t.get().st(py).tag)
+            };
+            match next {
+                Some(w) => SwitchChip::admit_group(slf, w.bind(py))?,
+                None => return Ok(()),
+            }
+        }
+    }
+
+    /// The Group Sync Table's deadlines that have come: each group still incomplete
+    /// releases the members it has (`group_sync.rs`), then the registrations waiting
+    /// for an entry are admitted.
+    fn sync_deadlines(slf: &Bound<'_, Self>) -> PyResult<()> {
+        let py = slf.py();
+        let expired = {
+            let mut me = slf.st();
+            let now = me.now(py);
+            let gst = me.gst.as_mut().expect("a chip with a Group Sync Table");
+            gst.expire(now, |t| t.get().st(py).expect)
+        };
+        for (tag, members) in expired {
+            SwitchChip::release_group(slf, tag, members)?;
+        }
         loop {
             let next = {
                 let mut me = slf.st();
@@ -732,6 +786,7 @@ impl SwitchChip {
         } = cfg.switch;
         let (pipeline_ps, reduce_ps) = (ps(pipeline_latency_ns, 1e3), ps(reduce_latency_ns, 1e3));
         let sync_entries = cfg.cais.sync_entries;
+        let sync_timeout_ps = cfg.cais.sync_timeout_us.map(|us| ps(us, 1e6));
         let clock = sim.get().clock();
         Ok(SwitchChip::from(SwitchChipState {
             clock,
@@ -754,6 +809,7 @@ impl SwitchChip {
             handlers: PyDict::new(py).unbind(),
             merge_cfg,
             sync_entries,
+            sync_timeout_ps,
             mirror: false,
             nvls: false,
             channels,
@@ -873,6 +929,12 @@ impl SwitchChip {
     #[getter]
     fn group_sync(&self, py: Python<'_>) -> Option<(i64, usize)> {
         self.st(py).gst.as_ref().map(|g| (g.registrations, g.peak))
+    }
+
+    /// TB groups the Group Sync Table released by their timeout (0 without one).
+    #[getter]
+    fn sync_timeouts(&self, py: Python<'_>) -> i64 {
+        self.st(py).gst.as_ref().map_or(0, |g| g.timeouts)
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {

@@ -103,6 +103,8 @@ struct KernelSlot {
     /// Whether its TBs' HBM phases are timed against the GPU's share.
     hbm_phases: bool,
     done: Py<Signal>,
+    /// Fired when its last TB has been placed on an SM (None: nobody asked).
+    placed_all: Option<Py<Signal>>,
     started: bool,
 }
 
@@ -160,7 +162,7 @@ impl TbDispatcher {
     /// Place TBs on the free SMs, kernel by kernel, then start their programs.
     fn dispatch(slf: &Bound<'_, Self>) -> PyResult<()> {
         let py = slf.py();
-        let (starts, busy, now) = {
+        let (starts, busy, now, placed) = {
             let mut me = slf.st();
             me.pending = false;
             let mut order = me.queue.clone();
@@ -192,7 +194,8 @@ impl TbDispatcher {
             me.busy = me.sms as i64 - free.count();
             me.free = free;
             let now = me.sim.get().now();
-            (starts, me.busy, now)
+            let placed: Vec<Py<Signal>> = emptied.iter().filter_map(|&id| me.slot(id).placed_all.take()).collect();
+            (starts, me.busy, now, placed)
         };
         for (id, sm, index) in starts {
             let (kernel, program, hbm, first, sim, slowdown) = {
@@ -227,6 +230,9 @@ impl TbDispatcher {
             // stretches its compute delays by the GPU's slowdown; its end frees the SM
             let then = (UnitRef::of_bound(slf), [id as i64, sm as i64, now]);
             Process::spawn_then(py, &sim, gen, then, hbm, slowdown)?;
+        }
+        for sig in placed {
+            Signal::fire_now(sig.bind(py), now, py.None())?;
         }
         Ok(())
     }
@@ -314,8 +320,9 @@ impl TbDispatcher {
     /// (`hbm_phases`), and `done`, fired when its last TB ends; `gates`, per TB, the
     /// gates still shut before it may be placed (None: none; each opened by `open`).
     /// Its `started_at` and `finished_at` are set when its first TB starts and its last
-    /// ends, `tb_ps` and `tb_wait_ps` then too. Returns the kernel's id, for `open`.
-    #[pyo3(signature = (kernel, name, tbs, sms, priority, hbm_phases, done, gates = None))]
+    /// ends, `tb_ps` and `tb_wait_ps` then too; `placed`, if given, fires when its last
+    /// TB has been placed. Returns the kernel's id, for `open`.
+    #[pyo3(signature = (kernel, name, tbs, sms, priority, hbm_phases, done, gates = None, placed = None))]
     #[allow(clippy::too_many_arguments)] // the Python method's parameters
     fn enqueue(
         slf: &Bound<'_, Self>,
@@ -327,6 +334,7 @@ impl TbDispatcher {
         hbm_phases: bool,
         done: Py<Signal>,
         gates: Option<Vec<u32>>,
+        placed: Option<Py<Signal>>,
     ) -> PyResult<usize> {
         let count = tbs.len();
         let shut = gates.unwrap_or_default();
@@ -361,6 +369,7 @@ impl TbDispatcher {
                 priority,
                 hbm_phases,
                 done,
+                placed_all: placed,
                 started: false,
             };
             let id = match me.spare.pop() {
@@ -438,6 +447,9 @@ impl TbDispatcher {
             visit.call(&k.kernel)?;
             visit.call(&k.tbs)?;
             visit.call(&k.done)?;
+            if let Some(p) = &k.placed_all {
+                visit.call(p)?;
+            }
         }
         Ok(())
     }

@@ -6,7 +6,7 @@ from cais._core import ArrivePerGpu, Completion
 from cais.engine.bound import Bound
 from cais.engine.channel import Channel, Train
 from cais.engine.credits import Credits
-from cais.engine.sim import Countdown, Process, Signal, Simulator, TbPlan
+from cais.engine.sim import Countdown, Process, Signal, Simulator, TbPlan, all_of
 
 __all__ = ["ArrivePerGpu", "Bound", "Channel", "Completion", "Countdown", "Credits", "Process", "Signal", "Simulator",
-           "TbPlan", "Train"]
+           "TbPlan", "Train", "all_of"]

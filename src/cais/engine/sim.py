@@ -38,3 +38,16 @@ def fewer_collections() -> Iterator[None]:
 
 
 ProgramGen = Generator[Any, Any, None]
+
+
+def all_of(sim: Simulator, signals: list[Signal]) -> Signal:
+    """A signal that fires once every one of ``signals`` has (at once if there are
+    none; the one signal itself if there is one)."""
+    if len(signals) == 1:
+        return signals[0]
+    done = Countdown(len(signals))
+    if not signals:
+        done.fire(sim)
+    for s in signals:
+        s.on_fire(lambda _v: done.arrive(sim))
+    return done

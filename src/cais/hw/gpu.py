@@ -44,7 +44,13 @@ class Kernel:
     count), so what a TB's factory holds is freed as the kernel runs. ``launched``: where
     set, fired when the kernel becomes dispatchable (its dependencies met, plus its
     launch overhead), for work a kernel brings beside it that needs no SM of its own
-    (a copy engine's copies; kernels/remote_copy.py)."""
+    (a copy engine's copies; kernels/remote_copy.py). ``gates``: where set, what each TB
+    waits for before its first step (:data:`TbGates`); with ``gpu.tb_launch = on-ready``
+    a TB is placed on an SM only once they have fired (its program still waits for
+    them, at once), with ``on-launch`` it waits for them on its SM. ``placed``: where
+    set, fired when its last TB has been placed on an SM. ``tb_ps`` and ``tb_wait_ps``,
+    set when it ends: the SM time its TBs held SMs, and the part they spent waiting
+    there for data, flags or TB-group syncs."""
 
     name: str
     tbs: list[TbProgram | None]
@@ -57,6 +63,7 @@ class Kernel:
     finished_at: int | None = None
     launched: Signal | None = None
     gates: TbGates | None = None
+    placed: Signal | None = None
     tb_ps: int = 0
     tb_wait_ps: int = 0
 
@@ -155,7 +162,7 @@ class Gpu(Endpoint):
                 raise ValueError(f"{kernel.name}: gates for {len(shut)} TBs, it has {len(kernel.tbs)}")
         counts = None if shut is None else [len(sigs) for sigs in shut]
         kid = self.dispatcher.enqueue(kernel, kernel.name, kernel.tbs, sms, kernel.priority, kernel.hbm_phases,
-                                      kernel.done, counts)
+                                      kernel.done, counts, kernel.placed)
         if shut is not None:
             for i, sigs in enumerate(shut):
                 for s in sigs:

@@ -12,13 +12,21 @@ order keeps the GPUs' registrations in one order, so the lowest unreleased group
 always complete on every GPU and the window never deadlocks; one wave ahead keeps a
 kernel's open registrations well inside the switch's Group Sync Table
 (``cais.sync_entries`` per chip), as the paper's 256 entries are sized for.
+
+A released TB is ready to be placed once the TB before it is: every GPU then places
+a kernel's coordinated TBs in launch order. A placed TB still waits on its SM for its
+pre-access group; if GPUs placed them in different orders, each GPU's SMs could fill
+with TBs whose partners the other GPUs' SMs keep out (measured: a deadlock with
+every SM of a GPU held). In one order, the earliest unfinished group's members are
+placed on every GPU before any later one, so it always completes. (Kernels sharing
+one SM pool are ordered as well: ``Kernel.placed``, schemes/cais.py.)
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from cais.engine import Countdown, Signal, Simulator
+from cais.engine import Signal, Simulator, all_of
 
 # registers TB group ``group`` of ``members`` GPUs from this GPU; its release's signal
 Register = Callable[[int, int], Signal]
@@ -38,7 +46,11 @@ class TbGroupRegistrar:
         self.sim, self.register = sim, register
         self.base, self.per, self.members, self.window = base, per, members, window
         self.released = [Signal() for _ in data]
-        self.ready: list[Signal] = [self._all(sigs) for sigs in data]
+        self.ready: list[Signal] = [all_of(sim, sigs) for sigs in data]
+        # TB t is ready to be placed once released and TB t - 1 is ready
+        self.ready_in_order: list[Signal] = []
+        for t, sig in enumerate(self.released):
+            self.ready_in_order.append(sig if t == 0 else all_of(sim, [sig, self.ready_in_order[-1]]))
         self.next = 0  # the next TB to register, in launch order
         self.open = 0  # registered, not yet released
         for sig in self.ready:
@@ -48,17 +60,11 @@ class TbGroupRegistrar:
 
     @property
     def gates(self) -> list[list[Signal]]:
-        return [[s] for s in self.released]
-
-    def _all(self, sigs: list[Signal]) -> Signal:
-        if len(sigs) == 1:
-            return sigs[0]
-        done = Countdown(len(sigs))
-        if not sigs:
-            done.fire(self.sim)
-        for s in sigs:
-            s.on_fire(lambda _v: done.arrive(self.sim))
-        return done
+        """Per TB, one signal: its release, once the TB before it in launch order is
+        ready too. The TBs become ready in launch order, so every GPU places a kernel's
+        coordinated TBs in one order, and a TB waiting for its group on its SM never
+        waits for a member that another GPU's TBs keep off its SMs (module doc)."""
+        return [[s] for s in self.ready_in_order]
 
     def _pump(self, _value: object) -> None:
         """Register the next TBs in launch order while their data are in and the window has room."""

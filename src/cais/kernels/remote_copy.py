@@ -62,7 +62,7 @@ from typing import Any
 
 import numpy as np
 
-from cais.engine import Bound, Countdown, Signal, TbPlan
+from cais.engine import Bound, Countdown, Signal, TbPlan, all_of
 from cais.hw.compute import ComputeModel
 from cais.config import PS_PER_NS
 from cais.hw.gpu import Kernel, LoadPlan
@@ -125,17 +125,6 @@ def _engine(m: Machine, g: int, plans: dict[tuple, Any]) -> DmaEngine:
     return hit
 
 
-def _all(m: Machine, sigs: list[Signal]) -> Signal:
-    if len(sigs) == 1:
-        return sigs[0]
-    done = Countdown(len(sigs))
-    if not sigs:
-        done.fire(m.sim)
-    for s in sigs:
-        s.on_fire(lambda _v: done.arrive(m.sim))
-    return done
-
-
 def copy_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape, floor_ps: int, eb: int,
               ops: list[Any], access: Any, sm_set: frozenset[int] | None, mem: Memory | None,
               plans: dict[tuple, Any], floor_of: Any, beside: bool = False) -> Kernel:
@@ -169,7 +158,7 @@ def copy_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
     seen: list[Signal] = [Signal() for _ in work]  # ... and a tile's poll has read it
     for s, v in zip(landed, seen):
         s.on_fire(lambda _v, v=v: sim.after(poll_ps, v.fire, sim))
-    ready = [_all(m, [launched, *access.rows_ready(g, c.owner, c.r0, c.nr)]) for c in work]
+    ready = [all_of(sim, [launched, *access.rows_ready(g, c.owner, c.r0, c.nr)]) for c in work]
 
     for k, c in enumerate(work):  # the GPU's own rows: read in place, flagged when ready
         if c.owner == g:

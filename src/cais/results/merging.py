@@ -40,6 +40,8 @@ class MergeMetrics:
     #: all; not in :meth:`as_json` (the goldens' record), read by the cost experiment
     lookups: int = 0
     lookup_wait_us: float = 0.0
+    #: TB groups the Group Sync Tables released by their timeout, not complete
+    sync_timeouts: int = 0
 
     def as_json(self) -> dict[str, Any]:
         chips = self.ports.values()
@@ -50,6 +52,7 @@ class MergeMetrics:
                                         "per_port": self.mean_kB},
                 "arrival_skew_us": {"mean": self.skew_mean_us, "max": self.skew_max_us},
                 "merge": dict(self.counts), "merge_sessions": self.sessions,
+                **({"sync_timeouts": self.sync_timeouts} if self.sync_timeouts else {}),
                 "merge_ports": {
                     "holding_sessions": sum(c["holding_sessions"] for c in chips) / max(1, len(chips)),
                     "busiest_share": sum(c["busiest_share"] for c in chips) / max(1, len(chips)),
@@ -94,4 +97,5 @@ def merge_metrics(rec: RunRecord) -> MergeMetrics | None:
         for tensor, lines in u.tensor_peak.items():
             tensors[tensor] = max(tensors.get(tensor, 0.0), lines * u.line_bytes / BYTES_PER_KB)
     return MergeMetrics(peak, mean, skew_sum / skew_n / PS_PER_US if skew_n else 0.0, skew_max / PS_PER_US, counts,
-                        sessions, ports, dict(sorted(tensors.items())), lookups, wait_ps / PS_PER_US)
+                        sessions, ports, dict(sorted(tensors.items())), lookups, wait_ps / PS_PER_US,
+                        sum(sw.sync_timeouts for sw in rec.switches))

@@ -45,6 +45,7 @@ gathered gradient for both) beside what follows. ``train.wgrad_inputs`` /
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Callable
 from functools import partial
 
 import numpy as np
@@ -249,6 +250,10 @@ class Cais(RemoteLoadScheme):
             k2 = r.load_gemm(g, c.gemm2, ops, loads, ag_sms, keep=self.keeps(c))
             if rs_sms & ag_sms:  # one SM pool: LN first as its rows are ready, then the producer, then the AG-GEMM
                 ln.priority, k1.priority = CONSUMER_PRIORITY + 1, CONSUMER_PRIORITY
+                if self.coord and k2.gates is not None:  # every GPU places the coordinated TBs in one order
+                    k1.placed = placed = Signal()
+                    gates = k2.gates
+                    k2.gates = partial(_after, gates, placed)
             for k in (k1, ln):
                 r.submit(g, k, [deps[g]], over, c.name)
             out.append(r.submit(g, k2, [deps[g]], over, c.name))
@@ -279,6 +284,13 @@ class Cais(RemoteLoadScheme):
         rs, ag = asymmetric_split(t1, t2, r.sms, split)
         r.sm_splits[c.name] = (len(rs), len(ag))
         return rs, ag
+
+
+def _after(gates: Callable[[], list[list[Signal]]], first: Signal) -> list[list[Signal]]:
+    """An AG-GEMM's gates in a pool of SMs it shares with its GEMM-RS: each TB also
+    waits until every GEMM-RS TB has been placed (``first``), so that every GPU places
+    the sub-layer's coordinated TBs in one order (hw/group_sync.py)."""
+    return [[*sigs, first] for sigs in gates()]
 
 
 class CaisPartial(Cais):
