@@ -55,7 +55,8 @@ def test_clusters_launch_together_along_the_shared_operands_other_dimension() ->
 
 
 def test_the_strategy_comes_from_the_system_and_the_l2_overrides_it() -> None:
-    assert RemoteReuse.of(_four(), ["a"]).strategy == "copy-engine"  # the H100 presets' default: what real code runs
+    assert RemoteReuse.of(_four(), ["a"]).strategy == "auto"  # the H100 presets' default: the as-sold rule
+    assert RemoteReuse.of(_four(), ["a"]).copies  # ... copies, as real code does
     assert RemoteReuse.of(_four(**STRATEGIES["reload"]), ["a"]).strategy == "reload"
     assert RemoteReuse.of(_four(**STRATEGIES["cluster3"]), ["b"]) == RemoteReuse("cluster", 3, along_n=False)
     keep = _four(**{"gpu.l2_keeps_peer_reads": "true", **STRATEGIES["staged"]})
