@@ -55,6 +55,8 @@ timed on their own).
 
 from __future__ import annotations
 
+import itertools
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -191,12 +193,25 @@ def copy_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
     by_op: list[list[tuple[int, int, int]]] = [[] for _ in ops]  # (first token, tokens, chunk) per operand
     for k, c in enumerate(work):
         by_op[c.op].append((c.owner * ops[c.op].src.rows_l + c.r0, c.nr, k))
+    for chunks_of_op in by_op:
+        chunks_of_op.sort()  # by first token: the chunks of an operand tile its rows without overlap
+    starts = [[a for a, _, _ in chunks_of_op] for chunks_of_op in by_op]
+    asked: dict[tuple[int, tuple[int, int]], list[Signal]] = {}
+
+    def span_waits(w: int, span: tuple[int, int]) -> list[Signal]:
+        """The flags of operand ``w``'s chunks that token rows ``span`` = (first, count) touch."""
+        hit = asked.get((w, span))
+        if hit is None:
+            t0, nt = span
+            first = max(0, bisect_right(starts[w], t0) - 1)
+            hit = asked[(w, span)] = [seen[k] for a, cnt, k in itertools.takewhile(
+                lambda c: c[0] < t0 + nt, by_op[w][first:]) if t0 < a + cnt]
+        return hit
 
     def waits(i: int, j: int) -> list[Signal]:
-        out = []
+        out: list[Signal] = []
         for w, op in enumerate(ops):
-            t0, nt = (0, shape.k) if op.k_is_tokens else op.tile_span(shape, i, j)
-            out += [seen[k] for a, cnt, k in by_op[w] if a < t0 + nt and t0 < a + cnt]
+            out += span_waits(w, (0, shape.k) if op.k_is_tokens else op.tile_span(shape, i, j))
         return out
 
     share = 2.0 - 1.0 / m.n
