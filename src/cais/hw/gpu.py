@@ -86,7 +86,8 @@ class Gpu(Endpoint):
     launch overhead); each takes every free SM it may use (its SM set) before the next
     is looked at, and TBs run to completion (no preemption). So a kernel launched
     while another holds SMs gets only the SMs left, and its tiles run in more waves
-    (the tail effect); SMs freed later go to the oldest kernel with TBs left.
+    (the tail effect); SMs freed later go to the oldest kernel with TBs left that are
+    ready (a TB whose gates are shut is not placed: ``Kernel.gates``).
 
     HBM: ``hbm`` (hw/hbm.py) shares the achievable bandwidth among the kernel phases
     running on the SMs and the traffic the endpoint and copy engines move.
