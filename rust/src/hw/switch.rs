@@ -535,17 +535,7 @@ impl SwitchChip {
             return Ok(());
         };
         SwitchChip::release_group(slf, tag, members)?;
-        loop {
-            let next = {
-                let mut me = slf.st();
-                let gst = me.gst.as_mut().expect("a chip with a Group Sync Table");
-                gst.next_waiting(|t| t.get().st(py).tag)
-            };
-            match next {
-                Some(w) => SwitchChip::admit_group(slf, w.bind(py))?,
-                None => return Ok(()),
-            }
-        }
+        SwitchChip::admit_waiting(slf)
     }
 
     /// The Group Sync Table's deadlines that have come: each group still incomplete
@@ -562,6 +552,12 @@ impl SwitchChip {
         for (tag, members) in expired {
             SwitchChip::release_group(slf, tag, members)?;
         }
+        SwitchChip::admit_waiting(slf)
+    }
+
+    /// Admit the registrations that waited for an entry, in order, while one is free.
+    fn admit_waiting(slf: &Bound<'_, Self>) -> PyResult<()> {
+        let py = slf.py();
         loop {
             let next = {
                 let mut me = slf.st();

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cais.errors import UserError
-from cais.engine import Countdown, Signal, Simulator
+from cais.engine import Countdown, Signal, all_of
 from cais.hw.compute import ComputeModel
 from cais.config import TrainConfig
 from cais.hw.gpu import Kernel
@@ -41,18 +41,6 @@ Deps = list[Signal]
 #: (what a call gets with no ``NCCL_ALGO`` set: tp-nccl, sp-nccl, a production kernel's
 #: fallback); any other ``algo`` is forced (:meth:`LayerRun.nccl_call`)
 NCCL_CHOICE = "nccl"
-
-
-def all_of(sim: Simulator, sigs: Sequence[Signal]) -> Signal:
-    """A signal that fires when every one of ``sigs`` has fired."""
-    if len(sigs) == 1:
-        return sigs[0]
-    done = Countdown(len(sigs))
-    if not sigs:
-        done.fire(sim)
-    for s in sigs:
-        s.on_fire(lambda _v: done.arrive(sim))
-    return done
 
 
 class AsymmetricRun(UserError):

@@ -30,9 +30,9 @@ session), see docs/cais.md.
 
 from __future__ import annotations
 
-from cais.engine import Signal
+from cais.engine import Signal, all_of
 from cais.kernels.remote_gemm import MergeableAccess, remote_operands, sharded_activations
-from cais.schemes.base import Deps, LayerRun, all_of
+from cais.schemes.base import Deps, LayerRun
 from cais.schemes.remote_wgrad import RemoteLoadScheme
 from cais.workload.graph import Chain
 

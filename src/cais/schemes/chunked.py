@@ -12,11 +12,11 @@ AllGather are ordinary collectives over a strided layout.
 
 from __future__ import annotations
 
-from cais.engine import Countdown
+from cais.engine import Countdown, all_of
 from cais.kernels.common import split
 from cais.kernels.gemm import GemmShape
 from cais.kernels.local import row_blocks
-from cais.schemes.base import Deps, LayerRun, Scheme, all_of
+from cais.schemes.base import Deps, LayerRun, Scheme
 from cais.workload.graph import Chain
 
 

@@ -77,8 +77,9 @@ wire separates every kernel.
 
 from __future__ import annotations
 
+from cais.engine import all_of
 from cais.kernels.remote_gemm import RemoteAccess, remote_operands, sharded_activations
-from cais.schemes.base import Deps, LayerRun, all_of
+from cais.schemes.base import Deps, LayerRun
 from cais.schemes.remote_wgrad import RemoteLoadScheme
 from cais.workload.graph import Chain, Local
 

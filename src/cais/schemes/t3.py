@@ -72,12 +72,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from cais.engine import Countdown, Signal
+from cais.engine import Countdown, Signal, all_of
 from cais.hw.gpu import Kernel
 from cais.hw.memory import Region
 from cais.kernels.gemm import GemmShape
 from cais.kernels.dma import DmaCommand, DmaEngine, dma_rate_GBps, dma_start_ps, dma_window_bytes
-from cais.schemes.base import Deps, LayerRun, Scheme, all_of
+from cais.schemes.base import Deps, LayerRun, Scheme
 from cais.workload.graph import Chain
 
 Piece = tuple[int, int, int]  # (chunk, first global row, rows)
