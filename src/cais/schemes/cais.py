@@ -71,9 +71,8 @@ _PHASES = 2  # sync points per TB: pre-launch, pre-access
 # Where GEMM-RS, LN and AG-GEMM share every SM (no split): a ready LN TB goes first (it is
 # short and what the AG-GEMM waits for), then the GEMM-RS's tiles (the producer first, so
 # every row block is reduced as early as it can be), and AG-GEMM tiles take the SMs left.
-# Measured on paper-llama-7b prefill (dgx-h100, staged reads, 66 SMs), L1: 463.5 us; with
-# the AG-GEMM before the GEMM-RS 538.7 (its TB groups fall out of step: 3,932 SM-us of
-# sync waits); launch order alone (the LN behind every GEMM-RS tile) 506.5
+# The orders measured against each other: docs/validation.md, "CAIS as its paper
+# schedules it"
 CONSUMER_PRIORITY = 1
 
 # per GPU: (owner, LN row block) -> its rows are ready (a countdown of one: the block's
