@@ -8,7 +8,7 @@ import math
 import pandas as pd
 import pytest
 
-from cais.reproduce.switch_share import switch_share, switch_share_sentence
+from cais.reproduce.switch_share import share_words, switch_share, switch_share_lines
 
 
 def _rows() -> pd.DataFrame:
@@ -39,8 +39,10 @@ def test_software_faster_than_cais_is_a_negative_share_and_no_gain_has_no_share(
     assert switch_share(df.iloc[0:0]).empty
 
 
-def test_the_sentence_names_each_world() -> None:
-    text = switch_share_sentence([("dgx-h100 (as sold)", _rows()), ("paper-world", _rows().iloc[0:0])])
-    assert text == ("In-switch merging (CAIS against cais-sw, its software alone) buys 1.15x of CAIS's 1.73x over "
-                    "TP-NVLS in prefill (25 % of its gain) on dgx-h100 (as sold).")
-    assert switch_share_sentence([("paper-world", _rows().iloc[0:0])]) == ""
+def test_the_lines_name_each_world_in_plain_words() -> None:
+    lines = switch_share_lines([("dgx-h100 (as sold)", _rows()), ("paper-world", _rows().iloc[0:0])])
+    assert lines == ["dgx-h100 (as sold), prefill: in-switch merging makes CAIS 1.15x faster than its software "
+                     "alone (cais-sw): 25 % of its 1.73x over TP-NVLS (log scale)."]
+    assert switch_share_lines([("paper-world", _rows().iloc[0:0])]) == []
+    assert "1.05x slower than its software alone" in share_words(1 / 1.05, 1.19, -0.28)  # no negative percentage
+    assert "under 0.5 %" in share_words(1.001, 1.19, 0.01)

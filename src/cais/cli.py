@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, NoReturn, TypeVar
+from typing import IO, TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from rich.console import Console as _RichConsole
 from rich.table import Table
@@ -435,6 +435,7 @@ def cmd_gemm(args: argparse.Namespace) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> None:
+    from cais.experiments.layer import warnings_of
     from cais.experiments.spec import LayerSpec
 
     spec = LayerSpec(args.model, args.scheme, args.mode, _system_spec(args), args.sms, args.batch, args.seq,
@@ -449,6 +450,8 @@ def cmd_run(args: argparse.Namespace) -> None:
     if not _printed_json(args, r, cfg, overrides):
         _print_layer(_system_label(cfg, overrides), model, r)
         _print_notes(notes)
+    for line in warnings_of(r):
+        print(f"cais: warning: {line}", file=sys.stderr)
 
 
 def _print_layer(system: str, model: ModelSpec, r: LayerResult) -> None:
@@ -742,7 +745,12 @@ def _print_section(sec: Section, system: str, quick: bool) -> None:
         print_table(console, t)
     else:
         console.print(f"[bold]{sec.title}[/]", highlight=False)
-    console.print(f"[bold]Verdict:[/] {sec.verdict or 'none (no runs to judge; see the report)'}", highlight=False)
+    if not sec.lines:
+        console.print("[bold]Verdict:[/] none (no runs to judge; see the report)", highlight=False)
+    else:
+        console.print("[bold]Verdict:[/]", highlight=False)
+        for line in sec.lines:
+            console.print(f"- {line}", highlight=False)
 
 
 def _demo_layers(cfg: SystemConfig, model: ModelSpec) -> None:
@@ -755,19 +763,38 @@ def _demo_layers(cfg: SystemConfig, model: ModelSpec) -> None:
     for col in ("scheme", "total (us)", "L1 (us)", "L2 (us)", "speedup vs tp-nvls (>1: faster)", "link util"):
         lt.add_column(col, justify="right")
     base = None
+    runs = {}
     for name, cls in schemes().items():
         if not cls().in_demo:
             continue
-        r = run_layer(cfg, model, name, "prefill", 66)
+        r = runs[name] = run_layer(cfg, model, name, "prefill", 66)
         base = base or r.total_us
         lt.add_row(name, f"{r.total_us:,.0f}", f"{r.sublayers['L1']['time_us']:,.0f}",
                    f"{r.sublayers['L2']['time_us']:,.0f}", f"{base / r.total_us:.2f}x", f"{100 * r.link_util.mean:.0f} %")
     print_table(Console(), lt)
+    Console().print(_slowest_line(runs, schemes()), highlight=False)
     for name in ("L1", "L2"):
         Console().print(f"{name}: {sublayer_legend(name, model.norm)}")
     _print_kv_note(model, cfg.gpus)
     Console().print("next: 'cais run --model paper-llama-7b --scheme cais --mode train --sms 66' for one scheme in "
                     "detail; 'cais schemes' lists the CAIS ablations; docs/validation.md compares with the paper")
+
+
+def _slowest_line(runs: dict[str, Any], registry: dict[str, Any]) -> str:
+    """One line on why the demo's slowest scheme is slow: what it does, and the bytes
+    it sends per GPU over NVLink and its kernels' time beside the fastest scheme's."""
+    def sent_gb(r: Any) -> float:
+        per_gpu = [sum(d.values()) for d in r.metrics.wire_bytes.values()]
+        return sum(per_gpu) / max(1, len(per_gpu)) / 1e9
+
+    slow = max(runs, key=lambda n: runs[n].total_us)
+    fast = min(runs, key=lambda n: runs[n].total_us)
+    s, f = runs[slow], runs[fast]
+    busy = s.kernel_us.get("computation", 0.0) + s.kernel_us.get("communication", 0.0)
+    idle = (f"; its kernels run {busy:,.0f} us of its {s.total_us:,.0f} us period, the rest waiting"
+            if busy < s.total_us else "")
+    return (f"slowest: {slow} ({f.total_us / s.total_us:.2f}x the fastest, {fast}): {registry[slow].summary}; it "
+            f"moves {sent_gb(s):.2f} GB per GPU over NVLink ({fast}: {sent_gb(f):.2f}){idle}")
 
 
 def _set_option(sp: argparse.ArgumentParser, recorded: str = "--json records them under 'overrides'") -> None:

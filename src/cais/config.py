@@ -413,6 +413,10 @@ class CaisConfig(_Strict):
                             "none = both GEMMs on every SM, the GEMM-RS's tiles first; or a fraction in (0, 1)")
 
 
+#: the smallest copy chunk (kB): one 128 B line
+MIN_CHUNK_KB = 0.125
+
+
 class RemoteReadConfig(_Strict):
     """How the TBs of one GEMM that read the same remote rows (the column tiles of an
     AG-GEMM, or of any GEMM whose operand is a token-sharded activation) get them:
@@ -475,6 +479,16 @@ class RemoteReadConfig(_Strict):
                                                 "half the set); 16 = the channels (one SM each) NCCL's ring and "
                                                 "NVLS kernels use here (collective.ring_channels, "
                                                 "nvls_channels)")
+
+    @field_validator("copy_chunk_kB", "signalled_chunk_kB")
+    @classmethod
+    def _a_chunk_holds_a_line(cls, v: float) -> float:
+        """A chunk is 0 (whole shards) or at least one 128 B line, the smallest transfer
+        (a chunk under one row is one row)."""
+        if 0 < v < MIN_CHUNK_KB:
+            raise ValueError(f"{v:g} kB is below one 128 B line ({MIN_CHUNK_KB:g} kB), the smallest copy; use 0 "
+                             f"(whole shards) or at least {MIN_CHUNK_KB:g}")
+        return v
 
 
 #: how a weight gradient gets a gathered operand: its source (a kept copy, or fetched

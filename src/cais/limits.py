@@ -208,18 +208,25 @@ def check_times(cfg: SystemConfig, events: float) -> None:
         bound_ps = MAX_TIME_PS if once else limit
         if math.isfinite(value) and math.isfinite(ps) and ps <= bound_ps:
             continue
-        took = f"{ps:.3g} ps ({_human(ps)})" if math.isfinite(ps) else "longer than any number of ps"
+        took = f"{_human(ps)}" if math.isfinite(ps) else "longer than any time"
         if name.endswith("_GBps"):  # the bytes of one step within the bound: moved * 1000 / bound_ps
             side, bound = "at least", _safe(moved * 1_000 / bound_ps, down=False)
         else:
             per = 1e6 if name.startswith("gpu_slowdown.") else _PS_PER[name[-3:]]
             side, bound = "at most", _safe(bound_ps / per, down=True)
-        half = f"{MAX_TIME_PS:.3g} ps ({_human(MAX_TIME_PS)}, half the 64-bit picosecond clock)"
-        why = (f"past the {half} a run's time may reach" if once else
-               f"; this run's {events:,.0f} estimated events, each up to {STEPS_PER_DELAY} steps after the one it "
-               f"follows, could add such steps up past the {half} a run's time may reach")
-        raise UserError(f"{name}: {value:.3g} makes {what} take {took}{' ' if once else ''}{why} (slow, not "
-                        f"stuck, but past what the clock counts); use {side} {bound:.3g}")
+        unit = unit_of(name)
+        clock = f"the {MAX_TIME_PS:.3g} ps ({_human(MAX_TIME_PS)}) a run's 64-bit picosecond clock may reach"
+        why = (f"past {clock}" if once else
+               f"and this run's {events:,.0f} estimated events could add such steps up past {clock}")
+        raise UserError(f"{name}: {value:.3g} {unit} makes {what} take {took}, {why}; use {side} {bound:.3g} {unit}")
+
+
+def unit_of(name: str) -> str:
+    """The unit of a timing field by its name's suffix (a slowdown is a factor)."""
+    if name.startswith("gpu_slowdown."):
+        return "x"
+    return {"_GBps": "GB/s", "_ps": "ps", "_ns": "ns", "_us": "us"}.get(
+        next((k for k in ("_GBps", "_ps", "_ns", "_us") if name.endswith(k)), ""), "")
 
 
 def _byte_fields(cfg: SystemConfig) -> list[tuple[str, float, float]]:

@@ -118,9 +118,23 @@ class Machine:
         self.isa = Isa(self)
         self.launch_ps = round(cfg.gpu.kernel_launch_us * PS_PER_US)
         self._flags = 0
+        #: settings the run could not honour as given: field -> (asked, the least used, why)
+        self._adjusted: dict[str, tuple[float, float, str]] = {}
         self.recorder = recorder
         if recorder is not None:
             recorder.attach(self)
+
+    def adjust(self, field: str, asked: float, used: float, why: str) -> None:
+        """Record that the run used ``used`` where the setting ``field`` asked for
+        ``asked`` (the least used over the run is kept), and ``why``."""
+        least = min(used, self._adjusted[field][1]) if field in self._adjusted else used
+        self._adjusted[field] = (asked, least, why)
+
+    @property
+    def adjusted(self) -> dict[str, str]:
+        """Each setting the run could not honour as given, in one line: what was asked,
+        the least used instead, and why."""
+        return {f: f"{a:g} asked, {u:g} used where fewest: {why}" for f, (a, u, why) in sorted(self._adjusted.items())}
 
     @property
     def n(self) -> int:

@@ -11,6 +11,7 @@ import numpy as np
 
 from cais.hw.compute import ComputeModel
 from cais.errors import UserError
+from cais.workload.dims import MODES
 from cais.config import PS_PER_US, SystemConfig
 from cais.experiments.estimates import period_events
 from cais.limits import check_events, check_machine
@@ -65,6 +66,7 @@ class LayerResult:
     hbm_capacity_GB: float = 0.0  # the GPU's HBM it was checked against
     collective_choice: str = "scheme"  # collective.layer_choice: the scheme's, or NCCL's by size
     collectives_ran: dict[str, int] = field(default_factory=dict)  # "algo/protocol" -> NCCL calls (choice nccl)
+    adjusted: dict[str, str] = field(default_factory=dict)  # settings not honoured as given -> what ran instead
     provenance: Provenance | None = None  # what made it (LayerSpec.run sets it; cais.provenance)
 
     @property
@@ -295,6 +297,35 @@ def _keeps_inputs(sch: Scheme, cfg: SystemConfig, mode: str) -> bool:
     return mode == "train" and sch.wgrad_plan(cfg.train).inputs.startswith("keep")
 
 
+#: a layer period past this (us) is absurd for any model: a real layer takes us to ms
+ABSURD_PERIOD_US = 1e6
+
+
+def warnings_of(r: LayerResult) -> list[str]:
+    """One line per thing a user should know the run did not do as asked: each
+    setting it could not honour (what it used instead), and a period absurd for a
+    layer (over a second)."""
+    lines = [f"{f}: {text}" for f, text in r.adjusted.items()]
+    if r.total_us > ABSURD_PERIOD_US:
+        lines.append(f"the layer period is {r.total_us / 1e6:,.3g} s, over a second for one layer (real layers take "
+                     "microseconds to milliseconds): a setting is far from any machine")
+    return lines
+
+
+def check_mode(sch: Scheme, cfg: SystemConfig, mode: str) -> None:
+    """UserError (one line) where ``mode`` is outside the scheme's design (an
+    inference stack in training) or a training-only setting is given outside
+    training (its weight-gradient dataflow, ``train.*``, in prefill or decode)."""
+    if mode in MODES and mode not in sch.modes:
+        raise UserError(f"mode: scheme '{sch.name}' is {sch.modes_why}; allowed with it: {', '.join(sch.modes)}")
+    if mode != "train":
+        for key in ("wgrad_inputs", "wgrad_grads"):
+            value = getattr(cfg.train, key)
+            if value != "scheme":
+                raise UserError(f"train.{key}: '{value}' sets the weight-gradient dataflow, which only --mode "
+                                 f"train has ({mode} has no backward); leave it at 'scheme' here")
+
+
 def check_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: int | None = None,
                 sim: str = "full") -> None:
     """Raise the UserError :func:`run_layer` would raise before simulating anything (an
@@ -304,6 +335,7 @@ def check_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms
     GPUs' HBM), without running it."""
     sch = get_scheme(scheme)
     _check_sms(cfg, sms)
+    check_mode(sch, cfg, mode)
     switch = sch.switch_model(cfg.switch.model)  # a scheme on a switch without what it needs (SwitchMismatch)
     sch.vc_policy_for(cfg.link.vc_policy)  # a VC policy that undoes the scheme (VcMismatch)
     keep = _keeps_inputs(sch, cfg, mode)  # a weight-gradient dataflow it cannot run (WgradMismatch)
@@ -323,6 +355,7 @@ def run_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: 
     on its ``segments`` track)."""
     sch = get_scheme(scheme)
     _check_sms(cfg, sms)
+    check_mode(sch, cfg, mode)
     if sms is not None:
         cfg = cfg.with_overrides(gpu={**cfg.gpu.model_dump(), "sms": sms})
     switch = sch.switch_model(cfg.switch.model)  # auto resolved; a switch it cannot run on refused
@@ -379,7 +412,8 @@ def run_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: 
         checked=checked, switch=cfg.switch.model, vc_policy=cfg.link.vc_policy, tokens=period.dims.real_tokens,
         padded_tokens=period.dims.tokens, sim=sim, memory=memory, hbm_capacity_GB=cfg.gpu.hbm_capacity_GB,
         collective_choice=cfg.collective.layer_choice,
-        collectives_ran={f"{a}/{p}": k for (a, p), k in sorted(run.choices.items())})
+        collectives_ran={f"{a}/{p}": k for (a, p), k in sorted(run.choices.items())},
+        adjusted=m.adjusted)
 
 
 def _mark_segments(run: LayerRun) -> None:

@@ -142,11 +142,13 @@ def copy_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
     peer = (g + 1) % m.n
     signalled = bool(access.rows_ready(g, peer, 0, 1))
     strategy, chunk_kB, comm_sms = rr.strategy, rr.copy_chunk_kB, rr.comm_sms
+    sms_field = "remote_read.comm_sms"
     if signalled:
         chunk_kB = rr.signalled_chunk_kB
     if strategy == "auto":  # each copy as an implementer runs it (module doc)
         by_sms = signalled or beside
         strategy, comm_sms = ("comm-sms", rr.signalled_comm_sms) if by_sms else ("copy-engine", comm_sms)
+        sms_field = "remote_read.signalled_comm_sms" if by_sms else sms_field
     # the copy order: each GPU from the next one round (a peer serves one puller at a time,
     # as PyTorch's async TP and CUTLASS's Distributed GEMM rotate their peers), but for
     # mergeable loads, which every GPU issues in the same order so that the switch merges them
@@ -173,6 +175,8 @@ def copy_gemm(m: Machine, cm: ComputeModel, g: int, gemm: Gemm, shape: GemmShape
     if strategy == "comm-sms":
         whole = sorted(sm_set) if sm_set else list(range(m.cfg.gpu.sms))
         take = min(comm_sms, len(whole) // 2)
+        if take < comm_sms:  # the GEMM keeps at least half its set: say what ran instead
+            m.adjust(sms_field, comm_sms, take, "a GEMM's copies run on at most half of its SM set")
         comm = frozenset(whole[len(whole) - take:])
         gemm_sms = frozenset(whole[:len(whole) - take])
     if strategy == "copy-engine":

@@ -42,24 +42,26 @@ def shipped(system: str) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def against_full(section: Section, table: dict[str, Any]) -> str:
+def against_full(section: Section, table: dict[str, Any], why_quick: str = "") -> list[str]:
     """Where one of a quick section's claims points the other way from the shipped
-    full grid: the sentence its verdict must lead with, the full grid's answer (""
-    where all agree or none is shipped)."""
+    full grid: the lines its verdict must lead with, two per claim: the full grid's
+    answer, then the quick grid's reading and ``why_quick`` (what the quick grid changes
+    that moves it). Empty where all agree or none is shipped."""
     full = {c["name"]: c for c in table.get("claims", {}).get(section.name, [])}
     other = [(c, full[c.name]) for c in section.claims if c.name in full and full[c.name]["holds"] != c.holds]
-    if not other:
-        return ""
-    said = "; ".join(f"'{q.name}' {'holds' if f['holds'] else 'does not hold'} ({f['figure']}; the quick grid: "
-                     f"{q.figure})" for q, f in other)
-    return (f"The answer, from the full grid (shipped table src/cais/data/full-grid/{table.get('system', '?')}.json, "
-            f"commit {str(table.get('commit', '?'))[:7]}): {said}. The quick grid points the other way; its reading "
-            "follows, indicative only.")
+    lines: list[str] = []
+    for q, f in other:
+        lines.append(f"The answer (full grid, commit {str(table.get('commit', '?'))[:7]}): '{q.name}' "
+                     f"{'holds' if f['holds'] else 'does not hold'} "
+                     f"({f['figure']}).")
+        lines.append(f"This quick grid points the other way ({q.figure})"
+                     + (f": {why_quick}" if why_quick else "") + "; indicative only.")
+    return lines
 
 
-def lead_with_full(section: Section, table: dict[str, Any]) -> None:
+def lead_with_full(section: Section, table: dict[str, Any], why_quick: str = "") -> None:
     """Put the full grid's answer first in a quick section's verdict where the quick
     grid points the other way (:func:`against_full`); leave it as it is elsewhere."""
-    lead = against_full(section, table)
-    if lead and section.verdict:
-        section.verdict = f"{lead} {section.verdict}"
+    lead = against_full(section, table, why_quick)
+    if lead and section.lines:
+        section.lines = lead + section.lines

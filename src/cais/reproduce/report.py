@@ -13,6 +13,10 @@ from pathlib import Path
 import pandas as pd
 
 
+#: the longest verdict line a report writes (characters): one claim a line, readable
+#: in a terminal of 80 columns in three rows or fewer
+VERDICT_LINE_MAX = 200
+
 #: the column of a comparison table that gives the reason ours and the paper's differ
 WHY_COLUMN = "why they differ (> 10 %)"
 
@@ -29,8 +33,9 @@ class Claim:
 
 @dataclass
 class Section:
-    """One experiment's part of the report: a title, a ``verdict`` (one or two
-    sentences from the numbers: which claim holds, by how much), and blocks in order:
+    """One experiment's part of the report: a title, its verdict as ``lines`` (one claim
+    a line, each from the numbers: the claim, our figure, the paper's, whether it holds,
+    the world; at most :data:`VERDICT_LINE_MAX` characters), and blocks in order:
     ``("p", text)``, ``("table", DataFrame)``, ``("notes", [reasons])`` or ``("img",
     file name relative to the report)``; ``summary`` is the table printed in the
     terminal."""
@@ -38,8 +43,10 @@ class Section:
     name: str
     title: str
     blocks: list[tuple[str, object]] = field(default_factory=list)
-    verdict: str = ""
+    lines: list[str] = field(default_factory=list)
     summary: pd.DataFrame | None = None
+    #: numbers the report's other parts state too (e.g. ``comm_over_compute``), so all say one thing
+    facts: dict[str, float] = field(default_factory=dict)
     claims: list[Claim] = field(default_factory=list)
 
     def p(self, text: str) -> "Section":
@@ -53,10 +60,15 @@ class Section:
         self.claims.append(Claim(name, bool(ok), figure))
         return "holds" if ok else "does not hold"
 
-    def says(self, verdict: str) -> "Section":
-        """Set the section's verdict."""
-        self.verdict = verdict
+    def says(self, *lines: str) -> "Section":
+        """Set the section's verdict, one claim a line (empty lines dropped)."""
+        self.lines = [ln.strip() for ln in lines if ln and ln.strip()]
         return self
+
+    @property
+    def verdict(self) -> str:
+        """The verdict's lines as one text, a line each ("" where there is none)."""
+        return "\n".join(self.lines)
 
     def table(self, df: pd.DataFrame, summary: bool = False) -> "Section":
         """Add ``df``; a reasons column (:data:`WHY_COLUMN`) becomes note numbers with
@@ -127,16 +139,21 @@ td:last-child{text-align:left;max-width:420px}h2{border-bottom:2px solid #444;ma
 
 @dataclass(frozen=True)
 class Front:
-    """The report's opening: the overall ``verdict`` (sentences), a ``warning`` shown
+    """The report's opening: the overall ``verdict`` ((section title, its lines) per
+    section), a ``warning`` shown
     boxed (e.g. a quick grid compared with the paper's full grid; "" for none),
     ``facts`` (opening paragraphs), ``provenance`` ((label, value) pairs) and
     ``why`` ((reason, link text, link target) of the "why we differ" section)."""
 
-    verdict: list[str]
+    verdict: list[tuple[str, list[str]]]
     warning: str
     facts: list[str]
     provenance: list[tuple[str, str]]
     why: list[tuple[str, str, str]]
+
+
+def _lines_html(lines: list[str]) -> str:
+    return "<ul>" + "".join(f"<li>{html.escape(ln)}</li>" for ln in lines) + "</ul>"
 
 
 TITLE = "cais-sim: reproduction of the CAIS paper (arXiv 2605.05628)"
@@ -144,7 +161,9 @@ TITLE = "cais-sim: reproduction of the CAIS paper (arXiv 2605.05628)"
 
 def _front_md(f: Front) -> list[str]:
     md = [f"# {TITLE}", "", "## Verdict", ""]
-    md += [f"- {v}" for v in f.verdict] + [""]
+    for title, lines in f.verdict:
+        md += [f"- **{title}**"] + [f"  - {ln}" for ln in lines]
+    md += [""]
     if f.warning:
         md += [f"> **Warning:** {f.warning}", ""]
     md += [p + "\n" for p in f.facts]
@@ -154,7 +173,8 @@ def _front_md(f: Front) -> list[str]:
 
 def _front_html(f: Front, sections: list[Section]) -> list[str]:
     body = [f"<h1>{html.escape(TITLE)}</h1>", '<div id="verdict"><h2>Verdict</h2><ul>'
-            + "".join(f"<li>{html.escape(v)}</li>" for v in f.verdict) + "</ul></div>"]
+            + "".join(f"<li><b>{html.escape(t)}</b>{_lines_html(lines)}</li>" for t, lines in f.verdict)
+            + "</ul></div>"]
     if f.warning:
         body.append(f'<p class="warning" id="warning">Warning: {html.escape(f.warning)}</p>')
     body += [f"<p>{html.escape(p)}</p>" for p in f.facts]
@@ -173,9 +193,9 @@ def write_report(out: Path, sections: list[Section], front: Front) -> tuple[Path
     for s in sections:
         md.append(f"## {s.title}\n")
         body.append(f'<h2 id="{s.name}">{html.escape(s.title)}</h2>')
-        if s.verdict:
-            md.append(f"**Verdict:** {s.verdict}\n")
-            body.append(f'<p class="verdict"><b>Verdict:</b> {html.escape(s.verdict)}</p>')
+        if s.lines:
+            md.append("**Verdict:**\n\n" + "\n".join(f"- {ln}" for ln in s.lines) + "\n")
+            body.append(f'<div class="verdict"><b>Verdict:</b>{_lines_html(s.lines)}</div>')
         for kind, b in s.blocks:
             if kind == "p":
                 md.append(f"{b}\n")

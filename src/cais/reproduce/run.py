@@ -14,6 +14,7 @@ import pandas as pd
 from cais.errors import UserError
 from cais.config import apply_overrides, load_system
 from cais.provenance import Provenance, collect
+from cais.reproduce import paper as P
 from cais.reproduce.claims import lead_with_full, shipped, write_claims
 from cais.reproduce.experiments import EXPERIMENTS, PAPER_SET, Context
 from cais.reproduce.points import same_run
@@ -167,7 +168,7 @@ def reproduce(names: list[str], ctx: Context, workers: int | None = None,
                  "all-reduce scheme handing every AllReduce to NCCL runs as tp-nvls), " if res.points_shared else "")
               + f"{res.points_reused} reused from runs/.")] + ([older] if older else [])
     res.wall_s = time.perf_counter() - t_all
-    verdict = [f"{s.title}: {s.verdict}" for s in res.sections if s.verdict] or ["No experiment produced a verdict."]
+    verdict = [(s.title, s.lines) for s in res.sections if s.lines] or [("No experiment produced a verdict.", [])]
     models = [str(m) for t in res.tables.values() if "model" in t for m in t["model"].unique()]
     # the quick-grid warning is about the paper's numbers: only where an experiment compares with them
     paper = any(EXPERIMENTS[name].paper for name in names)
@@ -178,8 +179,9 @@ def reproduce(names: list[str], ctx: Context, workers: int | None = None,
                      "the shipped full grids have no --set")
         warning += f" Its claims are not checked against a full grid: {unchecked}."
         log(f"note: quick claims not checked against a full grid: {unchecked}")
+    measured = [s.facts["comm_over_compute"] for s in res.sections if "comm_over_compute" in s.facts]
     front = Front(verdict, warning, facts, provenance.lines(),
-                  why_links(ctx.out))
+                  why_links(ctx.out, measured[0] if measured else float("nan"), P.FIG2_COMM_OVER_COMPUTE_8GPU))
     res.report_md, res.report_html = write_report(ctx.out, res.sections, front)
     write_claims(ctx.out, res.sections, {"system": ctx.system, "sets": ctx.sets, "grid": "quick" if ctx.quick
                                          else "full", "commit": provenance.commit, "date": provenance.date})
@@ -204,7 +206,7 @@ def _analyse(name: str, points: list[tuple[str, dict]], rows: pd.DataFrame, ctx:
                 f"ANALYSIS FAILED on these runs ({len(rows)} rows): {type(exc).__name__}: {exc}")
     full = shipped(ctx.system) if ctx.quick and not ctx.sets else None
     if full is not None:
-        lead_with_full(section, full)
+        lead_with_full(section, full, exp.quick_grid)
     table.assign(**provenance.columns()).to_csv(ctx.out / f"{name}.csv", index=False)
     runs_s = float(pd.to_numeric(rows["wall_s"], errors="coerce").sum()) if "wall_s" in rows else 0.0
     res.tables[name], res.seconds[name] = table, runs_s + time.perf_counter() - t0

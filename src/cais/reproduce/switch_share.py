@@ -50,31 +50,38 @@ def switch_share(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out, columns=COLUMNS)
 
 
-def switch_share_sentence(worlds: list[tuple[str, pd.DataFrame]]) -> str:
-    """One sentence naming the switch's share in each world, from ``(label, the
-    world's rows)`` pairs; empty where no world ran cais, cais-sw and TP-NVLS."""
-    parts = []
+def share_words(over_sw: float, over_tp: float, share: float) -> str:
+    """What in-switch merging buys, in plain words: CAIS against its software alone
+    (``over_sw``: t(cais-sw) / t(cais)) and the part of CAIS's ``over_tp`` gain over
+    TP-NVLS that is (``share``: :func:`switch_share`'s log share)."""
+    if abs(over_sw - 1) < 0.005:
+        return (f"in-switch merging changes CAIS's time by under 0.5 % (cais-sw, its software alone, gives all of "
+                f"its {over_tp:.2f}x over TP-NVLS)")
+    if over_sw < 1:
+        return (f"in-switch merging makes CAIS {1 / over_sw:.2f}x slower than its software alone (cais-sw), which "
+                f"alone is faster than CAIS's {over_tp:.2f}x over TP-NVLS")
+    part = (f": {100 * share:.0f} % of its {over_tp:.2f}x over TP-NVLS (log scale)" if share == share else
+            f" (CAIS is {over_tp:.2f}x TP-NVLS: no gain to share)")
+    return f"in-switch merging makes CAIS {over_sw:.2f}x faster than its software alone (cais-sw){part}"
+
+
+def switch_share_lines(worlds: list[tuple[str, pd.DataFrame]]) -> list[str]:
+    """One line per world and mode naming the switch's share, from ``(label, the
+    world's rows)`` pairs; none where no world ran cais, cais-sw and TP-NVLS."""
+    lines = []
     for label, rows in worlds:
         s = switch_share(rows)
-        if s.empty:
-            continue
-        modes = [f"{r['over cais-sw']:.2f}x of CAIS's {r['over TP-NVLS']:.2f}x over TP-NVLS in {r['mode']}"
-                 + (f" ({100 * r['switch share']:.0f} % of its gain)" if r["switch share"] == r["switch share"]
-                    else "") for _, r in s.iterrows()]
-        parts.append(f"{' and '.join(modes)} on {label}")
-    if not parts:
-        return ""
-    return "In-switch merging (CAIS against cais-sw, its software alone) buys " + "; ".join(parts) + "."
+        lines += [f"{label}, {r['mode']}: {share_words(r['over cais-sw'], r['over TP-NVLS'], r['switch share'])}."
+                  for _, r in s.iterrows()]
+    return lines
 
 
-def fig11_switch_sentence(ctx: "Context", every: pd.DataFrame) -> str:
-    """The sentence Fig. 11's verdict ends with (a leading space; empty where no world
-    ran all three): :func:`switch_share_sentence` over the context's worlds, from the
-    run's ok rows ``every`` (one world, the context's system, where they carry no
-    ``sets``)."""
+def fig11_switch_lines(ctx: "Context", every: pd.DataFrame) -> list[str]:
+    """The lines Fig. 11's verdict ends with (none where no world ran all three):
+    :func:`switch_share_lines` over the context's worlds, from the run's ok rows
+    ``every`` (one world, the context's system, where they carry no ``sets``)."""
     from cais.reproduce.experiments.common import world_rows, worlds
 
     pairs = ([(w.label, world_rows(ctx, w, every)) for w in worlds(ctx)] if "sets" in every
              else [(ctx.system, every)])
-    text = switch_share_sentence(pairs)
-    return " " + text if text else ""
+    return switch_share_lines(pairs)

@@ -434,6 +434,9 @@ class Scheme:
     algo = "nvls"
     summary = ""
     switch = "nvls"  # the switch model it needs when the system's is "auto" (cais: with merge units)
+    #: the modes it is designed for, and why where not all (an inference stack has no training)
+    modes: tuple[str, ...] = ("train", "prefill", "decode")
+    modes_why = ""
     vc_policy: str | None = None  # a VC policy the scheme is defined with (None: the system's)
     vc_policies: tuple[str, ...] | None = None  # the system's VC policies it runs with (None: any)
     #: "baseline" (a system the paper compares, or plain Megatron), "ablation" (a variant of another

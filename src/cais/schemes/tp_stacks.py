@@ -33,6 +33,9 @@ PS_PER_US = 1_000_000
 class TpStack(Scheme):
     """Basic TP, bulk synchronous; the all-reduce (+ norm) as a production stack runs it."""
 
+    modes = ("prefill", "decode")
+    modes_why = "an inference stack's all-reduce, which no training framework runs (tp-nccl is Megatron's)"
+
     sp = False
     family = "production"
     algo = NCCL_CHOICE  # where the stack calls NCCL: NCCL's own algorithm and protocol by size

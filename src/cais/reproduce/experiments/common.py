@@ -23,7 +23,7 @@ from cais.sweep.grid import Point
 __all__ = ["LAYER", "TIMELINE", "COLLECTIVE", "WHY_CAIS", "WHY_BOTH", "UNBOUNDED", "Context", "Experiment",
            "geomean", "compare", "ok_rows", "failures", "grid_models", "grid_modes", "one_model",
            "scalable_system", "grid_words", "fig11_points", "no_points", "entries_of", "World", "worlds",
-           "world_rows", "own_world", "PAPER_L2", "why_measured", "GRID_SCHEMES"]
+           "world_rows", "own_world", "PAPER_L2", "why_measured", "comm_weight", "GRID_SCHEMES", "QUICK_GRID"]
 
 #: the point functions (cais.reproduce.points) an experiment's points name
 LAYER = "cais.reproduce.points:layer_point"
@@ -37,15 +37,24 @@ WHY_CAIS = ("without TB coordination and merging-aware TB order the GPUs drift h
 WHY_BOTH = ("communication weighs less here than in the paper, so the baselines' overlap already hides most of it "
             "and there is less for CAIS to win (docs/validation.md §6, §13)")
 
+def comm_weight(df: pd.DataFrame) -> float:
+    """TP-NVLS's collective time over its other kernels' time in the runs ``df``
+    (layer_point rows; geomean over its runs), NaN where they have none: how much
+    communication weighs against computation, beside the paper's Fig. 2."""
+    tp = df[df["scheme"] == "tp-nvls"] if "scheme" in df else df.iloc[0:0]
+    if not len(tp) or not {"comm_kernel_us", "compute_kernel_us"} <= set(tp.columns):
+        return float("nan")
+    return geomean(list(tp["comm_kernel_us"] / tp["compute_kernel_us"]))
+
+
 def why_measured(df: pd.DataFrame) -> tuple[str, str]:
     """(why a baseline's speedup differs, why a CAIS variant's does) from the runs
     ``df`` (layer_point rows): TP-NVLS's communication against its computation beside
     the paper's Fig. 2, and the arrival skew without coordination against with it; the
     fixed sentences where the runs lack them."""
-    tp = df[df["scheme"] == "tp-nvls"] if "scheme" in df else df.iloc[0:0]
     both = WHY_BOTH
-    if len(tp) and {"comm_kernel_us", "compute_kernel_us"} <= set(tp.columns):
-        ratio = geomean(list(tp["comm_kernel_us"] / tp["compute_kernel_us"]))
+    ratio = comm_weight(df)
+    if ratio == ratio:
         paper = P.FIG2_COMM_OVER_COMPUTE_8GPU
         if ratio == ratio and ratio < paper:
             both = (f"TP-NVLS's collectives take {ratio:.2f}x its other kernels' time in these runs (this grid's "
@@ -67,6 +76,10 @@ def why_measured(df: pd.DataFrame) -> tuple[str, str]:
 
 #: merge-table entries of a table that never fills here (2.5 MB per port)
 UNBOUNDED = 20000
+
+
+#: what most experiments' quick grid changes (:func:`grid_models`, :func:`grid_modes`)
+QUICK_GRID = "one small model (Mega-GPT-4B, 1 sequence of 1,024 tokens) for the Table I models, prefill only"
 
 
 @dataclass(frozen=True)
@@ -100,6 +113,9 @@ class Experiment:
     analyse: Callable[[Context, pd.DataFrame], tuple[pd.DataFrame, Section]]
     #: whether it compares with the paper's numbers (a quick grid then warns that it stands in for the paper's)
     paper: bool = True
+    #: what its quick grid changes from the full one, in words (a verdict whose quick reading the
+    #: full grid contradicts names it as the reason)
+    quick_grid: str = QUICK_GRID
 
 
 def compare(what: str, ours: float, paper: float | None, why: str, unit: str = "") -> dict[str, Any]:

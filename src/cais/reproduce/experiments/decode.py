@@ -29,4 +29,5 @@ def decode_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, Sect
                            "the collectives are small and latency-bound.", "model")
 
 
-EXPERIMENT = Experiment("decode", "decode", decode_points, decode_analyse)
+EXPERIMENT = Experiment("decode", "decode", decode_points, decode_analyse,
+                        quick_grid="Mega-GPT-4B, 16 x 1,024 for LLaMA-7B, 64 x 3,072; three schemes")

@@ -14,11 +14,11 @@ import pandas as pd
 from cais.reproduce import paper as P
 from cais.reproduce import plots
 from cais.reproduce.experiments.common import (WHY_BOTH, WHY_CAIS, Context, Experiment, compare, failures,
-                                               geomean, grid_words, ok_rows, own_world, why_measured, world_rows,
+                                               comm_weight, geomean, grid_words, ok_rows, own_world, why_measured, world_rows,
                                                worlds)
 from cais.sweep.grid import Point
 from cais.reproduce.report import Section
-from cais.reproduce.switch_share import fig11_switch_sentence, switch_share
+from cais.reproduce.switch_share import fig11_switch_lines, switch_share
 from cais.reproduce.verdict import count_faster, holds, span
 
 
@@ -137,44 +137,39 @@ def train_breakdown(df: pd.DataFrame, best: str | None) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def train_reason(b: pd.DataFrame) -> str:
+def train_reason(b: pd.DataFrame) -> list[str]:
     """What the training breakdown ``b`` says of CAIS against TP-NVLS, with its
-    numbers: the period's speedup beside the paper's, how long the sub-layers L1-L4
-    span and how long the rest of the period takes (the period less the sub-layers'
-    spans), each against TP-NVLS's."""
+    numbers, as verdict lines: the period's speedup beside the paper's and how long
+    the sub-layers L1-L4 span; how long the rest of the period takes (the period less
+    the sub-layers' spans), each against TP-NVLS's."""
     if b.empty:
-        return ""
+        return []
     t = b.set_index("segment")
     c, tp = t["cais (us)"], t["tp-nvls (us)"]
     rest_c, rest_tp = float(c["period"] - c["L1-L4"]), float(tp["period"] - tp["L1-L4"])
-    rest = (f"the rest of the period {rest_c:,.0f} us against {rest_tp:,.0f}" if rest_c >= 0 else
-            f"they overlap one another, spanning {-rest_c:,.0f} us more than the period (TP-NVLS's rest of the "
+    rest = (f"the rest of the period takes {rest_c:,.0f} us against TP-NVLS's {rest_tp:,.0f}" if rest_c >= 0 else
+            f"CAIS's segments overlap, spanning {-rest_c:,.0f} us more than its period (TP-NVLS's rest of the "
             f"period: {rest_tp:,.0f} us)")
-    return (f"in training, CAIS's period is {float(tp['period'] / c['period']):.2f}x TP-NVLS's (the paper: "
-            f"{P.fig11_paper('tp-nvls', 'train'):.2f}x): its sub-layers L1-L4 span {float(c['L1-L4']):,.0f} us "
-            f"against {float(tp['L1-L4']):,.0f} ({float(tp['L1-L4'] / c['L1-L4']):.2f}x), {rest} (summed over "
-            "the models; the weight gradients CAIS runs beside the sub-layers count in the sub-layers' spans)")
+    return [f"Training: CAIS's period is {float(tp['period'] / c['period']):.2f}x TP-NVLS's (paper "
+            f"{P.fig11_paper('tp-nvls', 'train'):.2f}x); its sub-layers L1-L4 span {float(c['L1-L4']):,.0f} us "
+            f"against {float(tp['L1-L4']):,.0f} ({float(tp['L1-L4'] / c['L1-L4']):.2f}x).",
+            f"Training: {rest} (summed over the models; weight gradients run beside the sub-layers count in them)."]
 
 
-def fig11_verdict(g: pd.DataFrame, df: pd.DataFrame, grid: str, l2: pd.DataFrame | None = None) -> str:
-    """Fig. 11 in words: per mode how many baselines CAIS beats and by how much,
-    against TP-NVLS beside the paper, whether the headline claim holds, and the first
-    reason from the runs."""
-    parts = []
-    every = True
+def fig11_verdict(g: pd.DataFrame, df: pd.DataFrame, grid: str, l2: pd.DataFrame | None = None) -> list[str]:
+    """Fig. 11 in words, one claim a line: the grid; per mode how many baselines CAIS
+    beats, by how much beside the paper, and whether the headline claim holds; the
+    first reason from the runs; and in training where the time goes."""
+    lines = [f"Grid: {grid}."]
     for mode in dict.fromkeys(g["mode"]):
         b = g[(g["mode"] == mode) & g["scheme"].isin(P.BASELINES)]
         k, n = count_faster(b["ours"])
-        every = every and k == n
-        tp = b[b["scheme"] == "tp-nvls"]
-        tp_text = (f"; over TP-NVLS {float(tp['ours'].iloc[0]):.2f}x against the paper's "
-                   f"{float(tp['paper'].iloc[0]):.2f}x" if len(tp) else "")
-        parts.append(f"in {mode}, CAIS is faster than {k} of {n} baselines (geomean speedup {span(b['ours'])}; "
-                     f"paper {span(b['paper'])}){tp_text}")
-    train = train_reason(train_breakdown(df, best_baseline(g, "train"))) if "train" in set(g["mode"]) else ""
-    return (f"On {grid}, " + "; ".join(parts) + f". The paper's claim that CAIS beats every baseline "
-            f"{holds(every)} here. First reason from the runs: {first_reason(df, l2)}"
-            + (f"; {train}" if train else "") + ".")
+        lines.append(f"CAIS beats every baseline in {mode} (paper's claim): {holds(k == n)}; it beats {k} of {n}, "
+                     f"geomean {span(b['ours'])} (paper {span(b['paper'])}).")
+    lines.append(f"First reason from the runs: {first_reason(df, l2)}.")
+    if "train" in set(g["mode"]):
+        lines += train_reason(train_breakdown(df, best_baseline(g, "train")))
+    return lines
 
 
 def fig11_points(ctx: Context) -> list[tuple[str, Point]]:
@@ -211,11 +206,10 @@ def world_answers(ctx: Context, df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out, columns=WORLD_COLUMNS)
 
 
-def answers_sentence(a: pd.DataFrame) -> str:
-    """One answer per world in words."""
-    parts = [f"{r['world']}, {r['mode']}: {r['over TP-NVLS']:.2f}x TP-NVLS, {r['over the best']:.2f}x the best "
-             f"baseline ({r['best baseline']})" for _, r in a.iterrows()]
-    return "One answer per world (CAIS's geomean speedup): " + "; ".join(parts) + "."
+def answers_lines(a: pd.DataFrame) -> list[str]:
+    """One answer per world and mode, a line each."""
+    return [f"{r['world']}, {r['mode']}: CAIS {r['over TP-NVLS']:.2f}x TP-NVLS (paper {r['paper over TP-NVLS']:.2f}x), "
+            f"{r['over the best']:.2f}x the best baseline ({r['best baseline']})." for _, r in a.iterrows()]
 
 
 def fig11_analyse(ctx: Context, rows: pd.DataFrame, name: str = "fig11",
@@ -230,6 +224,7 @@ def fig11_analyse(ctx: Context, rows: pd.DataFrame, name: str = "fig11",
     answers = world_answers(ctx, every) if "sets" in every else pd.DataFrame()
     l2 = world_rows(ctx, worlds(ctx)[1], every) if "sets" in every else None
     sec = Section(name, f"Fig. 11: end-to-end speedup of CAIS over every scheme{world}")
+    sec.facts["comm_over_compute"] = comm_weight(df)
     for mode in dict.fromkeys(g["mode"]):
         b = g[(g["mode"] == mode) & g["scheme"].isin(P.BASELINES)]
         k, n = count_faster(b["ours"])
@@ -237,9 +232,8 @@ def fig11_analyse(ctx: Context, rows: pd.DataFrame, name: str = "fig11",
     for _, a in answers.iterrows():
         sec.claim(f"CAIS beats TP-NVLS in {a['mode']}, {a['world']}", a["over TP-NVLS"] >= 1,
                   f"{a['over TP-NVLS']:.2f}x")
-    sec.says(fig11_verdict(g, df, grid_words(ctx, t), l2)
-             + (" " + answers_sentence(answers) if len(answers) else "")
-             + fig11_switch_sentence(ctx, every))  # the switch's share per world (issue 57)
+    sec.says(*fig11_verdict(g, df, grid_words(ctx, t), l2), *answers_lines(answers),
+             *fig11_switch_lines(ctx, every))  # the switch's share per world (issue 57)
     sec.p(f"One layer period per (model, mode, scheme) on {ctx.system}, 8 GPUs x {P.SMS_HALF} SMs"
           + (" (quick grid: Mega-GPT-4B with one sequence of 1,024 tokens)" if ctx.quick else "")
           + f"; models: {', '.join(dict.fromkeys(t['model']))}; modes: {', '.join(dict.fromkeys(t['mode']))}"

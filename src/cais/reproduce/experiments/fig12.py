@@ -49,9 +49,9 @@ def fig12_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, Secti
     b = c[c["scheme"].isin(P.BASELINES)]
     k, n = count_faster(b["ours"])
     every = sec.claim("CAIS beats every baseline on the sub-layers", k == n, f"{k} of {n} baselines")
-    sec.says(f"On the sub-layers of {grid_words(ctx, t)}, CAIS is faster than {k} of {n} baselines (geomean "
-             f"speedup {span(b['ours'])}; paper {span(b['paper'])}); the paper's claim that it beats every one "
-             f"{every} here.")
+    sec.says(f"Grid: {grid_words(ctx, t)}.",
+             f"CAIS beats every baseline on the sub-layers (paper's claim): {every}; it beats {k} of {n}, geomean "
+             f"{span(b['ours'])} (paper {span(b['paper'])}).")
     sec.p("Each sub-layer's span (GEMM-RS + LN + AG-GEMM chain) per scheme, from the Fig. 11 runs; geomean over "
           "models, modes and sub-layers, beside §V-A.2.")
     sec.img("fig12.png").table(c, summary=True)

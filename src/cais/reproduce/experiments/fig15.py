@@ -41,12 +41,13 @@ def fig15_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, Secti
     ordered = sec.claim("link utilisation orders Base < Partial < CAIS", order,
                         "over the sub-layers: " + ", ".join(f"{sub.get(s, float('nan')):.0f} %"
                                                             for s in ("cais-base", "cais-partial", "cais")))
-    sec.says(f"Mean link utilisation over the sub-layers (the paper's definition, as read): CAIS-Base "
-             f"{sub.get('cais-base', float('nan')):.0f} %, Partial {sub.get('cais-partial', float('nan')):.0f} %, "
-             f"CAIS {sub.get('cais', float('nan')):.0f} % (paper {P.FIG15_UTIL['cais-base']:.0f}, "
-             f"{P.FIG15_UTIL['cais-partial']:.0f}, {P.FIG15_UTIL['cais']:.0f} %; over the whole period "
-             f"{u.get('cais-base', float('nan')):.0f}, {u.get('cais-partial', float('nan')):.0f}, "
-             f"{u.get('cais', float('nan')):.0f} %); the paper's order Base < Partial < CAIS {ordered} here.")
+    sec.says(f"Link utilisation orders Base < Partial < CAIS (paper's claim): {ordered}; over the sub-layers "
+             f"{sub.get('cais-base', float('nan')):.0f}, {sub.get('cais-partial', float('nan')):.0f}, "
+             f"{sub.get('cais', float('nan')):.0f} % (paper {P.FIG15_UTIL['cais-base']:.0f}, "
+             f"{P.FIG15_UTIL['cais-partial']:.0f}, {P.FIG15_UTIL['cais']:.0f} %).",
+             f"Over the whole period: {u.get('cais-base', float('nan')):.0f}, "
+             f"{u.get('cais-partial', float('nan')):.0f}, {u.get('cais', float('nan')):.0f} % (the paper's "
+             "definition, as read, is the sub-layers').")
     sub = dict(zip(t["scheme"], t["util_sublayers_pct"]))
     sec.p("Wire bytes over NVLink capacity, every GPU link direction, over the layer period, mean over the Fig. 11 "
           "runs. The paper averages 'over all links and both directions of each link, over all sub-layers' "

@@ -31,4 +31,5 @@ def full_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, Sectio
                            "weights (101.5 GB per GPU at TP 8) do not fit an 80 GB H100.", "model")
 
 
-EXPERIMENT = Experiment("full", "full", full_points, full_analyse)
+EXPERIMENT = Experiment("full", "full", full_points, full_analyse,
+                        quick_grid="one model of 128 tokens for the three full-size models")

@@ -33,4 +33,5 @@ def nvl72_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, Secti
                            "18, 36 and 72 (quick: Mega-GPT-4B with 32 heads, TP 8 and 16).", "gpus")
 
 
-EXPERIMENT = Experiment("nvl72", "nvl72", nvl72_points, nvl72_analyse)
+EXPERIMENT = Experiment("nvl72", "nvl72", nvl72_points, nvl72_analyse,
+                        quick_grid="Mega-GPT-4B with 32 heads at TP 8 and 16 for a 70B-like model at TP 8-72")
