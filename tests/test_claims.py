@@ -17,30 +17,31 @@ FULL = {"system": "dgx-h100", "commit": "0123456789abcdef", "grid": "full",
 def test_a_claim_that_points_the_other_way_gets_the_full_grids_figure() -> None:
     sec = Section("fig17", "Fig. 17")
     assert sec.claim("throughput holds", True, "+70.3 % from 8 to 16 GPUs") == "holds"
-    said = against_full(sec, FULL)
-    assert said.startswith("The answer, from the full grid") and "-11.4 % from 8 to 32 GPUs" in said
-    assert "+70.3 %" in said and "commit 0123456" in said and "The quick grid points the other way" in said
+    answer, quick = against_full(sec, FULL, "8 -> 16 GPUs for 8 -> 32")
+    assert answer == ("The answer (full grid, commit 0123456): 'throughput holds' does not hold (-11.4 % from 8 to 32 "
+                      "GPUs).")
+    assert quick == ("This quick grid points the other way (+70.3 % from 8 to 16 GPUs): 8 -> 16 GPUs for 8 -> 32; "
+                     "indicative only.")
 
 
 def test_the_verdict_leads_with_the_full_grids_answer() -> None:
     sec = Section("fig17", "Fig. 17").says("+70.3 % per GPU from 8 to 16 GPUs: the claim holds here.")
     sec.claim("throughput holds", True, "+70.3 % from 8 to 16 GPUs")
-    lead_with_full(sec, FULL)
-    first, rest = sec.verdict.split(" its reading follows, indicative only. ")
-    assert first.startswith("The answer, from the full grid") and "does not hold (-11.4 %" in first
-    assert rest == "+70.3 % per GPU from 8 to 16 GPUs: the claim holds here."
+    lead_with_full(sec, FULL, "a smaller grid")
+    assert len(sec.lines) == 3 and sec.lines[0].startswith("The answer (full grid")
+    assert "a smaller grid" in sec.lines[1] and sec.lines[2] == "+70.3 % per GPU from 8 to 16 GPUs: the claim holds here."
     agreeing = Section("fig17", "Fig. 17").says("as it was")
     agreeing.claim("throughput holds", False, "-3 %")
     lead_with_full(agreeing, FULL)
-    assert agreeing.verdict == "as it was"
+    assert agreeing.lines == ["as it was"]
 
 
 def test_agreeing_or_unknown_claims_add_nothing() -> None:
     sec = Section("fig17", "Fig. 17")
     assert sec.claim("throughput holds", False, "-3 %") == "does not hold"
     sec.claim("a claim the full grid does not have", True, "1x")
-    assert against_full(sec, FULL) == ""
-    assert against_full(Section("fig11", "Fig. 11"), FULL) == ""
+    assert against_full(sec, FULL) == []
+    assert against_full(Section("fig11", "Fig. 11"), FULL) == []
 
 
 def test_claims_are_written_with_their_facts(tmp_path: Path) -> None:

@@ -43,8 +43,9 @@ def test_table_picks_the_best_production_kernel_and_divides_by_cais() -> None:
 
 def test_analysis_gives_a_verdict_per_world_and_judges_the_claim(tmp_path: Path) -> None:
     _, sec = prod.production_analyse(Context(out=tmp_path, quick=True), _rows())
-    assert "w1: decode (graph launches): CAIS 1.33x NCCL" in sec.verdict and "w2: decode (graph launches): CAIS 2.67x" \
+    assert "w1, decode (graph launches): CAIS 1.33x NCCL" in sec.verdict and "w2, decode (graph launches): CAIS 2.67x" \
         in sec.verdict
+    assert all(len(ln) <= 200 for ln in sec.lines) and len(sec.lines) >= 3  # one claim a line
     assert (tmp_path / "production.png").is_file()
     assert len(sec.claims) == 1 and not sec.claims[0].holds  # CAIS loses to TensorRT-LLM's fused kernel in w1
     assert "1 of 2 cases" in sec.claims[0].figure
@@ -52,7 +53,8 @@ def test_analysis_gives_a_verdict_per_world_and_judges_the_claim(tmp_path: Path)
     from cais.reproduce.report import table_md
     for kind, block in sec.blocks:
         if kind == "table":  # readable headers, 80 columns
-            assert list(block.columns) == ["case", "NCCL", "vLLM", "SGLang", "TRT-LLM", "CAIS", "best", "speedup"]
+            assert list(block.columns) == ["case", "NCCL", "vLLM", "SGLang", "TRT-LLM", "CAIS", "best", "CAIS x"]
+            assert "times in us" in block.attrs["caption"]
             assert max(len(line) for line in table_md(block).splitlines()) <= 80
 
 

@@ -743,6 +743,8 @@ def _print_section(sec: Section, system: str, quick: bool) -> None:
         for row in df[cols].itertuples(index=False):
             t.add_row(*(cell(v) for v in row))
         print_table(console, t)
+        if df.attrs.get("caption"):
+            console.print(str(df.attrs["caption"]), highlight=False)
     else:
         console.print(f"[bold]{sec.title}[/]", highlight=False)
     if not sec.lines:

@@ -57,7 +57,7 @@ def fig17_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, Secti
     drop = 1 - float(last["normalised"])
     keeps = sec.claim("CAIS keeps its per-GPU throughput as the GPUs grow", drop <= P.FIG17_DROP_32,
                       f"{-100 * drop:+.1f} % from {n0} to {int(last['gpus'])} GPUs")
-    sec.says(f"CAIS keeps its per-GPU throughput as the GPUs grow (paper: drops under "
+    sec.says(f"CAIS keeps its per-GPU throughput as the GPUs grow (paper's claim, a drop under "
              f"{100 * P.FIG17_DROP_32:.0f} % at {n_last}): {keeps}; {-100 * drop:+.1f} % from {n0} to "
              f"{int(last['gpus'])} GPUs" + ("" if int(last["gpus"]) == n_last else " (the largest size run)") + ".")
     sec.p(f"CAIS and CoCoNet-NVLS on {scalable_system(ctx)} (one NVSwitch tier; hidden, FFN and heads scaled with "

@@ -309,17 +309,21 @@ def _compact(t: pd.DataFrame) -> pd.DataFrame:
     """The printed table: one world, readable headers, at most 80 columns."""
     out = pd.DataFrame({"case": t["case"]})
     for s in SCHEMES:
-        out[f"{LABEL[s]} (us)"] = t[f"{s}_us"]
-    out["best stack"] = [LABEL.get(b, "") for b in t["best_production"]]
-    out["CAIS over it (x)"] = t["cais_over_best"]
+        out[LABEL[s]] = t[f"{s}_us"]
+    out["best"] = [LABEL.get(b, "") for b in t["best_production"]]
+    out["CAIS x"] = t["cais_over_best"]
+    out.attrs["caption"] = UNITS
     return out
+
+
+#: the units and short headers of the printed table
+UNITS = "times in us per layer period; best: the fastest production stack; CAIS x: its time over CAIS's"
 
 
 #: how to read a case label of the production tables
 CASE_KEY = ("Case labels: the model (8b: Llama-3-8B, 70b: Llama-3-70B), the mode (dec: one decode step, pre: "
             "prefill), then for decode the sequences per step and the KV-cache length (b8 8k: 8 sequences of "
-            "8,192 tokens) and for prefill the prompt length (2k: 2,048 tokens). Times are per layer period, in us; "
-            "'CAIS over it' is the best stack's time over CAIS's.")
+            "8,192 tokens) and for prefill the prompt length (2k: 2,048 tokens).")
 
 
 def production_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, Section]:
@@ -358,7 +362,7 @@ def production_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, 
         sec.p(f"{n_out} world x case pairs are left out: their weights and KV cache do not fit in HBM at this TP.")
     sec.p(CASE_KEY)
     for w, g in main.groupby("world", sort=False):
-        sec.p(f"{w}:")
+        sec.p(f"{w} ({UNITS}):")
         sec.table(_compact(g).reset_index(drop=True), summary=(w == own["world"].iloc[0]))
     for f in failures(rows):
         sec.p(f"FAILED: {f}")
