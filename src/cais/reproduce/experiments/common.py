@@ -23,7 +23,7 @@ from cais.sweep.grid import Point
 __all__ = ["LAYER", "TIMELINE", "COLLECTIVE", "WHY_CAIS", "WHY_BOTH", "UNBOUNDED", "Context", "Experiment",
            "geomean", "compare", "ok_rows", "failures", "grid_models", "grid_modes", "one_model",
            "scalable_system", "grid_words", "fig11_points", "no_points", "entries_of", "World", "worlds",
-           "world_rows", "own_world", "PAPER_L2", "why_measured", "comm_weight", "GRID_SCHEMES", "QUICK_GRID"]
+           "world_rows", "own_world", "PAPER_L2", "why_measured", "comm_weight", "GRID_SCHEMES", "QUICK_GRID", "WORLD_TEXT"]
 
 #: the point functions (cais.reproduce.points) an experiment's points name
 LAYER = "cais.reproduce.points:layer_point"
@@ -212,6 +212,24 @@ class World:
 #: what the paper's traffic model needs, and the only change from world (i) to (ii):
 #: the requesting GPU's L2 keeps peer reads (each remote row block reaches a GPU once)
 PAPER_L2 = (("gpu.l2_keeps_peer_reads", "true"),)
+
+
+#: what each world is, in the words every page that names it uses (README, docs/reproduce.md,
+#: the Fig. 11 report: scripts/worlds_doc.py prints them, tests/test_samples.py holds the pages to it)
+WORLD_TEXT = {
+    "as-sold": ("the system as it is; on `dgx-h100`, the H100 as sold: peer reads not kept in the reader's L2 "
+                "(docs/h100-evidence.md); remote rows copied as an implementer would (docs/remote-access.md, \"The "
+                "as-sold rule\"): whole peer shards on the copy engines where the rows are ready at launch, as real "
+                "distributed GEMMs do, and on 8 SMs as the producer signals them inside CAIS's fused pipeline; T3's "
+                "copy engine pays a copy engine's rate and start; each layer collective in the algorithm its scheme "
+                "names (TP-NVLS forced to NVLS), in NCCL's protocol by size; every scheme's thread blocks launched "
+                "when their data are ready"),
+    "paper-l2": ("the same with the paper's L2 assumption (`gpu.l2_keeps_peer_reads=true`, the only change): each "
+                 "remote row block reaches a GPU once, for free, as the paper's traffic model needs"),
+    "paper-world": ("`paper-world`, fitted to the paper's Fig. 2 and its baselines' time ratios only (docs/reproduce.md, "
+                    "\"The paper's world\"), whose GEMMs run faster than an H100 can (paper-llama-7b's FC1 at 2.4x "
+                    "the dense BF16 peak of the SMs it runs on), so CAIS's numbers there are a prediction"),
+}
 
 
 def worlds(ctx: Context) -> list[World]:

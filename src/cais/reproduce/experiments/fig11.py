@@ -14,7 +14,7 @@ import pandas as pd
 from cais.reproduce import paper as P
 from cais.reproduce import plots
 from cais.reproduce.experiments.common import (WHY_BOTH, WHY_CAIS, Context, Experiment, compare, failures,
-                                               comm_weight, geomean, grid_words, ok_rows, own_world, why_measured, world_rows,
+                                               WORLD_TEXT, comm_weight, geomean, grid_words, ok_rows, own_world, why_measured, world_rows,
                                                worlds)
 from cais.sweep.grid import Point
 from cais.reproduce.report import Section
@@ -259,15 +259,8 @@ def fig11_analyse(ctx: Context, rows: pd.DataFrame, name: str = "fig11",
     if len(answers):
         answers.to_csv(ctx.out / f"{name}_worlds.csv", index=False)  # (claims.json beside it: its commit)
         sec.p("One answer per world: CAIS's geomean speedup over TP-NVLS and over the best baseline (the one it "
-              "beats by the least). (i) the system as sold: on dgx-h100 the evidence's L2 behaviour (peer reads "
-              "not kept, docs/h100-evidence.md), CAIS and LADM copying each peer's shard with the copy engines "
-              "as real distributed GEMMs do, or on a few SMs as each producer signals them where the rows come "
-              "block by block (remote_read.strategy=auto, docs/remote-access.md), every "
-              "layer collective in the algorithm its scheme names (TP-NVLS forced to NVLS) and NCCL's protocol "
-              "by size for it; (ii) the same with the paper's L2 assumption (gpu.l2_keeps_peer_reads=true: each "
-              "remote block reaches a GPU once, for free); (iii) paper-world, fitted to the paper's baselines "
-              "only, whose GEMMs run faster than an H100 can (its compute 3.37x the calibrated rate: "
-              "paper-llama-7b's FC1 at 1.17 PFLOPS on 66 SMs, 2.4x the dense BF16 peak of 66 H100 SMs):")
+              "beats by the least). " + " ".join(f"({i}) {WORLD_TEXT[w.key]}." for i, w in
+                                                 zip(("i", "ii", "iii"), worlds(ctx))))
         sec.table(answers)
     if "train" in set(t["mode"]):
         b = train_breakdown(df, best_baseline(g, "train"))
