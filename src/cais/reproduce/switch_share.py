@@ -76,12 +76,31 @@ def switch_share_lines(worlds: list[tuple[str, pd.DataFrame]]) -> list[str]:
     return lines
 
 
-def fig11_switch_lines(ctx: "Context", every: pd.DataFrame) -> list[str]:
-    """The lines Fig. 11's verdict ends with (none where no world ran all three):
-    :func:`switch_share_lines` over the context's worlds, from the run's ok rows
+def world_pairs(ctx: "Context", every: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """(world label, its rows) over the context's worlds, from a Fig. 11 run's ok rows
     ``every`` (one world, the context's system, where they carry no ``sets``)."""
     from cais.reproduce.experiments.common import world_rows, worlds
 
-    pairs = ([(w.label, world_rows(ctx, w, every)) for w in worlds(ctx)] if "sets" in every
-             else [(ctx.system, every)])
-    return switch_share_lines(pairs)
+    return ([(w.label, world_rows(ctx, w, every)) for w in worlds(ctx)] if "sets" in every
+            else [(ctx.system, every)])
+
+
+def fig11_switch_lines(ctx: "Context", every: pd.DataFrame) -> list[str]:
+    """The lines Fig. 11's verdict ends with (none where no world ran all three):
+    :func:`switch_share_lines` over the context's worlds (:func:`world_pairs`)."""
+    return switch_share_lines(world_pairs(ctx, every))
+
+
+def share_claims(ctx: "Context", every: pd.DataFrame) -> list[tuple[str, bool, str]]:
+    """(name, holds, figure) per world and mode: whether in-switch merging buys most
+    (over half, on the log scale) of CAIS's gain over TP-NVLS, the premise that CAIS's
+    gain is the switch's; a claim a quick run is held to the full grid on."""
+    out = []
+    for label, rows in world_pairs(ctx, every):
+        for _, r in switch_share(rows).iterrows():
+            share = r["switch share"]
+            out.append((f"in-switch merging buys most of CAIS's gain in {r['mode']}, {label}",
+                        bool(share == share and share > 0.5),
+                        f"{100 * share:.0f} % of {r['over TP-NVLS']:.2f}x" if share == share else
+                        f"no gain ({r['over TP-NVLS']:.2f}x)"))
+    return out

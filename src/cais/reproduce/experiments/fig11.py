@@ -18,7 +18,7 @@ from cais.reproduce.experiments.common import (WHY_BOTH, WHY_CAIS, Context, Expe
                                                worlds)
 from cais.sweep.grid import Point
 from cais.reproduce.report import Section
-from cais.reproduce.switch_share import fig11_switch_lines, switch_share
+from cais.reproduce.switch_share import fig11_switch_lines, share_claims, switch_share
 from cais.reproduce.verdict import count_faster, holds, span
 
 
@@ -232,6 +232,8 @@ def fig11_analyse(ctx: Context, rows: pd.DataFrame, name: str = "fig11",
     for _, a in answers.iterrows():
         sec.claim(f"CAIS beats TP-NVLS in {a['mode']}, {a['world']}", a["over TP-NVLS"] >= 1,
                   f"{a['over TP-NVLS']:.2f}x")
+    for name, ok, figure in share_claims(ctx, every):
+        sec.claim(name, ok, figure)
     sec.says(*fig11_verdict(g, df, grid_words(ctx, t), l2), *answers_lines(answers),
              *fig11_switch_lines(ctx, every))  # the switch's share per world (issue 57)
     sec.p(f"One layer period per (model, mode, scheme) on {ctx.system}, 8 GPUs x {P.SMS_HALF} SMs"
