@@ -33,19 +33,20 @@ def test_the_breakdown_sums_each_segment_over_the_models() -> None:
 
 
 def test_the_reason_gives_the_period_the_sublayers_and_the_rest() -> None:
-    text = train_reason(train_breakdown(_df(), "t3"))
-    assert "period is 1.50x TP-NVLS's" in text
-    assert "L1-L4 span 100 us against 160 (1.60x)" in text
-    assert "rest of the period 100 us against 140" in text
+    lines = train_reason(train_breakdown(_df(), "t3"))
+    assert len(lines) == 2 and all(len(ln) <= 200 for ln in lines)
+    assert "period is 1.50x TP-NVLS's" in lines[0]
+    assert "L1-L4 span 100 us against 160 (1.60x)" in lines[0]
+    assert "rest of the period takes 100 us against TP-NVLS's 140" in lines[1]
 
 
 def test_runs_without_segment_spans_give_no_breakdown() -> None:
     df = _df().drop(columns=["segments_us"])
-    assert train_breakdown(df, "t3").empty and train_reason(train_breakdown(df, "t3")) == ""
+    assert train_breakdown(df, "t3").empty and train_reason(train_breakdown(df, "t3")) == []
 
 
 def test_sublayers_that_overlap_one_another_are_said_so() -> None:
     df = _df()
     df.loc[df["scheme"] == "cais", "total_us"] = 40.0  # the spans (50 + 30 per model) exceed the period
-    text = train_reason(train_breakdown(df, "t3"))
-    assert "they overlap one another, spanning 20 us more than the period" in text and "-20" not in text
+    text = " ".join(train_reason(train_breakdown(df, "t3")))
+    assert "CAIS's segments overlap, spanning 20 us more than its period" in text and "-20" not in text

@@ -34,8 +34,9 @@ TINY = ModelSpec(name="tiny-gpt", family="gpt", hidden=256, ffn_hidden=512, head
 # The weight gradients' operands are pinned to what every period ran before issue 56
 # gave each scheme its own (loaded again after the sub-layer: a remote-load scheme's
 # wgrad loads them; the others re-gather; tests/test_wgrad.py checks the rest).
-PINNED = {"remote_read.strategy": "reload", "collective.layer_choice": "scheme",
-          "train.wgrad_inputs": "refetch", "train.wgrad_grads": "refetch"}
+PINNED = {"remote_read.strategy": "reload", "collective.layer_choice": "scheme"}
+#: pinned in training only (outside it a training-only setting is a note, LayerResult.adjusted)
+PINNED_TRAIN = {"train.wgrad_inputs": "refetch", "train.wgrad_grads": "refetch"}
 
 CASES: list[tuple[str, str, bool]] = (
     [(s, "prefill", False) for s in schemes()]
@@ -51,7 +52,8 @@ def case_name(scheme: str, mode: str, functional: bool) -> str:
 def record(scheme: str, mode: str, functional: bool) -> dict[str, object]:
     """What one run computes, as JSON: the CLI's ``--json`` result without provenance,
     plus its event count and, in functional mode, what was checked."""
-    cfg = apply_overrides(load_system("dgx-h100"), {"gpus": str(GPUS), **PINNED})
+    cfg = apply_overrides(load_system("dgx-h100"), {"gpus": str(GPUS), **PINNED,
+                                                    **(PINNED_TRAIN if mode == "train" else {})})
     if functional:
         r = run_layer(cfg, TINY, scheme, mode, functional=True, seed=3)
     else:

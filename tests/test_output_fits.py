@@ -271,13 +271,13 @@ def test_every_reproduce_summary_even_the_widest_fits(narrow: None, capsys: pyte
     for csv in sorted(QUICK_RUNS.glob("*.csv")):
         df = pd.read_csv(csv)
         name = "fig11x" if csv.stem == "fig11" else csv.stem  # fig11 has its own printer, below
-        _print_section(Section(name, f"{csv.stem}: every column", summary=df, verdict="a verdict"), "dgx-h100", True)
+        _print_section(Section(name, f"{csv.stem}: every column", summary=df, lines=["a verdict"]), "dgx-h100", True)
         out = capsys.readouterr().out
         assert_fits(out)
         every_word_whole([str(df.columns[0])], out)
     fig11 = pd.DataFrame({"mode": ["prefill"] * 2, "scheme": ["cais-wo-coord", "coconet-nvls"],
                           "ours": [14_563_555_555.0, 1.05], "paper": [float("nan"), 1.25]})
-    _print_section(Section("fig11", "Fig. 11", summary=fig11, verdict="v"), "dgx-h100-paper-with-a-long-name", True)
+    _print_section(Section("fig11", "Fig. 11", summary=fig11, lines=["v"]), "dgx-h100-paper-with-a-long-name", True)
     out = capsys.readouterr().out
     assert_fits(out)
     assert "cais-wo-coord" in out and "coconet-nvls" in out

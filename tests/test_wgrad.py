@@ -147,7 +147,10 @@ def test_a_period_without_weight_gradients_ignores_the_choice() -> None:
     """Prefill runs the same whatever ``train`` says, and a choice a scheme cannot run
     in training is no error there."""
     for scheme in ("cais", "sp-nvls"):
-        times = {run_layer(_four(**{"train.wgrad_inputs": i, "train.wgrad_grads": g}), GPT, scheme, "prefill").total_us
-                 for i, g in (("keep", "keep"), ("scheme", "scheme"))}
-        assert len(times) == 1, (scheme, times)
+        runs = [run_layer(_four(**{"train.wgrad_inputs": i, "train.wgrad_grads": g}), GPT, scheme, "prefill")
+                for i, g in (("keep", "keep"), ("scheme", "scheme"))]
+        assert len({r.total_us for r in runs}) == 1, (scheme, [r.total_us for r in runs])
+        # a training-only setting outside training is said to have no effect, naming the field
+        assert set(runs[0].adjusted) == {"train.wgrad_inputs", "train.wgrad_grads"} and not runs[1].adjusted
+        assert "has no effect" in runs[0].adjusted["train.wgrad_grads"]
     assert run_layer(_train("scheme", "refetch"), GPT, "sp-nvls", "prefill").total_us > 0

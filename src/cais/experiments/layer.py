@@ -86,6 +86,7 @@ class LayerResult:
                 "segments_us": self.segments, "kernel_us": self.kernel_us,
                 "kernels": self.kernel_tbs, "sim": self.sim,
                 "collectives": {"choice": self.collective_choice, "ran": self.collectives_ran},
+                **({"adjusted": self.adjusted} if self.adjusted else {}),
                 **({"memory": {**self.memory.as_json(), "capacity_GB": self.hbm_capacity_GB}}
                    if self.memory is not None else {}),
                 **({"provenance": self.provenance.flat()} if self.provenance is not None else {})}
@@ -312,18 +313,20 @@ def warnings_of(r: LayerResult) -> list[str]:
     return lines
 
 
-def check_mode(sch: Scheme, cfg: SystemConfig, mode: str) -> None:
-    """UserError (one line) where ``mode`` is outside the scheme's design (an
-    inference stack in training) or a training-only setting is given outside
-    training (its weight-gradient dataflow, ``train.*``, in prefill or decode)."""
+def mode_notes(sch: Scheme, cfg: SystemConfig, mode: str) -> dict[str, str]:
+    """What a run in ``mode`` does outside its design, field -> one line: a scheme
+    used in a mode it was not made for (an inference stack's all-reduce in training),
+    and training-only settings given outside training (the weight-gradient dataflow
+    in a period with no backward)."""
+    notes = {}
     if mode in MODES and mode not in sch.modes:
-        raise UserError(f"mode: scheme '{sch.name}' is {sch.modes_why}; allowed with it: {', '.join(sch.modes)}")
+        notes["mode"] = (f"'{sch.name}' is {sch.modes_why}; in {mode} it runs, but as no deployment runs it "
+                         f"(made for: {', '.join(sch.modes)})")
     if mode != "train":
-        for key in ("wgrad_inputs", "wgrad_grads"):
-            value = getattr(cfg.train, key)
-            if value != "scheme":
-                raise UserError(f"train.{key}: '{value}' sets the weight-gradient dataflow, which only --mode "
-                                 f"train has ({mode} has no backward); leave it at 'scheme' here")
+        notes.update({f"train.{key}": f"'{getattr(cfg.train, key)}' has no effect: it sets the weight-gradient "
+                                      f"dataflow, and {mode} has no backward (it applies to training only)"
+                      for key in ("wgrad_inputs", "wgrad_grads") if getattr(cfg.train, key) != "scheme"})
+    return notes
 
 
 def check_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: int | None = None,
@@ -335,7 +338,6 @@ def check_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms
     GPUs' HBM), without running it."""
     sch = get_scheme(scheme)
     _check_sms(cfg, sms)
-    check_mode(sch, cfg, mode)
     switch = sch.switch_model(cfg.switch.model)  # a scheme on a switch without what it needs (SwitchMismatch)
     sch.vc_policy_for(cfg.link.vc_policy)  # a VC policy that undoes the scheme (VcMismatch)
     keep = _keeps_inputs(sch, cfg, mode)  # a weight-gradient dataflow it cannot run (WgradMismatch)
@@ -355,7 +357,6 @@ def run_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: 
     on its ``segments`` track)."""
     sch = get_scheme(scheme)
     _check_sms(cfg, sms)
-    check_mode(sch, cfg, mode)
     if sms is not None:
         cfg = cfg.with_overrides(gpu={**cfg.gpu.model_dump(), "sms": sms})
     switch = sch.switch_model(cfg.switch.model)  # auto resolved; a switch it cannot run on refused
@@ -413,7 +414,7 @@ def run_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: 
         padded_tokens=period.dims.tokens, sim=sim, memory=memory, hbm_capacity_GB=cfg.gpu.hbm_capacity_GB,
         collective_choice=cfg.collective.layer_choice,
         collectives_ran={f"{a}/{p}": k for (a, p), k in sorted(run.choices.items())},
-        adjusted=m.adjusted)
+        adjusted={**m.adjusted, **mode_notes(sch, cfg, mode)})
 
 
 def _mark_segments(run: LayerRun) -> None:
