@@ -112,9 +112,9 @@ def test_break_even_interpolates_and_needs_a_sweep() -> None:
 
 def test_no_measurable_effect_inside_the_noise() -> None:
     xs = [0.0, 25.0, 50.0, 100.0]
-    assert noise_free_up_to(xs, [100, 100.1, 100.5, 101], [100.4, 100.3, 100.9, 102]) == 25.0
-    assert noise_free_up_to(xs, [100, 99.9, 100.2, 100.3], [100.4, 100.3, 100.4, 100.5]) == 100.0
-    assert noise_free_up_to(xs, [100, 101, 99, 99], [100.4, 101.2, 100, 100]) == 0.0  # outside at once
+    assert noise_free_up_to(xs, [100, 100.2, 100.6, 101], 0.5) == 25.0
+    assert noise_free_up_to(xs, [100, 99.8, 100.4, 100.1], 0.5) == 100.0
+    assert noise_free_up_to(xs, [100, 99.0, 100, 100], 0.5) == 0.0  # faster beyond the noise counts too
 
 
 def test_a_run_without_lookup_counts_is_an_error() -> None:
