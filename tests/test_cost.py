@@ -154,6 +154,14 @@ def test_reproduce_cost_quick(tmp_path: Path) -> None:
     cais = e[e["scheme"] == "cais"]
     assert (cais["merge_lookups"] > 0).all() and (e[e["scheme"] != "cais"]["merge_lookups"] == 0).all()
     assert (cais[f"merge share @{X.LINK_LOW:g}"] > cais[f"merge share @{X.LINK_HIGH:g}"]).all()
+    # the same runs cached without their lookup counts (as runs made before issue 57): one line, no zero
+    runs = tmp_path / "runs" / "layer_point.parquet"
+    cached = pd.read_parquet(runs)
+    cached.assign(merge_lookups=float("nan")).to_parquet(runs)
+    reproduce(["cost"], Context(quick=True, out=tmp_path), log=lambda _: None)
+    md = (tmp_path / "report.md").read_text()
+    failed = [ln for ln in md.splitlines() if "ANALYSIS FAILED" in ln]
+    assert len(failed) == 1 and "has no merge-lookup count" in failed[0], failed
 
 
 def test_the_page_is_its_runs() -> None:
