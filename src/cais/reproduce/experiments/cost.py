@@ -329,8 +329,7 @@ def cost_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, Sectio
               for (w, m), g in rate.groupby(["world", "mode"], sort=False) for o in ("TP-NVLS", "cais-sw")}
     plots.lines(ctx.out / "cost_rate.png", series, "access slots per port per ns (log; 100 = no limit)",
                 "CAIS speedup (x)", "CAIS's speedup against the merge unit's rate", hline=1.0, logx=True,
-                vlines={f"{g:g} GHz": evals[dd]["lookups_per_ns"] for dd in MU.DESIGNS[:3]
-                        for g in (dd.clock_GHz,)})
+                vlines={f"HP, one port, {dd.clock_GHz:g} GHz": evals[dd]["lookups_per_ns"] for dd in MU.DESIGNS[:3]})
 
     # ---- the claims -----------------------------------------------------------------------------
     a_arr = ports * base_e["arrays_mm2"]
