@@ -59,7 +59,10 @@ PERTURB_NS = (-1.0, -0.5, 0.5, 1.0)
 LINK_PJ_PER_BIT = {
     1.3: "NVLink-C2C, a die-to-die link in one package (NVIDIA Grace Hopper whitepaper; Hot Chips 34, 2022): "
          "the low end",
-    5.5: "a board-level SerDes of the NVLink 4 class, a few pJ/bit (issue 64's estimate, not a datasheet figure)",
+    # the SerDes figure analyses of NVLink-C2C set beside its 1.3 pJ/bit (e.g. besthub.dev, "Why Nvidia's NVLink
+    # C2C is redefining GPU-CPU interconnects": 1.3 against 5.5 pJ/bit for a 112 Gb/s PAM4 SerDes)
+    5.5: "a 112 Gb/s PAM4 SerDes, the figure analyses of NVLink-C2C set beside its 1.3 (not an NVIDIA figure "
+         "for NVLink 4): the middle",
     14.0: "NVSwitch 1's chip power per bit switched, 100 W over 18 x 50 GB/s (Hot Chips 30, 2018), charged per "
           "link bit: the high end",
 }
@@ -371,10 +374,13 @@ def cost_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, Sectio
                  + f"), paper {P.fig11_paper('tp-nvls', 'prefill'):g}x/{P.fig11_paper('tp-nvls', 'train'):g}x "
                  f"(Fig. 11); {ok}")
     sw_own = own["over cais-sw"]
-    lines.append(f"CAIS over cais-sw (the switch's own gain) at the unit's own latency and rate: "
-                 f"{sw_own.min():.2f}-{sw_own.max():.2f}x (with no cost: "
-                 f"{rate[rate['lookups_per_ns'] == math.inf]['over cais-sw'].min():.2f}-"
-                 f"{rate[rate['lookups_per_ns'] == math.inf]['over cais-sw'].max():.2f}x)")
+    free = rate[rate["lookups_per_ns"] == math.inf]["over cais-sw"]
+
+    def span(v: pd.Series) -> str:
+        return f"{v.min():.2f}x" if f"{v.min():.2f}" == f"{v.max():.2f}" else f"{v.min():.2f}-{v.max():.2f}x"
+
+    lines.append(f"CAIS over cais-sw (the switch's own gain) at the unit's own latency and rate: {span(sw_own)} "
+                 f"(with no cost: {span(free)})")
     worst_lat = lat.loc[lat["over TP-NVLS (least)"].idxmin()]
     ok = sec.claim(CLAIM_LATENCY, bool((lat["over TP-NVLS (least)"] > 1).all()),
                    f"least {worst_lat['over TP-NVLS (least)']:.2f}x")
