@@ -2,7 +2,9 @@
 grid; `--quick` for a try) into docs/reproduce-results/cost/ and copy its report
 section, with the figures' paths made relative to docs/, between the page's
 `<!-- cost:begin -->` and `<!-- cost:end -->` markers. The page's prose stays as
-written; every number in the block comes from the run.
+written and states no result; every number in the block comes from the run, and
+tests/test_cost.py::test_the_page_is_its_runs checks the block against cost.md and
+cost.csv. The run's claims.json stays beside them.
 
     PYTHONPATH=src .venv/bin/python scripts/switch_cost_doc.py [--quick]
 
@@ -39,12 +41,14 @@ def main() -> int:
     subprocess.run([sys.executable, "-m", "cais", "reproduce", "cost", *quick, "--out", str(OUT), "--workers", "2"],
                    check=True, cwd=ROOT)
     block = section((OUT / "report.md").read_text())
+    if "ANALYSIS FAILED" in block:
+        raise SystemExit("switch_cost_doc: the cost analysis failed: " + block.splitlines()[0])
     (OUT / "cost.md").write_text(block + "\n")
     page = PAGE.read_text()
     head, rest = page.split(BEGIN, 1)
     tail = rest.split(END, 1)[1]
     PAGE.write_text(f"{head}{BEGIN}\n{from_docs(block)}\n{END}{tail}")
-    for name in ("report.md", "report.html", "claims.json"):
+    for name in ("report.md", "report.html"):  # claims.json stays: the full grid's answer a quick run is held to
         (OUT / name).unlink(missing_ok=True)
     subprocess.run(["rm", "-rf", str(OUT / "runs")], check=True)
     return 0

@@ -524,7 +524,8 @@ class MergeUnit:
     replacement: str  # switch.merge.replacement: "lru" or "fifo"
     timeout_ps: int
     latency_ps: int
-    lookup_ps: int  # the time between two lookups (1 / switch.merge.lookups_per_ns); 0: no limit
+    lookup_ps: int  # the time between two access slots (1 / switch.merge.lookups_per_ns); 0: no limit
+    red_accesses: int  # the access slots a reduction's line takes (switch.merge.red_accesses)
     default_expect: int
     used: int
     stats: MergeStats
@@ -532,6 +533,7 @@ class MergeUnit:
     table: dict[tuple[int, Any], Session]
     log: list[tuple[int, int]] | None
     # cfg: a cais.config.MergeConfig (switch.merge); read: entries, line_bytes, timeout_us, latency_ns, lookups_per_ns,
+    # red_accesses,
     # replacement
     def __new__(cls, host: Any, port: int, cfg: Any, gpus: int, spread: PortSpread | None = None) -> Self: ...
     def load(self, req: Train) -> None: ...

@@ -96,13 +96,32 @@ class MergeConfig(_Strict):
     timeout_us: float = Field(20.0, gt=0, description="an entry idle this long is flushed (Reduction: its partial sum "
                                                       "goes home; Load-Ready: dropped)")
     latency_ns: float = Field(0.0, ge=0, description="CAM lookup and merge time added to a merged response or sum")
-    lookups_per_ns: float | None = knob(None, gt=0, description="lookups one port's unit starts per ns (a request, "
-                                                                 "or the home's load data, each takes one); a "
-                                                                 "request waits for the next free slot; null: no "
-                                                                 "limit")
-    cacti_node: Literal["22nm", "12nm", "7nm"] | None = knob(
-        None, description="take latency_ns and lookups_per_ns from the stored CACTI run of this table at this node "
-                          "(cais/data/cacti/merge_unit.json; docs/switch-cost.md): they override what is set")
+    lookups_per_ns: float | None = knob(None, gt=0, description="array access slots one port's unit starts per ns "
+                                                                 "(clock x accesses per cycle): a ld.cais line and the "
+                                                                 "home's load data line take one each, a red.cais line "
+                                                                 "red_accesses; a request waits for the next free "
+                                                                 "slot; null: no limit")
+    red_accesses: int = knob(2, ge=1, description="access slots a red.cais line takes under lookups_per_ns: 2, the "
+                                                  "read and the write of a one-port content array (its read-modify-"
+                                                  "write); 1, a 1R1W array")
+    cacti_node: Literal["22nm", "12nm", "7nm", "5nm"] | None = knob(
+        None, description="take latency_ns, lookups_per_ns and red_accesses from the cost model of this table at this "
+                          "node (the stored CACTI run, cais/data/cacti/merge_unit.json, scaled by bit cell, at "
+                          "clock_GHz with cells, data_ports, accumulate and tables; docs/switch-cost.md): they "
+                          "override what is set")
+    cells: Literal["itrs-hp", "itrs-lstp"] = knob(
+        "itrs-hp", description="with cacti_node: the arrays' devices, ITRS high-performance or low-standby-power "
+                               "(the rate and the leakage both follow it)")
+    clock_GHz: float = knob(1.5, gt=0, description="with cacti_node: the unit's pipeline clock, an assumption "
+                                                   "(NVSwitch's is not published; docs/switch-cost.md shows 1-2 GHz)")
+    data_ports: Literal["1rw", "1r1w"] = knob(
+        "1rw", description="with cacti_node: the content array's ports, one read-write (a reduction takes two "
+                           "slots) or one read and one write (one slot, a larger array)")
+    accumulate: Literal["bf16", "fp32"] = knob(
+        "bf16", description="with cacti_node: the partial sums' format (fp32: FP32 adders and twice the data bytes)")
+    tables: Literal[1, 4] = knob(
+        1, description="with cacti_node: tables per port (4: one per link, address-hashed, each with its own adders; "
+                       "the rate x 4, the hash taken as even)")
     replacement: str = knob(
         "lru", description="which session is evicted when a new one needs lines: a policy of the core's registry "
                            "(cais._core.replacement_policies: lru, the one accessed longest ago, the paper's; fifo, "
@@ -123,7 +142,9 @@ class MergeConfig(_Strict):
         if isinstance(data, dict) and data.get("cacti_node") is not None:
             from cais.cost.merge_unit import preset_timing
 
-            data = {**data, **preset_timing(str(data["cacti_node"]))}
+            kinds = {"cells": str, "clock_GHz": float, "data_ports": str, "accumulate": str, "tables": int}
+            opts = {k: f(data[k]) for k, f in kinds.items() if k in data}
+            data = {**data, **preset_timing(str(data["cacti_node"]), **opts)}
         return data
 
 

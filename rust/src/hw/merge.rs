@@ -377,9 +377,11 @@ pub(crate) struct MergeUnitState {
     line_bytes: i64,
     timeout_ps: i64,
     latency_ps: i64,
-    /// The time between two lookups (`1 / lookups_per_ns`; 0: no limit), when the next
-    /// may start, and what the request being served waited for its slot.
+    /// The time between two access slots (`1 / lookups_per_ns`; 0: no limit), the
+    /// slots a reduction's line takes (`red_accesses`), when the next slot is free, and
+    /// what the request being served waited for its slot.
     lookup_ps: i64,
+    red_accesses: i64,
     free_at: i64,
     wait_ps: i64,
     wait_at: i64,
@@ -467,8 +469,9 @@ impl MergeUnit {
         let mut me = slf.st();
         let now = me.now(py);
         let nbytes = if kind == LOAD { req.st().want } else { req.st().payload };
-        let slots = me.lines_for(nbytes).max(1);
-        me.reserve(now, req, slots);
+        let lines = me.lines_for(nbytes).max(1);
+        let per_line = if kind == REDUCTION_TYPE { me.red_accesses } else { 1 };
+        me.reserve(now, req, lines, per_line);
         let r = req.st();
         let (key, info) = match &r.addr {
             // borrowed: a new reference would be dropped with a check of the thread's state
@@ -549,8 +552,8 @@ impl MergeUnit {
                 return Ok(false);
             }
             let now = me.now(py);
-            let slots = me.lines_for(resp.st().payload).max(1);
-            me.reserve(now, resp, slots); // the data is written into the content array
+            let lines = me.lines_for(resp.st().payload).max(1);
+            me.reserve(now, resp, lines, 1); // the data is written into the content array
             let lat = me.latency_ps;
             let host = me.host(py);
             let Some(e) = me.entries.get_mut(&sid) else {
@@ -947,16 +950,18 @@ impl MergeUnit {
 }
 
 impl MergeUnitState {
-    /// The lookups of `train`, one per line it covers (a packet of up to `line_bytes`
-    /// each), start at the unit's next free slot: the train is held the wait (its head
-    /// and tail move on by it, as a switch's pipeline moves them) and its slots are
-    /// taken. Counted whatever the limit (the energy's accesses).
-    fn reserve(&mut self, now: i64, train: &Bound<'_, Train>, slots: i64) {
-        let (start, free) = next_slot(now, self.free_at, self.lookup_ps * slots);
+    /// The lookups of `train`, one per line it covers (`lines`, packets of up to
+    /// `line_bytes` each), start at the unit's next free slot and take `per_line` access
+    /// slots each (a reduction's read-modify-write: `red_accesses`): the train is held
+    /// the wait (its head and tail move on by it, as a switch's pipeline moves them) and
+    /// its slots are taken. The lines are counted whatever the limit (the energy's
+    /// lookups).
+    fn reserve(&mut self, now: i64, train: &Bound<'_, Train>, lines: i64, per_line: i64) {
+        let (start, free) = next_slot(now, self.free_at, self.lookup_ps * lines * per_line);
         self.free_at = free;
         self.wait_ps = start - now;
         self.wait_at = now;
-        self.stats.lookups += slots;
+        self.stats.lookups += lines;
         self.stats.lookup_wait_ps += self.wait_ps;
         if self.wait_ps > 0 {
             let mut t = train.st();
@@ -1072,6 +1077,17 @@ fn lookup_interval_ps(lookups_per_ns: Option<f64>) -> PyResult<i64> {
     }
 }
 
+/// The access slots a reduction's line takes (`switch.merge.red_accesses`, at least 1).
+fn red_accesses(n: i64) -> PyResult<i64> {
+    if n >= 1 {
+        Ok(n)
+    } else {
+        Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "switch.merge.red_accesses must be at least 1, not {n}"
+        )))
+    }
+}
+
 #[pymethods]
 impl MergeUnit {
     #[new]
@@ -1104,6 +1120,7 @@ impl MergeUnit {
             timeout_ps: ps(cfg.timeout_us, 1e6),
             latency_ps: ps(cfg.latency_ns, 1e3),
             lookup_ps: lookup_interval_ps(cfg.lookups_per_ns)?,
+            red_accesses: red_accesses(cfg.red_accesses)?,
             free_at: 0,
             wait_ps: 0,
             wait_at: -1,
@@ -1238,8 +1255,10 @@ properties!(MergeUnit {
     replacement: String;
     timeout_ps: i64;
     latency_ps: i64;
-    /// The time between two lookups (0: no limit).
+    /// The time between two access slots (0: no limit).
     lookup_ps: i64;
+    /// The access slots a reduction's line takes.
+    red_accesses: i64;
     default_expect: i64;
     used: i64;
     /// What was recorded (None: not recording); set a list to start recording (what to
@@ -1280,5 +1299,15 @@ mod tests {
         assert_eq!(lookup_interval_ps(Some(2.5)).unwrap(), 400);
         assert_eq!(lookup_interval_ps(Some(1e9)).unwrap(), 1); // at least a ps
         assert!(lookup_interval_ps(Some(0.0)).is_err());
+    }
+
+    #[test]
+    fn a_reduction_takes_its_accesses() {
+        Python::initialize();
+        assert_eq!(red_accesses(2).unwrap(), 2);
+        assert!(red_accesses(0).is_err());
+        // two one-line reductions at 400 ps a slot, two slots each: the second waits 800 ps
+        let (s0, f0) = next_slot(0, 0, 400 * 2);
+        assert_eq!((s0, next_slot(0, f0, 400 * 2).0), (0, 800));
     }
 }

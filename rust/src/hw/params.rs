@@ -28,6 +28,9 @@ pub(crate) struct MergeConfig {
     /// Lookups one port's unit starts per ns (None: no limit): a request waits for
     /// the unit's next free lookup slot.
     pub lookups_per_ns: Option<f64>,
+    /// Access slots a reduction's line takes under `lookups_per_ns` (2: the read and
+    /// the write of a one-port content array; 1: a 1R1W array).
+    pub red_accesses: i64,
     /// Which session goes when lines are needed: "lru" or "fifo" (`replacement/`).
     pub replacement: String,
 }
@@ -116,9 +119,11 @@ mod tests {
             }
             kw.set_item("replacement", "lru").unwrap();
             kw.set_item("lookups_per_ns", py.None()).unwrap();
+            kw.set_item("red_accesses", 2).unwrap();
             let cfg: MergeConfig = ns.call((), Some(&kw)).unwrap().extract().unwrap();
             assert_eq!((cfg.entries, cfg.line_bytes, cfg.timeout_us), (320, 128, 20.0));
             assert_eq!(cfg.lookups_per_ns, None); // null: no limit
+            assert_eq!(cfg.red_accesses, 2);
             kw.set_item("lookups_per_ns", 2.5).unwrap();
             let cfg: MergeConfig = ns.call((), Some(&kw)).unwrap().extract().unwrap();
             assert_eq!(cfg.lookups_per_ns, Some(2.5));

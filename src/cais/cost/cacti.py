@@ -34,10 +34,11 @@ SDIST = {"name": "hwcomponents-cacti", "version": "1.0.40",
 #: the smallest node CACTI 7 models (its ITRS tables stop at 22 nm)
 CACTI_MIN_NM = 22
 
-#: the settings every run shares: hwcomponents-cacti's default_cfg.cfg, except the devices
-#: (ITRS high-performance cells and periphery, not low-standby-power: a switch's data path
-#: runs at the link's rate) and the objective (cycle time, CACTI's own cache.cfg's choice),
-#: and ECC off (the content array's lines are an NVLink packet's payload, ECC'd on the link).
+#: the settings every run shares: hwcomponents-cacti's default_cfg.cfg, except the objective
+#: (cycle time, CACTI's own cache.cfg's choice) and ECC off (the content array's lines are an
+#: NVLink packet's payload, ECC'd on the link). The devices (cells and periphery) and the
+#: ports are each array's (:class:`Array`): ITRS high-performance or low-standby-power, one
+#: read-write port or one read and one write port.
 #: The off-chip IO block (``-dram_type`` on) is default_cfg.cfg's: CACTI reads it whatever it
 #: models, and stops with a floating-point exception without it.
 BASE_CFG = """\
@@ -47,16 +48,10 @@ BASE_CFG = """\
 -Bitline floating - "false"
 -Interconnect Power Gating - "false"
 -Power Gating Performance Loss "default"
--exclusive read port 0
--exclusive write port 0
 -single ended read ports 0
 -page size (bits) 0
 -burst length 8
 -internal prefetch width 8
--Data array cell type - "itrs-hp"
--Data array peripheral type - "itrs-hp"
--Tag array cell type - "itrs-hp"
--Tag array peripheral type - "itrs-hp"
 -operating temperature (K) 360
 -access mode (normal, sequential, fast) - "normal"
 -design objective (weight delay, dynamic power, leakage power, cycle time, area) 0:0:0:100:0
@@ -108,6 +103,11 @@ BASE_CFG = """\
 -mirror_in_bob "F"
 """
 
+#: the device types a run may use (CACTI's names): ITRS high-performance and low-standby-power
+CELLS = ("itrs-hp", "itrs-lstp")
+#: the port sets a RAM may have: one read-write port, or one exclusive read and one exclusive write port
+PORTS = ("1rw", "1r1w")
+
 #: CSV column of CACTI's .out -> our key (times ns, energies nJ, leakage mW, area mm^2)
 COLUMNS = {"Access time (ns)": "access_ns", "Random cycle time (ns)": "cycle_ns",
            "Dynamic search energy (nJ)": "search_nJ", "Dynamic read energy (nJ)": "read_nJ",
@@ -119,19 +119,28 @@ COLUMNS = {"Access time (ns)": "access_ns", "Random cycle time (ns)": "cycle_ns"
 class Array:
     """One array of the merge unit, as CACTI sees it: ``kind`` ``ram`` (an SRAM read
     and written a ``block_bytes`` word at a time) or ``cam`` (a content-addressed
-    array of ``block_bytes``-wide tags, searched on one port); ``nbytes`` in all."""
+    array of ``block_bytes``-wide tags, searched on one port); ``nbytes`` in all;
+    ``cells`` (:data:`CELLS`) for its cells and periphery alike; ``ports``
+    (:data:`PORTS`): one read-write port, or one read and one write port (a RAM only)."""
 
     name: str
     kind: str
     nbytes: int
     block_bytes: int
     banks: int = 1
+    cells: str = "itrs-hp"
+    ports: str = "1rw"
 
     def cfg(self, node_nm: float) -> str:
         """The .cfg text of this array at ``node_nm`` (>= 22)."""
         cam = self.kind == "cam"
+        if self.cells not in CELLS or self.ports not in PORTS or (cam and self.ports != "1rw"):
+            raise ValueError(f"array {self.name}: cells one of {CELLS}, ports one of {PORTS} (a CAM: 1rw)")
+        rw, excl = (1, 0) if self.ports == "1rw" else (0, 1)
+        devices = [f'-{a} array {b} type - "{self.cells}"' for a in ("Data", "Tag") for b in ("cell", "peripheral")]
         return BASE_CFG + "".join(f"{line}\n" for line in (
-            f"-size (bytes) {self.nbytes}", "-read-write port 1", f"-search port {1 if cam else 0}",
+            *devices, f"-exclusive read port {excl}", f"-exclusive write port {excl}",
+            f"-size (bytes) {self.nbytes}", f"-read-write port {rw}", f"-search port {1 if cam else 0}",
             f"-block size (bytes) {self.block_bytes}", f"-technology (u) {node_nm / 1000:.3f}",
             f"-output/input bus width {self.block_bytes * 8}", f"-UCA bank count {self.banks}",
             f'-cache type "{self.kind}"', '-tag size (b) "default"', f"-associativity {0 if cam else 1}"))
@@ -158,7 +167,7 @@ def run_array(array: Array, node_nm: float, binary: Path) -> dict[str, float]:
     """CACTI's figures for ``array`` at ``node_nm``: :data:`COLUMNS`' keys, leakage for
     all banks. Raises RuntimeError with CACTI's last lines where it fails."""
     with tempfile.TemporaryDirectory(prefix="cais-cacti-") as tmp:
-        cfg = Path(tmp) / f"{array.name}.cfg"
+        cfg = Path(tmp) / (array.name.replace("/", "_") + ".cfg")
         cfg.write_text(array.cfg(node_nm))
         # CACTI reads its technology files (tech_params/, contention.dat) from the folder it runs in
         p = subprocess.run([str(binary), "-infile", str(cfg)], cwd=binary.parent, capture_output=True, text=True,
