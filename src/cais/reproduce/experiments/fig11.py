@@ -232,8 +232,8 @@ def fig11_analyse(ctx: Context, rows: pd.DataFrame, name: str = "fig11",
     for _, a in answers.iterrows():
         sec.claim(f"CAIS beats TP-NVLS in {a['mode']}, {a['world']}", a["over TP-NVLS"] >= 1,
                   f"{a['over TP-NVLS']:.2f}x")
-    for name, ok, figure in share_claims(ctx, every):
-        sec.claim(name, ok, figure)
+    for claim, ok, figure in share_claims(ctx, every):
+        sec.claim(claim, ok, figure)
     sec.says(*fig11_verdict(g, df, grid_words(ctx, t), l2), *answers_lines(answers),
              *fig11_switch_lines(ctx, every))  # the switch's share per world (issue 57)
     sec.p(f"One layer period per (model, mode, scheme) on {ctx.system}, 8 GPUs x {P.SMS_HALF} SMs"
