@@ -480,6 +480,12 @@ def _print_layer(system: str, model: ModelSpec, r: LayerResult) -> None:
     Console().print(f"rest: the period outside L1-L4 ({', '.join(rest) or 'nothing'}); overlapping schemes run "
                     "some of it inside the sub-layers' spans. gap to bound: time / max(compute, comm) - 1.")
     _print_kv_note(model, r.gpus)
+    if r.token is not None:
+        t = r.token
+        parts = ", ".join(f"{k.replace('_', ' ')} {v:,.1f}" for k, v in t.tail.items())
+        Console().print(f"per output token: {t.token_us:,.1f} us = {t.layers} layers x {t.layer_us:,.1f} us + tail "
+                        f"{t.tail_us:,.1f} us ({parts}); the host's own step is not included "
+                        "(docs/compute-model.md, \"The decode step\")", highlight=False)
     Console().print(f"link utilisation: mean {100 * r.link_util.mean:.1f} % (GPU directions), busiest port "
                     f"direction {100 * r.link_util.max:.1f} % ({r.link_util.busiest}), over the period; "
                     f"{r.events:,} events in {r.wall_s:.1f} s; simulation: "

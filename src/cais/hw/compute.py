@@ -265,10 +265,15 @@ class ComputeModel:
         return (2 * qo + 2 * kv if passes in ("fwd", "fwd+bwd") else 0) + \
             (4 * qo + 4 * kv if passes in ("bwd", "fwd+bwd") else 0)
 
+    @staticmethod
+    def attention_decode_bytes(heads: int, kv_heads: int, head_dim: int, batch: int, kv_len: int) -> int:
+        """HBM bytes of one decode step's attention: the K/V cache read, Q read, O written."""
+        return 2 * BF16 * batch * kv_len * kv_heads * head_dim + 2 * BF16 * batch * heads * head_dim
+
     def attention_decode_time_ps(self, heads: int, kv_heads: int, head_dim: int, batch: int,
                                  kv_len: int, sms: int, total_sms: int) -> int:
         """One decode step's attention: reading the K/V cache (plus Q, O) from HBM.  Not
         measured; modeled as memory-bound with the calibrated HBM bandwidth."""
         _positive(heads=heads, kv_heads=kv_heads, head_dim=head_dim, batch=batch, kv_len=kv_len)
-        cache = 2 * BF16 * batch * kv_len * kv_heads * head_dim
-        return self.memory_time_ps(cache + 2 * BF16 * batch * heads * head_dim, sms, total_sms)
+        return self.memory_time_ps(self.attention_decode_bytes(heads, kv_heads, head_dim, batch, kv_len), sms,
+                                   total_sms)
