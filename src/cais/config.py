@@ -241,6 +241,11 @@ class GpuConfig(_Strict):
     host_launch_us: float = knob(4.5, ge=0, description="launch=eager: host time of each further kernel launch of "
                                                         "the same op (a copy into a registered buffer, a copy out): "
                                                         "~4-5 us per launch (NVIDIA/nccl #1984)")
+    split_gemms: bool = knob(True, description="split a GEMM of less than half a wave of output tiles over more "
+                                               "CTAs (split-K / stream-K) as CUTLASS's Hopper stream-K heuristic "
+                                               "does, with the fitted fix-up; false: one CTA per tile over the "
+                                               "whole K, the model before splits (docs/compute-model.md, "
+                                               "\"Split-K and stream-K\")")
     small_kernel_us: float = knob(1.7, ge=0, description="launch=eager|graph, decode: device time of a small "
                                                          "memory-bound kernel beyond its bytes (a norm, rotary, the "
                                                          "KV-cache write, the activation, the step's tail kernels): "

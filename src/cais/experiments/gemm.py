@@ -49,7 +49,7 @@ def run_gemm(cfg: SystemConfig, m: int, n: int, k: int, sms: int | None = None) 
     sms = cfg.gpu.sms if sms is None else sms
     if not 1 <= sms <= cfg.gpu.sms:
         raise UserError(f"sms: must be between 1 and {cfg.gpu.sms} on {cfg.name}, got {sms}")
-    model = ComputeModel.load(cfg.gpu.compute_model, cfg.gpu.hbm_bandwidth_GBps)
+    model = ComputeModel.for_gpu(cfg.gpu)
     shape = gemm_shape(model, m, n, k, sms)
     check_machine(cfg.with_overrides(gpus=2), gemm_events(shape.tiles))
     check_events(gemm_events(shape.tiles), f"output {m:,} x {n:,} (m x n): {shape.tiles:,} output tiles of "

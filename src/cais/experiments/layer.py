@@ -381,7 +381,7 @@ def run_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: 
         case = FunctionalCase(model, period, p_drop, seed) if functional else None
         if case is not None:
             _alloc(m, period, case)
-        cm = ComputeModel.load(cfg.gpu.compute_model, cfg.gpu.hbm_bandwidth_GBps)
+        cm = ComputeModel.for_gpu(cfg.gpu)
         run = LayerRun(m, model, period, cm, p_drop)
         sch.run(run)
         m.run()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from importlib import resources
 from typing import Any
@@ -90,6 +90,13 @@ class ComputeModel:
         if split.is_file():  # the split-K fix-up, fitted on published skinny GEMMs (scripts/fit_split.py)
             fit = {**fit, "coefficients": {**fit["coefficients"], **json.loads(split.read_text())["coefficients"]}}
         return cls.from_fit(fit, hbm_bandwidth_GBps)
+
+    @classmethod
+    def for_gpu(cls, gpu: Any) -> "ComputeModel":
+        """The model of a system's GPU config (``gpu.compute_model``, its HBM bandwidth,
+        and ``gpu.split_gemms``)."""
+        cm = cls.load(gpu.compute_model, gpu.hbm_bandwidth_GBps)
+        return cm if gpu.split_gemms else replace(cm, split_gemms=False)
 
     @classmethod
     def from_fit(cls, fit: dict[str, Any], hbm_bandwidth_GBps: float | None = None) -> "ComputeModel":
