@@ -141,3 +141,16 @@ def test_decode_step_small_kernels_and_token_time() -> None:
     # the fitted launch keeps the paper-era decode layer: no rotary or cache-write kernels
     fitted = run_layer(load_system("dgx-h100"), model, "tp-vllm", "decode", 132)
     assert "rotary" not in fitted.kernel_tbs and fitted.token is not None
+
+
+def test_split_gemms_off_gives_the_data_parallel_decode_layer() -> None:
+    """gpu.split_gemms=false: the decode GEMMs run one CTA per tile over the whole K,
+    so the same period takes longer (the model before splits)."""
+    from cais.config import apply_overrides
+
+    model = load_model("llama3-8b").with_run(1, 1024)
+    on = apply_overrides(load_system("dgx-h100"), {"gpu.launch": "graph"})
+    off = apply_overrides(on, {"gpu.split_gemms": "false"})
+    t_on = run_layer(on, model, "tp-vllm", "decode", 132).total_us
+    t_off = run_layer(off, model, "tp-vllm", "decode", 132).total_us
+    assert t_off > 1.3 * t_on
