@@ -34,7 +34,6 @@ BF16 = 2  # bytes
 #: the fewest k-tiles one stream-K unit may get (its ``min_iters_per_sk_unit_``)
 SPLIT_K_TILE = 64
 SPLIT_MIN_ITERS = 8
-ACC_BYTES = 4  # an fp32 partial-sum element in the split's workspace
 
 
 def _positive(**values: int) -> None:
@@ -162,13 +161,13 @@ class ComputeModel:
         """One output tile of a GEMM whose ``tiles`` tiles are shared by ``units`` CTAs
         (:meth:`split_units`), from the first unit's start to the tile's epilogue: each
         unit runs ``k * tiles / units`` of the depth (with its own prologue/epilogue) while
-        ``busy_sms`` - tiles + units SMs are busy; then the tile's final CTA waits for its
+        ``busy_sms`` - tiles + units SMs are busy (at most the GPU's); then the tile's final CTA waits for its
         peers (``split_fixup_ns``) and reads and adds each peer's fp32 partial tile from
         the workspace (``split_peer_ns`` per peer, for 128x128; scaled by BM*BN). Its
         epilogue then sees the whole tile."""
         _positive(tiles=tiles, units=units)
         depth = max(1, round(k * tiles / units))
-        busy = max(units, busy_sms + units - tiles)
+        busy = max(units, min(self.sms, busy_sms + units - tiles))
         peers = -(-units // tiles)  # CTAs covering one tile (stream-K: some tiles one more)
         fixup = self.split_fixup_ns + (peers - 1) * self.split_peer_ns * bm * bn / (128 * 128)
         return self.tile_time_ps(bm, bn, depth, busy) + round(fixup * PS_PER_NS)
