@@ -300,9 +300,11 @@ class LayerRun:
     def rowop_kernel(self, g: int, op: RowOp, sm_set: frozenset[int] | None = None,
                      rows: Sequence[tuple[int, int]] | None = None) -> Kernel:
         """The fused dropout + residual + norm kernel (or its backward) over this GPU's
-        rows (or the given row blocks): kernels/rowop.py."""
+        rows (or the given row blocks): kernels/rowop.py; a kernel of its own, so in
+        decode under the graph and eager launches it has the small-kernel floor."""
+        small = round(self.m.cfg.gpu.small_kernel_us * 1_000_000) if self.decode_small else 0
         return rowop.rowop_kernel(self.cm, self._memory(g), op, self.model.dtype_bytes, self.model.norm,
-                                  self.p_drop, self.row_offset(g), self.sms, sm_set, rows)
+                                  self.p_drop, self.row_offset(g), self.sms, sm_set, rows, small)
 
     def signalled_rowop_kernel(self, g: int, op: RowOp, blocks: Sequence[tuple[int, int]], expected: Sequence[int],
                                keys: Sequence[int], flags: Sequence[int],
