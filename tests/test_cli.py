@@ -340,3 +340,19 @@ def test_a_nan_in_the_python_api_is_not_a_number_too() -> None:
         CollectiveRunSpec("allreduce", "nvls", float("nan")).size()
     with pytest.raises(ModelError, match=r"field 'batch': not a number \(NaN\)"):
         load_model("paper-llama-7b", batch=float("nan"))
+
+
+def test_gemm_launch_graph_checks_a_published_graph_mode_row(capsys) -> None:
+    """cais gemm --launch graph: the graph's dependent-kernel gap instead of the fitted
+    per-GEMM overhead (vLLM PR #23280's 16 x 2112 x 7168: 9.77 us published)."""
+    import json as _json
+
+    assert main(["gemm", "--m", "16", "--n", "2112", "--k", "7168", "--launch", "graph", "--json"]) == 0
+    graph = _json.loads(capsys.readouterr().out)
+    assert main(["gemm", "--m", "16", "--n", "2112", "--k", "7168", "--json"]) == 0
+    fitted = _json.loads(capsys.readouterr().out)
+    assert graph["launch"] == "graph" and fitted["launch"] == "fitted"
+    assert graph["split"] == "stream-K" and graph["units"] == 132 and graph["tiles"] == 17
+    assert 9.77 < graph["time_us"] < 9.77 * 1.3  # at the HBM floor: +25 % (docs/compute-model.md)
+    assert fitted["time_us"] - graph["time_us"] > 10  # the fitted 13.1 us overhead less the 2 us gap
+    assert graph["overrides"] == {"gpu.launch": "graph"}

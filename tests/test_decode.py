@@ -114,3 +114,43 @@ def test_cli_decode_of_a_preset_reports_the_padding(capsys) -> None:
     assert (out["tokens"], out["padded_tokens"]) == (3, 8)
     assert main(["run", "--model", "paper-llama-7b", "--scheme", "tp-nvls", "--mode", "decode", "--sms", str(SMS)]) == 0
     assert "padded" not in capsys.readouterr().out  # basic TP needs no padding
+
+
+def test_decode_step_small_kernels_and_token_time() -> None:
+    """Decode under a CUDA graph: rotary and the KV-cache write run as kernels of their
+    own before attention, attention has its sourced floor, and the JSON gives the
+    whole model's time per output token: layers x the period + the tail."""
+    from cais.config import apply_overrides
+
+    cfg = apply_overrides(load_system("dgx-h100"), {"gpu.launch": "graph"})
+    model = load_model("llama3-8b").with_run(1, 1024)
+    r = run_layer(cfg, model, "tp-vllm", "decode", 132)
+    names = set(r.kernel_tbs)
+    assert {"rotary", "kv_write", "attention"} <= names
+    assert r.segments["attention"] >= cfg.gpu.attn_decode_floor_us  # the floor, then the cache read
+    assert r.token is not None
+    tok = r.as_json()
+    assert tok["token_us"] == r.token.layers * r.total_us + r.token.tail_us
+    assert r.token.layers == 32 and set(r.token.tail) == {"embedding", "final_norm", "lm_head", "logits_gather",
+                                                          "sampling"}
+    # lm_head: 128256 / 8 x 4096 bf16 weights (131 MB) read at the calibrated ~3.0 TB/s, at least
+    assert 40 < r.token.tail["lm_head"] < 60
+    # a longer context reads more cache: only attention (and the period) grow
+    longer = run_layer(cfg, load_model("llama3-8b").with_run(1, 32768), "tp-vllm", "decode", 132)
+    assert longer.segments["attention"] > r.segments["attention"]
+    # the fitted launch keeps the paper-era decode layer: no rotary or cache-write kernels
+    fitted = run_layer(load_system("dgx-h100"), model, "tp-vllm", "decode", 132)
+    assert "rotary" not in fitted.kernel_tbs and fitted.token is not None
+
+
+def test_split_gemms_off_gives_the_data_parallel_decode_layer() -> None:
+    """gpu.split_gemms=false: the decode GEMMs run one CTA per tile over the whole K,
+    so the same period takes longer (the model before splits)."""
+    from cais.config import apply_overrides
+
+    model = load_model("llama3-8b").with_run(1, 1024)
+    on = apply_overrides(load_system("dgx-h100"), {"gpu.launch": "graph"})
+    off = apply_overrides(on, {"gpu.split_gemms": "false"})
+    t_on = run_layer(on, model, "tp-vllm", "decode", 132).total_us
+    t_off = run_layer(off, model, "tp-vllm", "decode", 132).total_us
+    assert t_off > 1.3 * t_on

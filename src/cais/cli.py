@@ -424,13 +424,19 @@ def _print_collective(system: str, r: CollectiveResult) -> None:
 def cmd_gemm(args: argparse.Namespace) -> None:
     from cais.experiments.gemm import run_gemm
 
-    cfg = _system(args)
+    from cais.experiments.spec import SystemSpec
+
+    cfg, overrides = SystemSpec(args.system, None, tuple(args.set), None, "--set", "--set gpus=").build()
     r = run_gemm(cfg, args.m, args.n, args.k, args.sms)
-    if _printed_json(args, r, cfg):
+    if _printed_json(args, r, cfg, overrides):
         return
+    launch = {"fitted": "the fitted per-GEMM overhead", "graph": "the dependent-kernel gap of a CUDA graph",
+              "eager": "the host's issue of one op"}[r.launch]
     _print_table(f"bf16 GEMM on one {cfg.gpu.name}", [
         ("M x N x K", f"{r.m} x {r.n} x {r.k}"), ("SMs", str(r.sms)),
         ("tile", f"{r.tile[0]} x {r.tile[1]}"), ("tiles", str(r.tiles)),
+        ("split", r.split + (f" ({r.units} CTAs)" if r.units else "")),
+        ("launch", f"{r.launch} ({launch})"),
         ("time", f"{r.time_us:,.2f} us"), ("throughput", f"{r.tflops:,.1f} TFLOP/s")])
 
 
@@ -474,6 +480,12 @@ def _print_layer(system: str, model: ModelSpec, r: LayerResult) -> None:
     Console().print(f"rest: the period outside L1-L4 ({', '.join(rest) or 'nothing'}); overlapping schemes run "
                     "some of it inside the sub-layers' spans. gap to bound: time / max(compute, comm) - 1.")
     _print_kv_note(model, r.gpus)
+    if r.token is not None:
+        t = r.token
+        parts = ", ".join(f"{k.replace('_', ' ')} {v:,.1f}" for k, v in t.tail.items())
+        Console().print(f"per output token: {t.token_us:,.1f} us = {t.layers} layers x {t.layer_us:,.1f} us + tail "
+                        f"{t.tail_us:,.1f} us ({parts}); the host's own step is not included "
+                        "(docs/compute-model.md, \"The decode step\")", highlight=False)
     Console().print(f"link utilisation: mean {100 * r.link_util.mean:.1f} % (GPU directions), busiest port "
                     f"direction {100 * r.link_util.max:.1f} % ({r.link_util.busiest}), over the period; "
                     f"{r.events:,} events in {r.wall_s:.1f} s; simulation: "
@@ -894,6 +906,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--k", required=True, type=_positive_int, help="the reduction dimension")
     g.add_argument("--sms", type=_positive_int, default=None, help="SMs to use (default: all of the GPU's)")
     g.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
+    _launch_option(g, "A published graph-mode (CUDA-graph) time is checked with --launch graph.")
+    _set_option(g)
     g.set_defaults(fn=cmd_gemm)
 
     r = with_system(sub.add_parser("run", help="simulate one layer period of a model under a scheme"))

@@ -262,6 +262,27 @@ class GpuConfig(_Strict):
     host_launch_us: float = knob(4.5, ge=0, description="launch=eager: host time of each further kernel launch of "
                                                         "the same op (a copy into a registered buffer, a copy out): "
                                                         "~4-5 us per launch (NVIDIA/nccl #1984)")
+    split_gemms: bool = knob(True, description="split a GEMM of less than half a wave of output tiles over more "
+                                               "CTAs (split-K / stream-K) as CUTLASS's Hopper stream-K heuristic "
+                                               "does, with the fitted fix-up; false: one CTA per tile over the "
+                                               "whole K, the model before splits (docs/compute-model.md, "
+                                               "\"Split-K and stream-K\")")
+    small_kernel_us: float = knob(1.7, ge=0, description="launch=eager|graph, decode: device time of a small "
+                                                         "memory-bound kernel beyond its bytes (a norm, rotary, the "
+                                                         "KV-cache write, the activation, the step's tail kernels): "
+                                                         "SGLang PR #32994 on H100, the fused RMSNorm of 512 x 4096 "
+                                                         "in 3.78 us, its 2.1 us of bytes at the calibrated HBM rate "
+                                                         "taken off (docs/compute-model.md, \"The decode step\")")
+    attn_decode_floor_us: float = knob(11.0, ge=0, description="launch=eager|graph: a decode attention kernel's time "
+                                                                "with an empty KV cache: the intercept of FA3's "
+                                                                "paged decode on H100 under a CUDA graph "
+                                                                "(Dao-AILab/flash-attention #1572, three rows, "
+                                                                "least squares; docs/compute-model.md)")
+    attn_decode_bw_fraction: float = knob(0.63, gt=0, le=1, description="launch=eager|graph: the KV-cache read rate "
+                                                                        "of decode attention as a fraction of the "
+                                                                        "calibrated HBM rate: 1.88 TB/s of FA3's "
+                                                                        "paged decode on H100 (the slope of the same "
+                                                                        "fit) over 3.0 TB/s")
     sm_copy_bandwidth_GBps: float = Field(200.0, gt=0,
                                           description="data one SM can move through its load/store path")
     compute_model: str = Field("h200", description="name of the calibration the GEMM model is fitted to")

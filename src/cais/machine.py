@@ -86,7 +86,7 @@ def hbm_share_args(cfg: SystemConfig) -> tuple[float, int, bool, bool]:
     """(achievable bytes per ps, stream window in ps, enabled, streams yield) of each GPU's HBM: the
     compute model's calibrated effective bandwidth (its ``hbm_efficiency`` of the
     configured peak), as memory-bound kernels see it."""
-    cm = ComputeModel.load(cfg.gpu.compute_model, cfg.gpu.hbm_bandwidth_GBps)
+    cm = ComputeModel.for_gpu(cfg.gpu)
     inter = cfg.gpu.interference
     return cm.hbm_efficiency * cm.hbm_bandwidth_GBps / PS_PER_NS, round(inter.window_ns * PS_PER_NS), inter.hbm, \
         inter.mc_policy == "compute-first"

@@ -45,7 +45,7 @@ def _gemm_us(cfg: SystemConfig, m: int, n: int, k: int, comm: tuple[str, int, in
         float, float]:
     """(GEMM time, collective time) on GPU 0 in us; ``comm`` = (op, bytes, channels) or None."""
     mach = Machine(cfg)
-    cm = ComputeModel.load(cfg.gpu.compute_model, cfg.gpu.hbm_bandwidth_GBps)
+    cm = ComputeModel.for_gpu(cfg.gpu)
     comm_kernels = []
     if comm is not None:
         op, nbytes, channels = comm

@@ -18,6 +18,7 @@ from cais.limits import check_events, check_machine
 from cais.engine.sim import fewer_collections
 from cais.machine import Machine, Stalled
 from cais.experiments.collective import SIM_MODES, check_mirror, mirror_misfit
+from cais.experiments.token import TokenTime, token_time
 from cais.results import LinkUtil, Recorder, RunMetrics, run_metrics
 from cais.results.metrics import mirrored
 from cais.schemes import get_scheme
@@ -68,6 +69,7 @@ class LayerResult:
     collectives_ran: dict[str, int] = field(default_factory=dict)  # "algo/protocol" -> NCCL calls (choice nccl)
     adjusted: dict[str, str] = field(default_factory=dict)  # settings not honoured as given -> what ran instead
     provenance: Provenance | None = None  # what made it (LayerSpec.run sets it; cais.provenance)
+    token: TokenTime | None = None  # decode: the whole model's time per output token (experiments/token.py)
 
     @property
     def padding(self) -> int:
@@ -89,6 +91,7 @@ class LayerResult:
                 **({"adjusted": self.adjusted} if self.adjusted else {}),
                 **({"memory": {**self.memory.as_json(), "capacity_GB": self.hbm_capacity_GB}}
                    if self.memory is not None else {}),
+                **({"token_us": self.token.token_us, "token": self.token.as_json()} if self.token is not None else {}),
                 **({"provenance": self.provenance.flat()} if self.provenance is not None else {})}
 
 
@@ -379,7 +382,7 @@ def run_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: 
         case = FunctionalCase(model, period, p_drop, seed) if functional else None
         if case is not None:
             _alloc(m, period, case)
-        cm = ComputeModel.load(cfg.gpu.compute_model, cfg.gpu.hbm_bandwidth_GBps)
+        cm = ComputeModel.for_gpu(cfg.gpu)
         run = LayerRun(m, model, period, cm, p_drop)
         sch.run(run)
         m.run()
@@ -414,7 +417,8 @@ def run_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: 
         padded_tokens=period.dims.tokens, sim=sim, memory=memory, hbm_capacity_GB=cfg.gpu.hbm_capacity_GB,
         collective_choice=cfg.collective.layer_choice,
         collectives_ran={f"{a}/{p}": k for (a, p), k in sorted(run.choices.items())},
-        adjusted={**m.adjusted, **mode_notes(sch, cfg, mode)})
+        adjusted={**m.adjusted, **mode_notes(sch, cfg, mode)},
+        token=token_time(cfg, cm, model, period.dims.batch, cfg.gpu.sms, end / PS_PER_US) if mode == "decode" else None)
 
 
 def _mark_segments(run: LayerRun) -> None:

@@ -88,7 +88,7 @@ def op_loop(cfg: SystemConfig, plan: Plan, nbytes: int, elem_bytes: int = 2, hid
     period = build_period(model, n, "prefill", sp=False)
     chain = next(c for c in period.chains if c.rowop.kind == "residual_norm" and c.gemm1.role == "fwd")
     m = Machine(cfg)
-    run = LayerRun(m, model, period, ComputeModel.load(cfg.gpu.compute_model, cfg.gpu.hbm_bandwidth_GBps))
+    run = LayerRun(m, model, period, ComputeModel.for_gpu(cfg.gpu))
     scheme = _Probe()
     rowop = None
     if plan.fused:

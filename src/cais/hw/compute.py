@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from importlib import resources
 from typing import Any
@@ -28,6 +28,12 @@ TILE_TIE = 1e-3  # relative time difference below which the earlier (larger) til
 ATTENTION_PASSES = ("fwd", "bwd", "fwd+bwd")
 BWD_FLOP_RATIO = 2.5  # FlashAttention backward: 5 matmuls vs the forward's 2
 BF16 = 2  # bytes
+#: CUTLASS's Hopper stream-K tile scheduler (NVIDIA/cutlass
+#: include/cutlass/gemm/kernel/tile_scheduler_params.h, commit 7107b05535f8977f5ecb9d01ee203205b1fd9bc4,
+#: PersistentTileSchedulerSm90StreamKParams): the depth of one k-tile of a bf16 128xN tile, and
+#: the fewest k-tiles one stream-K unit may get (its ``min_iters_per_sk_unit_``)
+SPLIT_K_TILE = 64
+SPLIT_MIN_ITERS = 8
 
 
 def _positive(**values: int) -> None:
@@ -65,6 +71,11 @@ class ComputeModel:
     attn_overhead_fwd_ns: float
     attn_overhead_bwd_ns: float
     hbm_bandwidth_GBps: float  # peak HBM of the GPU being simulated
+    # split-K / stream-K fix-up (scripts/fit_split.py, split.json): the final CTA of a split
+    # tile waits for its peers' flags, then reads and adds each peer's fp32 partial tile
+    split_fixup_ns: float = 0.0  # the wait: flag round trip and the peers' skew, once per tile
+    split_peer_ns: float = 0.0  # one peer's 128x128 fp32 partial written, read and added (x BM*BN)
+    split_gemms: bool = True  # False: every GEMM data-parallel, one CTA per tile (the model before splits)
 
     @classmethod
     def load(cls, name: str = "h200", hbm_bandwidth_GBps: float | None = None) -> "ComputeModel":
@@ -73,7 +84,18 @@ class ComputeModel:
         path = resources.files("cais") / "data" / "calibration" / name / "fit.json"
         if not path.is_file():
             raise UserError(f"field 'gpu.compute_model': no compute calibration '{name}' (missing {name}/fit.json)")
-        return cls.from_fit(json.loads(path.read_text()), hbm_bandwidth_GBps)
+        fit = json.loads(path.read_text())
+        split = resources.files("cais") / "data" / "calibration" / name / "split.json"
+        if split.is_file():  # the split-K fix-up, fitted on published skinny GEMMs (scripts/fit_split.py)
+            fit = {**fit, "coefficients": {**fit["coefficients"], **json.loads(split.read_text())["coefficients"]}}
+        return cls.from_fit(fit, hbm_bandwidth_GBps)
+
+    @classmethod
+    def for_gpu(cls, gpu: Any) -> "ComputeModel":
+        """The model of a system's GPU config (``gpu.compute_model``, its HBM bandwidth,
+        and ``gpu.split_gemms``)."""
+        cm = cls.load(gpu.compute_model, gpu.hbm_bandwidth_GBps)
+        return cm if gpu.split_gemms else replace(cm, split_gemms=False)
 
     @classmethod
     def from_fit(cls, fit: dict[str, Any], hbm_bandwidth_GBps: float | None = None) -> "ComputeModel":
@@ -114,12 +136,59 @@ class ComputeModel:
         q = self.roofline_exp
         return round(overhead + k * (mma ** q + l2 ** q) ** (1 / q))
 
+    # ---- split-K and stream-K (CUTLASS's Hopper stream-K heuristic) ----------------
+    def split_units(self, tiles: int, k: int, sms: int) -> int:
+        """How many CTAs share the ``tiles`` output tiles of depth ``k`` on ``sms`` SMs
+        (0: none, data-parallel: one CTA per tile over the whole K).
+
+        CUTLASS's Hopper stream-K scheduler in its heuristic mode (tile_scheduler_params.h,
+        ``get_num_sk_tiles``, ``get_num_sk_units``, ``heuristic``; commit in SPLIT_K_TILE's
+        comment), read for the case of less than one wave: when 2 x tiles < CTAs per wave
+        (the tail wave less than half full) and a tile has more than ``SPLIT_MIN_ITERS``
+        k-tiles, every tile becomes stream-K work; the units are min(CTAs per wave,
+        all k-tiles / SPLIT_MIN_ITERS); where they divide evenly among the tiles it is a
+        split-K of units / tiles per tile, else stream-K (each unit an equal share of all
+        the k-tiles, crossing tile boundaries). The scheduler also streams the last two
+        waves of a multi-wave GEMM whose tail is less than half full; that case is not
+        modelled (the cuBLAS fit of fit.json was made with data-parallel waves)."""
+        k_tiles = -(-k // SPLIT_K_TILE)
+        if not self.split_gemms or 2 * tiles >= sms or k_tiles <= SPLIT_MIN_ITERS:
+            return 0
+        units = min(sms, tiles * k_tiles // SPLIT_MIN_ITERS)
+        return units if units > tiles else 0
+
+    def split_tile_time_ps(self, bm: int, bn: int, k: int, tiles: int, units: int, busy_sms: int) -> int:
+        """One output tile of a GEMM whose ``tiles`` tiles are shared by ``units`` CTAs
+        (:meth:`split_units`), from the first unit's start to the tile's epilogue: each
+        unit runs ``k * tiles / units`` of the depth (with its own prologue/epilogue) while
+        ``busy_sms`` - tiles + units SMs are busy (at most the GPU's); then the tile's final CTA waits for its
+        peers (``split_fixup_ns``) and reads and adds each peer's fp32 partial tile from
+        the workspace (``split_peer_ns`` per peer, for 128x128; scaled by BM*BN). Its
+        epilogue then sees the whole tile."""
+        _positive(tiles=tiles, units=units)
+        depth = max(1, round(k * tiles / units))
+        busy = max(units, min(self.sms, busy_sms + units - tiles))
+        peers = -(-units // tiles)  # CTAs covering one tile (stream-K: some tiles one more)
+        fixup = self.split_fixup_ns + (peers - 1) * self.split_peer_ns * bm * bn / (128 * 128)
+        return self.tile_time_ps(bm, bn, depth, busy) + round(fixup * PS_PER_NS)
+
+    def work_tile_ps(self, bm: int, bn: int, k: int, tiles: int, units: int, busy_sms: int) -> int:
+        """One output tile's time as the kernel runs it: :meth:`tile_time_ps` (whole K on
+        one SM) or, for a split GEMM (``units`` > 0), :meth:`split_tile_time_ps`."""
+        if units:
+            return self.split_tile_time_ps(bm, bn, k, tiles, units, busy_sms)
+        return self.tile_time_ps(bm, bn, k, busy_sms)
+
     def tiled_gemm_ps(self, m: int, n: int, k: int, sms: int, bm: int, bn: int) -> int:
         """Kernel overhead + the tiles run in waves on ``sms`` SMs (each wave's tiles take
         tile_time_ps with busy = min(remaining tiles, sms)): exactly what a greedy
-        TB dispatcher gives, since the tiles of one wave start and end together."""
+        TB dispatcher gives, since the tiles of one wave start and end together. Less
+        than half a wave of tiles is split (:meth:`split_units`): one wave of units."""
         _positive(m=m, n=n, k=k, sms=sms)
         tiles = math.ceil(m / bm) * math.ceil(n / bn)
+        units = self.split_units(tiles, k, sms)
+        if units:
+            return self.kernel_overhead_ps + self.split_tile_time_ps(bm, bn, k, tiles, units, tiles)
         full, rest = divmod(tiles, sms)
         t = self.kernel_overhead_ps + full * self.tile_time_ps(bm, bn, k, sms)
         return t + (self.tile_time_ps(bm, bn, k, rest) if rest else 0)
@@ -202,10 +271,15 @@ class ComputeModel:
         return (2 * qo + 2 * kv if passes in ("fwd", "fwd+bwd") else 0) + \
             (4 * qo + 4 * kv if passes in ("bwd", "fwd+bwd") else 0)
 
+    @staticmethod
+    def attention_decode_bytes(heads: int, kv_heads: int, head_dim: int, batch: int, kv_len: int) -> int:
+        """HBM bytes of one decode step's attention: the K/V cache read, Q read, O written."""
+        return 2 * BF16 * batch * kv_len * kv_heads * head_dim + 2 * BF16 * batch * heads * head_dim
+
     def attention_decode_time_ps(self, heads: int, kv_heads: int, head_dim: int, batch: int,
                                  kv_len: int, sms: int, total_sms: int) -> int:
         """One decode step's attention: reading the K/V cache (plus Q, O) from HBM.  Not
         measured; modeled as memory-bound with the calibrated HBM bandwidth."""
         _positive(heads=heads, kv_heads=kv_heads, head_dim=head_dim, batch=batch, kv_len=kv_len)
-        cache = 2 * BF16 * batch * kv_len * kv_heads * head_dim
-        return self.memory_time_ps(cache + 2 * BF16 * batch * heads * head_dim, sms, total_sms)
+        return self.memory_time_ps(self.attention_decode_bytes(heads, kv_heads, head_dim, batch, kv_len), sms,
+                                   total_sms)

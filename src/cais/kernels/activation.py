@@ -39,11 +39,12 @@ def activation_apply(mem: Memory, kind: str, d: Dims, r0: int, nr: int) -> None:
 
 
 def activation_kernel(cm: ComputeModel, mem: Memory, name: str, kind: str, d: Dims, total_sms: int,
-                      sm_set: frozenset[int] | None = None) -> tuple[Kernel, int]:
+                      sm_set: frozenset[int] | None = None, small_ps: int = 0) -> tuple[Kernel, int]:
     """(kernel, its fixed overhead in ps) of the activation (``kind`` ``act``) or its
     backward (``act_bwd``) over all ``d.tokens`` rows on one GPU, on ``sm_set``
     (default all ``total_sms`` SMs). The overhead is the memory-bound kernel's; the
-    caller charges it as the launch delay."""
+    caller charges it as the launch delay; ``small_ps``: the small-kernel floor added to
+    its own work (decode under the graph and eager launches, ``gpu.small_kernel_us``)."""
     sms = len(sm_set) if sm_set else total_sms
     over = cm.memory_time_ps(0, sms, total_sms)
     blocks = row_blocks(d.tokens)
@@ -51,6 +52,8 @@ def activation_kernel(cm: ComputeModel, mem: Memory, name: str, kind: str, d: Di
     t = cm.elementwise_time_ps("gelu", d.tokens, d.fc1_l, sms, total_sms) - over
     if kind == "act_bwd":
         t *= 2
+    nbytes = t * cm.hbm_bytes_per_ps(sms, total_sms)
+    t += small_ps
     body = (lambda i: activation_apply(mem, kind, d, *blocks[i])) if mem.functional else None
     # memory bound: it streams at the kernel's own bandwidth for its whole time
-    return even_kernel(name, t, len(blocks), sms, body, sm_set, t * cm.hbm_bytes_per_ps(sms, total_sms)), over
+    return even_kernel(name, t, len(blocks), sms, body, sm_set, nbytes), over

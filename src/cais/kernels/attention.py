@@ -65,16 +65,24 @@ def attention_apply(mem: Memory, kind: str, d: Dims, mode: str, b: int) -> None:
 
 
 def attention_kernel(cm: ComputeModel, mem: Memory, name: str, kind: str, d: Dims, mode: str, total_sms: int,
-                     sm_set: frozenset[int] | None = None) -> tuple[Kernel, int]:
+                     sm_set: frozenset[int] | None = None,
+                     decode_floor: tuple[int, float] | None = None) -> tuple[Kernel, int]:
     """(kernel, its fixed overhead in ps) of the attention kernel (``kind``
     ``attention``) or its backward (``attention_bwd``) on one GPU, with period dims
     ``d`` and ``mode`` (prefill, decode, train), on ``sm_set`` (default all
     ``total_sms`` SMs). The overhead is the compute model's attention launch cost in
     prefill/training, the memory-bound kernel's in decode; the caller charges it as
-    the launch delay."""
+    the launch delay. ``decode_floor`` = (floor ps, rate fraction): in decode under the
+    graph and eager launches, the kernel's own time is a sourced floor plus the KV
+    cache read at that fraction of the calibrated HBM rate (``gpu.attn_decode_floor_us``,
+    ``gpu.attn_decode_bw_fraction``; docs/compute-model.md, "The decode step")."""
     sms = len(sm_set) if sm_set else total_sms
     over = cm.memory_time_ps(0, sms, total_sms)
-    if mode == "decode":
+    if mode == "decode" and decode_floor is not None:
+        nbytes = cm.attention_decode_bytes(d.heads_l, d.kv_l, d.head_dim, d.batch, d.kv_len)
+        floor_ps, frac = decode_floor
+        t = over + floor_ps + round(nbytes / (frac * cm.hbm_bytes_per_ps(sms, total_sms)))
+    elif mode == "decode":
         t = cm.attention_decode_time_ps(d.heads_l, d.kv_l, d.head_dim, d.batch, d.kv_len, sms, total_sms)
         nbytes = max(0, t - over) * cm.hbm_bytes_per_ps(sms, total_sms)  # the KV-cache read, memory bound
     else:

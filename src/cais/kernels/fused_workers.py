@@ -45,7 +45,7 @@ from cais.hw.packets import Traffic
 from cais.isa import SmPort
 from cais.kernels import rowop, sync
 from cais.kernels.common import RequestSlots
-from cais.kernels.gemm import GemmShape, store_epilogue, tile_hbm_bytes, tile_product
+from cais.kernels.gemm import GemmShape, store_epilogue, tile_hbm_bytes, tile_product, tile_work_ps
 from cais.kernels.local import ROWS_PER_TB, row_blocks
 from cais.machine import Machine
 from cais.workload.graph import Chain, Dims
@@ -376,7 +376,7 @@ def _tile_task(f: Fused, path: FusedPath, w: Worker, i: int, j: int) -> ProgramG
     shape, gpu = f.plan.shape, f.m.gpus[w.g]
     busy = max(1, gpu.busy_sms - f.queues[w.g].idle)
     # A and B are local; of the output only the GPU's own rows stay (the rest is pushed)
-    yield HbmPhase(max(f.floor_ps, f.cm.tile_time_ps(shape.bm, shape.bn, shape.k, busy)),
+    yield HbmPhase(max(f.floor_ps, tile_work_ps(f.cm, shape, busy)),
                    tile_hbm_bytes(shape, f.plan.eb, c=1.0 / f.m.n))
     mem = gpu.memory
     tile = tile_product(mem, f.c.gemm1.ops, shape, i, j) if mem.functional else None

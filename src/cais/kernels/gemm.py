@@ -35,6 +35,8 @@ class GemmShape:
     k: int
     bm: int
     bn: int
+    #: CTAs sharing the tiles' K (split-K / stream-K, ComputeModel.split_units); 0: one per tile
+    units: int = 0
 
     @property
     def tiles_m(self) -> int:
@@ -68,8 +70,11 @@ def nominal_tiles(m: int, n: int) -> int:
 
 
 def gemm_shape(model: ComputeModel, m: int, n: int, k: int, sms: int) -> GemmShape:
+    """The tile the model picks on ``sms`` SMs and, for less than half a wave of tiles,
+    the stream-K units that share their K (ComputeModel.split_units)."""
     bm, bn = model.tile_shape(m, n, k, sms)
-    return GemmShape(m, n, k, bm, bn)
+    tiles = -(-m // bm) * -(-n // bn)
+    return GemmShape(m, n, k, bm, bn, model.split_units(tiles, k, sms))
 
 
 Epilogue = Callable[[int, int, "np.ndarray | None"], None]
@@ -130,9 +135,17 @@ class TilePhases:
         hit = self._by_busy.get(busy)
         if hit is None:
             s = self.shape
-            hit = self._by_busy[busy] = HbmPhase(max(self.floor_ps, self.cm.tile_time_ps(s.bm, s.bn, s.k, busy)),
+            hit = self._by_busy[busy] = HbmPhase(max(self.floor_ps, tile_work_ps(self.cm, s, busy)),
                                                  self.nbytes, overlapped=self.overlapped)
         return hit
+
+
+def tile_work_ps(cm: ComputeModel, shape: GemmShape, busy: int) -> int:
+    """One output tile's compute time with ``busy`` SMs busy: over the whole K on one SM,
+    or, where the GEMM is split, its units' share of K and the fix-up that reduces the
+    partial sums before the tile's epilogue (ComputeModel.work_tile_ps). Every GEMM of
+    every scheme is timed by this, so no scheme gets a split the others lack."""
+    return cm.work_tile_ps(shape.bm, shape.bn, shape.k, shape.tiles, shape.units, busy)
 
 
 def gemm_kernel(model: ComputeModel, shape: GemmShape, name: str = "gemm", sms: frozenset[int] | None = None,

@@ -76,17 +76,18 @@ def rowop_apply(mem: Memory, op: RowOp, r0: int, nr: int, norm: str, p_drop: flo
 
 def rowop_kernel(cm: ComputeModel, mem: Memory, op: RowOp, dtype_bytes: int, norm: str, p_drop: float,
                  row0: int, total_sms: int, sm_set: frozenset[int] | None = None,
-                 rows: Sequence[tuple[int, int]] | None = None) -> Kernel:
+                 rows: Sequence[tuple[int, int]] | None = None, small_ps: int = 0) -> Kernel:
     """The fused dropout + residual + norm kernel (or its backward) on one GPU: one TB
     per row block of ``rows`` ((first row, count) pairs; default all ``op.rows`` rows
     in :func:`row_blocks`), on ``sm_set`` (default all ``total_sms`` SMs). The
     kernel time (:func:`rowop_work_ps`, fixed overhead excluded) is spread evenly
     over its waves; in functional mode (``mem.functional``) each TB runs
-    :func:`rowop_apply` on its rows."""
+    :func:`rowop_apply` on its rows. ``small_ps``: the small-kernel floor added to its
+    work (decode under the graph and eager launches, ``gpu.small_kernel_us``)."""
     blocks = list(rows) if rows is not None else row_blocks(op.rows)
     sms = len(sm_set) if sm_set else total_sms
     nrows = sum(c for _, c in blocks)
-    work = rowop_work_ps(cm, op, dtype_bytes, nrows, sms, total_sms)
+    work = rowop_work_ps(cm, op, dtype_bytes, nrows, sms, total_sms) + small_ps
     body = (lambda i: rowop_apply(mem, op, *blocks[i], norm, p_drop, row0)) if mem.functional else None
     return even_kernel(op.name, work, len(blocks), sms, body, sm_set, rowop_bytes(op, dtype_bytes, nrows))
 

@@ -300,9 +300,11 @@ class LayerRun:
     def rowop_kernel(self, g: int, op: RowOp, sm_set: frozenset[int] | None = None,
                      rows: Sequence[tuple[int, int]] | None = None) -> Kernel:
         """The fused dropout + residual + norm kernel (or its backward) over this GPU's
-        rows (or the given row blocks): kernels/rowop.py."""
+        rows (or the given row blocks): kernels/rowop.py; a kernel of its own, so in
+        decode under the graph and eager launches it has the small-kernel floor."""
+        small = round(self.m.cfg.gpu.small_kernel_us * 1_000_000) if self.decode_small else 0
         return rowop.rowop_kernel(self.cm, self._memory(g), op, self.model.dtype_bytes, self.model.norm,
-                                  self.p_drop, self.row_offset(g), self.sms, sm_set, rows)
+                                  self.p_drop, self.row_offset(g), self.sms, sm_set, rows, small)
 
     def signalled_rowop_kernel(self, g: int, op: RowOp, blocks: Sequence[tuple[int, int]], expected: Sequence[int],
                                keys: Sequence[int], flags: Sequence[int],
@@ -333,10 +335,41 @@ class LayerRun:
         """(kernel, its fixed overhead) for attention, activations and their backwards
         (kernels/attention.py, kernels/activation.py)."""
         mem = self._memory(g)
+        gpu = self.m.cfg.gpu
+        small = self.decode_small
         if local.kind in attention.KINDS:
+            floor = (round(gpu.attn_decode_floor_us * 1_000_000), gpu.attn_decode_bw_fraction) if small else None
             return attention.attention_kernel(self.cm, mem, local.name, local.kind, self.d, self.period.mode,
-                                              self.sms, sm_set)
-        return activation.activation_kernel(self.cm, mem, local.name, local.kind, self.d, self.sms, sm_set)
+                                              self.sms, sm_set, floor)
+        return activation.activation_kernel(self.cm, mem, local.name, local.kind, self.d, self.sms, sm_set,
+                                            round(gpu.small_kernel_us * 1_000_000) if small else 0)
+
+    @property
+    def decode_small(self) -> bool:
+        """Whether the decode step's small kernels are timed from their sourced floors:
+        decode under the graph or eager launch (docs/compute-model.md, "The decode
+        step"); the fitted launch keeps its fitted per-kernel overheads."""
+        return self.period.mode == "decode" and self.m.cfg.gpu.launch != "fitted"
+
+    def small_kernel(self, name: str, nbytes: int) -> Kernel:
+        """A small memory-bound kernel of the decode step (rotary, the KV-cache write):
+        ``gpu.small_kernel_us`` plus ``nbytes`` at the calibrated HBM rate, on every SM.
+        It moves no data in functional mode (the cache already holds the new K, V)."""
+        from cais.kernels.local import even_kernel
+
+        work = round(self.m.cfg.gpu.small_kernel_us * 1_000_000) + max(
+            0, self.cm.memory_time_ps(nbytes, self.sms, self.sms) - self.cm_mem_overhead_ps)
+        tbs = max(1, min(self.sms, -(-nbytes // (16 * 1024))))
+        return even_kernel(name, work, tbs, self.sms, None, hbm_bytes=nbytes)
+
+    def decode_prologue(self, g: int) -> list[Kernel]:
+        """The decode step's kernels between the QKV GEMM and attention, as vLLM runs them:
+        rotary on the new token's Q and K (read and written), then the new K and V written
+        into the paged KV cache (read and written)."""
+        d, eb = self.d, self.model.dtype_bytes
+        qk = d.batch * (d.heads_l + d.kv_l) * d.head_dim * eb
+        kv = d.batch * 2 * d.kv_l * d.head_dim * eb
+        return [self.small_kernel("rotary", 2 * qk), self.small_kernel("kv_write", 2 * kv)]
 
     def nccl_call(self, op: str, algo: str, nbytes: int) -> tuple[str, str]:
         """(algorithm, protocol) one of the layer's NCCL collectives runs, counted in
@@ -580,6 +613,11 @@ class Scheme:
     # ---- building blocks, bulk synchronous ---------------------------------------
     def local(self, r: LayerRun, seg: Local, deps: Deps) -> Deps:
         out = []
+        if seg.kind == "attention" and r.decode_small:  # rotary and the KV-cache write first
+            deps = list(deps)
+            for g in range(r.m.n):
+                for k in r.decode_prologue(g):
+                    deps[g] = r.submit(g, k, [deps[g]], r.cm_mem_overhead_ps, seg.name)
         for g in range(r.m.n):
             if seg.gemm is not None:
                 k, over = self.local_gemm(r, g, seg.gemm), r.cm.kernel_overhead_ps
