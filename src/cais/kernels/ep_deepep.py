@@ -1,0 +1,167 @@
+"""DeepEP's normal (high-throughput) intranode dispatch and combine, modelled from
+deepseek-ai/DeepEP@dd758caf451848bd150e1046af3d0a73e5fff38d,
+``csrc/kernels/legacy/intranode.cu`` (``notify_dispatch``, ``dispatch``,
+``combine``), ``deep_ep/buffers/legacy.py`` (``get_dispatch_config``,
+``get_combine_config``) and ``tests/legacy/test_intranode.py`` (how it is timed and
+its bytes counted).
+
+* **One copy per destination rank.** A token goes once to every rank that holds any of
+  its top-k experts (``is_token_in_rank``), whatever the number of its experts there.
+* **Channels.** The kernel runs on ``sms`` SMs (``Buffer.num_sms``, a knob; even):
+  ``sms / 2`` channels, an even SM the channel's sender, an odd one its receiver.
+  Channel ``c`` owns a contiguous range of the rank's tokens
+  (``get_channel_task_range``); its sender's warps, one group per destination rank,
+  copy the range's tokens bound for that rank, ``nvl_chunk`` tokens at a time, into
+  the destination's per-(channel, source) queue (stores over NVLink); the
+  receiver copies its queues into ``recv_x``, ordered by source rank, then channel,
+  then token. Here the sender's loop is one SM port (kernels/ep_common.py) taking
+  the destinations' chunks in turn; the queue's credit (``num_max_nvl_chunked_recv_tokens``,
+  256) is not modelled: at EP8 with 4,096 tokens a (channel, source) queue holds
+  about 225 tokens in all, so it does not fill.
+* **Combine.** The rank that holds a token's experts sends one row back per token
+  (the stack has summed its local experts' weighted outputs); the token's rank
+  sums the rows of every rank (``combine``'s receiver).
+* **Host wait.** Without a cached layout, ``notify_dispatch`` first exchanges the
+  per-rank counts (a flag to every peer) and the host polls a mapped counter
+  (``moe_recv_counter``) before it can size ``recv_x`` and launch the dispatch:
+  ``EpConstants.host_sync_us`` plus a launch. DeepEP's tests time dispatch with the
+  cached layout (``handle``), so ``host_sync`` is off in the fit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cais.engine import Countdown, Signal
+from cais.engine.sim import ProgramGen
+from cais.errors import UserError
+from cais.hw.gpu import Kernel
+from cais.kernels.common import split
+from cais.kernels.ep_common import EpCall, Move, alloc_rows, copy_tb
+from cais.machine import Machine
+from cais.config import PS_PER_US
+
+#: DeepEP's default NVL chunk (tokens per send round) at 8 ranks: dispatch, combine
+NVL_CHUNK = {"dispatch": 6, "combine": 4}
+
+
+def recv_layout(call: EpCall) -> list[list[tuple[int, int]]]:
+    """For each rank, its ``recv_x`` rows as (source rank, token): by source, then token
+    (a channel's tokens are a contiguous range, so channel order is token order)."""
+    hit = call.routing.in_rank()
+    return [[(g, int(t)) for g in range(call.routing.ranks) for t in np.nonzero(hit[g, :, r])[0]]
+            for r in range(call.routing.ranks)]
+
+
+def sms_of(call: EpCall) -> int:
+    sms = call.sms or call.consts.deepep_sms
+    if sms < 2 or sms % 2:
+        raise UserError(f"sms: DeepEP's normal kernels take an even SM count of at least 2, got {sms}")
+    return sms
+
+
+def _host_ready(m: Machine, call: EpCall) -> list[list[Signal]]:
+    """Per rank, what its kernel waits for before it starts: nothing, or the count
+    exchange (a flag from every peer) plus the host's wait and the dispatch launch."""
+    n = m.n
+    if not call.host_sync or call.op != "dispatch":
+        return [[] for _ in range(n)]
+    key = m.flag_key() * 1_000_003
+    ready = [Signal() for _ in range(n)]
+    wait_ps = round(call.consts.host_sync_us * PS_PER_US) + m.launch_ps
+    counts = [Countdown(n - 1) for _ in range(n)]
+    for r in range(n):
+        counts[r].on_fire(lambda _v, r=r: m.sim.after(wait_ps, ready[r].fire, m.sim))
+        if n == 1:
+            m.sim.after(wait_ps, ready[r].fire, m.sim)
+    for g in range(n):
+        for r in range(n):
+            if r != g:
+                m.isa.flag(g, r, key + g * n + r, lambda r=r: counts[r].arrive(m.sim))
+    return [[s] for s in ready]
+
+
+def kernels(m: Machine, call: EpCall) -> list[Kernel]:
+    """One DeepEP normal kernel per GPU for ``call`` (module doc). Buffers: dispatch
+    reads ``x`` ([tokens, hidden]) and fills ``recv_x`` (:func:`recv_layout`); combine
+    reads ``expert_out`` (``recv_x``'s layout) and fills ``combined`` ([tokens, hidden])."""
+    rt, n, T = call.routing, m.n, call.routing.tokens
+    if rt.ranks != n:
+        raise UserError(f"gpus: the routing has {rt.ranks} ranks, the system {n} GPUs")
+    sms = sms_of(call)
+    C = sms // 2
+    chunk = NVL_CHUNK[call.op]
+    ranges = split(0, T, C)
+    hit = rt.in_rank()
+    layout = recv_layout(call)
+    pos = [{gt: i for i, gt in enumerate(rows)} for rows in layout]  # (g, t) -> row of recv_x on r
+    ready = _host_ready(m, call)
+    # landed[r][c]: the moves into rank r's channel-c receiver
+    moves: list[list[list[Move]]] = [[[] for _ in range(C)] for _ in range(n)]  # [sender gpu][channel]
+    into: list[list[int]] = [[0] * C for _ in range(n)]
+    for g in range(n):
+        alloc_rows(m, g, "x", T, call)
+        alloc_rows(m, g, "recv_x", len(layout[g]), call)
+        alloc_rows(m, g, "expert_out", len(layout[g]), call)
+        alloc_rows(m, g, "combined", T, call)
+        alloc_rows(m, g, "comb_ring", n * T, call)
+    for c, (t0, tc) in enumerate(ranges):
+        for src in range(n):
+            for dst in range(n):
+                if call.op == "dispatch":
+                    toks = [t for t in range(t0, t0 + tc) if hit[src, t, dst]]
+                    for a in range(0, len(toks), chunk):
+                        part = toks[a:a + chunk]
+                        moves[src][c].append(Move(src, dst, "x", part, "recv_x", pos[dst][(src, part[0])]))
+                        into[dst][c] += 1
+                else:  # combine: rank src holds rows of dst's tokens; back into dst's ring
+                    toks = [t for t in range(t0, t0 + tc) if hit[dst, t, src]]
+                    for a in range(0, len(toks), chunk):
+                        part = toks[a:a + chunk]
+                        rows = [pos[src][(dst, t)] for t in part]
+                        moves[src][c].append(Move(src, dst, "expert_out", rows, "comb_ring", src * T + t0 + a))
+                        into[dst][c] += 1
+    arrive = [[Countdown(into[r][c]) for c in range(C)] for r in range(n)]
+    for g in range(n):
+        for c in range(C):  # the destinations' chunks in turn (one warp group per rank)
+            turn: dict[int, int] = {}
+            keyed = []
+            for mv in moves[g][c]:
+                k = turn.get(mv.dst, 0)
+                turn[mv.dst] = k + 1
+                keyed.append(((k, (mv.dst - g) % n), mv))
+            keyed.sort(key=lambda kv: kv[0])
+            moves[g][c] = [mv for _, mv in keyed]
+            for mv in moves[g][c]:
+                mv.landed.append(arrive[mv.dst][c])
+    out = []
+    for g in range(n):
+        tbs = []
+        for c, (t0, tc) in enumerate(ranges):
+            tbs.append(copy_tb(m, g, call, moves[g][c], ready[g]))
+            tbs.append(_receiver(m, g, call, arrive[g][c], ready[g], t0, tc, hit))
+        out.append(Kernel(f"deepep-{call.op}", tbs, None, role="communication"))
+    return out
+
+
+def _receiver(m: Machine, g: int, call: EpCall, arrived: Countdown, ready: list[Signal], t0: int, tc: int,
+              hit: np.ndarray) -> object:
+    """A channel's receiver on GPU ``g``: waits for its queues to fill (dispatch: the
+    rows are in ``recv_x``); combine: sums each token's rows from every rank."""
+    mem = m.gpus[g].memory
+    n, T, h = m.n, call.routing.tokens, call.hidden
+
+    def program(sm: int, busy: int) -> ProgramGen:
+        for sig in ready:
+            yield sig
+        if arrived.remaining:
+            yield arrived
+        if call.op == "combine" and mem.functional:
+            ring = mem.buffers["comb_ring"].reshape(-1, h)
+            out = mem.buffers["combined"].reshape(-1, h)
+            for r in range(n):
+                # the ring of rank r holds the channel's tokens routed to r, in token order
+                toks = [t for t in range(t0, t0 + tc) if hit[g, t, r]]
+                for j, t in enumerate(toks):
+                    out[t] += ring[r * T + t0 + j]
+    return program
