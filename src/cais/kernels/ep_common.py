@@ -135,7 +135,8 @@ def alloc_rows(m: Machine, g: int, name: str, rows: int, call: EpCall) -> None:
 
 
 def copy_tb(m: Machine, g: int, call: EpCall, moves: Sequence[Move], before: Sequence[Signal] = (),
-            after: Callable[[], ProgramGen] | None = None, start_ps: int = 0, stream: int = 0) -> TbProgram:
+            after: Callable[[], ProgramGen] | None = None, start_ps: int = 0, stream: int = 0,
+            unit_bytes: int | None = None, window_bytes: int | None = None) -> TbProgram:
     """A TB on GPU ``g`` that waits for ``before``, spends ``start_ps``, then copies
     ``moves`` in order through one SM port (module doc) and waits for them to land;
     ``after`` (a generator factory) runs then (a receive phase)."""
@@ -143,8 +144,8 @@ def copy_tb(m: Machine, g: int, call: EpCall, moves: Sequence[Move], before: Seq
     mem = m.gpus[g].memory
     h, eb, se = call.hidden, call.elem_bytes, call.scale_elems
     total = sum(len(mv.rows) for mv in moves) * call.row_bytes
-    unit = m.cfg.unit_for(max(total // max(1, len(moves)), call.row_bytes))
-    limit = max(m.cfg.collective.outstanding_bytes_per_sm, 2 * call.row_bytes)
+    unit = m.cfg.unit_for(max(total // max(1, len(moves)), call.row_bytes)) if unit_bytes is None else unit_bytes
+    limit = max(m.cfg.collective.outstanding_bytes_per_sm, 2 * call.row_bytes) if window_bytes is None else window_bytes
 
     def data_of(mv: Move, buf: str, width: int) -> np.ndarray | None:
         if not mem.functional:

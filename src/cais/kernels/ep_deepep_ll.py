@@ -40,6 +40,7 @@ from cais.kernels.ep_common import EpCall, Move, alloc_rows, copy_time_ps, copy_
 from cais.machine import Machine
 
 SRC_INFO_BYTES = 16  # per FP8 message: the source token index and padding
+UNIT = 1024
 
 
 def launch_shape(experts: int, device_sms: int) -> tuple[int, int]:
@@ -116,11 +117,11 @@ def kernels(m: Machine, call: EpCall) -> list[Kernel]:
                     moves[g][t % blocks].append(Move(g, r, "x", [t], "ll_recv", row))
                     counts[g][r] += 1
     else:
-        for r in range(n):  # expert rank r sends each (token, expert) output back
-            for le in range(per):
-                s = (le // groups) % blocks
+        for r in range(n):  # expert rank r sends each (token, expert) output back: a warp group
+            for le in range(per):  # per (destination rank, local expert)
                 for j, (g, t, k) in enumerate(table[r][le]):
-                    moves[r][s].append(Move(r, g, "expert_out", [base[r][le] + j], "ll_comb", k * T + t))
+                    s = _block(g, le, per, groups, blocks)
+                    moves[r][s].append(Move(r, g, "expert_out", [base[r][le] + j], "ll_comb", t * K + k))
                     counts[r][g] += 1
     pair = [[Countdown(counts[a][b]) for b in range(n)] for a in range(n)]  # [src][dst]: messages landed
     ready = [Countdown(n) for _ in range(n)]  # every source's count has landed
@@ -145,6 +146,13 @@ def kernels(m: Machine, call: EpCall) -> list[Kernel]:
     return out
 
 
+def _block(rank: int, local_expert: int, per: int, groups: int, blocks: int) -> int:
+    """The block whose warp group serves (peer ``rank``, ``local_expert``): the source's
+    ``responsible_expert_idx = sm_id * num_warp_groups + warp_group_id`` enumerates the
+    (rank, local expert) pairs, rank-major."""
+    return ((rank * per + local_expert) // groups) % blocks
+
+
 def _recv(m: Machine, g: int, call: EpCall, s: int, blocks: int, groups: int, ready: Signal,
           table: list[list[list[tuple[int, int, int]]]], where: dict[tuple[int, int, int], tuple[int, int]]):
     """Block ``s``'s receive phase on GPU ``g`` (a generator factory)."""
@@ -154,13 +162,13 @@ def _recv(m: Machine, g: int, call: EpCall, s: int, blocks: int, groups: int, re
     def after() -> ProgramGen:
         yield ready
         if call.op == "dispatch":  # copy its experts' rows into the packed layout
-            mine = [le for le in range(rt.per_rank) if (le // groups) % blocks == s]
-            nrows = sum(len(table[g][le]) for le in mine)
-            if nrows:
-                yield pause(m.sim, copy_time_ps(call, nrows * call.row_bytes))
+            mine = [key for le in range(rt.per_rank) for key in table[g][le]
+                    if _block(key[0], le, rt.per_rank, groups, blocks) == s]
+            if mine:
+                yield pause(m.sim, copy_time_ps(call, len(mine) * call.row_bytes))
             if mem.functional:
-                for le in mine:
-                    for key in table[g][le]:
+                if True:
+                    for key in mine:
                         _, row = where[key]
                         for name, w in (("", h), (".scales", call.scale_elems)):
                             if w:
@@ -172,12 +180,12 @@ def _recv(m: Machine, g: int, call: EpCall, s: int, blocks: int, groups: int, re
             if valid:
                 yield pause(m.sim, copy_time_ps(call, valid * call.row_bytes))
             if mem.functional and toks:
-                comb = mem.buffers["ll_comb"].reshape(K, T, h)
+                comb = mem.buffers["ll_comb"].reshape(T, K, h)
                 out = mem.buffers["combined"].reshape(-1, h)
                 for t in toks:
                     for k in range(K):
                         if rt.topk_idx[g, t, k] >= 0:
-                            out[t] += rt.weights[g, t, k] * comb[k, t]
+                            out[t] += rt.weights[g, t, k] * comb[t, k]
     return after
 
 
