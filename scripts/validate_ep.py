@@ -26,7 +26,7 @@ def validate() -> list[dict[str, object]]:
     for r in rows():
         cfg = load_system(r["system"], gpus=int(r["gpus"]))
         res = run_ep(cfg, r["kernel"], r["op"], int(r["tokens"]), int(r["hidden"]), int(r["topk"]),
-                     int(r["experts"]), r["dtype"])
+                     int(r["experts"]), r["dtype"], sms=int(r["sms"]) if r.get("sms") else None)
         ours = getattr(res, r["metric"])
         pub = float(r["published"])
         out.append({"set": r["set"], "kernel": r["kernel"], "op": r["op"], "metric": r["metric"],
