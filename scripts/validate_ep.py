@@ -13,7 +13,7 @@ import sys
 from importlib import resources
 
 from cais.config import load_system
-from cais.experiments.ep import run_ep
+from cais.experiments.ep import run_ep_tuned
 
 
 def rows() -> list[dict[str, str]]:
@@ -25,7 +25,7 @@ def validate() -> list[dict[str, object]]:
     out = []
     for r in rows():
         cfg = load_system(r["system"], gpus=int(r["gpus"]))
-        res = run_ep(cfg, r["kernel"], r["op"], int(r["tokens"]), int(r["hidden"]), int(r["topk"]),
+        res = run_ep_tuned(cfg, r["kernel"], r["op"], int(r["tokens"]), int(r["hidden"]), int(r["topk"]),
                      int(r["experts"]), r["dtype"], sms=int(r["sms"]) if r.get("sms") else None)
         ours = getattr(res, r["metric"])
         pub = float(r["published"])

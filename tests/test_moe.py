@@ -135,12 +135,37 @@ def test_bad_input_names_the_field(kwargs: dict, field: str) -> None:
     assert str(exc.value).startswith(f"{field}:") and "\n" not in str(exc.value)
 
 
-def test_fit_set_normal_kernels_within_10_percent() -> None:
-    """DeepEP's published H800 EP8 normal figures (the fit set; data/published/deepep-h800-ep8.csv)."""
-    cfg = load_system("hgx-h800")
-    d = run_ep(cfg, "deepep", "dispatch", 4096, 7168, 8, 256, "fp8")
-    c = run_ep(cfg, "deepep", "combine", 4096, 7168, 8, 256, "bf16")
-    ll = run_ep(cfg, "deepep-ll", "dispatch", 128, 7168, 8, 288, "fp8")
-    assert abs(d.algbw_GBps / 153 - 1) < 0.10
-    assert abs(c.algbw_GBps / 158 - 1) < 0.10
-    assert abs(ll.time_us / 77 - 1) < 0.10
+def _published() -> list[dict[str, str]]:
+    import csv
+    import io
+    from importlib import resources
+    text = (resources.files("cais") / "data" / "published" / "deepep-h800-ep8.csv").read_text()
+    return list(csv.DictReader(io.StringIO("\n".join(x for x in text.splitlines() if not x.startswith("#")))))
+
+
+def _ours(row: dict[str, str]) -> float:
+    from cais.experiments.ep import run_ep_tuned
+    cfg = load_system(row["system"], gpus=int(row["gpus"]))
+    r = run_ep_tuned(cfg, row["kernel"], row["op"], int(row["tokens"]), int(row["hidden"]), int(row["topk"]),
+                     int(row["experts"]), row["dtype"], sms=int(row["sms"]) if row["sms"] else None)
+    return float(getattr(r, row["metric"]))
+
+
+@pytest.mark.parametrize("which", [("fit", "deepep", "dispatch"), ("fit", "deepep", "combine"),
+                                   ("fit", "deepep-ll", "dispatch")])
+def test_fit_set_within_10_percent(which: tuple[str, str, str]) -> None:
+    """DeepEP's published H800 EP8 figures (the fit set; data/published/deepep-h800-ep8.csv).
+    The low-latency combine row is a documented miss (docs/moe.md) and not asserted."""
+    row = next(r for r in _published() if (r["set"], r["kernel"], r["op"]) == which)
+    assert abs(_ours(row) / float(row["published"]) - 1) < 0.10
+
+
+def test_held_out_h800_bf16_dispatch_within_20_percent() -> None:
+    row = next(r for r in _published() if r["set"] == "held-out" and r["system"] == "hgx-h800")
+    assert abs(_ours(row) / float(row["published"]) - 1) < 0.20
+
+
+def test_every_published_row_names_its_set_and_source() -> None:
+    rows = _published()
+    assert {r["set"] for r in rows} == {"fit", "held-out"}
+    assert all(r["source"] and float(r["published"]) > 0 for r in rows)

@@ -104,7 +104,7 @@ def run_ep(cfg: SystemConfig, kernel: str, op: str, tokens: int, hidden: int, to
            dtype: str = "bf16", sms: int | None = None, routing: str = "uniform", seed: int = 0,
            alpha: float = 1.0, sigma: float = 1.0, trace: str | None = None, capacity_factor: float | None = None,
            capacity: str = "none", n_group: int = 1, topk_group: int = 1, host_sync: bool = False,
-           constants: EpConstants | None = None, functional: bool = False) -> EpResult:
+           constants: EpConstants | None = None, functional: bool = False, chunk: int | None = None) -> EpResult:
     """Simulate one EP ``op`` with ``kernel`` on ``cfg``'s GPUs (module doc)."""
     mod = check_args(kernel, op, dtype)
     if routing not in GENERATORS:
@@ -116,12 +116,12 @@ def run_ep(cfg: SystemConfig, kernel: str, op: str, tokens: int, hidden: int, to
                         "moved by the EP kernels; use drop or none")
     rt = generate(routing, cfg.gpus, tokens, experts, topk, seed, alpha, sigma, n_group, topk_group, trace,
                   capacity_factor, capacity)
-    call = EpCall(op, rt, hidden, dtype, sms, host_sync, constants or ep_constants())
+    call = EpCall(op, rt, hidden, dtype, sms, host_sync, constants or ep_constants(), chunk)
     t0 = time.perf_counter()
     correct = None
     if functional:
         rt = _exact_weights(rt, seed)
-        call = EpCall(op, rt, hidden, dtype, sms, host_sync, call.constants)
+        call = EpCall(op, rt, hidden, dtype, sms, host_sync, call.constants, chunk)
         correct = bool(functional_check(cfg, kernel, call))
     with fewer_collections():
         m = Machine(cfg)
@@ -136,6 +136,17 @@ def run_ep(cfg: SystemConfig, kernel: str, op: str, tokens: int, hidden: int, to
     return EpResult(kernel, op, cfg.gpus, tokens, hidden, topk, experts, dtype, t_us,
                     nbytes / (end / 1e12) / 1e9, nbytes, how, _own_bytes(kernel, call), mat.tolist(),
                     imbalance(mat), rt.dropped(), m.sim.events, time.perf_counter() - t0, correct)
+
+
+def run_ep_tuned(cfg: SystemConfig, kernel: str, op: str, tokens: int, hidden: int, topk: int, experts: int,
+                 dtype: str = "bf16", sms: int | None = None, **kwargs: Any) -> EpResult:
+    """:func:`run_ep` as DeepEP's tests report it: for ``deepep``, the best over the NVL
+    chunk sizes tests/legacy/test_intranode.py tunes (4..32 by 2); other kernels as run."""
+    if kernel != "deepep":
+        return run_ep(cfg, kernel, op, tokens, hidden, topk, experts, dtype, sms, **kwargs)
+    runs = [run_ep(cfg, kernel, op, tokens, hidden, topk, experts, dtype, sms, chunk=c, **kwargs)
+            for c in ep_deepep.TUNED_CHUNKS]
+    return min(runs, key=lambda r: r.time_us)
 
 
 def _exact_weights(rt: Routing, seed: int) -> Routing:

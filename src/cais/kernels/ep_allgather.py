@@ -32,7 +32,7 @@ def kernels(m: Machine, call: EpCall) -> list[Kernel]:
     if rt.ranks != n:
         raise UserError(f"gpus: the routing has {rt.ranks} ranks, the system {n} GPUs")
     if call.sms is not None:
-        raise UserError("sms: NCCL chooses its own channels; leave --sms out")
+        raise UserError("sms: NCCL chooses its own channels; leave sms unset")
     for g in range(n):
         for name, rows in (("x", rt.tokens), ("recv_x", n * rt.tokens), ("expert_out", n * rt.tokens),
                            ("combined", rt.tokens)):

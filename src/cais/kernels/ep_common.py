@@ -80,6 +80,7 @@ class EpCall:
     sms: int | None = None
     host_sync: bool = False
     constants: EpConstants | None = None
+    chunk: int | None = None  # DeepEP normal: tokens per send round (None: its default config)
 
     def __post_init__(self) -> None:
         if self.op not in EP_OPS:

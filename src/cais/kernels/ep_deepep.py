@@ -37,12 +37,16 @@ from cais.engine.sim import ProgramGen
 from cais.errors import UserError
 from cais.hw.gpu import Kernel
 from cais.kernels.common import split
-from cais.kernels.ep_common import EpCall, Move, alloc_rows, copy_tb
+from cais.hw.memory import Region
+from cais.kernels.ep_common import EpCall, Move, alloc_rows
 from cais.machine import Machine
 from cais.config import PS_PER_US
 
 #: DeepEP's default NVL chunk (tokens per send round) at 8 ranks: dispatch, combine
+#: (``get_dispatch_config`` / ``get_combine_config``); its tests tune it over 4..32
 NVL_CHUNK = {"dispatch": 6, "combine": 4}
+#: the chunk sizes tests/legacy/test_intranode.py tunes over (it reports the best)
+TUNED_CHUNKS = tuple(range(4, 33, 2))
 
 
 def recv_layout(call: EpCall) -> list[list[tuple[int, int]]]:
@@ -90,7 +94,7 @@ def kernels(m: Machine, call: EpCall) -> list[Kernel]:
         raise UserError(f"gpus: the routing has {rt.ranks} ranks, the system {n} GPUs")
     sms = sms_of(call)
     C = sms // 2
-    chunk = NVL_CHUNK[call.op]
+    chunk = call.chunk or NVL_CHUNK[call.op]
     ranges = split(0, T, C)
     hit = rt.in_rank()
     layout = recv_layout(call)
@@ -138,10 +142,77 @@ def kernels(m: Machine, call: EpCall) -> list[Kernel]:
     for g in range(n):
         tbs = []
         for c, (t0, tc) in enumerate(ranges):
-            tbs.append(copy_tb(m, g, call, moves[g][c], ready[g]))
+            tbs.append(_sender(m, g, call, moves[g][c], ready[g]))
             tbs.append(_receiver(m, g, call, arrive[g][c], ready[g], t0, tc, hit))
         out.append(Kernel(f"deepep-{call.op}", tbs, None, role="communication"))
     return out
+
+
+def _sender(m: Machine, g: int, call: EpCall, moves: list[Move], ready: list[Signal]) -> object:
+    """A channel's sender on GPU ``g``: one stream per destination rank (its warp
+    group), all on the SM's one copy port; a stream copies a chunk, waits for its
+    stores to be acknowledged and stores the queue's tail on the destination
+    (``st_release_sys_global``: a release at system scope), then takes its next chunk."""
+    isa, sim = m.isa, m.sim
+    mem = m.gpus[g].memory
+    h, eb, se = call.hidden, call.elem_bytes, call.scale_elems
+    streams: dict[int, list[Move]] = {}
+    for mv in moves:
+        if mv.rows:
+            streams.setdefault(mv.dst, []).append(mv)
+    unit = m.cfg.unit_for(max([len(mv.rows) * call.row_bytes for mv in moves] or [call.row_bytes]))
+    key = m.flag_key() * 1_000_003
+
+    def rows_of(mv: Move, buf: str, width: int) -> np.ndarray | None:
+        if not mem.functional:
+            return None
+        return mem.buffers[buf].reshape(-1, width)[np.asarray(mv.rows, dtype=np.int64)].reshape(-1)
+
+    def program(sm: int, busy: int) -> ProgramGen:
+        for sig in ready:
+            yield sig
+        port = isa.sm_port(call.consts.sm_copy_GBps)
+        done = Countdown(len(streams))
+
+        def step(dst: int, i: int) -> None:
+            chain = streams[dst]
+            if i == len(chain):
+                done.arrive(sim)
+                return
+            mv = chain[i]
+            nr = len(mv.rows)
+            parts = [(Region(mv.dst_buf, mv.dst_row * h, nr * h, eb), rows_of(mv, mv.src_buf, h))]
+            if se:
+                parts.append((Region(f"{mv.dst_buf}.scales", mv.dst_row * se, nr * se, 4),
+                              rows_of(mv, f"{mv.src_buf}.scales", se)))
+
+            def tail_seen() -> None:
+                for c in mv.landed:
+                    c.arrive(sim)
+
+            if dst == g:  # its own queue: the copy's time, then the tail
+                def local() -> None:
+                    for region, data in parts:
+                        mem.write(region, data)
+                    tail_seen()
+                    step(dst, i + 1)
+                _, end = port.push(sim.now, nr * call.row_bytes)  # the SM's copy port, as a peer's chunk
+                sim.after(max(0, end - sim.now), local)
+                return
+            acked = Countdown(len(parts))
+
+            def release(_v: object = None) -> None:
+                isa.flag(g, dst, key + dst, tail_seen)  # the tail, after the chunk's acks
+                step(dst, i + 1)
+            acked.on_fire(release)
+            for region, data in parts:
+                isa.st(g, dst, region, data, None, port, 0, unit, fenced=lambda a=acked: a.arrive(sim))
+
+        for dst in sorted(streams, key=lambda d: (d - g) % m.n):
+            step(dst, 0)
+        if streams:
+            yield done
+    return program
 
 
 def _receiver(m: Machine, g: int, call: EpCall, arrived: Countdown, ready: list[Signal], t0: int, tc: int,

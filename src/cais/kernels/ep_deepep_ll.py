@@ -81,7 +81,7 @@ def kernels(m: Machine, call: EpCall) -> list[Kernel]:
         raise UserError(f"gpus: the routing has {rt.ranks} ranks, the system {n} GPUs")
     if call.sms is not None:
         raise UserError("sms: DeepEP's low-latency kernels take their SM count from the expert count "
-                        "(ceil(experts / ceil(experts / SMs))); leave --sms out")
+                        "(ceil(experts / ceil(experts / SMs))); leave sms unset")
     blocks, groups = launch_shape(rt.experts, m.cfg.gpu.sms)
     per = rt.per_rank
     table = slots(call)

@@ -63,7 +63,7 @@ def kernels(m: Machine, call: EpCall) -> list[Kernel]:
     if rt.ranks != n:
         raise UserError(f"gpus: the routing has {rt.ranks} ranks, the system {n} GPUs")
     if call.sms is not None:
-        raise UserError("sms: NCCL chooses its own channels; leave --sms out (EpConstants.nccl_channels)")
+        raise UserError("sms: NCCL chooses its own channels; leave sms unset (EpConstants.nccl_channels)")
     sends, recvs = send_layout(call), recv_layout(call)
     spos = [{(t, k): i for i, (t, k) in enumerate(rows)} for rows in sends]
     rpos = [{key: i for i, key in enumerate(rows)} for rows in recvs]

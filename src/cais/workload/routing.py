@@ -200,7 +200,7 @@ def generate(kind: str, ranks: int, tokens: int, experts: int, topk: int, seed: 
 
 def _read_trace(path: str | None, ranks: int, tokens: int, experts: int, topk: int) -> np.ndarray:
     if not path:
-        raise UserError("trace: the trace routing needs a file (--trace PATH)")
+        raise UserError("trace: the trace routing needs a file (trace=PATH)")
     p = Path(path)
     if not p.is_file():
         raise UserError(f"trace: file not found: {path}")
