@@ -427,7 +427,7 @@ def cmd_ep(args: argparse.Namespace) -> None:
     cfg = _system(args, **({"gpus": args.gpus} if args.gpus else {}))
     r = run_ep(cfg, args.kernel, args.op, args.tokens, args.hidden, args.topk, args.experts, args.dtype, args.sms,
                args.routing, args.seed, args.alpha, args.sigma, args.trace, args.capacity_factor, args.capacity,
-               host_sync=args.host_sync, functional=args.functional)
+               host_sync=args.host_sync, functional=args.functional, chunk=args.chunk)
     if _printed_json(args, r, cfg):
         return
     _print_table(f"{r.kernel} {r.op}, {r.gpus} GPUs, {cfg.name}", [
@@ -932,6 +932,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--dtype", choices=("fp8", "bf16"), default="bf16",
                    help="dispatch payload (combine always BF16, as DeepEP runs it)")
     e.add_argument("--sms", type=_positive_int, default=None, help="DeepEP normal: SMs (even; default 24)")
+    e.add_argument("--chunk", type=_positive_int, default=None,
+                   help="DeepEP normal: tokens per send round (default: its config, 6 dispatch / 4 combine)")
     e.add_argument("--routing", choices=("uniform", "powerlaw", "lognormal", "trace"), default="uniform",
                    help="uniform: top-k of |randn| (DeepEP's tests); powerlaw/lognormal expert popularity; trace")
     e.add_argument("--alpha", type=float, default=1.0, help="powerlaw exponent")
@@ -941,7 +943,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--capacity", choices=("none", "drop", "pad"), default="none", help="over capacity")
     e.add_argument("--seed", type=int, default=0, help="routing seed")
     e.add_argument("--host-sync", action="store_true", help="include the host wait for receive counts")
-    e.add_argument("--functional", action="store_true", help="move real data and check the MoE output exactly")
+    e.add_argument("--functional", action="store_true", help="move real data and check a tiny MoE layer's output exactly (small shapes: each row meets an hidden x hidden matrix)")
     e.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
     e.set_defaults(fn=cmd_ep)
 
