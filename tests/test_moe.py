@@ -169,3 +169,19 @@ def test_every_published_row_names_its_set_and_source() -> None:
     rows = _published()
     assert {r["set"] for r in rows} == {"fit", "held-out"}
     assert all(r["source"] and float(r["published"]) > 0 for r in rows)
+
+
+@pytest.mark.parametrize("kernel", ["deepep-ll", "nccl"])
+def test_functional_exact_with_dropped_tokens(kernel: str) -> None:
+    cfg = load_system("hgx-h800")
+    r = run_ep(cfg, kernel, "dispatch", 16, 128, 2, 16, "bf16", routing="powerlaw", alpha=2.0,
+               capacity_factor=0.5, capacity="drop", functional=True)
+    assert r.dropped > 0 and r.correct is True
+
+
+def test_cli_ep_json(capsys: pytest.CaptureFixture[str]) -> None:
+    from cais.cli import main
+    assert main(["ep", "--system", "hgx-h800", "--kernel", "deepep", "--op", "combine", "--tokens", "32",
+                 "--hidden", "256", "--topk", "2", "--experts", "16", "--json"]) in (0, None)
+    out = json.loads(capsys.readouterr().out)
+    assert out["time_us"] > 0 and out["algbw_GBps"] > 0 and len(out["send_matrix"]) == 8
