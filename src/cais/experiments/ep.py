@@ -86,8 +86,8 @@ def _counted(kernel: str, call: EpCall) -> tuple[int, str]:
         per = (h + h // 128 * 4 + 16) if call.fp8 else 2 * h
         return sel * per, "DeepEP test_low_latency.py: rank 0's (token, expert) selections x message bytes"
     rows = int(rt.in_rank()[:, :, 0].sum()) if call.op == "dispatch" else int(rt.in_rank()[0].sum())
-    per = h * (1 + 4 / 128) if call.fp8 else 2 * h
-    return int(rows * per), "DeepEP test_intranode.py: rank 0's rows, one per (token, rank), x row bytes"
+    per_row: float = h * (1 + 4 / 128) if call.fp8 else 2 * h
+    return int(rows * per_row), "DeepEP test_intranode.py: rank 0's rows, one per (token, rank), x row bytes"
 
 
 def _own_bytes(kernel: str, call: EpCall) -> int:

@@ -24,13 +24,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from importlib import resources
 from pathlib import Path
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from cais.engine import Countdown, Signal
+from cais.engine import Countdown, Signal, Simulator
 from cais.engine.sim import ProgramGen
 from cais.errors import UserError
 from cais.hw.gpu import TbProgram
@@ -140,7 +141,8 @@ def copy_tb(m: Machine, g: int, call: EpCall, moves: Sequence[Move], before: Seq
             unit_bytes: int | None = None, window_bytes: int | None = None) -> TbProgram:
     """A TB on GPU ``g`` that waits for ``before``, spends ``start_ps``, then copies
     ``moves`` in order through one SM port (module doc) and waits for them to land;
-    ``after`` (a generator factory) runs then (a receive phase)."""
+    ``after`` (a generator factory) runs then (a receive phase). ``unit_bytes`` and
+    ``window_bytes`` override the transfer unit and the in-flight bound (experiments)."""
     isa, sim = m.isa, m.sim
     mem = m.gpus[g].memory
     h, eb, se = call.hidden, call.elem_bytes, call.scale_elems
@@ -180,7 +182,7 @@ def copy_tb(m: Machine, g: int, call: EpCall, moves: Sequence[Move], before: Seq
                 continue
             arrived = Countdown(len(parts))
             for c in mv.landed:
-                arrived.on_fire(lambda _v, c=c: c.arrive(sim))
+                arrived.on_fire(partial(_arrive_on_fire, c, sim))
             for region, data in parts:
                 yield from win.acquire(region.nbytes)
 
@@ -194,6 +196,10 @@ def copy_tb(m: Machine, g: int, call: EpCall, moves: Sequence[Move], before: Seq
         if after is not None:
             yield from after()
     return program
+
+
+def _arrive_on_fire(c: Countdown, sim: Simulator, _value: object) -> None:
+    c.arrive(sim)
 
 
 def copy_time_ps(call: EpCall, nbytes: int) -> int:

@@ -30,17 +30,19 @@ its bytes counted).
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
+from cais.config import PS_PER_US
 from cais.engine import Countdown, Signal
 from cais.engine.sim import ProgramGen
 from cais.errors import UserError
-from cais.hw.gpu import Kernel
-from cais.kernels.common import split
+from cais.hw.gpu import Kernel, TbProgram
 from cais.hw.memory import Region
+from cais.kernels.common import split
 from cais.kernels.ep_common import EpCall, Move, alloc_rows
 from cais.machine import Machine
-from cais.config import PS_PER_US
 
 #: DeepEP's default NVL chunk (tokens per send round) at 8 ranks: dispatch, combine
 #: (``get_dispatch_config`` / ``get_combine_config``); its tests tune it over 4..32
@@ -64,6 +66,10 @@ def sms_of(call: EpCall) -> int:
     return sms
 
 
+def _after(m: Machine, ps: int, sig: Signal, _value: object) -> None:
+    m.sim.after(ps, sig.fire, m.sim)
+
+
 def _host_ready(m: Machine, call: EpCall) -> list[list[Signal]]:
     """Per rank, what its kernel waits for before it starts: nothing, or the count
     exchange (a flag from every peer) plus the host's wait and the dispatch launch."""
@@ -75,13 +81,13 @@ def _host_ready(m: Machine, call: EpCall) -> list[list[Signal]]:
     wait_ps = round(call.consts.host_sync_us * PS_PER_US) + m.launch_ps
     counts = [Countdown(n - 1) for _ in range(n)]
     for r in range(n):
-        counts[r].on_fire(lambda _v, r=r: m.sim.after(wait_ps, ready[r].fire, m.sim))
+        counts[r].on_fire(partial(_after, m, wait_ps, ready[r]))
         if n == 1:
             m.sim.after(wait_ps, ready[r].fire, m.sim)
     for g in range(n):
         for r in range(n):
             if r != g:
-                m.isa.flag(g, r, key + g * n + r, lambda r=r: counts[r].arrive(m.sim))
+                m.isa.flag(g, r, key + g * n + r, partial(counts[r].arrive, m.sim))
     return [[s] for s in ready]
 
 
@@ -140,7 +146,7 @@ def kernels(m: Machine, call: EpCall) -> list[Kernel]:
                 mv.landed.append(arrive[mv.dst][c])
     out = []
     for g in range(n):
-        tbs = []
+        tbs: list[TbProgram | None] = []
         for c, (t0, tc) in enumerate(ranges):
             tbs.append(_sender(m, g, call, moves[g][c], ready[g]))
             tbs.append(_receiver(m, g, call, arrive[g][c], ready[g], t0, tc, hit))
@@ -148,7 +154,7 @@ def kernels(m: Machine, call: EpCall) -> list[Kernel]:
     return out
 
 
-def _sender(m: Machine, g: int, call: EpCall, moves: list[Move], ready: list[Signal]) -> object:
+def _sender(m: Machine, g: int, call: EpCall, moves: list[Move], ready: list[Signal]) -> TbProgram:
     """A channel's sender on GPU ``g``: one stream per destination rank (its warp
     group), all on the SM's one copy port; a stream copies a chunk, waits for its
     stores to be acknowledged and stores the queue's tail on the destination
@@ -206,7 +212,7 @@ def _sender(m: Machine, g: int, call: EpCall, moves: list[Move], ready: list[Sig
                 step(dst, i + 1)
             acked.on_fire(release)
             for region, data in parts:
-                isa.st(g, dst, region, data, None, port, 0, unit, fenced=lambda a=acked: a.arrive(sim))
+                isa.st(g, dst, region, data, None, port, 0, unit, fenced=partial(acked.arrive, sim))
 
         for dst in sorted(streams, key=lambda d: (d - g) % m.n):
             step(dst, 0)
@@ -216,7 +222,7 @@ def _sender(m: Machine, g: int, call: EpCall, moves: list[Move], ready: list[Sig
 
 
 def _receiver(m: Machine, g: int, call: EpCall, arrived: Countdown, ready: list[Signal], t0: int, tc: int,
-              hit: np.ndarray) -> object:
+              hit: np.ndarray) -> TbProgram:
     """A channel's receiver on GPU ``g``: waits for its queues to fill (dispatch: the
     rows are in ``recv_x``); combine: sums each token's rows from every rank."""
     mem = m.gpus[g].memory

@@ -28,13 +28,12 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 
 from cais.config import PS_PER_US
 from cais.engine import Countdown, Signal
 from cais.engine.sim import ProgramGen
 from cais.errors import UserError
-from cais.hw.gpu import Kernel
+from cais.hw.gpu import Kernel, TbProgram
 from cais.kernels.common import pause
 from cais.kernels.ep_common import EpCall, Move, alloc_rows, copy_time_ps, copy_tb
 from cais.machine import Machine
@@ -125,11 +124,11 @@ def kernels(m: Machine, call: EpCall) -> list[Kernel]:
                     counts[r][g] += 1
     pair = [[Countdown(counts[a][b]) for b in range(n)] for a in range(n)]  # [src][dst]: messages landed
     ready = [Countdown(n) for _ in range(n)]  # every source's count has landed
-    key = m.flag_key() * 1_000_003
+    flag_base = m.flag_key() * 1_000_003
     for a in range(n):
         for b in range(n):
             def send_count(_v: object = None, a: int = a, b: int = b) -> None:
-                m.isa.flag(a, b, key + a * n + b, lambda: ready[b].arrive(m.sim))
+                m.isa.flag(a, b, flag_base + a * n + b, lambda: ready[b].arrive(m.sim))
             if counts[a][b]:
                 pair[a][b].on_fire(send_count)
             else:  # nothing to send: the count (0) goes at once
@@ -140,7 +139,7 @@ def kernels(m: Machine, call: EpCall) -> list[Kernel]:
     fixed_ps = round(call.consts.ll_fixed_us * PS_PER_US)
     out = []
     for g in range(n):
-        tbs = [copy_tb(m, g, call, moves[g][s], (), _recv(m, g, call, s, blocks, groups, ready[g], table, where),
+        tbs: list[TbProgram | None] = [copy_tb(m, g, call, moves[g][s], (), _recv(m, g, call, s, blocks, groups, ready[g], table, where),
                        fixed_ps) for s in range(blocks)]
         out.append(Kernel(f"deepep-ll-{call.op}", tbs, None, role="communication"))
     return out
@@ -189,4 +188,4 @@ def _recv(m: Machine, g: int, call: EpCall, s: int, blocks: int, groups: int, re
     return after
 
 
-__all__ = ["kernels", "launch_shape", "recv_layout", "slots", "np"]
+__all__ = ["kernels", "launch_shape", "recv_layout", "slots"]

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from cais.config import PS_PER_US
 from cais.errors import UserError
-from cais.hw.gpu import Kernel
+from cais.hw.gpu import Kernel, TbProgram
 from cais.kernels.ep_common import EpCall, Move, alloc_rows, copy_tb
 from cais.machine import Machine
 
@@ -96,6 +96,6 @@ def kernels(m: Machine, call: EpCall) -> list[Kernel]:
             for a in range(0, len(rows), step_rows):
                 per_chan[j % chans].append(Move(g, peer, src_buf, rows[a:a + step_rows], dst_buf, dst0 + a))
                 j += 1
-        tbs = [copy_tb(m, g, call, mv, (), None, host_ps) for mv in per_chan]
+        tbs: list[TbProgram | None] = [copy_tb(m, g, call, mv, (), None, host_ps) for mv in per_chan]
         out.append(Kernel(f"nccl-alltoall-{call.op}", tbs, None, role="communication"))
     return out

@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from cais.errors import UserError, looks_like_path
+from cais.errors import looks_like_path
 from cais.workload.models import MOE_KEYS, ModelError, _one_line
 
 
@@ -256,5 +256,5 @@ def from_hf_moe_config(cfg: dict, name: str = "hf-moe", where: str = "hf config"
         raise _one_line(exc, where) from None
 
 
-__all__ = ["EpPlan", "MoeSpec", "UserError", "from_hf_moe_config", "is_moe_config", "list_moe_models",
+__all__ = ["EpPlan", "MoeSpec", "from_hf_moe_config", "is_moe_config", "list_moe_models",
            "load_moe_model"]
