@@ -185,3 +185,13 @@ def test_cli_ep_json(capsys: pytest.CaptureFixture[str]) -> None:
                  "--hidden", "256", "--topk", "2", "--experts", "16", "--json"]) in (0, None)
     out = json.loads(capsys.readouterr().out)
     assert out["time_us"] > 0 and out["algbw_GBps"] > 0 and len(out["send_matrix"]) == 8
+
+
+@pytest.mark.parametrize("model", ["mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3"])
+def test_every_preset_runs_under_every_kernel(model: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from cais.cli import main
+    for kernel in sorted(EP_KERNELS):
+        for op in ("dispatch", "combine"):
+            assert main(["ep", "--model", model, "--kernel", kernel, "--op", op, "--tokens", "8", "--json"]) in (0, None)
+            out = json.loads(capsys.readouterr().out)
+            assert out["time_us"] > 0 and out["experts"] == load_moe_model(model).experts

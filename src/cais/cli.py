@@ -425,9 +425,19 @@ def cmd_ep(args: argparse.Namespace) -> None:
     from cais.experiments.ep import run_ep
 
     cfg = _system(args, **({"gpus": args.gpus} if args.gpus else {}))
-    r = run_ep(cfg, args.kernel, args.op, args.tokens, args.hidden, args.topk, args.experts, args.dtype, args.sms,
+    hidden, topk, experts, n_group, topk_group = args.hidden, args.topk, args.experts, 1, 1
+    if args.model:
+        from cais.workload.moe import load_moe_model
+
+        mm = load_moe_model(args.model)
+        hidden, topk, experts = hidden or mm.hidden, topk or mm.topk, experts or mm.experts
+        n_group, topk_group = mm.n_group, mm.topk_group
+    for name, value in (("hidden", hidden), ("topk", topk), ("experts", experts)):
+        if value is None:
+            raise UserError(f"{name}: give --{name} or --model (a MoE preset, see 'cais models')")
+    r = run_ep(cfg, args.kernel, args.op, args.tokens, hidden, topk, experts, args.dtype, args.sms,
                args.routing, args.seed, args.alpha, args.sigma, args.trace, args.capacity_factor, args.capacity,
-               host_sync=args.host_sync, functional=args.functional, chunk=args.chunk)
+               n_group, topk_group, host_sync=args.host_sync, functional=args.functional, chunk=args.chunk)
     if _printed_json(args, r, cfg):
         return
     _print_table(f"{r.kernel} {r.op}, {r.gpus} GPUs, {cfg.name}", [
@@ -925,9 +935,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "dispatcher; deepep / deepep-ll: DeepEP's normal and low-latency kernels")
     e.add_argument("--op", required=True, choices=("dispatch", "combine"), help="the EP collective")
     e.add_argument("--tokens", required=True, type=_positive_int, help="tokens per rank")
-    e.add_argument("--hidden", required=True, type=_positive_int, help="elements per token row")
-    e.add_argument("--topk", required=True, type=_positive_int, help="experts per token")
-    e.add_argument("--experts", required=True, type=_positive_int, help="routed experts in all")
+    e.add_argument("--model", default=None,
+                   help="a MoE preset or config.json (see 'cais models'): hidden, top-k, experts and routing groups")
+    e.add_argument("--hidden", type=_positive_int, default=None, help="elements per token row (default: --model's)")
+    e.add_argument("--topk", type=_positive_int, default=None, help="experts per token (default: --model's)")
+    e.add_argument("--experts", type=_positive_int, default=None, help="routed experts in all (default: --model's)")
     e.add_argument("--gpus", type=_positive_int, default=None, help="EP ranks (default: the system's GPUs)")
     e.add_argument("--dtype", choices=("fp8", "bf16"), default="bf16",
                    help="dispatch payload (combine always BF16, as DeepEP runs it)")
