@@ -10,8 +10,11 @@ GEMMs for MoE models"; M-axis grouping only).
 
 Either way the time is the compute model's tiled GEMM (hw/compute.py: per-SM tile time,
 waves over the SMs, the kernel's fixed cost) over the groups' tiles,
-``sum_g ceil(m_g / bm) * ceil(n / bn)``. BF16 is the compute model as fitted. FP8 (E4M3
-with DeepGEMM's per-128 scaling): the tensor cores' dense FP8 rate is twice BF16's
+``sum_g ceil(m_g / bm) * ceil(n / bn)``. BF16 is the compute model as fitted (its
+cuBLAS-like tiles). FP8 is DeepGEMM's kernel: its block sizes (BLOCK_M 64 or 128,
+BLOCK_N 16..256 by 8, the fastest), the LHS multicast over a 2-CTA cluster (README,
+"TMA multicast (exclusive to the LHS matrix)": half the LHS bytes through L2); the
+tensor cores' dense FP8 rate is twice BF16's
 (NVIDIA H100 / H800 SXM datasheets: 1,979 vs 989 TFLOP/s), the operands half the bytes
 through L2, and ``fp8_mma_efficiency`` (fitted, ``cais/data/calibration/grouped_gemm.json``:
 DeepGEMM's dense table, the fit set) is the share of that doubled rate the FP8 mainloop
@@ -32,6 +35,9 @@ from cais.hw.compute import REF_TILE, TILE_CANDIDATES, TILE_TIE, ComputeModel
 LAYOUTS = ("contiguous", "masked")
 DTYPES = ("bf16", "fp8")
 FP8_RATE = 2.0  # dense FP8 over BF16 tensor-core peak on Hopper (datasheet)
+#: DeepGEMM's block sizes (README: automatic selection, unaligned BLOCK_N such as 112):
+#: BLOCK_M 64 or 128, BLOCK_N 16..256 by 8
+DEEPGEMM_TILES: tuple[tuple[int, int], ...] = tuple((bm, bn) for bm in (128, 64) for bn in range(256, 15, -8))
 
 
 def fp8_mma_efficiency() -> float:
@@ -70,7 +76,8 @@ def _tile_ps(model: ComputeModel, bm: int, bn: int, k: int, busy: int, dtype: st
     rate, eb = (FP8_RATE * eff8, 1) if dtype == "fp8" else (1.0, 2)
     flop_per_ps = model.peak_tflops / model.sms * model.mma_efficiency * rate
     mma = 2 * bm * bn / flop_per_ps * (1 + model.droop * busy / model.sms)
-    l2 = busy * eb * (bm + bn) / (model.l2_bandwidth_GBps / 1000)
+    lhs = bm / 2 if dtype == "fp8" else bm  # DeepGEMM: TMA multicast of the LHS over a 2-CTA cluster
+    l2 = busy * eb * (lhs + bn) / (model.l2_bandwidth_GBps / 1000)
     overhead = model.tile_overhead_ns * 1000 * bm * bn / (REF_TILE[0] * REF_TILE[1])
     q = model.roofline_exp
     return round(overhead + k * (mma ** q + l2 ** q) ** (1 / q))
@@ -89,9 +96,9 @@ def grouped_gemm_ps(model: ComputeModel, g: GroupedGemm, sms: int, eff8: float |
     if sms <= 0:
         raise UserError(f"sms: must be positive, got {sms}")
     e8 = fp8_mma_efficiency() if eff8 is None else eff8
-    best_tile = TILE_CANDIDATES[0]
-    best = _tiled_ps(model, g, sms, *best_tile, e8)
-    for tile in TILE_CANDIDATES[1:]:
+    tiles = DEEPGEMM_TILES if g.dtype == "fp8" else TILE_CANDIDATES
+    best = _tiled_ps(model, g, sms, *tiles[0], e8)
+    for tile in tiles[1:]:
         t = _tiled_ps(model, g, sms, *tile, e8)
         if t < best * (1 - TILE_TIE):
             best = t
