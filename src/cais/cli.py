@@ -421,6 +421,36 @@ def _print_collective(system: str, r: CollectiveResult) -> None:
          else "full (every GPU)")])
 
 
+def cmd_ep(args: argparse.Namespace) -> None:
+    from cais.experiments.ep import run_ep
+
+    cfg = _system(args, **({"gpus": args.gpus} if args.gpus else {}))
+    hidden, topk, experts, n_group, topk_group = args.hidden, args.topk, args.experts, 1, 1
+    if args.model:
+        from cais.workload.moe import load_moe_model
+
+        mm = load_moe_model(args.model)
+        hidden, topk, experts = hidden or mm.hidden, topk or mm.topk, experts or mm.experts
+        n_group, topk_group = mm.n_group, mm.topk_group
+    for name, value in (("hidden", hidden), ("topk", topk), ("experts", experts)):
+        if value is None:
+            raise UserError(f"{name}: give --{name} or --model (a MoE preset, see 'cais models')")
+    r = run_ep(cfg, args.kernel, args.op, args.tokens, hidden, topk, experts, args.dtype, args.sms,
+               args.routing, args.seed, args.alpha, args.sigma, args.trace, args.capacity_factor, args.capacity,
+               n_group, topk_group, host_sync=args.host_sync, functional=args.functional, chunk=args.chunk)
+    if _printed_json(args, r, cfg):
+        return
+    _print_table(f"{r.kernel} {r.op}, {r.gpus} GPUs, {cfg.name}", [
+        ("tokens per rank x hidden", f"{r.tokens} x {r.hidden}"), ("top-k of experts", f"{r.topk} of {r.experts}"),
+        ("dtype", r.dtype), ("time", f"{r.time_us:,.2f} us"),
+        ("algbw (as DeepEP's tests count it)", f"{r.algbw_GBps:,.1f} GB/s"),
+        ("bytes counted", f"{r.bytes_counted:,} ({r.counted_as})"), ("bytes the kernel moved from rank 0",
+                                                                     f"{r.own_bytes:,}"),
+        ("imbalance (busiest endpoint / mean)", f"{r.imbalance:.3f}"), ("dropped (token, expert)", str(r.dropped)),
+        ("functional check", "-" if r.correct is None else ("exact" if r.correct else "WRONG")),
+        ("simulated events", f"{r.events:,}"), ("wall time", f"{r.wall_s:.2f} s")])
+
+
 def cmd_gemm(args: argparse.Namespace) -> None:
     from cais.experiments.gemm import run_gemm
 
@@ -559,6 +589,17 @@ def cmd_models(args: argparse.Namespace) -> None:
         table.add_row(name, str(m.hidden), str(m.ffn_hidden), f"{m.heads}/{m.kv}", str(m.layers),
                       f"{m.seq} x {m.batch}", f"{m.activation}, {m.norm}")
     print_table(Console(), table)
+    from cais.workload.moe import list_moe_models, load_moe_model
+
+    moe = Table(title="mixture-of-experts models (cais ep; docs/moe.md)")
+    moe.add_column("name", no_wrap=True, style="bold")
+    for col in ("hidden", "experts", "top-k", "expert ffn", "shared", "groups", "dense layers", "attention"):
+        moe.add_column(col, justify="right")
+    for name in list_moe_models():
+        mm = load_moe_model(name)
+        moe.add_row(name, str(mm.hidden), str(mm.experts), str(mm.topk), str(mm.expert_ffn_hidden),
+                    str(mm.shared_experts), f"{mm.topk_group}/{mm.n_group}", str(mm.dense_layers), mm.attention)
+    print_table(Console(), moe)
 
 
 def cmd_systems(args: argparse.Namespace) -> None:
@@ -899,6 +940,36 @@ def build_parser() -> argparse.ArgumentParser:
     _output_options(c)
     _progress_option(c)
     c.set_defaults(fn=cmd_collective)
+
+    e = with_system(sub.add_parser("ep", help="time one expert-parallel dispatch or combine (docs/moe.md)"))
+    e.add_argument("--kernel", required=True, choices=("nccl", "allgather", "deepep", "deepep-ll"),
+                   help="nccl: NCCL all-to-all(v) after Megatron's permute; allgather: Megatron's all-gather "
+                        "dispatcher; deepep / deepep-ll: DeepEP's normal and low-latency kernels")
+    e.add_argument("--op", required=True, choices=("dispatch", "combine"), help="the EP collective")
+    e.add_argument("--tokens", required=True, type=_positive_int, help="tokens per rank")
+    e.add_argument("--model", default=None,
+                   help="a MoE preset or config.json (see 'cais models'): hidden, top-k, experts and routing groups")
+    e.add_argument("--hidden", type=_positive_int, default=None, help="elements per token row (default: --model's)")
+    e.add_argument("--topk", type=_positive_int, default=None, help="experts per token (default: --model's)")
+    e.add_argument("--experts", type=_positive_int, default=None, help="routed experts in all (default: --model's)")
+    e.add_argument("--gpus", type=_positive_int, default=None, help="EP ranks (default: the system's GPUs)")
+    e.add_argument("--dtype", choices=("fp8", "bf16"), default="bf16",
+                   help="dispatch payload (combine always BF16, as DeepEP runs it)")
+    e.add_argument("--sms", type=_positive_int, default=None, help="DeepEP normal: SMs (even; default 24)")
+    e.add_argument("--chunk", type=_positive_int, default=None,
+                   help="DeepEP normal: tokens per send round (default: its config, 6 dispatch / 4 combine)")
+    e.add_argument("--routing", choices=("uniform", "powerlaw", "lognormal", "trace"), default="uniform",
+                   help="uniform: top-k of |randn| (DeepEP's tests); powerlaw/lognormal expert popularity; trace")
+    e.add_argument("--alpha", type=float, default=1.0, help="powerlaw exponent")
+    e.add_argument("--sigma", type=float, default=1.0, help="lognormal sigma")
+    e.add_argument("--trace", default=None, help="routing trace file (JSON topk_idx or .npy)")
+    e.add_argument("--capacity-factor", type=float, default=None, help="expert capacity factor")
+    e.add_argument("--capacity", choices=("none", "drop", "pad"), default="none", help="over capacity")
+    e.add_argument("--seed", type=int, default=0, help="routing seed")
+    e.add_argument("--host-sync", action="store_true", help="include the host wait for receive counts")
+    e.add_argument("--functional", action="store_true", help="move real data and check a tiny MoE layer's output exactly (small shapes: each row meets an hidden x hidden matrix)")
+    e.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
+    e.set_defaults(fn=cmd_ep)
 
     g = with_system(sub.add_parser("gemm", help="time one bf16 GEMM on one GPU"))
     g.add_argument("--m", required=True, type=_positive_int, help="rows of A and C")

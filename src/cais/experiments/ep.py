@@ -1,0 +1,234 @@
+"""Run one expert-parallel (EP) dispatch or combine on a simulated system and report it
+as DeepEP's tests would (``cais ep``), and check in functional mode that a tiny MoE
+layer run through it equals the unsharded layer.
+
+Bytes counted (``algbw_GBps``), as DeepEP's tests count them on rank 0
+(deepseek-ai/DeepEP@dd758caf, tests/legacy/):
+
+* ``deepep``, ``nccl``, ``allgather`` (``test_intranode.py``): the rows rank 0
+  receives at dispatch (combine: sends), one per (token, rank) it holds experts of,
+  times the row's bytes (FP8: ``hidden * (1 + 4/128)``; BF16: ``2 * hidden``), over
+  the time. The same count for every kernel, so that their algbw compare; a kernel
+  that moves more (NCCL: a row per expert; all-gather: every row) shows a lower one.
+  ``own_bytes`` is what the kernel itself moves from rank 0.
+* ``deepep-ll`` (``test_low_latency.py``): rank 0's valid (token, expert) selections
+  times the message's bytes (FP8: ``hidden + hidden/128 * 4 + 16``; BF16:
+  ``2 * hidden``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from cais.config import PS_PER_US, SystemConfig
+from cais.engine.sim import fewer_collections
+from cais.errors import UserError
+from cais.kernels import ep_allgather, ep_deepep, ep_deepep_ll, ep_nccl
+from cais.kernels.ep_common import EP_DTYPES, EP_OPS, EpCall, EpConstants, ep_constants
+from cais.machine import Machine
+from cais.workload.routing import CAPACITY_MODES, GENERATORS, Routing, generate, imbalance
+
+#: every EP kernel, by its ``--kernel`` name
+EP_KERNELS: dict[str, ModuleType] = {"nccl": ep_nccl, "allgather": ep_allgather, "deepep": ep_deepep,
+                                     "deepep-ll": ep_deepep_ll}
+
+
+@dataclass(frozen=True)
+class EpResult:
+    """One EP call's time, its bandwidth as DeepEP's tests count it, what the kernel
+    itself moved, the routing's per-rank matrix and imbalance, and (functional) whether
+    the data arrived right."""
+
+    kernel: str
+    op: str
+    gpus: int
+    tokens: int
+    hidden: int
+    topk: int
+    experts: int
+    dtype: str
+    time_us: float
+    algbw_GBps: float
+    bytes_counted: int
+    counted_as: str
+    own_bytes: int
+    send_matrix: list[list[int]]
+    imbalance: float
+    dropped: int
+    events: int
+    wall_s: float
+    correct: bool | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def check_args(kernel: str, op: str, dtype: str) -> ModuleType:
+    """The kernel module; a one-line UserError naming a bad field and its allowed values."""
+    if kernel not in EP_KERNELS:
+        raise UserError(f"kernel: unknown '{kernel}'; valid: {', '.join(EP_KERNELS)}")
+    if op not in EP_OPS:
+        raise UserError(f"op: unknown '{op}'; valid: {', '.join(EP_OPS)}")
+    if dtype not in EP_DTYPES:
+        raise UserError(f"dtype: unknown '{dtype}'; valid: {', '.join(EP_DTYPES)}")
+    return EP_KERNELS[kernel]
+
+
+def _counted(kernel: str, call: EpCall) -> tuple[int, str]:
+    rt, h = call.routing, call.hidden
+    if kernel == "deepep-ll":
+        sel = int((rt.topk_idx[0] >= 0).sum())
+        per = (h + h // 128 * 4 + 16) if call.fp8 else 2 * h
+        return sel * per, "DeepEP test_low_latency.py: rank 0's (token, expert) selections x message bytes"
+    rows = int(rt.in_rank()[:, :, 0].sum()) if call.op == "dispatch" else int(rt.in_rank()[0].sum())
+    per_row: float = h * (1 + 4 / 128) if call.fp8 else 2 * h
+    return int(rows * per_row), "DeepEP test_intranode.py: rank 0's rows, one per (token, rank), x row bytes"
+
+
+def _own_bytes(kernel: str, call: EpCall) -> int:
+    rt = call.routing
+    if kernel == "allgather":
+        return (rt.ranks - 1) * rt.tokens * call.hidden * call.elem_bytes
+    per = "rank" if kernel == "deepep" else "expert"
+    mat = rt.matrix(per)
+    rows = int(mat[0].sum() - mat[0, 0]) if call.op == "dispatch" else int(mat[:, 0].sum() - mat[0, 0])
+    return rows * call.row_bytes
+
+
+def run_ep(cfg: SystemConfig, kernel: str, op: str, tokens: int, hidden: int, topk: int, experts: int,
+           dtype: str = "bf16", sms: int | None = None, routing: str = "uniform", seed: int = 0,
+           alpha: float = 1.0, sigma: float = 1.0, trace: str | None = None, capacity_factor: float | None = None,
+           capacity: str = "none", n_group: int = 1, topk_group: int = 1, host_sync: bool = False,
+           constants: EpConstants | None = None, functional: bool = False, chunk: int | None = None) -> EpResult:
+    """Simulate one EP ``op`` with ``kernel`` on ``cfg``'s GPUs (module doc)."""
+    mod = check_args(kernel, op, dtype)
+    if routing not in GENERATORS:
+        raise UserError(f"routing: unknown '{routing}'; valid: {', '.join(GENERATORS)}")
+    if capacity not in CAPACITY_MODES:
+        raise UserError(f"capacity: unknown '{capacity}'; valid: {', '.join(CAPACITY_MODES)}")
+    if capacity == "pad":
+        raise UserError("capacity: 'pad' is reported by the routing (cais.workload.routing) but not yet "
+                        "moved by the EP kernels; use drop or none")
+    rt = generate(routing, cfg.gpus, tokens, experts, topk, seed, alpha, sigma, n_group, topk_group, trace,
+                  capacity_factor, capacity)
+    call = EpCall(op, rt, hidden, dtype, sms, host_sync, constants or ep_constants(), chunk)
+    t0 = time.perf_counter()
+    correct = None
+    if functional:
+        rt = _exact_weights(rt, seed)
+        call = EpCall(op, rt, hidden, dtype, sms, host_sync, call.constants, chunk)
+        correct = bool(functional_check(cfg, kernel, call))
+    with fewer_collections():
+        m = Machine(cfg)
+        ks = mod.kernels(m, call)
+        for gpu, k in zip(m.gpus, ks):
+            gpu.launch(k, m.launch_ps)
+        m.run()
+    end = max(k.finished_at or 0 for k in ks)
+    nbytes, how = _counted(kernel, call)
+    mat = rt.matrix("rank" if kernel in ("deepep", "allgather") else "expert")
+    t_us = end / PS_PER_US
+    return EpResult(kernel, op, cfg.gpus, tokens, hidden, topk, experts, dtype, t_us,
+                    nbytes / (end / 1e12) / 1e9, nbytes, how, _own_bytes(kernel, call), mat.tolist(),
+                    imbalance(mat), rt.dropped(), m.sim.events, time.perf_counter() - t0, correct)
+
+
+def run_ep_tuned(cfg: SystemConfig, kernel: str, op: str, tokens: int, hidden: int, topk: int, experts: int,
+                 dtype: str = "bf16", sms: int | None = None, **kwargs: Any) -> EpResult:
+    """:func:`run_ep` as DeepEP's tests report it: for ``deepep``, the best over the NVL
+    chunk sizes tests/legacy/test_intranode.py tunes (4..32 by 2); other kernels as run."""
+    if kernel != "deepep":
+        return run_ep(cfg, kernel, op, tokens, hidden, topk, experts, dtype, sms, **kwargs)
+    runs = [run_ep(cfg, kernel, op, tokens, hidden, topk, experts, dtype, sms, chunk=c, **kwargs)
+            for c in ep_deepep.TUNED_CHUNKS]
+    return min(runs, key=lambda r: r.time_us)
+
+
+def _exact_weights(rt: Routing, seed: int) -> Routing:
+    """The routing with gate weights that are multiples of 1/4 (sums exact in float64)."""
+    rng = np.random.default_rng(seed + 1)
+    w = rng.integers(1, 5, size=rt.weights.shape) / 4.0
+    w = np.where(rt.topk_idx >= 0, w, 0.0)
+    return Routing(rt.topk_idx, w, rt.experts, rt.pad_rows, rt.source)
+
+
+# ---------------------------------------------------------------------------------------
+# Functional mode: a tiny MoE layer through the kernel equals the unsharded layer
+
+def _run(cfg: SystemConfig, mod: ModuleType, call: EpCall, fill: dict[str, list[np.ndarray]]) -> Machine:
+    m = Machine(cfg, functional=True)
+    ks = mod.kernels(m, call)
+    for name, per_gpu in fill.items():
+        for g, data in enumerate(per_gpu):
+            m.gpus[g].memory.buffers[name][:data.size] = data.reshape(-1)
+    for gpu, k in zip(m.gpus, ks):
+        gpu.launch(k, m.launch_ps)
+    m.run()
+    return m
+
+
+def functional_check(cfg: SystemConfig, kernel: str, call: EpCall, seed: int = 0) -> bool:
+    """Dispatch ``x`` with ``kernel``, apply each rank's experts (expert ``e``: ``x @ A_e``,
+    integer-valued, so every sum is exact) to what arrived, combine, and compare every
+    rank's output with the unsharded layer's ``sum_k w_k x A_{e_k}``; also that every
+    (token, rank) or (token, expert) row arrived once (conservation)."""
+    mod = check_args(kernel, call.op, call.dtype)
+    rt, n, T, K, h = call.routing, cfg.gpus, call.routing.tokens, call.routing.topk, call.hidden
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-4, 5, size=(n, T, h)).astype(np.float64)
+    A = rng.integers(-2, 3, size=(rt.experts, h, h)).astype(np.float64)
+    ref = np.zeros((n, T, h))
+    for g in range(n):
+        for t in range(T):
+            for k in range(K):
+                e = rt.topk_idx[g, t, k]
+                if e >= 0:
+                    ref[g, t] += rt.weights[g, t, k] * (x[g, t] @ A[e])
+    d = EpCall("dispatch", rt, h, call.dtype, call.sms, call.host_sync, call.constants)
+    c = EpCall("combine", rt, h, "bf16", call.sms, call.host_sync, call.constants)
+    m1 = _run(cfg, mod, d, {"x": list(x)})
+    recv = [m1.gpus[r].memory.buffers["recv_x"].reshape(-1, h) for r in range(n)]
+    per = rt.per_rank
+
+    def expert_sum(r: int, g: int, t: int, row: np.ndarray) -> np.ndarray:
+        out = np.zeros(h)
+        for k in range(K):
+            e = rt.topk_idx[g, t, k]
+            if e >= 0 and e // per == r:
+                out += rt.weights[g, t, k] * (row @ A[e])
+        return out
+
+    outs: list[np.ndarray] = []
+    ok = True
+    for r in range(n):
+        if kernel == "deepep":
+            layout = ep_deepep.recv_layout(d)[r]
+            ok &= all(np.array_equal(recv[r][i], x[g, t]) for i, (g, t) in enumerate(layout))
+            outs.append(np.array([expert_sum(r, g, t, recv[r][i]) for i, (g, t) in enumerate(layout)]).reshape(-1))
+        elif kernel in ("deepep-ll", "nccl"):
+            layout = (ep_deepep_ll if kernel == "deepep-ll" else ep_nccl).recv_layout(d)[r]
+            ok &= all(np.array_equal(recv[r][i], x[g, t]) for i, (g, t, _) in enumerate(layout))
+            scale = (lambda g, t, k: 1.0) if kernel == "deepep-ll" else (lambda g, t, k: rt.weights[g, t, k])
+            outs.append(np.array([scale(g, t, k) * (recv[r][i] @ A[rt.topk_idx[g, t, k]])
+                                  for i, (g, t, k) in enumerate(layout)]).reshape(-1))
+        else:  # allgather: every token on every rank
+            ok &= np.array_equal(recv[r][:n * T], x.reshape(-1, h))
+            outs.append(np.array([expert_sum(r, g, t, recv[r][g * T + t]) for g in range(n)
+                                  for t in range(T)]).reshape(-1))
+    m2 = _run(cfg, mod, c, {"expert_out": outs})
+    for g in range(n):
+        mem = m2.gpus[g].memory.buffers
+        if kernel == "nccl":  # the stack's unpermute: sum each token's rows
+            back = mem["a2a_back"].reshape(-1, h)
+            got = np.zeros((T, h))
+            for i, (t, _k) in enumerate(ep_nccl.send_layout(d)[g]):
+                got[t] += back[i]
+        else:
+            got = mem["combined"].reshape(-1, h)[:T]
+        ok &= bool(np.array_equal(got, ref[g]))
+    return ok

@@ -1,0 +1,191 @@
+"""DeepEP's low-latency dispatch and combine over NVLink, modelled from
+deepseek-ai/DeepEP@dd758caf451848bd150e1046af3d0a73e5fff38d,
+``csrc/kernels/legacy/internode_ll.cu`` (``dispatch``, ``combine`` and their launch
+shape) and ``tests/legacy/test_low_latency.py`` (timing and bytes).
+
+* **One copy per (token, expert).** Each of a token's top-k experts gets its own
+  message (FP8: ``hidden`` bytes, its scales and 16 B of source info), into the
+  expert's rank's receive buffer at [local expert][source rank][slot]; a warp per
+  message (``UNROLLED_WARP_COPY`` to the peer's pointer from
+  ``nvshmemi_get_p2p_ptr``, i.e. NVLink stores).
+* **Launch shape.** ``num_warp_groups = ceil(experts / device SMs)`` and
+  ``ceil(experts / num_warp_groups)`` blocks; block ``s`` sends tokens ``s, s + S, ...``
+  and receives its ``num_warp_groups`` experts.
+* **Counts, then the masked layout.** When a rank's messages to a peer have landed it
+  stores the count there (one flag); an expert's receiving warp group waits for the
+  counts of every source and copies its rows into ``packed_recv_x``
+  ([local experts, ranks x tokens, hidden], rows of one expert packed, the rest masked
+  off by ``packed_recv_count``). The copy is the block's SM loop (kernels/ep_common.py).
+* **Combine** sends each expert output row (BF16) back to its token's rank, one
+  message per (token, expert); the token's rank waits for every peer's count and
+  sums its top-k rows with the gate weights.
+* ``EpConstants.ll_fixed_us``: the per-call cost beyond the launch and the copies (the
+  grid sync between the send and receive phases, the buffer clean, the atomics),
+  fitted on DeepEP's published EP8 dispatch latency (docs/moe.md).
+"""
+
+from __future__ import annotations
+
+import math
+
+
+from cais.config import PS_PER_US
+from cais.engine import Countdown, Signal
+from cais.engine.sim import ProgramGen
+from cais.errors import UserError
+from cais.hw.gpu import Kernel, TbProgram
+from cais.kernels.common import pause
+from cais.kernels.ep_common import EpCall, Move, alloc_rows, copy_time_ps, copy_tb
+from cais.machine import Machine
+
+SRC_INFO_BYTES = 16  # per FP8 message: the source token index and padding
+UNIT = 1024
+
+
+def launch_shape(experts: int, device_sms: int) -> tuple[int, int]:
+    """(blocks, warp groups per block) as the source launches the kernels."""
+    groups = math.ceil(experts / device_sms)
+    return math.ceil(experts / groups), groups
+
+
+def slots(call: EpCall) -> list[list[list[tuple[int, int, int]]]]:
+    """For each rank and local expert, its received rows as (source rank, token, top-k
+    slot), by source then token: the rows ``packed_recv_x`` holds, in order."""
+    rt = call.routing
+    out: list[list[list[tuple[int, int, int]]]] = [[[] for _ in range(rt.per_rank)] for _ in range(rt.ranks)]
+    for g in range(rt.ranks):
+        for t in range(rt.tokens):
+            for k in range(rt.topk):
+                e = int(rt.topk_idx[g, t, k])
+                if e >= 0:
+                    out[e // rt.per_rank][e % rt.per_rank].append((g, t, k))
+    for per_rank in out:
+        for rows in per_rank:
+            rows.sort()
+    return out
+
+
+def recv_layout(call: EpCall) -> list[list[tuple[int, int, int]]]:
+    """Each rank's ``recv_x`` rows (the packed layout, experts in order), as
+    (source rank, token, top-k slot)."""
+    return [[row for rows in per_rank for row in rows] for per_rank in slots(call)]
+
+
+def kernels(m: Machine, call: EpCall) -> list[Kernel]:
+    """One DeepEP low-latency kernel per GPU (module doc). Dispatch: ``x`` ->
+    ``recv_x`` (:func:`recv_layout`); combine: ``expert_out`` (that layout, unweighted
+    expert outputs) -> ``combined`` (the weighted sum over the top-k)."""
+    rt, n, T, K = call.routing, m.n, call.routing.tokens, call.routing.topk
+    if rt.ranks != n:
+        raise UserError(f"gpus: the routing has {rt.ranks} ranks, the system {n} GPUs")
+    if call.sms is not None:
+        raise UserError("sms: DeepEP's low-latency kernels take their SM count from the expert count "
+                        "(ceil(experts / ceil(experts / SMs))); leave sms unset")
+    blocks, groups = launch_shape(rt.experts, m.cfg.gpu.sms)
+    per = rt.per_rank
+    table = slots(call)
+    base = [[0] * per for _ in range(n)]  # first recv_x row of each (rank, local expert)
+    for r in range(n):
+        acc = 0
+        for le in range(per):
+            base[r][le] = acc
+            acc += len(table[r][le])
+    where: dict[tuple[int, int, int], tuple[int, int]] = {}  # (g, t, k) -> (rank, recv_x row)
+    for r in range(n):
+        for le in range(per):
+            for j, key in enumerate(table[r][le]):
+                where[key] = (r, base[r][le] + j)
+    for g in range(n):
+        rows = sum(len(x) for x in table[g])
+        alloc_rows(m, g, "x", T, call)
+        alloc_rows(m, g, "recv_x", rows, call)
+        alloc_rows(m, g, "ll_recv", rows, call)
+        alloc_rows(m, g, "expert_out", rows, call)
+        alloc_rows(m, g, "ll_comb", K * T, call)
+        alloc_rows(m, g, "combined", T, call)
+    moves: list[list[list[Move]]] = [[[] for _ in range(blocks)] for _ in range(n)]
+    counts = [[0] * n for _ in range(n)]
+    if call.op == "dispatch":
+        for g in range(n):
+            for t in range(T):
+                for k in range(K):
+                    e = int(rt.topk_idx[g, t, k])
+                    if e < 0:
+                        continue
+                    r, row = where[(g, t, k)]
+                    moves[g][t % blocks].append(Move(g, r, "x", [t], "ll_recv", row))
+                    counts[g][r] += 1
+    else:
+        for r in range(n):  # expert rank r sends each (token, expert) output back: a warp group
+            for le in range(per):  # per (destination rank, local expert)
+                for j, (g, t, k) in enumerate(table[r][le]):
+                    s = _block(g, le, per, groups, blocks)
+                    moves[r][s].append(Move(r, g, "expert_out", [base[r][le] + j], "ll_comb", t * K + k))
+                    counts[r][g] += 1
+    pair = [[Countdown(counts[a][b]) for b in range(n)] for a in range(n)]  # [src][dst]: messages landed
+    ready = [Countdown(n) for _ in range(n)]  # every source's count has landed
+    flag_base = m.flag_key() * 1_000_003
+    for a in range(n):
+        for b in range(n):
+            def send_count(_v: object = None, a: int = a, b: int = b) -> None:
+                m.isa.flag(a, b, flag_base + a * n + b, lambda: ready[b].arrive(m.sim))
+            if counts[a][b]:
+                pair[a][b].on_fire(send_count)
+            else:  # nothing to send: the count (0) goes at once
+                m.sim.after(m.launch_ps, send_count)
+        for blk in moves[a]:
+            for mv in blk:
+                mv.landed.append(pair[a][mv.dst])
+    fixed_ps = round(call.consts.ll_fixed_us * PS_PER_US)
+    out = []
+    for g in range(n):
+        tbs: list[TbProgram | None] = [copy_tb(m, g, call, moves[g][s], (), _recv(m, g, call, s, blocks, groups, ready[g], table, where),
+                       fixed_ps) for s in range(blocks)]
+        out.append(Kernel(f"deepep-ll-{call.op}", tbs, None, role="communication"))
+    return out
+
+
+def _block(rank: int, local_expert: int, per: int, groups: int, blocks: int) -> int:
+    """The block whose warp group serves (peer ``rank``, ``local_expert``): the source's
+    ``responsible_expert_idx = sm_id * num_warp_groups + warp_group_id`` enumerates the
+    (rank, local expert) pairs, rank-major."""
+    return ((rank * per + local_expert) // groups) % blocks
+
+
+def _recv(m: Machine, g: int, call: EpCall, s: int, blocks: int, groups: int, ready: Signal,
+          table: list[list[list[tuple[int, int, int]]]], where: dict[tuple[int, int, int], tuple[int, int]]):
+    """Block ``s``'s receive phase on GPU ``g`` (a generator factory)."""
+    rt, T, K, h = call.routing, call.routing.tokens, call.routing.topk, call.hidden
+    mem = m.gpus[g].memory
+
+    def after() -> ProgramGen:
+        yield ready
+        if call.op == "dispatch":  # copy its experts' rows into the packed layout
+            mine = [key for le in range(rt.per_rank) for key in table[g][le]
+                    if _block(key[0], le, rt.per_rank, groups, blocks) == s]
+            if mine:
+                yield pause(m.sim, copy_time_ps(call, len(mine) * call.row_bytes))
+            if mem.functional:
+                if True:
+                    for key in mine:
+                        _, row = where[key]
+                        for name, w in (("", h), (".scales", call.scale_elems)):
+                            if w:
+                                src = mem.buffers[f"ll_recv{name}"].reshape(-1, w)
+                                mem.buffers[f"recv_x{name}"].reshape(-1, w)[row] = src[row]
+        else:  # reduce its tokens' top-k rows with the gate weights
+            toks = list(range(s, T, blocks))
+            valid = int((rt.topk_idx[g, toks] >= 0).sum()) if toks else 0
+            if valid:
+                yield pause(m.sim, copy_time_ps(call, valid * call.row_bytes))
+            if mem.functional and toks:
+                comb = mem.buffers["ll_comb"].reshape(T, K, h)
+                out = mem.buffers["combined"].reshape(-1, h)
+                for t in toks:
+                    for k in range(K):
+                        if rt.topk_idx[g, t, k] >= 0:
+                            out[t] += rt.weights[g, t, k] * comb[t, k]
+    return after
+
+
+__all__ = ["kernels", "launch_shape", "recv_layout", "slots"]
