@@ -46,3 +46,4 @@ def test_the_lines_name_each_world_in_plain_words() -> None:
     assert switch_share_lines([("paper-world", _rows().iloc[0:0])]) == []
     assert "1.05x slower than its software alone" in share_words(1 / 1.05, 1.19, -0.28)  # no negative percentage
     assert "under 0.5 %" in share_words(1.001, 1.19, 0.01)
+    assert "more than its 1.18x over TP-NVLS: the software alone is 0.98x TP-NVLS" in share_words(1.21, 1.18, 1.15)
