@@ -152,6 +152,16 @@ class Front:
     why: list[tuple[str, str, str]]
 
 
+def _front_item_html(title: str, lines: list[str]) -> str:
+    """One section in the page's opening verdict: its title and first line, the rest
+    folded under it (so the provenance stays on the first screen; each section's own
+    verdict below shows every line)."""
+    head = f"<b>{html.escape(title)}</b>" + (f": {html.escape(lines[0])}" if lines else "")
+    if len(lines) <= 1:
+        return head
+    return head + f"<details><summary>{len(lines) - 1} more</summary>{_lines_html(lines[1:])}</details>"
+
+
 def _lines_html(lines: list[str]) -> str:
     return "<ul>" + "".join(f"<li>{html.escape(ln)}</li>" for ln in lines) + "</ul>"
 
@@ -173,7 +183,7 @@ def _front_md(f: Front) -> list[str]:
 
 def _front_html(f: Front, sections: list[Section]) -> list[str]:
     body = [f"<h1>{html.escape(TITLE)}</h1>", '<div id="verdict"><h2>Verdict</h2><ul>'
-            + "".join(f"<li><b>{html.escape(t)}</b>{_lines_html(lines)}</li>" for t, lines in f.verdict)
+            + "".join(f"<li>{_front_item_html(t, lines)}</li>" for t, lines in f.verdict)
             + "</ul></div>"]
     if f.warning:
         body.append(f'<p class="warning" id="warning">Warning: {html.escape(f.warning)}</p>')
