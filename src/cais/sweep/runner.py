@@ -138,12 +138,18 @@ def _local(jobs: Sequence[Job], workers: int) -> Iterator[list[Done]]:
             yield batch
     except BaseException:  # Ctrl-C or the caller stopped: end the workers now, not after their points
         workers_now = list(getattr(pool, "_processes", None) or {})
+        manager = getattr(pool, "_executor_manager_thread", None)
         pool.shutdown(wait=False, cancel_futures=True)
         for pid in workers_now:
             try:
                 os.kill(pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
+        # the pool's manager thread sees its workers gone and closes its wake-up pipe: wait
+        # for it here, or the interpreter's exit hook may write to that pipe as it closes
+        # and print a traceback after "cais: terminated"
+        if manager is not None:
+            manager.join(timeout=10)
         raise
     pool.shutdown()
 
