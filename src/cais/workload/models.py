@@ -21,7 +21,28 @@ class ModelError(UserError):
     """A user-facing model mistake; its message is one line."""
 
 
-class ModelSpec(BaseModel):
+class AttentionShape:
+    """The attention's head layout, shared by dense and MoE models: the effective KV
+    heads (grouped-query attention where fewer than the query heads) and head width,
+    from ``heads``, ``kv_heads``, ``head_dim`` and ``hidden``."""
+
+    heads: int
+    kv_heads: int | None
+    head_dim: int | None
+    hidden: int
+
+    @property
+    def kv(self) -> int:
+        """Effective number of KV heads."""
+        return self.heads if self.kv_heads is None else self.kv_heads
+
+    @property
+    def dim(self) -> int:
+        """Effective head dimension."""
+        return self.hidden // self.heads if self.head_dim is None else self.head_dim
+
+
+class ModelSpec(AttentionShape, BaseModel):
     """The shape of one transformer layer of a model plus its default run shape
     (sequence length and batch size of one step).
 
@@ -60,16 +81,6 @@ class ModelSpec(BaseModel):
         if self.gated_mlp != (self.activation == "swiglu"):
             raise ValueError("gated_mlp must be true exactly when activation is 'swiglu'")
         return self
-
-    @property
-    def kv(self) -> int:
-        """Effective number of KV heads."""
-        return self.heads if self.kv_heads is None else self.kv_heads
-
-    @property
-    def dim(self) -> int:
-        """Effective head dimension."""
-        return self.hidden // self.heads if self.head_dim is None else self.head_dim
 
     @property
     def q_width(self) -> int:

@@ -30,10 +30,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from cais.errors import looks_like_path
-from cais.workload.models import MOE_KEYS, ModelError, _one_line
+from cais.workload.models import MOE_KEYS, AttentionShape, ModelError, _one_line
 
 
-class MoeSpec(BaseModel):
+class MoeSpec(AttentionShape, BaseModel):
     """One MoE decoder layer's shape (attention, routed and shared experts, routing
     groups) plus its default run shape: the model a MoE stack serves or trains."""
 
@@ -78,14 +78,6 @@ class MoeSpec(BaseModel):
         if self.dense_layers >= self.layers:
             raise ValueError(f"dense_layers ({self.dense_layers}) must be fewer than layers ({self.layers})")
         return self
-
-    @property
-    def kv(self) -> int:
-        return self.heads if self.kv_heads is None else self.kv_heads
-
-    @property
-    def dim(self) -> int:
-        return self.hidden // self.heads if self.head_dim is None else self.head_dim
 
     @property
     def tokens(self) -> int:
