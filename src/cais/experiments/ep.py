@@ -28,14 +28,13 @@ import numpy as np
 from cais.config import PS_PER_US, SystemConfig
 from cais.engine.sim import fewer_collections
 from cais.errors import UserError
-from cais.kernels import ep_allgather, ep_deepep, ep_deepep_ll, ep_nccl
+from cais.kernels import ep_deepep, ep_deepep_ll, ep_nccl
 from cais.kernels.ep_common import EP_DTYPES, EP_OPS, EpCall, EpConstants, ep_constants
+from cais.kernels.ep_registry import EP_KERNELS
 from cais.machine import Machine
 from cais.workload.routing import CAPACITY_MODES, GENERATORS, Routing, generate, imbalance
 
-#: every EP kernel, by its ``--kernel`` name
-EP_KERNELS: dict[str, ModuleType] = {"nccl": ep_nccl, "allgather": ep_allgather, "deepep": ep_deepep,
-                                     "deepep-ll": ep_deepep_ll}
+__all__ = ["EP_KERNELS", "EpResult", "check_args", "functional_check", "run_ep", "run_ep_tuned"]
 
 
 @dataclass(frozen=True)
