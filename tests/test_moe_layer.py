@@ -143,7 +143,7 @@ def test_masked_layout_for_the_low_latency_kernel() -> None:
 
 @pytest.mark.parametrize("kwargs,field", [
     ({"scheme": "tp-nvls"}, "scheme"), ({"attention": "both"}, "attention"), ({"sim": "mirror"}, "sim"),
-    ({"functional": True}, "functional")])
+    ({"functional": True}, "functional")])  # functional: mixtral's experts are too big for numpy
 def test_bad_input_is_one_line_naming_the_field(kwargs: dict, field: str) -> None:
     args = {"scheme": "ep-nccl", "mode": "prefill", **kwargs}
     with pytest.raises(UserError) as err:
@@ -199,3 +199,49 @@ def test_dense_periods_have_no_moe_segments() -> None:
     p = build_period(load_model("llama3-8b"), 8, "train", True)
     assert not any(isinstance(s, MoeStep) or (isinstance(s, Local) and s.rowop is not None) for s in p.segments)
     assert p.routing is None
+
+
+TINY = {"name": "tiny-moe", "family": "test", "hidden": 128, "heads": 8, "kv_heads": 8, "head_dim": 16, "layers": 2,
+        "dense_ffn_hidden": 256, "experts": 16, "topk": 4, "expert_ffn_hidden": 64, "shared_experts": 1,
+        "n_group": 4, "topk_group": 2, "seq": 24, "batch": 2}
+
+
+@pytest.mark.parametrize("attention", ["tp", "dp"])
+@pytest.mark.parametrize("scheme", sorted(moe_schemes()))
+def test_functional_expert_block_of_the_layer_is_exact(scheme: str, attention: str, tmp_path) -> None:
+    """The layer period's routing and rows through the scheme's EP kernel, SwiGLU experts
+    on the Q10 grid: every GPU's output equals the unsharded block bit for bit."""
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(TINY))
+    spec = LayerSpec(str(path), scheme, "prefill", attention=attention)
+    r = spec.run(functional=True, seed=3)
+    assert r.checked == 1 and r.mismatches == []
+    assert r.moe is not None and r.moe["tokens_per_rank"] == (6 if attention == "tp" else 48)
+
+
+def test_functional_check_can_fail() -> None:
+    """A wrong expert on the receiving side is caught (the check compares real values)."""
+    import numpy as np
+
+    from cais.experiments import ep
+    from cais.workload.moe import MoeSpec
+
+    mm = MoeSpec.model_validate(TINY)
+    rt = build_moe_period(mm, 8, "prefill", "dp").routing
+    assert rt is not None
+    cfg = load_system("dgx-h100")
+    assert ep.expert_block_check(cfg, "deepep", mm, rt)
+    real = ep.functional_check
+    calls = []
+
+    def off_by_one(cfg_, kernel, call, seed=0, x=None, expert=None):  # type: ignore[no-untyped-def]
+        def wrong(e: int, row: np.ndarray) -> np.ndarray:
+            calls.append(e)
+            return expert(e, row) + (1.0 if len(calls) == 5 else 0.0)  # one row of one expert wrong
+        return real(cfg_, kernel, call, seed, x, wrong)
+    ep.functional_check = off_by_one  # type: ignore[assignment]
+    try:
+        assert not ep.expert_block_check(cfg, "deepep", mm, rt)
+    finally:
+        ep.functional_check = real
+    assert len(calls) > 5

@@ -18,6 +18,7 @@ from cais.limits import check_events, check_machine
 from cais.engine.sim import fewer_collections
 from cais.machine import Machine, Stalled
 from cais.experiments.collective import SIM_MODES, check_mirror, mirror_misfit
+from cais.experiments.ep import expert_block_check
 from cais.experiments.token import TokenTime, token_time
 from cais.results import LinkUtil, Recorder, RunMetrics, run_metrics
 from cais.results.metrics import mirrored
@@ -348,7 +349,7 @@ def check_layer(cfg: SystemConfig, model: ModelSpec | MoeSpec, scheme: str, mode
     _check_sms(cfg, sms)
     _check_family(sch, model)
     if isinstance(model, MoeSpec):
-        _check_moe(cfg, model, sch, mode, sim, False, attention)
+        _check_moe(cfg, model, sch, mode, sim, attention)
         return
     switch = sch.switch_model(cfg.switch.model)  # a scheme on a switch without what it needs (SwitchMismatch)
     sch.vc_policy_for(cfg.link.vc_policy)  # a VC policy that undoes the scheme (VcMismatch)
@@ -447,14 +448,10 @@ def _check_family(sch: Scheme, model: ModelSpec | MoeSpec) -> None:
                         "scheme (see 'cais schemes')")
 
 
-def _check_moe(cfg: SystemConfig, model: MoeSpec, sch: Scheme, mode: str, sim: str, functional: bool,
-               attention: str) -> Period:
+def _check_moe(cfg: SystemConfig, model: MoeSpec, sch: Scheme, mode: str, sim: str, attention: str) -> Period:
     """The MoE period to run; a UserError (one line) for what a MoE run cannot do."""
     if sim != "full":
         raise UserError(f"sim: a MoE layer runs every GPU ('full'); got '{sim}'")
-    if functional:
-        raise UserError("functional: a MoE layer's data are checked through its expert block "
-                        "(cais.experiments.ep.functional_check); run the layer in timing mode")
     period = build_moe_period(model, cfg.gpus, mode, attention, 0)
     dm = attention_model(model)
     _check_size(cfg, dm, sch.name, sch.switch, mode, period)
@@ -468,8 +465,13 @@ def _run_moe(cfg: SystemConfig, model: MoeSpec, sch: Scheme, mode: str, function
     switch = sch.switch_model(cfg.switch.model)
     if switch != cfg.switch.model:
         cfg = cfg.with_overrides(switch={**cfg.switch.model_dump(), "model": switch})
-    _check_moe(cfg, model, sch, mode, sim, functional, attention)
+    _check_moe(cfg, model, sch, mode, sim, attention)
     period = build_moe_period(model, cfg.gpus, mode, attention, seed)
+    bad: list[str] = []
+    if functional:  # the expert block's data, exactly (its attention part is the dense path's, checked there)
+        assert period.routing is not None
+        if not expert_block_check(cfg, getattr(sch, "kernel", ""), model, period.routing, seed):
+            bad.append("expert_block")
     dm = attention_model(model)
     if progress is not None:
         progress.begin(period_events(cfg, period, dm.dtype_bytes, sch.switch),
@@ -503,6 +505,7 @@ def _run_moe(cfg: SystemConfig, model: MoeSpec, sch: Scheme, mode: str, function
         vc_policy=cfg.link.vc_policy, tokens=period.dims.real_tokens, padded_tokens=period.dims.tokens, sim=sim,
         collective_choice=cfg.collective.layer_choice,
         collectives_ran={f"{a}/{p}": k for (a, p), k in sorted(run.choices.items())},
+        mismatches=bad, checked=1 if functional else 0,
         adjusted=dict(m.adjusted), moe={**moe_breakdown(period, segs, sch, attention),
                                         "shared_overlap_us": _overlap_us(run, period)})
 
