@@ -281,16 +281,15 @@ def _sensitivity(t: pd.DataFrame, sens: pd.DataFrame) -> list[str]:
     return [f"Sensitivity: over the ranges of the constants below, CAIS over the best stack spans "
             + "; ".join(parts) + ".",
             f"Launch constants, not measured here (config.py gives each one's source): {listed(launch)} us.",
-            f"Kernel costs fitted on published measurements (docs/validation.md): {listed(fitted)} us; "
-            "fence_us searched only within a fence's sourced 0.5-2 us; fused_fixed_us rests on one source.",
-            *([("At the edge of its allowed range with the fit's error still falling there: "
+            f"Kernel costs fitted on published measurements (docs/validation.md): {listed(fitted)} us.",
+            "fence_us is searched only within a fence's sourced 0.5-2 us; fused_fixed_us rests on one source.",
+            *([("At the edge of its range with the fit's error still falling there: "
                 + ", ".join(f"{k.split('.')[-1]} ({v} end)" for k, v in edges.items())
-                + ": the data would take them further (docs/validation.md gives the held-out rows' error and "
-                "what the kernels' model lacks).")] if (edges := at_edge()) else []),
+                + " (docs/validation.md).")] if (edges := at_edge()) else []),
             "Decode's GEMMs are split as CUTLASS splits them (fix-up fitted on published skinny cuBLAS GEMMs); its "
-            "small kernels have sourced floors; the whole step is checked against one published per-token "
-            "latency (Llama-3-8B at TP 8, whose time includes the host's step, which ours does not: "
-            "docs/validation.md)."]
+            "small kernels have sourced floors.",
+            "The whole decode step is checked against one published per-token latency (Llama-3-8B, TP 8), which "
+            "includes the host's step ours leaves out (docs/validation.md)."]
 
 
 def _why(t: pd.DataFrame) -> str:
