@@ -60,20 +60,20 @@ class TokenRow:
         return self.prompt + self.output // 2
 
 
+#: the columns read as numbers; the rest are text
+NUMBERS = {"gpus": int, "batch": int, "prompt": int, "output": int, "time_us": float}
+
+
 def rows(path: Path = CSV) -> list[TokenRow]:
     """The CSV's rows, checked: every column, a known use, a source, a note."""
     with path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        if tuple(reader.fieldnames or ()) != COLUMNS:
-            raise ValueError(f"{path.name}: columns {reader.fieldnames}, expected {list(COLUMNS)}")
-        out = []
-        for i, r in enumerate(reader):
-            if r["use"] not in USES or not r["source"].strip() or not r["note"].strip():
-                raise ValueError(f"{path.name} row {i}: use '{r['use']}' (expected {USES}), a source and a note")
-            out.append(TokenRow(r["model"], int(r["gpus"]), r["system"], int(r["batch"]), int(r["prompt"]),
-                                int(r["output"]), r["dtype"], r["stack"], r["launch"], float(r["time_us"]), r["what"],
-                                r["use"], r["source"], r["note"]))
-        return out
+        raw = list(csv.DictReader(f))
+    if not raw or tuple(raw[0]) != COLUMNS:
+        raise ValueError(f"{path.name}: no rows, or columns other than {list(COLUMNS)}")
+    for i, r in enumerate(raw):
+        if r["use"] not in USES or not r["source"].strip() or not r["note"].strip():
+            raise ValueError(f"{path.name} row {i}: use '{r['use']}' (expected {USES}), a source and a note")
+    return [TokenRow(**{k: NUMBERS.get(k, str)(r[k]) for k in COLUMNS}) for r in raw]
 
 
 def ours(model: str, gpus: int, system: str, batch: int, kv: int, launch: str = "graph") -> LayerResult:
