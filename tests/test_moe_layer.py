@@ -245,3 +245,17 @@ def test_functional_check_can_fail() -> None:
     finally:
         ep.functional_check = real
     assert len(calls) > 5
+
+
+def test_gh200_nvl32_is_dyshaps_setting_as_sourced() -> None:
+    """32 GPUs; 18 NVLink4 links each at 25 GB/s per direction (900 GB/s bidirectional);
+    9 NVSwitch chips, 2 links per GPU each, so every chip's 64 ports are used; the GH200's
+    Hopper GPU with 144 GB of HBM3e at 4.9 TB/s."""
+    cfg = load_system("gh200-nvl32")
+    assert cfg.gpus == 32 and cfg.switch.chips == 9 and list(cfg.switch.links_per_gpu) == [2] * 9
+    assert cfg.links_per_gpu == 18 and cfg.link.bandwidth_GBps == 25.0
+    assert 2 * cfg.links_per_gpu * cfg.link.bandwidth_GBps == 900.0
+    assert cfg.gpus * cfg.switch.links_per_gpu[0] == 64  # one NVSwitch3 chip's NVLink4 ports
+    assert (cfg.gpu.sms, cfg.gpu.hbm_capacity_GB, cfg.gpu.hbm_bandwidth_GBps) == (132, 144.0, 4900.0)
+    r = run_layer(cfg, small("deepseek-v3"), "ep-deepep-ll", "decode")  # EP 32: 8 of 256 experts per GPU
+    assert r.moe is not None and r.moe["ep"] == 32 and len(r.moe["received_rows"]) == 32
