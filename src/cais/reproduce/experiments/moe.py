@@ -30,7 +30,11 @@ TOKENS, QUICK_TOKENS = (1, 16, 128, 1024, 8192), (1, 128)
 #: decode sizes and prefill sizes (tokens per rank) the claims speak of
 DECODE_MAX, PREFILL_MIN = 128, 1024
 #: the multi-node-sized systems, their EP degrees and tokens (full grid)
-RACKS = {"nvl72": ((8, 18, 36, 72), (1, 16, 128, 512)), "gh200-nvl32": ((8, 16, 32), (1, 16, 128, 512))}
+RACKS = {"nvl72": ((8, 18, 36, 72), (1, 16, 128)), "gh200-nvl32": ((8, 16, 32), (1, 16, 128))}
+#: the most tokens per rank the low-latency kernels run here: DeepEP sizes their buffers by
+#: ``num_max_dispatch_tokens_per_rank`` for decode batches (its test: 128), and above this a
+#: point's one message per (token, expert) costs minutes of simulation
+LL_MAX_TOKENS = 1024
 KERNELS = tuple(EP_KERNELS)
 
 
@@ -46,7 +50,7 @@ def _grid(ctx: Context) -> list[tuple[str, int, int]]:
 def moe_points(ctx: Context) -> list[tuple[str, Point]]:
     """Every registered EP kernel at every case of :func:`_grid`."""
     return [(EP, {**ctx.base(system), "gpus": ep, "tokens": t, "kernel": k})
-            for system, ep, t in _grid(ctx) for k in KERNELS]
+            for system, ep, t in _grid(ctx) for k in KERNELS if k != "deepep-ll" or t <= LL_MAX_TOKENS]
 
 
 def winners(df: pd.DataFrame) -> pd.DataFrame:
@@ -88,6 +92,7 @@ def moe_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, Section
           "(system, EP degree, tokens per rank); the winner has the least dispatch + combine time, 'margin' is "
           "the runner-up's time over the winner's. DeepEP's kernels are fitted on hgx-h800 (docs/moe.md); the "
           "low-latency combine is a known miss there (+116 %), which weighs against deepep-ll wherever it runs; "
+          f"deepep-ll runs up to {LL_MAX_TOKENS:,} tokens per rank (its buffers are sized for decode batches); "
           "nvl72 and gh200-nvl32 are not calibrated for EP.")
     nodes = t[~t["system"].isin(list(RACKS))]
     small, large = nodes[nodes["tokens"] <= DECODE_MAX], nodes[nodes["tokens"] >= PREFILL_MIN]
