@@ -342,3 +342,26 @@ def test_small_nccl_sends_run_ll_and_it_changes_the_time(monkeypatch: pytest.Mon
     big_simple = run_ep(cfg, "nccl", "dispatch", 1024, 7168, 8, 256)
     assert small_ll.time_us < small_simple.time_us
     assert big.time_us == big_simple.time_us
+
+
+def test_the_ll_combine_diagnosis_in_the_docs_is_the_scripts_output() -> None:
+    """docs/moe.md's head-of-line blocking figures come from scripts/ll_combine_hol.py
+    on the current code; the counterfactual (a VC per destination) must be faster."""
+    import importlib.util
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("ll_combine_hol", root / "scripts" / "ll_combine_hol.py")
+    assert spec and spec.loader
+    hol = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hol)
+    d = hol.diagnose(128)
+    page = (root / "docs" / "moe.md").read_text()
+    said = dict(re.findall(r"<!-- hol:(\w+) -->(.*?)<!-- /hol -->", page))
+    assert said == {"combine": f"{d['combine_us']:.1f}", "busy": f"{d['busy_destinations_first_half']:.1f}",
+                    "busiest": f"{100 * d['busiest_down_link_first_half']:.0f}",
+                    "full": f"{d['input_vcs_full']} of {d['input_vcs_used']}",
+                    "voq": f"{d['combine_per_destination_vc_us']:.1f}"}
+    assert d["combine_per_destination_vc_us"] < 0.7 * d["combine_us"]
+    assert d["busy_destinations_first_half"] < 4 and d["input_vcs_full"] > 0
