@@ -1,6 +1,6 @@
 """Why DeepEP's low-latency combine misses (docs/moe.md, "The low-latency combine miss"):
 the model's own telemetry on the fit row (hgx-h800, EP 8, 128 tokens per rank, hidden
-7,168, top-8 of 256, BF16), and one counterfactual.
+7,168, top-8 of 288, BF16), and one counterfactual.
 
 * Telemetry (cais.results.Recorder, 2 us bins over the combine): how many of the 8
   destination GPUs' down-links are busy (over half the bin) at a time, the busiest
@@ -37,7 +37,7 @@ def _run(tokens: int, per_destination: bool, record: bool) -> tuple[float, Recor
     cfg = load_system("hgx-h800")
     if per_destination:
         cfg = apply_overrides(cfg, {"link.vc_policy": "kernel"})
-    rt = generate("uniform", 8, tokens, 256, 8, 0)
+    rt = generate("uniform", 8, tokens, 288, 8, 0)  # the fit row: 288 experts
     call = EpCall("combine", rt, 7168, "bf16")
     rec = Recorder(bin_ps=BIN_PS, links=True, tbs=False, buffers=True, merge=False) if record else None
     m = Machine(cfg, recorder=rec)

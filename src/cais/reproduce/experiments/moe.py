@@ -77,7 +77,7 @@ def _claim_line(sec: Section, name: str, rows: pd.DataFrame, kernel: str, where:
         return ""
     others = rows.loc[rows["winner"] != kernel, "winner"].value_counts()
     beaten = ", ".join(f"{k} {v}" for k, v in others.items())
-    figure = f"{kernel} wins {won} of {n} points {where}" + (f" (elsewhere: {beaten})" if beaten else "")
+    figure = f"{kernel} wins {won} of {n} points {where}" + (f"; the others: {beaten}" if beaten else "")
     return f"'{name}' {sec.claim(name, won == n, figure)}: {figure}."
 
 
@@ -105,7 +105,7 @@ def moe_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, Section
     ]
     a2a = wide.assign(winner=wide["winner"].where(wide["winner"] == "allgather", "all-to-all"))
     lines.append(_claim_line(sec, "an all-to-all kernel beats the all-gather dispatcher from EP 8", a2a, "all-to-all",
-                             "at EP >= 8 (all systems; all-to-all: nccl, deepep or deepep-ll)"))
+                             "at EP >= 8 (nccl, deepep or deepep-ll)"))
     for system, part in t.groupby("system", sort=False):
         counts = part["winner"].value_counts()
         lines.append(f"On {system} (EP {', '.join(map(str, sorted(part['ep'].unique())))}): "
