@@ -54,11 +54,11 @@ def main() -> None:
             model = load_moe_model("deepseek-v3", seq=args.layer_seq, batch=1, experts=experts)
             for mode in ("prefill", "train"):
                 t0 = time.perf_counter()
-                r = run_layer(cfg, model, f"ep-{kernel}", mode, attention="dp")
+                layer = run_layer(cfg, model, f"ep-{kernel}", mode, attention="dp")
                 wall = time.perf_counter() - t0
                 table.add_row(f"deepseek-v3 ({experts} experts) {mode} layer, ep-{kernel}, {system} EP {cfg.gpus}, "
-                              f"{args.layer_seq} tokens per GPU", "1", f"{r.events:,}", f"{wall:.1f}",
-                              f"{r.events / wall:,.0f}", "minutes: " + ("met" if wall < 600 else "MISSED"))
+                              f"{args.layer_seq} tokens per GPU", "1", f"{layer.events:,}", f"{wall:.1f}",
+                              f"{layer.events / wall:,.0f}", "minutes: " + ("met" if wall < 600 else "MISSED"))
     Console(width=150).print(table)
 
 

@@ -12,9 +12,10 @@ against moe.md and moe.csv. The run's claims.json stays beside them.
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 from pathlib import Path
+
+from cais.reproduce.publish import regenerate
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "reproduce-results" / "moe"
@@ -34,20 +35,7 @@ def from_docs(block: str) -> str:
 
 
 def main() -> int:
-    flags = [f for f in ("--quick", "--cached") if f in sys.argv[1:]]
-    subprocess.run([sys.executable, "-m", "cais", "reproduce", "moe", *flags, "--out", str(OUT), "--workers", "2"],
-                   check=True, cwd=ROOT)
-    block = section((OUT / "report.md").read_text())
-    if "ANALYSIS FAILED" in block:
-        raise SystemExit("moe_doc: the moe analysis failed: " + block.splitlines()[0])
-    (OUT / "moe.md").write_text(block + "\n")
-    page = PAGE.read_text()
-    head, rest = page.split(BEGIN, 1)
-    tail = rest.split(END, 1)[1]
-    PAGE.write_text(f"{head}{BEGIN}\n{from_docs(block)}\n{END}{tail}")
-    for name in ("report.md", "report.html"):  # claims.json stays: the full grid's answer
-        (OUT / name).unlink(missing_ok=True)
-    subprocess.run(["rm", "-rf", str(OUT / "runs")], check=True)
+    regenerate("moe", [f for f in ("--quick", "--cached") if f in sys.argv[1:]], OUT, PAGE, BEGIN, END, section, from_docs, ROOT)
     return 0
 
 

@@ -365,3 +365,19 @@ def test_the_ll_combine_diagnosis_in_the_docs_is_the_scripts_output() -> None:
                     "voq": f"{d['combine_per_destination_vc_us']:.1f}"}
     assert d["combine_per_destination_vc_us"] < 0.7 * d["combine_us"]
     assert d["busy_destinations_first_half"] < 4 and d["input_vcs_full"] > 0
+
+
+def test_publish_splices_the_block_and_refuses_a_failed_analysis(tmp_path) -> None:
+    from cais.reproduce.publish import publish, splice
+
+    assert splice("a <!-- b -->old<!-- e --> z", "<!-- b -->", "<!-- e -->", "new") == "a <!-- b -->\nnew\n<!-- e --> z"
+    page = tmp_path / "page.md"
+    page.write_text("head\n<!-- b -->\nold\n<!-- e -->\ntail\n")
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "report.md").write_text("r")
+    publish("x", "block", tmp_path, page, "<!-- b -->", "<!-- e -->", "docs block")
+    assert page.read_text() == "head\n<!-- b -->\ndocs block\n<!-- e -->\ntail\n"
+    assert (tmp_path / "x.md").read_text() == "block\n"
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "report.md").exists()
+    with pytest.raises(SystemExit, match="^x: the analysis failed"):
+        publish("x", "ANALYSIS FAILED on these runs", tmp_path, page, "<!-- b -->", "<!-- e -->", "")

@@ -168,10 +168,9 @@ def ep_point(point: dict[str, Any]) -> dict[str, Any]:
     from cais.experiments.ep import run_ep
 
     cfg, _ = system_spec(point).build()
-    args = (cfg, point["kernel"])
-    shape = (int(point["tokens"]), EP_HIDDEN, EP_TOPK, ep_experts(cfg.gpus), "bf16")
-    d = run_ep(*args, "dispatch", *shape, seed=int(point.get("seed", 0)))
-    c = run_ep(*args, "combine", *shape, seed=int(point.get("seed", 0)))
+    kernel, tokens, seed = str(point["kernel"]), int(point["tokens"]), int(point.get("seed", 0))
+    d, c = (run_ep(cfg, kernel, op, tokens, EP_HIDDEN, EP_TOPK, ep_experts(cfg.gpus), "bf16", seed=seed)
+            for op in ("dispatch", "combine"))
     return {"dispatch_us": FLOAT(d.time_us), "combine_us": FLOAT(c.time_us), "time_us": FLOAT(d.time_us + c.time_us),
             "dispatch_algbw_GBps": FLOAT(d.algbw_GBps), "combine_algbw_GBps": FLOAT(c.algbw_GBps),
             "experts": ep_experts(cfg.gpus), "imbalance": FLOAT(d.imbalance), "events": d.events + c.events,
