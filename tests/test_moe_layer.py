@@ -297,7 +297,7 @@ def test_the_moe_page_is_its_runs() -> None:
     claims = json.loads((out / "claims.json").read_text())
     assert claims["grid"] == "full" and len(claims["claims"]["moe"]) == 3
     for c in claims["claims"]["moe"]:
-        assert f"'{c['name']}' {'holds' if c['holds'] else 'does not hold'}: {c['figure']}" in " ".join(block.split())
+        assert f"{c['name']}: {'holds' if c['holds'] else 'does not hold'}: {c['figure']}." in " ".join(block.split())
     for png in ("moe_dgx-h100.png", "moe_nvl72.png", "moe_gh200-nvl32.png"):
         assert (out / png).is_file() and f"reproduce-results/moe/{png}" in block
     assert not __import__("re").search(r"\d+(\.\d+)?\s*us\b", head[head.rfind("## Which EP kernel"):])

@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from cais.errors import UserError
-from cais.experiments.spec import CollectiveRunSpec, LayerSpec, SystemSpec
+from cais.experiments.spec import CollectiveRunSpec, EpRunSpec, LayerSpec, SystemSpec
 from cais.config import SystemConfig
 from cais.provenance import content_hash
 
@@ -165,11 +165,11 @@ def ep_point(point: dict[str, Any]) -> dict[str, Any]:
     point's system resized to its ``gpus`` EP ranks: DeepSeek-V3's rows (hidden 7,168,
     top-8, :func:`ep_experts` experts, uniform routing as DeepEP's tests draw it), BF16
     both ways (cais.experiments.ep)."""
-    from cais.experiments.ep import run_ep
-
-    cfg, _ = system_spec(point).build()
+    spec = system_spec(point)
+    built = spec.build()
+    cfg = built[0]
     kernel, tokens, seed = str(point["kernel"]), int(point["tokens"]), int(point.get("seed", 0))
-    d, c = (run_ep(cfg, kernel, op, tokens, EP_HIDDEN, EP_TOPK, ep_experts(cfg.gpus), "bf16", seed=seed)
+    d, c = (EpRunSpec(kernel, op, tokens, EP_HIDDEN, EP_TOPK, ep_experts(cfg.gpus), "bf16", spec, seed).run(built)
             for op in ("dispatch", "combine"))
     return {"dispatch_us": FLOAT(d.time_us), "combine_us": FLOAT(c.time_us), "time_us": FLOAT(d.time_us + c.time_us),
             "dispatch_algbw_GBps": FLOAT(d.algbw_GBps), "combine_algbw_GBps": FLOAT(c.algbw_GBps),

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from cais.kernels.ep_registry import EP_KERNELS
+from cais.experiments.spec import ep_kernels
 from cais.reproduce import plots
 from cais.reproduce.experiments.common import Context, Experiment, failures, ok_rows
 from cais.reproduce.report import Section
@@ -35,7 +35,7 @@ RACKS = {"nvl72": ((8, 18, 36, 72), (1, 16, 128)), "gh200-nvl32": ((8, 16, 32), 
 #: ``num_max_dispatch_tokens_per_rank`` for decode batches (its test: 128), and above this a
 #: point's one message per (token, expert) costs minutes of simulation
 LL_MAX_TOKENS = 1024
-KERNELS = tuple(EP_KERNELS)
+KERNELS = ep_kernels()
 
 
 def _grid(ctx: Context) -> list[tuple[str, int, int]]:
@@ -78,7 +78,7 @@ def _claim_line(sec: Section, name: str, rows: pd.DataFrame, kernel: str, where:
     others = rows.loc[rows["winner"] != kernel, "winner"].value_counts()
     beaten = ", ".join(f"{k} {v}" for k, v in others.items())
     figure = f"{kernel} wins {won} of {n} points {where}" + (f"; the others: {beaten}" if beaten else "")
-    return f"'{name}' {sec.claim(name, won == n, figure)}: {figure}."
+    return f"{name}: {sec.claim(name, won == n, figure)}: {figure}."
 
 
 def moe_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, Section]:
