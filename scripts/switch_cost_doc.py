@@ -14,9 +14,10 @@ stored run (src/cais/data/cacti/merge_unit.json), and the block says which."""
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 from pathlib import Path
+
+from cais.reproduce.publish import regenerate
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "reproduce-results" / "cost"
@@ -37,20 +38,7 @@ def from_docs(block: str) -> str:
 
 
 def main() -> int:
-    quick = ["--quick"] if "--quick" in sys.argv[1:] else []
-    subprocess.run([sys.executable, "-m", "cais", "reproduce", "cost", *quick, "--out", str(OUT), "--workers", "2"],
-                   check=True, cwd=ROOT)
-    block = section((OUT / "report.md").read_text())
-    if "ANALYSIS FAILED" in block:
-        raise SystemExit("switch_cost_doc: the cost analysis failed: " + block.splitlines()[0])
-    (OUT / "cost.md").write_text(block + "\n")
-    page = PAGE.read_text()
-    head, rest = page.split(BEGIN, 1)
-    tail = rest.split(END, 1)[1]
-    PAGE.write_text(f"{head}{BEGIN}\n{from_docs(block)}\n{END}{tail}")
-    for name in ("report.md", "report.html"):  # claims.json stays: the full grid's answer a quick run is held to
-        (OUT / name).unlink(missing_ok=True)
-    subprocess.run(["rm", "-rf", str(OUT / "runs")], check=True)
+    regenerate("cost", ["--quick"] if "--quick" in sys.argv[1:] else [], OUT, PAGE, BEGIN, END, section, from_docs, ROOT)
     return 0
 
 

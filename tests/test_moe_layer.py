@@ -245,3 +245,139 @@ def test_functional_check_can_fail() -> None:
     finally:
         ep.functional_check = real
     assert len(calls) > 5
+
+
+def test_gh200_nvl32_is_dyshaps_setting_as_sourced() -> None:
+    """32 GPUs; 18 NVLink4 links each at 25 GB/s per direction (900 GB/s bidirectional);
+    9 NVSwitch chips, 2 links per GPU each, so every chip's 64 ports are used; the GH200's
+    Hopper GPU with 144 GB of HBM3e at 4.9 TB/s."""
+    cfg = load_system("gh200-nvl32")
+    assert cfg.gpus == 32 and cfg.switch.chips == 9 and list(cfg.switch.links_per_gpu) == [2] * 9
+    assert cfg.links_per_gpu == 18 and cfg.link.bandwidth_GBps == 25.0
+    assert 2 * cfg.links_per_gpu * cfg.link.bandwidth_GBps == 900.0
+    assert cfg.gpus * cfg.switch.links_per_gpu[0] == 64  # one NVSwitch3 chip's NVLink4 ports
+    assert (cfg.gpu.sms, cfg.gpu.hbm_capacity_GB, cfg.gpu.hbm_bandwidth_GBps) == (132, 144.0, 4900.0)
+    r = run_layer(cfg, small("deepseek-v3"), "ep-deepep-ll", "decode")  # EP 32: 8 of 256 experts per GPU
+    assert r.moe is not None and r.moe["ep"] == 32 and len(r.moe["received_rows"]) == 32
+
+
+def _moe_doc():  # type: ignore[no-untyped-def]
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("moe_doc", root / "scripts" / "moe_doc.py")
+    assert spec and spec.loader
+    doc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(doc)
+    return root, doc
+
+
+def test_the_moe_page_is_its_runs() -> None:
+    """docs/moe.md's "which EP kernel wins where" block is the shipped full grid's
+    section (moe.md), its winners those of moe.csv, its claims those of claims.json."""
+    import pandas as pd
+
+    from cais.reproduce.experiments.moe import KERNELS, winners
+
+    root, doc = _moe_doc()
+    out = root / "docs" / "reproduce-results" / "moe"
+    page = (root / "docs" / "moe.md").read_text()
+    head, rest = page.split(doc.BEGIN, 1)
+    block, tail = rest.split(doc.END, 1)
+    shipped = (out / "moe.md").read_text().strip()
+    assert block.strip() == doc.from_docs(shipped) and "ANALYSIS FAILED" not in block
+    t = pd.read_csv(out / "moe.csv")
+    assert len(t) >= 50 and set(t["system"]) >= {"dgx-h100", "hgx-h800", "nvl72", "gh200-nvl32"}
+    assert t["ep"].max() == 72 and t["tokens"].max() == 8192
+    times = t[[f"{k} (us)" for k in KERNELS]]
+    assert (times.idxmin(axis=1).str[:-5] == t["winner"]).all()  # the winner is the fastest kernel
+    for system, n in t["system"].value_counts().items():
+        assert f"On {system} (" in block and f"of {n} points" in block
+    claims = json.loads((out / "claims.json").read_text())
+    assert claims["grid"] == "full" and len(claims["claims"]["moe"]) == 3
+    for c in claims["claims"]["moe"]:
+        assert f"{c['name']}: {'holds' if c['holds'] else 'does not hold'}: {c['figure']}." in " ".join(block.split())
+    for png in ("moe_dgx-h100.png", "moe_nvl72.png", "moe_gh200-nvl32.png"):
+        assert (out / png).is_file() and f"reproduce-results/moe/{png}" in block
+    assert not __import__("re").search(r"\d+(\.\d+)?\s*us\b", head[head.rfind("## Which EP kernel"):])
+
+
+def test_winners_table_from_rows() -> None:
+    """The analysis picks the fastest kernel per point and the runner-up's margin."""
+    import pandas as pd
+
+    from cais.reproduce.experiments.moe import winners
+
+    rows = pd.DataFrame([{"system": "s", "gpus": 8, "tokens": 1, "kernel": k, "time_us": v}
+                         for k, v in (("nccl", 30.0), ("allgather", 20.0), ("deepep", 10.0), ("deepep-ll", 40.0))])
+    t = winners(rows)
+    assert t.loc[0, "winner"] == "deepep" and t.loc[0, "margin"] == 2.0
+
+
+def test_nccl_p2p_protocol_by_size_as_nccl_picks_it() -> None:
+    """addP2pToPlan: LL up to 16 KiB per channel of the send, else Simple."""
+    from cais.kernels.ep_nccl import P2P_LL_THRESHOLD, p2p_channels, p2p_protocol
+
+    step = 512 * 1024
+    assert p2p_channels(16384, 8, 16, step) == 1 and p2p_channels(1 << 20, 8, 16, step) == 2
+    assert p2p_channels(1 << 20, 2, 16, step) == 8  # fewer ranks: more channels per peer
+    assert p2p_protocol(P2P_LL_THRESHOLD, 8, 16, step) == "ll"
+    assert p2p_protocol(P2P_LL_THRESHOLD + 1, 8, 16, step) == "simple"
+    assert p2p_protocol(100_000, 2, 16, step) == "simple"  # 2 channels: LL only up to 32 KiB
+
+
+def test_small_nccl_sends_run_ll_and_it_changes_the_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At one token per rank every send is LL (no fence, no flag round trip); forcing
+    Simple (threshold 0) makes the same all-to-all slower; at 1,024 tokens nothing is
+    LL, so the threshold changes nothing."""
+    from cais.experiments.ep import run_ep
+    from cais.kernels import ep_nccl
+
+    cfg = load_system("dgx-h100")
+    small_ll = run_ep(cfg, "nccl", "dispatch", 1, 7168, 8, 256)
+    big = run_ep(cfg, "nccl", "dispatch", 1024, 7168, 8, 256)
+    monkeypatch.setattr(ep_nccl, "P2P_LL_THRESHOLD", 0)
+    small_simple = run_ep(cfg, "nccl", "dispatch", 1, 7168, 8, 256)
+    big_simple = run_ep(cfg, "nccl", "dispatch", 1024, 7168, 8, 256)
+    assert small_ll.time_us < small_simple.time_us
+    assert big.time_us == big_simple.time_us
+
+
+def test_the_ll_combine_diagnosis_in_the_docs_is_the_scripts_output() -> None:
+    """docs/moe.md's head-of-line blocking figures come from scripts/ll_combine_hol.py
+    on the current code; the counterfactual (a VC per destination) must be faster."""
+    import importlib.util
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("ll_combine_hol", root / "scripts" / "ll_combine_hol.py")
+    assert spec and spec.loader
+    hol = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hol)
+    d = hol.diagnose(128)
+    page = (root / "docs" / "moe.md").read_text()
+    said = dict(re.findall(r"<!-- hol:(\w+) -->(.*?)<!-- /hol -->", page))
+    assert said == {"combine": f"{d['combine_us']:.1f}", "busy": f"{d['busy_destinations_first_half']:.1f}",
+                    "busiest": f"{100 * d['busiest_down_link_first_half']:.0f}",
+                    "full": f"{d['input_vcs_full']} of {d['input_vcs_used']}",
+                    "voq": f"{d['combine_per_destination_vc_us']:.1f}"}
+    assert d["combine_per_destination_vc_us"] < 0.7 * d["combine_us"]
+    assert d["busy_destinations_first_half"] < 4 and d["input_vcs_full"] > 0
+
+
+def test_publish_splices_the_block_and_refuses_a_failed_analysis(tmp_path) -> None:
+    from cais.reproduce.publish import publish, splice
+
+    assert splice("a <!-- b -->old<!-- e --> z", "<!-- b -->", "<!-- e -->", "new") == "a <!-- b -->\nnew\n<!-- e --> z"
+    page = tmp_path / "page.md"
+    page.write_text("head\n<!-- b -->\nold\n<!-- e -->\ntail\n")
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "report.md").write_text("r")
+    publish("x", "block", tmp_path, page, "<!-- b -->", "<!-- e -->", "docs block")
+    assert page.read_text() == "head\n<!-- b -->\ndocs block\n<!-- e -->\ntail\n"
+    assert (tmp_path / "x.md").read_text() == "block\n"
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "report.md").exists()
+    with pytest.raises(SystemExit, match="^x: the analysis failed"):
+        publish("x", "ANALYSIS FAILED on these runs", tmp_path, page, "<!-- b -->", "<!-- e -->", "")

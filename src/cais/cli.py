@@ -1060,7 +1060,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "section of DIR/report.md and DIR/report.html beside the paper's numbers (docs/reproduce.md)."))
     rp.add_argument("experiments", nargs="+", metavar="EXPERIMENT",
                     help="fig2 fig11 fig12 fig13 fig14 fig15 fig16 fig17 fig18 table2 (the paper's), map worlds "
-                         "bound area cost full nvl72 decode production (past it), paper (the paper's set) or all")
+                         "bound area cost full nvl72 decode production moe (past it), paper (the paper's set) or all")
     rp.add_argument("--quick", action="store_true", help="the reduced grids (minutes on 2 cores)")
     rp.add_argument("--out", required=True, metavar="DIR", help="folder for the CSVs, PNGs, runs and report")
     rp.add_argument("--models", nargs="+", default=None, metavar="MODEL",

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from cais.experiments.collective import CollectiveResult, check_collective, resolve_choice, run_collective
 from cais.errors import validation_message
+from cais.experiments.ep import EP_KERNELS, EpResult, run_ep
 from cais.experiments.layer import LayerResult, check_layer, run_layer
 from cais.config import ConfigError, SystemConfig, apply_overrides, check_gpus, load_system, overridden
 from cais.progress import RunProgress
@@ -154,6 +155,38 @@ class LayerSpec:
         return _stamped(run_layer(cfg, model, self.scheme, self.mode, self.sms, functional=functional, seed=seed,
                                   recorder=recorder, progress=progress, sim=self.sim, attention=self.attention), self, cfg,
                         overrides)
+
+
+def ep_kernels() -> tuple[str, ...]:
+    """The EP kernels by name, in the registry's order (cais.kernels.ep_registry)."""
+    return tuple(EP_KERNELS)
+
+
+@dataclass(frozen=True)
+class EpRunSpec:
+    """One expert-parallel dispatch or combine to simulate (``cais ep``'s run, uniform
+    routing from ``seed``): the kernel, the op, tokens per rank, the row width, top-k,
+    the experts, the dtype, and the system (its GPUs are the EP ranks)."""
+
+    kernel: str
+    op: str
+    tokens: int
+    hidden: int
+    topk: int
+    experts: int
+    dtype: str = "bf16"
+    system: SystemSpec = field(default_factory=SystemSpec)
+    seed: int = 0
+
+    def build(self) -> tuple[SystemConfig, dict[str, Any]]:
+        """The system and the values its overrides set."""
+        return self.system.build()
+
+    def run(self, built: tuple[SystemConfig, dict[str, Any]] | None = None) -> EpResult:
+        """Simulate the op (on ``built``, if the caller built it already)."""
+        cfg, _ = built or self.build()
+        return run_ep(cfg, self.kernel, self.op, self.tokens, self.hidden, self.topk, self.experts, self.dtype,
+                      seed=self.seed)
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from cais.errors import UserError
 from cais.hw.gpu import TbProgram
 from cais.hw.memory import Region
 from cais.kernels.common import Window, pause
+from cais.kernels.protocols import LL
 from cais.machine import Machine
 from cais.workload.routing import Routing
 
@@ -126,6 +127,11 @@ class Move:
     dst_buf: str
     dst_row: int
     landed: list[Countdown] = field(default_factory=list)
+    #: NCCL's protocol of this send (kernels/protocols.py): "" (the SM copy loop's plain
+    #: stores, DeepEP's), "simple" (the stores, a system fence, then a flag store: the
+    #: move lands when its flag does) or "ll" (8 B of data and a flag in each 16 B line,
+    #: at the LL loop's rate: it lands with its lines)
+    protocol: str = ""
 
 
 def alloc_rows(m: Machine, g: int, name: str, rows: int, call: EpCall) -> None:
@@ -162,6 +168,7 @@ def copy_tb(m: Machine, g: int, call: EpCall, moves: Sequence[Move], before: Seq
         if start_ps:
             yield pause(sim, start_ps)
         port = isa.sm_port(call.consts.sm_copy_GBps)
+        ll_port = isa.sm_port(m.cfg.collective.ll_channel_GBps) if any(mv.protocol == "ll" for mv in moves) else port
         win = Window(sim, limit)
         remote = [mv for mv in moves if mv.dst != g and mv.rows]
         fin = Countdown(len(remote) * (2 if se else 1))
@@ -183,6 +190,7 @@ def copy_tb(m: Machine, g: int, call: EpCall, moves: Sequence[Move], before: Seq
             arrived = Countdown(len(parts))
             for c in mv.landed:
                 arrived.on_fire(partial(_arrive_on_fire, c, sim))
+            ll = mv.protocol == "ll"
             for region, data in parts:
                 yield from win.acquire(region.nbytes)
 
@@ -190,7 +198,15 @@ def copy_tb(m: Machine, g: int, call: EpCall, moves: Sequence[Move], before: Seq
                     win.release(nb)
                     a.arrive(sim)
                     fin.arrive(sim)
-                isa.st(g, mv.dst, region, data, landed, port, stream, unit)
+                if mv.protocol == "simple":  # fence (the write responses back), then the flag; lands with it
+                    key = m.flag_key()
+
+                    def fenced(dst: int = mv.dst, k: int = key, done: Callable[[], None] = landed) -> None:
+                        isa.flag(g, dst, k, done)
+                    isa.st(g, mv.dst, region, data, None, port, stream, unit, fenced=fenced)
+                else:
+                    isa.st(g, mv.dst, region, data, landed, ll_port if ll else port, stream, unit,
+                           encoding=LL.encoding if ll else 1.0)
         if fin.remaining:
             yield fin
         if after is not None:

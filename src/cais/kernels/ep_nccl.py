@@ -13,7 +13,12 @@ device-to-host sync for the splits) and NCCL's all-to-all, which is a group of
   as one send; the sends are cut into ``collective.ring_step_bytes`` chunks dealt over
   ``EpConstants.nccl_channels`` channels (one TB each), peers in NCCL's p2p order
   (``g + 1``, ``g + 2``, ...), each channel an SM copy loop (kernels/ep_common.py).
-  NCCL's protocol choice by size (LL for small sends) is not modelled: Simple only.
+* **Its protocol by size** (NVIDIA/nccl@5d3ab08b, ``src/enqueue.cc``, ``addP2pToPlan``):
+  a send is LL when its bytes are at most ``P2P_LL_THRESHOLD`` (16 KiB) per channel it
+  spreads over (:func:`p2p_protocol`), else Simple; p2p never runs LL128. Simple: the
+  stores, a system fence, then the step's flag (a chunk lands when its flag does); LL:
+  8 B of data and a flag in every 16 B line, at the LL loop's rate
+  (``collective.ll_channel_GBps``), no fence.
 * **Host costs.** ``collective.host_us`` per NCCL call; with ``host_sync`` (Megatron's
   ``cuda_sync_point`` before the all-to-all, needed for the splits) also
   ``EpConstants.host_sync_us`` and a launch.
@@ -61,6 +66,26 @@ def recv_layout(call: EpCall) -> list[list[tuple[int, int, int]]]:
     return out
 
 
+#: NCCL_P2P_LL_THRESHOLD's default: bytes of a p2p send per channel that still run LL
+P2P_LL_THRESHOLD = 16384
+
+
+def p2p_channels(nbytes: int, ranks: int, channels: int, step_bytes: int) -> int:
+    """The channels NCCL spreads one p2p send of ``nbytes`` over (``addP2pToPlan`` on one
+    node): the per-peer channels (``channels``, halved while their total over the
+    ``ranks`` exceeds ``channels``), at most one per ``step_bytes / 8``."""
+    per_peer = channels
+    while per_peer * ranks > channels and per_peer > 1:
+        per_peer //= 2
+    return max(1, min(per_peer, -(-nbytes // max(1, step_bytes // 8))))
+
+
+def p2p_protocol(nbytes: int, ranks: int, channels: int, step_bytes: int) -> str:
+    """NCCL's protocol of one p2p send: ``ll`` up to :data:`P2P_LL_THRESHOLD` bytes per
+    channel of the send (:func:`p2p_channels`), else ``simple``."""
+    return "ll" if nbytes <= p2p_channels(nbytes, ranks, channels, step_bytes) * P2P_LL_THRESHOLD else "simple"
+
+
 def kernels(m: Machine, call: EpCall) -> list[Kernel]:
     """One NCCL all-to-all kernel per GPU. Dispatch: ``x`` rows (gathered by the
     permute) -> ``recv_x`` (:func:`recv_layout`); combine: ``expert_out`` (that layout)
@@ -99,8 +124,10 @@ def kernels(m: Machine, call: EpCall) -> list[Kernel]:
                 rows = [rpos[g][p] for p in pairs]
                 dst0 = spos[peer][(pairs[0][1], pairs[0][2])] if pairs else 0
                 src_buf, dst_buf = "expert_out", "a2a_back"
+            proto = p2p_protocol(len(rows) * call.row_bytes, n, chans, m.cfg.collective.ring_step_bytes)
             for a in range(0, len(rows), step_rows):
-                per_chan[j % chans].append(Move(g, peer, src_buf, rows[a:a + step_rows], dst_buf, dst0 + a))
+                per_chan[j % chans].append(Move(g, peer, src_buf, rows[a:a + step_rows], dst_buf, dst0 + a,
+                                                protocol=proto if peer != g else ""))
                 j += 1
         tbs: list[TbProgram | None] = [copy_tb(m, g, call, mv, (), None, host_ps) for mv in per_chan]
         out.append(Kernel(f"nccl-alltoall-{call.op}", tbs, None, role="communication"))

@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from cais.errors import UserError
-from cais.experiments.spec import CollectiveRunSpec, LayerSpec, SystemSpec
+from cais.experiments.spec import CollectiveRunSpec, EpRunSpec, LayerSpec, SystemSpec
 from cais.config import SystemConfig
 from cais.provenance import content_hash
 
@@ -147,3 +147,31 @@ def collective_point(point: dict[str, Any]) -> dict[str, Any]:
     r = spec.run(built)
     return {"time_us": FLOAT(r.time_us), "algbw_GBps": FLOAT(r.algbw_GBps), "busbw_GBps": FLOAT(r.busbw_GBps),
             "sim_wall_s": FLOAT(r.wall_s), **_hash(cfg)}
+
+
+#: the MoE layer shape the EP kernel points move (DeepSeek-V3's: hidden 7,168, top-8), and
+#: DeepEP's tests' expert count for ``ranks`` EP ranks: ``(256 // ranks) * ranks``
+EP_HIDDEN, EP_TOPK, EP_EXPERTS = 7168, 8, 256
+
+
+def ep_experts(ranks: int) -> int:
+    """The routed experts of an EP point on ``ranks`` ranks, as DeepEP's tests pick them
+    (tests/legacy/test_intranode.py at deepseek-ai/DeepEP@dd758caf: ``(256 // ranks) * ranks``)."""
+    return (EP_EXPERTS // ranks) * ranks
+
+
+def ep_point(point: dict[str, Any]) -> dict[str, Any]:
+    """One EP kernel's dispatch and then combine (``kernel``, ``tokens`` per rank) on the
+    point's system resized to its ``gpus`` EP ranks: DeepSeek-V3's rows (hidden 7,168,
+    top-8, :func:`ep_experts` experts, uniform routing as DeepEP's tests draw it), BF16
+    both ways (cais.experiments.ep)."""
+    spec = system_spec(point)
+    built = spec.build()
+    cfg = built[0]
+    kernel, tokens, seed = str(point["kernel"]), int(point["tokens"]), int(point.get("seed", 0))
+    d, c = (EpRunSpec(kernel, op, tokens, EP_HIDDEN, EP_TOPK, ep_experts(cfg.gpus), "bf16", spec, seed).run(built)
+            for op in ("dispatch", "combine"))
+    return {"dispatch_us": FLOAT(d.time_us), "combine_us": FLOAT(c.time_us), "time_us": FLOAT(d.time_us + c.time_us),
+            "dispatch_algbw_GBps": FLOAT(d.algbw_GBps), "combine_algbw_GBps": FLOAT(c.algbw_GBps),
+            "experts": ep_experts(cfg.gpus), "imbalance": FLOAT(d.imbalance), "events": d.events + c.events,
+            "sim_wall_s": FLOAT(d.wall_s + c.wall_s), **_hash(cfg)}
