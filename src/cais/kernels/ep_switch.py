@@ -53,8 +53,9 @@ from cais.kernels.ep_common import EpCall, alloc_rows
 from cais.kernels.grouped_gemm import grouped_gemm_ps, groups_of
 from cais.machine import Machine
 
-#: tokens per block of the fused pipeline (per rank), the project's choice (a parameter)
-BLOCK_TOKENS = 64
+#: M rows of the grouped GEMM's tile a fused block should fill per local expert on
+#: average (DeepGEMM's BLOCK_M); fewer rows per block leave tile rows empty
+TILE_ROWS = 128
 #: group-binding orders: the groups that save the most copies first, or in token order
 GROUP_ORDERS = ("frequent", "first")
 
@@ -80,10 +81,11 @@ class EpSwitchKernel:
     mcast: bool
     reduce: bool
     fused: bool
-    block_tokens: int = BLOCK_TOKENS
+    block_tokens: int | None = None  # None: enough for TILE_ROWS rows per expert
     table_bytes: int | None = None
     lookup_ns: float = 0.0
     group_order: str = "frequent"
+    red_window_bytes: int = 0  # a combine TB's reductions in flight (0: the SM's usual bound)
     per: str = "rank"  # the routing matrix it moves: one row per (token, rank)
 
     @property
@@ -134,7 +136,8 @@ class Plan:
     def of(call: EpCall, k: EpSwitchKernel, n: int, capacity: int | None) -> Plan:
         rt, T = call.routing, call.routing.tokens
         hit = rt.in_rank()
-        bt = (call.chunk or k.block_tokens) if k.fused else max(1, T)
+        auto = -(-TILE_ROWS * rt.experts // (rt.topk * rt.ranks))
+        bt = (call.chunk or k.block_tokens or auto) if k.fused else max(1, T)
         if bt <= 0:
             raise UserError(f"chunk: tokens per block must be positive, got {bt}")
         blocks = [(t0, min(bt, T - t0)) for t0 in range(0, T, bt)] or [(0, 0)]
@@ -180,7 +183,6 @@ def _build(m: Machine, call: EpCall, k: EpSwitchKernel, ffn: ExpertFfn | None) -
     sms = call.sms or call.consts.deepep_sms
     if sms < 2 or sms % 2:
         raise UserError(f"sms: the in-switch EP kernels take an even SM count of at least 2, got {sms}")
-    C = sms // 2
     capacity = None
     switches = m.fabric.switches
     if k.mcast:
@@ -207,6 +209,7 @@ def _build(m: Machine, call: EpCall, k: EpSwitchKernel, ffn: ExpertFfn | None) -
         alloc_rows(m, g, "combined", T, call)
     unit = m.cfg.unit_for(call.row_bytes)
     B = len(plan.blocks)
+    C = sms // 2  # senders per phase: DeepEP's normal kernels' count (its other half receives)
     dispatch = call.op == "dispatch" or ffn is not None
     combine = call.op == "combine" or ffn is not None
     # arrivals: dispatch rows into (rank, block); the combine's rows (or bytes) into (home, block)
@@ -375,13 +378,13 @@ def _combine_tb(m: Machine, g: int, call: EpCall, k: EpSwitchKernel, plan: Plan,
 
     def program(sm: int, busy: int) -> ProgramGen:
         port = isa.sm_port(call.consts.sm_copy_GBps)
-        win = Window(sim, max(m.cfg.collective.outstanding_bytes_per_sm, 2 * call.row_bytes))
+        win = Window(sim, k.red_window_bytes if k.reduce and k.red_window_bytes else max(m.cfg.collective.outstanding_bytes_per_sm, 2 * call.row_bytes))
         sent = _Outstanding()
         for b, (t0, tc) in enumerate(plan.blocks):
             if not ready[b].fired:
                 yield ready[b]
-            for src in range(n):
-                for t in range(t0 + (c - t0) % C, t0 + tc, C):
+            for t in range(t0 + (c - t0) % C, t0 + tc, C):  # token-major: every rank's partials of a token together
+                for src in range(n):
                     if not plan.hit[src, t, g]:
                         continue
                     region = Region("combined", t * h, h, 2)

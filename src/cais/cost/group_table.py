@@ -1,0 +1,96 @@
+"""What ``st.mc.dyn``'s dynamic multicast group table needs and costs (docs/moe.md,
+"In-switch expert parallelism": its cost).
+
+**Need.** A sender port needs one entry per distinct set of remote destination ranks
+(two or more: one rank needs no group) among the tokens whose groups are bound at once:
+the whole call (entries live for the call) or one block of the fused pipeline (entries
+live for a block; two blocks' worth while one drains and the next binds, so the need is
+the largest sum of two consecutive blocks). Counted per routing seed; the need reported
+is the 99th percentile over seeds of the busiest port's entries, times the entry's bytes
+(hw/ep_switch.py: ``entry_bytes``).
+
+**Cost.** The table at CAIS's budget (40 KB per port) is, as an array, the merge unit's
+Content Array (40,960 B read in 128 B lines, one read-write port): its CACTI figures
+(the stored run, ``cais/data/cacti/merge_unit.json``), scaled to the node by bit cell as
+:mod:`cais.cost.merge_unit` scales them. A lookup reads one line (the entries packed in
+it). Its rate is the clock over the whole cycles the array's cycle time takes; a port
+needs at most one lookup per packet at its links' rate (the break-even rate)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from cais.cost import merge_unit as M
+from cais.hw.ep_switch import entry_bytes
+from cais.workload.routing import Routing, generate
+
+#: the lifetimes an entry may have
+LIFETIMES = ("call", "block")
+#: CAIS's merge table per port (320 x 128 B), the budget the table is set against
+CAIS_TABLE_BYTES = 320 * 128
+
+
+def groups_per_port(rt: Routing, block_tokens: int | None = None) -> np.ndarray:
+    """Entries each sender port holds at once: distinct remote destination sets of two
+    or more ranks in the call (``block_tokens`` None), else the most in two consecutive
+    blocks of ``block_tokens`` tokens."""
+    hit = rt.in_rank()  # [sender, token, rank]
+    n, T = rt.ranks, rt.tokens
+    out = np.zeros(n, dtype=np.int64)
+    for g in range(n):
+        h = hit[g].copy()
+        h[:, g] = False
+        keep = h.sum(axis=1) >= 2
+        packed = np.packbits(h, axis=1)
+        if block_tokens is None:
+            out[g] = len(np.unique(packed[keep], axis=0)) if keep.any() else 0
+            continue
+        per_block = []
+        for t0 in range(0, T, block_tokens):
+            sel = keep[t0:t0 + block_tokens]
+            rows = packed[t0:t0 + block_tokens][sel]
+            per_block.append(len(np.unique(rows, axis=0)) if len(rows) else 0)
+        pairs = [a + b for a, b in zip(per_block, per_block[1:])] or per_block
+        out[g] = max(pairs)
+    return out
+
+
+def table_need(kind: str, ranks: int, tokens: int, experts: int, topk: int, seeds: int = 100,
+               lifetime: str = "call", block_tokens: int | None = None, alpha: float = 1.2,
+               sigma: float = 1.0, q: float = 99.0) -> dict[str, Any]:
+    """The busiest port's entries at the ``q``-th percentile over ``seeds`` routings,
+    and their bytes against CAIS's 40 KB."""
+    if lifetime not in LIFETIMES:
+        raise ValueError(f"lifetime: unknown '{lifetime}'; valid: {', '.join(LIFETIMES)}")
+    peaks = []
+    for seed in range(seeds):
+        rt = generate(kind, ranks, tokens, experts, topk, seed, alpha, sigma)
+        bt = block_tokens if lifetime == "block" else None
+        peaks.append(int(groups_per_port(rt, bt).max()))
+    entries = int(math.ceil(np.percentile(peaks, q)))
+    nbytes = entries * entry_bytes(ranks)
+    return {"routing": kind, "ranks": ranks, "tokens": tokens, "lifetime": lifetime, "entries_p99": entries,
+            "entry_bytes": entry_bytes(ranks), "bytes_p99": nbytes, "of_cais_40KB": nbytes / CAIS_TABLE_BYTES,
+            "max_entries": max(peaks), "seeds": seeds}
+
+
+def lookup_cost(node_nm: int = M.VERDICT_NM, clock_GHz: float = M.CLOCK_GHZ, cells: str = "itrs-hp") -> dict[str, float]:
+    """Per port, the 40 KB table's area (mm^2), leakage (mW), a lookup's energy (pJ: one
+    line read), its latency (ns: the array's access time in whole cycles) and the
+    lookups it starts per ns."""
+    r = M.stored()
+    fig = M.scale(r["cells"][cells]["data/t1/1rw/bf16"], node_nm)
+    per = M.cycles(fig["cycle_ns"], clock_GHz)
+    return {"node_nm": node_nm, "clock_GHz": clock_GHz, "bytes": CAIS_TABLE_BYTES, "area_mm2": fig["area_mm2"],
+            "leakage_mW": fig["leakage_mW"], "lookup_pJ": 1e3 * fig["read_nJ"],
+            "latency_ns": M.cycles(fig["access_ns"], clock_GHz) / clock_GHz,
+            "lookups_per_ns": clock_GHz / per}
+
+
+def packets_per_ns(port_GBps: float, max_payload_bytes: int) -> float:
+    """A port's peak packet rate: its links' payload rate over a full packet's payload
+    (the most lookups it can ask for: one per packet)."""
+    return port_GBps / max_payload_bytes
