@@ -2,6 +2,7 @@
 parallelism: results"), from real runs.
 
     python scripts/ep_switch_ladder.py --run [--quick]   # simulate the grid, store it
+    python scripts/ep_switch_ladder.py --sensitivity     # rerun the one-knob changes only
     python scripts/ep_switch_ladder.py                   # print the section from the stored runs
     python scripts/ep_switch_ladder.py --write-doc       # put it between the markers of docs/moe.md
 
@@ -87,6 +88,26 @@ def run(quick: bool) -> dict:
     return out
 
 
+#: one-knob changes of ep-switch at one point, against its default: (label, knobs)
+SENSITIVITY = (("64-token blocks", {"block_tokens": 64}), ("one combine row in flight per sender", {"red_window_bytes": 14336}),
+               ("a 4 KB group table", {"table_bytes": 4096}))
+SENSITIVITY_POINT = ("dgx-h100", 1024, "uniform")
+
+
+def sensitivity() -> list[dict]:
+    world, T, rout = SENSITIVITY_POINT
+    cfg = system(world, 8)
+    base = run_rung(cfg, "ep-switch", MoeBlock(T), rout)
+    out = [{"label": "default", "time_us": base.time_us, "group_peak": base.group_peak, "overflows": base.overflows,
+            "merged": base.merged, "evicted": base.evicted}]
+    for label, knobs in SENSITIVITY:
+        r = run_rung(cfg, "ep-switch", MoeBlock(T), rout, **knobs)
+        out.append({"label": label, "time_us": r.time_us, "group_peak": r.group_peak, "overflows": r.overflows,
+                    "merged": r.merged, "evicted": r.evicted})
+        print("sensitivity", label, f"{r.time_us:.1f} us", flush=True)
+    return out
+
+
 def _gain(rows: list[dict], r: dict) -> str:
     base = [x for x in rows if x["kernel"] == "deepep" and x["world"] == r["world"] and x["tokens"] == r["tokens"]
             and x["routing"] == r["routing"]]
@@ -144,6 +165,16 @@ def section(data: dict) -> str:
               f"per lookup, {c['lookups_per_ns']:.2f} lookups per ns per port. A dgx-h100 port ({port:.0f} GB/s "
               f"on one chip) asks at most {need_rate:.2f} per ns (one per 128 B packet): margin "
               f"{c['lookups_per_ns'] / need_rate:.2f}x.", ""]
+    sens = data.get("sensitivity", [])
+    if sens:
+        w, T, rout = SENSITIVITY_POINT
+        lines += [f"**One knob at a time** (ep-switch, {w}, {T:,} tokens, {rout}; merged and evicted: the merge "
+                  "units' reduction sessions, all chips):", "",
+                  "| change | time (us) | group-table peak | overflows | merged | evicted |", "|---|---|---|---|---|---|"]
+        for x in sens:
+            lines.append(f"| {x['label']} | {x['time_us']:,.1f} | {x['group_peak']} | {x['overflows']} | "
+                         f"{x['merged']:,} | {x['evicted']:,} |")
+        lines.append("")
     be, ref = data["break_even"], data["break_even_ref"]
     lines += [f"**Break-even lookup latency** (dgx-h100, {BREAK_EVEN_POINT[1]:,} tokens, "
               f"{BREAK_EVEN_POINT[2]}): ep-switch with a lookup of " + ", ".join(
@@ -174,12 +205,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run", action="store_true", help="simulate the grid and store the runs")
     ap.add_argument("--quick", action="store_true", help="with --run: the dgx-h100 grid only")
+    ap.add_argument("--sensitivity", action="store_true", help="rerun the one-knob changes and store them")
     ap.add_argument("--write-doc", action="store_true", help="write the section into docs/moe.md")
     args = ap.parse_args()
     if args.run:
         STORE.parent.mkdir(parents=True, exist_ok=True)
         STORE.write_text(json.dumps(run(args.quick), indent=1) + "\n")
     data = json.loads(STORE.read_text())
+    if args.run or args.sensitivity:
+        data["sensitivity"] = sensitivity()
+        STORE.write_text(json.dumps(data, indent=1) + "\n")
     text = section(data)
     if args.write_doc:
         write_doc(text)

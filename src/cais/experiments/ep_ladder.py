@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -51,7 +52,8 @@ class MoeBlock:
 @dataclass(frozen=True)
 class RungResult:
     """One rung on one routing: its time (and, for the baselines, its phases), the
-    group table's peak entries per port and overflows, the merge unit's peak lines."""
+    group table's peak entries per port and overflows, the merge unit's peak lines, and
+    the reductions it merged and evicted (all chips)."""
 
     kernel: str
     routing: str
@@ -64,6 +66,8 @@ class RungResult:
     overflows: int
     merge_peak_lines: int
     wall_s: float
+    merged: int = 0
+    evicted: int = 0
 
 
 def routing_of(kind: str, ranks: int, b: MoeBlock, seed: int = 0, alpha: float = 1.2, sigma: float = 1.0) -> Routing:
@@ -87,9 +91,10 @@ def gemm_ps(cfg: SystemConfig, rt: Routing, b: MoeBlock, layout: str = "contiguo
 
 
 def run_rung(cfg: SystemConfig, kernel: str, b: MoeBlock, routing: str = "uniform", seed: int = 0,
-             alpha: float = 1.2, sigma: float = 1.0, table_bytes: int | None = None,
-             lookup_ns: float = 0.0) -> RungResult:
-    """One rung of :data:`LADDER` on ``cfg`` (module doc)."""
+             alpha: float = 1.2, sigma: float = 1.0, **knobs: Any) -> RungResult:
+    """One rung of :data:`LADDER` on ``cfg`` (module doc); ``knobs`` set an in-switch
+    kernel's fields (:class:`~cais.kernels.ep_switch.EpSwitchKernel`: ``table_bytes``,
+    ``lookup_ns``, ``block_tokens``, ``red_window_bytes``, ...)."""
     if kernel not in LADDER:
         raise UserError(f"kernel: unknown '{kernel}'; valid: {', '.join(LADDER)}")
     t0 = time.perf_counter()
@@ -101,7 +106,7 @@ def run_rung(cfg: SystemConfig, kernel: str, b: MoeBlock, routing: str = "unifor
         g = gemm_ps(cfg, rt, b, "masked" if kernel == "deepep-ll" else "contiguous") / PS_PER_US
         return RungResult(kernel, routing, b.tokens, d.time_us + g + c.time_us, d.time_us, g, c.time_us, 0, 0, 0,
                           time.perf_counter() - t0)
-    k = ep_switch.VARIANTS[kernel].with_(table_bytes=table_bytes, lookup_ns=lookup_ns)
+    k = ep_switch.VARIANTS[kernel].with_(**knobs)
     cfg = on_switch(cfg, k)
     call = EpCall("dispatch", rt, b.hidden, "fp8", None, False, ep_constants())
     with fewer_collections():
@@ -111,12 +116,14 @@ def run_rung(cfg: SystemConfig, kernel: str, b: MoeBlock, routing: str = "unifor
             gpu.launch(kern, m.launch_ps)
         m.run()
     end = max(kern.finished_at or 0 for kern in ks)
-    peak = over = lines = 0
+    peak = over = lines = merged = evicted = 0
     for sw in m.fabric.switches:
         for table in getattr(sw, "tables", ()):
             peak = max(peak, table.stats.peak)
             over += table.stats.overflows
         for u in getattr(sw, "units", ()):
             lines = max(lines, u.stats.peak_lines)
+            merged += u.stats.merged
+            evicted += u.stats.evicted
     return RungResult(kernel, routing, b.tokens, end / PS_PER_US, None, None, None, peak, over, lines,
-                      time.perf_counter() - t0)
+                      time.perf_counter() - t0, merged, evicted)

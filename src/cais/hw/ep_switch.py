@@ -17,8 +17,8 @@ The table's SRAM is sized as the merge unit's (``switch.merge.entries`` lines of
 ``switch.merge.line_bytes``: 40 KB per port by default) unless set otherwise
 (:meth:`EpSwitch.size_tables`); an entry takes ``entry_bytes`` (the mask of ``gpus``
 bits plus a 16-bit group tag and a valid bit, rounded up to a power of two). A lookup
-may take ``lookup_ps`` (it delays the copies; the train holds its input buffer
-meanwhile). Telemetry per table: entries bound at the peak, binds, overflows, lookups,
+may take ``lookup_ps`` (pipelined: the copies leave that much later, and the train holds
+its input buffer until they have). Telemetry per table: entries bound at the peak, binds, overflows, lookups,
 misses; :meth:`EpSwitch.group_stats` sums a chip's ports."""
 
 from __future__ import annotations
@@ -122,10 +122,10 @@ class EpSwitch(CaisSwitch):
         members = self.tables[train.src].lookup(train.tag)
         if members is None:
             raise RuntimeError(f"sw{self.chip}: st.mc.dyn from gpu{train.src} to unbound group {train.tag}")
-        if self.lookup_ps:
-            self.sim.after(self.lookup_ps, self.multicast_to, train, list(members), int(Kind.WRITE))
-        else:
-            self.multicast_to(train, list(members), int(Kind.WRITE))
+        if self.lookup_ps:  # the copies leave that much later (a pipelined lookup, as the chip's pipeline latency)
+            train.head += self.lookup_ps
+            train.tail += self.lookup_ps
+        self.multicast_to(train, list(members), int(Kind.WRITE))
 
     def group_stats(self) -> GroupStats:
         """The chip's ports' telemetry: summed counts, the largest port's peak."""
