@@ -84,8 +84,8 @@ def gemm_ps(cfg: SystemConfig, rt: Routing, b: MoeBlock, layout: str = "contiguo
     for g in range(rt.ranks):
         counts = np.bincount(idx[idx // per == g] - g * per, minlength=per)
         if counts.sum():
-            t = (grouped_gemm_ps(cm, groups_of(counts, 2 * b.ffn, b.hidden, "fp8", layout), cfg.gpu.sms)
-                 + grouped_gemm_ps(cm, groups_of(counts, b.hidden, b.ffn, "fp8", layout), cfg.gpu.sms))
+            t = (grouped_gemm_ps(cm, groups_of(counts.tolist(), 2 * b.ffn, b.hidden, "fp8", layout), cfg.gpu.sms)
+                 + grouped_gemm_ps(cm, groups_of(counts.tolist(), b.hidden, b.ffn, "fp8", layout), cfg.gpu.sms))
             worst = max(worst, t)
     return worst
 

@@ -46,6 +46,7 @@ from cais.engine import Countdown, Signal
 from cais.engine.sim import ProgramGen
 from cais.errors import UserError
 from cais.hw.compute import ComputeModel
+from cais.hw.ep_switch import EpSwitch
 from cais.hw.gpu import Kernel, TbProgram
 from cais.hw.memory import Region
 from cais.kernels.common import Window, pause
@@ -185,18 +186,19 @@ def _build(m: Machine, call: EpCall, k: EpSwitchKernel, ffn: ExpertFfn | None) -
         raise UserError(f"sms: the in-switch EP kernels take an even SM count of at least 2, got {sms}")
     capacity = None
     switches = m.fabric.switches
+    eps = [sw for sw in switches if isinstance(sw, EpSwitch)]
     if k.mcast:
-        if not all(hasattr(sw, "tables") for sw in switches):
+        if len(eps) != len(switches):
             raise UserError(f"switch.model: kernel '{k.name}' needs a 'cais-ep' switch (st.mc.dyn's group tables)")
         if k.table_bytes is not None or k.lookup_ns:
-            for sw in switches:
+            for sw in eps:
                 size = k.table_bytes if k.table_bytes is not None else sw.tables[0].capacity * sw.entry_bytes
                 sw.size_tables(size, round(k.lookup_ns * 1000))
-        capacity = min(sw.tables[0].capacity for sw in switches)
+        capacity = min(sw.tables[0].capacity for sw in eps)
     if k.reduce and not all(hasattr(sw, "units") and sw.units for sw in switches):
         raise UserError(f"switch.model: kernel '{k.name}' needs merge units (a 'cais' or 'cais-ep' switch)")
     plan = Plan.of(call, k, n, capacity)
-    for sw in switches if k.mcast else ():
+    for sw in eps if k.mcast else ():
         for g in range(n):
             for mem, tag in plan.groups[g].items():
                 if not sw.tables[g].bind(tag, mem):
@@ -360,8 +362,8 @@ def _gemm_ps(m: Machine, g: int, call: EpCall, plan: Plan, ffn: ExpertFfn, comm_
         if not counts.sum():
             out.append(0)
             continue
-        up = groups_of(counts, 2 * ffn.ffn, call.hidden, ffn.dtype)
-        down = groups_of(counts, call.hidden, ffn.ffn, ffn.dtype)
+        up = groups_of(counts.tolist(), 2 * ffn.ffn, call.hidden, ffn.dtype)
+        down = groups_of(counts.tolist(), call.hidden, ffn.ffn, ffn.dtype)
         out.append(grouped_gemm_ps(cm, up, sms) + grouped_gemm_ps(cm, down, sms))
     return out
 
