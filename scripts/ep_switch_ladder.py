@@ -21,7 +21,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from cais.config import SystemConfig, load_system
-from cais.cost.group_table import CAIS_TABLE_BYTES, lookup_cost, packets_per_ns, table_need
+from cais.cost.group_table import CAIS_TABLE_BYTES, lookup_cost, packets_per_ns
+from cais.experiments.ep_table import table_need
 from cais.experiments.ep_ladder import LADDER, MoeBlock, run_rung
 from cais.kernels.ep_switch import TILE_ROWS
 

@@ -12,6 +12,7 @@ import pytest
 
 from cais.config import load_system
 from cais.cost import group_table as G
+from cais.experiments import ep_table as E
 from cais.cost import merge_unit as M
 from cais.errors import UserError
 from cais.experiments.ep import EP_KERNELS, on_switch, run_ep
@@ -121,13 +122,13 @@ def test_groups_needed_count_distinct_remote_sets() -> None:
     # and {0, 1} (one remote rank: no group); the other ranks' tokens to rank 0 only
     idx = np.array([[[2, 4], [4, 2], [2, 6], [0, 2]]] + [[[0, 1]] * 4] * 3)
     rt = Routing(idx, np.ones(idx.shape), 8, source="test")
-    assert G.groups_per_port(rt).tolist() == [2, 0, 0, 0]
-    assert G.groups_per_port(rt, 2).tolist() == [2, 0, 0, 0]  # blocks {1,2},{1,2} and {1,3}: two together
+    assert E.groups_per_port(rt).tolist() == [2, 0, 0, 0]
+    assert E.groups_per_port(rt, 2).tolist() == [2, 0, 0, 0]  # blocks {1,2},{1,2} and {1,3}: two together
     rt = generate("uniform", 8, 256, 64, 8, 0)
-    call = G.groups_per_port(rt)
+    call = E.groups_per_port(rt)
     assert 0 < call.max() <= 2 ** 7 - 1 - 7  # sets of two or more of the 7 other ranks
-    assert G.groups_per_port(rt, 32).max() <= 2 * call.max()
-    need = G.table_need("uniform", 8, 64, 64, 8, seeds=3, block_tokens=16)
+    assert E.groups_per_port(rt, 32).max() <= 2 * call.max()
+    need = E.table_need("uniform", 8, 64, 64, 8, seeds=3, block_tokens=16)
     assert [n["lifetime"] for n in need] == ["call", "block"] and all(n["bytes_p99"] > 0 for n in need)
 
 
