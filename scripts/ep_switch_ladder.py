@@ -2,7 +2,7 @@
 parallelism: results"), from real runs.
 
     python scripts/ep_switch_ladder.py --run [--quick]   # simulate the grid, store it
-    python scripts/ep_switch_ladder.py --sensitivity     # rerun the one-knob changes only
+    python scripts/ep_switch_ladder.py --sensitivity     # rerun the one-knob changes and links-bind rungs
     python scripts/ep_switch_ladder.py                   # print the section from the stored runs
     python scripts/ep_switch_ladder.py --write-doc       # put it between the markers of docs/moe.md
 
@@ -24,6 +24,7 @@ from cais.config import SystemConfig, load_system
 from cais.cost.group_table import CAIS_TABLE_BYTES, lookup_cost, packets_per_ns
 from cais.experiments.ep_table import table_need
 from cais.experiments.ep_ladder import LADDER, MoeBlock, run_rung
+from cais.kernels.ep_common import ep_constants
 from cais.kernels.ep_switch import TILE_ROWS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,6 +110,26 @@ def sensitivity() -> list[dict]:
     return out
 
 
+#: the rungs run again with the SM copy loop unbounded, so that the links bind (the fitted
+#: rate stands for a loss on the NVLink path the fabric model lacks; docs/moe.md, calibration)
+LINKS_BIND = ("deepep", "ep-switch-sw", "ep-switch-mcast", "ep-switch-red", "ep-switch-unfused", "ep-switch")
+UNBOUNDED_GBPS = 1000.0
+
+
+def links_bind() -> list[dict]:
+    world, T, rout = SENSITIVITY_POINT
+    cfg = system(world, 8)
+    consts = ep_constants().model_copy(update={"sm_copy_GBps": UNBOUNDED_GBPS})
+    out = []
+    for T in (T, 4096):
+        for k in LINKS_BIND:
+            r = run_rung(cfg, k, MoeBlock(T), rout, constants=consts)
+            out.append({"kernel": k, "tokens": T, "time_us": r.time_us, "dispatch_us": r.dispatch_us,
+                        "combine_us": r.combine_us})
+            print("links bind", T, k, f"{r.time_us:.1f} us", flush=True)
+    return out
+
+
 def _gain(rows: list[dict], r: dict) -> str:
     base = [x for x in rows if x["kernel"] == "deepep" and x["world"] == r["world"] and x["tokens"] == r["tokens"]
             and x["routing"] == r["routing"]]
@@ -176,6 +197,17 @@ def section(data: dict) -> str:
             lines.append(f"| {x['label']} | {x['time_us']:,.1f} | {x['group_peak']} | {x['overflows']} | "
                          f"{x['merged']:,} | {x['evicted']:,} |")
         lines.append("")
+    lb = data.get("links_bind", [])
+    if lb:
+        ks = list(dict.fromkeys(x["kernel"] for x in lb))
+        lines += [f"**Where the links bind** (dgx-h100, {SENSITIVITY_POINT[2]}, the SM copy loop at "
+                  f"{UNBOUNDED_GBPS:g} GB/s instead of the fitted rate; time in us, gain over DeepEP normal at the "
+                  "same rate):", "", "| tokens per rank | " + " | ".join(ks) + " |", "|---|" + "---|" * len(ks)]
+        for T in dict.fromkeys(x["tokens"] for x in lb):
+            at = {x["kernel"]: x["time_us"] for x in lb if x["tokens"] == T}
+            lines.append(f"| {T:,} | " + " | ".join(f"{at[k]:,.1f} ({at['deepep'] / at[k]:.2f}x)" for k in ks)
+                         + " |")
+        lines.append("")
     be, ref = data["break_even"], data["break_even_ref"]
     lines += [f"**Break-even lookup latency** (dgx-h100, {BREAK_EVEN_POINT[1]:,} tokens, "
               f"{BREAK_EVEN_POINT[2]}): ep-switch with a lookup of " + ", ".join(
@@ -206,7 +238,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run", action="store_true", help="simulate the grid and store the runs")
     ap.add_argument("--quick", action="store_true", help="with --run: the dgx-h100 grid only")
-    ap.add_argument("--sensitivity", action="store_true", help="rerun the one-knob changes and store them")
+    ap.add_argument("--sensitivity", action="store_true",
+                    help="rerun the one-knob changes and the links-bind rungs and store them")
     ap.add_argument("--write-doc", action="store_true", help="write the section into docs/moe.md")
     args = ap.parse_args()
     if args.run:
@@ -215,6 +248,7 @@ def main() -> int:
     data = json.loads(STORE.read_text())
     if args.run or args.sensitivity:
         data["sensitivity"] = sensitivity()
+        data["links_bind"] = links_bind()
         STORE.write_text(json.dumps(data, indent=1) + "\n")
     text = section(data)
     if args.write_doc:

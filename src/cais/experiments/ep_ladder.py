@@ -26,7 +26,7 @@ from cais.engine.sim import fewer_collections
 from cais.errors import UserError
 from cais.hw.compute import ComputeModel
 from cais.kernels import ep_switch
-from cais.kernels.ep_common import EpCall, ep_constants
+from cais.kernels.ep_common import EpCall, EpConstants, ep_constants
 from cais.kernels.grouped_gemm import grouped_gemm_ps, groups_of
 from cais.machine import Machine
 from cais.experiments.ep import on_switch, run_ep
@@ -91,16 +91,18 @@ def gemm_ps(cfg: SystemConfig, rt: Routing, b: MoeBlock, layout: str = "contiguo
 
 
 def run_rung(cfg: SystemConfig, kernel: str, b: MoeBlock, routing: str = "uniform", seed: int = 0,
-             alpha: float = 1.2, sigma: float = 1.0, **knobs: Any) -> RungResult:
+             alpha: float = 1.2, sigma: float = 1.0, constants: EpConstants | None = None,
+             **knobs: Any) -> RungResult:
     """One rung of :data:`LADDER` on ``cfg`` (module doc); ``knobs`` set an in-switch
     kernel's fields (:class:`~cais.kernels.ep_switch.EpSwitchKernel`: ``table_bytes``,
-    ``lookup_ns``, ``block_tokens``, ``red_window_bytes``, ...)."""
+    ``lookup_ns``, ``block_tokens``, ``red_window_bytes``, ...); ``constants``: the EP
+    constants (default: the fitted ones)."""
     if kernel not in LADDER:
         raise UserError(f"kernel: unknown '{kernel}'; valid: {', '.join(LADDER)}")
     t0 = time.perf_counter()
     rt = routing_of(routing, cfg.gpus, b, seed, alpha, sigma)
     if kernel in BASELINES:
-        kw = dict(routing=routing, seed=seed, alpha=alpha, sigma=sigma)
+        kw = dict(routing=routing, seed=seed, alpha=alpha, sigma=sigma, constants=constants)
         d = run_ep(cfg, kernel, "dispatch", b.tokens, b.hidden, b.topk, b.experts, "fp8", **kw)  # type: ignore[arg-type]
         c = run_ep(cfg, kernel, "combine", b.tokens, b.hidden, b.topk, b.experts, "bf16", **kw)  # type: ignore[arg-type]
         g = gemm_ps(cfg, rt, b, "masked" if kernel == "deepep-ll" else "contiguous") / PS_PER_US
@@ -108,7 +110,7 @@ def run_rung(cfg: SystemConfig, kernel: str, b: MoeBlock, routing: str = "unifor
                           time.perf_counter() - t0)
     k = ep_switch.VARIANTS[kernel].with_(**knobs)
     cfg = on_switch(cfg, k)
-    call = EpCall("dispatch", rt, b.hidden, "fp8", None, False, ep_constants())
+    call = EpCall("dispatch", rt, b.hidden, "fp8", None, False, constants or ep_constants())
     with fewer_collections():
         m = Machine(cfg)
         ks = k.layer_kernels(m, call, ep_switch.ExpertFfn(b.ffn, "fp8"))
