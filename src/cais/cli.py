@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from cais.progress import RunProgress
     from cais.reproduce.report import Section
     from cais.workload.models import ModelSpec
+    from cais.workload.moe import MoeSpec
 
 
 T = TypeVar("T")
@@ -473,10 +474,14 @@ def cmd_gemm(args: argparse.Namespace) -> None:
 def cmd_run(args: argparse.Namespace) -> None:
     from cais.experiments.layer import warnings_of
     from cais.experiments.spec import LayerSpec
+    from cais.workload.moe import MoeSpec
 
     spec = LayerSpec(args.model, args.scheme, args.mode, _system_spec(args), args.sms, args.batch, args.seq,
-                     sim=args.sim)
+                     sim=args.sim, attention=args.attention or "tp")
     cfg, overrides, model = built = spec.build()
+    if args.attention and not isinstance(model, MoeSpec):
+        raise UserError(f"attention: it sets a mixture-of-experts layer's attention; {model.name} is dense "
+                        "(its attention is under the scheme's TP)")
     _check_outputs(args)
     rec = _recorder(args)
     with _progress(args) as progress, _offer_mirror(args, cfg, lambda: replace(spec, sim="mirror").check(built)):
@@ -490,7 +495,8 @@ def cmd_run(args: argparse.Namespace) -> None:
         print(f"cais: warning: {line}", file=sys.stderr)
 
 
-def _print_layer(system: str, model: ModelSpec, r: LayerResult) -> None:
+def _print_layer(system: str, model: ModelSpec | MoeSpec, r: LayerResult) -> None:
+    from cais.workload.moe import MoeSpec
     padded = f", {r.tokens} token rows padded to {r.padded_tokens}" if r.padding else ""
     table = Table(title=f"{model.name}, {r.scheme}, {r.mode}: one layer period on {system} "
                         f"({r.gpus} GPUs x {r.sms} SMs{padded})")
@@ -506,10 +512,13 @@ def _print_layer(system: str, model: ModelSpec, r: LayerResult) -> None:
     table.add_row("total", f"{r.total_us:,.1f}", "", "", "", style="bold")
     print_table(Console(), table)
     for name in r.sublayers:
-        Console().print(f"{name}: {sublayer_legend(name, model.norm)}")
+        Console().print(f"{name}: {sublayer_legend(name, getattr(model, 'norm', 'rmsnorm'))}")
     Console().print(f"rest: the period outside L1-L4 ({', '.join(rest) or 'nothing'}); overlapping schemes run "
                     "some of it inside the sub-layers' spans. gap to bound: time / max(compute, comm) - 1.")
-    _print_kv_note(model, r.gpus)
+    if isinstance(model, MoeSpec):
+        _print_moe(r)
+    else:
+        _print_kv_note(model, r.gpus)
     if r.token is not None:
         t = r.token
         parts = ", ".join(f"{k.replace('_', ' ')} {v:,.1f}" for k, v in t.tail.items())
@@ -526,8 +535,21 @@ def _print_layer(system: str, model: ModelSpec, r: LayerResult) -> None:
                     f"{k['computation']:,.0f} us (overlapping kernels both count)")
     if r.collectives_ran:
         Console().print(_ran_text(r), highlight=False)
+    other = ("ep-nccl" if r.scheme != "ep-nccl" else "ep-deepep") if r.moe is not None else \
+        ("cais" if r.scheme != "cais" else "tp-nvls")
     Console().print(f"next: --json for every metric, --trace FILE.json for the timeline, or compare "
-                    f"'--scheme {'cais' if r.scheme != 'cais' else 'tp-nvls'}'")
+                    f"'--scheme {other}'")
+
+
+def _print_moe(r: LayerResult) -> None:
+    """A MoE layer's expert block: its EP kernel, times and routing imbalance."""
+    mo = r.moe or {}
+    Console().print(f"experts: EP {mo['ep']} with the '{mo['kernel']}' kernel, attention {mo['attention']}, "
+                    f"{mo['tokens_per_rank']} tokens per GPU, top-{mo['topk']} of {mo['experts']}; dispatch "
+                    f"{mo['dispatch_us']:,.1f} us, combine {mo['combine_us']:,.1f} us, grouped GEMMs "
+                    f"{mo['grouped_gemm_us']:,.1f} us, shared experts {mo['shared_us']:,.1f} us (backward included); "
+                    f"send imbalance (busiest endpoint / mean) {mo['imbalance_rank']:.3f} per (token, rank), "
+                    f"{mo['imbalance_expert']:.3f} per (token, expert)", highlight=False)
 
 
 def _ran_text(r: LayerResult) -> str:
@@ -566,14 +588,16 @@ def cmd_sweep(args: argparse.Namespace) -> None:
 
 
 def cmd_schemes(args: argparse.Namespace) -> None:
-    from cais.schemes import schemes
+    from cais.schemes import moe_schemes, schemes
 
-    table = Table(title="schemes")
-    table.add_column("name", style="bold")
-    table.add_column("what it does")
-    for name, cls in schemes().items():
-        table.add_row(name, cls.summary)
-    print_table(Console(), table)
+    for title, found in (("schemes", schemes()),
+                         ("mixture-of-experts schemes (MoE models; one per EP kernel, docs/moe.md)", moe_schemes())):
+        table = Table(title=title)
+        table.add_column("name", style="bold")
+        table.add_column("what it does")
+        for name, cls in found.items():
+            table.add_row(name, cls.summary)
+        print_table(Console(), table)
 
 
 def cmd_models(args: argparse.Namespace) -> None:
@@ -829,7 +853,7 @@ def _demo_layers(cfg: SystemConfig, model: ModelSpec) -> None:
     print_table(Console(), lt)
     Console().print(_slowest_line(runs, schemes()), highlight=False)
     for name in ("L1", "L2"):
-        Console().print(f"{name}: {sublayer_legend(name, model.norm)}")
+        Console().print(f"{name}: {sublayer_legend(name, getattr(model, 'norm', 'rmsnorm'))}")
     _print_kv_note(model, cfg.gpus)
     Console().print("next: 'cais run --model paper-llama-7b --scheme cais --mode train --sms 66' for one scheme in "
                     "detail; 'cais schemes' lists the CAIS ablations; docs/validation.md compares with the paper")
@@ -996,6 +1020,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--gpus", type=_positive_int, default=None, help="TP degree (default: the system's GPU count)")
     r.add_argument("--batch", type=_positive_int, default=None, help="sequences (default: the model preset's)")
     r.add_argument("--seq", type=_positive_int, default=None, help="tokens per sequence (default: the model preset's)")
+    r.add_argument("--attention", choices=("tp", "dp"), default=None,
+                   help="a mixture-of-experts model's attention: tp (TP over the GPUs with sequence parallelism; "
+                        "default) or dp (each GPU its own batch); its experts run EP over every GPU (docs/moe.md)")
     r.add_argument("--json", action="store_true", help="print the result (every metric) as JSON instead of a table")
     _sim_option(r)
     _launch_option(r, "Default: the system's (fitted on every preset); a --set gpu.launch wins")

@@ -19,6 +19,7 @@ Bytes counted (``algbw_GBps``), as DeepEP's tests count them on rank 0
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -27,40 +28,17 @@ import numpy as np
 from cais.config import PS_PER_US, SystemConfig
 from cais.engine.sim import fewer_collections
 from cais.errors import UserError
-from cais.hw.gpu import Kernel
-from cais.hw.switches import switch_model
-from cais.kernels import ep_allgather, ep_deepep, ep_deepep_ll, ep_nccl, ep_switch
+from cais.kernels import ep_deepep, ep_deepep_ll, ep_nccl, ep_switch
 from cais.kernels.ep_common import EP_DTYPES, EP_OPS, EpCall, EpConstants, ep_constants
+from cais.kernels.ep_registry import EP_KERNELS, EpKernels, on_switch
 from cais.machine import Machine
+from cais.workload.moe import MoeSpec
+from cais.workload.numerics import swiglu
+from cais.workload.reference import _grid
 from cais.workload.routing import CAPACITY_MODES, GENERATORS, Routing, generate, imbalance
 
-
-
-class EpKernels(Protocol):
-    """What an EP kernel is to the registry: a module (or object) whose ``kernels``
-    builds one kernel per GPU for a call."""
-
-    def kernels(self, m: Machine, call: EpCall) -> list[Kernel]: ...
-
-
-#: every EP kernel, by its ``--kernel`` name (the in-switch family: kernels/ep_switch.py)
-EP_KERNELS: dict[str, EpKernels] = {"nccl": ep_nccl, "allgather": ep_allgather, "deepep": ep_deepep,
-                                    "deepep-ll": ep_deepep_ll, **ep_switch.VARIANTS}
-
-
-def on_switch(cfg: SystemConfig, mod: EpKernels) -> SystemConfig:
-    """``cfg`` on the switch model the kernel needs (its ``switch``; ``auto`` resolves to
-    it; a model that lacks what it needs is a UserError naming ``switch.model``)."""
-    need = getattr(mod, "switch", None)
-    if need is None:
-        return cfg
-    have = cfg.switch.model
-    if have == "auto":
-        return cfg.with_overrides(switch={**cfg.switch.model_dump(), "model": need})
-    if not issubclass(switch_model(have), switch_model(need)):
-        raise UserError(f"switch.model: this EP kernel needs a '{need}' switch ({switch_model(need).has}); "
-                        f"'{have}' has {switch_model(have).has} only; use auto or {need}")
-    return cfg
+__all__ = ["EP_KERNELS", "EpResult", "check_args", "expert_block_check", "functional_check", "on_switch", "run_ep",
+           "run_ep_tuned"]
 
 
 @dataclass(frozen=True)
@@ -201,24 +179,31 @@ def _run(cfg: SystemConfig, mod: EpKernels, call: EpCall, fill: dict[str, list[n
     return m
 
 
-def functional_check(cfg: SystemConfig, kernel: str, call: EpCall, seed: int = 0) -> bool:
-    """Dispatch ``x`` with ``kernel``, apply each rank's experts (expert ``e``: ``x @ A_e``,
-    integer-valued, so every sum is exact) to what arrived, combine, and compare every
-    rank's output with the unsharded layer's ``sum_k w_k x A_{e_k}``; also that every
-    (token, rank) or (token, expert) row arrived once (conservation)."""
+def functional_check(cfg: SystemConfig, kernel: str, call: EpCall, seed: int = 0, x: np.ndarray | None = None,
+                     expert: Callable[[int, np.ndarray], np.ndarray] | None = None) -> bool:
+    """Dispatch ``x`` ([ranks, tokens, hidden]; default integer-valued) with ``kernel``,
+    apply each rank's experts (``expert(e, row)``; default ``row @ A_e``, integer-valued,
+    so every sum is exact) to what arrived, combine, and compare every rank's output
+    with the unsharded layer's ``sum_k w_k expert(e_k, x)``; also that every (token,
+    rank) or (token, expert) row arrived once (conservation)."""
     mod = check_args(kernel, call.op, call.dtype)
     cfg = on_switch(cfg, mod)
     rt, n, T, K, h = call.routing, cfg.gpus, call.routing.tokens, call.routing.topk, call.hidden
     rng = np.random.default_rng(seed)
-    x = rng.integers(-4, 5, size=(n, T, h)).astype(np.float64)
-    A = rng.integers(-2, 3, size=(rt.experts, h, h)).astype(np.float64)
+    if x is None:
+        x = rng.integers(-4, 5, size=(n, T, h)).astype(np.float64)
+    if expert is None:
+        A = rng.integers(-2, 3, size=(rt.experts, h, h)).astype(np.float64)
+
+        def expert(e: int, row: np.ndarray) -> np.ndarray:
+            return row @ A[e]
     ref = np.zeros((n, T, h))
     for g in range(n):
         for t in range(T):
             for k in range(K):
                 e = rt.topk_idx[g, t, k]
                 if e >= 0:
-                    ref[g, t] += rt.weights[g, t, k] * (x[g, t] @ A[e])
+                    ref[g, t] += rt.weights[g, t, k] * expert(int(e), x[g, t])
     d = EpCall("dispatch", rt, h, call.dtype, call.sms, call.host_sync, call.constants)
     c = EpCall("combine", rt, h, "bf16", call.sms, call.host_sync, call.constants)
     m1 = _run(cfg, mod, d, {"x": list(x)})
@@ -230,7 +215,7 @@ def functional_check(cfg: SystemConfig, kernel: str, call: EpCall, seed: int = 0
         for k in range(K):
             e = rt.topk_idx[g, t, k]
             if e >= 0 and e // per == r:
-                out += rt.weights[g, t, k] * (row @ A[e])
+                out += rt.weights[g, t, k] * expert(int(e), row)
         return out
 
     outs: list[np.ndarray] = []
@@ -244,7 +229,7 @@ def functional_check(cfg: SystemConfig, kernel: str, call: EpCall, seed: int = 0
             layout = (ep_deepep_ll if kernel == "deepep-ll" else ep_nccl).recv_layout(d)[r]
             ok &= all(np.array_equal(recv[r][i], x[g, t]) for i, (g, t, _) in enumerate(layout))
             scale = (lambda g, t, k: 1.0) if kernel == "deepep-ll" else (lambda g, t, k: rt.weights[g, t, k])
-            outs.append(np.array([scale(g, t, k) * (recv[r][i] @ A[rt.topk_idx[g, t, k]])
+            outs.append(np.array([scale(g, t, k) * expert(int(rt.topk_idx[g, t, k]), recv[r][i])
                                   for i, (g, t, k) in enumerate(layout)]).reshape(-1))
         elif kernel in ep_switch.VARIANTS:  # a slot per (source, token) on every rank; the others stay empty
             slots = np.zeros((n * T, h))
@@ -253,7 +238,7 @@ def functional_check(cfg: SystemConfig, kernel: str, call: EpCall, seed: int = 0
                 ok &= np.array_equal(recv[r][g * T + t], x[g, t])
                 slots[g * T + t] = expert_sum(r, g, t, recv[r][g * T + t])
                 filled[g * T + t] = True
-            ok &= bool(filled.any()) and not recv[r][:n * T][~filled].any()
+            ok &= not recv[r][:n * T][~filled].any()
             outs.append(slots.reshape(-1))
         else:  # allgather: every token on every rank
             ok &= np.array_equal(recv[r][:n * T], x.reshape(-1, h))
@@ -271,3 +256,35 @@ def functional_check(cfg: SystemConfig, kernel: str, call: EpCall, seed: int = 0
             got = mem["combined"].reshape(-1, h)[:T]
         ok &= bool(np.array_equal(got, ref[g]))
     return ok
+
+
+#: the largest expert block (experts x hidden x expert FFN) functional mode runs: real
+#: data for every expert's weights
+FUNCTIONAL_EXPERT_ELEMS = 1 << 22
+
+
+def expert_block_check(cfg: SystemConfig, kernel: str, moe: MoeSpec, routing: Routing, seed: int = 0) -> bool:
+    """Functional mode of a MoE layer's expert block under ``kernel``: every GPU's
+    routed rows (``routing``, the layer period's: tokens, top-k, group-limited experts;
+    gate weights made multiples of 1/4) on the Q10 grid of the dense path's functional
+    mode (cais.workload.numerics) go through the kernel's dispatch, each rank's SwiGLU
+    experts (gate/up GEMM, ``swiglu`` rounded to the grid, down GEMM, weights on the
+    grid) and the combine; every GPU's output must equal the unsharded block's
+    ``sum_k w_k expert_k(x)`` bit for bit (the shared experts are local: no exchange),
+    every row arriving once (:func:`functional_check`). A UserError for a block too
+    large to hold in numpy (:data:`FUNCTIONAL_EXPERT_ELEMS`)."""
+    h, f = moe.hidden, moe.expert_ffn_hidden
+    if moe.experts * h * f > FUNCTIONAL_EXPERT_ELEMS:
+        raise UserError(f"functional: {moe.name}'s experts hold {moe.experts * h * f:,} weights of each kind, over "
+                        f"{FUNCTIONAL_EXPERT_ELEMS:,}; functional mode is for small MoE models (a MoE model JSON)")
+    rng = np.random.default_rng(seed + 7)
+    rt = _exact_weights(routing, seed)
+    w1 = _grid(rng, (moe.experts, h, 2 * f), 128)
+    w2 = _grid(rng, (moe.experts, f, h), 128)
+    x = _grid(rng, (rt.ranks, rt.tokens, h), 1024)
+
+    def expert(e: int, row: np.ndarray) -> np.ndarray:
+        gu = row @ w1[e]
+        return swiglu(gu[:f], gu[f:]) @ w2[e]
+    call = EpCall("dispatch", rt, h, "bf16")
+    return functional_check(cfg, kernel, call, seed, x, expert)

@@ -15,7 +15,7 @@ from cais.kernels.nvls_staged import staged_steps
 from cais.kernels.algorithms import algorithm
 from cais.kernels.collectives import ALGOS  # noqa: F401 - registers NCCL's and the production algorithms
 from cais.limits import EVENTS_PER_TB, EVENTS_PER_TRAIN, trains
-from cais.workload.graph import Chain, Gather, Local, Period
+from cais.workload.graph import Chain, Gather, Local, MoeStep, Period, Reduce
 
 # A staged NVLS AllReduce's step on one TB beyond its data (kernels/nvls_staged.py):
 # two polls, the fence's probes and the counter stores, each fanned out over the GPUs;
@@ -78,6 +78,16 @@ def period_events(cfg: SystemConfig, period: Period, dtype_bytes: int,
             tbs += nominal_tiles(seg.gemm.m, seg.gemm.n)
         elif isinstance(seg, Local) and seg.kind.startswith("attention"):
             tbs += attention_tbs(d)
+        elif isinstance(seg, Reduce):
+            moved += act
+        elif isinstance(seg, MoeStep) and period.routing is not None:
+            rows = period.routing.tokens * period.routing.topk  # the (token, expert) rows of one GPU
+            if seg.kind == "exchange":
+                moved += rows * d.hidden * dtype_bytes
+            elif seg.kind == "grouped_gemm":
+                tbs += nominal_tiles(seg.m or rows, seg.n)
+            else:
+                tbs += row_tbs(rows)
         else:
             tbs += row_tbs(d.tokens)
     unit = min(cfg.transfer_unit_bytes, cfg.collective_unit_bytes)

@@ -18,14 +18,18 @@ from cais.limits import check_events, check_machine
 from cais.engine.sim import fewer_collections
 from cais.machine import Machine, Stalled
 from cais.experiments.collective import SIM_MODES, check_mirror, mirror_misfit
+from cais.experiments.ep import expert_block_check
 from cais.experiments.token import TokenTime, token_time
 from cais.results import LinkUtil, Recorder, RunMetrics, run_metrics
 from cais.results.metrics import mirrored
-from cais.schemes import get_scheme
+from cais.schemes import MOE_FAMILY, get_scheme, moe_schemes
 from cais.schemes.base import LayerRun, Scheme
 from cais.workload import reference as ref
 from cais.workload.footprint import Footprint, check_fits, footprint
-from cais.workload.graph import Chain, Period, build_period
+from cais.workload.graph import Chain, MoeStep, Period, build_period
+from cais.workload.moe import MoeSpec
+from cais.workload.moe_dataflow import attention_model, build_moe_period
+from cais.workload.routing import imbalance
 from cais.provenance import Provenance
 from cais.workload.models import ModelSpec
 
@@ -70,6 +74,7 @@ class LayerResult:
     adjusted: dict[str, str] = field(default_factory=dict)  # settings not honoured as given -> what ran instead
     provenance: Provenance | None = None  # what made it (LayerSpec.run sets it; cais.provenance)
     token: TokenTime | None = None  # decode: the whole model's time per output token (experiments/token.py)
+    moe: dict[str, object] | None = None  # a MoE layer's expert block (moe_breakdown)
 
     @property
     def padding(self) -> int:
@@ -92,6 +97,7 @@ class LayerResult:
                 **({"memory": {**self.memory.as_json(), "capacity_GB": self.hbm_capacity_GB}}
                    if self.memory is not None else {}),
                 **({"token_us": self.token.token_us, "token": self.token.as_json()} if self.token is not None else {}),
+                **({"moe": self.moe} if self.moe is not None else {}),
                 **({"provenance": self.provenance.flat()} if self.provenance is not None else {})}
 
 
@@ -332,8 +338,8 @@ def mode_notes(sch: Scheme, cfg: SystemConfig, mode: str) -> dict[str, str]:
     return notes
 
 
-def check_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: int | None = None,
-                sim: str = "full") -> None:
+def check_layer(cfg: SystemConfig, model: ModelSpec | MoeSpec, scheme: str, mode: str, sms: int | None = None,
+                sim: str = "full", attention: str = "tp") -> None:
     """Raise the UserError :func:`run_layer` would raise before simulating anything (an
     unknown scheme or mode, a bad ``sms``, a switch model the scheme cannot run on
     (``SwitchMismatch``), ``sim='mirror'`` on a run that is not symmetric, a model that
@@ -341,6 +347,10 @@ def check_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms
     GPUs' HBM), without running it."""
     sch = get_scheme(scheme)
     _check_sms(cfg, sms)
+    _check_family(sch, model)
+    if isinstance(model, MoeSpec):
+        _check_moe(cfg, model, sch, mode, sim, attention)
+        return
     switch = sch.switch_model(cfg.switch.model)  # a scheme on a switch without what it needs (SwitchMismatch)
     sch.vc_policy_for(cfg.link.vc_policy)  # a VC policy that undoes the scheme (VcMismatch)
     keep = _keeps_inputs(sch, cfg, mode)  # a weight-gradient dataflow it cannot run (WgradMismatch)
@@ -351,17 +361,22 @@ def check_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms
     check_memory(cfg, model, mode, sch.sp, keep)
 
 
-def run_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: int | None = None,
+def run_layer(cfg: SystemConfig, model: ModelSpec | MoeSpec, scheme: str, mode: str, sms: int | None = None,
               functional: bool = False, seed: int = 0, p_drop: float = 0.1, regather: bool = True,
               recorder: Recorder | None = None, progress: RunProgress | None = None,
-              sim: str = "full") -> LayerResult:
+              sim: str = "full", attention: str = "tp") -> LayerResult:
     """Simulate one period of ``model`` under ``scheme`` on ``cfg`` (``sms`` per GPU); a
     ``recorder``, if given, records the run (each GPU's part of every segment is marked
-    on its ``segments`` track)."""
+    on its ``segments`` track). A MoE model (:class:`~cais.workload.moe.MoeSpec`) runs
+    under an EP scheme (cais.schemes.ep), its attention under TP or data parallel
+    (``attention``: cais.workload.moe_dataflow)."""
     sch = get_scheme(scheme)
     _check_sms(cfg, sms)
     if sms is not None:
         cfg = cfg.with_overrides(gpu={**cfg.gpu.model_dump(), "sms": sms})
+    _check_family(sch, model)
+    if isinstance(model, MoeSpec):
+        return _run_moe(cfg, model, sch, mode, functional, seed, p_drop, recorder, progress, sim, attention)
     switch = sch.switch_model(cfg.switch.model)  # auto resolved; a switch it cannot run on refused
     if switch != cfg.switch.model:
         cfg = cfg.with_overrides(switch={**cfg.switch.model_dump(), "model": switch})
@@ -419,6 +434,120 @@ def run_layer(cfg: SystemConfig, model: ModelSpec, scheme: str, mode: str, sms: 
         collectives_ran={f"{a}/{p}": k for (a, p), k in sorted(run.choices.items())},
         adjusted={**m.adjusted, **mode_notes(sch, cfg, mode)},
         token=token_time(cfg, cm, model, period.dims.batch, cfg.gpu.sms, end / PS_PER_US) if mode == "decode" else None)
+
+
+def _check_family(sch: Scheme, model: ModelSpec | MoeSpec) -> None:
+    """A UserError (one line) for a dense scheme on a MoE model or an EP scheme on a
+    dense one."""
+    moe_model, moe_scheme = isinstance(model, MoeSpec), sch.family == MOE_FAMILY
+    if moe_model and not moe_scheme:
+        raise UserError(f"scheme: '{sch.name}' runs dense tensor-parallel layers; {model.name} is a mixture-of-experts "
+                        f"model: use an EP scheme ({', '.join(moe_schemes())})")
+    if moe_scheme and not moe_model:
+        raise UserError(f"scheme: '{sch.name}' runs mixture-of-experts layers; {model.name} is dense: use a dense "
+                        "scheme (see 'cais schemes')")
+
+
+def _check_moe(cfg: SystemConfig, model: MoeSpec, sch: Scheme, mode: str, sim: str, attention: str) -> Period:
+    """The MoE period to run; a UserError (one line) for what a MoE run cannot do."""
+    if sim != "full":
+        raise UserError(f"sim: a MoE layer runs every GPU ('full'); got '{sim}'")
+    period = build_moe_period(model, cfg.gpus, mode, attention, 0)
+    dm = attention_model(model)
+    _check_size(cfg, dm, sch.name, sch.switch, mode, period)
+    return period
+
+
+def _run_moe(cfg: SystemConfig, model: MoeSpec, sch: Scheme, mode: str, functional: bool, seed: int, p_drop: float,
+             recorder: Recorder | None, progress: RunProgress | None, sim: str, attention: str) -> LayerResult:
+    """:func:`run_layer` for a MoE layer: its period (cais.workload.moe_dataflow) on the
+    dense path's machine, LayerRun and kernels, run by the EP scheme."""
+    switch = sch.switch_model(cfg.switch.model)
+    if switch != cfg.switch.model:
+        cfg = cfg.with_overrides(switch={**cfg.switch.model_dump(), "model": switch})
+    _check_moe(cfg, model, sch, mode, sim, attention)
+    period = build_moe_period(model, cfg.gpus, mode, attention, seed)
+    bad: list[str] = []
+    if functional:  # the expert block's data, exactly (its attention part is the dense path's, checked there)
+        assert period.routing is not None
+        if not expert_block_check(cfg, getattr(sch, "kernel", ""), model, period.routing, seed):
+            bad.append("expert_block")
+    dm = attention_model(model)
+    if progress is not None:
+        progress.begin(period_events(cfg, period, dm.dtype_bytes, sch.switch),
+                       f"{model.name} {mode} under {sch.name} on {cfg.gpus} GPUs")
+    t0 = time.perf_counter()
+    with fewer_collections():
+        m = Machine(cfg, recorder=recorder, progress=progress)
+        cm = ComputeModel.for_gpu(cfg.gpu)
+        run = LayerRun(m, dm, period, cm, p_drop)
+        sch.run(run)
+        m.run()
+    end = max((k.finished_at or 0) for _, _, k in run.kernels)
+    unfinished = [name for name, _, k in run.kernels if k.finished_at is None]
+    if unfinished:
+        raise Stalled(f"scheme {sch.name}: kernels never launched, their dependencies never came: "
+                      f"{', '.join(sorted(set(unfinished))[:5])}")
+    metrics = run_metrics(m.record(end))
+    subs = {}
+    for c in period.chains:
+        span = run.spans[c.name]
+        comp, comm = chain_bound_ps(run, c)
+        subs[c.name] = {"time_us": (span.end - (span.start or 0)) / PS_PER_US, "bound_us": max(comp, comm) / PS_PER_US,
+                        "compute_us": comp / PS_PER_US, "comm_us": comm / PS_PER_US}
+    segs = {name: (sp.end - (sp.start or 0)) / PS_PER_US for name, sp in run.spans.items()}
+    if m.recorder is not None:
+        _mark_segments(run)
+    return LayerResult(
+        model=model.name, scheme=sch.name, mode=mode, gpus=cfg.gpus, sms=cfg.gpu.sms, total_us=end / PS_PER_US,
+        sublayers=subs, segments=segs, metrics=metrics, events=m.sim.events, wall_s=time.perf_counter() - t0,
+        kernel_us=kernel_split(run), kernel_tbs=kernel_tb_times(run), switch=cfg.switch.model,
+        vc_policy=cfg.link.vc_policy, tokens=period.dims.real_tokens, padded_tokens=period.dims.tokens, sim=sim,
+        collective_choice=cfg.collective.layer_choice,
+        collectives_ran={f"{a}/{p}": k for (a, p), k in sorted(run.choices.items())},
+        mismatches=bad, checked=1 if functional else 0,
+        adjusted=dict(m.adjusted), moe={**moe_breakdown(period, segs, sch, attention),
+                                        "shared_overlap_us": _overlap_us(run, period)})
+
+
+def _overlap_us(run: LayerRun, period: Period) -> float:
+    """How long (us) the forward shared experts ran beside the forward dispatch (the
+    intersection of their spans over the GPUs; 0 without shared experts)."""
+    side = [run.spans[s.name] for s in period.segments if getattr(s, "side", False) and s.name in run.spans
+            and not s.name.endswith(("_dgrad", "_wgrad", "_bwd"))]
+    disp = run.spans.get("dispatch")
+    if not side or disp is None or disp.start is None:
+        return 0.0
+    start = min(sp.start for sp in side if sp.start is not None)
+    end = max(sp.end for sp in side)
+    return max(0, min(end, disp.end) - max(start, disp.start)) / PS_PER_US
+
+
+def moe_breakdown(period: Period, segs: dict[str, float], sch: Scheme, attention: str) -> dict[str, object]:
+    """A MoE layer's expert block: the EP kernel, how attention ran, the tokens each GPU
+    routes, the time (us, first kernel start to last end over the GPUs) of its
+    dispatches and combines (the backward's included: a combine's backward is a
+    dispatch), of its grouped GEMMs and of the shared experts, and the routing's send
+    matrices with their imbalance (busiest endpoint over the mean): one row per
+    (token, destination rank) and per (token, expert)."""
+    rt = period.routing
+    assert rt is not None
+    steps = [s for s in period.segments if isinstance(s, MoeStep)]
+
+    def total(names: list[str]) -> float:
+        return sum(segs.get(name, 0.0) for name in names)
+    per_rank, per_expert = rt.matrix("rank"), rt.matrix("expert")
+    received = rt.expert_rows().sum(axis=0).reshape(rt.ranks, rt.per_rank).sum(axis=1)
+    return {"kernel": getattr(sch, "kernel", ""), "attention": attention, "ep": rt.ranks,
+            "tokens_per_rank": rt.tokens, "experts": rt.experts, "topk": rt.topk,
+            "dispatch_us": total([s.name for s in steps if s.kind == "exchange" and s.kernel == "dispatch"]),
+            "combine_us": total([s.name for s in steps if s.kind == "exchange" and s.kernel == "combine"]),
+            "grouped_gemm_us": total([s.name for s in steps if s.kind == "grouped_gemm"]),
+            "shared_us": total([s.name for s in period.segments if getattr(s, "side", False)]),
+            "received_rows": received.tolist(),
+            "send_matrix_rank": per_rank.tolist(), "imbalance_rank": imbalance(per_rank),
+            "send_matrix_expert": per_expert.tolist(), "imbalance_expert": imbalance(per_expert),
+            "dropped": rt.dropped()}
 
 
 def _mark_segments(run: LayerRun) -> None:

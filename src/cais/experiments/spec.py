@@ -26,6 +26,7 @@ from cais.results.recorder import Recorder
 from cais.schemes import get_scheme
 from cais.units import SizeError, parse_size
 from cais.workload.models import ModelSpec, load_model
+from cais.workload.moe import MoeSpec, is_moe_model, load_moe_model
 
 
 @dataclass(frozen=True)
@@ -113,38 +114,46 @@ class LayerSpec:
     seq: int | None = None
     shape: tuple[tuple[str, int], ...] = ()  # model fields replaced (hidden, ffn_hidden, heads, kv_heads)
     sim: str = "full"
+    attention: str = "tp"  # a MoE layer's attention: tensor parallel or data parallel (cais.workload.moe_dataflow)
 
-    def workload(self) -> ModelSpec:
-        """The model with this run's shape (ModelError, one line)."""
+    def workload(self) -> ModelSpec | MoeSpec:
+        """The model with this run's shape (ModelError, one line): a MoE model (a MoE
+        preset or config, cais.workload.moe) or a dense one."""
+        if is_moe_model(self.model):
+            run = {k: v for k, v in (("batch", self.batch), ("seq", self.seq)) if v}
+            return load_moe_model(self.model, **dict(self.shape), **run)
         model = load_model(self.model, **dict(self.shape))
         return model.with_run(self.batch, self.seq) if self.batch or self.seq else model
 
-    def build(self) -> tuple[SystemConfig, dict[str, Any], ModelSpec]:
+    def build(self) -> tuple[SystemConfig, dict[str, Any], ModelSpec | MoeSpec]:
         """The system, the values its overrides set, and the model."""
         cfg, overrides = self.system.build()
         return cfg, overrides, self.workload()
 
-    def check(self, built: tuple[SystemConfig, dict[str, Any], ModelSpec] | None = None) -> None:
+    def check(self, built: tuple[SystemConfig, dict[str, Any], ModelSpec | MoeSpec] | None = None) -> None:
         """Everything :meth:`run` would refuse, without simulating (UserError); on
         ``built``, if the caller built it already."""
         cfg, _, model = built or self.build()
-        check_layer(cfg, model, self.scheme, self.mode, self.sms, self.sim)
+        check_layer(cfg, model, self.scheme, self.mode, self.sms, self.sim, self.attention)
 
-    def same_run_as(self, built: tuple[SystemConfig, dict[str, Any], ModelSpec] | None = None) -> str:
+    def same_run_as(self, built: tuple[SystemConfig, dict[str, Any], ModelSpec | MoeSpec] | None = None) -> str:
         """The scheme whose run of this period is this one's, event for event
         (:meth:`cais.schemes.base.Scheme.same_run_as`): its own, or ``tp-nvls`` for a
         production all-reduce kernel that hands the period's every AllReduce to NCCL."""
         cfg, _, model = built or self.build()
+        if isinstance(model, MoeSpec):
+            return self.scheme
         return get_scheme(self.scheme).same_run_as(model, cfg.gpus, self.mode)
 
-    def run(self, built: tuple[SystemConfig, dict[str, Any], ModelSpec] | None = None,
+    def run(self, built: tuple[SystemConfig, dict[str, Any], ModelSpec | MoeSpec] | None = None,
             recorder: Recorder | None = None, progress: RunProgress | None = None,
             functional: bool = False, seed: int = 0) -> LayerResult:
         """Simulate the period (on ``built``, if the caller built it already); the
         result carries its provenance (:func:`_stamped`)."""
         cfg, overrides, model = built or self.build()
         return _stamped(run_layer(cfg, model, self.scheme, self.mode, self.sms, functional=functional, seed=seed,
-                                  recorder=recorder, progress=progress, sim=self.sim), self, cfg, overrides)
+                                  recorder=recorder, progress=progress, sim=self.sim, attention=self.attention), self, cfg,
+                        overrides)
 
 
 @dataclass(frozen=True)

@@ -57,3 +57,20 @@ def activation_kernel(cm: ComputeModel, mem: Memory, name: str, kind: str, d: Di
     body = (lambda i: activation_apply(mem, kind, d, *blocks[i])) if mem.functional else None
     # memory bound: it streams at the kernel's own bandwidth for its whole time
     return even_kernel(name, t, len(blocks), sms, body, sm_set, nbytes), over
+
+
+def rows_activation_kernel(cm: ComputeModel, name: str, kind: str, rows: int, fc1_width: int, total_sms: int,
+                           sm_set: frozenset[int] | None = None) -> tuple[Kernel, int]:
+    """(kernel, its fixed overhead) of an activation (``act``) or its backward
+    (``act_bwd``) over ``rows`` rows of FC1 width ``fc1_width`` (SwiGLU: gate and up),
+    costed as :func:`activation_kernel` costs the layer's: a MoE layer's experts, whose
+    rows the routing decides. Timing only: it moves no data."""
+    sms = len(sm_set) if sm_set else total_sms
+    over = cm.memory_time_ps(0, sms, total_sms)
+    if rows <= 0:
+        return even_kernel(name, 0, 1, sms, None, sm_set), over
+    t = cm.elementwise_time_ps("gelu", rows, fc1_width, sms, total_sms) - over
+    if kind == "act_bwd":
+        t *= 2
+    nbytes = t * cm.hbm_bytes_per_ps(sms, total_sms)
+    return even_kernel(name, t, len(row_blocks(rows)), sms, None, sm_set, nbytes), over

@@ -23,6 +23,11 @@ from cais.kernels.tuning import choose_for
 from cais.machine import Machine
 
 
+#: every rank keeps the gathered rows of its own experts after the all-gather
+PERMUTE = "receiver"
+#: Megatron-Core's shared-expert overlap is not offered with the all-gather dispatcher
+SHARED_OVERLAP = False
+
 def kernels(m: Machine, call: EpCall) -> list[Kernel]:
     """Dispatch: ``x`` ([tokens, hidden]) -> ``recv_x`` ([ranks x tokens, hidden], by
     source rank); combine: ``expert_out`` ([ranks x tokens, hidden] partial sums) ->

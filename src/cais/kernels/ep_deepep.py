@@ -51,6 +51,12 @@ NVL_CHUNK = {"dispatch": 6, "combine": 4}
 TUNED_CHUNKS = tuple(range(4, 33, 2))
 
 
+#: the received rows (one per (token, rank)) go into expert order after the dispatch
+PERMUTE = "receiver"
+#: the stacks that run DeepEP's normal kernels overlap the shared experts with the
+#: dispatch on the SMs the kernel leaves (the reason its SM count is a knob)
+SHARED_OVERLAP = True
+
 def recv_layout(call: EpCall) -> list[list[tuple[int, int]]]:
     """For each rank, its ``recv_x`` rows as (source rank, token): by source, then token
     (a channel's tokens are a contiguous range, so channel order is token order)."""

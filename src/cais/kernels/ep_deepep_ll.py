@@ -42,6 +42,10 @@ SRC_INFO_BYTES = 16  # per FP8 message: the source token index and padding
 UNIT = 1024
 
 
+#: the dispatch writes the masked (packed per expert) layout itself
+PERMUTE = "none"
+SHARED_OVERLAP = False
+
 def launch_shape(experts: int, device_sms: int) -> tuple[int, int]:
     """(blocks, warp groups per block) as the source launches the kernels."""
     groups = math.ceil(experts / device_sms)

@@ -31,6 +31,12 @@ from cais.kernels.ep_common import EpCall, Move, alloc_rows, copy_tb
 from cais.machine import Machine
 
 
+#: Megatron permutes the tokens by expert before the all-to-all (module doc)
+PERMUTE = "sender"
+#: Megatron-Core overlaps the shared experts with the all-to-all dispatcher's communication
+#: (``moe_shared_expert_overlap``)
+SHARED_OVERLAP = True
+
 def send_layout(call: EpCall) -> list[list[tuple[int, int]]]:
     """Each rank's permuted send rows as (token, top-k slot), by expert then token."""
     rt = call.routing

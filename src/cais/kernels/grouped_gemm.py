@@ -31,6 +31,8 @@ from importlib import resources
 
 from cais.errors import UserError
 from cais.hw.compute import REF_TILE, TILE_CANDIDATES, TILE_TIE, ComputeModel
+from cais.hw.gpu import Kernel
+from cais.kernels.local import even_kernel
 
 LAYOUTS = ("contiguous", "masked")
 DTYPES = ("bf16", "fp8")
@@ -113,3 +115,44 @@ def grouped_tflops(model: ComputeModel, g: GroupedGemm, sms: int, eff8: float | 
 def groups_of(counts: Sequence[int], n: int, k: int, dtype: str = "bf16", layout: str = "contiguous") -> GroupedGemm:
     """The grouped GEMM of experts that received ``counts`` rows each."""
     return GroupedGemm(tuple(int(c) for c in counts), n, k, dtype, layout)
+
+
+def kgrouped_gemm_ps(model: ComputeModel, m: int, n: int, ks: Sequence[int], sms: int, dtype: str = "bf16",
+                     eff8: float | None = None) -> int:
+    """A weight-gradient grouped GEMM (grouped over K, as DeepGEMM's k-grouped kernel
+    runs the experts' ``dW_g[m, n] = X_g^T @ dY_g`` with ``ks[g]`` rows each) on ``sms``
+    SMs: every group's ``ceil(m / bm) * ceil(n / bn)`` tiles, each of its own depth, dealt
+    over the SMs as one persistent grid (their summed tile time over the SMs, at least
+    the longest tile), for the compute model's tile that runs it fastest."""
+    if sms <= 0:
+        raise UserError(f"sms: must be positive, got {sms}")
+    e8 = fp8_mma_efficiency() if eff8 is None and dtype == "fp8" else (eff8 or 1.0)
+    live = [int(k) for k in ks if k > 0]
+    if not live:
+        return model.kernel_overhead_ps
+    best = 0
+    for i, (bm, bn) in enumerate(TILE_CANDIDATES):
+        per = math.ceil(m / bm) * math.ceil(n / bn)
+        busy = min(sms, per * len(live))
+        tiles = [_tile_ps(model, bm, bn, k, busy, dtype, e8) for k in live]
+        t = model.kernel_overhead_ps + max(max(tiles), math.ceil(per * sum(tiles) / sms))
+        if i == 0 or t < best * (1 - TILE_TIE):
+            best = t
+    return best
+
+
+def grouped_kernel(model: ComputeModel, name: str, work_ps: int, nbytes: float, total_sms: int,
+                   sm_set: frozenset[int] | None = None) -> tuple[Kernel, int]:
+    """(kernel, its fixed overhead) of a grouped GEMM that takes ``work_ps`` beyond that
+    overhead and moves ``nbytes`` through HBM: a persistent grid of one TB per SM
+    (``sm_set``, default all ``total_sms``). Timing only: it moves no data."""
+    sms = len(sm_set) if sm_set else total_sms
+    return even_kernel(name, max(0, work_ps), sms, sms, None, sm_set, nbytes), model.kernel_overhead_ps
+
+
+def grouped_bytes(ms: Sequence[int], n: int, k: int, dtype: str = "bf16") -> int:
+    """HBM bytes of a grouped GEMM: its groups' A rows and the B of every group with rows
+    (``dtype``), C in BF16."""
+    eb = 1 if dtype == "fp8" else 2
+    rows = sum(ms)
+    return eb * (rows * k + sum(1 for m in ms if m > 0) * k * n) + 2 * rows * n

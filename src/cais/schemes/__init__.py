@@ -10,6 +10,8 @@ import pkgutil
 from cais.errors import UserError
 from cais.schemes.base import Scheme
 
+MOE_FAMILY = "moe"  # Scheme.family of the MoE layer's EP schemes
+
 # The paper's order (§IV-C), the plain Megatron baselines, then anything else alphabetically.
 PAPER_ORDER = ("tp-nvls", "sp-nvls", "coconet", "fuselib", "t3", "coconet-nvls", "fuselib-nvls", "t3-nvls", "ladm",
                "tp-ring", "sp-ring", "tp-nccl", "sp-nccl")  # then the plain Megatron baselines (NCCL ring, or
@@ -28,12 +30,17 @@ def _discover() -> dict[str, type[Scheme]]:
 
 
 def schemes() -> dict[str, type[Scheme]]:
-    """Scheme name -> class, in the paper's order."""
-    return _discover()
+    """The dense (tensor-parallel) schemes: name -> class, in the paper's order."""
+    return {name: cls for name, cls in _discover().items() if cls.family != MOE_FAMILY}
+
+
+def moe_schemes() -> dict[str, type[Scheme]]:
+    """The MoE layer's schemes, one per EP kernel of the registry (cais.schemes.ep)."""
+    return {name: cls for name, cls in _discover().items() if cls.family == MOE_FAMILY}
 
 
 def get_scheme(name: str) -> Scheme:
-    """A scheme by name; a one-line UserError lists the valid names."""
+    """A scheme by name, dense or MoE; a one-line UserError lists the valid names."""
     found = _discover()
     cls = found.get(name)
     if cls is None:

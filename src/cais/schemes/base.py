@@ -665,7 +665,7 @@ class Scheme:
             red = self.allreduce(r, c.gemm1.ops.c, c.reduced, g1, c.name)
         mem_over = r.cm_mem_overhead_ps
         rows = [r.submit(g, r.rowop_kernel(g, c.rowop), [red[g]], mem_over, c.name) for g in range(n)]
-        if r.d.sp:
+        if r.d.sp and c.gather_dst != c.gather_src:  # (a MoE layer's router reads the shard itself)
             rows = self.collective_step(r, "allgather", c.gather_src, c.gather_dst, rows, c.name)
         return [r.submit(g, r.gemm_kernel(g, c.gemm2), [rows[g]], over, c.name) for g in range(n)]
 

@@ -25,7 +25,9 @@ from cais.workload.dims import MODES, Dims, dims_for
 from cais.workload.models import ModelSpec
 
 SHARDINGS = ("rows", "cols", "replicated", "partial", "heads")
-OP_KINDS = ("gemm", "rowop", "attention", "activation", "reduce", "gather")
+#: the kinds of a MoE period's expert block (cais.workload.moe_dataflow; graph.MoeStep)
+MOE_KINDS = ("route", "permute", "exchange", "grouped_gemm", "expert_act")
+OP_KINDS = ("gemm", "rowop", "attention", "activation", "reduce", "gather", *MOE_KINDS)
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,7 @@ class Op:
     role: str = ""
     norm: str = ""
     seed: int = 0
+    side: bool = False  # runs on a side stream (a MoE layer's shared experts)
 
     def __post_init__(self) -> None:
         if self.kind not in OP_KINDS:
@@ -151,6 +154,7 @@ class LayerGraph:
     mode: str
     ops: list[Op] = field(default_factory=list)
     tensors: dict[str, Tensor] = field(default_factory=dict)
+    moe: bool = False  # a MoE layer's period (cais.workload.moe_dataflow): reduces and row-wise ops may stand alone
 
     def add_tensor(self, name: str, shape: tuple[int, int], sharding: str, local: tuple[int, int]) -> None:
         if name in self.tensors:

@@ -28,12 +28,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from cais.workload.dataflow import GemmOperands, GraphChain, LayerGraph, Op, build_graph
+from cais.workload.dataflow import MOE_KINDS, GemmOperands, GraphChain, LayerGraph, Op, build_graph
 from cais.workload.dims import MODES, Dims, dims_for
 from cais.workload.models import ModelSpec
+from cais.workload.routing import Routing
 
-__all__ = ["MODES", "Chain", "Dims", "Gather", "Gemm", "GemmOperands", "Local", "Period", "RowOp", "Segment",
-           "build_period", "dims_for", "period_of"]
+__all__ = ["MODES", "Chain", "Dims", "Gather", "Gemm", "GemmOperands", "Local", "MoeStep", "Period", "Reduce", "RowOp",
+           "Segment", "build_period", "dims_for", "period_of"]
 
 # The paper's communication-intensive sub-layers (§V-A.2), each GEMM-RS -> LN -> AG-GEMM.
 SUBLAYERS = {
@@ -96,11 +97,15 @@ class Chain:
 @dataclass(frozen=True)
 class Local:
     """A GPU-local kernel: attention, activation, their backwards, or a GEMM that
-    needs no communication (weight gradients)."""
+    needs no communication (weight gradients); in a MoE period also a row-wise op
+    outside a sub-layer (``kind`` ``rowop``, its ``rowop``). ``side``: it runs on a
+    side stream beside the main one (a MoE layer's shared experts)."""
 
     name: str
-    kind: str  # attention, attention_bwd, act, act_bwd, gemm
+    kind: str  # attention, attention_bwd, act, act_bwd, gemm, rowop
     gemm: Gemm | None = None
+    rowop: RowOp | None = None
+    side: bool = False
 
 
 @dataclass(frozen=True)
@@ -111,9 +116,40 @@ class Gather:
     name: str
     src: str
     dst: str
+    regather: bool = True  # False: a forward gather feeding the next GEMM (a MoE period's, outside a sub-layer)
 
 
-Segment = Chain | Local | Gather
+@dataclass(frozen=True)
+class Reduce:
+    """A ReduceScatter or AllReduce of a GEMM's partial sums outside a sub-layer (a MoE
+    period's backward, where no GEMM reads the row-wise op's output)."""
+
+    name: str
+    op: str  # reducescatter, allreduce
+    src: str
+    dst: str
+
+
+@dataclass(frozen=True)
+class MoeStep:
+    """One step of a MoE layer's expert block (cais.workload.moe_dataflow): ``kind``
+    ``route`` (top-k over the router's logits, or its backward), ``permute`` (token rows
+    into or out of expert order), ``exchange`` (an EP dispatch or combine: ``kernel``),
+    ``grouped_gemm`` (the experts' GEMMs; ``role`` fwd, dgrad: ``n`` x ``k`` per row;
+    wgrad: ``m`` x ``n`` per expert, K its rows) or ``expert_act`` (their activation).
+    Its rows on each GPU come from the period's routing; ``side``: on a side stream."""
+
+    name: str
+    kind: str
+    kernel: str
+    role: str = ""
+    m: int = 0
+    n: int = 0
+    k: int = 0
+    side: bool = False
+
+
+Segment = Chain | Local | Gather | Reduce | MoeStep
 
 
 @dataclass
@@ -127,6 +163,7 @@ class Period:
     segments: list[Segment]
     buffers: dict[str, tuple[int, int]] = field(default_factory=dict)
     graph: LayerGraph | None = field(default=None, compare=False, repr=False)  # what it was derived from
+    routing: Routing | None = field(default=None, compare=False, repr=False)  # a MoE period's token routing
 
     @property
     def chains(self) -> list[Chain]:
@@ -163,11 +200,19 @@ def period_of(graph: LayerGraph) -> Period:
         elif op.name in in_chain:
             continue
         elif op.kind == "gemm":
-            segments.append(Local(op.name, "gemm", _gemm(op)))
+            segments.append(Local(op.name, "gemm", _gemm(op), side=op.side))
         elif op.kind in ("attention", "activation"):
-            segments.append(Local(op.name, op.kernel))
+            segments.append(Local(op.name, op.kernel, side=op.side))
         elif op.kind == "gather":
-            segments.append(Gather(op.name, op.inputs["x"], op.outputs["y"]))
+            segments.append(Gather(op.name, op.inputs["x"], op.outputs["y"], regather=op.role != "feed"))
+        elif op.kind in MOE_KINDS:  # a MoE period's expert block (cais.workload.moe_dataflow)
+            segments.append(MoeStep(op.name, op.kind, op.kernel, op.role, op.m, op.n, op.k, op.side))
+        elif op.kind == "reduce" and graph.moe:
+            segments.append(Reduce(op.name, op.kernel, op.inputs["x"], op.outputs["y"]))
+        elif op.kind == "rowop" and graph.moe:
+            rows, cols = graph.tensors[op.outputs["x" if "x" in op.outputs else "dx"]].local
+            segments.append(Local(op.name, "rowop", rowop=RowOp(op.name, op.kernel, rows, cols, dict(op.inputs),
+                                                                 dict(op.outputs), op.norm, op.seed)))
         else:
             raise ValueError(f"op {op.name}: a {op.kind} outside a GEMM -> reduce -> row-wise -> GEMM chain")
     buffers = {t.name: t.local for t in graph.tensors.values()}

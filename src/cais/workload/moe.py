@@ -158,6 +158,23 @@ def is_moe_config(data: dict) -> bool:
                for k in MOE_KEYS)
 
 
+def is_moe_model(name_or_path: str) -> bool:
+    """Whether ``name_or_path`` names a MoE preset, or a readable JSON file (or folder
+    with a ``config.json``) that describes routed experts (:func:`is_moe_config`)."""
+    path = Path(name_or_path)
+    if not path.exists():
+        return not looks_like_path(name_or_path) and name_or_path in list_moe_models()
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, OSError, UnicodeDecodeError):
+        return False
+    if isinstance(data, dict) and "text_config" in data and "hidden_size" not in data:
+        data = data["text_config"]
+    return isinstance(data, dict) and is_moe_config(data)
+
+
 def load_moe_model(name_or_path: str, **overrides: Any) -> MoeSpec:
     """A MoE preset by name, a MoeSpec JSON file, or a Hugging Face MoE ``config.json``
     (file or folder); ModelError (one line) otherwise."""
@@ -248,5 +265,5 @@ def from_hf_moe_config(cfg: dict, name: str = "hf-moe", where: str = "hf config"
         raise _one_line(exc, where) from None
 
 
-__all__ = ["EpPlan", "MoeSpec", "from_hf_moe_config", "is_moe_config", "list_moe_models",
+__all__ = ["EpPlan", "MoeSpec", "from_hf_moe_config", "is_moe_config", "is_moe_model", "list_moe_models",
            "load_moe_model"]

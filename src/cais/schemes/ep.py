@@ -1,0 +1,203 @@
+"""Expert-parallel (EP) schemes: a MoE layer's period (cais.workload.moe_dataflow) with
+its dispatch and combine run by one EP kernel of the registry
+(:data:`cais.kernels.ep_registry.EP_KERNELS`), one scheme ``ep-<kernel>`` per entry:
+``ep-nccl`` (Megatron-Core's all-to-all dispatcher), ``ep-allgather`` (its all-gather
+dispatcher), ``ep-deepep`` and ``ep-deepep-ll`` (DeepEP's normal and low-latency
+kernels), and any kernel added to the registry later, without a change here.
+
+Mechanism: bulk synchronous as the dense baselines (every kernel after the one before
+it on each GPU), with the dense path's kernels for attention, the GEMMs, the row-wise
+ops and (attention under TP) NCCL's ReduceScatter / AllGather by size; the router's
+top-k and the permutes as memory-bound kernels; the experts' grouped GEMMs
+(kernels/grouped_gemm.py) over the rows the period's routing gives each GPU; the EP
+kernel's dispatch and combine, the forward dispatch with the host's wait for the
+receive counts. Where the kernel's stacks overlap the shared experts with the dispatch
+(``SHARED_OVERLAP``), the shared experts run on a side stream on the SMs the EP kernel
+leaves, and the step after the dispatch waits for them (the experts' grouped GEMMs run
+after both, as the stacks order them); elsewhere in program order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from cais.engine import Signal, all_of
+from cais.errors import UserError
+from cais.hw.gpu import Kernel
+from cais.kernels.activation import rows_activation_kernel
+from cais.kernels.ep_common import EpCall
+from cais.kernels.ep_registry import EP_KERNELS, EpKernels, permute_place, shared_overlap, switch_of
+from cais.kernels.grouped_gemm import (GroupedGemm, grouped_bytes, grouped_gemm_ps, grouped_kernel,
+                                       kgrouped_gemm_ps)
+from cais.schemes.base import NCCL_CHOICE, Deps, LayerRun, Scheme
+from cais.workload.graph import Chain, Gather, Local, MoeStep, Reduce, Segment
+from cais.workload.routing import Routing
+
+
+class EpScheme(Scheme):
+    """A MoE layer with attention as the dense path runs it and its experts behind an EP
+    kernel of the registry (:attr:`kernel`), bulk synchronous (module doc)."""
+
+    kernel = ""  # its EP_KERNELS name
+    family = "moe"
+    sp = True
+    algo = NCCL_CHOICE
+    modes_why = ""
+    summary = "MoE layer: attention as the dense path, experts behind an EP kernel"
+
+    @property
+    def module(self) -> EpKernels:
+        return EP_KERNELS[self.kernel]
+
+    @property
+    def overlaps_shared(self) -> bool:
+        return shared_overlap(self.module)
+
+    def run(self, r: LayerRun) -> None:
+        rt = r.period.routing
+        if rt is None:
+            raise UserError(f"scheme: '{self.name}' runs MoE layers; {r.model.name} is dense (use a dense scheme, "
+                            "see 'cais schemes')")
+        counts = _received(rt)
+        sim, n = r.m.sim, r.m.n
+        ready: Deps = [Signal() for _ in range(n)]
+        for s in ready:
+            s.fire(sim)
+        side: list[Segment] = []  # shared-expert steps waiting for the next dispatch to overlap with
+        side_done: Deps | None = None
+        for seg in r.period.segments:
+            if getattr(seg, "side", False) and self.overlaps_shared:
+                side.append(seg)
+                continue
+            if isinstance(seg, MoeStep) and seg.kind == "exchange":
+                kernels = self._exchange_kernels(r, seg, rt)
+                if side:
+                    side_done = self._side(r, side, ready, kernels, counts)
+                    side = []
+                ready = [r.submit(g, k, [ready[g]], r.m.launch_ps, seg.name) for g, k in enumerate(kernels)]
+                continue
+            if side_done is not None:  # the step after the dispatch waits for the shared experts too
+                ready = [all_of(sim, [ready[g], side_done[g]]) for g in range(n)]
+                side_done = None
+            ready = self.step(r, seg, ready, counts)
+
+    # ---- one segment ---------------------------------------------------------------
+    def step(self, r: LayerRun, seg: Segment, deps: Deps, counts: np.ndarray,
+             sm_set: frozenset[int] | None = None) -> Deps:
+        """``seg`` on every GPU after ``deps`` (on ``sm_set``, a side stream's SMs)."""
+        n = r.m.n
+        if isinstance(seg, Chain):
+            return self.chain(r, seg, deps)
+        if isinstance(seg, Gather):
+            return self.collective_step(r, "allgather", seg.src, seg.dst, deps, seg.name)
+        if isinstance(seg, Reduce):
+            return self.collective_step(r, seg.op, seg.src, seg.dst, deps, seg.name)
+        if isinstance(seg, Local) and seg.rowop is not None:
+            return [r.submit(g, r.rowop_kernel(g, seg.rowop, sm_set), [deps[g]], r.cm_mem_overhead_ps, seg.name)
+                    for g in range(n)]
+        if isinstance(seg, Local) and seg.gemm is not None and sm_set is not None:
+            return [r.submit(g, r.gemm_kernel(g, seg.gemm, sm_set), [deps[g]], r.cm.kernel_overhead_ps, seg.name)
+                    for g in range(n)]
+        if isinstance(seg, Local):
+            return self.local(r, seg, deps)
+        assert isinstance(seg, MoeStep)
+        out = []
+        for g in range(n):
+            built = self._moe_kernel(r, g, seg, counts, sm_set)
+            out.append(deps[g] if built is None else r.submit(g, built[0], [deps[g]], built[1], seg.name))
+        return out
+
+    def _moe_kernel(self, r: LayerRun, g: int, seg: MoeStep, counts: np.ndarray,
+                    sm_set: frozenset[int] | None) -> tuple[Kernel, int] | None:
+        """(kernel, its launch delay) of a MoE step on GPU ``g``; None where the step
+        has no kernel under this EP kernel (a permute it does not need)."""
+        rt = r.period.routing
+        assert rt is not None
+        h, eb, sms = r.d.hidden, r.model.dtype_bytes, r.sms
+        mine = counts[g]  # rows of each of GPU g's experts
+        if seg.kind == "route":  # top-k (and softmax) over the logits; its backward alike
+            rows = rt.tokens
+            nbytes = rows * rt.experts * eb + rows * rt.topk * 8
+            return r.copy_kernel(g, nbytes, seg.name), r.cm_mem_overhead_ps
+        if seg.kind == "permute":
+            rows = _permute_rows(permute_place(self.module), rt, g, int(mine.sum()))
+            return (r.copy_kernel(g, rows * h * eb, seg.name), r.cm_mem_overhead_ps) if rows else None
+        if seg.kind == "expert_act":
+            rows = seg.m or int(mine.sum())  # the shared experts' rows are given; the routed ones routed
+            return rows_activation_kernel(r.cm, seg.name, seg.kernel, rows,
+                                          2 * seg.n, sms, sm_set)
+        if seg.kind == "grouped_gemm":
+            layout = "masked" if permute_place(self.module) == "none" else "contiguous"
+            use = len(sm_set) if sm_set else sms
+            if seg.role == "wgrad":
+                t = kgrouped_gemm_ps(r.cm, seg.m, seg.n, mine.tolist(), use)
+                nbytes = grouped_bytes(mine.tolist(), seg.m, 1) + grouped_bytes(mine.tolist(), seg.n, 1)
+            else:
+                gg = GroupedGemm(tuple(int(c) for c in mine), seg.n, seg.k, "bf16", layout)
+                t = grouped_gemm_ps(r.cm, gg, use)
+                nbytes = grouped_bytes(gg.ms, seg.n, seg.k)
+            return grouped_kernel(r.cm, seg.name, t - r.cm.kernel_overhead_ps, nbytes, sms, sm_set)
+        raise ValueError(f"MoE step {seg.name}: unknown kind '{seg.kind}'")
+
+    def _exchange_kernels(self, r: LayerRun, seg: MoeStep, rt: Routing) -> list[Kernel]:
+        """The EP kernel's dispatch or combine of ``hidden``-wide BF16 rows, one kernel
+        per GPU; the forward dispatch waits for the receive counts on the host."""
+        call = EpCall(seg.kernel, rt, r.d.hidden, "bf16", None, host_sync=seg.name == "dispatch")
+        kernels = self.module.kernels(r.m, call)
+        if len(kernels) != r.m.n:
+            raise ValueError(f"EP kernel {self.kernel}: {len(kernels)} kernels for {r.m.n} GPUs")
+        return kernels
+
+    def _side(self, r: LayerRun, steps: Sequence[Segment], deps: Deps, ep: Sequence[Kernel],
+              counts: np.ndarray) -> Deps:
+        """The shared experts' ``steps`` on a side stream beside the EP kernels ``ep``:
+        the EP kernel on the last SMs (as many as its TBs), the side on the others."""
+        sms = r.sms
+        used = max(len(k.tbs) for k in ep)
+        side_set = None
+        if used < sms:
+            side_set = frozenset(range(sms - used))
+            for k in ep:
+                k.sms = frozenset(range(sms - used, sms))
+        out = deps
+        for seg in steps:
+            out = self.step(r, seg, out, counts, side_set)
+        return out
+
+
+def _received(rt: Routing) -> np.ndarray:
+    """[ranks, experts per rank]: the (token, expert) rows each rank's experts receive."""
+    per_expert = rt.expert_rows().sum(axis=0)
+    return per_expert.reshape(rt.ranks, rt.per_rank)
+
+
+def _permute_rows(place: str, rt: Routing, g: int, received: int) -> int:
+    """Rows GPU ``g`` moves in a permute: its own (token, expert) selections where the
+    stack permutes before sending, the rows its experts received where after, none
+    where the kernel writes the experts' layout."""
+    if place == "sender":
+        return int((rt.topk_idx[g] >= 0).sum())
+    return received if place == "receiver" else 0
+
+
+def scheme_name(kernel: str) -> str:
+    """The scheme of EP kernel ``kernel``: ``ep-<kernel>`` (a name that starts ``ep-`` as it is)."""
+    return kernel if kernel.startswith("ep-") else f"ep-{kernel}"
+
+
+def scheme_for(kernel: str) -> type[EpScheme]:
+    """The EP scheme class that runs ``kernel`` of the registry."""
+    cls_name = "Ep" + "".join(part.capitalize() for part in scheme_name(kernel)[3:].replace("_", "-").split("-"))
+    return type(cls_name, (EpScheme,), {
+        "name": scheme_name(kernel), "kernel": kernel, "__module__": __name__,
+        "switch": switch_of(EP_KERNELS[kernel]),  # an in-switch kernel's switch model (cais-ep)
+        "__doc__": f"A MoE layer whose dispatch and combine run the '{kernel}' EP kernel (module doc).",
+        "summary": f"MoE layer: attention as the dense path, experts behind the '{kernel}' EP kernel"})
+
+
+# One scheme per registered EP kernel (found by cais.schemes' discovery).
+for _kernel in EP_KERNELS:
+    _cls = scheme_for(_kernel)
+    globals()[_cls.__name__] = _cls

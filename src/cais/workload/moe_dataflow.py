@@ -1,0 +1,242 @@
+"""One period of a mixture-of-experts (MoE) decoder layer as a dataflow graph, in the
+dense path's vocabulary (:mod:`cais.workload.dataflow`): the same ops for attention and
+the row-wise ops, plus the expert block's steps (router GEMM, top-k, permute, EP
+dispatch, grouped GEMMs gate/up -> activation -> down, EP combine, unpermute), from
+which :func:`cais.workload.graph.period_of` derives the period a scheme runs.
+
+Attention runs as the dense path runs it, under tensor parallelism over every GPU
+(``attention="tp"``: Megatron's TP with sequence parallelism: the output projection's
+ReduceScatter leaves each GPU ``T / n`` token rows, which it routes, and an AllGather
+before the next layer's QKV) or data parallel (``"dp"``: every GPU its own ``batch``
+sequences, whole heads, no collective outside the experts). The experts are split
+``ep`` = every GPU ways (expert TP 1).
+
+Forward (program order; ``side``: the shared experts, on a side stream a scheme may
+overlap with the dispatch)::
+
+    attention -> out-proj -> [RS] -> residual + norm (LN2) -> router GEMM -> top-k
+      -> (shared experts: gate/up GEMM -> activation -> down GEMM, side)
+      -> permute -> dispatch -> grouped GEMM gate/up -> activation -> grouped GEMM down
+      -> combine -> unpermute -> residual + norm (LN1') -> [AG] -> next QKV GEMM
+
+Backward (``train``): the conjugates in reverse; the backward of the combine is a
+dispatch of the output gradient's rows and the backward of the dispatch a combine of
+the input gradient's; each expert GEMM has a data-gradient grouped GEMM and a
+weight-gradient grouped GEMM (grouped over K: each expert's rows). The forward's
+gathered inputs are kept for the weight gradients (no re-gather).
+
+The routed tensors' shapes here are the mean over the ranks (``tokens * topk / n``
+rows); each GPU's rows come from the period's routing (:class:`~cais.workload.routing.Routing`),
+which the scheme reads (docs/moe.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from cais.errors import UserError
+from cais.workload.dataflow import GemmOperands, LayerGraph, Op
+from cais.workload.dims import MODES, Dims, dims_for
+from cais.workload.graph import Period, period_of
+from cais.workload.models import ModelSpec
+from cais.workload.moe import MoeSpec
+from cais.workload.routing import Routing, generate
+
+ATTENTION_MODES = ("tp", "dp")
+
+
+def attention_model(moe: MoeSpec) -> ModelSpec:
+    """The dense model whose attention, norms and run shape are the MoE layer's (RMSNorm,
+    SwiGLU; its dense MLP, never run here, the expert width): what the dense path's
+    attention and row-wise kernels take."""
+    return ModelSpec(name=moe.name, description=moe.description, family=moe.family, hidden=moe.hidden,
+                     ffn_hidden=moe.expert_ffn_hidden, heads=moe.heads, kv_heads=moe.kv_heads, head_dim=moe.head_dim,
+                     layers=moe.layers, gated_mlp=True, norm="rmsnorm", activation="swiglu", seq=moe.seq,
+                     batch=moe.batch, dtype_bytes=moe.dtype_bytes, vocab=moe.vocab)
+
+
+def moe_dims(moe: MoeSpec, n: int, mode: str, attention: str) -> Dims:
+    """The attention part's per-GPU sizes: TP over ``n`` GPUs with sequence parallelism,
+    or one GPU's own sequences (``dp``)."""
+    if attention not in ATTENTION_MODES:
+        raise UserError(f"attention: unknown '{attention}'; valid: {', '.join(ATTENTION_MODES)}")
+    if mode not in MODES:
+        raise UserError(f"mode: unknown mode '{mode}'; valid: {', '.join(MODES)}")
+    model = attention_model(moe)
+    return dims_for(model, n, mode, True) if attention == "tp" else dims_for(model, 1, mode, False)
+
+
+def routed_rows(d: Dims, attention: str) -> int:
+    """Token rows one GPU routes: its sequence-parallel shard (``tp``) or its own tokens (``dp``)."""
+    return d.rows_l if attention == "tp" else d.tokens
+
+
+def build_moe_graph(moe: MoeSpec, n: int, mode: str, attention: str = "tp", seed: int = 0) -> LayerGraph:
+    """The period of ``moe``'s MoE layer on ``n`` GPUs (EP over all of them) in ``mode``
+    (module doc)."""
+    if moe.experts % n:
+        allowed = [k for k in range(1, moe.experts + 1) if moe.experts % k == 0 and k <= 1024]
+        raise UserError(f"gpus: {n} EP ranks do not divide {moe.name}'s {moe.experts} experts; "
+                        f"allowed: {', '.join(map(str, allowed))}")
+    d = moe_dims(moe, n, mode, attention)
+    g = LayerGraph(d, mode, moe=True)
+    _MoeBuilder(g, moe, attention, seed).forward()
+    if mode == "train":
+        _MoeBuilder(g, moe, attention, seed).backward()
+    return g
+
+
+def build_moe_period(moe: MoeSpec, n: int, mode: str, attention: str = "tp", seed: int = 0,
+                     routing: str = "uniform", **routing_kwargs: float) -> Period:
+    """The period a scheme runs (:func:`build_moe_graph`), with its tokens' routing drawn
+    by ``routing`` (cais.workload.routing; DeepEP's tests' ``uniform`` by default) from
+    ``seed``: each GPU routes :func:`routed_rows` tokens."""
+    graph = build_moe_graph(moe, n, mode, attention, seed)
+    rows = routed_rows(graph.dims, attention)
+    rt: Routing = generate(routing, n, rows, moe.experts, moe.topk, seed, n_group=moe.n_group,
+                           topk_group=moe.topk_group, **routing_kwargs)  # type: ignore[arg-type]
+    return replace(period_of(graph), routing=rt)
+
+
+class _MoeBuilder:
+    """Adds one MoE period's tensors and ops to a graph (module doc)."""
+
+    def __init__(self, g: LayerGraph, moe: MoeSpec, attention: str, seed: int) -> None:
+        self.g, self.moe, self.tp, self.seed = g, moe, attention == "tp", seed
+        d = g.dims
+        self.T, self.h, self.rl = d.tokens, d.hidden, routed_rows(d, attention)
+        self.F, self.E, self.K, self.S = moe.expert_ffn_hidden, moe.experts, moe.topk, moe.shared_experts
+        self.sel = self.rl * self.K  # (token, expert) selections one GPU routes; the mean one receives
+        self.rows_sh = "rows" if self.tp else "replicated"
+
+    def t(self, name: str, local: tuple[int, int], sharding: str | None = None,
+          shape: tuple[int, int] | None = None) -> None:
+        """Declare tensor ``name`` of per-GPU shape ``local``."""
+        self.g.add_tensor(name, shape or local, sharding or "replicated", local)
+
+    def gemm(self, name: str, m: int, n: int, k: int, ops: GemmOperands, role: str, side: bool = False) -> None:
+        self.g.add(replace(Op.gemm(name, m, n, k, ops, role), side=side))
+
+    def step(self, name: str, kind: str, inputs: dict[str, str], outputs: dict[str, str], kernel: str,
+             role: str = "", m: int = 0, n: int = 0, k: int = 0, side: bool = False) -> None:
+        self.g.add(Op(name, kind, inputs, outputs, kernel, "", m, n, k, None, role, side=side))
+
+    # ---- forward ---------------------------------------------------------------------
+    def forward(self) -> None:
+        d, T, h, rl, F, E = self.g.dims, self.T, self.h, self.rl, self.F, self.E
+        qkv_w = (d.heads_l + 2 * d.kv_l) * d.head_dim
+        for name, local in (("qkv", (T, qkv_w)), ("a", (T, d.q_l)), ("wo", (d.q_l, h)), ("w_router", (h, E)),
+                            ("logits", (rl, E)), ("topk", (rl, 2 * self.K)), ("xp", (self.sel, h)),
+                            ("recv", (self.sel, h)), ("we1", (h, 2 * F)), ("ef", (self.sel, 2 * F)),
+                            ("eg", (self.sel, F)), ("we2", (F, h)), ("eo", (self.sel, h)), ("cb", (self.sel, h)),
+                            ("wqkv_next", (h, qkv_w)), ("qkv_next", (T, qkv_w))):
+            self.t(name, local)
+        for name in ("x1", "zo", "x2", "n2", "zf", "x3", "n1"):
+            self.t(name, (rl, h), self.rows_sh)
+        attn_in = {"qkv": "qkv"}
+        if self.g.mode == "decode":
+            for name in ("kcache", "vcache"):
+                self.t(name, (d.batch * d.kv_l * d.kv_len, d.head_dim), "heads")
+                attn_in[name] = name
+        self.g.add(Op("attention", "attention", attn_in, {"a": "a"}, "attention"))
+        ln2 = Op("dropout_add_ln2", "rowop", {"x": "x1", "z": "zo"}, {"x": "x2", "n": "n2"}, "residual_norm",
+                 norm="ln2", seed=self.seed)
+        if self.tp:  # out-proj -> ReduceScatter -> LN2 -> router: the dense path's sub-layer L1
+            self.t("zo_p", (T, h), "partial")
+            self.g.add(replace(Op.gemm("out_proj", T, h, d.q_l, GemmOperands("a", "wo", "zo_p"), "fwd"), sublayer="L1"))
+            self.g.add(Op("L1.reduce", "reduce", {"x": "zo_p"}, {"y": "zo"}, "reducescatter", "L1"))
+        else:
+            self.gemm("out_proj", T, h, d.q_l, GemmOperands("a", "wo", "zo"), "fwd")
+        self.g.add(ln2)
+        self.gemm("router", rl, E, h, GemmOperands("n2", "w_router", "logits"), "fwd")
+        self.step("topk", "route", {"logits": "logits"}, {"topk": "topk"}, "topk")
+        if self.S:
+            self._shared_forward()
+        self.step("permute", "permute", {"x": "n2", "topk": "topk"}, {"y": "xp"}, "permute")
+        self.step("dispatch", "exchange", {"x": "xp"}, {"y": "recv"}, "dispatch")
+        self.step("expert_fc1", "grouped_gemm", {"a": "recv", "b": "we1"}, {"c": "ef"}, "fc1", "fwd", 0, 2 * F, h)
+        self.step("expert_act", "expert_act", {"f": "ef"}, {"g": "eg"}, "act", "fwd", 0, F)
+        self.step("expert_fc2", "grouped_gemm", {"a": "eg", "b": "we2"}, {"c": "eo"}, "fc2", "fwd", 0, h, F)
+        self.step("combine", "exchange", {"x": "eo"}, {"y": "cb"}, "combine")
+        self.step("unpermute", "permute", {"x": "cb", "topk": "topk"}, {"y": "zf"}, "unpermute")
+        z = {"x": "x2", "z": "zf", **({"s": "so"} if self.S else {})}
+        self.g.add(Op("add_ln1", "rowop", z, {"x": "x3", "n": "n1"}, "residual_norm", norm="ln1n",
+                      seed=self.seed + 1))
+        if self.tp:
+            self.t("n1g", (T, h))
+            self.g.add(Op("gather_n1", "gather", {"x": "n1"}, {"y": "n1g"}, "allgather", role="feed"))
+        self.gemm("qkv", T, qkv_w, h, GemmOperands("n1g" if self.tp else "n1", "wqkv_next", "qkv_next"), "fwd")
+
+    def _shared_forward(self) -> None:
+        rl, h, w = self.rl, self.h, self.S * self.F
+        for name, local in (("ws1", (h, 2 * w)), ("sf", (rl, 2 * w)), ("sg", (rl, w)), ("ws2", (w, h)),
+                            ("so", (rl, h))):
+            self.t(name, local)
+        self.gemm("shared_fc1", rl, 2 * w, h, GemmOperands("n2", "ws1", "sf"), "fwd", side=True)
+        self.step("shared_act", "expert_act", {"f": "sf"}, {"g": "sg"}, "act", "fwd", rl, w, side=True)
+        self.gemm("shared_fc2", rl, h, w, GemmOperands("sg", "ws2", "so"), "fwd", side=True)
+
+    # ---- backward --------------------------------------------------------------------
+    def backward(self) -> None:
+        d, T, h, rl, F, E = self.g.dims, self.T, self.h, self.rl, self.F, self.E
+        qkv_w = (d.heads_l + 2 * d.kv_l) * d.head_dim
+        for name, local in (("dqkv_next", (T, qkv_w)), ("dwqkv_next", (h, qkv_w)), ("dcb", (self.sel, h)),
+                            ("deo", (self.sel, h)), ("deg", (self.sel, F)), ("dwe2", (F, h)),
+                            ("def", (self.sel, 2 * F)), ("dwe1", (h, 2 * F)), ("drecv", (self.sel, h)),
+                            ("dxp", (self.sel, h)), ("dlogits", (rl, E)), ("dw_router", (h, E)),
+                            ("da", (T, d.q_l)), ("dwo", (d.q_l, h)), ("dqkv", (T, qkv_w))):
+            self.t(name, local)
+        for name in ("dx3_res", "dn1", "dx3", "dzf", "dn2", "dx2", "dzo"):
+            self.t(name, (rl, h), self.rows_sh)
+        if self.tp:
+            self.t("dn1_p", (T, h), "partial")
+            self.gemm("qkv_dgrad", T, h, qkv_w, GemmOperands("dqkv_next", "wqkv_next", "dn1_p", tb=True), "dgrad")
+            self.g.add(Op("bwd.reduce", "reduce", {"x": "dn1_p"}, {"y": "dn1"}, "reducescatter"))
+        else:
+            self.gemm("qkv_dgrad", T, h, qkv_w, GemmOperands("dqkv_next", "wqkv_next", "dn1", tb=True), "dgrad")
+        self.g.add(Op("ln1_bwd", "rowop", {"dres": "dx3_res", "dz": "dn1", "x": "x3"}, {"dx": "dx3", "dzo": "dzf"},
+                      "norm_bwd", norm="ln1n", seed=self.seed + 1))
+        self.step("unpermute_bwd", "permute", {"x": "dzf", "topk": "topk"}, {"y": "dcb"}, "unpermute_bwd")
+        if self.S:
+            self._shared_backward()
+        # the combine's backward: the output gradient's rows go where the experts are (a dispatch)
+        self.step("combine_bwd", "exchange", {"x": "dcb"}, {"y": "deo"}, "dispatch")
+        self.step("expert_fc2_dgrad", "grouped_gemm", {"a": "deo", "b": "we2"}, {"c": "deg"}, "fc2", "dgrad", 0, F, h)
+        self.step("expert_fc2_wgrad", "grouped_gemm", {"a": "eg", "b": "deo"}, {"c": "dwe2"}, "fc2", "wgrad", F, h)
+        self.step("expert_act_bwd", "expert_act", {"dg": "deg", "f": "ef"}, {"df": "def"}, "act_bwd", "dgrad", 0, F)
+        self.step("expert_fc1_dgrad", "grouped_gemm", {"a": "def", "b": "we1"}, {"c": "drecv"}, "fc1", "dgrad", 0, h,
+                  2 * F)
+        self.step("expert_fc1_wgrad", "grouped_gemm", {"a": "recv", "b": "def"}, {"c": "dwe1"}, "fc1", "wgrad", h,
+                  2 * F)
+        # the dispatch's backward: the input gradient's rows go back to their tokens (a combine)
+        self.step("dispatch_bwd", "exchange", {"x": "drecv"}, {"y": "dxp"}, "combine")
+        self.step("permute_bwd", "permute", {"x": "dxp", "topk": "topk"}, {"y": "dn2"}, "permute_bwd")
+        self.step("topk_bwd", "route", {"topk": "topk", "logits": "logits"}, {"d": "dlogits"}, "topk_bwd")
+        self.t("dn2r", (rl, h))
+        self.gemm("router_dgrad", rl, h, E, GemmOperands("dlogits", "w_router", "dn2r", tb=True), "dgrad")
+        self.gemm("router_wgrad", h, E, rl, GemmOperands("n2", "dlogits", "dw_router", ta=True), "wgrad")
+        dz = {"dz": "dn2", "dr": "dn2r", **({"ds": "dsn"} if self.S else {})}
+        self.g.add(Op("ln2_bwd", "rowop", {"dres": "dx3", **dz, "x": "x2"}, {"dx": "dx2", "dzo": "dzo"},
+                      "norm_bwd", norm="ln2", seed=self.seed))
+        grad = "dzo"
+        if self.tp:
+            self.t("dzog", (T, h))
+            self.g.add(Op("gather_dzo", "gather", {"x": "dzo"}, {"y": "dzog"}, "allgather", role="feed"))
+            grad = "dzog"
+        self.gemm("out_proj_dgrad", T, d.q_l, h, GemmOperands(grad, "wo", "da", tb=True), "dgrad")
+        self.gemm("qkv_wgrad", h, qkv_w, T, GemmOperands("n1g" if self.tp else "n1", "dqkv_next", "dwqkv_next",
+                                                          ta=True), "wgrad")
+        self.gemm("out_proj_wgrad", d.q_l, h, T, GemmOperands("a", grad, "dwo", ta=True), "wgrad")
+        self.g.add(Op("attention_bwd", "attention", {"da": "da", "qkv": "qkv"}, {"dqkv": "dqkv"}, "attention_bwd"))
+
+    def _shared_backward(self) -> None:
+        rl, h, w = self.rl, self.h, self.S * self.F
+        for name, local in (("dsg", (rl, w)), ("dws2", (w, h)), ("dsf", (rl, 2 * w)), ("dws1", (h, 2 * w)),
+                            ("dsn", (rl, h))):
+            self.t(name, local)
+        self.gemm("shared_fc2_dgrad", rl, w, h, GemmOperands("dzf", "ws2", "dsg", tb=True), "dgrad", side=True)
+        self.gemm("shared_fc2_wgrad", w, h, rl, GemmOperands("sg", "dzf", "dws2", ta=True), "wgrad", side=True)
+        self.step("shared_act_bwd", "expert_act", {"dg": "dsg", "f": "sf"}, {"df": "dsf"}, "act_bwd", "dgrad", rl, w,
+                  side=True)
+        self.gemm("shared_fc1_dgrad", rl, h, 2 * w, GemmOperands("dsf", "ws1", "dsn", tb=True), "dgrad", side=True)
+        self.gemm("shared_fc1_wgrad", h, 2 * w, rl, GemmOperands("n2", "dsf", "dws1", ta=True), "wgrad", side=True)
