@@ -92,7 +92,7 @@ def run(quick: bool) -> dict:
 
 #: one-knob changes of ep-switch at one point, against its default: (label, knobs)
 SENSITIVITY = (("64-token blocks", {"block_tokens": 64}), ("one combine row in flight per sender", {"red_window_bytes": 14336}),
-               ("a 4 KB group table", {"table_bytes": 4096}))
+               ("a 256 B group table (64 entries of 4 B)", {"table_bytes": 256}))
 SENSITIVITY_POINT = ("dgx-h100", 1024, "uniform")
 
 
