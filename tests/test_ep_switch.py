@@ -164,3 +164,19 @@ def test_the_page_holds_the_stored_runs_and_a_stored_rung_reruns_alike() -> None
     for r in small:
         again = run_rung(cfg, r["kernel"], MoeBlock(r["tokens"]), r["routing"])
         assert again.time_us == pytest.approx(r["time_us"], rel=1e-9), r["kernel"]
+
+
+def test_each_member_is_a_layer_scheme_on_its_switch() -> None:
+    from cais.experiments.layer import run_layer
+    from cais.schemes import get_scheme
+    from cais.workload.moe import load_moe_model
+
+    mm = load_moe_model("qwen3-30b-a3b", seq=32, batch=2)
+    cfg = load_system("dgx-h100")
+    assert all(get_scheme(name).switch == ep_switch.VARIANTS[name].switch for name in FAMILY)
+    r = run_layer(cfg, mm, "ep-switch", "decode")
+    assert r.moe is not None and r.moe["kernel"] == "ep-switch" and r.moe["dispatch_us"] > 0
+    nvls = cfg.with_overrides(switch={**cfg.switch.model_dump(), "model": "nvls"})
+    with pytest.raises(UserError, match="^switch.model:"):
+        run_layer(nvls, mm, "ep-switch", "decode")
+    assert run_layer(nvls, mm, "ep-switch-sw", "decode").moe is not None
