@@ -1,9 +1,10 @@
 """The production TP all-reduce ops against every published measurement in
 src/cais/data/published/production_allreduce.csv: one markdown row per CSV row with
-the published time, ours, ours / published and the source, then the mean |error|
-of each set (``fit``: the rows the constants of scripts/fit_production.py were
+the published time, ours, ours / published, the signed error and the source, then
+the mean |error| and the signed bias of each set (``fit``: the rows the constants of scripts/fit_production.py were
 chosen on; ``held-out``: rows they never saw; ``beyond``: held-out rows above the fit
-set's largest size; ``unscored``: reported, not counted, the note says why).
+set's largest size; ``unscored``: reported, not counted, the note says why), of every scored row together and of
+all rows; then the scored rows' error by GPU count and kernel family.
 
     .venv/bin/python scripts/validate_production.py [--set fit held-out] [--rows 0 5 ...]
 
@@ -118,12 +119,13 @@ def short_source(source: str) -> str:
 
 
 def table(selected: Sequence[Row], times: Sequence[float]) -> str:
-    """One markdown row per CSV row."""
-    lines = ["| set | plan | GPUs | size | dtype | mode | published (us) | ours (us) | ours / published | source |",
-             "|---|---|---:|---:|---|---|---:|---:|---:|---|"]
+    """One markdown row per CSV row, with its signed error."""
+    lines = ["| set | plan | GPUs | size | dtype | mode | published (us) | ours (us) | ours / published | error | source |",
+             "|---|---|---:|---:|---|---|---:|---:|---:|---:|---|"]
     for r, t in zip(selected, times):
         lines.append(f"| {r.set} | {r.plan_text} | {r.gpus} | {size(r.nbytes)} | {r.dtype} | {r.mode} | "
-                     f"{r.time_us:g} | {t:.2f} | {t / r.time_us:.2f} | {short_source(r.source)} |")
+                     f"{r.time_us:g} | {t:.2f} | {t / r.time_us:.2f} | {100 * (t / r.time_us - 1):+.0f} % | "
+                     f"{short_source(r.source)} |")
     return "\n".join(lines)
 
 
@@ -133,9 +135,35 @@ def mean_error(selected: Sequence[Row], times: Sequence[float]) -> float:
     return sum(errs) / len(errs)
 
 
+def bias(selected: Sequence[Row], times: Sequence[float]) -> float:
+    """Mean signed ours / published - 1 (a fraction; negative: ours too fast)."""
+    errs = [t / r.time_us - 1 for r, t in zip(selected, times)]
+    return sum(errs) / len(errs)
+
+
+def scored_by_gpus(selected: Sequence[Row], times: Sequence[float]) -> dict[str, dict[str, float]]:
+    """Mean |error| and signed bias of the scored rows (not ``unscored``) by GPU count
+    and kernel family (custom, multimem, fused), rounded to 0.1 %."""
+    groups: dict[str, list[tuple[Row, float]]] = {}
+    for r, t in zip(selected, times):
+        if r.set in SCORED:
+            fam = r.algo.split("-")[0]
+            groups.setdefault(f"TP={r.gpus} {fam}", []).append((r, t))
+    return {k: {"rows": len(v), "mean_error": round(mean_error(*zip(*v)), 3), "bias": round(bias(*zip(*v)), 3)}
+            for k, v in sorted(groups.items())}
+
+
 def summary(selected: Sequence[Row], times: Sequence[float]) -> str:
-    """Mean |error| per set and, within it, per source."""
-    lines = ["| set | source | rows | mean \\|ours / published - 1\\| |", "|---|---|---:|---:|"]
+    """Mean |error| and signed bias per set and, within it, per source; then every
+    scored row together, and all rows."""
+    lines = ["| set | source | rows | mean \\|ours / published - 1\\| | bias (signed) |", "|---|---|---:|---:|---:|"]
+
+    def line(s: str, src: str, pairs: list[tuple[Row, float]], bold: bool = False) -> str:
+        rs, ts = zip(*pairs)
+        e, b = f"{100 * mean_error(rs, ts):.0f} %", f"{100 * bias(rs, ts):+.0f} %"
+        if bold:
+            return f"| **{s}** | {src} | {len(pairs)} | **{e}** | **{b}** |"
+        return f"| {s} | {src} | {len(pairs)} | {e} | {b} |"
     for s in SETS:
         mine = [(r, t) for r, t in zip(selected, times) if r.set == s]
         if not mine:
@@ -144,8 +172,20 @@ def summary(selected: Sequence[Row], times: Sequence[float]) -> str:
         for r, t in mine:
             by.setdefault(short_source(r.source), []).append((r, t))
         for src, pairs in by.items():
-            lines.append(f"| {s} | {src} | {len(pairs)} | {100 * mean_error(*zip(*pairs)):.0f} % |")
-        lines.append(f"| **{s}** | all | {len(mine)} | **{100 * mean_error(*zip(*mine)):.0f} %** |")
+            lines.append(line(s, src, pairs))
+        lines.append(line(s, "all", mine, bold=True))
+    scored = [(r, t) for r, t in zip(selected, times) if r.set in SCORED]
+    if scored:
+        lines.append(line("scored", "fit + held-out + beyond", scored, bold=True))
+    lines.append(line("every row", "scored and unscored", list(zip(selected, times)), bold=True))
+    return "\n".join(lines)
+
+
+def by_gpus_table(selected: Sequence[Row], times: Sequence[float]) -> str:
+    """The scored rows' error by GPU count and kernel family."""
+    lines = ["| GPUs, kernel | rows | mean \\|error\\| | bias (signed) |", "|---|---:|---:|---:|"]
+    for k, v in scored_by_gpus(selected, times).items():
+        lines.append(f"| {k} | {v['rows']} | {100 * v['mean_error']:.0f} % | {100 * v['bias']:+.0f} % |")
     return "\n".join(lines)
 
 
@@ -162,6 +202,8 @@ def main() -> None:
     print(table(chosen, times))
     print()
     print(summary(chosen, times))
+    print()
+    print(by_gpus_table(chosen, times))
 
 
 if __name__ == "__main__":

@@ -135,6 +135,14 @@ def custom_runs(n: int, nbytes: int, max_size: int = CUSTOM_MAX_SIZE) -> bool:
     return n in CUSTOM_WORLD_SIZES and nbytes % PACKET == 0 and nbytes < max_size
 
 
+def custom_window_bytes(n: int, threads: int = CUSTOM_THREADS) -> int:
+    """The loads one block of vLLM's kernel keeps in flight: every thread loads one
+    16-byte packet from each peer per pass of its loop (``packed_reduce`` in the
+    one-shot and the reduce-scatter; the all-gather's loop over ranks likewise) and
+    uses them before the next pass: (n - 1) x 512 x 16 B = (n - 1) x 8 KiB."""
+    return threads * PACKET * (n - 1)
+
+
 def custom_blocks(nbytes: int) -> int:
     """Blocks of vLLM's launch: one per 512 16-byte packets, at most 36."""
     packets = -(-nbytes // PACKET)
@@ -298,9 +306,16 @@ def _custom_tb(m: Machine, g: int, b: int, spec: ProductionAr, flags: list[Block
     (``need_fence``: its cost beyond the flags' packets is ``collective.fence_us``), and it has
     no end barrier (the next call's start barrier orders the buffers' reuse)."""
     n, eb, sim = m.n, spec.elem_bytes, m.sim
-    limit = max(m.cfg.collective.outstanding_bytes_per_sm, 2 * unit)
+    limit = custom_limit(m, unit)
     shards = split(0, spec.count, n)
     fence = fence_ps(m)
+    # the release's wait for the block's last stage-1 sums to be written: the last
+    # window's worth of loads summed into one packet per n - 1 loaded, at the block's
+    # share of the GPU's HBM bandwidth (GB/s = bytes/ns)
+    drain = 0
+    if m.cfg.collective.release_drain:
+        share = m.cfg.gpu.hbm_bandwidth_GBps / spec.blocks
+        drain = round(limit / (n - 1) / share * 1000)
 
     def program(sm: int, busy: int) -> ProgramGen:
         if spec.host_ps:
@@ -326,8 +341,8 @@ def _custom_tb(m: Machine, g: int, b: int, spec: ProductionAr, flags: list[Block
         if c:
             yield from _pull(m, g, win, mine, Region(spec.recv, s, c, eb), spec.stream, unit, True, done)
             yield done
-        if fence:  # st.release.sys / ld.acquire.sys: the sums visible system-wide first
-            yield pause(sim, fence)
+        if fence + drain:  # st.release.sys / ld.acquire.sys: the sums written and visible system-wide first
+            yield pause(sim, fence + drain)
         yield flags[1].arrive(g, b)  # the middle barrier
         # all-gather: part b of every peer's summed shard, from the peer's recv
         parts = []
@@ -478,6 +493,15 @@ def _fused_tb(m: Machine, g: int, b: int, spec: ProductionAr, flags: list[BlockF
     return program
 
 
+def custom_limit(m: Machine, unit: int) -> int:
+    """The in-flight load window of one block of vLLM's kernel (``collective.custom_window``):
+    as its loop runs (:func:`custom_window_bytes`, at most the SM's
+    ``outstanding_bytes_per_sm``) or the SM's; at least two transfer units."""
+    sm = m.cfg.collective.outstanding_bytes_per_sm
+    window = min(sm, custom_window_bytes(m.n)) if m.cfg.collective.custom_window == "threads" else sm
+    return max(window, 2 * unit)
+
+
 def fence_ps(m: Machine) -> int:
     """A system-scope release/acquire flag barrier's cost beyond its packets
     (``collective.fence_us``)."""
@@ -499,6 +523,8 @@ def production_kernels(m: Machine, spec: ProductionAr) -> list[Kernel]:
     else:  # a slice of the GPU's shard
         per_tb = -(-spec.count // (n * spec.blocks))
     unit = m.cfg.unit_for(max(1, per_tb * eb))
+    if spec.kind == "custom":  # units no larger than half the block's window, so that it binds
+        unit = max(m.cfg.min_transfer_unit_bytes, min(unit, custom_limit(m, 1) // 2))
     flags = [BlockFlags(m, spec.blocks, f"{spec.name} start"), BlockFlags(m, spec.blocks, f"{spec.name} end")]
     lamport: list[list[Countdown]] = []
     if spec.kind == "fused" and spec.count % spec.row_elems:

@@ -68,12 +68,23 @@ LAUNCH_CONSTANTS = {"gpu.kernel_gap_us": (1.0, 2.0), "gpu.pdl_gap_us": (0.0, 1.5
                     "gpu.host_launch_us": (4.0, 5.0)}
 
 
+def _fit() -> dict[str, Any]:
+    return json.loads((files("cais") / "data" / "published" / "production_fit.json").read_text())
+
+
+def at_edge(fit: dict[str, Any] | None = None) -> dict[str, str]:
+    """The fitted constants whose chosen value sits at an end of its allowed grid with
+    the fit's error still falling there (production_fit.json's ``at_edge``): the data
+    would take them further than their range allows."""
+    return dict((fit or _fit()).get("at_edge", {}))
+
+
 def fitted_ranges(fit: dict[str, Any] | None = None) -> dict[str, tuple[float, float]]:
     """The fitted kernel constants' plausible ranges from production_fit.json: every
     value that is the best fit at some gap of the gap's sourced range, or whose fit
     rows' error at the chosen gap is within :data:`FIT_BAND` of the best."""
     if fit is None:
-        fit = json.loads((files("cais") / "data" / "published" / "production_fit.json").read_text())
+        fit = _fit()
     gap = fit["chosen"]["gpu.kernel_gap_us"]
     out = {}
     for key in fit["chosen"]:
@@ -270,10 +281,15 @@ def _sensitivity(t: pd.DataFrame, sens: pd.DataFrame) -> list[str]:
     return [f"Sensitivity: over the ranges of the constants below, CAIS over the best stack spans "
             + "; ".join(parts) + ".",
             f"Launch constants, not measured here (config.py gives each one's source): {listed(launch)} us.",
-            f"Kernel costs fitted on published measurements (docs/validation.md): {listed(fitted)} us; "
-            "fused_fixed_us rests on one source.",
+            f"Kernel costs fitted on published measurements (docs/validation.md): {listed(fitted)} us.",
+            "fence_us is searched only within a fence's sourced 0.5-2 us; fused_fixed_us rests on one source.",
+            *([("At the edge of its range with the fit's error still falling there: "
+                + ", ".join(f"{k.split('.')[-1]} ({v} end)" for k, v in edges.items())
+                + " (docs/validation.md).")] if (edges := at_edge()) else []),
             "Decode's GEMMs are split as CUTLASS splits them (fix-up fitted on published skinny cuBLAS GEMMs); its "
-            "small kernels have sourced floors; per-token times are not yet checked."]
+            "small kernels have sourced floors.",
+            "The whole decode step is checked against one published per-token latency (Llama-3-8B, TP 8), which "
+            "includes the host's step ours leaves out (docs/validation.md)."]
 
 
 def _why(t: pd.DataFrame) -> str:

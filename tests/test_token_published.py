@@ -1,0 +1,67 @@
+"""The decode step per output token against published per-token latencies
+(src/cais/data/published/decode_token.csv, scripts/validate_token.py): the CSV parses
+with a source, a note and what each time includes; the table has a row per CSV row and
+its ours is the simulated step's ``token_us``; the breakdown beside it adds up to it."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from cais.config import load_system
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+@pytest.fixture(scope="module")
+def vt() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("validate_token", SCRIPTS / "validate_token.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_row_parses_with_its_harness_and_source(vt: ModuleType) -> None:
+    with vt.CSV.open(newline="") as f:
+        raw = list(csv.DictReader(f))
+    rows = vt.rows()
+    assert len(rows) == len(raw) > 0
+    assert any(r.use == "scored" for r in rows)
+    for r in rows:
+        assert r.source.strip() and r.what.strip() and r.time_us > 0
+        assert r.launch in ("graph", "eager") and r.batch >= 1 and r.output >= 1
+        assert load_system(r.system).gpus >= 2
+        assert r.kv == r.prompt + r.output // 2
+        if r.use == "unscored":  # a row left out of the score says why
+            assert r.note.startswith("UNSCORED (")
+        else:
+            assert vt.runnable(r)
+
+
+def test_the_table_scores_the_simulated_step(vt: ModuleType) -> None:
+    row = next(r for r in vt.rows() if r.use == "scored")
+    res = vt.ours(row.model, row.gpus, row.system, row.batch, row.kv, row.launch)
+    t = res.token
+    assert t is not None and t.layers > 0 and t.tail_us > 0
+    assert t.token_us == pytest.approx(t.layers * t.layer_us + sum(t.tail.values()))
+    lines = vt.table([row], [res]).splitlines()
+    assert len(lines) == 3
+    cells = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert cells[0] == "scored" and cells[1] == row.model and int(cells[2]) == row.gpus
+    assert float(cells[7].replace(",", "")) == pytest.approx(t.token_us, abs=0.5)
+    assert float(cells[8]) == pytest.approx(t.token_us / row.time_us, abs=0.005)
+    assert cells[10].startswith(f"{t.layers} x {t.layer_us:.1f} (")  # the breakdown beside it
+
+
+def test_a_row_the_simulator_cannot_run_is_listed_not_scored(vt: ModuleType) -> None:
+    tp1 = [r for r in vt.rows() if not vt.runnable(r)]
+    assert tp1 and all(r.use == "unscored" for r in tp1)
+    line = vt.table(tp1[:1], [None]).splitlines()[2]
+    assert "not run" in line
