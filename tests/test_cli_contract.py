@@ -231,7 +231,7 @@ CASES = [
     # values allowed; a scheme that needs NVLS only runs on a CAIS switch (it has NVLS too)
     *[Case(f"{name}-on-an-nvls-switch", [*SMALL_LAYER, "--scheme", name, "--set", "switch.model=nvls"],
            says=rf"switch\.model: scheme '{name}' needs a 'cais' switch \(.*merge unit.*\); 'nvls' has .* only; "
-                r"allowed with this scheme: auto, cais$") for name in MERGING_SCHEMES],
+                r"allowed with this scheme: auto, cais, cais-ep$") for name in MERGING_SCHEMES],
     Case("tp-nvls-on-a-cais-switch", [*SMALL_LAYER, "--scheme", "tp-nvls", "--set", "switch.model=cais", "--json"],
          code=0, check=_ran_on("cais")),
     # CAIS's traffic control on one request VC would be cais-partial: refused, naming link.vc_policy (issue 38)
@@ -542,7 +542,7 @@ def test_the_python_api_refuses_a_scheme_on_a_switch_it_cannot_run_on(monkeypatc
     nvls = SystemSpec(sets=(("switch.model", "nvls"),))
     for name in MERGING_SCHEMES:
         spec = LayerSpec("paper-mega-gpt-4b", name, "prefill", nvls, batch=1, seq=64)
-        with pytest.raises(SwitchMismatch, match=r"^switch\.model: .*allowed with this scheme: auto, cais$"):
+        with pytest.raises(SwitchMismatch, match=r"^switch\.model: .*allowed with this scheme: auto, cais, cais-ep$"):
             spec.check()
         with pytest.raises(SwitchMismatch):
             spec.run()

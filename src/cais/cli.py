@@ -966,9 +966,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(fn=cmd_collective)
 
     e = with_system(sub.add_parser("ep", help="time one expert-parallel dispatch or combine (docs/moe.md)"))
-    e.add_argument("--kernel", required=True, choices=("nccl", "allgather", "deepep", "deepep-ll"),
+    e.add_argument("--kernel", required=True,
+                   choices=("nccl", "allgather", "deepep", "deepep-ll", "ep-switch", "ep-switch-mcast",
+                            "ep-switch-red", "ep-switch-unfused", "ep-switch-sw"),
                    help="nccl: NCCL all-to-all(v) after Megatron's permute; allgather: Megatron's all-gather "
-                        "dispatcher; deepep / deepep-ll: DeepEP's normal and low-latency kernels")
+                        "dispatcher; deepep / deepep-ll: DeepEP's normal and low-latency kernels; ep-switch*: "
+                        "the in-switch family (multicast dispatch, in-switch combine, ablations, ep-switch-sw "
+                        "its software counterpart; docs/moe.md)")
     e.add_argument("--op", required=True, choices=("dispatch", "combine"), help="the EP collective")
     e.add_argument("--tokens", required=True, type=_positive_int, help="tokens per rank")
     e.add_argument("--model", default=None,
@@ -979,9 +983,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--gpus", type=_positive_int, default=None, help="EP ranks (default: the system's GPUs)")
     e.add_argument("--dtype", choices=("fp8", "bf16"), default="bf16",
                    help="dispatch payload (combine always BF16, as DeepEP runs it)")
-    e.add_argument("--sms", type=_positive_int, default=None, help="DeepEP normal: SMs (even; default 24)")
+    e.add_argument("--sms", type=_positive_int, default=None, help="DeepEP normal and ep-switch*: SMs (even; default 24)")
     e.add_argument("--chunk", type=_positive_int, default=None,
-                   help="DeepEP normal: tokens per send round (default: its config, 6 dispatch / 4 combine)")
+                   help="DeepEP normal: tokens per send round (default: its config, 6 dispatch / 4 combine); "
+                        "ep-switch*: tokens per block of the fused pipeline")
     e.add_argument("--routing", choices=("uniform", "powerlaw", "lognormal", "trace"), default="uniform",
                    help="uniform: top-k of |randn| (DeepEP's tests); powerlaw/lognormal expert popularity; trace")
     e.add_argument("--alpha", type=float, default=1.0, help="powerlaw exponent")

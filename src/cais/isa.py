@@ -8,6 +8,11 @@ CAIS (paper §III-A.1: ordinary addresses of the home GPU, with the mergeable bi
   ``ld_cais``   a load the switch may merge with other GPUs' loads of the address;
   ``red_cais``  a reduction the switch may sum with other GPUs' reductions first;
   ``group_sync``  a TB's registration with its TB group (merging-aware coordination).
+CAIS-EP (docs/moe.md, "In-switch expert parallelism"):
+  ``st_mc_dyn``   a store to a dynamic multimem address: the switch copies it to the
+                  members of the group its address names (hw/ep_switch.py);
+  ``red_cais`` with ``expect``  the combine's reduction (``red.cais.dyn``): the
+                  contributor count of the access travels with it.
 NVLS (multimem addresses: the same buffer on every GPU, bound to a multicast object):
   ``multimem_st``         the switch multicasts the store to every replica;
   ``multimem_ld_reduce``  the switch reads every replica, sums, returns the sum;
@@ -332,6 +337,17 @@ class Isa:
         """:meth:`group_sync` as a step of a TB's plan: the core registers the TB when
         the plan reaches the step, and the plan waits for the release."""
         plan.begin(self.m.gpus[src], self.flag_chip(group), group, members)
+
+    # ---- CAIS-EP: dynamic multicast ---------------------------------------------------
+    def st_mc_dyn(self, src: int, group: int, members: int, region: Region, data: np.ndarray | None,
+                  done: Done | None = None, port: SmPort | None = None, stream: int = 0,
+                  unit: int | None = None) -> None:
+        """``st.mc.dyn``: store ``region`` to dynamic multicast group ``group`` of this
+        GPU's port (``members`` GPUs; an EpSwitch copies each train to them, at the same
+        address on each). ``done``: when every member's copy has landed."""
+        pieces = self.stripes(region, unit)
+        self.m.gpus[src].issue_pieces(Kind.MC_DYN_STORE, -1, pieces, self._counter(len(pieces) * members, done), port,
+                                      stream, False, self._data(data, region, pieces), tag=group)
 
     # ---- NVLS --------------------------------------------------------------------
     def multimem_st(self, src: int, region: Region, data: np.ndarray | None, done: Done | None = None,

@@ -324,23 +324,31 @@ impl SwitchChip {
 
     /// multimem.st / multimem.red: one copy to every replica, the issuer included.
     fn multicast_train(slf: &Bound<'_, Self>, train: &Bound<'_, Train>) -> PyResult<()> {
+        let n = slf.st().receivers.len() as i64;
+        let dsts: Vec<i64> = (0..n).collect();
+        let kind = match train.st().kind {
+            MC_STORE => WRITE,
+            MC_RED => RED,
+            _ => FLAG,
+        };
+        SwitchChip::multicast_some(slf, train, &dsts, kind)
+    }
+
+    /// One copy of `train`, as a train of kind `kind`, to each GPU of `dsts` (the
+    /// replicas of a static multicast object, or the members of a dynamic group).
+    fn multicast_some(slf: &Bound<'_, Self>, train: &Bound<'_, Train>, dsts: &[i64], kind: i64) -> PyResult<()> {
         let py = slf.py();
-        let (n, chip, kind, payload, wire, last) = {
+        let (chip, payload, wire, last) = {
             let mut me = slf.st();
-            let n = me.receivers.len() as i64;
+            let n = dsts.len() as i64;
             let t = train.st();
             me.ledger.get().st(py).multicast_created += (n - 1) * t.payload;
-            let kind = match t.kind {
-                MC_STORE => WRITE,
-                MC_RED => RED,
-                _ => FLAG,
-            };
             let (wire, last) = if kind != FLAG {
                 me.packets.wire(py, kind, t.payload)?
             } else {
                 (t.wire, t.packet_wire)
             };
-            (n, me.chip, kind, t.payload, wire, last)
+            (me.chip, t.payload, wire, last)
         };
         let (head, tail) = {
             let t = train.st();
@@ -359,13 +367,13 @@ impl SwitchChip {
             data: true,
             done: true,
         };
-        SwitchChip::emit_copies(slf, train, copy, n)
+        SwitchChip::emit_copies(slf, train, copy, dsts)
     }
 
-    /// Send `n` copies of the input train `entry`, described by `copy`, one to each
-    /// GPU's port, as `emit_train` sends a train the chip made (each is made when it
-    /// goes on the wire: `Fanout`).
-    fn emit_copies(slf: &Bound<'_, Self>, entry: &Bound<'_, Train>, mut copy: Fanout, n: i64) -> PyResult<()> {
+    /// Send copies of the input train `entry`, described by `copy`, one to the port of
+    /// each GPU of `dsts`, as `emit_train` sends a train the chip made (each is made
+    /// when it goes on the wire: `Fanout`).
+    fn emit_copies(slf: &Bound<'_, Self>, entry: &Bound<'_, Train>, mut copy: Fanout, dsts: &[i64]) -> PyResult<()> {
         let py = slf.py();
         let mirror = {
             let me = slf.st();
@@ -374,11 +382,11 @@ impl SwitchChip {
             me.mirror
         };
         let copy = Arc::new(copy);
-        for g in 0..n {
+        for &g in dsts {
             let (channel, receiver) = {
                 let me = slf.st();
                 me.ledger.get().st(py).bytes_out += copy.payload;
-                let d = if mirror { 0 } else { g as usize }; // mirror: the image sent to GPU 0
+                let d = if mirror { 0 } else { py_index(g, me.channels.len())? }; // mirror: the image sent to GPU 0
                 (me.channels[d].bind(py).clone(), me.receivers[d].clone_ref(py))
             };
             entry.st().left += 1;
@@ -435,7 +443,8 @@ impl SwitchChip {
             data: false,
             done: false,
         };
-        SwitchChip::emit_copies(slf, req, pull, n)
+        let all: Vec<i64> = (0..n).collect();
+        SwitchChip::emit_copies(slf, req, pull, &all)
     }
 
     fn ld_reduce_response(slf: &Bound<'_, Self>, resp: &Bound<'_, Train>) -> PyResult<()> {
@@ -844,6 +853,18 @@ impl SwitchChip {
     /// replica, for a Python unit that serves the kind and passes it on.
     fn multicast(slf: &Bound<'_, Self>, train: Bound<'_, Train>) -> PyResult<()> {
         SwitchChip::multicast_train(slf, &train)
+    }
+
+    /// A dynamic multicast: one copy of `train` (a store or reduction, `kind` WRITE or
+    /// RED) to each GPU of `dsts`, for a Python unit that resolved the train's group
+    /// to its members (a CAIS-EP switch's group table).
+    fn multicast_to(slf: &Bound<'_, Self>, train: Bound<'_, Train>, dsts: Vec<i64>, kind: i64) -> PyResult<()> {
+        if dsts.is_empty() || !matches!(kind, WRITE | RED) {
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "multicast_to: needs at least one destination and a WRITE or RED kind",
+            ));
+        }
+        SwitchChip::multicast_some(slf, &train, &dsts, kind)
     }
 
     /// `entry` has left its input buffer between `t0` and `t1`: return its `fp`

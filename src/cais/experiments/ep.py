@@ -21,24 +21,24 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from cais.config import PS_PER_US, SystemConfig
 from cais.engine.sim import fewer_collections
 from cais.errors import UserError
-from cais.kernels import ep_deepep, ep_deepep_ll, ep_nccl
+from cais.kernels import ep_deepep, ep_deepep_ll, ep_nccl, ep_switch
 from cais.kernels.ep_common import EP_DTYPES, EP_OPS, EpCall, EpConstants, ep_constants
-from cais.kernels.ep_registry import EP_KERNELS
+from cais.kernels.ep_registry import EP_KERNELS, EpKernels, on_switch
 from cais.machine import Machine
 from cais.workload.moe import MoeSpec
 from cais.workload.numerics import swiglu
 from cais.workload.reference import _grid
 from cais.workload.routing import CAPACITY_MODES, GENERATORS, Routing, generate, imbalance
 
-__all__ = ["EP_KERNELS", "EpResult", "check_args", "expert_block_check", "functional_check", "run_ep", "run_ep_tuned"]
+__all__ = ["EP_KERNELS", "EpResult", "check_args", "expert_block_check", "functional_check", "on_switch", "run_ep",
+           "run_ep_tuned"]
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class EpResult:
         return dict(self.__dict__)
 
 
-def check_args(kernel: str, op: str, dtype: str) -> ModuleType:
+def check_args(kernel: str, op: str, dtype: str) -> EpKernels:
     """The kernel module; a one-line UserError naming a bad field and its allowed values."""
     if kernel not in EP_KERNELS:
         raise UserError(f"kernel: unknown '{kernel}'; valid: {', '.join(EP_KERNELS)}")
@@ -95,6 +95,9 @@ def _counted(kernel: str, call: EpCall) -> tuple[int, str]:
 
 def _own_bytes(kernel: str, call: EpCall) -> int:
     rt = call.routing
+    own = getattr(EP_KERNELS[kernel], "own_bytes", None)
+    if own is not None:
+        return int(own(call))
     if kernel == "allgather":
         return (rt.ranks - 1) * rt.tokens * call.hidden * call.elem_bytes
     per = "rank" if kernel == "deepep" else "expert"
@@ -110,6 +113,7 @@ def run_ep(cfg: SystemConfig, kernel: str, op: str, tokens: int, hidden: int, to
            constants: EpConstants | None = None, functional: bool = False, chunk: int | None = None) -> EpResult:
     """Simulate one EP ``op`` with ``kernel`` on ``cfg``'s GPUs (module doc)."""
     mod = check_args(kernel, op, dtype)
+    cfg = on_switch(cfg, mod)
     if routing not in GENERATORS:
         raise UserError(f"routing: unknown '{routing}'; valid: {', '.join(GENERATORS)}")
     if capacity not in CAPACITY_MODES:
@@ -134,7 +138,7 @@ def run_ep(cfg: SystemConfig, kernel: str, op: str, tokens: int, hidden: int, to
         m.run()
     end = max(k.finished_at or 0 for k in ks)
     nbytes, how = _counted(kernel, call)
-    mat = rt.matrix("rank" if kernel in ("deepep", "allgather") else "expert")
+    mat = rt.matrix(getattr(mod, "per", None) or ("rank" if kernel in ("deepep", "allgather") else "expert"))
     t_us = end / PS_PER_US
     return EpResult(kernel, op, cfg.gpus, tokens, hidden, topk, experts, dtype, t_us,
                     nbytes / (end / 1e12) / 1e9, nbytes, how, _own_bytes(kernel, call), mat.tolist(),
@@ -163,7 +167,7 @@ def _exact_weights(rt: Routing, seed: int) -> Routing:
 # ---------------------------------------------------------------------------------------
 # Functional mode: a tiny MoE layer through the kernel equals the unsharded layer
 
-def _run(cfg: SystemConfig, mod: ModuleType, call: EpCall, fill: dict[str, list[np.ndarray]]) -> Machine:
+def _run(cfg: SystemConfig, mod: EpKernels, call: EpCall, fill: dict[str, list[np.ndarray]]) -> Machine:
     m = Machine(cfg, functional=True)
     ks = mod.kernels(m, call)
     for name, per_gpu in fill.items():
@@ -183,6 +187,7 @@ def functional_check(cfg: SystemConfig, kernel: str, call: EpCall, seed: int = 0
     with the unsharded layer's ``sum_k w_k expert(e_k, x)``; also that every (token,
     rank) or (token, expert) row arrived once (conservation)."""
     mod = check_args(kernel, call.op, call.dtype)
+    cfg = on_switch(cfg, mod)
     rt, n, T, K, h = call.routing, cfg.gpus, call.routing.tokens, call.routing.topk, call.hidden
     rng = np.random.default_rng(seed)
     if x is None:
@@ -226,6 +231,15 @@ def functional_check(cfg: SystemConfig, kernel: str, call: EpCall, seed: int = 0
             scale = (lambda g, t, k: 1.0) if kernel == "deepep-ll" else (lambda g, t, k: rt.weights[g, t, k])
             outs.append(np.array([scale(g, t, k) * expert(int(rt.topk_idx[g, t, k]), recv[r][i])
                                   for i, (g, t, k) in enumerate(layout)]).reshape(-1))
+        elif kernel in ep_switch.VARIANTS:  # a slot per (source, token) on every rank; the others stay empty
+            slots = np.zeros((n * T, h))
+            filled = np.zeros(n * T, dtype=bool)
+            for g, t in ep_switch.recv_layout(d)[r]:
+                ok &= np.array_equal(recv[r][g * T + t], x[g, t])
+                slots[g * T + t] = expert_sum(r, g, t, recv[r][g * T + t])
+                filled[g * T + t] = True
+            ok &= not recv[r][:n * T][~filled].any()
+            outs.append(slots.reshape(-1))
         else:  # allgather: every token on every rank
             ok &= np.array_equal(recv[r][:n * T], x.reshape(-1, h))
             outs.append(np.array([expert_sum(r, g, t, recv[r][g * T + t]) for g in range(n)

@@ -40,6 +40,7 @@ class Kind(IntEnum):
     RED_CAIS = 15       # red.cais: mergeable reduction into a home GPU (a sum of ``count`` contributions)
     GROUP_SYNC = 16     # a TB's registration with its group at the switch's Group Sync Table (empty packet)
     GROUP_RELEASE = 17  # the switch -> every GPU of the group: all have registered (empty packet)
+    MC_DYN_STORE = 18   # st.mc.dyn: a store to a dynamic multicast group (the switch copies it to the members)
 
 
 class Traffic(IntEnum):
@@ -85,6 +86,7 @@ KINDS: dict[int, PacketKind] = {k.kind: k for k in (
     PacketKind(Kind.RED_CAIS, False, Traffic.REDUCTION, "write", "red.cais: mergeable reduction into a home GPU"),
     PacketKind(Kind.GROUP_SYNC, False, Traffic.SYNC, "request", "a TB registers with its TB group (CAIS sync)"),
     PacketKind(Kind.GROUP_RELEASE, True, Traffic.SYNC, "response", "switch -> GPU: the TB group may go"),
+    PacketKind(Kind.MC_DYN_STORE, False, Traffic.STORE, "write", "st.mc.dyn: store to a dynamic multicast group"),
 )}
 
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from cais.hw.cais_switch import CaisSwitch
 from cais.config import ConfigError
+from cais.hw.ep_switch import EpSwitch
 from cais.hw.switch import NvlsSwitch, Switch
 
 SWITCH_MODELS: dict[str, type[Switch]] = {
     "nvls": NvlsSwitch,
     "cais": CaisSwitch,
+    "cais-ep": EpSwitch,
 }
 
 

@@ -17,25 +17,61 @@ EP kernel"):
 
 from __future__ import annotations
 
-from types import ModuleType
+from typing import Protocol
 
-from cais.kernels import ep_allgather, ep_deepep, ep_deepep_ll, ep_nccl
+from cais.config import SystemConfig
+from cais.errors import UserError
+from cais.hw.gpu import Kernel
+from cais.hw.switches import switch_model
+from cais.kernels import ep_allgather, ep_deepep, ep_deepep_ll, ep_nccl, ep_switch
+from cais.kernels.ep_common import EpCall
+from cais.machine import Machine
 
-#: every EP kernel, by its ``--kernel`` name
-EP_KERNELS: dict[str, ModuleType] = {"nccl": ep_nccl, "allgather": ep_allgather, "deepep": ep_deepep,
-                                     "deepep-ll": ep_deepep_ll}
+
+class EpKernels(Protocol):
+    """What an EP kernel is to the registry: a module (or an object, as the in-switch
+    family's members are) whose ``kernels`` builds one kernel per GPU for a call."""
+
+    def kernels(self, m: Machine, call: EpCall) -> list[Kernel]: ...
+
+
+#: every EP kernel, by its ``--kernel`` name (the in-switch family: kernels/ep_switch.py)
+EP_KERNELS: dict[str, EpKernels] = {"nccl": ep_nccl, "allgather": ep_allgather, "deepep": ep_deepep,
+                                    "deepep-ll": ep_deepep_ll, **ep_switch.VARIANTS}
 
 PERMUTE_PLACES = ("sender", "receiver", "none")
 
 
-def permute_place(module: ModuleType) -> str:
+def _name(module: EpKernels) -> str:
+    return str(getattr(module, "__name__", None) or getattr(module, "name", module))
+
+
+def permute_place(module: EpKernels) -> str:
     """Where the stack running ``module`` permutes the token rows (module doc)."""
     place = getattr(module, "PERMUTE", "receiver")
     if place not in PERMUTE_PLACES:
-        raise ValueError(f"{module.__name__}.PERMUTE: '{place}'; valid: {', '.join(PERMUTE_PLACES)}")
+        raise ValueError(f"{_name(module)}.PERMUTE: '{place}'; valid: {', '.join(PERMUTE_PLACES)}")
     return str(place)
 
 
-def shared_overlap(module: ModuleType) -> bool:
+def switch_of(module: EpKernels) -> str:
+    """The switch model ``module`` needs (its ``switch``; default ``nvls``: unicast and
+    NVLS only)."""
+    return str(getattr(module, "switch", "nvls"))
+
+
+def on_switch(cfg: SystemConfig, module: EpKernels) -> SystemConfig:
+    """``cfg`` on the switch model ``module`` needs: ``auto`` resolves to it; a model that
+    lacks what it needs is a UserError naming ``switch.model``."""
+    need, have = switch_of(module), cfg.switch.model
+    if have == "auto":
+        return cfg if need == "nvls" else cfg.with_overrides(switch={**cfg.switch.model_dump(), "model": need})
+    if not issubclass(switch_model(have), switch_model(need)):
+        raise UserError(f"switch.model: EP kernel '{_name(module)}' needs a '{need}' switch ({switch_model(need).has}); "
+                        f"'{have}' has {switch_model(have).has} only; use auto or {need}")
+    return cfg
+
+
+def shared_overlap(module: EpKernels) -> bool:
     """Whether the stacks running ``module`` overlap the shared experts with its dispatch."""
     return bool(getattr(module, "SHARED_OVERLAP", False))

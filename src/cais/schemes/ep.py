@@ -20,7 +20,6 @@ after both, as the stacks order them); elsewhere in program order.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from types import ModuleType
 
 import numpy as np
 
@@ -29,7 +28,7 @@ from cais.errors import UserError
 from cais.hw.gpu import Kernel
 from cais.kernels.activation import rows_activation_kernel
 from cais.kernels.ep_common import EpCall
-from cais.kernels.ep_registry import EP_KERNELS, permute_place, shared_overlap
+from cais.kernels.ep_registry import EP_KERNELS, EpKernels, permute_place, shared_overlap, switch_of
 from cais.kernels.grouped_gemm import (GroupedGemm, grouped_bytes, grouped_gemm_ps, grouped_kernel,
                                        kgrouped_gemm_ps)
 from cais.schemes.base import NCCL_CHOICE, Deps, LayerRun, Scheme
@@ -49,7 +48,7 @@ class EpScheme(Scheme):
     summary = "MoE layer: attention as the dense path, experts behind an EP kernel"
 
     @property
-    def module(self) -> ModuleType:
+    def module(self) -> EpKernels:
         return EP_KERNELS[self.kernel]
 
     @property
@@ -193,6 +192,7 @@ def scheme_for(kernel: str) -> type[EpScheme]:
     cls_name = "Ep" + "".join(part.capitalize() for part in scheme_name(kernel)[3:].replace("_", "-").split("-"))
     return type(cls_name, (EpScheme,), {
         "name": scheme_name(kernel), "kernel": kernel, "__module__": __name__,
+        "switch": switch_of(EP_KERNELS[kernel]),  # an in-switch kernel's switch model (cais-ep)
         "__doc__": f"A MoE layer whose dispatch and combine run the '{kernel}' EP kernel (module doc).",
         "summary": f"MoE layer: attention as the dense path, experts behind the '{kernel}' EP kernel"})
 

@@ -1,0 +1,291 @@
+"""The in-switch EP ladder and its switch table's cost (docs/moe.md, "In-switch expert
+parallelism: results"), from real runs.
+
+    python scripts/ep_switch_ladder.py --run [--quick]   # simulate the grid, store it
+    python scripts/ep_switch_ladder.py --sensitivity     # rerun the one-knob changes and links-bind rungs
+    python scripts/ep_switch_ladder.py                   # print the section from the stored runs
+    python scripts/ep_switch_ladder.py --write-doc       # put it between the markers of docs/moe.md
+
+The runs are stored in ``src/cais/data/ep_switch/ladder.json`` with the commit they ran
+at; the section is made from them alone, and tests/test_ep_switch.py checks that the
+page holds it and reruns one stored rung. ``--quick`` keeps the dgx-h100 grid only."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from cais.config import SystemConfig, load_system
+from cais.cost.group_table import CAIS_TABLE_BYTES, lookup_cost, packets_per_ns
+from cais.experiments.ep_table import table_need
+from cais.experiments.ep_ladder import LADDER, MoeBlock, run_rung
+from cais.kernels.ep_common import ep_constants
+from cais.kernels.ep_switch import TILE_ROWS
+
+ROOT = Path(__file__).resolve().parents[1]
+STORE = ROOT / "src" / "cais" / "data" / "ep_switch" / "ladder.json"
+DOC = ROOT / "docs" / "moe.md"
+BEGIN, END = "<!-- ep-switch:begin -->", "<!-- ep-switch:end -->"
+
+#: (world label, system, gpus, experts, token counts, routings, rungs)
+GRID = (
+    ("dgx-h100", "dgx-h100", 8, 256, (128, 1024, 4096), ("uniform", "powerlaw", "lognormal"), LADDER),
+    ("32-GPU stand-in (nvl72 at 32 GPUs)", "nvl72", 32, 256, (128,), ("uniform", "powerlaw"),
+     ("deepep", "ep-switch-sw", "ep-switch-mcast", "ep-switch-red", "ep-switch")),
+)
+#: where the low-latency kernels run (DeepEP's are built for decode batches)
+LL_MAX_TOKENS = 1024
+#: the lookup latencies (ns) the break-even sweep tries, at one point
+LOOKUP_NS = (0.0, 500.0, 2000.0, 8000.0)
+BREAK_EVEN_POINT = ("dgx-h100", 1024, "uniform")
+#: the table-need grid: (ranks, experts), token counts, routings, seeds
+NEED = (((8, 256), (32, 256), (72, 288)), (128, 1024, 8192), ("uniform", "powerlaw", "lognormal"))
+NEED_SEEDS = {8: 100, 32: 20, 72: 10}
+
+
+def system(name: str, gpus: int) -> SystemConfig:
+    cfg = load_system(name)
+    return cfg if cfg.gpus == gpus else cfg.with_overrides(gpus=gpus)
+
+
+def commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def run(quick: bool) -> dict:
+    out: dict = {"commit": commit(), "date": time.strftime("%Y-%m-%d"), "rungs": [], "break_even": [], "need": []}
+    for label, name, gpus, experts, tokens, routings, rungs in GRID[:1] if quick else GRID:
+        cfg = system(name, gpus)
+        for T in tokens:
+            for rout in routings:
+                for k in rungs:
+                    if k == "deepep-ll" and T > LL_MAX_TOKENS:
+                        continue
+                    r = run_rung(cfg, k, MoeBlock(T, experts=experts), rout)
+                    out["rungs"].append({"world": label, "system": name, "gpus": gpus, **asdict(r)})
+                    print(label, T, rout, k, f"{r.time_us:.1f} us", f"{r.wall_s:.1f} s", flush=True)
+    world, T, rout = BREAK_EVEN_POINT
+    cfg = system(world, 8)
+    for ns in LOOKUP_NS:
+        r = run_rung(cfg, "ep-switch", MoeBlock(T), rout, lookup_ns=ns)
+        out["break_even"].append({"lookup_ns": ns, "time_us": r.time_us})
+    ref = run_rung(cfg, "ep-switch-red", MoeBlock(T), rout)
+    out["break_even_ref"] = {"kernel": "ep-switch-red", "time_us": ref.time_us}
+    (ranks_experts, tokens, routings) = NEED
+    for ranks, experts in ranks_experts:
+        for T in tokens:
+            for rout in routings:
+                bt = -(-TILE_ROWS * experts // (8 * ranks))  # the fused pipeline's block (kernels/ep_switch.py)
+                out["need"] += table_need(rout, ranks, T, experts, 8, NEED_SEEDS[ranks], bt)
+                print("need", ranks, T, rout, flush=True)
+    return out
+
+
+#: one-knob changes of ep-switch at one point, against its default: (label, knobs)
+SENSITIVITY = (("64-token blocks", {"block_tokens": 64}), ("one combine row in flight per sender", {"red_window_bytes": 14336}),
+               ("a 256 B group table (64 entries of 4 B)", {"table_bytes": 256}))
+SENSITIVITY_POINT = ("dgx-h100", 1024, "uniform")
+
+
+def sensitivity() -> list[dict]:
+    world, T, rout = SENSITIVITY_POINT
+    cfg = system(world, 8)
+    base = run_rung(cfg, "ep-switch", MoeBlock(T), rout)
+    out = [{"label": "default", "time_us": base.time_us, "group_peak": base.group_peak, "overflows": base.overflows,
+            "merged": base.merged, "evicted": base.evicted}]
+    for label, knobs in SENSITIVITY:
+        r = run_rung(cfg, "ep-switch", MoeBlock(T), rout, **knobs)
+        out.append({"label": label, "time_us": r.time_us, "group_peak": r.group_peak, "overflows": r.overflows,
+                    "merged": r.merged, "evicted": r.evicted})
+        print("sensitivity", label, f"{r.time_us:.1f} us", flush=True)
+    return out
+
+
+#: the rungs run again with the SM copy loop unbounded, so that the links bind (the fitted
+#: rate stands for a loss on the NVLink path the fabric model lacks; docs/moe.md, calibration)
+LINKS_BIND = ("deepep", "ep-switch-sw", "ep-switch-mcast", "ep-switch-red", "ep-switch-unfused", "ep-switch")
+UNBOUNDED_GBPS = 1000.0
+
+
+def links_bind() -> list[dict]:
+    world, T, rout = SENSITIVITY_POINT
+    cfg = system(world, 8)
+    consts = ep_constants().model_copy(update={"sm_copy_GBps": UNBOUNDED_GBPS})
+    out = []
+    for T in (T, 4096):
+        for k in LINKS_BIND:
+            r = run_rung(cfg, k, MoeBlock(T), rout, constants=consts)
+            out.append({"kernel": k, "tokens": T, "time_us": r.time_us, "dispatch_us": r.dispatch_us,
+                        "combine_us": r.combine_us})
+            print("links bind", T, k, f"{r.time_us:.1f} us", flush=True)
+    return out
+
+
+def _gain(rows: list[dict], r: dict) -> str:
+    base = [x for x in rows if x["kernel"] == "deepep" and x["world"] == r["world"] and x["tokens"] == r["tokens"]
+            and x["routing"] == r["routing"]]
+    return f"{base[0]['time_us'] / r['time_us']:.2f}x" if base else "-"
+
+
+#: each part's gain: (label, the rung without it, the rung with it)
+PARTS = (("the software counterpart over DeepEP normal", "deepep", "ep-switch-sw"),
+         ("the multicast (ep-switch-sw -> ep-switch-mcast)", "ep-switch-sw", "ep-switch-mcast"),
+         ("the reduction (ep-switch-sw -> ep-switch-red)", "ep-switch-sw", "ep-switch-red"),
+         ("fusion (ep-switch-unfused -> ep-switch)", "ep-switch-unfused", "ep-switch"),
+         ("ep-switch over DeepEP normal", "deepep", "ep-switch"))
+SOFTWARE = ("deepep", "deepep-ll", "ep-switch-sw")
+
+
+def _parts(rows: list[dict]) -> list[str]:
+    """Per world, each part's gain (the time without it over the time with it) over the
+    token counts and routings run, and ep-switch over the best software at each point."""
+    out = []
+    for w in dict.fromkeys(r["world"] for r in rows):
+        sub = [r for r in rows if r["world"] == w]
+        points = list(dict.fromkeys((r["tokens"], r["routing"]) for r in sub))
+        at = {(r["tokens"], r["routing"], r["kernel"]): r["time_us"] for r in sub}
+        bits = []
+        for label, without, with_ in PARTS:
+            g = [at[(T, x, without)] / at[(T, x, with_)] for T, x in points
+                 if (T, x, without) in at and (T, x, with_) in at]
+            if g:
+                bits.append(f"{label} {min(g):.2f}x to {max(g):.2f}x")
+        best = []
+        for T, x in points:
+            soft = [(at[(T, x, k)], k) for k in SOFTWARE if (T, x, k) in at]
+            if soft and (T, x, "ep-switch") in at:
+                t, k = min(soft)
+                best.append(f"{T:,} {x}: {t / at[(T, x, 'ep-switch')]:.2f}x over {k}")
+        out += [f"{w}, over the token counts and routings run: " + "; ".join(bits) + ".", "",
+                "ep-switch over the best software at each point (below 1: it loses): " + "; ".join(best) + ".", ""]
+    return out
+
+
+def section(data: dict) -> str:
+    rows = data["rungs"]
+    lines = [f"Generated by `scripts/ep_switch_ladder.py` from the runs stored in "
+             f"`src/cais/data/ep_switch/ladder.json` (commit {data['commit']}, {data['date']}). "
+             "DeepSeek-V3's MoE shape: hidden 7,168, top-8 of the experts, expert FFN 2,048, FP8 dispatch and "
+             "GEMMs, BF16 combine; one layer's dispatch, expert GEMM and combine; time in us, gain = DeepEP "
+             "normal's time over the rung's on the same routing (seed 0; power-law alpha 1.2, log-normal "
+             "sigma 1).", ""]
+    worlds = list(dict.fromkeys(r["world"] for r in rows))
+    for w in worlds:
+        sub = [r for r in rows if r["world"] == w]
+        kernels = list(dict.fromkeys(r["kernel"] for r in sub))
+        lines += [f"**{w}**", "", "| tokens per rank | routing | " + " | ".join(kernels) + " |",
+                  "|---|---|" + "---|" * len(kernels)]
+        for T in dict.fromkeys(r["tokens"] for r in sub):
+            for rout in dict.fromkeys(r["routing"] for r in sub):
+                cells = []
+                for k in kernels:
+                    got = [r for r in sub if r["tokens"] == T and r["routing"] == rout and r["kernel"] == k]
+                    cells.append(f"{got[0]['time_us']:,.1f} ({_gain(rows, got[0])})" if got else "-")
+                lines.append(f"| {T:,} | {rout} | " + " | ".join(cells) + " |")
+        lines.append("")
+        tab = [r for r in sub if r["kernel"] == "ep-switch"]
+        if tab:
+            lines.append("Group-table peak entries per port (ep-switch): " + ", ".join(
+                f"{r['tokens']:,} {r['routing']} {r['group_peak']}" for r in tab) + f"; overflows: "
+                f"{sum(r['overflows'] for r in tab)}. Merge-unit peak lines of 320: "
+                f"{max(r['merge_peak_lines'] for r in tab)}.")
+            lines.append("")
+    lines += _parts(rows)
+    lines += ["**The group table's need** (busiest port, 99th percentile over seeds; entry bytes as hw/ep_switch.py "
+              f"sizes them; against CAIS's {CAIS_TABLE_BYTES:,} B):", "",
+              "| ranks | tokens per rank | routing | lifetime | entries (p99) | bytes (p99) | of 40 KB | seeds |",
+              "|---|---|---|---|---|---|---|---|"]
+    for n in data["need"]:
+        lines.append(f"| {n['ranks']} | {n['tokens']:,} | {n['routing']} | {n['lifetime']} | {n['entries_p99']:,} | "
+                     f"{n['bytes_p99']:,} | {n['of_cais_40KB']:.3f} | {n['seeds']} |")
+    c = lookup_cost()
+    cfg = load_system("dgx-h100")
+    port = max(cfg.switch.links_per_gpu) * cfg.link.bandwidth_GBps
+    need_rate = packets_per_ns(port, cfg.packet.max_payload_bytes)
+    lines += ["", f"**Its cost** (the 40 KB table as the merge unit's Content Array, CACTI's stored run scaled to "
+              f"{c['node_nm']} nm, {c['clock_GHz']} GHz): {c['area_mm2']:.4f} mm^2 and {c['leakage_mW']:.2f} mW "
+              f"per port, {c['lookup_pJ']:.2f} pJ per lookup (one 128 B line read), {c['latency_ns']:.2f} ns "
+              f"per lookup, {c['lookups_per_ns']:.2f} lookups per ns per port. A dgx-h100 port ({port:.0f} GB/s "
+              f"on one chip) asks at most {need_rate:.2f} per ns (one per 128 B packet): margin "
+              f"{c['lookups_per_ns'] / need_rate:.2f}x.", ""]
+    sens = data.get("sensitivity", [])
+    if sens:
+        w, T, rout = SENSITIVITY_POINT
+        lines += [f"**One knob at a time** (ep-switch, {w}, {T:,} tokens, {rout}; merged and evicted: the merge "
+                  "units' reduction sessions, all chips):", "",
+                  "| change | time (us) | group-table peak | overflows | merged | evicted |", "|---|---|---|---|---|---|"]
+        for x in sens:
+            lines.append(f"| {x['label']} | {x['time_us']:,.1f} | {x['group_peak']} | {x['overflows']} | "
+                         f"{x['merged']:,} | {x['evicted']:,} |")
+        lines.append("")
+    lb = data.get("links_bind", [])
+    if lb:
+        ks = list(dict.fromkeys(x["kernel"] for x in lb))
+        lines += [f"**Where the links bind** (dgx-h100, {SENSITIVITY_POINT[2]}, the SM copy loop at "
+                  f"{UNBOUNDED_GBPS:g} GB/s instead of the fitted rate; time in us, gain over DeepEP normal at the "
+                  "same rate):", "", "| tokens per rank | " + " | ".join(ks) + " |", "|---|" + "---|" * len(ks)]
+        for T in dict.fromkeys(x["tokens"] for x in lb):
+            at = {x["kernel"]: x["time_us"] for x in lb if x["tokens"] == T}
+            lines.append(f"| {T:,} | " + " | ".join(f"{at[k]:,.1f} ({at['deepep'] / at[k]:.2f}x)" for k in ks)
+                         + " |")
+        lines.append("")
+    be, ref = data["break_even"], data["break_even_ref"]
+    lines += [f"**Break-even lookup latency** (dgx-h100, {BREAK_EVEN_POINT[1]:,} tokens, "
+              f"{BREAK_EVEN_POINT[2]}): ep-switch with a lookup of " + ", ".join(
+                  f"{b['lookup_ns']:g} ns: {b['time_us']:,.1f} us" for b in be)
+              + f"; without multicast ({ref['kernel']}): {ref['time_us']:,.1f} us. " + _break_even(be, ref["time_us"]),
+              ""]
+    return "\n".join(lines)
+
+
+def _break_even(be: list[dict], ref: float) -> str:
+    for a, b in zip(be, be[1:]):
+        if a["time_us"] <= ref < b["time_us"]:
+            x = a["lookup_ns"] + (ref - a["time_us"]) * (b["lookup_ns"] - a["lookup_ns"]) / (b["time_us"] - a["time_us"])
+            return f"The multicast stops paying at a lookup of about {x:,.0f} ns (linear between the runs)."
+    if be and be[0]["time_us"] > ref:
+        return "The multicast does not pay even at no lookup latency here."
+    return f"The multicast still pays at {be[-1]['lookup_ns']:g} ns (the largest tried)."
+
+
+def write_doc(text: str) -> None:
+    page = DOC.read_text()
+    head, rest = page.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    DOC.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--run", action="store_true", help="simulate the grid and store the runs")
+    ap.add_argument("--quick", action="store_true", help="with --run: the dgx-h100 grid only")
+    ap.add_argument("--sensitivity", action="store_true",
+                    help="rerun the one-knob changes and the links-bind rungs and store them")
+    ap.add_argument("--write-doc", action="store_true", help="write the section into docs/moe.md")
+    args = ap.parse_args()
+    if args.run:
+        STORE.parent.mkdir(parents=True, exist_ok=True)
+        STORE.write_text(json.dumps(run(args.quick), indent=1) + "\n")
+    data = json.loads(STORE.read_text())
+    if args.run or args.sensitivity:
+        data["sensitivity"] = sensitivity()
+        data["links_bind"] = links_bind()
+        STORE.write_text(json.dumps(data, indent=1) + "\n")
+    text = section(data)
+    if args.write_doc:
+        write_doc(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
