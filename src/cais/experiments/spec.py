@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from cais.experiments.collective import CollectiveResult, check_collective, resolve_choice, run_collective
 from cais.errors import validation_message
 from cais.experiments.ep import EP_KERNELS, EpResult, run_ep
+from cais.kernels.ep_registry import shipped
 from cais.experiments.layer import LayerResult, check_layer, run_layer
 from cais.config import ConfigError, SystemConfig, apply_overrides, check_gpus, load_system, overridden
 from cais.progress import RunProgress
@@ -157,9 +158,10 @@ class LayerSpec:
                         overrides)
 
 
-def ep_kernels() -> tuple[str, ...]:
-    """The EP kernels by name, in the registry's order (cais.kernels.ep_registry)."""
-    return tuple(EP_KERNELS)
+def ep_kernels(shipped_only: bool = False) -> tuple[str, ...]:
+    """The EP kernels by name, in the registry's order (cais.kernels.ep_registry); with
+    ``shipped_only``, those production stacks run today (no proposed design)."""
+    return tuple(k for k, mod in EP_KERNELS.items() if not shipped_only or shipped(mod))
 
 
 @dataclass(frozen=True)

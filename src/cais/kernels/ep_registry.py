@@ -54,6 +54,12 @@ def permute_place(module: EpKernels) -> str:
     return str(place)
 
 
+def shipped(module: EpKernels) -> bool:
+    """Whether ``module`` is a kernel a production stack runs today (False for a design
+    this project proposes, such as the in-switch family: its ``proposed``)."""
+    return not getattr(module, "proposed", False)
+
+
 def switch_of(module: EpKernels) -> str:
     """The switch model ``module`` needs (its ``switch``; default ``nvls``: unicast and
     NVLS only)."""

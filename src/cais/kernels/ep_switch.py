@@ -88,6 +88,8 @@ class EpSwitchKernel:
     group_order: str = "frequent"
     red_window_bytes: int = 0  # a combine TB's reductions in flight (0: the SM's usual bound)
     per: str = "rank"  # the routing matrix it moves: one row per (token, rank)
+    #: a design this project derives (docs/moe.md), not a kernel a production stack ships
+    proposed = True
 
     @property
     def switch(self) -> str:

@@ -1,5 +1,6 @@
-"""Past the paper: which expert-parallel (EP) kernel wins where. Every EP kernel of the
-registry (cais.kernels.ep_registry: NCCL all-to-all after Megatron's permute,
+"""Past the paper: which expert-parallel (EP) kernel wins where. Every shipped EP kernel
+of the registry (cais.kernels.ep_registry; the in-switch family is a proposal, measured
+by scripts/ep_switch_ladder.py: NCCL all-to-all after Megatron's permute,
 Megatron's all-gather dispatcher, DeepEP's normal and low-latency kernels) runs a
 dispatch and then a combine of DeepSeek-V3's rows (hidden 7,168, top-8, DeepEP's tests'
 expert count, uniform routing, BF16) over tokens per rank and EP degrees: EP 2-8 on one
@@ -35,7 +36,7 @@ RACKS = {"nvl72": ((8, 18, 36, 72), (1, 16, 128)), "gh200-nvl32": ((8, 16, 32), 
 #: ``num_max_dispatch_tokens_per_rank`` for decode batches (its test: 128), and above this a
 #: point's one message per (token, expert) costs minutes of simulation
 LL_MAX_TOKENS = 1024
-KERNELS = ep_kernels()
+KERNELS = ep_kernels(shipped_only=True)
 
 
 def _grid(ctx: Context) -> list[tuple[str, int, int]]:
