@@ -222,8 +222,8 @@ def modes_section(m: dict) -> list[str]:
                 dc = (at[best_k]["dispatch_us"] + at[best_k]["combine_us"]) / (
                     at["ep-switch"]["dispatch_us"] + at["ep-switch"]["combine_us"])
                 word = "wins" if g >= 1 + TIE else "loses" if g <= 1 - TIE else f"ties (within {TIE:.0%})"
-                verdict.append(f"- {name} {mode}: ep-switch {word} "
-                               f"({g:.2f}x the layer, {dc:.2f}x its dispatch plus combine, over {best_k}).")
+                verdict.append(f"- {name} {mode}: ep-switch {word}: {g:.2f}x the layer, {dc:.2f}x its dispatch "
+                               f"plus combine, over {best_k}.")
     return lines + ["", "Where the in-switch scheme wins, from these runs only (on the layer's time; a tie: "
                     f"within {TIE:.0%}):", ""] + verdict + [""]
 
