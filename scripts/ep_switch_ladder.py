@@ -2,12 +2,14 @@
 parallelism: results"), from real runs.
 
     python scripts/ep_switch_ladder.py --run [--quick]   # simulate the grid, store it
+    python scripts/ep_switch_ladder.py --world gh200-nvl32  # rerun one world's rungs, keep the rest
+    python scripts/ep_switch_ladder.py --modes           # run the layer schemes per mode, store them
     python scripts/ep_switch_ladder.py --sensitivity     # rerun the one-knob changes and links-bind rungs
     python scripts/ep_switch_ladder.py                   # print the section from the stored runs
     python scripts/ep_switch_ladder.py --write-doc       # put it between the markers of docs/moe.md
 
-The runs are stored in ``src/cais/data/ep_switch/ladder.json`` with the commit they ran
-at; the section is made from them alone, and tests/test_ep_switch.py checks that the
+The runs are stored in ``src/cais/data/ep_switch/ladder.json``, each rung with the commit
+it ran at; the section is made from them alone, and tests/test_ep_switch.py checks that the
 page holds it and reruns one stored rung. ``--quick`` keeps the dgx-h100 grid only."""
 
 from __future__ import annotations
@@ -29,13 +31,14 @@ from cais.kernels.ep_switch import TILE_ROWS
 
 ROOT = Path(__file__).resolve().parents[1]
 STORE = ROOT / "src" / "cais" / "data" / "ep_switch" / "ladder.json"
+MODES_STORE = STORE.with_name("modes.json")
 DOC = ROOT / "docs" / "moe.md"
 BEGIN, END = "<!-- ep-switch:begin -->", "<!-- ep-switch:end -->"
 
 #: (world label, system, gpus, experts, token counts, routings, rungs)
 GRID = (
     ("dgx-h100", "dgx-h100", 8, 256, (128, 1024, 4096), ("uniform", "powerlaw", "lognormal"), LADDER),
-    ("32-GPU stand-in (nvl72 at 32 GPUs)", "nvl72", 32, 256, (128,), ("uniform", "powerlaw"),
+    ("gh200-nvl32", "gh200-nvl32", 32, 256, (128,), ("uniform", "powerlaw", "lognormal"),
      ("deepep", "ep-switch-sw", "ep-switch-mcast", "ep-switch-red", "ep-switch")),
 )
 #: where the low-latency kernels run (DeepEP's are built for decode batches)
@@ -61,18 +64,39 @@ def commit() -> str:
         return "unknown"
 
 
+def world_rungs(world: tuple) -> list[dict]:
+    """One GRID world's rungs, each stamped with the commit and date it ran at."""
+    label, name, gpus, experts, tokens, routings, rungs = world
+    cfg = system(name, gpus)
+    stamp = {"commit": commit(), "date": time.strftime("%Y-%m-%d")}
+    out = []
+    for T in tokens:
+        for rout in routings:
+            for k in rungs:
+                if k == "deepep-ll" and T > LL_MAX_TOKENS:
+                    continue
+                r = run_rung(cfg, k, MoeBlock(T, experts=experts), rout)
+                out.append({"world": label, "system": name, "gpus": gpus, **asdict(r), **stamp})
+                print(label, T, rout, k, f"{r.time_us:.1f} us", f"{r.wall_s:.1f} s", flush=True)
+    return out
+
+
+def rerun_world(data: dict, label: str) -> dict:
+    """``data`` with the rungs of GRID's world ``label`` run again; the others' kept, and
+    the stored rungs of worlds no longer in GRID dropped."""
+    worlds = {w[0]: w for w in GRID}
+    if label not in worlds:
+        raise SystemExit(f"--world: unknown '{label}'; valid: {', '.join(worlds)}")
+    kept = [r for r in data["rungs"] if r["world"] in worlds and r["world"] != label]
+    fresh = world_rungs(worlds[label])
+    order = list(worlds)
+    return {**data, "rungs": sorted(kept + fresh, key=lambda r: order.index(r["world"]))}
+
+
 def run(quick: bool) -> dict:
     out: dict = {"commit": commit(), "date": time.strftime("%Y-%m-%d"), "rungs": [], "break_even": [], "need": []}
-    for label, name, gpus, experts, tokens, routings, rungs in GRID[:1] if quick else GRID:
-        cfg = system(name, gpus)
-        for T in tokens:
-            for rout in routings:
-                for k in rungs:
-                    if k == "deepep-ll" and T > LL_MAX_TOKENS:
-                        continue
-                    r = run_rung(cfg, k, MoeBlock(T, experts=experts), rout)
-                    out["rungs"].append({"world": label, "system": name, "gpus": gpus, **asdict(r)})
-                    print(label, T, rout, k, f"{r.time_us:.1f} us", f"{r.wall_s:.1f} s", flush=True)
+    for w in GRID[:1] if quick else GRID:
+        out["rungs"] += world_rungs(w)
     world, T, rout = BREAK_EVEN_POINT
     cfg = system(world, 8)
     for ns in LOOKUP_NS:
@@ -130,6 +154,80 @@ def links_bind() -> list[dict]:
     return out
 
 
+#: the ladder per mode from MoE layer runs (``cais run``): the systems, the rungs as layer
+#: schemes (software first), and per mode the run shape (batch, seq; attention data
+#: parallel, so each GPU routes its own tokens: batch in decode, batch x seq else; decode's
+#: seq, the context, is the preset's 4,096)
+MODE_SYSTEMS = ("dgx-h100", "gh200-nvl32")
+MODE_RUNGS = ("ep-deepep", "ep-deepep-ll", "ep-switch-sw", "ep-switch-mcast", "ep-switch-red", "ep-switch")
+MODE_SOFTWARE = ("ep-deepep", "ep-deepep-ll")
+MODE_SHAPES: dict[str, tuple[int, int | None]] = {"decode": (128, None), "prefill": (1, 512), "train": (1, 512)}
+MODE_MODEL = "deepseek-v3"
+#: a layer-time ratio within this of 1 is called a tie in the per-mode verdict
+TIE = 0.01
+
+
+def layer_point(system_name: str, scheme: str, mode: str) -> dict:
+    """One MoE layer run (cais.experiments.layer.run_layer) of MODE_MODEL under ``scheme``:
+    the layer's time and its dispatch and combine (forward and, in train, backward)."""
+    from cais.experiments.layer import run_layer
+    from cais.workload.moe import load_moe_model
+
+    batch, seq = MODE_SHAPES[mode]
+    shape = {"batch": batch, **({"seq": seq} if seq else {})}
+    r = run_layer(load_system(system_name), load_moe_model(MODE_MODEL, **shape), scheme, mode, attention="dp")
+    assert r.moe is not None
+    return {"system": system_name, "mode": mode, "scheme": scheme, "tokens_per_rank": r.moe["tokens_per_rank"],
+            "layer_us": r.total_us, "dispatch_us": r.moe["dispatch_us"], "combine_us": r.moe["combine_us"],
+            "grouped_gemm_us": r.moe["grouped_gemm_us"], "wall_s": r.wall_s}
+
+
+def run_modes(modes: tuple[str, ...]) -> dict:
+    out: dict = {"commit": commit(), "date": time.strftime("%Y-%m-%d"), "model": MODE_MODEL, "routing": "uniform",
+                 "attention": "dp", "runs": []}
+    for name in MODE_SYSTEMS:
+        for mode in modes:
+            for scheme in MODE_RUNGS:
+                out["runs"].append(layer_point(name, scheme, mode))
+                x = out["runs"][-1]
+                print(name, mode, scheme, f"{x['layer_us']:.1f} us", f"{x['wall_s']:.1f} s", flush=True)
+    return out
+
+
+def modes_section(m: dict) -> list[str]:
+    """The ladder per mode (module doc of MODE_RUNGS) from the stored layer runs."""
+    runs = m["runs"]
+    lines = ["**The ladder per mode** (MoE layer runs, `cais run --model deepseek-v3 --attention dp`, one layer "
+             f"period, routing {m['routing']} with DeepSeek-V3's group limit, seed 0; stored in "
+             f"`src/cais/data/ep_switch/modes.json`, commit {m['commit']}, {m['date']}). The layer path runs "
+             "the dispatch, the expert GEMMs and the combine one after the other as separate phases, so "
+             "fusion does not apply here: ep-switch is its multicast dispatch and reduction combine, "
+             "unfused. Time in us; in brackets the speed-up over the best shipped software (DeepEP normal "
+             "or low-latency, whichever is faster) on the same routing; layer = the whole period (attention "
+             "included), d + c = dispatch plus combine (forward and backward in train).", "",
+             "| system | mode | tokens per rank | time | " + " | ".join(MODE_RUNGS) + " |",
+             "|---|---|---|---|" + "---|" * len(MODE_RUNGS)]
+    verdict = []
+    for name in dict.fromkeys(r["system"] for r in runs):
+        for mode in dict.fromkeys(r["mode"] for r in runs if r["system"] == name):
+            at = {r["scheme"]: r for r in runs if r["system"] == name and r["mode"] == mode}
+            for label, val in (("layer", lambda r: r["layer_us"]), ("d + c", lambda r: r["dispatch_us"] + r["combine_us"])):
+                best = min(val(at[k]) for k in MODE_SOFTWARE if k in at)
+                cells = [f"{val(at[k]):,.1f} ({best / val(at[k]):.2f}x)" if k in at else "-" for k in MODE_RUNGS]
+                T = next(iter(at.values()))["tokens_per_rank"]
+                lines.append(f"| {name} | {mode} | {T:,} | {label} | " + " | ".join(cells) + " |")
+            if "ep-switch" in at:
+                best_k = min(MODE_SOFTWARE, key=lambda k: at[k]["layer_us"] if k in at else float("inf"))
+                g = at[best_k]["layer_us"] / at["ep-switch"]["layer_us"]
+                dc = (at[best_k]["dispatch_us"] + at[best_k]["combine_us"]) / (
+                    at["ep-switch"]["dispatch_us"] + at["ep-switch"]["combine_us"])
+                word = "wins" if g >= 1 + TIE else "loses" if g <= 1 - TIE else f"ties (within {TIE:.0%})"
+                verdict.append(f"- {name} {mode}: ep-switch {word}: {g:.2f}x the layer, {dc:.2f}x its dispatch "
+                               f"plus combine, over {best_k}.")
+    return lines + ["", "Where the in-switch scheme wins, from these runs only (on the layer's time; a tie: "
+                    f"within {TIE:.0%}):", ""] + verdict + [""]
+
+
 def _gain(rows: list[dict], r: dict) -> str:
     base = [x for x in rows if x["kernel"] == "deepep" and x["world"] == r["world"] and x["tokens"] == r["tokens"]
             and x["routing"] == r["routing"]]
@@ -170,10 +268,11 @@ def _parts(rows: list[dict]) -> list[str]:
     return out
 
 
-def section(data: dict) -> str:
+def section(data: dict, modes: dict | None = None) -> str:
     rows = data["rungs"]
+    ran = dict.fromkeys(f"{r.get('commit', data['commit'])}, {r.get('date', data['date'])}" for r in rows)
     lines = [f"Generated by `scripts/ep_switch_ladder.py` from the runs stored in "
-             f"`src/cais/data/ep_switch/ladder.json` (commit {data['commit']}, {data['date']}). "
+             f"`src/cais/data/ep_switch/ladder.json` (commit {'; '.join(ran)}). "
              "DeepSeek-V3's MoE shape: hidden 7,168, top-8 of the experts, expert FFN 2,048, FP8 dispatch and "
              "GEMMs, BF16 combine; one layer's dispatch, expert GEMM and combine; time in us, gain = DeepEP "
              "normal's time over the rung's on the same routing (seed 0; power-law alpha 1.2, log-normal "
@@ -200,6 +299,8 @@ def section(data: dict) -> str:
                 f"{max(r['merge_peak_lines'] for r in tab)}.")
             lines.append("")
     lines += _parts(rows)
+    if modes is not None:
+        lines += modes_section(modes)
     lines += ["**The group table's need** (busiest port, 99th percentile over seeds; entry bytes as hw/ep_switch.py "
               f"sizes them; against CAIS's {CAIS_TABLE_BYTES:,} B):", "",
               "| ranks | tokens per rank | routing | lifetime | entries (p99) | bytes (p99) | of 40 KB | seeds |",
@@ -268,6 +369,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run", action="store_true", help="simulate the grid and store the runs")
     ap.add_argument("--quick", action="store_true", help="with --run: the dgx-h100 grid only")
+    ap.add_argument("--world", choices=[w[0] for w in GRID],
+                    help="rerun this world's rungs only and keep the other stored runs")
+    ap.add_argument("--modes", nargs="*", choices=tuple(MODE_SHAPES),
+                    help="run the ladder's layer schemes per mode (default: all) and store them")
     ap.add_argument("--sensitivity", action="store_true",
                     help="rerun the one-knob changes and the links-bind rungs and store them")
     ap.add_argument("--write-doc", action="store_true", help="write the section into docs/moe.md")
@@ -276,11 +381,16 @@ def main() -> int:
         STORE.parent.mkdir(parents=True, exist_ok=True)
         STORE.write_text(json.dumps(run(args.quick), indent=1) + "\n")
     data = json.loads(STORE.read_text())
+    if args.world:
+        data = rerun_world(data, args.world)
+        STORE.write_text(json.dumps(data, indent=1) + "\n")
     if args.run or args.sensitivity:
         data["sensitivity"] = sensitivity()
         data["links_bind"] = links_bind()
         STORE.write_text(json.dumps(data, indent=1) + "\n")
-    text = section(data)
+    if args.modes is not None:
+        MODES_STORE.write_text(json.dumps(run_modes(tuple(args.modes or MODE_SHAPES)), indent=1) + "\n")
+    text = section(data, json.loads(MODES_STORE.read_text()) if MODES_STORE.exists() else None)
     if args.write_doc:
         write_doc(text)
     print(text)

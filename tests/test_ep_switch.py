@@ -154,9 +154,12 @@ def test_bad_input_names_the_field() -> None:
 def test_the_page_holds_the_stored_runs_and_a_stored_rung_reruns_alike() -> None:
     lad = runpy.run_path(str(ROOT / "scripts" / "ep_switch_ladder.py"))  # the script's names, main() not run
     data = json.loads(lad["STORE"].read_text())
+    modes = json.loads(lad["MODES_STORE"].read_text())
     page = (ROOT / "docs" / "moe.md").read_text()
     block = page.split(lad["BEGIN"], 1)[1].split(lad["END"], 1)[0].strip()
-    assert block == lad["section"](data).strip()
+    assert block == lad["section"](data, modes).strip()
+    assert {r["world"] for r in data["rungs"]} == {w[0] for w in lad["GRID"]} >= {"dgx-h100", "gh200-nvl32"}
+    assert all(r["commit"] for r in data["rungs"] if r["world"] == "gh200-nvl32")  # stamped when rerun alone
     small = [r for r in data["rungs"] if r["system"] == "dgx-h100" and r["tokens"] == min(
         x["tokens"] for x in data["rungs"]) and r["routing"] == "uniform" and r["kernel"] in ("deepep", "ep-switch")]
     assert len(small) == 2
@@ -164,6 +167,25 @@ def test_the_page_holds_the_stored_runs_and_a_stored_rung_reruns_alike() -> None
     for r in small:
         again = run_rung(cfg, r["kernel"], MoeBlock(r["tokens"]), r["routing"])
         assert again.time_us == pytest.approx(r["time_us"], rel=1e-9), r["kernel"]
+
+
+def test_the_ladder_per_mode_is_on_the_page_and_a_stored_layer_run_reruns_alike() -> None:
+    lad = runpy.run_path(str(ROOT / "scripts" / "ep_switch_ladder.py"))
+    modes = json.loads(lad["MODES_STORE"].read_text())
+    runs = modes["runs"]
+    want = {(s, m, k) for s in lad["MODE_SYSTEMS"] for m in ("decode", "prefill") for k in lad["MODE_RUNGS"]}
+    assert want <= {(r["system"], r["mode"], r["scheme"]) for r in runs}  # every rung, both systems, both modes
+    page = (ROOT / "docs" / "moe.md").read_text()
+    table = lad["modes_section"](modes)
+    assert len(table) > len(runs) // len(lad["MODE_RUNGS"]) and all(line in page for line in table)
+    point = [r for r in runs if r["system"] == "dgx-h100" and r["mode"] == "decode"
+             and r["scheme"] in ("ep-deepep", "ep-switch")]
+    assert len(point) == 2
+    for r in point:
+        again = lad["layer_point"](r["system"], r["scheme"], r["mode"])
+        assert again["layer_us"] == pytest.approx(r["layer_us"], rel=1e-9), r["scheme"]
+        assert again["dispatch_us"] + again["combine_us"] == pytest.approx(r["dispatch_us"] + r["combine_us"],
+                                                                         rel=1e-9)
 
 
 def test_each_member_is_a_layer_scheme_on_its_switch() -> None:
