@@ -125,7 +125,8 @@ def test_host_sync_costs_time() -> None:
 
 @pytest.mark.parametrize("kwargs, field", [
     (dict(kernel="x"), "kernel"), (dict(op="x"), "op"), (dict(dtype="fp4"), "dtype"),
-    (dict(experts=12), "experts"), (dict(routing="zipf"), "routing"), (dict(sms=3), "sms")])
+    (dict(experts=12), "experts"), (dict(routing="zipf"), "routing"), (dict(sms=3), "sms"),
+    (dict(tokens=10**8), "tokens")])  # refused by its event estimate before the routing is drawn
 def test_bad_input_names_the_field(kwargs: dict, field: str) -> None:
     args = dict(kernel="deepep", op="dispatch", tokens=8, hidden=256, topk=2, experts=16, dtype="bf16")
     args.update(kwargs)

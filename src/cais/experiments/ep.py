@@ -28,6 +28,7 @@ import numpy as np
 from cais.config import PS_PER_US, SystemConfig
 from cais.engine.sim import fewer_collections
 from cais.errors import UserError
+from cais.limits import EVENTS_PER_TRAIN, check_events
 from cais.kernels import ep_deepep, ep_deepep_ll, ep_nccl, ep_switch
 from cais.kernels.ep_common import EP_DTYPES, EP_OPS, EpCall, EpConstants, ep_constants
 from cais.kernels.ep_registry import EP_KERNELS, EpKernels, on_switch
@@ -114,6 +115,9 @@ def run_ep(cfg: SystemConfig, kernel: str, op: str, tokens: int, hidden: int, to
     """Simulate one EP ``op`` with ``kernel`` on ``cfg``'s GPUs (module doc)."""
     mod = check_args(kernel, op, dtype)
     cfg = on_switch(cfg, mod)
+    # at least one packet train per (token, expert) selection of every rank: refused before the routing is drawn
+    check_events(EVENTS_PER_TRAIN * cfg.gpus * tokens * topk,
+                 f"tokens: {tokens} per rank x topk {topk} on {cfg.gpus} GPUs", "use fewer tokens per rank")
     if routing not in GENERATORS:
         raise UserError(f"routing: unknown '{routing}'; valid: {', '.join(GENERATORS)}")
     if capacity not in CAPACITY_MODES:
