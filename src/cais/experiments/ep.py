@@ -125,6 +125,8 @@ def run_ep(cfg: SystemConfig, kernel: str, op: str, tokens: int, hidden: int, to
     if capacity == "pad":
         raise UserError("capacity: 'pad' is reported by the routing (cais.workload.routing) but not yet "
                         "moved by the EP kernels; use drop or none")
+    if functional:
+        _check_functional_size(cfg.gpus, tokens, hidden, topk, experts)
     rt = generate(routing, cfg.gpus, tokens, experts, topk, seed, alpha, sigma, n_group, topk_group, trace,
                   capacity_factor, capacity)
     call = EpCall(op, rt, hidden, dtype, sms, host_sync, constants or ep_constants(), chunk)
@@ -147,6 +149,19 @@ def run_ep(cfg: SystemConfig, kernel: str, op: str, tokens: int, hidden: int, to
     return EpResult(kernel, op, cfg.gpus, tokens, hidden, topk, experts, dtype, t_us,
                     nbytes / (end / 1e12) / 1e9, nbytes, how, _own_bytes(kernel, call), mat.tolist(),
                     imbalance(mat), rt.dropped(), m.sim.events, time.perf_counter() - t0, correct)
+
+
+def _check_functional_size(ranks: int, tokens: int, hidden: int, topk: int, experts: int) -> None:
+    """A one-line UserError for a functional run too large to hold in numpy: its experts'
+    matrices (``experts x hidden x hidden``) or its rows (``ranks x tokens x topk x
+    hidden``, what the layouts hold at most) past :data:`FUNCTIONAL_EXPERT_ELEMS`."""
+    weights, rows = experts * hidden * hidden, ranks * tokens * max(1, topk) * hidden
+    if weights > FUNCTIONAL_EXPERT_ELEMS:
+        raise UserError(f"hidden: functional mode's {experts} experts of {hidden} x {hidden} hold {weights:,} "
+                        f"values, over {FUNCTIONAL_EXPERT_ELEMS:,}; use a smaller hidden or fewer experts")
+    if rows > FUNCTIONAL_EXPERT_ELEMS:
+        raise UserError(f"tokens: functional mode's rows ({ranks} ranks x {tokens} tokens x top-{topk} x hidden "
+                        f"{hidden}) hold {rows:,} values, over {FUNCTIONAL_EXPERT_ELEMS:,}; use fewer tokens")
 
 
 def run_ep_tuned(cfg: SystemConfig, kernel: str, op: str, tokens: int, hidden: int, topk: int, experts: int,

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from cais.experiments.collective import CollectiveResult, check_collective, resolve_choice, run_collective
-from cais.errors import validation_message
+from cais.errors import looks_like_path, validation_message
 from cais.experiments.ep import EP_KERNELS, EpResult, run_ep
 from cais.kernels.ep_registry import shipped
 from cais.experiments.layer import LayerResult, check_layer, run_layer
@@ -27,8 +28,8 @@ from cais.provenance import collect
 from cais.results.recorder import Recorder
 from cais.schemes import get_scheme
 from cais.units import SizeError, parse_size
-from cais.workload.models import ModelSpec, load_model
-from cais.workload.moe import MoeSpec, is_moe_model, load_moe_model
+from cais.workload.models import ModelError, ModelSpec, list_models, load_model
+from cais.workload.moe import MoeSpec, is_moe_model, list_moe_models, load_moe_model
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,9 @@ class LayerSpec:
         if is_moe_model(self.model):
             run = {k: v for k, v in (("batch", self.batch), ("seq", self.seq)) if v}
             return load_moe_model(self.model, **dict(self.shape), **run)
+        if not looks_like_path(self.model) and not Path(self.model).exists() and self.model not in list_models():
+            raise ModelError(f"model: unknown model '{self.model}'; valid: {', '.join(list_models())}; MoE: "
+                             f"{', '.join(list_moe_models())} (or a model JSON or Hugging Face config.json file)")
         model = load_model(self.model, **dict(self.shape))
         return model.with_run(self.batch, self.seq) if self.batch or self.seq else model
 
