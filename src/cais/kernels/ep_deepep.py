@@ -109,34 +109,39 @@ def kernels(m: Machine, call: EpCall) -> list[Kernel]:
     chunk = call.chunk or NVL_CHUNK[call.op]
     ranges = split(0, T, C)
     hit = rt.in_rank()
-    layout = recv_layout(call)
-    pos = [{gt: i for i, gt in enumerate(rows)} for rows in layout]  # (g, t) -> row of recv_x on r
+    # toks[g][r]: the tokens of rank g bound for rank r, in order; rank r's recv_x holds them
+    # from row first[g, r] on (by source, then token: recv_layout)
+    toks = [[np.flatnonzero(hit[g, :, r]) for r in range(n)] for g in range(n)]
+    sizes = np.array([[len(toks[g][r]) for r in range(n)] for g in range(n)], dtype=np.int64)
+    first = np.cumsum(sizes, axis=0) - sizes
     ready = _host_ready(m, call)
     # landed[r][c]: the moves into rank r's channel-c receiver
     moves: list[list[list[Move]]] = [[[] for _ in range(C)] for _ in range(n)]  # [sender gpu][channel]
     into: list[list[int]] = [[0] * C for _ in range(n)]
     for g in range(n):
         alloc_rows(m, g, "x", T, call)
-        alloc_rows(m, g, "recv_x", len(layout[g]), call)
-        alloc_rows(m, g, "expert_out", len(layout[g]), call)
+        alloc_rows(m, g, "recv_x", int(sizes[:, g].sum()), call)
+        alloc_rows(m, g, "expert_out", int(sizes[:, g].sum()), call)
         alloc_rows(m, g, "combined", T, call)
         alloc_rows(m, g, "comb_ring", n * T, call)
     for c, (t0, tc) in enumerate(ranges):
         for src in range(n):
             for dst in range(n):
-                if call.op == "dispatch":
-                    toks = [t for t in range(t0, t0 + tc) if hit[src, t, dst]]
-                    for a in range(0, len(toks), chunk):
-                        part = toks[a:a + chunk]
-                        moves[src][c].append(Move(src, dst, "x", part, "recv_x", pos[dst][(src, part[0])]))
-                        into[dst][c] += 1
-                else:  # combine: rank src holds rows of dst's tokens; back into dst's ring
-                    toks = [t for t in range(t0, t0 + tc) if hit[dst, t, src]]
-                    for a in range(0, len(toks), chunk):
-                        part = toks[a:a + chunk]
-                        rows = [pos[src][(dst, t)] for t in part]
-                        moves[src][c].append(Move(src, dst, "expert_out", rows, "comb_ring", src * T + t0 + a))
-                        into[dst][c] += 1
+                # dispatch: src's tokens bound for dst; combine: rank src holds rows of dst's tokens,
+                # back into dst's ring
+                g, r = (src, dst) if call.op == "dispatch" else (dst, src)
+                every = toks[g][r]
+                lo, hi = np.searchsorted(every, (t0, t0 + tc))
+                part_toks = every[lo:hi].tolist()
+                for a in range(0, len(part_toks), chunk):
+                    part = part_toks[a:a + chunk]
+                    at = int(first[g, r]) + int(lo) + a  # recv_x row of the part's first token on r
+                    if call.op == "dispatch":
+                        moves[src][c].append(Move(src, dst, "x", part, "recv_x", at))
+                    else:
+                        moves[src][c].append(Move(src, dst, "expert_out", range(at, at + len(part)), "comb_ring",
+                                                  src * T + t0 + a))
+                    into[dst][c] += 1
     arrive = [[Countdown(into[r][c]) for c in range(C)] for r in range(n)]
     for g in range(n):
         for c in range(C):  # the destinations' chunks in turn (one warp group per rank)
