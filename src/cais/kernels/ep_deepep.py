@@ -30,11 +30,12 @@ its bytes counted).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 
 import numpy as np
 
-from cais.config import PS_PER_US
+from cais.config import PS_PER_US, SystemConfig
 from cais.engine import Countdown, Signal
 from cais.engine.sim import ProgramGen
 from cais.errors import UserError
@@ -95,6 +96,22 @@ def _host_ready(m: Machine, call: EpCall) -> list[list[Signal]]:
             if r != g:
                 m.isa.flag(g, r, key + g * n + r, partial(counts[r].arrive, m.sim))
     return [[s] for s in ready]
+
+
+def messages(cfg: SystemConfig, call: EpCall) -> list[tuple[int, int, int, bool]]:
+    """The stores one call puts on the fabric, over all GPUs, as (how many, bytes each,
+    transfer unit, fenced: its write responses come back), for the event estimate
+    (cais.experiments.estimates): each remote (token, rank) row in chunks of the NVL
+    chunk per channel, each chunk fenced and followed by its queue tail's flag."""
+    rt = call.routing
+    chunk = call.chunk or NVL_CHUNK[call.op]
+    mat = rt.matrix("rank")
+    remote = int(mat.sum() - np.trace(mat))
+    channels = sms_of(call) // 2
+    # a (sender, destination) pair's rows over its channels, cut in chunks: at most one short chunk per channel
+    chunks = remote // chunk + min(remote, rt.ranks * (rt.ranks - 1) * channels)
+    unit = cfg.unit_for(chunk * call.row_bytes)
+    return [(chunks, remote * call.row_bytes // max(1, chunks), unit, True), (chunks, 8, 8, False)]
 
 
 def kernels(m: Machine, call: EpCall) -> list[Kernel]:
@@ -216,14 +233,16 @@ def _sender(m: Machine, g: int, call: EpCall, moves: list[Move], ready: list[Sig
                 _, end = port.push(sim.now, nr * call.row_bytes)  # the SM's copy port, as a peer's chunk
                 sim.after(max(0, end - sim.now), local)
                 return
-            acked = Countdown(len(parts))
-
             def release(_v: object = None) -> None:
                 isa.flag(g, dst, key + dst, tail_seen)  # the tail, after the chunk's acks
                 step(dst, i + 1)
-            acked.on_fire(release)
+            fenced: Callable[[], None] = release  # one part: its acks are the chunk's
+            if len(parts) > 1:
+                acked = Countdown(len(parts))
+                acked.on_fire(release)
+                fenced = partial(acked.arrive, sim)
             for region, data in parts:
-                isa.st(g, dst, region, data, None, port, 0, unit, fenced=partial(acked.arrive, sim))
+                isa.st(g, dst, region, data, None, port, 0, unit, fenced=fenced)
 
         for dst in sorted(streams, key=lambda d: (d - g) % m.n):
             step(dst, 0)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cais.config import PS_PER_US
+from cais.config import PS_PER_US, SystemConfig
 from cais.engine import Countdown, Signal
 from cais.engine.sim import ProgramGen
 from cais.errors import UserError
@@ -97,6 +97,17 @@ def recv_layout(call: EpCall) -> list[list[tuple[int, int, int]]]:
     """Each rank's ``recv_x`` rows (the packed layout, experts in order), as
     (source rank, token, top-k slot)."""
     return [[row for rows in per_rank for row in rows] for per_rank in slots(call)]
+
+
+def messages(cfg: SystemConfig, call: EpCall) -> list[tuple[int, int, int, bool]]:
+    """The stores one call puts on the fabric, over all GPUs, as (how many, bytes each,
+    transfer unit, fenced: its write responses come back), for the event estimate
+    (cais.experiments.estimates): one row per remote (token, expert) selection, each
+    its own store, and a count flag per pair of ranks."""
+    rt = call.routing
+    mat = rt.matrix("expert")
+    remote = int(mat.sum() - np.trace(mat))
+    return [(remote, call.row_bytes, cfg.unit_for(call.row_bytes), False), (rt.ranks * (rt.ranks - 1), 8, 8, False)]
 
 
 def kernels(m: Machine, call: EpCall) -> list[Kernel]:
@@ -205,4 +216,4 @@ def _recv(m: Machine, g: int, call: EpCall, s: int, blocks: int, ready: Signal, 
     return after
 
 
-__all__ = ["Selections", "kernels", "launch_shape", "recv_layout", "slots"]
+__all__ = ["Selections", "kernels", "messages", "launch_shape", "recv_layout", "slots"]

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from cais.config import PS_PER_US
+from cais.config import PS_PER_US, SystemConfig
 from cais.errors import UserError
 from cais.hw.gpu import Kernel, TbProgram
 from cais.kernels.ep_common import EpCall, Move, alloc_rows, copy_tb
@@ -106,6 +106,29 @@ def p2p_protocol(nbytes: int, ranks: int, channels: int, step_bytes: int) -> str
     """NCCL's protocol of one p2p send: ``ll`` up to :data:`P2P_LL_THRESHOLD` bytes per
     channel of the send (:func:`p2p_channels`), else ``simple``."""
     return "ll" if nbytes <= p2p_channels(nbytes, ranks, channels, step_bytes) * P2P_LL_THRESHOLD else "simple"
+
+
+def messages(cfg: SystemConfig, call: EpCall) -> list[tuple[int, int, int, bool]]:
+    """The stores one call puts on the fabric, over all GPUs, as (how many, bytes each,
+    transfer unit, fenced: its write responses come back), for the event estimate
+    (cais.experiments.estimates): each remote (token, expert) row, a peer's rows in
+    ``collective.ring_step_bytes`` chunks, each chunk fenced with its flag (Simple; LL
+    doubles the bytes instead)."""
+    rt = call.routing
+    mat = rt.matrix("expert")
+    step_rows = max(1, cfg.collective.ring_step_bytes // call.row_bytes)
+    out = []
+    for g in range(rt.ranks):
+        for r in range(rt.ranks):
+            rows = int(mat[g, r])
+            if r == g or not rows:
+                continue
+            chunks = -(-rows // step_rows)
+            nbytes = rows * call.row_bytes
+            ll = p2p_protocol(nbytes, rt.ranks, call.consts.nccl_channels, cfg.collective.ring_step_bytes) == "ll"
+            each = (2 if ll else 1) * nbytes // chunks
+            out += [(chunks, each, cfg.unit_for(each), not ll), (0 if ll else chunks, 8, 8, False)]
+    return out
 
 
 def kernels(m: Machine, call: EpCall) -> list[Kernel]:
