@@ -34,15 +34,20 @@ LAYER_FACTOR_CAIS = 21
 # An EP exchange (moe_period_events): each packet train of its stores costs about 3
 # events (arbitration and arrival at each channel it crosses, the write responses of a
 # fenced store counted as trains), each store about 6 more (its copy loop's steps in
-# the interpreter: the window, the issue, the landing and its counters). Fitted on 28
-# dispatches and combines of nccl, deepep and deepep-ll on dgx-h100 (EP 2 and 8, 16
-# to 1,024 tokens per rank; 0.79-1.15 of the real counts); on gh200-nvl32 (EP 32),
-# nvl72 (EP 72) and hgx-h800 (EP 8), held out, 0.49-1.16 (deepep at 16 tokens per rank
-# on the racks the lowest) (docs/errors.md, "Size limits").
+# the interpreter: the window, the issue, the landing and its counters). Least squares
+# on the relative error over 30 dispatches and combines of nccl, deepep and deepep-ll
+# on dgx-h100 (EP 2 and 8, 16 to 1,024 tokens per rank) gave 3.06 and 5.6: rounded,
+# 0.79-1.15 of the real counts; held out (gh200-nvl32 EP 32, nvl72 EP 72, hgx-h800
+# EP 8; 30 runs) 0.49-1.15, DeepEP normal at 16 tokens per rank on the racks the
+# lowest (docs/errors.md, "Size limits").
 EVENTS_PER_EP_TRAIN = 3
 EVENTS_PER_EP_STORE = 6
 # A MoE period's other kernels (attention, GEMM tiles, row blocks, the grouped GEMMs'
-# persistent TBs, the route and permute copies), per TB beyond EVENTS_PER_TB
+# persistent TBs, the route and permute copies) cost about a quarter of the dense
+# estimate's 4 events per TB (they are bulk-synchronous kernels, one phase per TB):
+# fitted (least squares on the log of estimate over real) on 72 MoE layer runs on
+# dgx-h100, 0.72-4.73 of the real counts there, 0.61-2.12 held out on gh200-nvl32 and
+# nvl72 (docs/errors.md).
 MOE_LAYER_FACTOR = 0.27
 
 
