@@ -149,6 +149,8 @@ def main() -> None:
     if not args.no_layers:
         for system, kernel, mode in (("nvl72", "deepep", "prefill"), ("nvl72", "nccl", "prefill"),
                                      ("nvl72", "deepep", "decode"), ("nvl72", "deepep", "train"),
+                                     ("nvl72", "deepep-ll", "prefill"), ("nvl72", "deepep-ll", "train"),
+                                     ("nvl72", "nccl", "train"),
                                      ("gh200-nvl32", "deepep", "prefill"), ("gh200-nvl32", "deepep", "train")):
             cfg = load_system(system)
             # EP 72 needs an expert count it divides: DeepSeek-V3's 256 plus 32 redundant copies (288, as its
