@@ -1,8 +1,9 @@
-"""The EP kernels' simulated times, pinned: recorded (picoseconds) on commit ed88b55,
-before the speed work of issue 66 (vectorised layouts, the routing's top-k by
-partition, the copy loops' bookkeeping), so that any change of a simulated number by
-that work fails here. Also the routings' digests (the draws every EP time rests on)
-and whole MoE layers under each shipped EP scheme.
+"""The EP kernels' simulated times, pinned: recorded (picoseconds) before the speed work
+of issue 66 (vectorised layouts, the routing's top-k by partition, the copy loops'
+bookkeeping), on commit ed88b55 (the NCCL rows and the ep-nccl layer on af5833e, whose
+NCCL channels run at the GPU's copy rate; nothing else moved between the two), so that
+any change of a simulated number by that work fails here. Also the routings' digests
+(the draws every EP time rests on) and whole MoE layers under each shipped EP scheme.
 
 Each case: (kernel, op, system, EP ranks, tokens per rank, dtype, run_ep options,
 time in ps); DeepSeek-V3's rows (hidden 7,168, top-8, (256 // EP) x EP experts)."""
@@ -24,14 +25,14 @@ from cais.workload.routing import generate
 HIDDEN, TOPK = 7168, 8
 
 PINNED: list[tuple[str, str, str, int, int, str, dict[str, Any], int]] = [
-    ('nccl', 'dispatch', 'dgx-h100', 8, 1, 'bf16', {}, 13069377),
-    ('nccl', 'dispatch', 'dgx-h100', 8, 128, 'bf16', {}, 119008405),
-    ('nccl', 'dispatch', 'hgx-h800', 4, 16, 'bf16', {}, 48902504),
-    ('nccl', 'dispatch', 'dgx-h100', 2, 1024, 'bf16', {}, 564546436),
-    ('nccl', 'combine', 'dgx-h100', 8, 1, 'bf16', {}, 13287668),
-    ('nccl', 'combine', 'dgx-h100', 8, 128, 'bf16', {}, 118933778),
-    ('nccl', 'combine', 'hgx-h800', 4, 16, 'bf16', {}, 54193788),
-    ('nccl', 'combine', 'dgx-h100', 2, 1024, 'bf16', {}, 564398723),
+    ('nccl', 'dispatch', 'dgx-h100', 8, 1, 'bf16', {}, 11942439),
+    ('nccl', 'dispatch', 'dgx-h100', 8, 128, 'bf16', {}, 57131200),
+    ('nccl', 'dispatch', 'hgx-h800', 4, 16, 'bf16', {}, 20918960),
+    ('nccl', 'dispatch', 'dgx-h100', 2, 1024, 'bf16', {}, 202847008),
+    ('nccl', 'combine', 'dgx-h100', 8, 1, 'bf16', {}, 12083239),
+    ('nccl', 'combine', 'dgx-h100', 8, 128, 'bf16', {}, 56562784),
+    ('nccl', 'combine', 'hgx-h800', 4, 16, 'bf16', {}, 20658480),
+    ('nccl', 'combine', 'dgx-h100', 2, 1024, 'bf16', {}, 201910208),
     ('allgather', 'dispatch', 'dgx-h100', 8, 1, 'bf16', {}, 14629671),
     ('allgather', 'dispatch', 'dgx-h100', 8, 128, 'bf16', {}, 49906133),
     ('allgather', 'dispatch', 'hgx-h800', 4, 16, 'bf16', {}, 18127571),
@@ -59,10 +60,10 @@ PINNED: list[tuple[str, str, str, int, int, str, dict[str, Any], int]] = [
     ('deepep', 'dispatch', 'hgx-h800', 8, 128, 'fp8', {}, 58305325),
     ('deepep-ll', 'dispatch', 'hgx-h800', 8, 128, 'fp8', {}, 74959190),
     ('deepep', 'dispatch', 'dgx-h100', 8, 64, 'bf16', {'host_sync': True, 'chunk': 10}, 61758031),
-    ('nccl', 'dispatch', 'dgx-h100', 4, 64, 'bf16', {'host_sync': True, 'routing': 'powerlaw'}, 80616232),
+    ('nccl', 'dispatch', 'dgx-h100', 4, 64, 'bf16', {'host_sync': True, 'routing': 'powerlaw'}, 46362272),
     ('deepep-ll', 'combine', 'dgx-h100', 8, 32, 'bf16', {'routing': 'lognormal', 'seed': 3}, 48001624),
     ('deepep', 'combine', 'hgx-h800', 8, 48, 'bf16', {'routing': 'uniform', 'n_group': 8, 'topk_group': 4, 'sms': 20}, 43676287),
-    ('nccl', 'combine', 'dgx-h100', 8, 40, 'bf16', {'capacity_factor': 1.0, 'capacity': 'drop'}, 56161752),
+    ('nccl', 'combine', 'dgx-h100', 8, 40, 'bf16', {'capacity_factor': 1.0, 'capacity': 'drop'}, 23462912),
     ('ep-switch', 'dispatch', 'dgx-h100', 8, 64, 'bf16', {}, 17873873),
     ('ep-switch', 'combine', 'dgx-h100', 8, 64, 'bf16', {}, 39819113),
     ('ep-switch-sw', 'dispatch', 'dgx-h100', 8, 64, 'bf16', {}, 38284163),
@@ -83,7 +84,7 @@ ROUTINGS: list[tuple[tuple[int, int, int, int, int, str, int, int], str]] = [
 #: qwen3-30b-a3b, 32 tokens per GPU (batch 1), attention data parallel, dgx-h100: the
 #: period's total (us) under each shipped EP scheme
 LAYERS: list[tuple[str, str, float]] = [
-    ('ep-nccl', 'train', 957.736581),
+    ('ep-nccl', 'train', 915.946575),
     ('ep-nccl', 'decode', 240.103421),
     ('ep-allgather', 'train', 921.58514),
     ('ep-allgather', 'decode', 234.33652),

@@ -197,7 +197,7 @@ def test_each_member_is_a_layer_scheme_on_its_switch() -> None:
     cfg = load_system("dgx-h100")
     assert all(get_scheme(name).switch == ep_switch.VARIANTS[name].switch for name in FAMILY)
     r = run_layer(cfg, mm, "ep-switch", "decode")
-    assert r.moe is not None and r.moe["kernel"] == "ep-switch" and r.moe["dispatch_us"] > 0
+    assert r.moe is not None and r.moe["kernel"] == "ep-switch" and r.moe["fused_us"] > 0
     nvls = cfg.with_overrides(switch={**cfg.switch.model_dump(), "model": "nvls"})
     with pytest.raises(UserError, match="^switch.model:"):
         run_layer(nvls, mm, "ep-switch", "decode")

@@ -16,6 +16,7 @@ from cais.experiments.layer import run_layer
 from cais.experiments.spec import LayerSpec
 from cais.kernels import ep_nccl
 from cais.kernels.ep_registry import EP_KERNELS
+from cais.schemes.ep import fused_name
 from cais.schemes import get_scheme, moe_schemes, schemes
 from cais.schemes.ep import EpScheme, scheme_for
 from cais.workload.graph import Local, MoeStep
@@ -46,10 +47,15 @@ def test_every_moe_preset_runs_under_every_ep_scheme(model: str, scheme: str, mo
     r = run_layer(cfg, mm, scheme, mode)
     period = build_moe_period(mm, cfg.gpus, mode)
     steps = [s for s in period.segments if isinstance(s, MoeStep)]
-    assert steps and all(s.name in r.segments for s in steps if s.kind in ("exchange", "grouped_gemm"))
     mo = r.moe
     assert mo is not None and mo["kernel"] == get_scheme(scheme).kernel  # type: ignore[attr-defined]
-    assert mo["dispatch_us"] > 0 and mo["combine_us"] > 0 and mo["grouped_gemm_us"] > 0
+    if get_scheme(scheme).fuses:  # type: ignore[attr-defined]  # dispatch, experts and combine in one kernel
+        assert fused_name("dispatch", "combine") in r.segments and mo["fused_us"] > 0
+        assert mo["dispatch_us"] == mo["combine_us"] == 0
+        assert (mo["grouped_gemm_us"] > 0) == (mode == "train")  # the weight gradients run apart
+        return
+    assert steps and all(s.name in r.segments for s in steps if s.kind in ("exchange", "grouped_gemm"))
+    assert mo["dispatch_us"] > 0 and mo["combine_us"] > 0 and mo["grouped_gemm_us"] > 0 and mo["fused_us"] == 0
     # every (token, expert) row routed reaches an expert: nothing dropped, none invented
     assert sum(mo["received_rows"]) == cfg.gpus * mo["tokens_per_rank"] * mm.topk
     assert mo["dropped"] == 0
@@ -328,19 +334,24 @@ def test_nccl_p2p_protocol_by_size_as_nccl_picks_it() -> None:
 
 
 def test_small_nccl_sends_run_ll_and_it_changes_the_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    """At one token per rank every send is LL (no fence, no flag round trip); forcing
-    Simple (threshold 0) makes the same all-to-all slower; at 1,024 tokens nothing is
-    LL, so the threshold changes nothing."""
+    """At one token per rank every send is LL (no fence, no flag round trip): forcing
+    Simple (threshold 0) changes the time, and with 2 KiB rows (a send's bytes well under
+    the threshold) LL is the faster, which is why NCCL picks it there; at 1,024 tokens
+    nothing is LL, so the threshold changes nothing. (Our crossover lies below NCCL's
+    16 KiB per channel: docs/moe.md, "NCCL's all-to-all protocols".)"""
     from cais.experiments.ep import run_ep
     from cais.kernels import ep_nccl
 
     cfg = load_system("dgx-h100")
-    small_ll = run_ep(cfg, "nccl", "dispatch", 1, 7168, 8, 256)
+    small_ll = run_ep(cfg, "nccl", "dispatch", 1, 1024, 8, 256)
+    wide_ll = run_ep(cfg, "nccl", "dispatch", 1, 7168, 8, 256)
     big = run_ep(cfg, "nccl", "dispatch", 1024, 7168, 8, 256)
     monkeypatch.setattr(ep_nccl, "P2P_LL_THRESHOLD", 0)
-    small_simple = run_ep(cfg, "nccl", "dispatch", 1, 7168, 8, 256)
+    small_simple = run_ep(cfg, "nccl", "dispatch", 1, 1024, 8, 256)
+    wide_simple = run_ep(cfg, "nccl", "dispatch", 1, 7168, 8, 256)
     big_simple = run_ep(cfg, "nccl", "dispatch", 1024, 7168, 8, 256)
     assert small_ll.time_us < small_simple.time_us
+    assert wide_ll.time_us != wide_simple.time_us
     assert big.time_us == big_simple.time_us
 
 
@@ -381,3 +392,35 @@ def test_publish_splices_the_block_and_refuses_a_failed_analysis(tmp_path) -> No
     assert not (tmp_path / "runs").exists() and not (tmp_path / "report.md").exists()
     with pytest.raises(SystemExit, match="^x: the analysis failed"):
         publish("x", "ANALYSIS FAILED on these runs", tmp_path, page, "<!-- b -->", "<!-- e -->", "")
+
+
+def test_fused_in_switch_schemes_run_dispatch_experts_and_combine_as_one_kernel(tmp_path) -> None:
+    """ep-switch (fused) runs each dispatch ... combine block as one kernel per GPU: its
+    time is reported as fused, its dispatch and combine as 0; in training the weight
+    gradients still run as grouped GEMMs after it; ep-switch-unfused runs the phases
+    apart and fuses nothing; the fusion changes the layer's time."""
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(TINY))
+    runs = {(s, mode): LayerSpec(str(path), s, mode, attention="dp").run()
+            for s in ("ep-switch", "ep-switch-unfused") for mode in ("prefill", "train")}
+    for mode in ("prefill", "train"):
+        fused, apart = runs[("ep-switch", mode)].moe, runs[("ep-switch-unfused", mode)].moe
+        assert fused is not None and apart is not None
+        assert fused["fused_us"] > 0 and fused["dispatch_us"] == fused["combine_us"] == 0
+        assert apart["fused_us"] == 0 and apart["dispatch_us"] > 0 and apart["combine_us"] > 0
+        assert runs[("ep-switch", mode)].total_us != runs[("ep-switch-unfused", mode)].total_us
+    assert runs[("ep-switch", "prefill")].moe["grouped_gemm_us"] == 0  # type: ignore[index]
+    assert runs[("ep-switch", "train")].moe["grouped_gemm_us"] > 0  # type: ignore[index]  # the weight gradients
+
+
+def test_a_fused_block_is_only_dispatch_expert_steps_and_combine() -> None:
+    from cais.schemes.ep import EpScheme
+
+    d, c = MoeStep("dispatch", "exchange", "dispatch"), MoeStep("combine", "exchange", "combine")
+    fc1, act = MoeStep("fc1", "grouped_gemm", "fc1", "fwd"), MoeStep("act", "expert_act", "act")
+    wg = MoeStep("fc1_wgrad", "grouped_gemm", "fc1", "wgrad")
+    inner, after, end = EpScheme._fused_block([d, fc1, act, wg, c, fc1], 1)  # type: ignore[misc]
+    assert inner == [fc1, act] and after == [wg] and end == 5
+    assert EpScheme._fused_block([d, fc1, MoeStep("p", "permute", "permute"), c], 1) is None
+    assert EpScheme._fused_block([d, c], 1) is None  # nothing to fuse
+    assert EpScheme._fused_block([d, fc1], 1) is None  # no combine closes it

@@ -24,6 +24,7 @@ from cais.results import LinkUtil, Recorder, RunMetrics, run_metrics
 from cais.results.metrics import mirrored
 from cais.schemes import MOE_FAMILY, get_scheme, moe_schemes
 from cais.schemes.base import LayerRun, Scheme
+from cais.schemes.ep import FUSED_MARK
 from cais.workload import reference as ref
 from cais.workload.footprint import Footprint, check_fits, footprint
 from cais.workload.graph import Chain, MoeStep, Period, build_period
@@ -537,7 +538,9 @@ def moe_breakdown(period: Period, segs: dict[str, float], sch: Scheme, attention
     """A MoE layer's expert block: the EP kernel, how attention ran, the tokens each GPU
     routes, the time (us, first kernel start to last end over the GPUs) of its
     dispatches and combines (the backward's included: a combine's backward is a
-    dispatch), of its grouped GEMMs and of the shared experts, and the routing's send
+    dispatch), of its grouped GEMMs, of its fused blocks (an in-switch kernel's dispatch,
+    experts and combine in one kernel: ``fused_us``; its dispatch and combine are then 0)
+    and of the shared experts, and the routing's send
     matrices with their imbalance (busiest endpoint over the mean): one row per
     (token, destination rank) and per (token, expert)."""
     rt = period.routing
@@ -553,6 +556,7 @@ def moe_breakdown(period: Period, segs: dict[str, float], sch: Scheme, attention
             "dispatch_us": total([s.name for s in steps if s.kind == "exchange" and s.kernel == "dispatch"]),
             "combine_us": total([s.name for s in steps if s.kind == "exchange" and s.kernel == "combine"]),
             "grouped_gemm_us": total([s.name for s in steps if s.kind == "grouped_gemm"]),
+            "fused_us": total([name for name in segs if FUSED_MARK in name]),
             "shared_us": total([s.name for s in period.segments if getattr(s, "side", False)]),
             "received_rows": received.tolist(),
             "send_matrix_rank": per_rank.tolist(), "imbalance_rank": imbalance(per_rank),

@@ -64,10 +64,14 @@ GROUP_ORDERS = ("frequent", "first")
 @dataclass(frozen=True)
 class ExpertFfn:
     """The experts' FFN a fused layer runs between dispatch and combine: SwiGLU of width
-    ``ffn`` (gate/up ``[hidden, 2 ffn]``, down ``[ffn, hidden]``), operands in ``dtype``."""
+    ``ffn`` (gate/up ``[hidden, 2 ffn]``, down ``[ffn, hidden]``), operands in ``dtype``;
+    ``act``: the SwiGLU's own pass over each block's rows, as a MoE layer's activation
+    kernel costs it, times this factor (0: folded away, as the kernel-level ladder has
+    it; 1: the forward; 2: the backward, which reads and writes twice as much)."""
 
     ffn: int
     dtype: str = "bf16"
+    act: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -366,7 +370,12 @@ def _gemm_ps(m: Machine, g: int, call: EpCall, plan: Plan, ffn: ExpertFfn, comm_
             continue
         up = groups_of(counts.tolist(), 2 * ffn.ffn, call.hidden, ffn.dtype)
         down = groups_of(counts.tolist(), call.hidden, ffn.ffn, ffn.dtype)
-        out.append(grouped_gemm_ps(cm, up, sms) + grouped_gemm_ps(cm, down, sms))
+        t = grouped_gemm_ps(cm, up, sms) + grouped_gemm_ps(cm, down, sms)
+        if ffn.act:  # as kernels/activation.py's rows_activation_kernel costs it, less its launch overhead
+            total = m.cfg.gpu.sms
+            act = cm.elementwise_time_ps("gelu", int(counts.sum()), 2 * ffn.ffn, sms, total)
+            t += round(ffn.act * (act - cm.memory_time_ps(0, sms, total)))
+        out.append(t)
     return out
 
 

@@ -11,7 +11,13 @@ ops and (attention under TP) NCCL's ReduceScatter / AllGather by size; the route
 top-k and the permutes as memory-bound kernels; the experts' grouped GEMMs
 (kernels/grouped_gemm.py) over the rows the period's routing gives each GPU; the EP
 kernel's dispatch and combine, the forward dispatch with the host's wait for the
-receive counts. Where the kernel's stacks overlap the shared experts with the dispatch
+receive counts. A fused kernel of the in-switch family (``ep-switch``: token-centric
+fusion, kernels/ep_switch.py) runs each dispatch, the experts' GEMMs and activation
+after it and the combine that closes them as one kernel per GPU (``layer_kernels``), per
+block of tokens; in training the data-gradient chain (the combine's backward, the GEMMs'
+data gradients and the activation's backward, the dispatch's backward) likewise, with
+the experts' weight-gradient GEMMs after it as their own kernels. Where the kernel's
+stacks overlap the shared experts with the dispatch
 (``SHARED_OVERLAP``), the shared experts run on a side stream on the SMs the EP kernel
 leaves, and the step after the dispatch waits for them (the experts' grouped GEMMs run
 after both, as the stacks order them); elsewhere in program order.
@@ -67,16 +73,29 @@ class EpScheme(Scheme):
             s.fire(sim)
         side: list[Segment] = []  # shared-expert steps waiting for the next dispatch to overlap with
         side_done: Deps | None = None
-        for seg in r.period.segments:
+        segments = list(r.period.segments)
+        i = 0
+        while i < len(segments):
+            seg = segments[i]
+            i += 1
             if getattr(seg, "side", False) and self.overlaps_shared:
                 side.append(seg)
                 continue
             if isinstance(seg, MoeStep) and seg.kind == "exchange":
-                kernels = self._exchange_kernels(r, seg, rt)
+                block = self._fused_block(segments, i) if self.fuses and seg.kernel == "dispatch" else None
+                after: list[MoeStep] = []
+                if block is None:
+                    kernels = self._exchange_kernels(r, seg, rt)
+                else:
+                    inner, after, i = block
+                    kernels = self._fused_kernels(r, seg, rt, inner)
                 if side:
                     side_done = self._side(r, side, ready, kernels, counts)
                     side = []
-                ready = [r.submit(g, k, [ready[g]], r.m.launch_ps, seg.name) for g, k in enumerate(kernels)]
+                name = seg.name if block is None else fused_name(seg.name, segments[i - 1].name)
+                ready = [r.submit(g, k, [ready[g]], r.m.launch_ps, name) for g, k in enumerate(kernels)]
+                for step in after:  # the weight gradients, after the fused data-gradient chain
+                    ready = self.step(r, step, ready, counts)
                 continue
             if side_done is not None:  # the step after the dispatch waits for the shared experts too
                 ready = [all_of(sim, [ready[g], side_done[g]]) for g in range(n)]
@@ -150,6 +169,47 @@ class EpScheme(Scheme):
             raise ValueError(f"EP kernel {self.kernel}: {len(kernels)} kernels for {r.m.n} GPUs")
         return kernels
 
+    @property
+    def fuses(self) -> bool:
+        """Whether the EP kernel fuses dispatch, the experts and combine (the in-switch
+        family's token-centric fusion: ``fused`` and ``layer_kernels``)."""
+        return bool(getattr(self.module, "fused", False)) and hasattr(self.module, "layer_kernels")
+
+    @staticmethod
+    def _fused_block(segments: Sequence[Segment], start: int) -> tuple[list[MoeStep], list[MoeStep], int] | None:
+        """The steps a fused kernel takes over from the dispatch before ``segments[start]``:
+        (the experts' GEMMs and activation it runs, the weight-gradient GEMMs left to run
+        after it, the index after the combine that closes the block); None when anything
+        else stands between the dispatch and that combine."""
+        inner: list[MoeStep] = []
+        after: list[MoeStep] = []
+        for j in range(start, len(segments)):
+            seg = segments[j]
+            if not isinstance(seg, MoeStep) or seg.side:
+                return None
+            if seg.kind == "exchange":
+                return (inner, after, j + 1) if seg.kernel == "combine" and inner else None
+            if seg.kind not in ("grouped_gemm", "expert_act"):
+                return None
+            (after if seg.role == "wgrad" else inner).append(seg)
+        return None
+
+    def _fused_kernels(self, r: LayerRun, seg: MoeStep, rt: Routing, inner: Sequence[MoeStep]) -> list[Kernel]:
+        """One fused kernel per GPU: the dispatch ``seg``, the experts' ``inner`` steps
+        (two grouped GEMMs of the expert FFN's shapes: the forward's, or the data-gradient
+        chain's, which has the same FLOPs; the activation, forward or backward, per block)
+        and the combine after them (kernels/ep_switch.py ``layer_kernels``)."""
+        from cais.kernels.ep_switch import ExpertFfn
+
+        acts = [s for s in inner if s.kind == "expert_act"]
+        act = 0.0 if not acts else (2.0 if acts[0].kernel == "act_bwd" else 1.0)
+        call = EpCall("dispatch", rt, r.d.hidden, "bf16", None, host_sync=seg.name == "dispatch")
+        ffn = ExpertFfn(r.model.ffn_hidden, "bf16", act)
+        kernels = self.module.layer_kernels(r.m, call, ffn)  # type: ignore[attr-defined]
+        if len(kernels) != r.m.n:
+            raise ValueError(f"EP kernel {self.kernel}: {len(kernels)} fused kernels for {r.m.n} GPUs")
+        return kernels
+
     def _side(self, r: LayerRun, steps: Sequence[Segment], deps: Deps, ep: Sequence[Kernel],
               counts: np.ndarray) -> Deps:
         """The shared experts' ``steps`` on a side stream beside the EP kernels ``ep``:
@@ -165,6 +225,16 @@ class EpScheme(Scheme):
         for seg in steps:
             out = self.step(r, seg, out, counts, side_set)
         return out
+
+
+#: what joins a fused block's segment name: ``dispatch+experts+combine``
+FUSED_MARK = "+experts+"
+
+
+def fused_name(dispatch: str, combine: str) -> str:
+    """The segment name of a fused block from ``dispatch`` to ``combine`` (its spans and
+    times are reported under it)."""
+    return f"{dispatch}{FUSED_MARK}{combine}"
 
 
 def _received(rt: Routing) -> np.ndarray:
