@@ -1,20 +1,35 @@
-"""Simulator speed of the MoE work (issue 66): a one-node EP sweep (every EP kernel's
-dispatch and combine at tokens per rank 1-8,192 and EP 2, 4, 8; DeepSeek-V3's rows, BF16,
-as `cais reproduce moe` runs them) and whole MoE layers on nvl72 at EP 72 and on
-gh200-nvl32 at EP 32 (`cais run`), each with its wall time and simulated events.
+"""Simulator speed of the MoE work (issue 66): the one-node EP sweep of ``cais reproduce
+moe`` (every shipped EP kernel's dispatch and combine at tokens per rank 1-8,192 and EP
+2, 4, 8 on ``dgx-h100`` and ``hgx-h800``; DeepSeek-V3's rows, BF16; the low-latency
+kernel up to its buffer limit, ``LL_MAX_TOKENS``, as the experiment runs it) and whole
+MoE layers on nvl72 at EP 72 and on gh200-nvl32 at EP 32 (`cais run`), each with its
+wall time and simulated events.
 
-    .venv/bin/python benchmarks/bench_moe.py [--system dgx-h100] [--tokens 1 16 128 1024 8192]
-        [--layer-seq 64] [--no-layers]
+    .venv/bin/python benchmarks/bench_moe.py [--systems dgx-h100 hgx-h800] [--tokens 1 16 128 1024 8192]
+        [--ll-all] [--against REV | --against-tree DIR] [--layer-seq 64] [--no-layers] [--no-sweep]
+
+``--against REV`` (or ``--against-tree DIR``, a checkout whose ``src/cais`` has its
+compiled core) also runs the sweep under that revision, in a child process
+(``PYTHONPATH``, as ``bench_core.py`` does), alternating with this tree system by
+system so that both see the same load, and prints the ratio of wall times; the
+simulated events of each kernel must be the same (the work is the same). ``--ll-all``
+runs the low-latency kernel at every token count.
 
 Targets (issue 66): the one-node sweep in seconds, an nvl72 EP-72 layer in minutes.
-The table says for each row whether it met its target; the sweep's total is the sum of
-its points run one after the other in this process.
+The table says for each row whether it met its target (the sweep: under 60 s a kernel);
+the sweep's total is the sum of its points run one after the other in one process.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
+import sys
 import time
+from collections.abc import Sequence
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -22,34 +37,120 @@ from rich.table import Table
 from cais.config import load_system
 from cais.errors import UserError
 from cais.experiments.layer import run_layer
-from cais.kernels.ep_registry import EP_KERNELS
-from cais.reproduce.points import ep_point
 from cais.workload.moe import load_moe_model
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+#: the one-node EP degrees of ``cais reproduce moe``
+EPS = (2, 4, 8)
+
+
+def sweep(system: str, tokens: Sequence[int], ll_all: bool) -> dict[str, dict[str, float]]:
+    """The one-node sweep on ``system``: per shipped kernel, its points, simulated events
+    and wall seconds (dispatch and combine of each point, one after the other)."""
+    from cais.experiments.spec import ep_kernels
+    from cais.reproduce.experiments.moe import LL_MAX_TOKENS
+    from cais.reproduce.points import ep_point
+    out: dict[str, dict[str, float]] = {}
+    for kernel in ep_kernels(shipped_only=True):
+        row = out.setdefault(kernel, {"points": 0, "events": 0, "wall_s": 0.0})
+        for ep in EPS:
+            for t in tokens:
+                if kernel == "deepep-ll" and t > LL_MAX_TOKENS and not ll_all:
+                    continue
+                t0 = time.perf_counter()
+                r = ep_point({"system": system, "gpus": ep, "kernel": kernel, "tokens": t, "sets": "{}"})
+                row["wall_s"] += time.perf_counter() - t0
+                row["events"] += int(r["events"])
+                row["points"] += 1
+    return out
+
+
+def sweep_elsewhere(src: Path, system: str, tokens: Sequence[int], ll_all: bool) -> dict[str, dict[str, float]]:
+    """:func:`sweep` in a child process importing ``cais`` from ``src`` (another revision)."""
+    code = (f"import bench_moe, json; print(json.dumps(bench_moe.sweep({system!r}, {list(tokens)!r}, {ll_all!r})))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), str(HERE)])}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=src.parent)
+    if out.returncode:
+        last = (out.stderr.strip().splitlines() or ["(no output)"])[-1]
+        print(f"bench_moe: the sweep failed under {src}: {last}", file=sys.stderr)
+        raise SystemExit(2)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def baseline(args: argparse.Namespace) -> Path | None:
+    """The ``src`` folder of the revision to compare with, if any (checked out and built
+    by bench_core's helpers for ``--against``)."""
+    if args.against_tree:
+        src = Path(args.against_tree) / "src"
+        if not (src / "cais").is_dir():
+            print(f"bench_moe: --against-tree {args.against_tree}: no src/cais there", file=sys.stderr)
+            raise SystemExit(2)
+        return src
+    if args.against:
+        from bench_core import worktree
+        return worktree(args.against) / "src"
+    return None
+
+
+def sweep_table(args: argparse.Namespace) -> Table:
+    """The one-node sweep per system and kernel (and against the baseline, if any)."""
+    base = baseline(args)
+    title = "One-node EP sweep (this machine, one process)" + (f", against {base.parent}" if base else "")
+    table = Table(title=title)
+    cols = ["system", "kernel", "points", "events", "wall (s)", "events/s"]
+    if base:
+        cols += ["wall before (s)", "events before", "speed-up"]
+    for col in cols:
+        table.add_column(col, justify="right")
+    total, total_before, events = 0.0, 0.0, 0
+    for system in args.systems:
+        before = sweep_elsewhere(base, system, args.tokens, args.ll_all) if base else {}
+        now = sweep(system, args.tokens, args.ll_all)
+        for kernel, row in now.items():
+            cells = [system, kernel, f"{row['points']:.0f}", f"{row['events']:,.0f}", f"{row['wall_s']:.2f}",
+                     f"{row['events'] / max(row['wall_s'], 1e-9):,.0f}"]
+            total += row["wall_s"]
+            events += int(row["events"])
+            if base:
+                b = before.get(kernel)
+                if b is None:
+                    cells += ["-", "-", "-"]
+                else:
+                    total_before += b["wall_s"]
+                    same = "" if int(b["events"]) == int(row["events"]) else " (differs)"
+                    cells += [f"{b['wall_s']:.2f}", f"{b['events']:,.0f}{same}", f"{b['wall_s'] / row['wall_s']:.2f}x"]
+            table.add_row(*cells)
+    cells = ["all", "", "", f"{events:,}", f"{total:.2f}", f"{events / max(total, 1e-9):,.0f}"]
+    if base:
+        cells += [f"{total_before:.2f}", "", f"{total_before / total:.2f}x"]
+    table.add_row(*cells)
+    return table
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--system", default="dgx-h100")
+    ap.add_argument("--systems", nargs="+", default=["dgx-h100", "hgx-h800"])
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 128, 1024, 8192])
+    ap.add_argument("--ll-all", action="store_true", help="the low-latency kernel at every token count")
+    ap.add_argument("--against", default=None, help="a git revision to run the sweep under too")
+    ap.add_argument("--against-tree", default=None, help="a checkout (with its compiled core) to run the sweep under")
     ap.add_argument("--layer-seq", type=int, default=64, help="tokens per sequence of the layer runs (batch 1)")
     ap.add_argument("--no-layers", action="store_true", help="the one-node sweep only")
     ap.add_argument("--no-sweep", action="store_true", help="the layers only")
     args = ap.parse_args()
-    table = Table(title="MoE simulator speed (this machine, one process)")
-    for col in ("what", "points", "events", "wall (s)", "events/s", "target"):
+    console = Console(width=160)
+    if not args.no_sweep:
+        console.print(sweep_table(args))
+    table = Table(title="MoE layers (this machine, one process)")
+    for col in ("what", "events", "wall (s)", "events/s", "target"):
         table.add_column(col, justify="right")
-    for kernel in () if args.no_sweep else EP_KERNELS:
-        events, t0 = 0, time.perf_counter()
-        for ep in (2, 4, 8):
-            for tokens in args.tokens:
-                r = ep_point({"system": args.system, "gpus": ep, "kernel": kernel, "tokens": tokens, "sets": "{}"})
-                events += int(r["events"])
-        wall = time.perf_counter() - t0
-        table.add_row(f"one-node sweep, {kernel}, {args.system}", str(3 * len(args.tokens)), f"{events:,}",
-                      f"{wall:.1f}", f"{events / wall:,.0f}", "seconds: " + ("met" if wall < 60 else "MISSED"))
     if not args.no_layers:
         for system, kernel, mode in (("nvl72", "deepep", "prefill"), ("nvl72", "nccl", "prefill"),
                                      ("nvl72", "deepep", "decode"), ("nvl72", "deepep", "train"),
+                                     ("nvl72", "deepep-ll", "prefill"), ("nvl72", "deepep-ll", "train"),
+                                     ("nvl72", "nccl", "train"),
                                      ("gh200-nvl32", "deepep", "prefill"), ("gh200-nvl32", "deepep", "train")):
             cfg = load_system(system)
             # EP 72 needs an expert count it divides: DeepSeek-V3's 256 plus 32 redundant copies (288, as its
@@ -62,12 +163,12 @@ def main() -> None:
             try:
                 layer = run_layer(cfg, model, f"ep-{kernel}", mode, attention="dp")
             except UserError as exc:  # a run the simulator's event limit refuses: say so, with its estimate
-                table.add_row(what, "1", "-", "-", "-", f"refused: {str(exc).split(' (')[0][-60:]}")
+                table.add_row(what, "-", "-", "-", f"refused: {str(exc).split(' (')[0][-60:]}")
                 continue
             wall = time.perf_counter() - t0
-            table.add_row(what, "1", f"{layer.events:,}", f"{wall:.1f}", f"{layer.events / wall:,.0f}",
+            table.add_row(what, f"{layer.events:,}", f"{wall:.1f}", f"{layer.events / wall:,.0f}",
                           "minutes: " + ("met" if wall < 600 else "MISSED"))
-    Console(width=150).print(table)
+        console.print(table)
 
 
 if __name__ == "__main__":

@@ -192,13 +192,13 @@ class Isa:
             return
         pieces = self.stripes(region, unit)
         landed = self._counter(len(pieces), done)
-        last: dict[int, int] = {}  # chip -> index of its last piece: it carries the fence
+        fences: list[Completion | None] | None = None
         if fenced is not None:
-            last = {chip: i for i, (_, chip) in enumerate(pieces)}
-        fences = None
-        if fenced is not None:
+            last = {chip: i for i, (_, chip) in enumerate(pieces)}  # chip -> its last piece: it carries the fence
             acked = self._counter(len(last), fenced)
-            fences = [acked if last.get(chip) == i else None for i, (_, chip) in enumerate(pieces)]
+            fences = [None] * len(pieces)
+            for i in last.values():
+                fences[i] = acked
         self.m.gpus[src].issue_pieces(kind, dst, pieces, landed, port, stream, False, self._data(data, region, pieces),
                                       encoding=encoding, fences=fences)
 

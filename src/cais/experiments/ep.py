@@ -38,7 +38,7 @@ from cais.workload.numerics import swiglu
 from cais.workload.reference import _grid
 from cais.workload.routing import CAPACITY_MODES, GENERATORS, Routing, generate, imbalance
 
-__all__ = ["EP_KERNELS", "EpResult", "check_args", "expert_block_check", "functional_check", "on_switch", "run_ep",
+__all__ = ["EP_KERNELS", "EpResult", "check_args", "check_ep_size", "expert_block_check", "functional_check", "on_switch", "run_ep",
            "run_ep_tuned"]
 
 
@@ -107,17 +107,26 @@ def _own_bytes(kernel: str, call: EpCall) -> int:
     return rows * call.row_bytes
 
 
+def check_ep_size(cfg: SystemConfig, tokens: int, topk: int) -> None:
+    """A one-line TooBig (a UserError) naming ``tokens`` for a call whose (token, expert)
+    rows alone exceed the event limit: at least one packet train per selection of every
+    rank. Checked before the routing is drawn."""
+    check_events(EVENTS_PER_TRAIN * cfg.gpus * tokens * topk,
+                 f"tokens: {tokens} per rank x topk {topk} on {cfg.gpus} GPUs", "use fewer tokens per rank")
+
+
 def run_ep(cfg: SystemConfig, kernel: str, op: str, tokens: int, hidden: int, topk: int, experts: int,
            dtype: str = "bf16", sms: int | None = None, routing: str = "uniform", seed: int = 0,
            alpha: float = 1.0, sigma: float = 1.0, trace: str | None = None, capacity_factor: float | None = None,
            capacity: str = "none", n_group: int = 1, topk_group: int = 1, host_sync: bool = False,
-           constants: EpConstants | None = None, functional: bool = False, chunk: int | None = None) -> EpResult:
-    """Simulate one EP ``op`` with ``kernel`` on ``cfg``'s GPUs (module doc)."""
+           constants: EpConstants | None = None, functional: bool = False, chunk: int | None = None,
+           drawn: Routing | None = None) -> EpResult:
+    """Simulate one EP ``op`` with ``kernel`` on ``cfg``'s GPUs (module doc). ``drawn``:
+    the routing these arguments draw, drawn already by the caller (a dispatch and its
+    combine share one), used as given."""
     mod = check_args(kernel, op, dtype)
     cfg = on_switch(cfg, mod)
-    # at least one packet train per (token, expert) selection of every rank: refused before the routing is drawn
-    check_events(EVENTS_PER_TRAIN * cfg.gpus * tokens * topk,
-                 f"tokens: {tokens} per rank x topk {topk} on {cfg.gpus} GPUs", "use fewer tokens per rank")
+    check_ep_size(cfg, tokens, topk)
     if routing not in GENERATORS:
         raise UserError(f"routing: unknown '{routing}'; valid: {', '.join(GENERATORS)}")
     if capacity not in CAPACITY_MODES:
@@ -125,8 +134,10 @@ def run_ep(cfg: SystemConfig, kernel: str, op: str, tokens: int, hidden: int, to
     if capacity == "pad":
         raise UserError("capacity: 'pad' is reported by the routing (cais.workload.routing) but not yet "
                         "moved by the EP kernels; use drop or none")
-    rt = generate(routing, cfg.gpus, tokens, experts, topk, seed, alpha, sigma, n_group, topk_group, trace,
-                  capacity_factor, capacity)
+    if functional:
+        _check_functional_size(cfg.gpus, tokens, hidden, topk, experts)
+    rt = drawn if drawn is not None else generate(routing, cfg.gpus, tokens, experts, topk, seed, alpha, sigma,
+                                                  n_group, topk_group, trace, capacity_factor, capacity)
     call = EpCall(op, rt, hidden, dtype, sms, host_sync, constants or ep_constants(), chunk)
     t0 = time.perf_counter()
     correct = None
@@ -147,6 +158,19 @@ def run_ep(cfg: SystemConfig, kernel: str, op: str, tokens: int, hidden: int, to
     return EpResult(kernel, op, cfg.gpus, tokens, hidden, topk, experts, dtype, t_us,
                     nbytes / (end / 1e12) / 1e9, nbytes, how, _own_bytes(kernel, call), mat.tolist(),
                     imbalance(mat), rt.dropped(), m.sim.events, time.perf_counter() - t0, correct)
+
+
+def _check_functional_size(ranks: int, tokens: int, hidden: int, topk: int, experts: int) -> None:
+    """A one-line UserError for a functional run too large to hold in numpy: its experts'
+    matrices (``experts x hidden x hidden``) or its rows (``ranks x tokens x topk x
+    hidden``, what the layouts hold at most) past :data:`FUNCTIONAL_EXPERT_ELEMS`."""
+    weights, rows = experts * hidden * hidden, ranks * tokens * max(1, topk) * hidden
+    if weights > FUNCTIONAL_EXPERT_ELEMS:
+        raise UserError(f"hidden: functional mode's {experts} experts of {hidden} x {hidden} hold {weights:,} "
+                        f"values, over {FUNCTIONAL_EXPERT_ELEMS:,}; use a smaller hidden or fewer experts")
+    if rows > FUNCTIONAL_EXPERT_ELEMS:
+        raise UserError(f"tokens: functional mode's rows ({ranks} ranks x {tokens} tokens x top-{topk} x hidden "
+                        f"{hidden}) hold {rows:,} values, over {FUNCTIONAL_EXPERT_ELEMS:,}; use fewer tokens")
 
 
 def run_ep_tuned(cfg: SystemConfig, kernel: str, op: str, tokens: int, hidden: int, topk: int, experts: int,

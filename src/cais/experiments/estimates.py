@@ -7,6 +7,10 @@ packet trains are the bytes moved in the system's transfer unit."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
+
 from cais.config import SystemConfig
 from cais.kernels.attention import attention_tbs
 from cais.kernels.gemm import nominal_tiles
@@ -14,6 +18,7 @@ from cais.kernels.local import row_tbs
 from cais.kernels.nvls_staged import staged_steps
 from cais.kernels.algorithms import algorithm
 from cais.kernels.collectives import ALGOS  # noqa: F401 - registers NCCL's and the production algorithms
+from cais.kernels.ep_common import EpCall, ep_constants
 from cais.limits import EVENTS_PER_TB, EVENTS_PER_TRAIN, trains
 from cais.workload.graph import Chain, Gather, Local, MoeStep, Period, Reduce
 
@@ -26,6 +31,24 @@ EVENTS_PER_STAGED_STEP = 700
 # schemes, whose GEMMs load their operands tile by tile through the switch.
 LAYER_FACTOR = 4
 LAYER_FACTOR_CAIS = 21
+# An EP exchange (moe_period_events): each packet train of its stores costs about 3
+# events (arbitration and arrival at each channel it crosses, the write responses of a
+# fenced store counted as trains), each store about 6 more (its copy loop's steps in
+# the interpreter: the window, the issue, the landing and its counters). Least squares
+# on the relative error over 30 dispatches and combines of nccl, deepep and deepep-ll
+# on dgx-h100 (EP 2 and 8, 16 to 1,024 tokens per rank) gave 3.06 and 5.6: rounded,
+# 0.79-1.15 of the real counts; held out (gh200-nvl32 EP 32, nvl72 EP 72, hgx-h800
+# EP 8; 30 runs) 0.49-1.15, DeepEP normal at 16 tokens per rank on the racks the
+# lowest (docs/errors.md, "Size limits").
+EVENTS_PER_EP_TRAIN = 3
+EVENTS_PER_EP_STORE = 6
+# A MoE period's other kernels (attention, GEMM tiles, row blocks, the grouped GEMMs'
+# persistent TBs, the route and permute copies) cost about a quarter of the dense
+# estimate's 4 events per TB (they are bulk-synchronous kernels, one phase per TB):
+# fitted (least squares on the log of estimate over real) on 72 MoE layer runs on
+# dgx-h100, 0.72-4.73 of the real counts there, 0.61-2.12 held out on gh200-nvl32 and
+# nvl72 (docs/errors.md).
+MOE_LAYER_FACTOR = 0.27
 
 
 def collective_events(cfg: SystemConfig, op: str, algo: str, nbytes: int) -> float:
@@ -98,3 +121,72 @@ def period_events(cfg: SystemConfig, period: Period, dtype_bytes: int,
         chains = sum(isinstance(seg, Chain) for seg in period.segments)
         events += chains * _staged_steps(cfg, int(act), cfg.collective.nvls_channels)
     return events
+
+
+def exchange_events(cfg: SystemConfig, module: Any, call: EpCall) -> float:
+    """Estimated events of one EP dispatch or combine (``call``) of the EP kernel
+    ``module`` (cais.kernels.ep_registry) on ``cfg``: an NCCL collective (its
+    ``collective``) as :func:`collective_events`; else the stores it lists
+    (``messages``: how many, bytes, unit, fenced), each cut into packet trains (a
+    fenced store's write responses, one per chip it crossed, counted as trains too);
+    a kernel that lists none, one store per remote (token, expert) row."""
+    coll = getattr(module, "collective", None)
+    if coll is not None:
+        op, choice, nbytes = coll(cfg, call)
+        return collective_events(cfg, op, choice.algo, nbytes)
+    lister = getattr(module, "messages", None)
+    if lister is not None:
+        stores = lister(cfg, call)
+    else:
+        mat = call.routing.matrix("expert")
+        stores = [(int(mat.sum() - np.trace(mat)), call.row_bytes, cfg.unit_for(call.row_bytes), False)]
+    events = 0.0
+    for count, nbytes, unit, fenced in stores:
+        t = trains(cfg, nbytes, unit)
+        events += count * (EVENTS_PER_EP_TRAIN * (t + (min(cfg.switch.chips, t) if fenced else 0))
+                           + EVENTS_PER_EP_STORE)
+    return events
+
+
+def moe_period_events(cfg: SystemConfig, period: Period, dtype_bytes: int, module: Any) -> float:
+    """Estimated events of one MoE layer period (``period.routing`` set) whose
+    exchanges run EP kernel ``module``: every GPU's TBs of its other kernels, as
+    :func:`period_events` counts them but the grouped GEMMs (one persistent TB per SM),
+    the row-wise expert steps (their routed rows) and the exchanges, each estimated as
+    the kernel runs it (:func:`exchange_events`; the forward dispatch with the host's
+    wait for the counts), the collectives of attention under TP in trains."""
+    rt = period.routing
+    assert rt is not None
+    d = period.dims
+    sms = cfg.gpu.sms
+    tbs = 0
+    moved = 0.0
+    exchanges = 0.0
+    act = d.tokens * d.hidden * dtype_bytes
+    rows = int((rt.topk_idx >= 0).sum(axis=(1, 2)).max())  # the busiest GPU's (token, expert) rows
+    for seg in period.segments:
+        if isinstance(seg, MoeStep):
+            if seg.kind == "exchange":
+                call = EpCall(seg.kernel, rt, d.hidden, "bf16", None, seg.name == "dispatch", ep_constants())
+                exchanges += exchange_events(cfg, module, call)
+            elif seg.kind == "grouped_gemm":
+                tbs += sms
+            elif seg.kind == "expert_act":
+                tbs += row_tbs(seg.m or rows)
+            else:  # route, permute: a copy on at most every SM
+                tbs += sms
+        elif isinstance(seg, Chain):
+            tbs += (nominal_tiles(seg.gemm1.m, seg.gemm1.n) + nominal_tiles(seg.gemm2.m, seg.gemm2.n)
+                    + row_tbs(seg.rowop.rows))
+            moved += 2 * act
+        elif isinstance(seg, (Gather, Reduce)):
+            moved += act
+        elif isinstance(seg, Local) and seg.gemm is not None:
+            tbs += nominal_tiles(seg.gemm.m, seg.gemm.n)
+        elif isinstance(seg, Local) and seg.kind.startswith("attention"):
+            tbs += attention_tbs(d)
+        else:
+            tbs += row_tbs(d.tokens)
+    unit = min(cfg.transfer_unit_bytes, cfg.collective_unit_bytes)
+    return (MOE_LAYER_FACTOR * cfg.gpus * (EVENTS_PER_TB * tbs + EVENTS_PER_TRAIN * trains(cfg, moved, unit))
+            + exchanges)

@@ -13,7 +13,7 @@ from cais.hw.compute import ComputeModel
 from cais.errors import UserError
 from cais.workload.dims import MODES
 from cais.config import PS_PER_US, SystemConfig
-from cais.experiments.estimates import period_events
+from cais.experiments.estimates import moe_period_events, period_events
 from cais.limits import check_events, check_machine
 from cais.engine.sim import fewer_collections
 from cais.machine import Machine, Stalled
@@ -281,11 +281,21 @@ def _mirror_mode(cfg: SystemConfig, scheme: str, sim: str, functional: bool) -> 
     return True
 
 
-def _check_size(cfg: SystemConfig, model: ModelSpec, scheme: str, switch: str, mode: str, period: Period,
+def _estimate(cfg: SystemConfig, period: Period, dtype_bytes: int, sch: Scheme) -> float:
+    """The period's estimated events (cais.experiments.estimates): a MoE period's with
+    its exchanges as the scheme's EP kernel runs them."""
+    module = getattr(sch, "module", None)
+    if period.routing is not None and module is not None:
+        return moe_period_events(cfg, period, dtype_bytes, module)
+    return period_events(cfg, period, dtype_bytes, sch.switch)
+
+
+def _check_size(cfg: SystemConfig, model: ModelSpec, sch: Scheme, mode: str, period: Period,
                 mirror: bool = False) -> None:
     """UserError (one line) if the period is estimated beyond what the simulator can
     finish (cais.limits; mirror mode simulates one GPU's share)."""
-    estimate = period_events(cfg, period, model.dtype_bytes, switch) / (cfg.gpus if mirror else 1)
+    scheme = sch.name
+    estimate = _estimate(cfg, period, model.dtype_bytes, sch) / (cfg.gpus if mirror else 1)
     check_machine(cfg, estimate)
     check_events(estimate,
                  f"{model.name} {mode} under {scheme} with batch {model.batch} and seq {model.seq} on {cfg.gpus} GPUs",
@@ -358,7 +368,7 @@ def check_layer(cfg: SystemConfig, model: ModelSpec | MoeSpec, scheme: str, mode
     if switch != cfg.switch.model:
         cfg = cfg.with_overrides(switch={**cfg.switch.model_dump(), "model": switch})
     mirror = _mirror_mode(cfg, scheme, sim, False)
-    _check_size(cfg, model, scheme, sch.switch, mode, build_period(model, cfg.gpus, mode, sch.sp), mirror)
+    _check_size(cfg, model, sch, mode, build_period(model, cfg.gpus, mode, sch.sp), mirror)
     check_memory(cfg, model, mode, sch.sp, keep)
 
 
@@ -387,7 +397,7 @@ def run_layer(cfg: SystemConfig, model: ModelSpec | MoeSpec, scheme: str, mode: 
         cfg = cfg.with_overrides(link={**cfg.link.model_dump(), "vc_policy": vc_policy})
     mirror = _mirror_mode(cfg, scheme, sim, functional)
     period = build_period(model, cfg.gpus, mode, sch.sp, seed, regather)
-    _check_size(cfg, model, scheme, sch.switch, mode, period, mirror)
+    _check_size(cfg, model, sch, mode, period, mirror)
     memory = check_memory(cfg, model, mode, sch.sp, keep)
     if progress is not None:
         progress.begin(period_events(cfg, period, model.dtype_bytes, sch.switch) / (cfg.gpus if mirror else 1),
@@ -455,7 +465,7 @@ def _check_moe(cfg: SystemConfig, model: MoeSpec, sch: Scheme, mode: str, sim: s
         raise UserError(f"sim: a MoE layer runs every GPU ('full'); got '{sim}'")
     period = build_moe_period(model, cfg.gpus, mode, attention, 0)
     dm = attention_model(model)
-    _check_size(cfg, dm, sch.name, sch.switch, mode, period)
+    _check_size(cfg, dm, sch, mode, period)
     return period
 
 
@@ -475,7 +485,7 @@ def _run_moe(cfg: SystemConfig, model: MoeSpec, sch: Scheme, mode: str, function
             bad.append("expert_block")
     dm = attention_model(model)
     if progress is not None:
-        progress.begin(period_events(cfg, period, dm.dtype_bytes, sch.switch),
+        progress.begin(_estimate(cfg, period, dm.dtype_bytes, sch),
                        f"{model.name} {mode} under {sch.name} on {cfg.gpus} GPUs")
     t0 = time.perf_counter()
     with fewer_collections():

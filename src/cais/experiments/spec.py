@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from cais.experiments.collective import CollectiveResult, check_collective, resolve_choice, run_collective
-from cais.errors import validation_message
-from cais.experiments.ep import EP_KERNELS, EpResult, run_ep
+from cais.errors import looks_like_path, validation_message
+from cais.experiments.ep import EP_KERNELS, EpResult, check_ep_size, run_ep
 from cais.kernels.ep_registry import shipped
 from cais.experiments.layer import LayerResult, check_layer, run_layer
 from cais.config import ConfigError, SystemConfig, apply_overrides, check_gpus, load_system, overridden
@@ -27,8 +28,9 @@ from cais.provenance import collect
 from cais.results.recorder import Recorder
 from cais.schemes import get_scheme
 from cais.units import SizeError, parse_size
-from cais.workload.models import ModelSpec, load_model
-from cais.workload.moe import MoeSpec, is_moe_model, load_moe_model
+from cais.workload.models import ModelError, ModelSpec, list_models, load_model
+from cais.workload.moe import MoeSpec, is_moe_model, list_moe_models, load_moe_model
+from cais.workload.routing import Routing, generate
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,9 @@ class LayerSpec:
         if is_moe_model(self.model):
             run = {k: v for k, v in (("batch", self.batch), ("seq", self.seq)) if v}
             return load_moe_model(self.model, **dict(self.shape), **run)
+        if not looks_like_path(self.model) and not Path(self.model).exists() and self.model not in list_models():
+            raise ModelError(f"model: unknown model '{self.model}'; valid: {', '.join(list_models())}; MoE: "
+                             f"{', '.join(list_moe_models())} (or a model JSON or Hugging Face config.json file)")
         model = load_model(self.model, **dict(self.shape))
         return model.with_run(self.batch, self.seq) if self.batch or self.seq else model
 
@@ -184,11 +189,19 @@ class EpRunSpec:
         """The system and the values its overrides set."""
         return self.system.build()
 
-    def run(self, built: tuple[SystemConfig, dict[str, Any]] | None = None) -> EpResult:
-        """Simulate the op (on ``built``, if the caller built it already)."""
+    def routing(self, built: tuple[SystemConfig, dict[str, Any]] | None = None) -> Routing:
+        """The routing the op runs on (uniform from ``seed``): the same for every op and
+        kernel of one (system, tokens, top-k, experts, seed)."""
+        cfg, _ = built or self.build()
+        check_ep_size(cfg, self.tokens, self.topk)
+        return generate("uniform", cfg.gpus, self.tokens, self.experts, self.topk, self.seed)
+
+    def run(self, built: tuple[SystemConfig, dict[str, Any]] | None = None, drawn: Routing | None = None) -> EpResult:
+        """Simulate the op (on ``built``, if the caller built it already; on ``drawn``,
+        :meth:`routing`'s result, if the caller drew it already)."""
         cfg, _ = built or self.build()
         return run_ep(cfg, self.kernel, self.op, self.tokens, self.hidden, self.topk, self.experts, self.dtype,
-                      seed=self.seed)
+                      seed=self.seed, drawn=drawn)
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,11 @@ payload is ``dtype`` elements; FP8 scales are not sent (Megatron gathers BF16).
 
 from __future__ import annotations
 
-from cais.config import PS_PER_US
+from cais.config import PS_PER_US, SystemConfig
 from cais.hw.gpu import Kernel
 from cais.kernels.collectives import CollectiveSpec, build
 from cais.kernels.ep_common import EpCall, alloc_rows
-from cais.kernels.tuning import choose_for
+from cais.kernels.tuning import Choice, choose_for
 from cais.machine import Machine
 
 
@@ -27,6 +27,17 @@ from cais.machine import Machine
 PERMUTE = "receiver"
 #: Megatron-Core's shared-expert overlap is not offered with the all-gather dispatcher
 SHARED_OVERLAP = False
+
+#: the NCCL collective each op is (for the event estimate, cais.experiments.estimates)
+COLLECTIVES = {"dispatch": "allgather", "combine": "reducescatter"}
+
+
+def collective(cfg: SystemConfig, call: EpCall) -> tuple[str, Choice, int]:
+    """(op, NCCL's choice by size, nccl-tests bytes) of the NCCL collective ``call`` runs."""
+    nbytes = call.routing.ranks * call.routing.tokens * call.hidden * call.elem_bytes
+    op = COLLECTIVES[call.op]
+    return op, choose_for(cfg, op, nbytes, "auto", "auto"), nbytes
+
 
 def kernels(m: Machine, call: EpCall) -> list[Kernel]:
     """Dispatch: ``x`` ([tokens, hidden]) -> ``recv_x`` ([ranks x tokens, hidden], by
@@ -44,8 +55,7 @@ def kernels(m: Machine, call: EpCall) -> list[Kernel]:
             alloc_rows(m, g, name, rows, call)
     count = n * rt.tokens * h
     eb = call.elem_bytes
-    op = "allgather" if call.op == "dispatch" else "reducescatter"
-    choice = choose_for(m.cfg, op, count * eb, "auto", "auto")
+    op, choice, _ = collective(m.cfg, call)
     send, recv = ("x", "recv_x") if call.op == "dispatch" else ("expert_out", "combined")
     spec = CollectiveSpec(op, choice.algo, count, eb, send=send, recv=recv, protocol=choice.protocol,
                           host_ps=round(m.cfg.collective.host_us * PS_PER_US))

@@ -191,16 +191,25 @@ def copy_tb(m: Machine, g: int, call: EpCall, moves: Sequence[Move], before: Seq
                 for c in mv.landed:
                     c.arrive(sim)
                 continue
-            arrived = Countdown(len(parts))
-            for c in mv.landed:
-                arrived.on_fire(partial(_arrive_on_fire, c, sim))
             ll = mv.protocol == "ll"
+            arrived: Countdown | None = None  # one part: its landing is the move's
+            if len(parts) > 1:
+                arrived = Countdown(len(parts))
+                for c in mv.landed:
+                    arrived.on_fire(partial(_arrive_on_fire, c, sim))
             for region, data in parts:
-                yield from win.acquire(region.nbytes)
+                nbytes = region.nbytes
+                while win.used > 0 and win.used + nbytes > win.limit:  # Window.acquire, inline
+                    yield win.wait()
+                win.used += nbytes
 
-                def landed(nb: int = region.nbytes, a: Countdown = arrived) -> None:
+                def landed(nb: int = nbytes, a: Countdown | None = arrived, each: list[Countdown] = mv.landed) -> None:
                     win.release(nb)
-                    a.arrive(sim)
+                    if a is not None:
+                        a.arrive(sim)
+                    else:  # as the one part's countdown firing would, in order
+                        for c in each:
+                            c.arrive(sim)
                     fin.arrive(sim)
                 if mv.protocol == "simple":  # fence (the write responses back), then the flag; lands with it
                     key = m.flag_key()

@@ -30,11 +30,12 @@ its bytes counted).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 
 import numpy as np
 
-from cais.config import PS_PER_US
+from cais.config import PS_PER_US, SystemConfig
 from cais.engine import Countdown, Signal
 from cais.engine.sim import ProgramGen
 from cais.errors import UserError
@@ -97,6 +98,22 @@ def _host_ready(m: Machine, call: EpCall) -> list[list[Signal]]:
     return [[s] for s in ready]
 
 
+def messages(cfg: SystemConfig, call: EpCall) -> list[tuple[int, int, int, bool]]:
+    """The stores one call puts on the fabric, over all GPUs, as (how many, bytes each,
+    transfer unit, fenced: its write responses come back), for the event estimate
+    (cais.experiments.estimates): each remote (token, rank) row in chunks of the NVL
+    chunk per channel, each chunk fenced and followed by its queue tail's flag."""
+    rt = call.routing
+    chunk = call.chunk or NVL_CHUNK[call.op]
+    mat = rt.matrix("rank")
+    remote = int(mat.sum() - np.trace(mat))
+    channels = sms_of(call) // 2
+    # a (sender, destination) pair's rows over its channels, cut in chunks: at most one short chunk per channel
+    chunks = remote // chunk + min(remote, rt.ranks * (rt.ranks - 1) * channels)
+    unit = cfg.unit_for(chunk * call.row_bytes)
+    return [(chunks, remote * call.row_bytes // max(1, chunks), unit, True), (chunks, 8, 8, False)]
+
+
 def kernels(m: Machine, call: EpCall) -> list[Kernel]:
     """One DeepEP normal kernel per GPU for ``call`` (module doc). Buffers: dispatch
     reads ``x`` ([tokens, hidden]) and fills ``recv_x`` (:func:`recv_layout`); combine
@@ -109,34 +126,39 @@ def kernels(m: Machine, call: EpCall) -> list[Kernel]:
     chunk = call.chunk or NVL_CHUNK[call.op]
     ranges = split(0, T, C)
     hit = rt.in_rank()
-    layout = recv_layout(call)
-    pos = [{gt: i for i, gt in enumerate(rows)} for rows in layout]  # (g, t) -> row of recv_x on r
+    # toks[g][r]: the tokens of rank g bound for rank r, in order; rank r's recv_x holds them
+    # from row first[g, r] on (by source, then token: recv_layout)
+    toks = [[np.flatnonzero(hit[g, :, r]) for r in range(n)] for g in range(n)]
+    sizes = np.array([[len(toks[g][r]) for r in range(n)] for g in range(n)], dtype=np.int64)
+    first = np.cumsum(sizes, axis=0) - sizes
     ready = _host_ready(m, call)
     # landed[r][c]: the moves into rank r's channel-c receiver
     moves: list[list[list[Move]]] = [[[] for _ in range(C)] for _ in range(n)]  # [sender gpu][channel]
     into: list[list[int]] = [[0] * C for _ in range(n)]
     for g in range(n):
         alloc_rows(m, g, "x", T, call)
-        alloc_rows(m, g, "recv_x", len(layout[g]), call)
-        alloc_rows(m, g, "expert_out", len(layout[g]), call)
+        alloc_rows(m, g, "recv_x", int(sizes[:, g].sum()), call)
+        alloc_rows(m, g, "expert_out", int(sizes[:, g].sum()), call)
         alloc_rows(m, g, "combined", T, call)
         alloc_rows(m, g, "comb_ring", n * T, call)
     for c, (t0, tc) in enumerate(ranges):
         for src in range(n):
             for dst in range(n):
-                if call.op == "dispatch":
-                    toks = [t for t in range(t0, t0 + tc) if hit[src, t, dst]]
-                    for a in range(0, len(toks), chunk):
-                        part = toks[a:a + chunk]
-                        moves[src][c].append(Move(src, dst, "x", part, "recv_x", pos[dst][(src, part[0])]))
-                        into[dst][c] += 1
-                else:  # combine: rank src holds rows of dst's tokens; back into dst's ring
-                    toks = [t for t in range(t0, t0 + tc) if hit[dst, t, src]]
-                    for a in range(0, len(toks), chunk):
-                        part = toks[a:a + chunk]
-                        rows = [pos[src][(dst, t)] for t in part]
-                        moves[src][c].append(Move(src, dst, "expert_out", rows, "comb_ring", src * T + t0 + a))
-                        into[dst][c] += 1
+                # dispatch: src's tokens bound for dst; combine: rank src holds rows of dst's tokens,
+                # back into dst's ring
+                g, r = (src, dst) if call.op == "dispatch" else (dst, src)
+                every = toks[g][r]
+                lo, hi = np.searchsorted(every, (t0, t0 + tc))
+                part_toks = every[lo:hi].tolist()
+                for a in range(0, len(part_toks), chunk):
+                    part = part_toks[a:a + chunk]
+                    at = int(first[g, r]) + int(lo) + a  # recv_x row of the part's first token on r
+                    if call.op == "dispatch":
+                        moves[src][c].append(Move(src, dst, "x", part, "recv_x", at))
+                    else:
+                        moves[src][c].append(Move(src, dst, "expert_out", range(at, at + len(part)), "comb_ring",
+                                                  src * T + t0 + a))
+                    into[dst][c] += 1
     arrive = [[Countdown(into[r][c]) for c in range(C)] for r in range(n)]
     for g in range(n):
         for c in range(C):  # the destinations' chunks in turn (one warp group per rank)
@@ -211,14 +233,16 @@ def _sender(m: Machine, g: int, call: EpCall, moves: list[Move], ready: list[Sig
                 _, end = port.push(sim.now, nr * call.row_bytes)  # the SM's copy port, as a peer's chunk
                 sim.after(max(0, end - sim.now), local)
                 return
-            acked = Countdown(len(parts))
-
             def release(_v: object = None) -> None:
                 isa.flag(g, dst, key + dst, tail_seen)  # the tail, after the chunk's acks
                 step(dst, i + 1)
-            acked.on_fire(release)
+            fenced: Callable[[], None] = release  # one part: its acks are the chunk's
+            if len(parts) > 1:
+                acked = Countdown(len(parts))
+                acked.on_fire(release)
+                fenced = partial(acked.arrive, sim)
             for region, data in parts:
-                isa.st(g, dst, region, data, None, port, 0, unit, fenced=partial(acked.arrive, sim))
+                isa.st(g, dst, region, data, None, port, 0, unit, fenced=fenced)
 
         for dst in sorted(streams, key=lambda d: (d - g) % m.n):
             step(dst, 0)

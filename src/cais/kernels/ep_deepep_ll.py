@@ -27,9 +27,11 @@ shape) and ``tests/legacy/test_low_latency.py`` (timing and bytes).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
+import numpy as np
 
-from cais.config import PS_PER_US
+from cais.config import PS_PER_US, SystemConfig
 from cais.engine import Countdown, Signal
 from cais.engine.sim import ProgramGen
 from cais.errors import UserError
@@ -52,20 +54,42 @@ def launch_shape(experts: int, device_sms: int) -> tuple[int, int]:
     return math.ceil(experts / groups), groups
 
 
+@dataclass(frozen=True)
+class Selections:
+    """Every valid (source rank, token, top-k slot) selection of a routing as arrays, in
+    the order the expert ranks' ``packed_recv_x`` holds them: by expert, then source,
+    token and slot. ``row``: its row in its expert's rank's ``recv_x`` (the packed
+    layout, experts in order)."""
+
+    src: np.ndarray
+    token: np.ndarray
+    slot: np.ndarray
+    expert: np.ndarray
+    owner: np.ndarray
+    local: np.ndarray
+    row: np.ndarray
+
+    @classmethod
+    def of(cls, call: EpCall) -> Selections:
+        rt = call.routing
+        g, t, k = np.nonzero(rt.topk_idx >= 0)  # (source, token, slot) order
+        e = rt.topk_idx[g, t, k]
+        order = np.argsort(e, kind="stable")
+        g, t, k, e = g[order], t[order], k[order], e[order]
+        owner = e // rt.per_rank
+        rank_rows = np.bincount(owner, minlength=rt.ranks)
+        row = np.arange(len(e), dtype=np.int64) - (np.cumsum(rank_rows) - rank_rows)[owner]
+        return cls(g, t, k, e, owner, e % rt.per_rank, row)
+
+
 def slots(call: EpCall) -> list[list[list[tuple[int, int, int]]]]:
     """For each rank and local expert, its received rows as (source rank, token, top-k
     slot), by source then token: the rows ``packed_recv_x`` holds, in order."""
-    rt = call.routing
+    rt, sel = call.routing, Selections.of(call)
     out: list[list[list[tuple[int, int, int]]]] = [[[] for _ in range(rt.per_rank)] for _ in range(rt.ranks)]
-    for g in range(rt.ranks):
-        for t in range(rt.tokens):
-            for k in range(rt.topk):
-                e = int(rt.topk_idx[g, t, k])
-                if e >= 0:
-                    out[e // rt.per_rank][e % rt.per_rank].append((g, t, k))
-    for per_rank in out:
-        for rows in per_rank:
-            rows.sort()
+    for g, t, k, r, le in zip(sel.src.tolist(), sel.token.tolist(), sel.slot.tolist(), sel.owner.tolist(),
+                              sel.local.tolist()):
+        out[r][le].append((g, t, k))
     return out
 
 
@@ -73,6 +97,17 @@ def recv_layout(call: EpCall) -> list[list[tuple[int, int, int]]]:
     """Each rank's ``recv_x`` rows (the packed layout, experts in order), as
     (source rank, token, top-k slot)."""
     return [[row for rows in per_rank for row in rows] for per_rank in slots(call)]
+
+
+def messages(cfg: SystemConfig, call: EpCall) -> list[tuple[int, int, int, bool]]:
+    """The stores one call puts on the fabric, over all GPUs, as (how many, bytes each,
+    transfer unit, fenced: its write responses come back), for the event estimate
+    (cais.experiments.estimates): one row per remote (token, expert) selection, each
+    its own store, and a count flag per pair of ranks."""
+    rt = call.routing
+    mat = rt.matrix("expert")
+    remote = int(mat.sum() - np.trace(mat))
+    return [(remote, call.row_bytes, cfg.unit_for(call.row_bytes), False), (rt.ranks * (rt.ranks - 1), 8, 8, False)]
 
 
 def kernels(m: Machine, call: EpCall) -> list[Kernel]:
@@ -87,20 +122,11 @@ def kernels(m: Machine, call: EpCall) -> list[Kernel]:
                         "(ceil(experts / ceil(experts / SMs))); leave sms unset")
     blocks, groups = launch_shape(rt.experts, m.cfg.gpu.sms)
     per = rt.per_rank
-    table = slots(call)
-    base = [[0] * per for _ in range(n)]  # first recv_x row of each (rank, local expert)
-    for r in range(n):
-        acc = 0
-        for le in range(per):
-            base[r][le] = acc
-            acc += len(table[r][le])
-    where: dict[tuple[int, int, int], tuple[int, int]] = {}  # (g, t, k) -> (rank, recv_x row)
-    for r in range(n):
-        for le in range(per):
-            for j, key in enumerate(table[r][le]):
-                where[key] = (r, base[r][le] + j)
+    sel = Selections.of(call)
+    block = _block(sel.src, sel.local, per, groups, blocks)  # each selection's serving block at combine
+    rows_of = np.bincount(sel.owner, minlength=n)
     for g in range(n):
-        rows = sum(len(x) for x in table[g])
+        rows = int(rows_of[g])
         alloc_rows(m, g, "x", T, call)
         alloc_rows(m, g, "recv_x", rows, call)
         alloc_rows(m, g, "ll_recv", rows, call)
@@ -108,75 +134,73 @@ def kernels(m: Machine, call: EpCall) -> list[Kernel]:
         alloc_rows(m, g, "ll_comb", K * T, call)
         alloc_rows(m, g, "combined", T, call)
     moves: list[list[list[Move]]] = [[[] for _ in range(blocks)] for _ in range(n)]
-    counts = [[0] * n for _ in range(n)]
     if call.op == "dispatch":
-        for g in range(n):
-            for t in range(T):
-                for k in range(K):
-                    e = int(rt.topk_idx[g, t, k])
-                    if e < 0:
-                        continue
-                    r, row = where[(g, t, k)]
-                    moves[g][t % blocks].append(Move(g, r, "x", [t], "ll_recv", row))
-                    counts[g][r] += 1
-    else:
-        for r in range(n):  # expert rank r sends each (token, expert) output back: a warp group
-            for le in range(per):  # per (destination rank, local expert)
-                for j, (g, t, k) in enumerate(table[r][le]):
-                    s = _block(g, le, per, groups, blocks)
-                    moves[r][s].append(Move(r, g, "expert_out", [base[r][le] + j], "ll_comb", t * K + k))
-                    counts[r][g] += 1
-    pair = [[Countdown(counts[a][b]) for b in range(n)] for a in range(n)]  # [src][dst]: messages landed
+        counts = np.zeros((n, n), dtype=np.int64)
+        np.add.at(counts, (sel.src, sel.owner), 1)
+        # each source's messages in (token, slot) order, each to its block t % blocks
+        by_source = np.lexsort((sel.slot, sel.token, sel.src))
+        for g, t, r, row in zip(sel.src[by_source].tolist(), sel.token[by_source].tolist(),
+                                sel.owner[by_source].tolist(), sel.row[by_source].tolist()):
+            moves[g][t % blocks].append(Move(g, r, "x", [t], "ll_recv", row))
+    else:  # expert rank r sends each (token, expert) output back: a warp group per (destination rank, local expert)
+        counts = np.zeros((n, n), dtype=np.int64)
+        np.add.at(counts, (sel.owner, sel.src), 1)
+        for r, s, g, row, t, k in zip(sel.owner.tolist(), block.tolist(), sel.src.tolist(), sel.row.tolist(),
+                                      sel.token.tolist(), sel.slot.tolist()):
+            moves[r][s].append(Move(r, g, "expert_out", [row], "ll_comb", t * K + k))
+    count = counts.tolist()
+    pair = [[Countdown(count[a][b]) for b in range(n)] for a in range(n)]  # [src][dst]: messages landed
     ready = [Countdown(n) for _ in range(n)]  # every source's count has landed
     flag_base = m.flag_key() * 1_000_003
     for a in range(n):
         for b in range(n):
             def send_count(_v: object = None, a: int = a, b: int = b) -> None:
                 m.isa.flag(a, b, flag_base + a * n + b, lambda: ready[b].arrive(m.sim))
-            if counts[a][b]:
+            if count[a][b]:
                 pair[a][b].on_fire(send_count)
             else:  # nothing to send: the count (0) goes at once
                 m.sim.after(m.launch_ps, send_count)
         for blk in moves[a]:
             for mv in blk:
                 mv.landed.append(pair[a][mv.dst])
+    # the receive phase: block s of rank g copies the rows of the (source, local expert) pairs it serves
+    mine = np.lexsort((block, sel.owner))
+    cuts = np.searchsorted(sel.owner[mine] * blocks + block[mine], np.arange(n * blocks + 1))
+    recv_rows = [[sel.row[mine[cuts[g * blocks + s]:cuts[g * blocks + s + 1]]] for s in range(blocks)]
+                 for g in range(n)]
     fixed_ps = round(call.consts.ll_fixed_us * PS_PER_US)
     out = []
     for g in range(n):
-        tbs: list[TbProgram | None] = [copy_tb(m, g, call, moves[g][s], (), _recv(m, g, call, s, blocks, groups, ready[g], table, where),
-                       fixed_ps) for s in range(blocks)]
+        tbs: list[TbProgram | None] = [copy_tb(m, g, call, moves[g][s], (),
+                                               _recv(m, g, call, s, blocks, ready[g], recv_rows[g][s]), fixed_ps)
+                                       for s in range(blocks)]
         out.append(Kernel(f"deepep-ll-{call.op}", tbs, None, role="communication"))
     return out
 
 
-def _block(rank: int, local_expert: int, per: int, groups: int, blocks: int) -> int:
+def _block(rank: np.ndarray, local_expert: np.ndarray, per: int, groups: int, blocks: int) -> np.ndarray:
     """The block whose warp group serves (peer ``rank``, ``local_expert``): the source's
     ``responsible_expert_idx = sm_id * num_warp_groups + warp_group_id`` enumerates the
     (rank, local expert) pairs, rank-major."""
     return ((rank * per + local_expert) // groups) % blocks
 
 
-def _recv(m: Machine, g: int, call: EpCall, s: int, blocks: int, groups: int, ready: Signal,
-          table: list[list[list[tuple[int, int, int]]]], where: dict[tuple[int, int, int], tuple[int, int]]):
-    """Block ``s``'s receive phase on GPU ``g`` (a generator factory)."""
+def _recv(m: Machine, g: int, call: EpCall, s: int, blocks: int, ready: Signal, mine: np.ndarray):
+    """Block ``s``'s receive phase on GPU ``g`` (a generator factory); ``mine``: the
+    ``recv_x`` rows it copies into the packed layout at dispatch."""
     rt, T, K, h = call.routing, call.routing.tokens, call.routing.topk, call.hidden
     mem = m.gpus[g].memory
 
     def after() -> ProgramGen:
         yield ready
         if call.op == "dispatch":  # copy its experts' rows into the packed layout
-            mine = [key for le in range(rt.per_rank) for key in table[g][le]
-                    if _block(key[0], le, rt.per_rank, groups, blocks) == s]
-            if mine:
+            if len(mine):
                 yield pause(m.sim, copy_time_ps(call, len(mine) * call.row_bytes))
             if mem.functional:
-                if True:
-                    for key in mine:
-                        _, row = where[key]
-                        for name, w in (("", h), (".scales", call.scale_elems)):
-                            if w:
-                                src = mem.buffers[f"ll_recv{name}"].reshape(-1, w)
-                                mem.buffers[f"recv_x{name}"].reshape(-1, w)[row] = src[row]
+                for name, w in (("", h), (".scales", call.scale_elems)):
+                    if w:
+                        src = mem.buffers[f"ll_recv{name}"].reshape(-1, w)
+                        mem.buffers[f"recv_x{name}"].reshape(-1, w)[mine] = src[mine]
         else:  # reduce its tokens' top-k rows with the gate weights
             toks = list(range(s, T, blocks))
             valid = int((rt.topk_idx[g, toks] >= 0).sum()) if toks else 0
@@ -192,4 +216,4 @@ def _recv(m: Machine, g: int, call: EpCall, s: int, blocks: int, groups: int, re
     return after
 
 
-__all__ = ["kernels", "launch_shape", "recv_layout", "slots"]
+__all__ = ["Selections", "kernels", "messages", "launch_shape", "recv_layout", "slots"]

@@ -31,7 +31,11 @@ one row per (token, expert)); the weighted unpermute after it is the stack's loc
 
 from __future__ import annotations
 
-from cais.config import PS_PER_US
+from collections.abc import Sequence
+
+import numpy as np
+
+from cais.config import PS_PER_US, SystemConfig
 from cais.errors import UserError
 from cais.hw.gpu import Kernel, TbProgram
 from cais.kernels.ep_common import EpCall, Move, alloc_rows, copy_tb
@@ -44,28 +48,46 @@ PERMUTE = "sender"
 #: (``moe_shared_expert_overlap``)
 SHARED_OVERLAP = True
 
-def send_layout(call: EpCall) -> list[list[tuple[int, int]]]:
-    """Each rank's permuted send rows as (token, top-k slot), by expert then token."""
+def send_order(call: EpCall) -> list[np.ndarray]:
+    """Each rank's permuted send rows as flat (token x top-k + slot) indices, by expert
+    then token (a stable sort of the valid selections by expert: token order within
+    one expert)."""
     rt = call.routing
     out = []
     for g in range(rt.ranks):
-        rows = [(int(rt.topk_idx[g, t, k]), t, k) for t in range(rt.tokens) for k in range(rt.topk)
-                if rt.topk_idx[g, t, k] >= 0]
-        rows.sort()
-        out.append([(t, k) for _, t, k in rows])
+        idx = rt.topk_idx[g].reshape(-1)
+        valid = np.flatnonzero(idx >= 0)
+        out.append(valid[np.argsort(idx[valid], kind="stable")])
     return out
+
+
+def send_counts(call: EpCall, order: list[np.ndarray]) -> np.ndarray:
+    """[ranks, ranks]: rows rank g sends rank r (one per (token, expert)); rank g's rows
+    for r are the ``[g, r]``-th contiguous segment of ``order[g]`` (owners rise with the
+    expert)."""
+    rt = call.routing
+    out = np.zeros((rt.ranks, rt.ranks), dtype=np.int64)
+    for g in range(rt.ranks):
+        owners = rt.topk_idx[g].reshape(-1)[order[g]] // rt.per_rank
+        out[g] = np.bincount(owners, minlength=rt.ranks)
+    return out
+
+
+def send_layout(call: EpCall) -> list[list[tuple[int, int]]]:
+    """Each rank's permuted send rows as (token, top-k slot), by expert then token."""
+    K = call.routing.topk
+    return [[(int(f) // K, int(f) % K) for f in order] for order in send_order(call)]
 
 
 def recv_layout(call: EpCall) -> list[list[tuple[int, int, int]]]:
     """Each rank's received rows as (source rank, token, top-k slot): by source, then
     expert, then token (before Megatron's local ``sort_chunks_by_idxs``)."""
-    rt = call.routing
-    sends = send_layout(call)
-    out: list[list[tuple[int, int, int]]] = [[] for _ in range(rt.ranks)]
-    for g in range(rt.ranks):
-        for t, k in sends[g]:
-            out[int(rt.topk_idx[g, t, k]) // rt.per_rank].append((g, t, k))
-    return out
+    rt, K = call.routing, call.routing.topk
+    order = send_order(call)
+    counts = send_counts(call, order)
+    start = np.cumsum(counts, axis=1) - counts  # [g, r]: first row of g's segment for r
+    return [[(g, int(f) // K, int(f) % K) for g in range(rt.ranks)
+             for f in order[g][start[g, r]:start[g, r] + counts[g, r]]] for r in range(rt.ranks)]
 
 
 #: NCCL_P2P_LL_THRESHOLD's default: bytes of a p2p send per channel that still run LL
@@ -88,6 +110,29 @@ def p2p_protocol(nbytes: int, ranks: int, channels: int, step_bytes: int) -> str
     return "ll" if nbytes <= p2p_channels(nbytes, ranks, channels, step_bytes) * P2P_LL_THRESHOLD else "simple"
 
 
+def messages(cfg: SystemConfig, call: EpCall) -> list[tuple[int, int, int, bool]]:
+    """The stores one call puts on the fabric, over all GPUs, as (how many, bytes each,
+    transfer unit, fenced: its write responses come back), for the event estimate
+    (cais.experiments.estimates): each remote (token, expert) row, a peer's rows in
+    ``collective.ring_step_bytes`` chunks, each chunk fenced with its flag (Simple; LL
+    doubles the bytes instead)."""
+    rt = call.routing
+    mat = rt.matrix("expert")
+    step_rows = max(1, cfg.collective.ring_step_bytes // call.row_bytes)
+    out = []
+    for g in range(rt.ranks):
+        for r in range(rt.ranks):
+            rows = int(mat[g, r])
+            if r == g or not rows:
+                continue
+            chunks = -(-rows // step_rows)
+            nbytes = rows * call.row_bytes
+            ll = p2p_protocol(nbytes, rt.ranks, call.consts.nccl_channels, cfg.collective.ring_step_bytes) == "ll"
+            each = (2 if ll else 1) * nbytes // chunks
+            out += [(chunks, each, cfg.unit_for(each), not ll), (0 if ll else chunks, 8, 8, False)]
+    return out
+
+
 def kernels(m: Machine, call: EpCall) -> list[Kernel]:
     """One NCCL all-to-all kernel per GPU. Dispatch: ``x`` rows (gathered by the
     permute) -> ``recv_x`` (:func:`recv_layout`); combine: ``expert_out`` (that layout)
@@ -97,14 +142,17 @@ def kernels(m: Machine, call: EpCall) -> list[Kernel]:
         raise UserError(f"gpus: the routing has {rt.ranks} ranks, the system {n} GPUs")
     if call.sms is not None:
         raise UserError("sms: NCCL chooses its own channels; leave sms unset (EpConstants.nccl_channels)")
-    sends, recvs = send_layout(call), recv_layout(call)
-    spos = [{(t, k): i for i, (t, k) in enumerate(rows)} for rows in sends]
-    rpos = [{key: i for i, key in enumerate(rows)} for rows in recvs]
+    K = rt.topk
+    order = send_order(call)
+    counts = send_counts(call, order)
+    seg = np.cumsum(counts, axis=1) - counts  # [g, r]: g's rows for r start here in its send order
+    recv_at = np.cumsum(counts, axis=0) - counts  # [g, r]: g's rows start here in r's receive order
+    tokens_of = [(o // K).tolist() for o in order]  # each send row's token
     for g in range(n):
         alloc_rows(m, g, "x", rt.tokens, call)
-        alloc_rows(m, g, "recv_x", len(recvs[g]), call)
-        alloc_rows(m, g, "expert_out", len(recvs[g]), call)
-        alloc_rows(m, g, "a2a_back", len(sends[g]), call)
+        alloc_rows(m, g, "recv_x", int(counts[:, g].sum()), call)
+        alloc_rows(m, g, "expert_out", int(counts[:, g].sum()), call)
+        alloc_rows(m, g, "a2a_back", int(counts[g].sum()), call)
     chans = call.consts.nccl_channels
     step_rows = max(1, m.cfg.collective.ring_step_bytes // call.row_bytes)
     host_ps = round(m.cfg.collective.host_us * PS_PER_US)
@@ -116,15 +164,15 @@ def kernels(m: Machine, call: EpCall) -> list[Kernel]:
         j = 0
         for d in range(n):
             peer = (g + d) % n
-            if call.op == "dispatch":
-                pairs = [(g, t, k) for g2, t, k in recvs[peer] if g2 == g]
-                rows = [t for _, t, _ in pairs]
-                dst0 = rpos[peer][pairs[0]] if pairs else 0
+            if call.op == "dispatch":  # g's rows for peer, in its send order -> after the earlier sources'
+                a0 = int(seg[g, peer])
+                rows: Sequence[int] = tokens_of[g][a0:a0 + int(counts[g, peer])]
+                dst0 = int(recv_at[g, peer]) if len(rows) else 0
                 src_buf, dst_buf = "x", "recv_x"
-            else:  # rows g holds for peer's tokens -> peer's a2a_back
-                pairs = [(g2, t, k) for g2, t, k in recvs[g] if g2 == peer]
-                rows = [rpos[g][p] for p in pairs]
-                dst0 = spos[peer][(pairs[0][1], pairs[0][2])] if pairs else 0
+            else:  # rows g holds for peer's tokens (peer's segment of its receive order) -> peer's a2a_back
+                r0 = int(recv_at[peer, g])
+                rows = range(r0, r0 + int(counts[peer, g]))
+                dst0 = int(seg[peer, g]) if len(rows) else 0
                 src_buf, dst_buf = "expert_out", "a2a_back"
             proto = p2p_protocol(len(rows) * call.row_bytes, n, chans, m.cfg.collective.ring_step_bytes)
             for a in range(0, len(rows), step_rows):

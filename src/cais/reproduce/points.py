@@ -169,8 +169,10 @@ def ep_point(point: dict[str, Any]) -> dict[str, Any]:
     built = spec.build()
     cfg = built[0]
     kernel, tokens, seed = str(point["kernel"]), int(point["tokens"]), int(point.get("seed", 0))
-    d, c = (EpRunSpec(kernel, op, tokens, EP_HIDDEN, EP_TOPK, ep_experts(cfg.gpus), "bf16", spec, seed).run(built)
+    d, c = (EpRunSpec(kernel, op, tokens, EP_HIDDEN, EP_TOPK, ep_experts(cfg.gpus), "bf16", spec, seed)
             for op in ("dispatch", "combine"))
+    drawn = d.routing(built)  # one routing for both ops
+    d, c = d.run(built, drawn), c.run(built, drawn)
     return {"dispatch_us": FLOAT(d.time_us), "combine_us": FLOAT(c.time_us), "time_us": FLOAT(d.time_us + c.time_us),
             "dispatch_algbw_GBps": FLOAT(d.algbw_GBps), "combine_algbw_GBps": FLOAT(c.algbw_GBps),
             "experts": ep_experts(cfg.gpus), "imbalance": FLOAT(d.imbalance), "events": d.events + c.events,

@@ -129,7 +129,23 @@ def _group_mask(scores: np.ndarray, n_group: int, topk_group: int) -> np.ndarray
 
 
 def _topk(scores: np.ndarray, k: int) -> np.ndarray:
-    return np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    """Each row's ``k`` highest scores' columns, highest first, ties to the lower column:
+    exactly the first ``k`` of a stable descending argsort, without sorting the rest.
+    A partition picks each row's ``k`` best; a row where a score equal to its ``k``-th
+    best lies outside the pick (a tie across the cut, which the partition breaks
+    arbitrarily) is sorted whole instead."""
+    rows, cols = scores.shape
+    if k >= cols:
+        return np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    neg = -scores
+    pick = np.argpartition(neg, k - 1, axis=1)[:, :k]
+    vals = np.take_along_axis(neg, pick, axis=1)
+    kth = vals.max(axis=1, keepdims=True)
+    out = np.take_along_axis(pick, np.lexsort((pick, vals), axis=-1), axis=1)
+    cut = np.nonzero((neg == kth).sum(axis=1) > (vals == kth).sum(axis=1))[0]
+    if cut.size:
+        out[cut] = np.argsort(neg[cut], axis=1, kind="stable")[:, :k]
+    return out
 
 
 def generate(kind: str, ranks: int, tokens: int, experts: int, topk: int, seed: int = 0, alpha: float = 1.0,
