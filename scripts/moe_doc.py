@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "reproduce-results" / "moe"
 PAGE = ROOT / "docs" / "moe.md"
 BEGIN, END = "<!-- moe:begin -->", "<!-- moe:end -->"
-TITLE = "## Past the paper: which EP kernel wins where"
+TITLE = "## Past the paper: which EP kernel wins where, and the in-switch ladder in layers"
 
 
 def section(report: str) -> str:

@@ -381,3 +381,47 @@ def test_publish_splices_the_block_and_refuses_a_failed_analysis(tmp_path) -> No
     assert not (tmp_path / "runs").exists() and not (tmp_path / "report.md").exists()
     with pytest.raises(SystemExit, match="^x: the analysis failed"):
         publish("x", "ANALYSIS FAILED on these runs", tmp_path, page, "<!-- b -->", "<!-- e -->", "")
+
+
+def test_routing_setting_default_is_the_old_draw_and_a_skew_moves_the_busiest_rank() -> None:
+    """``moe.routing`` (cais.config.MoeConfig) reaches the layer path as ``cais run --set``
+    gives it: unset and ``uniform`` draw the same routing as before the setting; a
+    power-law draw loads the busiest rank more and moves the layer's time; ``moe.seed``
+    draws another routing."""
+    from cais.experiments.spec import SystemSpec
+
+    def run(**sets: str):  # type: ignore[no-untyped-def]
+        spec = LayerSpec("deepseek-v3", "ep-deepep", "decode", SystemSpec("dgx-h100", sets=sets, set_label="--set"),
+                         batch=32, seq=64, attention="dp")
+        r = spec.run()
+        assert r.moe is not None
+        return r
+
+    base = run()
+    assert base.moe is not None and base.moe["routing"] == "uniform"
+    before = build_moe_period(load_moe_model("deepseek-v3", batch=32, seq=64), 8, "decode", "dp").routing
+    assert before is not None and base.moe["send_matrix_expert"] == before.matrix("expert").tolist()
+    same = run(**{"moe.routing": "uniform"})
+    assert same.total_us == base.total_us and same.moe["received_rows"] == base.moe["received_rows"]
+    skew = run(**{"moe.routing": "powerlaw"})
+    assert skew.moe is not None and skew.moe["routing"] == "powerlaw"
+    assert max(skew.moe["received_rows"]) > max(base.moe["received_rows"])
+    assert skew.moe["imbalance_expert"] > base.moe["imbalance_expert"]
+    assert skew.total_us != base.total_us
+    assert sum(skew.moe["received_rows"]) == sum(base.moe["received_rows"]) == 8 * 32 * 8  # every row, once
+    other = run(**{"moe.seed": "3"})
+    assert other.moe is not None and other.moe["received_rows"] != base.moe["received_rows"]
+    steeper = run(**{"moe.routing": "powerlaw", "moe.alpha": "2.5"})
+    assert steeper.moe is not None and max(steeper.moe["received_rows"]) > max(skew.moe["received_rows"])
+
+
+def test_a_bad_routing_setting_is_one_line_naming_the_field_and_its_values() -> None:
+    from cais.config import ConfigError, apply_overrides
+
+    cfg = load_system("dgx-h100")
+    for key, value, want in (("moe.routing", "zipf", "'uniform', 'powerlaw' or 'lognormal'"),
+                             ("moe.alpha", "-1", "greater than or equal to 0"), ("moe.seed", "x", "integer")):
+        with pytest.raises(ConfigError) as e:
+            apply_overrides(cfg, {key: value})
+        assert key in str(e.value) and want in str(e.value) and "\n" not in str(e.value), str(e.value)
+    assert apply_overrides(cfg, {"moe.routing": "lognormal"}).moe.generator_kwargs() == {"sigma": 1.0}
