@@ -10,8 +10,9 @@ same dataflow in software on an NVLS switch (``ep-switch-sw``), multicast only
 Grid (:data:`FULL`): worlds ``dgx-h100`` (EP 8), ``gh200-nvl32`` (EP 32) and ``nvl72`` at
 EP 64: no EP degree above 64 and up to 72 divides either model's experts (256 and 128;
 DeepEP's tests' trick of ``(256 // 72) * 72`` experts is not the model), and an nvl72
-layer at EP 64 simulates in about 30 s in decode at 128 tokens per rank (ep-switch,
-on this 2-core machine), so 64 is the largest EP degree in reach. Models
+layer at EP 64 simulates in 10-53 s a rung in decode at 128 tokens per rank (measured
+on the 2-core machine the grid was sized on), well under two minutes, so 64 is the
+largest EP degree in reach. Models
 ``deepseek-v3`` and ``qwen3-30b-a3b``; routings ``uniform`` and ``powerlaw``
 (``moe.routing``, alpha 1.2); modes and tokens per rank per world as :data:`FULL` says,
 sized from measured walls (:data:`LEFT_OUT` names what is not run and why). Attention
@@ -62,14 +63,15 @@ LL_MAX_TOKENS = 1024
 #: full grid per world (system, EP degree): the modes and their tokens per rank
 FULL: dict[tuple[str, int], dict[str, tuple[int, ...]]] = {
     ("dgx-h100", 8): {"decode": (128, 1024), "prefill": (128, 1024), "train": (128, 1024)},
-    ("gh200-nvl32", 32): {"decode": (128,), "prefill": (128, 512), "train": (128,)},
-    ("nvl72", 64): {"decode": (128,), "prefill": (128,)},
+    ("gh200-nvl32", 32): {"decode": (128,), "prefill": (512,), "train": (128,)},
+    ("nvl72", 64): {"decode": (128,)},
 }
-#: what the full grid leaves out, and the measured reason
-LEFT_OUT = ("gh200-nvl32 decode and train at 512 tokens per rank and nvl72 at 512 in any mode and in train: one "
-            "point of a rung takes 30-100 s there (ep-deepep-ll, ep-switch-red; gh200-nvl32 train at 512: 25-103 s "
-            "a rung), which would take the grid past 25 minutes on two workers; nvl72 at EP 72: no EP degree "
-            "between 65 and 72 divides either model's experts")
+#: what the full grid leaves out, and the measured reason (walls on the 2-core machine the grid was sized on)
+LEFT_OUT = ("gh200-nvl32 at other sizes (train at 512 tokens per rank: 25-103 s a rung, ep-deepep-ll the longest; "
+            "prefill at 512: 8-62 s a rung) and nvl72 in prefill and train and above 128 tokens per rank (a decode "
+            "rung at 128 tokens there: 10-53 s, about 150 s a ladder): each such (world, mode, size) adds 10 minutes "
+            "or more of the two workers' time, past the grid's 25 minutes; nvl72 at EP 72: no EP degree from 65 to "
+            "72 divides either model's experts (256, 128)")
 #: the quick grid: the context's system, one model, decode and prefill at a decode size
 QUICK = {"decode": (128,), "prefill": (128,)}
 QUICK_MODEL = "qwen3-30b-a3b"
@@ -94,6 +96,11 @@ def _grid(ctx: Context) -> list[tuple[str, int, str, str, int]]:
             for mode, toks in modes.items() for t in toks]
 
 
+def expected(tokens: int) -> tuple[str, ...]:
+    """The rungs a point runs at ``tokens`` per rank (ep-deepep-ll up to :data:`LL_MAX_TOKENS`)."""
+    return tuple(s for s in RUNGS if s != "ep-deepep-ll" or tokens <= LL_MAX_TOKENS)
+
+
 def ladder_points(ctx: Context) -> list[tuple[str, Point]]:
     """Every rung's layer run at every case of :func:`_grid` and routing, and the group
     table's need per (EP degree, model, routing, tokens)."""
@@ -111,11 +118,6 @@ def ladder_points(ctx: Context) -> list[tuple[str, Point]]:
 
 
 KEYS = ["system", "ep", "model", "mode", "routing", "tokens"]
-
-
-def expected(tokens: int) -> tuple[str, ...]:
-    """The rungs a point runs at ``tokens`` per rank (ep-deepep-ll up to :data:`LL_MAX_TOKENS`)."""
-    return tuple(s for s in RUNGS if s != "ep-deepep-ll" or tokens <= LL_MAX_TOKENS)
 
 
 def ladder_table(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
