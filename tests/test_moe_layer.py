@@ -275,7 +275,8 @@ def _moe_doc():  # type: ignore[no-untyped-def]
 
 def test_the_moe_page_is_its_runs() -> None:
     """docs/moe.md's "which EP kernel wins where" block is the shipped full grid's
-    section (moe.md), its winners those of moe.csv, its claims those of claims.json."""
+    section (moe.md), its winners those of moe.csv, its in-switch ladder that of
+    moe_switch.csv (every world, mode, model and routing), its claims those of claims.json."""
     import pandas as pd
 
     from cais.reproduce.experiments.moe import KERNELS, winners
@@ -294,10 +295,17 @@ def test_the_moe_page_is_its_runs() -> None:
     assert (times.idxmin(axis=1).str[:-5] == t["winner"]).all()  # the winner is the fastest kernel
     for system, n in t["system"].value_counts().items():
         assert f"On {system} (" in block and f"of {n} points" in block
+    ladder = pd.read_csv(out / "moe_switch.csv")  # the in-switch ladder in layers (moe_switch.py)
+    assert set(ladder["system"]) == {"dgx-h100", "gh200-nvl32", "nvl72"} and set(ladder["mode"]) == set(MODES)
+    assert set(ladder["model"]) == {"deepseek-v3", "qwen3-30b-a3b"} and set(ladder["routing"]) == {"uniform", "powerlaw"}
+    assert ladder.groupby("system")["ep"].first().to_dict() == {"dgx-h100": 8, "gh200-nvl32": 32, "nvl72": 64}
     claims = json.loads((out / "claims.json").read_text())
-    assert claims["grid"] == "full" and len(claims["claims"]["moe"]) == 3
+    per_mode = ladder.groupby(["system", "mode"]).ngroups
+    assert claims["grid"] == "full" and len(claims["claims"]["moe"]) == 3 + per_mode + ladder["system"].nunique() + 2
     for c in claims["claims"]["moe"]:
         assert f"{c['name']}: {'holds' if c['holds'] else 'does not hold'}: {c['figure']}." in " ".join(block.split())
+    for system in ladder["system"].unique():
+        assert f"On {system} (EP " in block and f"reproduce-results/moe/moe_switch_{system}.png" in block
     for png in ("moe_dgx-h100.png", "moe_nvl72.png", "moe_gh200-nvl32.png"):
         assert (out / png).is_file() and f"reproduce-results/moe/{png}" in block
     assert not __import__("re").search(r"\d+(\.\d+)?\s*us\b", head[head.rfind("## Which EP kernel"):])

@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from cais.errors import UserError
-from cais.experiments.spec import CollectiveRunSpec, EpRunSpec, LayerSpec, SystemSpec
+from cais.experiments.spec import CollectiveRunSpec, EpRunSpec, GroupTableNeedSpec, LayerSpec, SystemSpec
 from cais.config import SystemConfig
 from cais.provenance import content_hash
 
@@ -203,19 +203,13 @@ def ep_point(point: dict[str, Any]) -> dict[str, Any]:
 
 
 def ep_table_point(point: dict[str, Any]) -> dict[str, Any]:
-    """The dynamic multicast group table one EP call needs (cais.experiments.ep_table,
-    entries bound for the call): ``model``'s experts, top-k and group limit, ``ranks``
-    EP ranks, ``tokens`` per rank, ``routing`` (power-law alpha and log-normal sigma as
-    ``moe``'s defaults), the busiest port's entries and bytes at the 99th percentile over
-    ``seeds`` routings, against CAIS's 40 KB."""
-    from cais.config import MoeConfig
-    from cais.experiments.ep_table import table_need
-    from cais.workload.moe import load_moe_model
-
-    moe, rc = load_moe_model(str(point["model"])), MoeConfig()
-    call = table_need(str(point["routing"]), int(point["ranks"]), int(point["tokens"]), moe.experts, moe.topk,
-                      int(point.get("seeds", 10)), alpha=rc.alpha, sigma=rc.sigma, n_group=moe.n_group,
-                      topk_group=moe.topk_group, lifetimes=("call",))[0]
+    """The dynamic multicast group table one EP call needs
+    (:class:`~cais.experiments.spec.GroupTableNeedSpec`, entries bound for the call):
+    ``model``'s experts, top-k and group limit, ``ranks`` EP ranks, ``tokens`` per rank,
+    ``routing`` (its skew as the ``moe`` section's defaults); the busiest port's entries
+    and bytes at the 99th percentile over ``seeds`` routings, against CAIS's 40 KB."""
+    call = GroupTableNeedSpec(str(point["model"]), int(point["ranks"]), int(point["tokens"]), str(point["routing"]),
+                              int(point.get("seeds", 10))).run()
     return {"entries_p99": int(call["entries_p99"]), "bytes_p99": int(call["bytes_p99"]),
             "entry_bytes": int(call["entry_bytes"]), "of_cais_40KB": FLOAT(call["of_cais_40KB"]),
             "max_entries": int(call["max_entries"])}
