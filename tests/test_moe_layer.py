@@ -298,7 +298,16 @@ def test_the_moe_page_is_its_runs() -> None:
     ladder = pd.read_csv(out / "moe_switch.csv")  # the in-switch ladder in layers (moe_switch.py)
     assert set(ladder["system"]) == {"dgx-h100", "gh200-nvl32", "nvl72"} and set(ladder["mode"]) == set(MODES)
     assert set(ladder["model"]) == {"deepseek-v3", "qwen3-30b-a3b"} and set(ladder["routing"]) == {"uniform", "powerlaw"}
+    assert ladder.groupby("system")["model"].nunique().to_dict() == {"dgx-h100": 2, "gh200-nvl32": 2, "nvl72": 1}
     assert ladder.groupby("system")["ep"].first().to_dict() == {"dgx-h100": 8, "gh200-nvl32": 32, "nvl72": 64}
+    # what the page's prose ("What the runs say") reads from it: power-law routing shrinks the multicast's gain at
+    # every case; where DeepEP low-latency is the best software off one node, ep-switch's layer outside its
+    # exchanges is longer than the low-latency one's
+    wide = ladder.pivot_table(index=["system", "model", "mode", "tokens"], columns="routing", values="multicast (d+c)")
+    assert len(wide) and (wide["powerlaw"] < wide["uniform"]).all()
+    ll = ladder[(ladder["system"] != "dgx-h100") & (ladder["best software"] == "ep-deepep-ll")]
+    assert len(ll) and ((ll["ep-switch (us)"] - ll["ep-switch d+c (us)"])
+                        > (ll["ep-deepep-ll (us)"] - ll["ep-deepep-ll d+c (us)"])).all()
     claims = json.loads((out / "claims.json").read_text())
     per_mode = ladder.groupby(["system", "mode"]).ngroups
     assert claims["grid"] == "full" and len(claims["claims"]["moe"]) == 3 + per_mode + ladder["system"].nunique() + 2
@@ -433,3 +442,15 @@ def test_a_bad_routing_setting_is_one_line_naming_the_field_and_its_values() -> 
             apply_overrides(cfg, {key: value})
         assert key in str(e.value) and want in str(e.value) and "\n" not in str(e.value), str(e.value)
     assert apply_overrides(cfg, {"moe.routing": "lognormal"}).moe.generator_kwargs() == {"sigma": 1.0}
+
+
+def test_a_routing_setting_on_a_dense_run_is_a_warning() -> None:
+    from cais.config import apply_overrides
+    from cais.experiments.layer import mode_notes
+
+    cfg = load_system("dgx-h100")
+    assert not [k for k in mode_notes(get_scheme("tp-nvls"), cfg, "prefill") if k.startswith("moe.")]
+    notes = mode_notes(get_scheme("tp-nvls"), apply_overrides(cfg, {"moe.routing": "powerlaw", "moe.seed": "2"}),
+                       "prefill")
+    assert set(k for k in notes if k.startswith("moe.")) == {"moe.routing", "moe.seed"}
+    assert "has no effect" in notes["moe.routing"] and "dense" in notes["moe.routing"]

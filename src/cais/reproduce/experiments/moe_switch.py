@@ -10,10 +10,10 @@ same dataflow in software on an NVLS switch (``ep-switch-sw``), multicast only
 Grid (:data:`FULL`): worlds ``dgx-h100`` (EP 8), ``gh200-nvl32`` (EP 32) and ``nvl72`` at
 EP 64: no EP degree above 64 and up to 72 divides either model's experts (256 and 128;
 DeepEP's tests' trick of ``(256 // 72) * 72`` experts is not the model), and an nvl72
-layer at EP 64 simulates in 10-53 s a rung in decode at 128 tokens per rank (measured
-on the 2-core machine the grid was sized on), well under two minutes, so 64 is the
-largest EP degree in reach. Models
-``deepseek-v3`` and ``qwen3-30b-a3b``; routings ``uniform`` and ``powerlaw``
+layer at EP 64 simulates in under two minutes a rung in decode at 128 tokens per rank
+(measured on the shared 2-core machine the grid was sized on; :data:`LEFT_OUT`), so 64
+is the largest EP degree in reach. Models ``deepseek-v3`` and ``qwen3-30b-a3b`` (nvl72:
+deepseek-v3 only, :data:`WORLD_MODELS`); routings ``uniform`` and ``powerlaw``
 (``moe.routing``, alpha 1.2); modes and tokens per rank per world as :data:`FULL` says,
 sized from measured walls (:data:`LEFT_OUT` names what is not run and why). Attention
 data parallel, so each GPU routes its own tokens: in decode ``batch`` = the tokens (the
@@ -66,12 +66,16 @@ FULL: dict[tuple[str, int], dict[str, tuple[int, ...]]] = {
     ("gh200-nvl32", 32): {"decode": (128,), "prefill": (512,), "train": (128,)},
     ("nvl72", 64): {"decode": (128,)},
 }
+#: the worlds that run fewer models than :data:`MODELS` (for run time: :data:`LEFT_OUT`)
+WORLD_MODELS: dict[tuple[str, int], tuple[str, ...]] = {("nvl72", 64): ("deepseek-v3",)}
 #: what the full grid leaves out, and the measured reason (walls on the 2-core machine the grid was sized on)
-LEFT_OUT = ("gh200-nvl32 at other sizes (train at 512 tokens per rank: 25-103 s a rung, ep-deepep-ll the longest; "
-            "prefill at 512: 8-62 s a rung) and nvl72 in prefill and train and above 128 tokens per rank (a decode "
-            "rung at 128 tokens there: 10-53 s, about 150 s a ladder): each such (world, mode, size) adds 10 minutes "
-            "or more of the two workers' time, past the grid's 25 minutes; nvl72 at EP 72: no EP degree from 65 to "
-            "72 divides either model's experts (256, 128)")
+LEFT_OUT = ("gh200-nvl32 beyond one size per mode (a rung took 1.5-16 s in decode at 128 tokens per rank, 6-62 s in "
+            "prefill at 512, 9-46 s in train at 128, and 25-103 s in train at 512 in the stored per-mode runs); "
+            "nvl72 for qwen3-30b-a3b (its 12 decode runs at 128 tokens took 588 s, 31-67 s each) and beyond decode "
+            "at 128 tokens per rank (a deepseek-v3 rung there took 35-117 s; prefill at the same tokens routes the "
+            "same rows and train runs every exchange twice, so neither is cheaper): walls measured on the shared "
+            "2-core machine this grid ran on (load 3.5-4), where the grid as it is took about 30 minutes on two "
+            "workers; nvl72 at EP 72: no EP degree from 65 to 72 divides either model's experts (256, 128)")
 #: the quick grid: the context's system, one model, decode and prefill at a decode size
 QUICK = {"decode": (128,), "prefill": (128,)}
 QUICK_MODEL = "qwen3-30b-a3b"
@@ -92,7 +96,7 @@ def _grid(ctx: Context) -> list[tuple[str, int, str, str, int]]:
         ep = load_system(ctx.system).gpus
         return [(ctx.system, ep, QUICK_MODEL, mode, t) for mode, toks in QUICK.items() for t in toks]
     worlds = {((ctx.system, 8) if (s, ep) == ("dgx-h100", 8) else (s, ep)): modes for (s, ep), modes in FULL.items()}
-    return [(s, ep, m, mode, t) for (s, ep), modes in worlds.items() for m in MODELS
+    return [(s, ep, m, mode, t) for (s, ep), modes in worlds.items() for m in WORLD_MODELS.get((s, ep), MODELS)
             for mode, toks in modes.items() for t in toks]
 
 
@@ -150,6 +154,7 @@ def ladder_table(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
                     "in-switch / best (d+c)": at[best_dc]["dc"] / at["ep-switch"]["dc"],
                     "sw dataflow / best (d+c)": at[best_dc]["dc"] / sw_dc, "multicast (d+c)": mc, "reduction (d+c)": red,
                     "rest (d+c)": whole / (mc * red), "sw dataflow / best (layer)": at[best]["total_us"] / sw["total_us"],
+                    "experts": int(at["ep-switch"]["experts_run"]),
                     "busiest rank load": at["ep-switch"]["busiest_rank_load"],
                     "group peak": int(at["ep-switch"]["group_table_peak"]),
                     "group overflows": int(at["ep-switch"]["group_table_overflows"])})
@@ -185,7 +190,12 @@ def _world_line(system: str, ep: int, part: pd.DataFrame) -> str:
     """Where the in-switch scheme wins on one world: per mode on the layer's time, and
     on dispatch + combine over all its points."""
     modes = ", ".join(f"{mode} {_tally(m['in-switch / best (layer)'])}" for mode, m in part.groupby("mode", sort=False))
-    return (f"On {system} (EP {ep}), ep-switch's layer against the best software (wins/ties/losses): {modes}; "
+    gpus = load_system(system).gpus
+    experts = sorted({int(e) for e in part["experts"]}, reverse=True)
+    larger = [k for k in range(ep + 1, gpus + 1) if all(e % k == 0 for e in experts)]
+    why = f" of {gpus} GPUs, the most that divides {' and '.join(map(str, experts))} experts" if ep < gpus and not larger \
+        else ""
+    return (f"On {system} (EP {ep}{why}), ep-switch's layer against the best software (wins/ties/losses): {modes}; "
             f"its dispatch + combine: {_tally(part['in-switch / best (d+c)'])}.")
 
 
