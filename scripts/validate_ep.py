@@ -1,5 +1,6 @@
 """Run the EP kernels on every row of the published EP tables (src/cais/data/published/
-deepep-*.csv) and print ours, published and the error per row (docs/moe.md).
+deepep-h800-ep8.csv and nccl-alltoall-h100.csv) and print ours, published and the error
+per row (docs/moe.md).
 
     python scripts/validate_ep.py [--json]
 """
@@ -16,9 +17,15 @@ from cais.config import load_system
 from cais.experiments.ep import run_ep_tuned
 
 
+TABLES = ("deepep-h800-ep8.csv", "nccl-alltoall-h100.csv")
+
+
 def rows() -> list[dict[str, str]]:
-    text = (resources.files("cais") / "data" / "published" / "deepep-h800-ep8.csv").read_text()
-    return list(csv.DictReader(io.StringIO("\n".join(l for l in text.splitlines() if not l.startswith("#")))))
+    out = []
+    for name in TABLES:
+        text = (resources.files("cais") / "data" / "published" / name).read_text()
+        out += csv.DictReader(io.StringIO("\n".join(l for l in text.splitlines() if not l.startswith("#"))))
+    return out
 
 
 def validate() -> list[dict[str, object]]:
@@ -26,7 +33,8 @@ def validate() -> list[dict[str, object]]:
     for r in rows():
         cfg = load_system(r["system"], gpus=int(r["gpus"]))
         res = run_ep_tuned(cfg, r["kernel"], r["op"], int(r["tokens"]), int(r["hidden"]), int(r["topk"]),
-                     int(r["experts"]), r["dtype"], sms=int(r["sms"]) if r.get("sms") else None)
+                     int(r["experts"]), r["dtype"], sms=int(r["sms"]) if r.get("sms") else None,
+                     routing=r.get("routing") or "uniform")
         ours = getattr(res, r["metric"])
         pub = float(r["published"])
         out.append({"set": r["set"], "kernel": r["kernel"], "op": r["op"], "metric": r["metric"],

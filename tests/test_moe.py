@@ -196,3 +196,33 @@ def test_every_preset_runs_under_every_kernel(model: str, capsys: pytest.Capture
             assert main(["ep", "--model", model, "--kernel", kernel, "--op", op, "--tokens", "8", "--json"]) in (0, None)
             out = json.loads(capsys.readouterr().out)
             assert out["time_us"] > 0 and out["experts"] == load_moe_model(model).experts
+
+
+def test_nccl_alltoall_matches_nccl_tests_on_h100_within_20_percent() -> None:
+    """nccl-tests' alltoall_perf on 4 H100s (data/published/nccl-alltoall-h100.csv; no
+    constant fitted on it): the nccl kernel over the same bytes, equal shares."""
+    import csv
+    import io
+    from importlib import resources
+
+    from cais.experiments.ep import run_ep
+
+    text = (resources.files("cais") / "data" / "published" / "nccl-alltoall-h100.csv").read_text()
+    rows = list(csv.DictReader(io.StringIO("\n".join(x for x in text.splitlines() if not x.startswith("#")))))
+    assert rows and all(r["set"] == "held-out" and r["routing"] == "balanced" for r in rows)
+    for row in rows:
+        cfg = load_system(row["system"], gpus=int(row["gpus"]))
+        r = run_ep(cfg, row["kernel"], row["op"], int(row["tokens"]), int(row["hidden"]), int(row["topk"]),
+                   int(row["experts"]), row["dtype"], routing=row["routing"])
+        share = int(row["tokens"]) // int(row["gpus"])  # rows every rank sends every rank: equal shares
+        assert r.send_matrix == [[share] * int(row["gpus"])] * int(row["gpus"])
+        assert abs(r.time_us / float(row["published"]) - 1) < 0.20
+
+
+def test_balanced_routing_gives_every_rank_and_expert_equal_rows() -> None:
+    from cais.workload.routing import generate
+
+    rt = generate("balanced", 4, 64, 16, 4)
+    per = rt.expert_rows()
+    assert per.shape == (4, 16) and (per == 64 * 4 // 16).all()
+    assert all(len(set(rt.topk_idx[0, t])) == 4 for t in range(64))  # distinct experts per token

@@ -345,19 +345,24 @@ def test_nccl_p2p_protocol_by_size_as_nccl_picks_it() -> None:
 
 
 def test_small_nccl_sends_run_ll_and_it_changes_the_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    """At one token per rank every send is LL (no fence, no flag round trip); forcing
-    Simple (threshold 0) makes the same all-to-all slower; at 1,024 tokens nothing is
-    LL, so the threshold changes nothing."""
+    """At one token per rank every send is LL (no fence, no flag round trip): forcing
+    Simple (threshold 0) changes the time, and with 2 KiB rows (a send's bytes well under
+    the threshold) LL is the faster, which is why NCCL picks it there; at 1,024 tokens
+    nothing is LL, so the threshold changes nothing. (Our crossover lies below NCCL's
+    16 KiB per channel: docs/moe.md, "NCCL's all-to-all protocols".)"""
     from cais.experiments.ep import run_ep
     from cais.kernels import ep_nccl
 
     cfg = load_system("dgx-h100")
-    small_ll = run_ep(cfg, "nccl", "dispatch", 1, 7168, 8, 256)
+    small_ll = run_ep(cfg, "nccl", "dispatch", 1, 1024, 8, 256)
+    wide_ll = run_ep(cfg, "nccl", "dispatch", 1, 7168, 8, 256)
     big = run_ep(cfg, "nccl", "dispatch", 1024, 7168, 8, 256)
     monkeypatch.setattr(ep_nccl, "P2P_LL_THRESHOLD", 0)
-    small_simple = run_ep(cfg, "nccl", "dispatch", 1, 7168, 8, 256)
+    small_simple = run_ep(cfg, "nccl", "dispatch", 1, 1024, 8, 256)
+    wide_simple = run_ep(cfg, "nccl", "dispatch", 1, 7168, 8, 256)
     big_simple = run_ep(cfg, "nccl", "dispatch", 1024, 7168, 8, 256)
     assert small_ll.time_us < small_simple.time_us
+    assert wide_ll.time_us != wide_simple.time_us
     assert big.time_us == big_simple.time_us
 
 

@@ -22,6 +22,7 @@ import cais
 from cais.cli import main
 from cais.errors import UserError
 from cais.sweep.grid import expand, load_spec, point_id
+from cais.sweep.point import check_point
 from cais.sweep.runner import run_sweep
 
 SRC = str(Path(cais.__file__).resolve().parents[1])
@@ -576,3 +577,41 @@ def test_a_sweep_takes_the_point_function_itself(tmp_path) -> None:
     points = [{"x": x, "calls": str(tmp_path)} for x in (2, 5)]
     table = run_sweep(points, tmp_path / "r.parquet", fn=sweep_helpers.square, workers=2, progress=False)
     assert sorted(table["y"]) == [4, 25]
+
+
+def test_a_moe_point_is_the_layer_cais_run_runs_and_its_attention_key_is_taken(tmp_path) -> None:
+    """An EP scheme on a mixture-of-experts model is a sweep point as it is a ``cais run``:
+    the row's period equals LayerSpec's run of the same layer (attention ``dp``), the two
+    attention modes are different runs, and a dense scheme on the MoE model or an unknown
+    attention is a one-line refusal naming the key."""
+    import json
+
+    from cais.experiments.spec import LayerSpec
+    from tests.test_moe_layer import TINY
+
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(TINY))
+    base = {"kind": "layer", "model": str(path), "scheme": "ep-deepep", "mode": "prefill"}
+    points = expand({"fixed": base, "grid": {"attention": ["tp", "dp"]}})
+    table = run_sweep(points, tmp_path / "r.parquet", workers=1, progress=False).set_index("point.attention")
+    assert list(table["status"]) == ["ok", "ok"]
+    direct = LayerSpec(str(path), "ep-deepep", "prefill", attention="dp").run()
+    assert table.loc["dp", "total_us"] == pytest.approx(direct.total_us) and direct.total_us > 0
+    assert table.loc["tp", "total_us"] != pytest.approx(table.loc["dp", "total_us"])
+    with pytest.raises(UserError, match="key 'attention': unknown value \"ep\"; allowed: tp, dp"):
+        check_point({**base, "attention": "ep"})
+    with pytest.raises(UserError, match="scheme"):
+        check_point({**base, "scheme": "tp-nvls"})
+
+
+def test_every_example_sweep_expands_and_each_point_passes_the_checks() -> None:
+    """The specs in examples/sweeps/ are what docs/sweeps.md tells users to run: each
+    expands to points and every point passes the checks a sweep makes before running."""
+    from cais.sweep.point import check_points
+
+    examples = sorted((Path(SRC).parent / "examples" / "sweeps").glob("*.yaml"))
+    assert len(examples) >= 3
+    for path in examples:
+        points = expand(load_spec(path))
+        assert points, path.name
+        check_points(points)

@@ -987,8 +987,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--chunk", type=_positive_int, default=None,
                    help="DeepEP normal: tokens per send round (default: its config, 6 dispatch / 4 combine); "
                         "ep-switch*: tokens per block of the fused pipeline")
-    e.add_argument("--routing", choices=("uniform", "powerlaw", "lognormal", "trace"), default="uniform",
-                   help="uniform: top-k of |randn| (DeepEP's tests); powerlaw/lognormal expert popularity; trace")
+    e.add_argument("--routing", choices=("uniform", "powerlaw", "lognormal", "balanced", "trace"), default="uniform",
+                   help="uniform: top-k of |randn| (DeepEP's tests); powerlaw/lognormal expert popularity; balanced: "
+                        "token t's j-th expert is (t + j) mod experts (with --topk 1 and one expert per GPU, "
+                        "nccl-tests' alltoall); trace")
     e.add_argument("--alpha", type=float, default=1.0, help="powerlaw exponent")
     e.add_argument("--sigma", type=float, default=1.0, help="lognormal sigma")
     e.add_argument("--trace", default=None, help="routing trace file (JSON topk_idx or .npy)")

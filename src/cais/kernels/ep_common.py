@@ -12,11 +12,13 @@ rows on the fabric. A row of ``hidden`` elements travels as ``hidden`` elements 
 elements), as DeepEP sends them (``x_scales``). Functional runs carry real values
 (float64, no FP8 rounding): a move's data are its source rows.
 
-An SM's copy loop (DeepEP's ``UNROLLED_WARP_COPY`` with ``st_na_global`` stores to the
-peer's buffer, NCCL's p2p ``Simple`` send) is an :class:`~cais.engine.SmPort` at
-``EpConstants.sm_copy_GBps`` of payload, keeping at most
+An SM's copy loop is an :class:`~cais.engine.SmPort` keeping at most
 ``collective.outstanding_bytes_per_sm`` in flight; its copies to its own GPU take the
-same port time and nothing on the fabric.
+same port time and nothing on the fabric. Its rate is the kernel's: DeepEP's
+``UNROLLED_WARP_COPY`` with ``st_na_global`` stores to the peer's buffer runs at
+``EpConstants.sm_copy_GBps`` of payload (fitted on DeepEP's H800 rows), NCCL's p2p
+``Simple`` send at the GPU's SM copy rate (``gpu.sm_copy_bandwidth_GBps``), as the
+dense path's NCCL kernels run their channels (``copy_tb``'s ``rate_GBps``).
 """
 
 from __future__ import annotations
@@ -144,11 +146,13 @@ def alloc_rows(m: Machine, g: int, name: str, rows: int, call: EpCall) -> None:
 
 def copy_tb(m: Machine, g: int, call: EpCall, moves: Sequence[Move], before: Sequence[Signal] = (),
             after: Callable[[], ProgramGen] | None = None, start_ps: int = 0, stream: int = 0,
-            unit_bytes: int | None = None, window_bytes: int | None = None) -> TbProgram:
+            unit_bytes: int | None = None, window_bytes: int | None = None,
+            rate_GBps: float | None = None) -> TbProgram:
     """A TB on GPU ``g`` that waits for ``before``, spends ``start_ps``, then copies
     ``moves`` in order through one SM port (module doc) and waits for them to land;
     ``after`` (a generator factory) runs then (a receive phase). ``unit_bytes`` and
-    ``window_bytes`` override the transfer unit and the in-flight bound (experiments)."""
+    ``window_bytes`` override the transfer unit and the in-flight bound (experiments);
+    ``rate_GBps``: the copy loop's payload rate (default: ``EpConstants.sm_copy_GBps``)."""
     isa, sim = m.isa, m.sim
     mem = m.gpus[g].memory
     h, eb, se = call.hidden, call.elem_bytes, call.scale_elems
@@ -167,7 +171,7 @@ def copy_tb(m: Machine, g: int, call: EpCall, moves: Sequence[Move], before: Seq
             yield sig
         if start_ps:
             yield pause(sim, start_ps)
-        port = isa.sm_port(call.consts.sm_copy_GBps)
+        port = isa.sm_port(rate_GBps or call.consts.sm_copy_GBps)
         ll_port = isa.sm_port(m.cfg.collective.ll_channel_GBps) if any(mv.protocol == "ll" for mv in moves) else port
         win = Window(sim, limit)
         remote = [mv for mv in moves if mv.dst != g and mv.rows]

@@ -12,7 +12,9 @@ device-to-host sync for the splits) and NCCL's all-to-all, which is a group of
 * **Point-to-point per peer.** Each peer's rows (contiguous after the permute) go
   as one send; the sends are cut into ``collective.ring_step_bytes`` chunks dealt over
   ``EpConstants.nccl_channels`` channels (one TB each), peers in NCCL's p2p order
-  (``g + 1``, ``g + 2``, ...), each channel an SM copy loop (kernels/ep_common.py).
+  (``g + 1``, ``g + 2``, ...), each channel an SM copy loop (kernels/ep_common.py) at
+  the GPU's SM copy rate, as the dense path's NCCL kernels run their channels (not
+  DeepEP's fitted loop rate: checked on nccl-tests' ``alltoall_perf``, docs/moe.md).
 * **Its protocol by size** (NVIDIA/nccl@5d3ab08b, ``src/enqueue.cc``, ``addP2pToPlan``):
   a send is LL when its bytes are at most ``P2P_LL_THRESHOLD`` (16 KiB) per channel it
   spreads over (:func:`p2p_protocol`), else Simple; p2p never runs LL128. Simple: the
@@ -129,6 +131,7 @@ def kernels(m: Machine, call: EpCall) -> list[Kernel]:
                 per_chan[j % chans].append(Move(g, peer, src_buf, rows[a:a + step_rows], dst_buf, dst0 + a,
                                                 protocol=proto if peer != g else ""))
                 j += 1
-        tbs: list[TbProgram | None] = [copy_tb(m, g, call, mv, (), None, host_ps) for mv in per_chan]
+        rate = m.cfg.gpu.sm_copy_bandwidth_GBps  # an NCCL channel's loop, as the dense path's (module doc)
+        tbs: list[TbProgram | None] = [copy_tb(m, g, call, mv, (), None, host_ps, rate_GBps=rate) for mv in per_chan]
         out.append(Kernel(f"nccl-alltoall-{call.op}", tbs, None, role="communication"))
     return out

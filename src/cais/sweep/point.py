@@ -9,8 +9,10 @@ key                meaning (as the ``cais run`` / ``cais collective`` option)
 ``system``         preset or system JSON file (default ``dgx-h100``)
 ``gpus``           GPUs taking part (default: the system's)
 ``model``          layer: preset, model JSON or HF ``config.json`` (required)
-``scheme``         layer: see ``cais schemes`` (required)
+``scheme``         layer: see ``cais schemes`` (required): a dense scheme, or
+                   for a mixture-of-experts model an EP scheme (``ep-<kernel>``)
 ``mode``           layer: ``train``, ``prefill`` or ``decode`` (required)
+``attention``      layer, a mixture-of-experts model: ``tp`` (default) or ``dp``
 ``sms``            layer: SMs per GPU
 ``batch``/``seq``  layer: run shape (default: the model's)
 ``op``/``algo``    collective: ``allreduce|allgather|reducescatter``, ``ring|nvls``
@@ -36,7 +38,7 @@ if TYPE_CHECKING:
     from cais.experiments.spec import CollectiveRunSpec, LayerSpec
 
 COMMON_KEYS = ("kind", "system", "gpus")
-LAYER_KEYS = ("model", "scheme", "mode", "sms", "batch", "seq")
+LAYER_KEYS = ("model", "scheme", "mode", "sms", "batch", "seq", "attention")
 COLLECTIVE_KEYS = ("op", "algo", "bytes", "unit")
 KINDS = ("layer", "collective")
 MODES = ("train", "prefill", "decode")
@@ -107,16 +109,18 @@ def prepare(point: Mapping[str, Any]) -> LayerSpec | CollectiveRunSpec:
         raise UserError(f"key 'system': expected a preset name or a JSON file, got {json.dumps(system)}")
     gpus = _positive("gpus", point.get("gpus"))
     if kind == "layer":
-        from cais.schemes import schemes
+        from cais.schemes import moe_schemes, schemes
+        from cais.workload.moe_dataflow import ATTENTION_MODES
 
-        scheme = _choice("scheme", point["scheme"], tuple(schemes()))
+        scheme = _choice("scheme", point["scheme"], (*schemes(), *moe_schemes()))
         mode = _choice("mode", point["mode"], MODES)
+        attention = _choice("attention", point.get("attention", "tp"), ATTENTION_MODES)
         if not isinstance(point["model"], str):
             raise UserError(f"key 'model': expected a preset name or a file, got {json.dumps(point['model'])}")
         sms, batch, seq = (_positive(key, point.get(key)) for key in ("sms", "batch", "seq"))
         sets = tuple(config_sets(point).items())
         return LayerSpec(point["model"], scheme, mode, SystemSpec(system, gpus, sets, None, *_LABELS), sms, batch,
-                         seq)
+                         seq, attention=attention)
     from cais.kernels.algorithms import names
     from cais.kernels.collectives import OPS
 

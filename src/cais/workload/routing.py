@@ -16,6 +16,9 @@ Generators (all seeded; :data:`GENERATORS`):
   order ``r`` of the experts; each token draws ``topk`` distinct experts with
   probability proportional to it (Gumbel top-k);
 * ``lognormal``: popularity ``exp(sigma * randn)``, drawn alike;
+* ``balanced``: no draw: token ``t``'s ``j``-th expert is ``(t + j) mod experts``, so
+  every rank sends every expert the same rows when ``experts`` divides ``tokens``
+  (with top-1 and one expert per rank, nccl-tests' ``alltoall``: equal shares);
 * ``trace``: a routing trace file (JSON ``{"topk_idx": [[...], ...]}``, a token's
   experts a row, tokens of rank 0 first; or a ``.npy`` array ``[tokens, topk]``).
 
@@ -36,7 +39,7 @@ import numpy as np
 
 from cais.errors import UserError
 
-GENERATORS = ("uniform", "powerlaw", "lognormal", "trace")
+GENERATORS = ("uniform", "powerlaw", "lognormal", "balanced", "trace")
 CAPACITY_MODES = ("none", "drop", "pad")
 
 
@@ -150,6 +153,9 @@ def generate(kind: str, ranks: int, tokens: int, experts: int, topk: int, seed: 
     rng = np.random.default_rng(seed)
     if kind == "trace":
         idx = _read_trace(trace, ranks, tokens, experts, topk)
+    elif kind == "balanced":
+        slots = np.arange(tokens)[:, None] + np.arange(topk)[None, :]
+        idx = np.broadcast_to(slots % experts, (ranks, tokens, topk)).astype(np.int64)
     elif kind == "uniform":
         idx = np.empty((ranks, tokens, topk), dtype=np.int64)
         for g in range(ranks):
