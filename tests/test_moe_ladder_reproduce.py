@@ -81,6 +81,7 @@ def test_the_verdict_comes_from_the_rows(quick: tuple[Path, Outcome]) -> None:
     stored = json.loads((out / "claims.json").read_text())["claims"]["moe"]
     assert {c["name"] for c in stored} == set(claims)
     ladder = [n for n in claims if "in-switch" in n or "multicast" in n or "dataflow" in n or "plus combine" in n]
+    assert all(len(c.figure) < 70 for c in sec.claims if c.name in ladder)  # a quick line held to the full grid fits
     assert len(ladder) == t["mode"].nunique() + 3  # per mode, d+c, multicast against reduction, the sw dataflow
 
 

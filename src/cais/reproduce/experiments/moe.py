@@ -155,5 +155,4 @@ def moe_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, Section
 
 
 EXPERIMENT = Experiment("moe", "moe", moe_points, moe_analyse, paper=False,
-                        quick_grid="the context's system at EP 2 and 8, 1 and 128 tokens per rank, for EP 2-8 at "
-                                   "1-8,192 tokens on two one-node systems, nvl72 to EP 72 and gh200-nvl32 to EP 32")
+                        quick_grid="one node: kernels at EP 2, 8 and 1, 128 tokens; layers: qwen3-30b-a3b at 128 tokens")
