@@ -1,10 +1,11 @@
-"""Regenerate the numbers of docs/moe.md's "Which EP kernel wins where": run `cais
-reproduce moe` (the full grid; `--quick` for a try; `--cached` to analyse the runs
-already in docs/reproduce-results/moe/runs/) into docs/reproduce-results/moe/ and copy
-its report section, the figures' paths made relative to docs/, between the page's
-`<!-- moe:begin -->` and `<!-- moe:end -->` markers. Every number in the block comes
-from the run; tests/test_moe_layer.py::test_the_moe_page_is_its_runs checks the block
-against moe.md and moe.csv. The run's claims.json stays beside them.
+"""Regenerate the numbers of docs/moe.md's "Which EP kernel wins where, and the
+in-switch ladder in layers": run `cais reproduce moe` (the full grid; `--quick` for a
+try; `--cached` to analyse the runs already in docs/reproduce-results/moe/runs/) into
+docs/reproduce-results/moe/ and copy its report section (both parts), the figures'
+paths made relative to docs/, between the page's `<!-- moe:begin -->` and
+`<!-- moe:end -->` markers. Every number in the block comes from the run;
+tests/test_moe_layer.py::test_the_moe_page_is_its_runs checks the block against moe.md,
+moe.csv and moe_switch.csv. The run's claims.json stays beside them.
 
     PYTHONPATH=src .venv/bin/python scripts/moe_doc.py [--quick] [--cached]
 """
@@ -21,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "reproduce-results" / "moe"
 PAGE = ROOT / "docs" / "moe.md"
 BEGIN, END = "<!-- moe:begin -->", "<!-- moe:end -->"
-TITLE = "## Past the paper: which EP kernel wins where"
+TITLE = "## Past the paper: which EP kernel wins where, and the in-switch ladder in layers"
 
 
 def section(report: str) -> str:
@@ -31,7 +32,7 @@ def section(report: str) -> str:
 
 def from_docs(block: str) -> str:
     """``block`` with its figures' paths made relative to docs/."""
-    return re.sub(r"\]\((moe_[a-z0-9-]+\.png)\)", r"](reproduce-results/moe/\1)", block)
+    return re.sub(r"\]\((moe_[a-z0-9_-]+\.png)\)", r"](reproduce-results/moe/\1)", block)
 
 
 def main() -> int:

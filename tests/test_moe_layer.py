@@ -281,7 +281,8 @@ def _moe_doc():  # type: ignore[no-untyped-def]
 
 def test_the_moe_page_is_its_runs() -> None:
     """docs/moe.md's "which EP kernel wins where" block is the shipped full grid's
-    section (moe.md), its winners those of moe.csv, its claims those of claims.json."""
+    section (moe.md), its winners those of moe.csv, its in-switch ladder that of
+    moe_switch.csv (every world, mode, model and routing), its claims those of claims.json."""
     import pandas as pd
 
     from cais.reproduce.experiments.moe import KERNELS, winners
@@ -300,10 +301,26 @@ def test_the_moe_page_is_its_runs() -> None:
     assert (times.idxmin(axis=1).str[:-5] == t["winner"]).all()  # the winner is the fastest kernel
     for system, n in t["system"].value_counts().items():
         assert f"On {system} (" in block and f"of {n} points" in block
+    ladder = pd.read_csv(out / "moe_switch.csv")  # the in-switch ladder in layers (moe_switch.py)
+    assert set(ladder["system"]) == {"dgx-h100", "gh200-nvl32", "nvl72"} and set(ladder["mode"]) == set(MODES)
+    assert set(ladder["model"]) == {"deepseek-v3", "qwen3-30b-a3b"} and set(ladder["routing"]) == {"uniform", "powerlaw"}
+    assert ladder.groupby("system")["model"].nunique().to_dict() == {"dgx-h100": 2, "gh200-nvl32": 2, "nvl72": 1}
+    assert ladder.groupby("system")["ep"].first().to_dict() == {"dgx-h100": 8, "gh200-nvl32": 32, "nvl72": 64}
+    # what the page's prose ("What the runs say") reads from it: power-law routing shrinks the multicast's gain at
+    # every case; where DeepEP low-latency is the best software off one node, ep-switch's layer outside its
+    # exchanges is longer than the low-latency one's
+    wide = ladder.pivot_table(index=["system", "model", "mode", "tokens"], columns="routing", values="multicast (d+c)")
+    assert len(wide) and (wide["powerlaw"] < wide["uniform"]).all()
+    ll = ladder[(ladder["system"] != "dgx-h100") & (ladder["best software"] == "ep-deepep-ll")]
+    assert len(ll) and ((ll["ep-switch (us)"] - ll["ep-switch d+c (us)"])
+                        > (ll["ep-deepep-ll (us)"] - ll["ep-deepep-ll d+c (us)"])).all()
     claims = json.loads((out / "claims.json").read_text())
-    assert claims["grid"] == "full" and len(claims["claims"]["moe"]) == 3
+    per_mode = ladder.groupby(["system", "mode"]).ngroups
+    assert claims["grid"] == "full" and len(claims["claims"]["moe"]) == 3 + per_mode + ladder["system"].nunique() + 2
     for c in claims["claims"]["moe"]:
         assert f"{c['name']}: {'holds' if c['holds'] else 'does not hold'}: {c['figure']}." in " ".join(block.split())
+    for system in ladder["system"].unique():
+        assert f"On {system} (EP " in block and f"reproduce-results/moe/moe_switch_{system}.png" in block
     for png in ("moe_dgx-h100.png", "moe_nvl72.png", "moe_gh200-nvl32.png"):
         assert (out / png).is_file() and f"reproduce-results/moe/{png}" in block
     assert not __import__("re").search(r"\d+(\.\d+)?\s*us\b", head[head.rfind("## Which EP kernel"):])
@@ -424,3 +441,59 @@ def test_a_fused_block_is_only_dispatch_expert_steps_and_combine() -> None:
     assert EpScheme._fused_block([d, fc1, MoeStep("p", "permute", "permute"), c], 1) is None
     assert EpScheme._fused_block([d, c], 1) is None  # nothing to fuse
     assert EpScheme._fused_block([d, fc1], 1) is None  # no combine closes it
+
+
+def test_routing_setting_default_is_the_old_draw_and_a_skew_moves_the_busiest_rank() -> None:
+    """``moe.routing`` (cais.config.MoeConfig) reaches the layer path as ``cais run --set``
+    gives it: unset and ``uniform`` draw the same routing as before the setting; a
+    power-law draw loads the busiest rank more and moves the layer's time; ``moe.seed``
+    draws another routing."""
+    from cais.experiments.spec import SystemSpec
+
+    def run(**sets: str):  # type: ignore[no-untyped-def]
+        spec = LayerSpec("deepseek-v3", "ep-deepep", "decode", SystemSpec("dgx-h100", sets=sets, set_label="--set"),
+                         batch=32, seq=64, attention="dp")
+        r = spec.run()
+        assert r.moe is not None
+        return r
+
+    base = run()
+    assert base.moe is not None and base.moe["routing"] == "uniform"
+    before = build_moe_period(load_moe_model("deepseek-v3", batch=32, seq=64), 8, "decode", "dp").routing
+    assert before is not None and base.moe["send_matrix_expert"] == before.matrix("expert").tolist()
+    same = run(**{"moe.routing": "uniform"})
+    assert same.total_us == base.total_us and same.moe["received_rows"] == base.moe["received_rows"]
+    skew = run(**{"moe.routing": "powerlaw"})
+    assert skew.moe is not None and skew.moe["routing"] == "powerlaw"
+    assert max(skew.moe["received_rows"]) > max(base.moe["received_rows"])
+    assert skew.moe["imbalance_expert"] > base.moe["imbalance_expert"]
+    assert skew.total_us != base.total_us
+    assert sum(skew.moe["received_rows"]) == sum(base.moe["received_rows"]) == 8 * 32 * 8  # every row, once
+    other = run(**{"moe.seed": "3"})
+    assert other.moe is not None and other.moe["received_rows"] != base.moe["received_rows"]
+    steeper = run(**{"moe.routing": "powerlaw", "moe.alpha": "2.5"})
+    assert steeper.moe is not None and max(steeper.moe["received_rows"]) > max(skew.moe["received_rows"])
+
+
+def test_a_bad_routing_setting_is_one_line_naming_the_field_and_its_values() -> None:
+    from cais.config import ConfigError, apply_overrides
+
+    cfg = load_system("dgx-h100")
+    for key, value, want in (("moe.routing", "zipf", "'uniform', 'powerlaw' or 'lognormal'"),
+                             ("moe.alpha", "-1", "greater than or equal to 0"), ("moe.seed", "x", "integer")):
+        with pytest.raises(ConfigError) as e:
+            apply_overrides(cfg, {key: value})
+        assert key in str(e.value) and want in str(e.value) and "\n" not in str(e.value), str(e.value)
+    assert apply_overrides(cfg, {"moe.routing": "lognormal"}).moe.generator_kwargs() == {"sigma": 1.0}
+
+
+def test_a_routing_setting_on_a_dense_run_is_a_warning() -> None:
+    from cais.config import apply_overrides
+    from cais.experiments.layer import mode_notes
+
+    cfg = load_system("dgx-h100")
+    assert not [k for k in mode_notes(get_scheme("tp-nvls"), cfg, "prefill") if k.startswith("moe.")]
+    notes = mode_notes(get_scheme("tp-nvls"), apply_overrides(cfg, {"moe.routing": "powerlaw", "moe.seed": "2"}),
+                       "prefill")
+    assert set(k for k in notes if k.startswith("moe.")) == {"moe.routing", "moe.seed"}
+    assert "has no effect" in notes["moe.routing"] and "dense" in notes["moe.routing"]

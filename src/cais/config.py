@@ -583,6 +583,34 @@ class TrainConfig(_Strict):
                               "sub-layer (remote-load schemes)")
 
 
+#: the routings a MoE layer run may draw (cais.workload.routing's seeded generators)
+MOE_ROUTINGS = ("uniform", "powerlaw", "lognormal")
+MoeRouting = Literal["uniform", "powerlaw", "lognormal"]
+
+
+class MoeConfig(_Strict):
+    """How the tokens of a MoE layer run pick their experts (``cais run`` on a MoE
+    model; docs/moe.md, "MoE layers under cais run"): the seeded generator of
+    :mod:`cais.workload.routing` the layer path draws its period's routing from, with
+    its seed and skew. Not hardware: a run setting, as ``train`` is, set with
+    ``--set moe.routing=powerlaw``; a dense model's run ignores it. The defaults are
+    the layer path's routing before this section existed (DeepEP's tests' uniform
+    draw, the run's seed)."""
+
+    routing: MoeRouting = knob("uniform", description="uniform (DeepEP's tests' draw, group-limited where the model "
+                                                      "is), powerlaw (expert popularity ~ rank ** -alpha) or "
+                                                      "lognormal (popularity exp(sigma * randn))")
+    seed: int | None = knob(None, ge=0, description="the routing's seed; null: the run's seed (0 unless given)")
+    alpha: float = knob(1.2, ge=0, description="routing=powerlaw: the exponent (1.2, as the kernel-level in-switch "
+                                               "ladder draws it; 0 is uniform popularity)")
+    sigma: float = knob(1.0, ge=0, description="routing=lognormal: the spread of the log popularity")
+
+    def generator_kwargs(self) -> dict[str, float]:
+        """The skew parameter :func:`cais.workload.routing.generate` takes for this routing."""
+        return {"alpha": self.alpha} if self.routing == "powerlaw" else \
+            {"sigma": self.sigma} if self.routing == "lognormal" else {}
+
+
 class SystemConfig(_Strict):
     """A whole NVLink/NVSwitch system: GPUs, links, switch chips, collectives, and the
     transfer unit the network moves."""
@@ -601,6 +629,7 @@ class SystemConfig(_Strict):
     cais: CaisConfig = CaisConfig()
     remote_read: RemoteReadConfig = RemoteReadConfig()
     train: TrainConfig = TrainConfig()
+    moe: MoeConfig = knob(MoeConfig(), description="a MoE layer run's routing (MoeConfig); a dense run ignores it")
     gpu_slowdown: dict[int, float] = Field(default_factory=dict,
                                            description="GPU index -> factor on the time its TBs compute (a "
                                                        "straggler, for experiments); absent GPUs run at 1")

@@ -53,15 +53,17 @@ def groups_per_port(rt: Routing, block_tokens: int | None = None) -> np.ndarray:
 
 
 def table_need(kind: str, ranks: int, tokens: int, experts: int, topk: int, seeds: int = 100,
-               block_tokens: int = 1, alpha: float = 1.2, sigma: float = 1.0, q: float = 99.0) -> list[dict[str, Any]]:
-    """For each lifetime (the call; blocks of ``block_tokens``), the busiest port's
-    entries at the ``q``-th percentile over ``seeds`` routings, and their bytes against
+               block_tokens: int = 1, alpha: float = 1.2, sigma: float = 1.0, q: float = 99.0,
+               n_group: int = 1, topk_group: int = 1, lifetimes: tuple[str, ...] = LIFETIMES) -> list[dict[str, Any]]:
+    """For each of ``lifetimes`` (the call; blocks of ``block_tokens``), the busiest port's
+    entries at the ``q``-th percentile over ``seeds`` routings (group-limited as
+    ``n_group``, ``topk_group`` say: DeepSeek-V3's 8 and 4), and their bytes against
     CAIS's 40 KB."""
-    peaks: dict[str, list[int]] = {life: [] for life in LIFETIMES}
+    peaks: dict[str, list[int]] = {life: [] for life in LIFETIMES if life in lifetimes}
     for seed in range(seeds):
-        rt = generate(kind, ranks, tokens, experts, topk, seed, alpha, sigma)
-        peaks["call"].append(int(groups_per_port(rt).max()))
-        peaks["block"].append(int(groups_per_port(rt, block_tokens).max()))
+        rt = generate(kind, ranks, tokens, experts, topk, seed, alpha, sigma, n_group, topk_group)
+        for life, got in peaks.items():
+            got.append(int(groups_per_port(rt, None if life == "call" else block_tokens).max()))
     out = []
     for life, got in peaks.items():
         entries = int(math.ceil(np.percentile(got, q)))

@@ -12,7 +12,7 @@ import numpy as np
 from cais.hw.compute import ComputeModel
 from cais.errors import UserError
 from cais.workload.dims import MODES
-from cais.config import PS_PER_US, SystemConfig
+from cais.config import PS_PER_US, MoeConfig, SystemConfig
 from cais.experiments.estimates import moe_period_events, period_events
 from cais.limits import check_events, check_machine
 from cais.engine.sim import fewer_collections
@@ -337,7 +337,7 @@ def mode_notes(sch: Scheme, cfg: SystemConfig, mode: str) -> dict[str, str]:
     """What a run in ``mode`` does outside its design, field -> one line: a scheme
     used in a mode it was not made for (an inference stack's all-reduce in training),
     and training-only settings given outside training (the weight-gradient dataflow
-    in a period with no backward)."""
+    in a period with no backward, a MoE layer's routing in a dense layer's run)."""
     notes = {}
     if mode in MODES and mode not in sch.modes:
         notes["mode"] = (f"'{sch.name}' is {sch.modes_why}; in {mode} it runs, but as no deployment runs it "
@@ -346,6 +346,10 @@ def mode_notes(sch: Scheme, cfg: SystemConfig, mode: str) -> dict[str, str]:
         notes.update({f"train.{key}": f"'{getattr(cfg.train, key)}' has no effect: it sets the weight-gradient "
                                       f"dataflow, and {mode} has no backward (it applies to training only)"
                       for key in ("wgrad_inputs", "wgrad_grads") if getattr(cfg.train, key) != "scheme"})
+    unset = MoeConfig()
+    notes.update({f"moe.{key}": f"'{getattr(cfg.moe, key)}' has no effect: it sets a MoE layer's routing, and this "
+                                "layer is dense" for key in MoeConfig.model_fields
+                  if getattr(cfg.moe, key) != getattr(unset, key)})
     return notes
 
 
@@ -459,11 +463,19 @@ def _check_family(sch: Scheme, model: ModelSpec | MoeSpec) -> None:
                         "scheme (see 'cais schemes')")
 
 
+def moe_period(cfg: SystemConfig, model: MoeSpec, mode: str, attention: str, seed: int) -> Period:
+    """The MoE period a run of ``model`` on ``cfg`` simulates, its routing drawn as the
+    system's ``moe`` settings say (:class:`cais.config.MoeConfig`: the generator, its
+    seed (default: the run's ``seed``) and skew)."""
+    rc = cfg.moe
+    return build_moe_period(model, cfg.gpus, mode, attention, seed, rc.routing, rc.seed, **rc.generator_kwargs())
+
+
 def _check_moe(cfg: SystemConfig, model: MoeSpec, sch: Scheme, mode: str, sim: str, attention: str) -> Period:
     """The MoE period to run; a UserError (one line) for what a MoE run cannot do."""
     if sim != "full":
         raise UserError(f"sim: a MoE layer runs every GPU ('full'); got '{sim}'")
-    period = build_moe_period(model, cfg.gpus, mode, attention, 0)
+    period = moe_period(cfg, model, mode, attention, 0)
     dm = attention_model(model)
     _check_size(cfg, dm, sch, mode, period)
     return period
@@ -477,7 +489,7 @@ def _run_moe(cfg: SystemConfig, model: MoeSpec, sch: Scheme, mode: str, function
     if switch != cfg.switch.model:
         cfg = cfg.with_overrides(switch={**cfg.switch.model_dump(), "model": switch})
     _check_moe(cfg, model, sch, mode, sim, attention)
-    period = build_moe_period(model, cfg.gpus, mode, attention, seed)
+    period = moe_period(cfg, model, mode, attention, seed)
     bad: list[str] = []
     if functional:  # the expert block's data, exactly (its attention part is the dense path's, checked there)
         assert period.routing is not None
@@ -518,7 +530,20 @@ def _run_moe(cfg: SystemConfig, model: MoeSpec, sch: Scheme, mode: str, function
         collectives_ran={f"{a}/{p}": k for (a, p), k in sorted(run.choices.items())},
         mismatches=bad, checked=1 if functional else 0,
         adjusted=dict(m.adjusted), moe={**moe_breakdown(period, segs, sch, attention),
-                                        "shared_overlap_us": _overlap_us(run, period)})
+                                        "shared_overlap_us": _overlap_us(run, period), **group_tables(m)})
+
+
+def group_tables(m: Machine) -> dict[str, int]:
+    """The dynamic multicast group tables' telemetry of a run (hw/ep_switch.py; zeros on
+    a switch without them): the busiest port's peak entries, and the binds and the
+    refused binds (overflows) over every port of every chip."""
+    peak = binds = overflows = 0
+    for sw in m.fabric.switches:
+        stats = getattr(sw, "group_stats", None)
+        if stats is not None:
+            st = stats()
+            peak, binds, overflows = max(peak, st.peak), binds + st.binds, overflows + st.overflows
+    return {"group_table_peak": peak, "group_table_binds": binds, "group_table_overflows": overflows}
 
 
 def _overlap_us(run: LayerRun, period: Period) -> float:
@@ -551,7 +576,7 @@ def moe_breakdown(period: Period, segs: dict[str, float], sch: Scheme, attention
         return sum(segs.get(name, 0.0) for name in names)
     per_rank, per_expert = rt.matrix("rank"), rt.matrix("expert")
     received = rt.expert_rows().sum(axis=0).reshape(rt.ranks, rt.per_rank).sum(axis=1)
-    return {"kernel": getattr(sch, "kernel", ""), "attention": attention, "ep": rt.ranks,
+    return {"kernel": getattr(sch, "kernel", ""), "attention": attention, "ep": rt.ranks, "routing": rt.source,
             "tokens_per_rank": rt.tokens, "experts": rt.experts, "topk": rt.topk,
             "dispatch_us": total([s.name for s in steps if s.kind == "exchange" and s.kernel == "dispatch"]),
             "combine_us": total([s.name for s in steps if s.kind == "exchange" and s.kernel == "combine"]),

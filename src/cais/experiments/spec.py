@@ -20,9 +20,10 @@ from pydantic import ValidationError
 from cais.experiments.collective import CollectiveResult, check_collective, resolve_choice, run_collective
 from cais.errors import looks_like_path, validation_message
 from cais.experiments.ep import EP_KERNELS, EpResult, check_ep_size, run_ep
+from cais.experiments.ep_table import table_need
 from cais.kernels.ep_registry import shipped
 from cais.experiments.layer import LayerResult, check_layer, run_layer
-from cais.config import ConfigError, SystemConfig, apply_overrides, check_gpus, load_system, overridden
+from cais.config import ConfigError, MoeConfig, SystemConfig, apply_overrides, check_gpus, load_system, overridden
 from cais.progress import RunProgress
 from cais.provenance import collect
 from cais.results.recorder import Recorder
@@ -202,6 +203,32 @@ class EpRunSpec:
         cfg, _ = built or self.build()
         return run_ep(cfg, self.kernel, self.op, self.tokens, self.hidden, self.topk, self.experts, self.dtype,
                       seed=self.seed, drawn=drawn)
+
+
+@dataclass(frozen=True)
+class GroupTableNeedSpec:
+    """The dynamic multicast group table (``st.mc.dyn``'s, hw/ep_switch.py) one EP call
+    of a MoE model needs, entries bound for the call (cais.experiments.ep_table): the
+    busiest sender port's distinct remote destination sets at the ``q``-th percentile
+    over ``seeds`` routings of ``tokens`` per rank on ``ranks`` EP ranks, drawn with the
+    model's experts, top-k and group limit, by ``routing`` with its skew (the defaults
+    are the system's ``moe`` section's, as a layer run draws it)."""
+
+    model: str
+    ranks: int
+    tokens: int
+    routing: str = "uniform"
+    seeds: int = 10
+    alpha: float = MoeConfig().alpha
+    sigma: float = MoeConfig().sigma
+    q: float = 99.0
+
+    def run(self) -> dict[str, Any]:
+        """The need (:func:`cais.experiments.ep_table.table_need`'s row for the call)."""
+        moe = load_moe_model(self.model)
+        return table_need(self.routing, self.ranks, self.tokens, moe.experts, moe.topk, self.seeds, alpha=self.alpha,
+                          sigma=self.sigma, q=self.q, n_group=moe.n_group, topk_group=moe.topk_group,
+                          lifetimes=("call",))[0]
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from cais.errors import UserError
-from cais.experiments.spec import CollectiveRunSpec, EpRunSpec, LayerSpec, SystemSpec
+from cais.experiments.spec import CollectiveRunSpec, EpRunSpec, GroupTableNeedSpec, LayerSpec, SystemSpec
 from cais.config import SystemConfig
 from cais.provenance import content_hash
 
@@ -47,11 +47,16 @@ def _wire(j: dict[str, Any]) -> dict[str, float]:
 
 def layer_spec(point: dict[str, Any]) -> LayerSpec:
     """The point's layer period: ``model``, ``scheme``, ``mode``, ``sms``; optional
-    ``batch``, ``seq`` and the model dimensions ``hidden``, ``ffn_hidden``, ``heads``,
-    ``kv_heads``."""
+    ``batch``, ``seq``, the model dimensions ``hidden``, ``ffn_hidden``, ``heads``,
+    ``kv_heads``, and a MoE layer's ``attention`` (``tp``, the default, or ``dp``)."""
     shape = tuple((k, point[k]) for k in ("hidden", "ffn_hidden", "heads", "kv_heads") if point.get(k) is not None)
     return LayerSpec(point["model"], point["scheme"], point["mode"], system_spec(point), point.get("sms"),
-                     point.get("batch"), point.get("seq"), shape)
+                     point.get("batch"), point.get("seq"), shape, attention=point.get("attention") or "tp")
+
+
+def ffn_width(model: Any) -> int:
+    """A dense model's FFN width, a MoE model's expert FFN width."""
+    return int(getattr(model, "ffn_hidden", None) or model.expert_ffn_hidden)
 
 
 def layer_point(point: dict[str, Any]) -> dict[str, Any]:
@@ -68,7 +73,7 @@ def layer_point(point: dict[str, Any]) -> dict[str, Any]:
                            "link_util_mean": FLOAT(r.link_util.mean), "link_util_max": FLOAT(r.link_util.max),
                            "comm_kernel_us": FLOAT(r.kernel_us.get("communication", 0.0)),
                            "compute_kernel_us": FLOAT(r.kernel_us.get("computation", 0.0)),
-                           "hidden_run": model.hidden, "ffn_run": model.ffn_hidden,
+                           "hidden_run": model.hidden, "ffn_run": ffn_width(model),
                            "segments_us": json.dumps({k: round(v, 3) for k, v in r.segments.items()}),
                            # the collective kernels the period ran (algorithm-protocol or production family-path)
                            "collectives_ran": ",".join(sorted(k.split("/")[0] for k in r.collectives_ran))}
@@ -91,7 +96,27 @@ def layer_point(point: dict[str, Any]) -> dict[str, Any]:
                ports_holding=FLOAT(ports.get("holding_sessions", float("nan"))),
                busiest_port_share=FLOAT(ports.get("busiest_share", float("nan"))),
                remote_peak_kB=FLOAT(remote.get("peak_kB", float("nan"))), **_wire(j), **_hash(cfg))
+    if r.moe is not None:
+        out.update(_moe_columns(r.moe))
     return out
+
+
+def _moe_columns(moe: dict[str, Any]) -> dict[str, Any]:
+    """A MoE layer's expert block (LayerResult.moe) as columns: its routing, the tokens
+    each GPU routes, its dispatch, combine and grouped-GEMM times (us; the backward's
+    included), the busiest rank's received rows over the mean, the per-(token, rank)
+    send matrix's imbalance, and the dynamic multicast group tables' telemetry."""
+    received = [int(x) for x in moe["received_rows"]]
+    mean = sum(received) / len(received) if received else 0.0
+    return {"moe_routing": str(moe["routing"]), "tokens_per_rank": int(moe["tokens_per_rank"]),
+            "ep_run": int(moe["ep"]), "experts_run": int(moe["experts"]),
+            "dispatch_us": FLOAT(moe["dispatch_us"]), "combine_us": FLOAT(moe["combine_us"]),
+            "grouped_gemm_us": FLOAT(moe["grouped_gemm_us"]),
+            "busiest_rank_rows": max(received, default=0),
+            "busiest_rank_load": FLOAT(max(received) / mean) if mean else float("nan"),
+            "imbalance_rank": FLOAT(moe["imbalance_rank"]),
+            "group_table_peak": int(moe.get("group_table_peak", 0)),
+            "group_table_overflows": int(moe.get("group_table_overflows", 0))}
 
 
 def same_run(fn: str, point: dict[str, Any]) -> dict[str, Any]:
@@ -177,3 +202,16 @@ def ep_point(point: dict[str, Any]) -> dict[str, Any]:
             "dispatch_algbw_GBps": FLOAT(d.algbw_GBps), "combine_algbw_GBps": FLOAT(c.algbw_GBps),
             "experts": ep_experts(cfg.gpus), "imbalance": FLOAT(d.imbalance), "events": d.events + c.events,
             "sim_wall_s": FLOAT(d.wall_s + c.wall_s), **_hash(cfg)}
+
+
+def ep_table_point(point: dict[str, Any]) -> dict[str, Any]:
+    """The dynamic multicast group table one EP call needs
+    (:class:`~cais.experiments.spec.GroupTableNeedSpec`, entries bound for the call):
+    ``model``'s experts, top-k and group limit, ``ranks`` EP ranks, ``tokens`` per rank,
+    ``routing`` (its skew as the ``moe`` section's defaults); the busiest port's entries
+    and bytes at the 99th percentile over ``seeds`` routings, against CAIS's 40 KB."""
+    call = GroupTableNeedSpec(str(point["model"]), int(point["ranks"]), int(point["tokens"]), str(point["routing"]),
+                              int(point.get("seeds", 10))).run()
+    return {"entries_p99": int(call["entries_p99"]), "bytes_p99": int(call["bytes_p99"]),
+            "entry_bytes": int(call["entry_bytes"]), "of_cais_40KB": FLOAT(call["of_cais_40KB"]),
+            "max_entries": int(call["max_entries"])}

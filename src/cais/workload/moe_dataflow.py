@@ -87,14 +87,15 @@ def build_moe_graph(moe: MoeSpec, n: int, mode: str, attention: str = "tp", seed
 
 
 def build_moe_period(moe: MoeSpec, n: int, mode: str, attention: str = "tp", seed: int = 0,
-                     routing: str = "uniform", **routing_kwargs: float) -> Period:
+                     routing: str = "uniform", routing_seed: int | None = None, **routing_kwargs: float) -> Period:
     """The period a scheme runs (:func:`build_moe_graph`), with its tokens' routing drawn
-    by ``routing`` (cais.workload.routing; DeepEP's tests' ``uniform`` by default) from
-    ``seed``: each GPU routes :func:`routed_rows` tokens."""
+    by ``routing`` (cais.workload.routing; DeepEP's tests' ``uniform`` by default, its
+    skew in ``routing_kwargs``: ``alpha``, ``sigma``) from ``routing_seed`` (default:
+    ``seed``): each GPU routes :func:`routed_rows` tokens."""
     graph = build_moe_graph(moe, n, mode, attention, seed)
     rows = routed_rows(graph.dims, attention)
-    rt: Routing = generate(routing, n, rows, moe.experts, moe.topk, seed, n_group=moe.n_group,
-                           topk_group=moe.topk_group, **routing_kwargs)  # type: ignore[arg-type]
+    rt: Routing = generate(routing, n, rows, moe.experts, moe.topk, seed if routing_seed is None else routing_seed,
+                           n_group=moe.n_group, topk_group=moe.topk_group, **routing_kwargs)  # type: ignore[arg-type]
     return replace(period_of(graph), routing=rt)
 
 

@@ -22,6 +22,7 @@ import pandas as pd
 from cais.experiments.spec import ep_kernels
 from cais.reproduce import plots
 from cais.reproduce.experiments.common import Context, Experiment, failures, ok_rows
+from cais.reproduce.experiments.moe_switch import ladder_points, ladder_section, table_need_rows
 from cais.reproduce.report import Section
 from cais.sweep.grid import Point
 
@@ -48,10 +49,29 @@ def _grid(ctx: Context) -> list[tuple[str, int, int]]:
     return out + [(s, ep, t) for s, (eps, toks) in RACKS.items() for ep in eps for t in toks]
 
 
-def moe_points(ctx: Context) -> list[tuple[str, Point]]:
+def kernel_points(ctx: Context) -> list[tuple[str, Point]]:
     """Every registered EP kernel at every case of :func:`_grid`."""
     return [(EP, {**ctx.base(system), "gpus": ep, "tokens": t, "kernel": k})
             for system, ep, t in _grid(ctx) for k in KERNELS if k != "deepep-ll" or t <= LL_MAX_TOKENS]
+
+
+def moe_points(ctx: Context) -> list[tuple[str, Point]]:
+    """The kernel grid (:func:`kernel_points`), then the in-switch ladder's layer runs and
+    table needs (:func:`cais.reproduce.experiments.moe_switch.ladder_points`)."""
+    return kernel_points(ctx) + ladder_points(ctx)
+
+
+def split_rows(rows: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """The rows of each part of the experiment (``kernel``: EP kernel points, ``layer``:
+    the ladder's layer runs, ``need``: its table needs), each with only its own columns."""
+    parts = {}
+    for part, key in (("kernel", "point.kernel"), ("layer", "point.scheme"), ("need", "point.ranks")):
+        mine = rows[rows[key].notna()] if key in rows else rows.iloc[0:0]
+        mine = mine.dropna(axis=1, how="all")
+        whole = [c for c in mine.columns if c.startswith("point.") and mine[c].dtype.kind == "f"
+                 and mine[c].notna().all() and (mine[c] % 1 == 0).all()]  # int keys the other parts made float
+        parts[part] = mine.astype({c: "int64" for c in whole})
+    return parts
 
 
 def winners(df: pd.DataFrame) -> pd.DataFrame:
@@ -85,9 +105,10 @@ def _claim_line(sec: Section, name: str, rows: pd.DataFrame, kernel: str, where:
 def moe_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, Section]:
     """The winners table, a plot per system (each kernel's time over the best, at its
     largest EP degree), and the verdict on the three claims (module doc)."""
-    df = ok_rows(rows)
+    parts = split_rows(rows)
+    df = ok_rows(parts["kernel"])
     t = winners(df)
-    sec = Section("moe", "Past the paper: which EP kernel wins where")
+    sec = Section("moe", "Past the paper: which EP kernel wins where, and the in-switch ladder in layers")
     sec.p("Each EP kernel of the registry runs a dispatch and then a combine of DeepSeek-V3's rows (hidden 7,168, "
           "top-8, (256 // EP) x EP experts as DeepEP's tests pick them, uniform routing, BF16 both ways) per "
           "(system, EP degree, tokens per rank); the winner has the least dispatch + combine time, 'margin' is "
@@ -111,7 +132,6 @@ def moe_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, Section
         counts = part["winner"].value_counts()
         lines.append(f"On {system} (EP {', '.join(map(str, sorted(part['ep'].unique())))}): "
                      + ", ".join(f"{k} wins {v}" for k, v in counts.items()) + f" of {len(part)} points.")
-    sec.says(*lines)
     sec.table(t, summary=True)
     for system, part in t.groupby("system", sort=False):
         top = part[part["ep"] == part["ep"].max()].sort_values("tokens")
@@ -122,6 +142,12 @@ def moe_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, Section
         plots.lines(ctx.out / name, series, "tokens per rank", "dispatch + combine time / the best",
                     f"EP kernels on {system}, EP {int(top['ep'].max())}", logx=True, hline=1.0)
         sec.img(name)
+    layer = ok_rows(parts["layer"])
+    if len(layer):
+        ladder, more = ladder_section(ctx, sec, layer, table_need_rows(ok_rows(parts["need"])))
+        ladder.to_csv(ctx.out / "moe_switch.csv", index=False)  # (claims.json beside it: its commit)
+        lines += more
+    sec.says(*lines)
     bad = failures(rows)
     if bad:
         sec.p("Failed points: " + "; ".join(bad))
@@ -129,5 +155,4 @@ def moe_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, Section
 
 
 EXPERIMENT = Experiment("moe", "moe", moe_points, moe_analyse, paper=False,
-                        quick_grid="the context's system at EP 2 and 8, 1 and 128 tokens per rank, for EP 2-8 at "
-                                   "1-8,192 tokens on two one-node systems, nvl72 to EP 72 and gh200-nvl32 to EP 32")
+                        quick_grid="one node: kernels at EP 2, 8 and 1, 128 tokens; layers: qwen3-30b-a3b at 128 tokens")
