@@ -42,7 +42,10 @@ def test_the_quick_ladder_runs_every_rung_at_every_case(quick: tuple[Path, Outco
     # each rung's own layer run: the EP kernel it names, the routing the point set
     rows = _layer_rows(out)
     assert set(rows["scheme"]) == set(ms.RUNGS) and set(rows["moe_routing"]) == set(ms.ROUTINGS)
-    assert (rows["dispatch_us"] > 0).all() and (rows["combine_us"] > 0).all()
+    block = rows["dispatch_us"] + rows["grouped_gemm_us"] + rows["combine_us"] + rows["fused_us"]
+    assert (block > 0).all()
+    fused = rows["scheme"].isin(["ep-switch-sw", "ep-switch-mcast", "ep-switch-red", "ep-switch"])
+    assert fused.any() and (rows.loc[fused, "fused_us"] > 0).all() and (rows.loc[~fused, "fused_us"] == 0).all()
     # a power-law routing loads the busiest rank more than the uniform one, in every case
     load = rows.groupby(["mode", "tokens_per_rank", "moe_routing"])["busiest_rank_load"].max().unstack()
     assert len(load) and (load["powerlaw"] > load["uniform"]).all()
@@ -50,10 +53,10 @@ def test_the_quick_ladder_runs_every_rung_at_every_case(quick: tuple[Path, Outco
 
 def test_the_gain_split_multiplies_to_the_gain(quick: tuple[Path, Outcome]) -> None:
     t = pd.read_csv(quick[0] / "moe_switch.csv")
-    product = t["sw dataflow / best (d+c)"] * t["multicast (d+c)"] * t["reduction (d+c)"] * t["rest (d+c)"]
-    assert np.allclose(product, t["in-switch / best (d+c)"], rtol=1e-9)
-    best = t[["ep-deepep d+c (us)", "ep-deepep-ll d+c (us)"]].min(axis=1)
-    assert np.allclose(t["in-switch / best (d+c)"], best / t["ep-switch d+c (us)"], rtol=1e-9)
+    product = t["sw dataflow / best (block)"] * t["multicast (block)"] * t["reduction (block)"] * t["rest (block)"]
+    assert np.allclose(product, t["in-switch / best (block)"], rtol=1e-9)
+    best = t[["ep-deepep block (us)", "ep-deepep-ll block (us)"]].min(axis=1)
+    assert np.allclose(t["in-switch / best (block)"], best / t["ep-switch block (us)"], rtol=1e-9)
     layer = t[["ep-deepep (us)", "ep-deepep-ll (us)"]].min(axis=1)
     assert np.allclose(t["in-switch / best (layer)"], layer / t["ep-switch (us)"], rtol=1e-9)
     assert (t["need entries (p99)"] > 0).all() and (t["group overflows"] == 0).all()
@@ -70,19 +73,21 @@ def test_the_verdict_comes_from_the_rows(quick: tuple[Path, Outcome]) -> None:
         c = claims[f"the in-switch scheme beats the best software in {mode} on dgx-h100"]
         assert c.holds == bool((part["in-switch / best (layer)"] > 1 + ms.TIE).all())
         assert f"of {len(part)} points" in c.figure
-    assert claims["its dispatch plus combine beats the best software's on dgx-h100"].holds == bool(
-        (t["in-switch / best (d+c)"] > 1 + ms.TIE).all())
+    assert claims["token-centric fusion speeds the layer up"].holds == bool((t["fusion (layer)"] > 1 + ms.TIE).all())
+    assert claims["its expert block beats the best software's on dgx-h100"].holds == bool(
+        (t["in-switch / best (block)"] > 1 + ms.TIE).all())
     assert claims["the multicast gains more than the reduction"].holds == bool(
-        (t["multicast (d+c)"] > t["reduction (d+c)"]).all())
+        (t["multicast (block)"] > t["reduction (block)"]).all())
     world = [ln for ln in sec.lines if ln.startswith("On dgx-h100 (EP 8), ep-switch's layer")]
     assert len(world) == 1
     for mode, part in t.groupby("mode"):
         assert f"{mode} {ms._tally(part['in-switch / best (layer)'])}" in world[0]
     stored = json.loads((out / "claims.json").read_text())["claims"]["moe"]
     assert {c["name"] for c in stored} == set(claims)
-    ladder = [n for n in claims if "in-switch" in n or "multicast" in n or "dataflow" in n or "plus combine" in n]
+    ladder = [n for n in claims if "in-switch" in n or "multicast" in n or "dataflow" in n or "expert block" in n
+              or "fusion" in n]
     assert all(len(c.figure) < 70 for c in sec.claims if c.name in ladder)  # a quick line held to the full grid fits
-    assert len(ladder) == t["mode"].nunique() + 3  # per mode, d+c, multicast against reduction, the sw dataflow
+    assert len(ladder) == t["mode"].nunique() + 4  # per mode, the block, multicast vs reduction, sw dataflow, fusion
 
 
 def test_a_missing_rung_is_named_and_its_points_left_out(quick: tuple[Path, Outcome], tmp_path: Path) -> None:

@@ -103,15 +103,15 @@ def layer_point(point: dict[str, Any]) -> dict[str, Any]:
 
 def _moe_columns(moe: dict[str, Any]) -> dict[str, Any]:
     """A MoE layer's expert block (LayerResult.moe) as columns: its routing, the tokens
-    each GPU routes, its dispatch, combine and grouped-GEMM times (us; the backward's
-    included), the busiest rank's received rows over the mean, the per-(token, rank)
+    each GPU routes, its dispatch, combine, grouped-GEMM and fused-block times (us; the
+    backward's included; a fused in-switch kernel's blocks hold all three), the busiest rank's received rows over the mean, the per-(token, rank)
     send matrix's imbalance, and the dynamic multicast group tables' telemetry."""
     received = [int(x) for x in moe["received_rows"]]
     mean = sum(received) / len(received) if received else 0.0
     return {"moe_routing": str(moe["routing"]), "tokens_per_rank": int(moe["tokens_per_rank"]),
             "ep_run": int(moe["ep"]), "experts_run": int(moe["experts"]),
             "dispatch_us": FLOAT(moe["dispatch_us"]), "combine_us": FLOAT(moe["combine_us"]),
-            "grouped_gemm_us": FLOAT(moe["grouped_gemm_us"]),
+            "grouped_gemm_us": FLOAT(moe["grouped_gemm_us"]), "fused_us": FLOAT(moe["fused_us"]),
             "busiest_rank_rows": max(received, default=0),
             "busiest_rank_load": FLOAT(max(received) / mean) if mean else float("nan"),
             "imbalance_rank": FLOAT(moe["imbalance_rank"]),

@@ -5,7 +5,8 @@ whole MoE layers, each rung a layer scheme run as ``cais run --attention dp`` ru
 path): the best shipped software (``ep-deepep``; ``ep-deepep-ll`` up to
 :data:`LL_MAX_TOKENS` tokens per rank, its buffers being sized for decode batches), the
 same dataflow in software on an NVLS switch (``ep-switch-sw``), multicast only
-(``ep-switch-mcast``), reduction only (``ep-switch-red``) and both (``ep-switch``).
+(``ep-switch-mcast``), reduction only (``ep-switch-red``), both without token-centric
+fusion (``ep-switch-unfused``) and both fused (``ep-switch``).
 
 Grid (:data:`FULL`): worlds ``dgx-h100`` (EP 8), ``gh200-nvl32`` (EP 32) and ``nvl72`` at
 EP 64: no EP degree above 64 and up to 72 divides either model's experts (256 and 128;
@@ -19,21 +20,22 @@ sized from measured walls (:data:`LEFT_OUT` names what is not run and why). Atte
 data parallel, so each GPU routes its own tokens: in decode ``batch`` = the tokens (the
 context is the preset's 4,096), else one sequence of that many tokens.
 
-Per point: the in-switch scheme's layer time over the best software's, its dispatch +
-combine over theirs, that gain split into the software dataflow (``ep-switch-sw`` over
-the best software), the multicast (``ep-switch-mcast`` over ``ep-switch-sw``), the
-reduction (``ep-switch-red`` over ``ep-switch-sw``) and the rest (what the two together
-give beyond the product of each alone), the group table's peak entries per port (the
-run's telemetry) and the table a call needs at the routing's 99th percentile
-(:func:`cais.experiments.ep_table.table_need`, its own points). The layer path runs the
-dispatch, the expert GEMMs and the combine one after another, so token-centric fusion
-shows only at the kernel level: its figures are cited from the stored kernel-level
-ladder (``src/cais/data/ep_switch/ladder.json``), as is the break-even lookup latency;
+Per point: the in-switch scheme's layer time over the best software's, its expert
+block (dispatch, the experts' grouped GEMMs and activation, combine: fused in one kernel
+for the fused members, schemes/ep.py) over theirs, that gain split into the software
+dataflow (``ep-switch-sw`` over the best software), the multicast (``ep-switch-mcast``
+over ``ep-switch-sw``), the reduction (``ep-switch-red`` over ``ep-switch-sw``) and the
+rest (what the two together give beyond the product of each alone), what fusion buys
+(``ep-switch-unfused`` over ``ep-switch``, on the layer and on the block), the group
+table's peak entries per port (the run's telemetry) and the table a call needs at the
+routing's 99th percentile (:func:`cais.experiments.ep_table.table_need`, its own
+points). The kernel-level ladder's fusion figures and break-even lookup latency are
+cited from its stored runs (``src/cais/data/ep_switch/ladder.json``);
 the break-even lookup rate is each world's port packet rate against the table's
 (:mod:`cais.cost.group_table`). Claims: per world and mode, whether the in-switch scheme
-beats the best software on the layer's time; per world on its dispatch + combine; that
-the multicast gains more than the reduction; that the same dataflow in software beats
-the shipped software."""
+beats the best software on the layer's time; per world on its expert block; that the
+multicast gains more than the reduction; that the same dataflow in software beats the
+shipped software; that fusion speeds the layer up."""
 
 from __future__ import annotations
 
@@ -54,7 +56,8 @@ from cais.sweep.grid import Point
 
 TABLE = "cais.reproduce.points:ep_table_point"
 #: the rungs as layer schemes, software first; the shipped software among them
-RUNGS = ("ep-deepep", "ep-deepep-ll", "ep-switch-sw", "ep-switch-mcast", "ep-switch-red", "ep-switch")
+RUNGS = ("ep-deepep", "ep-deepep-ll", "ep-switch-sw", "ep-switch-mcast", "ep-switch-red", "ep-switch-unfused",
+         "ep-switch")
 SOFTWARE = ("ep-deepep", "ep-deepep-ll")
 MODELS = ("deepseek-v3", "qwen3-30b-a3b")
 ROUTINGS = ("uniform", "powerlaw")
@@ -127,11 +130,15 @@ KEYS = ["system", "ep", "model", "mode", "routing", "tokens"]
 def ladder_table(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     """One row per (system, EP, model, mode, routing, tokens per rank) from the layer
     rows (ok_rows of :func:`ladder_points`'s layer points): each rung's layer time and
-    dispatch + combine (d + c) time (us), the best software, the gains and the split
-    (module doc), the group table's peak entries per port and overflows (ep-switch);
+    expert block time (us: dispatch, grouped GEMMs and combine, or the fused blocks), the
+    best software, the gains and the split (module doc), fusion's gain, the group
+    table's peak entries per port and overflows (ep-switch);
     and the points left out because a rung of theirs has no row, in words."""
+    # a row stored before runs reported fused blocks had none (only the in-switch family fuses)
+    fused = rows["fused_us"].fillna(0.0) if "fused_us" in rows else 0.0
     df = rows.assign(ep=rows["ep_run"].astype(int), routing=rows["moe_routing"],
-                     tokens=rows["tokens_per_rank"].astype(int), dc=rows["dispatch_us"] + rows["combine_us"])
+                     tokens=rows["tokens_per_rank"].astype(int),
+                     dc=rows["dispatch_us"] + rows["grouped_gemm_us"] + rows["combine_us"] + fused)
     out, missing = [], []
     for key, part in df.groupby(KEYS, sort=False):
         at = {r["scheme"]: r for _, r in part.iterrows()}
@@ -141,19 +148,23 @@ def ladder_table(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
             continue
         soft = [s for s in SOFTWARE if s in at]
         best = min(soft, key=lambda s: at[s]["total_us"])  # the best software on the layer's time
-        best_dc = min(soft, key=lambda s: at[s]["dc"])  # and on dispatch + combine
+        best_dc = min(soft, key=lambda s: at[s]["dc"])  # and on the expert block
         row: dict[str, Any] = dict(zip(KEYS, key))
         row.update({f"{s} (us)": at[s]["total_us"] if s in at else float("nan") for s in RUNGS})
-        row.update({f"{s} d+c (us)": at[s]["dc"] if s in at else float("nan") for s in RUNGS})
+        row.update({f"{s} block (us)": at[s]["dc"] if s in at else float("nan") for s in RUNGS})
         sw, sw_dc = at["ep-switch-sw"], at["ep-switch-sw"]["dc"]
         mc = sw_dc / at["ep-switch-mcast"]["dc"] if "ep-switch-mcast" in at else float("nan")
         red = sw_dc / at["ep-switch-red"]["dc"] if "ep-switch-red" in at else float("nan")
         whole = sw_dc / at["ep-switch"]["dc"]
-        row.update({"best software": best, "best d+c": best_dc,
+        unf = at["ep-switch-unfused"]
+        row.update({"best software": best, "best block": best_dc,
                     "in-switch / best (layer)": at[best]["total_us"] / at["ep-switch"]["total_us"],
-                    "in-switch / best (d+c)": at[best_dc]["dc"] / at["ep-switch"]["dc"],
-                    "sw dataflow / best (d+c)": at[best_dc]["dc"] / sw_dc, "multicast (d+c)": mc, "reduction (d+c)": red,
-                    "rest (d+c)": whole / (mc * red), "sw dataflow / best (layer)": at[best]["total_us"] / sw["total_us"],
+                    "in-switch / best (block)": at[best_dc]["dc"] / at["ep-switch"]["dc"],
+                    "sw dataflow / best (block)": at[best_dc]["dc"] / sw_dc, "multicast (block)": mc,
+                    "reduction (block)": red, "rest (block)": whole / (mc * red),
+                    "fusion (layer)": unf["total_us"] / at["ep-switch"]["total_us"],
+                    "fusion (block)": unf["dc"] / at["ep-switch"]["dc"],
+                    "sw dataflow / best (layer)": at[best]["total_us"] / sw["total_us"],
                     "experts": int(at["ep-switch"]["experts_run"]),
                     "busiest rank load": at["ep-switch"]["busiest_rank_load"],
                     "group peak": int(at["ep-switch"]["group_table_peak"]),
@@ -187,7 +198,7 @@ def _tally(ratios: pd.Series) -> str:
 
 def _world_line(system: str, ep: int, part: pd.DataFrame) -> str:
     """Where the in-switch scheme wins on one world: per mode on the layer's time, and
-    on dispatch + combine over all its points."""
+    on its expert block over all its points."""
     modes = ", ".join(f"{mode} {_tally(m['in-switch / best (layer)'])}" for mode, m in part.groupby("mode", sort=False))
     gpus = load_system(system).gpus
     experts = sorted({int(e) for e in part["experts"]}, reverse=True)
@@ -195,7 +206,8 @@ def _world_line(system: str, ep: int, part: pd.DataFrame) -> str:
     why = f" of {gpus} GPUs, the most that divides {' and '.join(map(str, experts))} experts" if ep < gpus and not larger \
         else ""
     return (f"On {system} (EP {ep}{why}), ep-switch's layer against the best software (wins/ties/losses): {modes}; "
-            f"its dispatch + combine: {_tally(part['in-switch / best (d+c)'])}.")
+            f"its expert block: {_tally(part['in-switch / best (block)'])}; fusion on the layer: "
+            f"{_tally(part['fusion (layer)'])}.")
 
 
 def _stored_ladder() -> dict[str, Any]:
@@ -257,14 +269,16 @@ def ladder_section(ctx: Context, sec: Section, layer: pd.DataFrame, need: pd.Dat
         for mode, m in part.groupby("mode", sort=False):
             lines.append(_claim(sec, f"the in-switch scheme beats the best software in {mode} on {system}",
                                 m["in-switch / best (layer)"], "on the layer"))
-        lines.append(_claim(sec, f"its dispatch plus combine beats the best software's on {system}",
-                            part["in-switch / best (d+c)"], "on d+c"))
-    mc, red = t["multicast (d+c)"], t["reduction (d+c)"]
+        lines.append(_claim(sec, f"its expert block beats the best software's on {system}",
+                            part["in-switch / best (block)"], "on the block"))
+    mc, red = t["multicast (block)"], t["reduction (block)"]
     name = "the multicast gains more than the reduction"
-    fig = f"multicast {mc.min():.2f}x to {mc.max():.2f}x, reduction {red.min():.2f}x to {red.max():.2f}x on d+c"
+    fig = f"multicast {mc.min():.2f}x to {mc.max():.2f}x, reduction {red.min():.2f}x to {red.max():.2f}x on the block"
     lines.append(f"{name}: {sec.claim(name, bool((mc > red).all()), fig)}: {fig}.")
     lines.append(_claim(sec, "the software dataflow (ep-switch-sw) beats the shipped software",
-                        t["sw dataflow / best (d+c)"], "on d+c"))
+                        t["sw dataflow / best (block)"], "on the block"))
+    lines.append(_claim(sec, "token-centric fusion speeds the layer up", t["fusion (layer)"],
+                        "on the layer"))
     lines += [_world_line(s, int(ep), p) for (s, ep), p in t.groupby(["system", "ep"], sort=False)]
     fusion, lookup = fusion_and_lookup(_stored_ladder())
     c = lookup_cost()
@@ -273,18 +287,20 @@ def ladder_section(ctx: Context, sec: Section, layer: pd.DataFrame, need: pd.Dat
     sec.p("**The in-switch ladder in MoE layers** (a proposal: docs/moe.md, \"In-switch expert parallelism\"). Each "
           "rung is a layer scheme run as `cais run --attention dp` runs it, one layer period, on the same routing "
           "(`moe.routing`; power-law alpha 1.2; seed 0): ep-deepep and ep-deepep-ll (the faster of the two is 'best "
-          "software' on the layer's time, 'best d+c' on dispatch + combine; ep-deepep-ll up to "
-          f"{LL_MAX_TOKENS:,} tokens per rank), ep-switch-sw (the same dataflow in software on an NVLS switch), ep-switch-mcast (multicast dispatch only), ep-switch-red (reduction combine "
-          "only), ep-switch (both). 'in-switch / best' is the best software's time over ep-switch's (above 1: "
-          "ep-switch is faster), on the whole layer and on its dispatch + combine (d+c, forward and backward in "
-          "train). The d+c gain is split into the software dataflow (sw dataflow / best d+c), the multicast "
-          "(ep-switch-sw over ep-switch-mcast), the reduction (ep-switch-sw over ep-switch-red) and the rest "
-          "(what both together give beyond the product of each alone); their product is the d+c gain. In the "
+          "software' on the layer's time, 'best block' on the expert block; ep-deepep-ll up to "
+          f"{LL_MAX_TOKENS:,} tokens per rank), ep-switch-sw (the same dataflow in software on an NVLS switch), "
+          "ep-switch-mcast (multicast dispatch only), ep-switch-red (reduction combine only), ep-switch-unfused "
+          "(both, without fusion), ep-switch (both, fused). 'in-switch / best' is the best software's time over "
+          "ep-switch's (above 1: ep-switch is faster), on the whole layer and on its expert block (dispatch, the "
+          "experts' GEMMs and activation, combine; forward and backward in train; one kernel per block of tokens "
+          "for the fused members). The block's gain is split into the software dataflow (sw dataflow / best "
+          "block), the multicast (ep-switch-sw over ep-switch-mcast), the reduction (ep-switch-sw over "
+          "ep-switch-red) and the rest (what both together give beyond the product of each alone); their product "
+          "is the block's gain. 'fusion' is ep-switch-unfused's time over ep-switch's. In the "
           f"verdict a ratio within {TIE:.0%} of 1 is a tie; a claim that ep-switch beats the best software holds "
           "where it wins at every point.")
-    sec.p("The layer path runs the dispatch, the expert GEMMs and the combine one after another, so token-centric "
-          "fusion cannot show here: ep-switch is its multicast dispatch and reduction combine, unfused. Fusion's "
-          f"gain at the kernel level, from the stored ladder (src/cais/data/ep_switch/ladder.json): {fusion}. "
+    sec.p("Fusion at the kernel level (one layer's dispatch, GEMM and combine alone), from the stored ladder "
+          f"(src/cais/data/ep_switch/ladder.json): {fusion}. "
           + ("" if ctx.quick else f"Not run: {LEFT_OUT}."))
     sec.p(f"**The group table.** Peak entries per port in these runs (ep-switch's telemetry): {int(peak.min())} to "
           f"{int(peak.max())}, {int(t['group overflows'].sum())} overflows. 'need' is the table a whole call needs "
@@ -296,17 +312,18 @@ def ladder_section(ctx: Context, sec: Section, layer: pd.DataFrame, need: pd.Dat
           f"{c['lookups_per_ns']:.2f} lookups per ns per port; the most a port asks (one per 128 B packet): "
           + ", ".join(lookup_rates(systems)) + ". The break-even lookup latency, from the stored kernel-level "
           f"sweep (dgx-h100, 1,024 tokens, uniform; ep-switch against ep-switch-red): {lookup}.")
-    shown = ["system", "ep", "model", "mode", "routing", "tokens", "best software", "best d+c", "ep-switch (us)",
-             "in-switch / best (layer)", "in-switch / best (d+c)", "sw dataflow / best (d+c)", "multicast (d+c)",
-             "reduction (d+c)", "rest (d+c)", "group peak", "need entries (p99)"]
+    shown = ["system", "ep", "model", "mode", "routing", "tokens", "best software", "best block", "ep-switch (us)",
+             "in-switch / best (layer)", "in-switch / best (block)", "sw dataflow / best (block)", "multicast (block)",
+             "reduction (block)", "fusion (layer)", "group peak", "need entries (p99)"]
     sec.table(t[[c for c in shown if c in t]])
     for (system, ep), part in t.groupby(["system", "ep"], sort=False):
         groups = [f"{'ds' if m.startswith('deepseek') else 'qw'} {mo[:3]} {r[:3]} {tok}" for m, mo, r, tok in
                   zip(part["model"], part["mode"], part["routing"], part["tokens"])]
         series = {"in-switch / best (layer)": list(part["in-switch / best (layer)"]),
-                  "in-switch / best (d+c)": list(part["in-switch / best (d+c)"]),
-                  "sw dataflow / best (d+c)": list(part["sw dataflow / best (d+c)"]),
-                  "multicast (d+c)": list(part["multicast (d+c)"]), "reduction (d+c)": list(part["reduction (d+c)"])}
+                  "in-switch / best (block)": list(part["in-switch / best (block)"]),
+                  "sw dataflow / best (block)": list(part["sw dataflow / best (block)"]),
+                  "multicast (block)": list(part["multicast (block)"]),
+                  "reduction (block)": list(part["reduction (block)"]), "fusion (layer)": list(part["fusion (layer)"])}
         name = f"moe_switch_{system}.png"
         plots.bars(ctx.out / name, groups, series, "speed-up (x)", f"In-switch EP ladder on {system}, EP {ep}",
                    ratio=True)
