@@ -308,15 +308,15 @@ def test_the_moe_page_is_its_runs() -> None:
     assert ladder.groupby("system")["ep"].first().to_dict() == {"dgx-h100": 8, "gh200-nvl32": 32, "nvl72": 64}
     # what the page's prose ("What the runs say") reads from it: power-law routing shrinks the multicast's gain at
     # every case; where DeepEP low-latency is the best software off one node, ep-switch's layer outside its
-    # exchanges is longer than the low-latency one's
-    wide = ladder.pivot_table(index=["system", "model", "mode", "tokens"], columns="routing", values="multicast (d+c)")
+    # expert block is longer than the low-latency one's
+    wide = ladder.pivot_table(index=["system", "model", "mode", "tokens"], columns="routing", values="multicast (block)")
     assert len(wide) and (wide["powerlaw"] < wide["uniform"]).all()
     ll = ladder[(ladder["system"] != "dgx-h100") & (ladder["best software"] == "ep-deepep-ll")]
-    assert len(ll) and ((ll["ep-switch (us)"] - ll["ep-switch d+c (us)"])
-                        > (ll["ep-deepep-ll (us)"] - ll["ep-deepep-ll d+c (us)"])).all()
+    assert len(ll) and ((ll["ep-switch (us)"] - ll["ep-switch block (us)"])
+                        > (ll["ep-deepep-ll (us)"] - ll["ep-deepep-ll block (us)"])).all()
     claims = json.loads((out / "claims.json").read_text())
     per_mode = ladder.groupby(["system", "mode"]).ngroups
-    assert claims["grid"] == "full" and len(claims["claims"]["moe"]) == 3 + per_mode + ladder["system"].nunique() + 2
+    assert claims["grid"] == "full" and len(claims["claims"]["moe"]) == 3 + per_mode + ladder["system"].nunique() + 3
     for c in claims["claims"]["moe"]:
         assert f"{c['name']}: {'holds' if c['holds'] else 'does not hold'}: {c['figure']}." in " ".join(block.split())
     for system in ladder["system"].unique():

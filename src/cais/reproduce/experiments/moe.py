@@ -155,4 +155,4 @@ def moe_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, Section
 
 
 EXPERIMENT = Experiment("moe", "moe", moe_points, moe_analyse, paper=False,
-                        quick_grid="one node: kernels at EP 2, 8 and 1, 128 tokens; layers: qwen3-30b-a3b at 128 tokens")
+                        quick_grid="one node; kernels: EP 2, 8 at 1, 128 tokens; layers: qwen3-30b-a3b at 128")
