@@ -114,8 +114,12 @@ def moe_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, Section
           "(system, EP degree, tokens per rank); the winner has the least dispatch + combine time, 'margin' is "
           "the runner-up's time over the winner's. DeepEP's kernels are fitted on hgx-h800 (docs/moe.md); the "
           "low-latency combine is a known miss there (+116 %), which weighs against deepep-ll wherever it runs; "
+          "on dgx-h100 the normal kernels are 2.3x slower than the one published H100 run (held out: dispatch "
+          "-57 %, combine -51 %), which weighs against deepep at every dgx-h100 point, so the all-gather "
+          "dispatcher's wins there at EP 8 rest on that miss (at EP 2-4, top-8 of 256 experts sends nearly every "
+          "token to every rank, and the all-gather moves no more than an all-to-all); "
           f"deepep-ll runs up to {LL_MAX_TOKENS:,} tokens per rank (its buffers are sized for decode batches); "
-          "nvl72 and gh200-nvl32 are not calibrated for EP.")
+          "nvl72 and gh200-nvl32 are not calibrated for EP; nccl is checked on one nccl-tests all-to-all (+8.5 %).")
     nodes = t[~t["system"].isin(list(RACKS))]
     small, large = nodes[nodes["tokens"] <= DECODE_MAX], nodes[nodes["tokens"] >= PREFILL_MIN]
     wide = t[t["ep"] >= 8]
