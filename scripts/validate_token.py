@@ -8,9 +8,9 @@ run or whose harness is not a decode step (``use`` unscored) are listed, not sco
 Ours is ``cais run --mode decode --launch graph`` with the row's model, GPUs and batch,
 the KV cache at the prompt plus half the output (the middle of the timed steps), under
 vLLM's all-reduce (``tp-vllm``: SGLang's TP all-reduce is the same kernel), on the
-row's system. Then the same step for Llama-3-70B at TP 8, for which no published
-per-token latency with a stated harness was found (docs/validation.md, "The decode
-step against published per-token latencies").
+row's system (docs/validation.md, "The decode step against published per-token
+latencies"). Under the table: the scored rows' mean |error| and signed bias, the gap
+spread over the layers, and the same steps with every GEMM data-parallel.
 
     .venv/bin/python scripts/validate_token.py
 """
@@ -30,8 +30,6 @@ COLUMNS = ("model", "gpus", "system", "batch", "prompt", "output", "dtype", "sta
            "use", "source", "note")
 USES = ("scored", "unscored")
 SCHEME = "tp-vllm"
-#: the step computed without a published row beside it
-EXTRA = (("llama3-70b", 8, "dgx-h100", 1, 128, 8),)
 
 
 @dataclass(frozen=True)
@@ -76,9 +74,12 @@ def rows(path: Path = CSV) -> list[TokenRow]:
     return [TokenRow(**{k: NUMBERS.get(k, str)(r[k]) for k in COLUMNS}) for r in raw]
 
 
-def ours(model: str, gpus: int, system: str, batch: int, kv: int, launch: str = "graph") -> LayerResult:
-    """Our decode step (its ``token`` is the time per output token)."""
-    cfg = apply_overrides(load_system(system, gpus=gpus), {"gpu.launch": launch})
+def ours(model: str, gpus: int, system: str, batch: int, kv: int, launch: str = "graph",
+         split: bool = True) -> LayerResult:
+    """Our decode step (its ``token`` is the time per output token); ``split`` False runs
+    every GEMM data-parallel (``gpu.split_gemms=false``)."""
+    sets = {"gpu.launch": launch} if split else {"gpu.launch": launch, "gpu.split_gemms": "false"}
+    cfg = apply_overrides(load_system(system, gpus=gpus), sets)
     return run_layer(cfg, load_model(model).with_run(batch, kv), SCHEME, "decode", cfg.gpu.sms)
 
 
@@ -95,12 +96,22 @@ def breakdown(r: LayerResult) -> str:
     return f"{t.layers} x {t.layer_us:.1f} ({seg}) + tail {t.tail_us:.1f} ({tail})"
 
 
+def label(source: str) -> str:
+    """A short name for a row's source: its words before the first parenthesis, a
+    repository's file shown as the repository's name and the file's name."""
+    head = source.split(" (", 1)[0].replace("sgl-project/", "")
+    repo, _, path = head.partition(" ")
+    if "/" in repo and "/" in path and " " not in path:
+        return f"{repo.rsplit('/', 1)[-1]} {path.rsplit('/', 1)[-1]}"
+    return head
+
+
 def table(selected: list[TokenRow], results: list[LayerResult | None]) -> str:
     lines = ["| use | model | GPUs | batch | KV | stack | published (us) | ours (us) | ours / published | error | "
              "ours: layers x period (segments) + tail (us) | source |",
              "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---|---|"]
     for row, r in zip(selected, results):
-        src = row.source.split(" (", 1)[0].replace("sgl-project/", "")
+        src = label(row.source)
         if r is None or r.token is None:
             lines.append(f"| {row.use} | {row.model} | {row.gpus} | {row.batch} | {row.kv:,} | {row.stack} | "
                          f"{row.time_us:,.0f} | - | - | - | not run (TP {row.gpus}) | {src} |")
@@ -119,14 +130,18 @@ def main() -> None:
     scored = [(row, r) for row, r in zip(every, results) if row.use == "scored" and r is not None and r.token]
     if scored:
         errs = [abs(r.token.token_us / row.time_us - 1) for row, r in scored if r.token]
-        print(f"\nscored rows: {len(scored)}, mean |error| {100 * sum(errs) / len(errs):.0f} %")
-    print("\n| model | GPUs | batch | KV | ours (us) | ours: layers x period (segments) + tail (us) |")
-    print("|---|---:|---:|---:|---:|---|")
-    for model, gpus, system, batch, prompt, output in EXTRA:
-        kv = prompt + output // 2
-        r = ours(model, gpus, system, batch, kv)
-        assert r.token is not None
-        print(f"| {model} | {gpus} | {batch} | {kv:,} | {r.token.token_us:,.0f} | {breakdown(r)} |")
+        signed = [r.token.token_us / row.time_us - 1 for row, r in scored if r.token]
+        print(f"\nscored rows: {len(scored)}, mean |error| {100 * sum(errs) / len(errs):.0f} %, "
+              f"signed bias {100 * sum(signed) / len(signed):+.0f} %")
+        gaps = [f"{row.model} {(row.time_us - r.token.token_us) / r.token.layers:+.1f} us"
+                for row, r in scored if r.token]
+        print(f"(published - ours) / layers, each scored row: {', '.join(gaps)}")
+        whole = []
+        for row, _ in scored:
+            t = ours(row.model, row.gpus, row.system, row.batch, row.kv, row.launch, split=False).token
+            assert t is not None
+            whole.append(f"{row.model} {t.token_us:,.0f} us ({100 * (t.token_us / row.time_us - 1):+.0f} %)")
+        print(f"the same with every GEMM data-parallel (gpu.split_gemms=false): {', '.join(whole)}")
 
 
 if __name__ == "__main__":

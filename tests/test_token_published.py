@@ -65,3 +65,22 @@ def test_a_row_the_simulator_cannot_run_is_listed_not_scored(vt: ModuleType) -> 
     assert tp1 and all(r.use == "unscored" for r in tp1)
     line = vt.table(tp1[:1], [None]).splitlines()[2]
     assert "not run" in line
+
+
+def test_both_models_have_a_scored_tp8_row_on_hopper(vt: ModuleType) -> None:
+    scored = [r for r in vt.rows() if r.use == "scored"]
+    assert {("llama3-8b", 8), ("llama3-70b", 8)} <= {(r.model, r.gpus) for r in scored}
+    assert all(r.system in ("dgx-h100", "dgx-h200") and r.dtype == "bf16" and r.batch == 1 for r in scored)
+
+
+def test_the_source_column_names_a_repository_file_short(vt: ModuleType) -> None:
+    assert vt.label("LambdaLabsML/vllm-benchmark results/prompt_10/x/m_tp8.json (commit a4f9f43)") == \
+        "vllm-benchmark m_tp8.json"
+    assert vt.label("sgl-project/sglang issue #1008 (description)") == "sglang issue #1008"
+
+
+def test_without_the_split_the_step_is_slower(vt: ModuleType) -> None:
+    row = next(r for r in vt.rows() if r.use == "scored" and r.model == "llama3-8b")
+    args = (row.model, row.gpus, row.system, row.batch, row.kv, row.launch)
+    split, whole = vt.ours(*args).token, vt.ours(*args, split=False).token
+    assert split is not None and whole is not None and whole.token_us > split.token_us
