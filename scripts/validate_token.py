@@ -3,14 +3,19 @@ the published per-token latencies in src/cais/data/published/decode_token.csv: o
 Markdown row per CSV row with the published time, ours, ours / published, the signed
 error and, beside it, where our time goes (the layers at the simulated period with the
 period's segments, and the step's tail outside the layers). Rows the simulator cannot
-run or whose harness is not a decode step (``use`` unscored) are listed, not scored.
+run or whose harness is not a decode step (``use`` unscored) are listed, not scored;
+the scored rows are ``fit`` (the Llama-3-70B row: ``gpu.kernel_gap_us`` is chosen on
+it, scripts/fit_production.py) or ``held-out`` (never used to choose a value).
 
 Ours is ``cais run --mode decode --launch graph`` with the row's model, GPUs and batch,
 the KV cache at the prompt plus half the output (the middle of the timed steps), under
-vLLM's all-reduce (``tp-vllm``: SGLang's TP all-reduce is the same kernel), on the
-row's system (docs/validation.md, "The decode step against published per-token
-latencies"). Under the table: the scored rows' mean |error| and signed bias, the gap
-spread over the layers, and the same steps with every GEMM data-parallel.
+the scheme of the stack the row's harness ran (its ``scheme`` column: vLLM 0.6 and
+SGLang 0.2-0.3 ran vLLM's custom all-reduce and a separate residual-add + RMSNorm
+kernel, ``tp-custom-ar``; today's vLLM fuses the two, ``tp-vllm``), on the row's
+system (docs/validation.md, "The decode step against published per-token latencies").
+Under the table: the scored rows' mean |error| and signed bias, the gap spread over the
+layers, the same steps with every GEMM data-parallel, and with ``gpu.kernel_gap_us``
+at each end of its sourced range.
 
     .venv/bin/python scripts/validate_token.py
 """
@@ -18,18 +23,22 @@ spread over the layers, and the same steps with every GEMM data-parallel.
 from __future__ import annotations
 
 import csv
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from cais.config import apply_overrides, load_system
 from cais.experiments.layer import LayerResult, run_layer
+from cais.reproduce.experiments.production import LAUNCH_CONSTANTS
 from cais.workload.models import load_model
 
 CSV = Path(__file__).resolve().parents[1] / "src/cais/data/published/decode_token.csv"
-COLUMNS = ("model", "gpus", "system", "batch", "prompt", "output", "dtype", "stack", "launch", "time_us", "what",
-           "use", "source", "note")
-USES = ("scored", "unscored")
-SCHEME = "tp-vllm"
+COLUMNS = ("model", "gpus", "system", "batch", "prompt", "output", "dtype", "stack", "scheme", "launch", "time_us",
+           "what", "use", "source", "note")
+#: fit: the row gpu.kernel_gap_us is chosen on (scripts/fit_production.py); held-out:
+#: never used to choose a value; unscored: listed beside them, the note says why
+USES = ("fit", "held-out", "unscored")
+SCORED = ("fit", "held-out")
 
 
 @dataclass(frozen=True)
@@ -45,6 +54,7 @@ class TokenRow:
     output: int
     dtype: str
     stack: str
+    scheme: str
     launch: str
     time_us: float
     what: str
@@ -74,13 +84,15 @@ def rows(path: Path = CSV) -> list[TokenRow]:
     return [TokenRow(**{k: NUMBERS.get(k, str)(r[k]) for k in COLUMNS}) for r in raw]
 
 
-def ours(model: str, gpus: int, system: str, batch: int, kv: int, launch: str = "graph",
-         split: bool = True) -> LayerResult:
-    """Our decode step (its ``token`` is the time per output token); ``split`` False runs
-    every GEMM data-parallel (``gpu.split_gemms=false``)."""
-    sets = {"gpu.launch": launch} if split else {"gpu.launch": launch, "gpu.split_gemms": "false"}
-    cfg = apply_overrides(load_system(system, gpus=gpus), sets)
-    return run_layer(cfg, load_model(model).with_run(batch, kv), SCHEME, "decode", cfg.gpu.sms)
+def ours(row: TokenRow, split: bool = True, sets: Mapping[str, object] | None = None) -> LayerResult:
+    """Our decode step for ``row`` under the stack its harness ran (its ``token`` is the
+    time per output token); ``split`` False runs every GEMM data-parallel
+    (``gpu.split_gemms=false``); ``sets``: further overrides (key -> value)."""
+    pairs = {"gpu.launch": row.launch, **{k: str(v) for k, v in (sets or {}).items()}}
+    if not split:
+        pairs["gpu.split_gemms"] = "false"
+    cfg = apply_overrides(load_system(row.system, gpus=row.gpus), pairs)
+    return run_layer(cfg, load_model(row.model).with_run(row.batch, row.kv), row.scheme, "decode", cfg.gpu.sms)
 
 
 def runnable(row: TokenRow) -> bool:
@@ -125,23 +137,32 @@ def table(selected: list[TokenRow], results: list[LayerResult | None]) -> str:
 
 def main() -> None:
     every = rows()
-    results = [ours(r.model, r.gpus, r.system, r.batch, r.kv, r.launch) if runnable(r) else None for r in every]
+    results = [ours(r) if runnable(r) else None for r in every]
     print(table(every, results))
-    scored = [(row, r) for row, r in zip(every, results) if row.use == "scored" and r is not None and r.token]
+    scored = [(row, r) for row, r in zip(every, results) if row.use in SCORED and r is not None and r.token]
     if scored:
-        errs = [abs(r.token.token_us / row.time_us - 1) for row, r in scored if r.token]
-        signed = [r.token.token_us / row.time_us - 1 for row, r in scored if r.token]
-        print(f"\nscored rows: {len(scored)}, mean |error| {100 * sum(errs) / len(errs):.0f} %, "
-              f"signed bias {100 * sum(signed) / len(signed):+.0f} %")
+        print()
+        for name, sel in [(u, [(row, r) for row, r in scored if row.use == u]) for u in SCORED] + [("scored", scored)]:
+            if not sel:
+                continue
+            signed = [r.token.token_us / row.time_us - 1 for row, r in sel if r.token]
+            print(f"{name} rows: {len(sel)}, mean |error| {100 * sum(map(abs, signed)) / len(signed):.1f} %, "
+                  f"signed bias {100 * sum(signed) / len(signed):+.1f} %")
         gaps = [f"{row.model} {(row.time_us - r.token.token_us) / r.token.layers:+.1f} us"
                 for row, r in scored if r.token]
         print(f"(published - ours) / layers, each scored row: {', '.join(gaps)}")
-        whole = []
-        for row, _ in scored:
-            t = ours(row.model, row.gpus, row.system, row.batch, row.kv, row.launch, split=False).token
-            assert t is not None
-            whole.append(f"{row.model} {t.token_us:,.0f} us ({100 * (t.token_us / row.time_us - 1):+.0f} %)")
-        print(f"the same with every GEMM data-parallel (gpu.split_gemms=false): {', '.join(whole)}")
+        low, high = LAUNCH_CONSTANTS["gpu.kernel_gap_us"]
+        for what, kw in (("every GEMM data-parallel (gpu.split_gemms=false)", {"split": False}),
+                         (f"gpu.kernel_gap_us at its sourced range's low end ({low:g} us)",
+                          {"sets": {"gpu.kernel_gap_us": low}}),
+                         (f"gpu.kernel_gap_us at its sourced range's high end ({high:g} us)",
+                          {"sets": {"gpu.kernel_gap_us": high}})):
+            alt = []
+            for row, _ in scored:
+                t = ours(row, **kw).token  # type: ignore[arg-type]
+                assert t is not None
+                alt.append(f"{row.model} {t.token_us:,.0f} us ({100 * (t.token_us / row.time_us - 1):+.0f} %)")
+            print(f"the same with {what}: {', '.join(alt)}")
 
 
 if __name__ == "__main__":

@@ -185,3 +185,22 @@ def test_fused_removes_the_row_wise_kernel(h100) -> None:
     fused = run_layer(h100, MID.with_run(seq=64), "tp-fused-ar-norm", "prefill")
     base = run_layer(h100, MID.with_run(seq=64), "tp-nvls", "prefill")
     assert fused.total_us < base.total_us
+
+
+@pytest.mark.parametrize("launch,copies", [("graph", False), ("eager", True), ("fitted", True)])
+def test_custom_ar_copies_into_its_buffer_only_out_of_a_cuda_graph(h100, monkeypatch, launch, copies) -> None:
+    """vLLM registers a CUDA graph's buffers at capture, so a graph replay runs the
+    kernel on the layer's own tensor; out of a graph it copies the input first."""
+    from cais.config import apply_overrides
+    from cais.schemes.base import LayerRun
+
+    seen: list[int] = []
+    orig = LayerRun.production_allreduce
+
+    def spy(self, spec, *a, **kw):
+        seen.append(spec.copy_ps)
+        return orig(self, spec, *a, **kw)
+    monkeypatch.setattr(LayerRun, "production_allreduce", spy)
+    cfg = apply_overrides(h100, {"gpu.launch": launch})
+    run_layer(cfg, MID.with_run(seq=64), "tp-custom-ar", "prefill")
+    assert len(seen) == 2 and all((c > 0) == copies for c in seen)

@@ -2,9 +2,9 @@
 (src/cais/data/published/production_allreduce.csv, scripts/validate_production.py) and
 their calibration (scripts/fit_production.py, production_fit.json): the CSV parses with
 a source, a mode and a set per row; the shipped constants are the fit's; and at them
-the fit set meets its target (mean |error| at most 15 %) and the held-out set stays at
-what it has (22 %, above its 20 % target: docs/validation.md says why), computed here
-from the simulator, not read from a file; a fitted constant at the edge of its grid is
+the fit set meets its target (mean |error| at most 15 %) and the held-out set its
+target (at most 20 %), computed here from the simulator, not read from a file; the gap
+is chosen on the decode step's fit row; a fitted constant at the edge of its grid is
 flagged."""
 
 from __future__ import annotations
@@ -124,7 +124,8 @@ def test_a_constant_at_the_edge_of_its_grid_is_flagged(vp: ModuleType, fp: Modul
     assert fp.at_edge([1.0, 2.0, 3.0], {1.0: 0.4, 2.0: 0.2, 3.0: 0.3}, 2.0) is None
     fit = json.loads(fp.OUT.read_text())
     gap = fit["chosen"]["gpu.kernel_gap_us"]
-    expect = {"gpu.kernel_gap_us": fp.at_edge(fp.GAP_US, {float(g): v["fit_mean_error"]
+    # the gap is chosen on the decode step's fit row: its surface is that row's error
+    expect = {"gpu.kernel_gap_us": fp.at_edge(fp.GAP_US, {float(g): v["decode_fit_error"]
                                                           for g, v in fit["per_gap"].items()}, gap)}
     for key in fp.CONSTANTS:
         surface = {x: e for x, e in fit["surface"][f"{key} at kernel_gap_us {gap}"]}
@@ -142,10 +143,9 @@ def test_each_constant_acts_on_its_own_rows(vp: ModuleType, fp: ModuleType) -> N
             assert (moved > 1.0) == (other == fam), (key, other, moved)
 
 
-#: the bound each set is held to: the fit set its 15 % target; the held-out set the
-#: 22.0 % it has (docs/validation.md: its 20 % target is missed, and why), so that the
-#: miss cannot grow unseen
-BOUNDS = {"fit": 0.15, "held-out": 0.22}
+#: the bound each set is held to: the issue's targets, 15 % on the fit set and 20 % on
+#: the held-out set
+BOUNDS = {"fit": 0.15, "held-out": 0.20}
 
 
 @pytest.mark.parametrize("which", sorted(BOUNDS))
@@ -164,3 +164,18 @@ def test_tp8_graph_mode_custom_rows_are_scored(vp: ModuleType) -> None:
     times = [vp.ours_us(r) for r in rows[:2]]
     assert all(t > 0 for t in times)
     assert "TP=8 custom" in vp.scored_by_gpus(rows[:2], times)
+
+
+def test_the_gap_is_chosen_on_the_decode_steps_fit_row(fp: ModuleType) -> None:
+    """The all-reduce fit rows barely tell the gap's values apart (the other three
+    constants absorb it); the decode step's fit row does, and the gap is its best."""
+    fit = json.loads(fp.OUT.read_text())
+    per_gap = {float(g): v for g, v in fit["per_gap"].items()}
+    assert set(per_gap) == set(fp.GAP_US) and fit["gap_chosen_on"]
+    decode = {g: v["decode_fit_error"] for g, v in per_gap.items()}
+    assert fit["chosen"]["gpu.kernel_gap_us"] == min(decode, key=decode.get)
+    spread = max(decode.values()) - min(decode.values())
+    ar_spread = max(v["fit_mean_error"] for v in per_gap.values()) - min(v["fit_mean_error"] for v in per_gap.values())
+    assert spread > 3 * ar_spread  # the decode row is what identifies the gap
+    for g, v in per_gap.items():  # each gap's other constants are its own fit
+        assert all(v[k] in fp.GRIDS[k] for k in fp.CONSTANTS)

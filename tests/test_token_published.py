@@ -33,7 +33,7 @@ def test_every_row_parses_with_its_harness_and_source(vt: ModuleType) -> None:
         raw = list(csv.DictReader(f))
     rows = vt.rows()
     assert len(rows) == len(raw) > 0
-    assert any(r.use == "scored" for r in rows)
+    assert {r.use for r in rows} <= set(vt.USES) and {"fit", "held-out"} <= {r.use for r in rows}
     for r in rows:
         assert r.source.strip() and r.what.strip() and r.time_us > 0
         assert r.launch in ("graph", "eager") and r.batch >= 1 and r.output >= 1
@@ -46,15 +46,15 @@ def test_every_row_parses_with_its_harness_and_source(vt: ModuleType) -> None:
 
 
 def test_the_table_scores_the_simulated_step(vt: ModuleType) -> None:
-    row = next(r for r in vt.rows() if r.use == "scored")
-    res = vt.ours(row.model, row.gpus, row.system, row.batch, row.kv, row.launch)
+    row = next(r for r in vt.rows() if r.use == "held-out")
+    res = vt.ours(row)
     t = res.token
     assert t is not None and t.layers > 0 and t.tail_us > 0
     assert t.token_us == pytest.approx(t.layers * t.layer_us + sum(t.tail.values()))
     lines = vt.table([row], [res]).splitlines()
     assert len(lines) == 3
     cells = [c.strip() for c in lines[2].strip("|").split("|")]
-    assert cells[0] == "scored" and cells[1] == row.model and int(cells[2]) == row.gpus
+    assert cells[0] == "held-out" and cells[1] == row.model and int(cells[2]) == row.gpus
     assert float(cells[7].replace(",", "")) == pytest.approx(t.token_us, abs=0.5)
     assert float(cells[8]) == pytest.approx(t.token_us / row.time_us, abs=0.005)
     assert cells[10].startswith(f"{t.layers} x {t.layer_us:.1f} (")  # the breakdown beside it
@@ -68,7 +68,7 @@ def test_a_row_the_simulator_cannot_run_is_listed_not_scored(vt: ModuleType) -> 
 
 
 def test_both_models_have_a_scored_tp8_row_on_hopper(vt: ModuleType) -> None:
-    scored = [r for r in vt.rows() if r.use == "scored"]
+    scored = [r for r in vt.rows() if r.use in vt.SCORED]
     assert {("llama3-8b", 8), ("llama3-70b", 8)} <= {(r.model, r.gpus) for r in scored}
     assert all(r.system in ("dgx-h100", "dgx-h200") and r.dtype == "bf16" and r.batch == 1 for r in scored)
 
@@ -80,7 +80,23 @@ def test_the_source_column_names_a_repository_file_short(vt: ModuleType) -> None
 
 
 def test_without_the_split_the_step_is_slower(vt: ModuleType) -> None:
-    row = next(r for r in vt.rows() if r.use == "scored" and r.model == "llama3-8b")
-    args = (row.model, row.gpus, row.system, row.batch, row.kv, row.launch)
-    split, whole = vt.ours(*args).token, vt.ours(*args, split=False).token
+    row = next(r for r in vt.rows() if r.use in vt.SCORED and r.model == "llama3-8b")
+    split, whole = vt.ours(row).token, vt.ours(row, split=False).token
     assert split is not None and whole is not None and whole.token_us > split.token_us
+
+
+def test_each_row_runs_the_scheme_of_its_stack(vt: ModuleType) -> None:
+    from cais.schemes import get_scheme
+
+    rows = vt.rows()
+    assert all(get_scheme(r.scheme) is not None for r in rows)
+    row = next(r for r in rows if r.use == "fit")
+    assert vt.ours(row).scheme == row.scheme == "tp-custom-ar"  # vLLM 0.6: custom all-reduce, norm apart
+
+
+def test_the_step_grows_with_the_kernel_gap(vt: ModuleType) -> None:
+    row = next(r for r in vt.rows() if r.use == "fit")
+    low, high = (vt.ours(row, sets={"gpu.kernel_gap_us": g}).token for g in (1.0, 2.0))
+    assert low is not None and high is not None
+    # every dependent kernel of the step waits the gap: at least 10 per layer
+    assert high.token_us - low.token_us >= 10 * low.layers * 1.0

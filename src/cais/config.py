@@ -247,13 +247,13 @@ class GpuConfig(_Strict):
                                 "ready queue would (every scheme alike); on-launch = in launch order as SMs free, "
                                 "then it waits holding its SM (a plain CUDA grid spinning on flags). "
                                 "docs/compute-model.md, \"Launch on ready\"")
-    kernel_gap_us: float = knob(1.0, ge=0, description="launch=eager|graph: time from a kernel's last input ready to "
+    kernel_gap_us: float = knob(2.0, ge=0, description="launch=eager|graph: time from a kernel's last input ready to "
                                                        "its first TB on one stream when it is already queued (a CUDA "
                                                        "graph's dependent kernel, or the host ahead): ~1-2 us on "
                                                        "H100 (SGLang PR #2904 and NVIDIA/nccl #1984 measurements, "
-                                                       "docs/compute-model.md, \"Launch modes\"); fitted within that "
-                                                       "range on the production all-reduce rows "
-                                                       "(scripts/fit_production.py): its low end, the error still "
+                                                       "docs/compute-model.md, \"Launch modes\"); chosen within that "
+                                                       "range on the decode step's fit row (Llama-3-70B at TP 8, "
+                                                       "scripts/fit_production.py): its high end, the error still "
                                                        "falling there (flagged in production_fit.json's at_edge)")
     pdl_gap_us: float = knob(0.5, ge=0, description="launch=eager|graph: the same gap before a kernel launched with "
                                                     "programmatic dependent launch (its prologue overlaps the "
@@ -383,7 +383,7 @@ class CollectiveConfig(_Strict):
                               "multimem poll's read at half its simulated round trip; a local ld.volatile poll "
                               "of gpu.memory_latency_ns), a value a past poll already read needing none. NCCL's "
                               "mechanism, nothing fitted")
-    fence_us: float = knob(2.0, ge=0, description="a production all-reduce kernel's release/acquire flag barrier "
+    fence_us: float = knob(1.25, ge=0, description="a production all-reduce kernel's release/acquire flag barrier "
                                                   "at system scope (st.release.sys / ld.acquire.sys): its cost "
                                                   "beyond the flags' packets: vLLM's two-shot between its stages, "
                                                   "the fused two-shot's (kernels/production_ar.py). Sourced at "
@@ -399,7 +399,7 @@ class CollectiveConfig(_Strict):
     release_drain: bool = knob(True, description="vLLM's two-shot: its release between the stages first waits for "
                                                  "the block's last stage-1 sums to be written (the last window's "
                                                  "stores at the block's share of HBM bandwidth), beyond fence_us")
-    multimem_sync_us: float = knob(4.5, ge=0, description="PyTorch symmetric memory's cross-GPU syncs "
+    multimem_sync_us: float = knob(1.5, ge=0, description="PyTorch symmetric memory's cross-GPU syncs "
                                                           "(sync_remote_blocks: put_signal / wait_signal on the "
                                                           "signal pads at system scope, acquire at the start, "
                                                           "release at the end) in the multimem all-reduce: their "

@@ -13,8 +13,9 @@ and so does this scheme (NCCL's own algorithm and protocol by size, as ``tp-nccl
 runs it).
 
 Choices: ``registered`` = False, vLLM's default out of a CUDA graph (the input is
-first copied into the registered buffer, at HBM bandwidth); a subclass with True
-stands for a CUDA-graph replay. ``max_size`` = 8 MiB, vLLM's default; with torch
+first copied into the registered buffer, at HBM bandwidth); under ``gpu.launch`` =
+graph the buffers are registered at capture, so no copy (a subclass with True skips
+it under every launch). ``max_size`` = 8 MiB, vLLM's default; with torch
 symmetric memory enabled vLLM caps it on sm90 at 256 KiB for 8 GPUs (then
 ``tp-multimem``'s kernel takes the next sizes). Sources, block counts and what is
 not modelled: docs/schemes/tp-custom-ar.md."""
@@ -43,7 +44,9 @@ class TpCustomAr(Scheme):
         nbytes = count * eb
         if self.hands_to_nccl(n, nbytes):
             return super().allreduce(r, src, dst, deps, segment)
-        copy = 0 if self.registered else pa.copy_time_ps(r.m, nbytes)
+        # a CUDA-graph replay runs on buffers vLLM registered at capture (no copy)
+        registered = self.registered or r.m.cfg.gpu.launch == "graph"
+        copy = 0 if registered else pa.copy_time_ps(r.m, nbytes)
         spec = pa.ProductionAr("custom", pa.custom_path(n, nbytes), count, eb, src, dst, pa.custom_blocks(nbytes),
                                copy)
         kernels = r.production_allreduce(spec)
