@@ -1,6 +1,6 @@
 """Why DeepEP's low-latency combine misses (docs/moe.md, "The low-latency combine miss"):
 the model's own telemetry on the fit row (hgx-h800, EP 8, 128 tokens per rank, hidden
-7,168, top-8 of 288, BF16), and one counterfactual.
+7,168, top-8 of 288, BF16), a counterfactual and a time budget.
 
 * Telemetry (cais.results.Recorder, 2 us bins over the combine): how many of the 8
   destination GPUs' down-links are busy (over half the bin) at a time, the busiest
@@ -8,10 +8,17 @@ the model's own telemetry on the fit row (hgx-h800, EP 8, 128 tokens per rank, h
   least 95 % of their buffer) over most of the first 80 us.
 * Counterfactual: the same kernel with each block's stores on a VC of their own
   destination (``link.vc_policy`` = kernel, the block's stream = its destination rank),
-  which gives every switch input a queue per destination (as virtual output queues
-  would): if head-of-line blocking in the input FIFOs is the cause, the time falls.
+  which gives every switch input a queue per destination as far as the VCs go (the
+  presets' 8 VCs have 4 for requests, so destinations share them in pairs; the budget's
+  16-VC cases give one each): if head-of-line blocking in the input FIFOs is the
+  cause, the time falls.
+* Budget (``--budget``): what the combine takes with the fabric at link rate (launch,
+  the fixed cost, the busiest GPU's rows on the wire, one block's reduction), and the
+  time case by case (:data:`BUDGET_CASES`: VCs per class or per destination, VC count,
+  buffer per VC, the per-block in-flight window), each with when the last block's
+  sends landed, the rest to the end, and how busy the down-links were while they ran.
 
-    PYTHONPATH=src .venv/bin/python scripts/ll_combine_hol.py [--tokens 128]
+    PYTHONPATH=src .venv/bin/python scripts/ll_combine_hol.py [--tokens 128] [--budget]
 
 docs/moe.md's numbers come from this script; tests/test_moe_layer.py checks them.
 """
@@ -26,6 +33,7 @@ import numpy as np
 from cais.config import PS_PER_US, apply_overrides, load_system
 from cais.kernels import ep_common, ep_deepep_ll
 from cais.kernels.ep_common import EpCall
+from cais.hw.packets import Kind, Packetizer
 from cais.machine import Machine
 from cais.results import Recorder
 from cais.workload.routing import generate
@@ -33,26 +41,49 @@ from cais.workload.routing import generate
 BIN_PS = 2_000_000
 
 
-def _run(tokens: int, per_destination: bool, record: bool) -> tuple[float, Recorder | None, Any]:
+def _run(tokens: int, per_destination: bool, record: bool, overrides: dict[str, str] | None = None,
+         phases: dict[str, list[float]] | None = None) -> tuple[float, Recorder | None, Any]:
+    """The fit row's combine: its time (us), the recorder (``record``) and the system.
+    ``per_destination``: each block's stores on a VC of their own destination;
+    ``overrides``: config overrides (``apply_overrides``); ``phases``: filled, when given,
+    with each block's times (us) when its sends have landed (``sent``), when every
+    peer's count has landed at its GPU (``ready``) and when its reduction ends (``end``)."""
     cfg = load_system("hgx-h800")
     if per_destination:
         cfg = apply_overrides(cfg, {"link.vc_policy": "kernel"})
+    if overrides:
+        cfg = apply_overrides(cfg, overrides)
     rt = generate("uniform", 8, tokens, 288, 8, 0)  # the fit row: 288 experts
     call = EpCall("combine", rt, 7168, "bf16")
     rec = Recorder(bin_ps=BIN_PS, links=True, tbs=False, buffers=True, merge=False) if record else None
     m = Machine(cfg, recorder=rec)
-    orig = ep_common.copy_tb
+    orig, orig_recv = ep_common.copy_tb, ep_deepep_ll._recv
 
     def by_destination(m_: Machine, g: int, call_: EpCall, moves: Any, before: Any = (), after: Any = None,
                        start_ps: int = 0, stream: int = 0, **kw: Any) -> Any:
         dst = next((mv.dst for mv in moves if mv.dst != g), g)
         return orig(m_, g, call_, moves, before, after, start_ps, stream=1 + dst, **kw)
+
+    def timed(m_: Machine, g: int, call_: EpCall, s: int, blocks: int, ready: Any, mine: Any) -> Any:
+        inner = orig_recv(m_, g, call_, s, blocks, ready, mine)
+        assert phases is not None
+        if s == 0:
+            ready.on_fire(lambda _v: phases["ready"].append(m_.sim.now / PS_PER_US))
+
+        def after() -> Any:
+            phases["sent"].append(m_.sim.now / PS_PER_US)
+            yield from inner()
+            phases["end"].append(m_.sim.now / PS_PER_US)
+        return after
     if per_destination:
         ep_deepep_ll.copy_tb = by_destination  # type: ignore[assignment]
+    if phases is not None:
+        phases.update(sent=[], ready=[], end=[])
+        ep_deepep_ll._recv = timed  # type: ignore[assignment]
     try:
         ks = ep_deepep_ll.kernels(m, call)
     finally:
-        ep_deepep_ll.copy_tb = orig  # type: ignore[assignment]
+        ep_deepep_ll.copy_tb, ep_deepep_ll._recv = orig, orig_recv  # type: ignore[assignment]
     for gpu, k in zip(m.gpus, ks):
         gpu.launch(k, m.launch_ps)
     m.run()
@@ -86,12 +117,96 @@ def diagnose(tokens: int = 128) -> dict[str, float]:
             "input_vcs_used": used, "input_vcs_full": full}
 
 
+#: the budget's cases: (name, a VC per destination, config overrides)
+BUDGET_CASES: tuple[tuple[str, bool, dict[str, str]], ...] = (
+    ("presets", False, {}),
+    ("presets_16_vcs", False, {"link.vcs": "16"}),  # twice the VCs (and buffer), still one per class
+    ("vc_per_destination_4", True, {}),  # 8 VCs: 4 request VCs, so destinations share them in pairs
+    ("vc_per_destination_8", True, {"link.vcs": "16"}),  # 8 request VCs: one per destination
+    ("vc_per_destination_8_same_buffer", True, {"link.vcs": "16", "link.vc_depth_flits": "512"}),
+    ("vc_per_destination_8_window_16k", True, {"link.vcs": "16", "collective.outstanding_bytes_per_sm": "16384"}),
+    ("vc_per_destination_8_window_unbounded", True,
+     {"link.vcs": "16", "collective.outstanding_bytes_per_sm": str(1 << 30)}),
+)
+
+
+def link_bound_us(tokens: int = 128) -> dict[str, float]:
+    """What the fit row's combine needs beyond the fabric at link rate: the busiest GPU's
+    remote rows (out or in) on the wire at its NVLink rate (the packet format's bytes),
+    and, from the kernel's constants, the fixed cost and one block's reduction (its
+    tokens' top-k rows at the SM copy rate)."""
+    cfg = load_system("hgx-h800")
+    rt = generate("uniform", 8, tokens, 288, 8, 0)
+    call = EpCall("combine", rt, 7168, "bf16")
+    mat = rt.matrix("expert")  # [source][expert rank] selections: combine sends them back
+    np.fill_diagonal(mat, 0)
+    rows = max(int(mat.sum(axis=0).max()), int(mat.sum(axis=1).max()))
+    wire, _ = Packetizer(cfg.packet).wire(int(Kind.WRITE), call.row_bytes)
+    raw_GBps = cfg.link.bandwidth_GBps * sum(cfg.switch.links_per_gpu)
+    blocks, _ = ep_deepep_ll.launch_shape(288, cfg.gpu.sms)
+    per_block = max(int((rt.topk_idx[g, list(range(s, tokens, blocks))] >= 0).sum())
+                    for g in range(8) for s in range(min(blocks, tokens)))
+    return {"links_us": rows * wire / raw_GBps / 1e3, "fixed_us": call.consts.ll_fixed_us,
+            "reduce_us": ep_common.copy_time_ps(call, per_block * call.row_bytes) / PS_PER_US,
+            "launch_us": cfg.gpu.kernel_launch_us, "blocks": blocks}
+
+
+def budget(tokens: int = 128) -> dict[str, dict[str, float]]:
+    """Where the fit row's combine time goes, case by case (:data:`BUDGET_CASES`): the
+    time, when the last block's sends have landed, the span from then to the end (the
+    wait for the counts and the receiver's reduction), and the mean utilisation of the
+    destination GPUs' down-links while the sends run."""
+    out: dict[str, dict[str, float]] = {}
+    for name, per_dest, over in BUDGET_CASES:
+        ph: dict[str, list[float]] = {}
+        t, rec, cfg = _run(tokens, per_dest, True, over, ph)
+        assert rec is not None
+        util = rec.link_util_bins()
+        sent = max(ph["sent"])
+        nb = min(len(next(iter(util.values()))), max(1, int(sent * PS_PER_US // BIN_PS)))
+        down = np.mean([[util[f"sw{c}->gpu{g}"][b] for c in range(cfg.switch.chips) for g in range(8)]
+                        for b in range(nb)])
+        out[name] = {"combine_us": t, "sent_us": sent, "after_sent_us": t - sent,
+                     "down_link_util": float(down)}
+    return out
+
+
+#: what docs/moe.md calls each budget case
+CASE_NAMES = {
+    "presets": "the presets (a VC per traffic class, 8 VCs of 1,024 flits)",
+    "presets_16_vcs": "16 VCs, still one per class",
+    "vc_per_destination_4": "a VC per destination on 8 VCs (4 request VCs: two destinations each)",
+    "vc_per_destination_8": "a VC per destination on 16 VCs (8 request VCs: one each)",
+    "vc_per_destination_8_same_buffer": "the same, 512 flits per VC (the presets' buffer per port)",
+    "vc_per_destination_8_window_16k": "one each, in-flight window per block 16 KB (presets: 64 KB)",
+    "vc_per_destination_8_window_unbounded": "one each, in-flight window unbounded",
+}
+
+
+def budget_doc(b: dict[str, float], rows: dict[str, dict[str, float]]) -> str:
+    """docs/moe.md's budget from :func:`link_bound_us` and :func:`budget`: the sum at
+    link rate, then the cases' table."""
+    total = b["launch_us"] + b["fixed_us"] + b["links_us"] + b["reduce_us"]
+    lines = [f"launch {b['launch_us']:.1f} + fixed {b['fixed_us']:.1f} + links {b['links_us']:.1f} + "
+             f"reduction {b['reduce_us']:.1f} = {total:.1f} us", "",
+             "| case | combine (us) | last sends landed (us) | then to the end (us) | down-links busy |",
+             "|---|---:|---:|---:|---:|"]
+    for name, row in rows.items():
+        lines.append(f"| {CASE_NAMES[name]} | {row['combine_us']:.1f} | {row['sent_us']:.1f} | "
+                     f"{row['after_sent_us']:.1f} | {100 * row['down_link_util']:.0f} % |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=128)
-    d = diagnose(ap.parse_args().tokens)
+    ap.add_argument("--budget", action="store_true", help="also the time budget's cases (module doc)")
+    args = ap.parse_args()
+    d = diagnose(args.tokens)
     for k, v in d.items():
         print(f"{k}: {v:.3f}" if isinstance(v, float) else f"{k}: {v}")
+    if args.budget:
+        print(budget_doc(link_bound_us(args.tokens), budget(args.tokens)))
 
 
 if __name__ == "__main__":

@@ -497,3 +497,83 @@ def test_a_routing_setting_on_a_dense_run_is_a_warning() -> None:
                        "prefill")
     assert set(k for k in notes if k.startswith("moe.")) == {"moe.routing", "moe.seed"}
     assert "has no effect" in notes["moe.routing"] and "dense" in notes["moe.routing"]
+
+
+def _script(name: str):
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _block(tag: str) -> str:
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "moe.md").read_text()
+    return page.split(f"<!-- {tag} -->", 1)[1].split(f"<!-- /{tag} -->", 1)[0].strip()
+
+
+def test_the_ll_combine_budget_in_the_docs_is_the_scripts_output() -> None:
+    """docs/moe.md's budget of the low-latency combine is scripts/ll_combine_hol.py
+    --budget on the current code; a queue per destination (one request VC each) takes
+    the combine far below the presets and below the paired-VC counterfactual, more VCs
+    used per class change nothing, and the receive side is the same in every case."""
+    hol = _script("ll_combine_hol")
+    bound, rows = hol.link_bound_us(128), hol.budget(128)
+    assert _block("llb:budget") == hol.budget_doc(bound, rows)
+    t = {k: v["combine_us"] for k, v in rows.items()}
+    assert t["presets_16_vcs"] == t["presets"]
+    assert t["vc_per_destination_8"] < t["vc_per_destination_4"] < 0.7 * t["presets"]
+    assert t["vc_per_destination_8"] < t["vc_per_destination_8_same_buffer"]
+    assert len({round(v["after_sent_us"], 3) for v in rows.values()}) == 1
+    ideal = bound["launch_us"] + bound["fixed_us"] + bound["links_us"] + bound["reduce_us"]
+    assert ideal < t["vc_per_destination_8"] < 1.05 * min(ideal, 114.0)  # 114 us: DeepEP's published combine
+
+
+def test_the_write_response_table_in_the_docs_is_the_scripts_output() -> None:
+    """docs/moe.md's write-response table (scripts/write_ack_counterfactual.py --doc):
+    each DeepEP cell rerun at its packet format's refitted SM rate and the NVL chunk the
+    script found best (the comment under the table), the NCCL all-to-all row and the
+    1 GiB AllReduce rows rerun as they stand; the production figures rerun for posted
+    writes and 2-flit responses. Responses must slow the dense ring."""
+    import re
+    from pathlib import Path
+
+    from cais.kernels.ep_common import ep_constants
+
+    w = _script("write_ack_counterfactual")
+    table = _block("wack:table")
+    chunks = dict(part.strip().split(" ", 1) for part in
+                  re.search(r"<!-- wack:chunks (.*?) -->", table)[1].split(";"))
+    lines = [ln for ln in table.splitlines() if ln.startswith("| ") and not ln.startswith("| packet")]
+    by_name = {v: k for k, v in w.DOC_NAMES.items()}
+    deepep, nccl = w.published_rows("deepep"), w.published_rows("nccl")
+    ring = {}
+    for line in lines:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        variant = by_name[cells[0]]
+        rate = float(cells[1].split()[0])
+        got = []
+        for r, c in zip(deepep, chunks[variant].split()):
+            ours, _ = w.run_row(r, variant, rate, int(c))
+            got.append(f"{100 * (ours / float(r['published']) - 1):+.1f} %")
+        ours, _ = w.run_row(nccl[0], variant, ep_constants().sm_copy_GBps)
+        got.append(f"{100 * (ours / float(nccl[0]['published']) - 1):+.1f} %")
+        cfg = w.system("dgx-h100", 8, variant)
+        for algo in ("ring", "nvls"):
+            bus = w.dense_busbw(cfg, "allreduce", algo, 1)
+            got.append(f"{100 * (bus / w.DENSE_REFERENCE[('allreduce', algo)] - 1):+.1f} %")
+        assert cells[2:] == got, variant
+        ring[variant] = float(cells[-2].split()[0])
+    assert ring["ack1"] < ring["posted"] - 5 and ring["ack2"] < ring["ack1"]
+    assert abs(ring["hdr_ack1"] - ring["posted"]) < 1
+    page = (Path(__file__).resolve().parents[1] / "docs" / "moe.md").read_text()
+    said = dict(re.findall(r"<!-- wack:prod_(\w+) -->(.*?)<!-- /wack -->", page))
+    assert said == {v: f"{100 * w.production_table(v)['scored']['mean_error']:.1f}" for v in ("posted", "ack2")}
