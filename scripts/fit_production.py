@@ -6,7 +6,7 @@ src/cais/data/published/production_allreduce.csv (its ``set`` column), and only 
   row but the fused ones (launched with PDL) depends on it, but it barely moves
   their error (the other three absorb it), so it is chosen on the decode step's fit
   row in src/cais/data/published/decode_token.csv (a whole Llama-3-70B step at
-  batch 1 runs about 900 dependent kernels, so its time moves with the gap), each
+  batch 1 runs about 960 dependent kernels, so its time moves with the gap), each
   gap with the other three fitted at it;
 * ``collective.fence_us``: vLLM's release/acquire flag barrier at system scope
   beyond its packets (its two-shot, between the stages): the custom rows; searched
