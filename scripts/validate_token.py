@@ -95,6 +95,11 @@ def ours(row: TokenRow, split: bool = True, sets: Mapping[str, object] | None = 
     return run_layer(cfg, load_model(row.model).with_run(row.batch, row.kv), row.scheme, "decode", cfg.gpu.sms)
 
 
+def short(row: TokenRow) -> str:
+    """A scored row's name in the lines under the table: its model and batch."""
+    return f"{row.model} batch {row.batch}"
+
+
 def runnable(row: TokenRow) -> bool:
     return row.gpus >= 2
 
@@ -148,7 +153,7 @@ def main() -> None:
             signed = [r.token.token_us / row.time_us - 1 for row, r in sel if r.token]
             print(f"{name} rows: {len(sel)}, mean |error| {100 * sum(map(abs, signed)) / len(signed):.1f} %, "
                   f"signed bias {100 * sum(signed) / len(signed):+.1f} %")
-        gaps = [f"{row.model} {(row.time_us - r.token.token_us) / r.token.layers:+.1f} us"
+        gaps = [f"{short(row)} {(row.time_us - r.token.token_us) / r.token.layers:+.1f} us"
                 for row, r in scored if r.token]
         print(f"(published - ours) / layers, each scored row: {', '.join(gaps)}")
         low, high = LAUNCH_CONSTANTS["gpu.kernel_gap_us"]
@@ -161,7 +166,7 @@ def main() -> None:
             for row, _ in scored:
                 t = ours(row, **kw).token  # type: ignore[arg-type]
                 assert t is not None
-                alt.append(f"{row.model} {t.token_us:,.0f} us ({100 * (t.token_us / row.time_us - 1):+.0f} %)")
+                alt.append(f"{short(row)} {t.token_us:,.0f} us ({100 * (t.token_us / row.time_us - 1):+.0f} %)")
             print(f"the same with {what}: {', '.join(alt)}")
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
@@ -70,7 +71,16 @@ def test_a_row_the_simulator_cannot_run_is_listed_not_scored(vt: ModuleType) -> 
 def test_both_models_have_a_scored_tp8_row_on_hopper(vt: ModuleType) -> None:
     scored = [r for r in vt.rows() if r.use in vt.SCORED]
     assert {("llama3-8b", 8), ("llama3-70b", 8)} <= {(r.model, r.gpus) for r in scored}
-    assert all(r.system in ("dgx-h100", "dgx-h200") and r.dtype == "bf16" and r.batch == 1 for r in scored)
+    assert all(r.system in ("dgx-h100", "dgx-h200") and r.dtype == "bf16" for r in scored)
+    # the fit row and one row of each model are batch 1; a larger batch is only ever held out
+    assert all(r.batch == 1 for r in scored if r.use == "fit")
+    assert {(r.model, 1) for r in scored} <= {(r.model, r.batch) for r in scored}
+
+
+def test_a_larger_batch_is_simulated_at_its_batch(vt: ModuleType) -> None:
+    row = next(r for r in vt.rows() if r.use == "held-out" and r.batch > 1)
+    big, single = vt.ours(row).token, vt.ours(replace(row, batch=1)).token
+    assert big is not None and single is not None and big.token_us > single.token_us  # row.batch reaches the run
 
 
 def test_the_source_column_names_a_repository_file_short(vt: ModuleType) -> None:
