@@ -16,16 +16,17 @@ src/cais/data/published/production_allreduce.csv (its ``set`` column), and only 
 * ``collective.fused_fixed_us``: the fused all-reduce + norm kernel's own fixed
   time: the fused rows.
 
-Each row depends on the gap and on one of the other three, so for every gap the
-three are fitted apart, each on its own rows; the gap with the least error on the
-decode fit row wins (with no decode fit row, the least error over all fit rows). The search runs once per step of :data:`STEPS`, the custom
-kernel's mechanisms added one at a time (its load window as vLLM's loop runs it,
-the release's drain of the stage-1 stores), and reports each step's fit error and
-its error on every scored row by GPU count; the last step is the shipped model. A
-chosen value at an end of its grid with the error still falling there is listed
-in ``at_edge``. The objective is the mean |ours / published - 1| over the fit
-rows, by grid search over the simulator itself (each point runs its rows). The
-other rows are run only to report each step's error, never to choose a value. The result goes to src/cais/data/published/production_fit.json; the
+Each row depends on the gap and on one of the other three, so for every gap the three
+are fitted apart, each on its own rows; the gap with the least error on the decode fit
+row wins (with no decode fit row, the least error over all fit rows). The search runs
+once per step of :data:`STEPS`, the custom kernel's mechanisms added one at a time
+(its load window as vLLM's loop runs it, the release's drain of the stage-1 stores),
+and reports each step's fit error and its error on every scored row by GPU count; the
+last step is the shipped model. A chosen value at an end of its grid with the error
+still falling there is listed in ``at_edge``. The objective is the mean |ours /
+published - 1| over the fit rows, by grid search over the simulator itself (each point
+runs its rows). The other rows are run only to report each step's error, never to
+choose a value. The result goes to src/cais/data/published/production_fit.json; the
 defaults in cais/config.py carry the chosen values and a test holds them equal.
 
     .venv/bin/python scripts/fit_production.py [--workers 2]
