@@ -1,17 +1,16 @@
-"""Why DeepEP's low-latency combine misses (docs/moe.md, "The low-latency combine miss"):
-the model's own telemetry on the fit row (hgx-h800, EP 8, 128 tokens per rank, hidden
-7,168, top-8 of 288, BF16), a counterfactual and a time budget.
+"""DeepEP's low-latency combine and the switch's input queues (docs/moe.md, "The
+low-latency combine and head-of-line blocking"): the model's own telemetry on the fit
+row (hgx-h800, EP 8, 128 tokens per rank, hidden 7,168, top-8 of 288, BF16) with a VC
+per traffic class, the presets' VC per destination, and a time budget.
 
-* Telemetry (cais.results.Recorder, 2 us bins over the combine): how many of the 8
-  destination GPUs' down-links are busy (over half the bin) at a time, the busiest
-  down-link's utilisation, and how many of the switch input VCs in use sit full (at
-  least 95 % of their buffer) over most of the first 80 us.
-* Counterfactual: the same kernel with each block's stores on a VC of their own
-  destination (``link.vc_policy`` = kernel, the block's stream = its destination rank),
-  which gives every switch input a queue per destination as far as the VCs go (the
-  presets' 8 VCs have 4 for requests, so destinations share them in pairs; the budget's
-  16-VC cases give one each): if head-of-line blocking in the input FIFOs is the
-  cause, the time falls.
+* Telemetry (cais.results.Recorder, 2 us bins over the combine) with a VC per traffic
+  class (``link.vc_policy`` = class, 8 VCs: the presets before the destination policy):
+  how many of the 8 destination GPUs' down-links are busy (over half the bin) at a
+  time, the busiest down-link's utilisation, and how many of the switch input VCs in
+  use sit full (at least 95 % of their buffer) over most of the first 80 us.
+* The presets (``link.vc_policy`` = destination, 16 VCs: every switch input queues per
+  destination): if head-of-line blocking in the class queues is the cause, the time
+  falls.
 * Budget (``--budget``): what the combine takes with the fabric at link rate (launch,
   the fixed cost, the busiest GPU's rows on the wire, one block's reduction), and the
   time case by case (:data:`BUDGET_CASES`: VCs per class or per destination, VC count,
@@ -41,28 +40,25 @@ from cais.workload.routing import generate
 BIN_PS = 2_000_000
 
 
-def _run(tokens: int, per_destination: bool, record: bool, overrides: dict[str, str] | None = None,
+#: a VC per traffic class on the presets' 16 VCs' half (the presets before the destination policy)
+BY_CLASS = {"link.vc_policy": "class", "link.vcs": "8"}
+
+
+def _run(tokens: int, record: bool, overrides: dict[str, str] | None = None,
          phases: dict[str, list[float]] | None = None) -> tuple[float, Recorder | None, Any]:
     """The fit row's combine: its time (us), the recorder (``record``) and the system.
-    ``per_destination``: each block's stores on a VC of their own destination;
-    ``overrides``: config overrides (``apply_overrides``); ``phases``: filled, when given,
-    with each block's times (us) when its sends have landed (``sent``), when every
-    peer's count has landed at its GPU (``ready``) and when its reduction ends (``end``)."""
+    ``overrides``: config overrides on hgx-h800 (``apply_overrides``); ``phases``:
+    filled, when given, with each block's times (us) when its sends have landed
+    (``sent``), when every peer's count has landed at its GPU (``ready``) and when its
+    reduction ends (``end``)."""
     cfg = load_system("hgx-h800")
-    if per_destination:
-        cfg = apply_overrides(cfg, {"link.vc_policy": "kernel"})
     if overrides:
         cfg = apply_overrides(cfg, overrides)
     rt = generate("uniform", 8, tokens, 288, 8, 0)  # the fit row: 288 experts
     call = EpCall("combine", rt, 7168, "bf16")
     rec = Recorder(bin_ps=BIN_PS, links=True, tbs=False, buffers=True, merge=False) if record else None
     m = Machine(cfg, recorder=rec)
-    orig, orig_recv = ep_common.copy_tb, ep_deepep_ll._recv
-
-    def by_destination(m_: Machine, g: int, call_: EpCall, moves: Any, before: Any = (), after: Any = None,
-                       start_ps: int = 0, stream: int = 0, **kw: Any) -> Any:
-        dst = next((mv.dst for mv in moves if mv.dst != g), g)
-        return orig(m_, g, call_, moves, before, after, start_ps, stream=1 + dst, **kw)
+    orig_recv = ep_deepep_ll._recv
 
     def timed(m_: Machine, g: int, call_: EpCall, s: int, blocks: int, ready: Any, mine: Any) -> Any:
         inner = orig_recv(m_, g, call_, s, blocks, ready, mine)
@@ -75,15 +71,13 @@ def _run(tokens: int, per_destination: bool, record: bool, overrides: dict[str, 
             yield from inner()
             phases["end"].append(m_.sim.now / PS_PER_US)
         return after
-    if per_destination:
-        ep_deepep_ll.copy_tb = by_destination  # type: ignore[assignment]
     if phases is not None:
         phases.update(sent=[], ready=[], end=[])
         ep_deepep_ll._recv = timed  # type: ignore[assignment]
     try:
         ks = ep_deepep_ll.kernels(m, call)
     finally:
-        ep_deepep_ll.copy_tb, ep_deepep_ll._recv = orig, orig_recv  # type: ignore[assignment]
+        ep_deepep_ll._recv = orig_recv  # type: ignore[assignment]
     for gpu, k in zip(m.gpus, ks):
         gpu.launch(k, m.launch_ps)
     m.run()
@@ -91,10 +85,10 @@ def _run(tokens: int, per_destination: bool, record: bool, overrides: dict[str, 
 
 
 def diagnose(tokens: int = 128) -> dict[str, float]:
-    """The combine's time with the presets' VCs and with a VC per destination, and the
-    telemetry of the first (module doc)."""
-    t_class, rec, cfg = _run(tokens, False, True)
-    t_dest, _, _ = _run(tokens, True, False)
+    """The combine's time with a VC per traffic class and with the presets' VC per
+    destination, and the telemetry of the first (module doc)."""
+    t_class, rec, cfg = _run(tokens, True, BY_CLASS)
+    t_dest, _, _ = _run(tokens, False)
     assert rec is not None
     util = rec.link_util_bins()
     nb = len(next(iter(util.values())))
@@ -111,22 +105,21 @@ def diagnose(tokens: int = 128) -> dict[str, float]:
                 if arr.max() > 0:
                     used += 1
                     full += int((arr[window] >= 0.95 * depth_bytes).mean() > 0.5)
-    return {"tokens": tokens, "combine_us": t_class, "combine_per_destination_vc_us": t_dest,
+    return {"tokens": tokens, "combine_by_class_us": t_class, "combine_us": t_dest,
             "busy_destinations_first_half": float((first > 0.5).sum(axis=1).mean()),
             "busiest_down_link_first_half": float(first.max(axis=1).mean()),
             "input_vcs_used": used, "input_vcs_full": full}
 
 
-#: the budget's cases: (name, a VC per destination, config overrides)
-BUDGET_CASES: tuple[tuple[str, bool, dict[str, str]], ...] = (
-    ("presets", False, {}),
-    ("presets_16_vcs", False, {"link.vcs": "16"}),  # twice the VCs (and buffer), still one per class
-    ("vc_per_destination_4", True, {}),  # 8 VCs: 4 request VCs, so destinations share them in pairs
-    ("vc_per_destination_8", True, {"link.vcs": "16"}),  # 8 request VCs: one per destination
-    ("vc_per_destination_8_same_buffer", True, {"link.vcs": "16", "link.vc_depth_flits": "512"}),
-    ("vc_per_destination_8_window_16k", True, {"link.vcs": "16", "collective.outstanding_bytes_per_sm": "16384"}),
-    ("vc_per_destination_8_window_unbounded", True,
-     {"link.vcs": "16", "collective.outstanding_bytes_per_sm": str(1 << 30)}),
+#: the budget's cases: (name, config overrides on hgx-h800)
+BUDGET_CASES: tuple[tuple[str, dict[str, str]], ...] = (
+    ("presets", {}),  # 16 VCs, a VC per destination (8 request VCs: loads 1, the 7 peers 7)
+    ("class_8", BY_CLASS),  # a VC per class on 8 VCs
+    ("class_16", {"link.vc_policy": "class"}),  # twice the VCs (and buffer), still one per class
+    ("destination_8", {"link.vcs": "8"}),  # 4 request VCs: loads 1, so the 7 peers share 3
+    ("destination_same_buffer", {"link.vc_depth_flits": "512"}),  # class_8's buffer per link
+    ("destination_window_16k", {"collective.outstanding_bytes_per_sm": "16384"}),
+    ("destination_window_unbounded", {"collective.outstanding_bytes_per_sm": str(1 << 30)}),
 )
 
 
@@ -157,9 +150,9 @@ def budget(tokens: int = 128) -> dict[str, dict[str, float]]:
     wait for the counts and the receiver's reduction), and the mean utilisation of the
     destination GPUs' down-links while the sends run."""
     out: dict[str, dict[str, float]] = {}
-    for name, per_dest, over in BUDGET_CASES:
+    for name, over in BUDGET_CASES:
         ph: dict[str, list[float]] = {}
-        t, rec, cfg = _run(tokens, per_dest, True, over, ph)
+        t, rec, cfg = _run(tokens, True, over, ph)
         assert rec is not None
         util = rec.link_util_bins()
         sent = max(ph["sent"])
@@ -173,13 +166,13 @@ def budget(tokens: int = 128) -> dict[str, dict[str, float]]:
 
 #: what docs/moe.md calls each budget case
 CASE_NAMES = {
-    "presets": "the presets (a VC per traffic class, 8 VCs of 1,024 flits)",
-    "presets_16_vcs": "16 VCs, still one per class",
-    "vc_per_destination_4": "a VC per destination on 8 VCs (4 request VCs: two destinations each)",
-    "vc_per_destination_8": "a VC per destination on 16 VCs (8 request VCs: one each)",
-    "vc_per_destination_8_same_buffer": "the same, 512 flits per VC (the presets' buffer per port)",
-    "vc_per_destination_8_window_16k": "one each, in-flight window per block 16 KB (presets: 64 KB)",
-    "vc_per_destination_8_window_unbounded": "one each, in-flight window unbounded",
+    "presets": "the presets (a VC per destination, 16 VCs of 1,024 flits)",
+    "class_8": "a VC per traffic class, 8 VCs (the presets before)",
+    "class_16": "a VC per traffic class, 16 VCs",
+    "destination_8": "a VC per destination on 8 VCs (the 7 peers share 3 request VCs)",
+    "destination_same_buffer": "a VC per destination, 512 flits per VC (the class presets' buffer per link)",
+    "destination_window_16k": "a VC per destination, in-flight window per block 16 KB (presets: 64 KB)",
+    "destination_window_unbounded": "a VC per destination, in-flight window unbounded",
 }
 
 

@@ -77,10 +77,12 @@ class LinkConfig(_Strict):
     buffer_scope: Literal["link", "port"] = Field(
         "link", description="link: every NVLink has its own buffers (a port holds links x depth); "
                             "port: one buffer per port of vc_depth_flits")
-    vc_policy: Literal["class", "kernel", "one", "shared"] = Field(
+    vc_policy: Literal["class", "kernel", "one", "destination", "shared"] = Field(
         "class", description="class: a VC per traffic class (load, store, reduction, sync) within the request "
                              "and response sets; kernel: a VC per issuing kernel (its stream number); one: one "
-                             "request VC and one response VC; shared: everything on VC 0 (can deadlock)")
+                             "request VC and one response VC; destination: a VC per destination GPU (modulo the "
+                             "set's VCs), a queue per output at every input; shared: everything on VC 0 (can "
+                             "deadlock)")
     credit_latency_ns: float | None = Field(None, ge=0, description="one-way time of a credit return "
                                                                      "(default: latency_ns)")
 

@@ -397,7 +397,7 @@ class Isa:
             return
         kind = Kind.FLAG
         train = Train(0, *self.pk.wire(kind, FLAG_BYTES), kind=kind, src=src, dst=dst,
-                      chip=self.flag_chip(key), done=lambda _t: landed(), vc=self.vcmap.vc(kind))
+                      chip=self.flag_chip(key), done=lambda _t: landed(), vc=self.vcmap.vc(kind, src=src, dst=dst, n=self.n))
         self.fab.inject(train)
 
     def flag_multicast(self, src: int, key: int, landed: Callable[[int], None]) -> None:
@@ -429,7 +429,7 @@ class Isa:
         arrived = self._counter(chips, landed)
         kind = Kind.FLAG
         wire, last = self.pk.wire(kind, FLAG_BYTES)
-        vc = self.vcmap.vc(kind, traffic)
+        vc = self.vcmap.vc(kind, traffic, src=src, dst=dst, n=self.n)
         for c in range(chips):
             self.fab.inject(Train(0, wire, last, kind=kind, src=src, dst=dst, chip=c, vc=vc, cls=traffic,
                                   done=arrived))

@@ -235,7 +235,9 @@ impl Endpoint {
             let now = me.now(py);
             me.stream(py, now, nbytes);
             let (wire, last) = me.packets.wire(py, kind, nbytes)?;
-            let vc = me.packets.vc(py, kind, 0)?;
+            let to = req.st().src;
+            let src = me.index;
+            let vc = me.packets.vc_to(py, kind, 0, src, to)?;
             let data = if me.functional {
                 me.memory.bind(py).call_method1("read", (&addr,))?.unbind()
             } else {
@@ -311,7 +313,8 @@ impl Endpoint {
             let mut me = slf.st();
             let w = write.st();
             let (wire, last) = me.packets.wire(py, WRITE_ACK, w.payload)?;
-            let vc = me.packets.vc(py, WRITE_ACK, 0)?;
+            let src = me.index;
+            let vc = me.packets.vc_to(py, WRITE_ACK, 0, src, w.src)?;
             let mut t = TrainState::blank(0, wire, last, WRITE_ACK, me.index, w.src);
             t.chip = w.chip;
             t.done = opt_ref(&w.fence, py);
@@ -372,7 +375,8 @@ impl Endpoint {
                 me.stream(py, now, payload); // the data is read from the issuer's HBM
             }
             let (wire, last) = me.packets.wire(py, kind, nbytes)?;
-            let vc = me.packets.vc(py, kind, op.stream)?;
+            let src = me.index;
+            let vc = me.packets.vc_to(py, kind, op.stream, src, op.dst)?;
             let mut t = TrainState::blank(payload, wire, last, kind, me.index, op.dst);
             t.chip = chip;
             t.addr = addr;
@@ -618,7 +622,7 @@ impl Endpoint {
             index,
             memory: memory.unbind(),
             functional,
-            packets: PacketBook::new(packetizer.clone_ref(py), vcmap.clone_ref(py)),
+            packets: PacketBook::new(py, packetizer.clone_ref(py), vcmap.clone_ref(py), cfg.gpus)?,
             pk: packetizer,
             vcmap,
             memory_latency_ps: ps(cfg.gpu.memory_latency_ns, 1e3),
@@ -716,7 +720,7 @@ impl Endpoint {
             for chip in 0..chips {
                 let mut t = TrainState::blank(0, wire, last, FLAG, src, dst);
                 t.chip = chip;
-                t.vc = vc;
+                t.vc = slf.st().packets.at(vc, src, dst);
                 t.cls = cls;
                 t.fence = opt(acked.clone_ref(py), py);
                 let probe = slf.st().sim.get().new_train(py, t)?;

@@ -48,16 +48,35 @@ pub(crate) struct PacketBook {
     vcmap: Py<PyAny>,
     wires: Memo<(i64, i64)>,
     vcs: Memo<i64>,
+    /// `Some(VCs per set)` under the `destination` policy (`VcMap`: a unicast packet's
+    /// VC by its destination's place among the sender's peers; read requests keep
+    /// theirs).
+    per_destination: Option<i64>,
+    /// The VC read requests keep under `destination` (`Traffic.LOAD` in the request set).
+    load_vc: i64,
+    /// GPUs in the system (a destination's place among a sender's peers is modulo this).
+    gpus: i64,
 }
 
 impl PacketBook {
-    pub(crate) fn new(pk: Py<PyAny>, vcmap: Py<PyAny>) -> Self {
-        PacketBook {
+    pub(crate) fn new(py: Python<'_>, pk: Py<PyAny>, vcmap: Py<PyAny>, gpus: i64) -> PyResult<Self> {
+        let map = vcmap.bind(py);
+        let half = map.getattr("half")?.extract::<i64>()?;
+        let per_destination = if map.getattr("by_destination")?.extract::<bool>()? {
+            Some(half)
+        } else {
+            None
+        };
+        let load_vc = map.getattr("load_vc")?.extract::<i64>()?;
+        Ok(PacketBook {
             pk,
             vcmap,
             wires: Memo::new(),
             vcs: Memo::new(),
-        }
+            per_destination,
+            load_vc,
+            gpus: gpus.max(1),
+        })
     }
 
     /// (wire bytes of the whole train, wire bytes of its last packet) for `nbytes`
@@ -75,6 +94,31 @@ impl PacketBook {
         self.vcs.get((kind, stream), || {
             vcmap.bind(py).call_method1("vc", (kind, py.None(), stream))?.extract()
         })
+    }
+
+    /// The VC of a packet from GPU `src` to GPU `dst` (-1: a switch or a multicast)
+    /// whose kind, class and stream give VC `vc` (`VcMap.at`).
+    pub(crate) fn at(&self, vc: i64, src: i64, dst: i64) -> i64 {
+        let Some(half) = self.per_destination else {
+            return vc;
+        };
+        if dst < 0 || src < 0 {
+            return vc;
+        }
+        let peer = (dst - src - 1).rem_euclid(self.gpus);
+        if vc >= half {
+            half + peer % half
+        } else if vc == self.load_vc || half == 1 {
+            vc
+        } else {
+            1 + peer % (half - 1)
+        }
+    }
+
+    /// [`Self::vc`] of a packet from GPU `src` to GPU `dst`.
+    pub(crate) fn vc_to(&mut self, py: Python<'_>, kind: i64, stream: i64, src: i64, dst: i64) -> PyResult<i64> {
+        let vc = self.vc(py, kind, stream)?;
+        Ok(self.at(vc, src, dst))
     }
 
     pub(crate) fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {

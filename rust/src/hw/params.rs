@@ -82,6 +82,7 @@ pub(crate) struct CaisConfig {
 /// What the core's hardware units read of a `SystemConfig`.
 #[derive(FromPyObject)]
 pub(crate) struct SystemParams {
+    pub gpus: i64,
     pub gpu: GpuConfig,
     pub link: LinkConfig,
     pub switch: SwitchConfig,

@@ -474,7 +474,7 @@ impl SwitchChip {
             let red = me.pending.remove(&tag).expect("pending");
             me.ledger.get().st(py).reduction_absorbed -= resp.st().payload; // the last one leaves as the sum
             let (wire, last) = me.packets.wire(py, MC_LDRED_RESP, red.nbytes)?;
-            let vc = me.packets.vc(py, MC_LDRED_RESP, 0)?;
+            let vc = me.packets.vc_to(py, MC_LDRED_RESP, 0, -1, red.issuer)?;
             (red, me.chip, me.reduce_ps, me.now(py), wire, last, vc)
         };
         let mut out = TrainState::blank(red.nbytes, wire, last, MC_LDRED_RESP, -1, red.issuer);
@@ -675,7 +675,7 @@ impl SwitchChip {
                 let r = req.get().st(py);
                 let nbytes = r.want;
                 let (wire, last) = me.packets.wire(py, LD_CAIS_RESP, nbytes)?;
-                let vc = me.packets.vc(py, LD_CAIS_RESP, 0)?;
+                let vc = me.packets.vc_to(py, LD_CAIS_RESP, 0, r.dst, r.src)?;
                 let mut resp = TrainState::blank(nbytes, wire, last, LD_CAIS_RESP, r.dst, r.src);
                 resp.chip = me.chip;
                 resp.addr = opt_ref(&r.addr, py);
@@ -798,9 +798,9 @@ impl SwitchChip {
             sim,
             chip,
             held: vec![vec![0; vcs]; gpus.len()],
+            packets: PacketBook::new(py, packetizer.clone_ref(py), vcmap.clone_ref(py), gpus.len() as i64)?,
             down: down.unbind(),
             gpus: gpus.unbind(),
-            packets: PacketBook::new(packetizer.clone_ref(py), vcmap.clone_ref(py)),
             pk: packetizer,
             vcmap,
             pipeline_ps,

@@ -99,16 +99,43 @@ class VcMap:
     its own VC (load, store, reduction, sync), ``one`` puts all on the set's first,
     ``kernel`` picks the VC by the issuing kernel's ``stream`` number (untagged
     traffic is stream 0). Under ``class``, a stream shifts the VC inside the class's
-    share when the set has more VCs than classes."""
+    share when the set has more VCs than classes.
 
-    __slots__ = ("policy", "half", "_table")
+    ``destination`` gives every switch input a queue per output, as far as the VCs
+    go: a unicast packet's VC is picked by its destination's place among the
+    sender's peers, ``(dst - src - 1) mod n``, modulo the VCs it may use. Read
+    requests keep a VC of their own (the set's first), so loads never wait behind
+    stores or reductions (CAIS's traffic control holds under it); other requests use
+    the rest, responses the whole set. A multicast (no one destination) keeps its
+    class's VC, as under ``class``."""
+
+    __slots__ = ("policy", "half", "by_destination", "load_vc", "_table")
 
     def __init__(self, link: LinkConfig) -> None:
         self.policy = link.vc_policy
         self.half = max(1, link.vcs // 2)
+        self.by_destination = self.policy == "destination"
+        self.load_vc = int(Traffic.LOAD) % self.half  # the VC read requests keep under ``destination``
         self._table: dict[tuple[int, int], int] = {}
 
-    def vc(self, kind: int, traffic: int | None = None, stream: int = 0) -> int:
+    def at(self, vc: int, src: int, dst: int, n: int) -> int:
+        """The VC of a packet from GPU ``src`` to GPU ``dst`` (of ``n``) whose kind,
+        class and stream give VC ``vc``: under ``destination`` its destination's (see
+        the class), under other policies ``vc``."""
+        if not self.by_destination or dst < 0 or src < 0:
+            return vc
+        peer = (dst - src - 1) % n
+        if vc >= self.half:  # a response
+            return self.half + peer % self.half
+        if vc == self.load_vc or self.half == 1:  # read requests keep their VC
+            return vc
+        return 1 + peer % (self.half - 1)
+
+    def vc(self, kind: int, traffic: int | None = None, stream: int = 0, src: int = -1, dst: int = -1,
+           n: int = 1) -> int:
+        return self.at(self._vc(kind, traffic, stream), src, dst, n)
+
+    def _vc(self, kind: int, traffic: int | None, stream: int) -> int:
         key = (kind, traffic if traffic is not None else -1)
         base = self._table.get(key)
         if base is None:
@@ -117,7 +144,7 @@ class VcMap:
             if self.policy == "shared":
                 base = 0
             else:
-                off = int(cls) % self.half if self.policy == "class" else 0
+                off = int(cls) % self.half if self.policy in ("class", "destination") else 0
                 base = (self.half if spec.response else 0) + off
             self._table[key] = base
         if stream:

@@ -207,7 +207,7 @@ class Cais(RemoteLoadScheme):
     algo = "p2p"
     switch = "cais"
     coord = True
-    vc_policies = ("class", "kernel")  # traffic control: loads and reductions on their own VCs
+    vc_policies = ("class", "kernel", "destination")  # traffic control: loads and reductions on their own VCs
     summary = "CAIS: merge unit + TB coordination (group sync, throttling) + fused GEMM-RS/LN/AG-GEMM pipeline"
     wgrad_inputs = "refetch-overlap"
     wgrad_grads = "keep-overlap"
