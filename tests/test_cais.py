@@ -192,16 +192,21 @@ def test_coordination_cuts_the_arrival_skew_and_sync_travels_on_the_wire() -> No
     assert coord.as_json()["arrival_skew_us"]["mean"] < free.as_json()["arrival_skew_us"]["mean"]
 
 
-def test_cais_partial_runs_with_one_request_vc_and_cais_with_a_vc_per_class() -> None:
+def test_cais_partial_runs_with_one_request_vc_and_cais_with_loads_on_their_own() -> None:
     part = run_layer(_four(), GPT, "cais-partial", "prefill")
     full = run_layer(_four(), GPT, "cais", "prefill")
-    assert (part.vc_policy, full.vc_policy) == ("one", "class")
+    assert (part.vc_policy, full.vc_policy) == ("one", "destination")  # cais runs on the system's
     assert part.switch == full.switch == "cais"
     from cais.hw.packets import Kind, VcMap
 
-    for policy, shared in (("one", True), ("class", False)):
+    for policy, shared in (("one", True), ("class", False), ("destination", False)):
         vcs = VcMap(_four().link.model_copy(update={"vc_policy": policy}))
-        assert (vcs.vc(Kind.LD_CAIS_REQ) == vcs.vc(Kind.RED_CAIS)) == shared
+        for dst in (1, 2, 3):  # traffic control: to any one destination, loads and reductions apart
+            at = {"src": 0, "dst": dst, "n": 4}
+            assert (vcs.vc(Kind.LD_CAIS_REQ, **at) == vcs.vc(Kind.RED_CAIS, **at)) == shared
+    dest = VcMap(_four().link)
+    assert dest.policy == "destination"
+    assert len({dest.vc(Kind.RED_CAIS, src=0, dst=d, n=4) for d in (1, 2, 3)}) == 3  # a queue per destination
 
 
 @pytest.mark.parametrize("rule", ["on-ready", "on-launch"])

@@ -237,7 +237,7 @@ CASES = [
     # CAIS's traffic control on one request VC would be cais-partial: refused, naming link.vc_policy (issue 38)
     *[Case(f"{name}-on-one-request-vc", [*SMALL_LAYER, "--scheme", name, "--set", "link.vc_policy=one"],
            says=rf"link\.vc_policy: scheme '{name}' keeps loads and reductions on separate VCs .*'one' puts them "
-                r"on one, which is another scheme's \(cais-partial\); allowed with this scheme: class, kernel$")
+                r"on one, which is another scheme's \(cais-partial\); allowed with this scheme: class, kernel, destination$")
       for name in ("cais", "cais-wo-coord")],
     # a chunk below the smallest transfer is refused in one line
     Case("copy-chunk-below-a-line", [*SMALL_LAYER, "--scheme", "cais", "--set", "remote_read.copy_chunk_kB=1e-9"],

@@ -1,8 +1,9 @@
-"""The EP kernels' simulated times, pinned: recorded (picoseconds) before the speed work
-of issue 66 (vectorised layouts, the routing's top-k by partition, the copy loops'
-bookkeeping), on commit ed88b55 (the NCCL rows and the ep-nccl layer on af5833e, whose
-NCCL channels run at the GPU's copy rate; nothing else moved between the two), so that
-any change of a simulated number by that work fails here. Also the routings' digests
+"""The EP kernels' simulated times, pinned (picoseconds), so that any change of a
+simulated number by speed work fails here. First recorded before the speed work of
+issue 66 (vectorised layouts, the routing's top-k by partition, the copy loops'
+bookkeeping) on commit ed88b55; re-recorded when the NVSwitch presets moved to a VC per
+destination and the EP constants were refitted on it (commit 0479d80 and its successor),
+which moved every time on purpose. Also the routings' digests
 (the draws every EP time rests on) and whole MoE layers under each shipped EP scheme.
 
 Each case: (kernel, op, system, EP ranks, tokens per rank, dtype, run_ep options,
@@ -25,49 +26,49 @@ from cais.workload.routing import generate
 HIDDEN, TOPK = 7168, 8
 
 PINNED: list[tuple[str, str, str, int, int, str, dict[str, Any], int]] = [
-    ('nccl', 'dispatch', 'dgx-h100', 8, 1, 'bf16', {}, 11942439),
-    ('nccl', 'dispatch', 'dgx-h100', 8, 128, 'bf16', {}, 57131200),
-    ('nccl', 'dispatch', 'hgx-h800', 4, 16, 'bf16', {}, 20918960),
-    ('nccl', 'dispatch', 'dgx-h100', 2, 1024, 'bf16', {}, 202847008),
-    ('nccl', 'combine', 'dgx-h100', 8, 1, 'bf16', {}, 12083239),
-    ('nccl', 'combine', 'dgx-h100', 8, 128, 'bf16', {}, 56562784),
-    ('nccl', 'combine', 'hgx-h800', 4, 16, 'bf16', {}, 20658480),
-    ('nccl', 'combine', 'dgx-h100', 2, 1024, 'bf16', {}, 201910208),
+    ('nccl', 'dispatch', 'dgx-h100', 8, 1, 'bf16', {}, 11776167),
+    ('nccl', 'dispatch', 'dgx-h100', 8, 128, 'bf16', {}, 49102400),
+    ('nccl', 'dispatch', 'hgx-h800', 4, 16, 'bf16', {}, 20001920),
+    ('nccl', 'dispatch', 'dgx-h100', 2, 1024, 'bf16', {}, 212705920),
+    ('nccl', 'combine', 'dgx-h100', 8, 1, 'bf16', {}, 11854119),
+    ('nccl', 'combine', 'dgx-h100', 8, 128, 'bf16', {}, 49245152),
+    ('nccl', 'combine', 'hgx-h800', 4, 16, 'bf16', {}, 19603520),
+    ('nccl', 'combine', 'dgx-h100', 2, 1024, 'bf16', {}, 212855072),
     ('allgather', 'dispatch', 'dgx-h100', 8, 1, 'bf16', {}, 14629671),
     ('allgather', 'dispatch', 'dgx-h100', 8, 128, 'bf16', {}, 49906133),
     ('allgather', 'dispatch', 'hgx-h800', 4, 16, 'bf16', {}, 18127571),
-    ('allgather', 'dispatch', 'dgx-h100', 2, 1024, 'bf16', {}, 52938208),
+    ('allgather', 'dispatch', 'dgx-h100', 2, 1024, 'bf16', {}, 54656336),
     ('allgather', 'combine', 'dgx-h100', 8, 1, 'bf16', {}, 14629671),
     ('allgather', 'combine', 'dgx-h100', 8, 128, 'bf16', {}, 49906133),
     ('allgather', 'combine', 'hgx-h800', 4, 16, 'bf16', {}, 18127571),
-    ('allgather', 'combine', 'dgx-h100', 2, 1024, 'bf16', {}, 52938208),
-    ('deepep', 'dispatch', 'dgx-h100', 8, 1, 'bf16', {}, 10436433),
-    ('deepep', 'dispatch', 'dgx-h100', 8, 128, 'bf16', {}, 79218203),
-    ('deepep', 'dispatch', 'hgx-h800', 4, 16, 'bf16', {}, 16039661),
-    ('deepep', 'dispatch', 'dgx-h100', 2, 1024, 'bf16', {}, 184811928),
-    ('deepep', 'combine', 'dgx-h100', 8, 1, 'bf16', {}, 11424618),
-    ('deepep', 'combine', 'dgx-h100', 8, 128, 'bf16', {}, 78392607),
-    ('deepep', 'combine', 'hgx-h800', 4, 16, 'bf16', {}, 15758225),
-    ('deepep', 'combine', 'dgx-h100', 2, 1024, 'bf16', {}, 188132206),
-    ('deepep-ll', 'dispatch', 'dgx-h100', 8, 1, 'bf16', {}, 24706987),
-    ('deepep-ll', 'dispatch', 'dgx-h100', 8, 128, 'bf16', {}, 76612185),
-    ('deepep-ll', 'dispatch', 'hgx-h800', 4, 16, 'bf16', {}, 32558967),
-    ('deepep-ll', 'dispatch', 'dgx-h100', 2, 1024, 'bf16', {}, 274179345),
-    ('deepep-ll', 'combine', 'dgx-h100', 8, 1, 'bf16', {}, 25702067),
-    ('deepep-ll', 'combine', 'dgx-h100', 8, 128, 'bf16', {}, 111383493),
-    ('deepep-ll', 'combine', 'hgx-h800', 4, 16, 'bf16', {}, 40017598),
-    ('deepep-ll', 'combine', 'dgx-h100', 2, 1024, 'bf16', {}, 261393812),
-    ('deepep', 'dispatch', 'hgx-h800', 8, 128, 'fp8', {}, 58305325),
-    ('deepep-ll', 'dispatch', 'hgx-h800', 8, 128, 'fp8', {}, 74959190),
-    ('deepep', 'dispatch', 'dgx-h100', 8, 64, 'bf16', {'host_sync': True, 'chunk': 10}, 61758031),
-    ('nccl', 'dispatch', 'dgx-h100', 4, 64, 'bf16', {'host_sync': True, 'routing': 'powerlaw'}, 46362272),
-    ('deepep-ll', 'combine', 'dgx-h100', 8, 32, 'bf16', {'routing': 'lognormal', 'seed': 3}, 48001624),
-    ('deepep', 'combine', 'hgx-h800', 8, 48, 'bf16', {'routing': 'uniform', 'n_group': 8, 'topk_group': 4, 'sms': 20}, 43676287),
-    ('nccl', 'combine', 'dgx-h100', 8, 40, 'bf16', {'capacity_factor': 1.0, 'capacity': 'drop'}, 23462912),
-    ('ep-switch', 'dispatch', 'dgx-h100', 8, 64, 'bf16', {}, 17873873),
-    ('ep-switch', 'combine', 'dgx-h100', 8, 64, 'bf16', {}, 39819113),
-    ('ep-switch-sw', 'dispatch', 'dgx-h100', 8, 64, 'bf16', {}, 38284163),
-    ('ep-switch-sw', 'combine', 'dgx-h100', 8, 64, 'bf16', {}, 40460251),
+    ('allgather', 'combine', 'dgx-h100', 2, 1024, 'bf16', {}, 54656336),
+    ('deepep', 'dispatch', 'dgx-h100', 8, 1, 'bf16', {}, 10648293),
+    ('deepep', 'dispatch', 'dgx-h100', 8, 128, 'bf16', {}, 81288291),
+    ('deepep', 'dispatch', 'hgx-h800', 4, 16, 'bf16', {}, 16258408),
+    ('deepep', 'dispatch', 'dgx-h100', 2, 1024, 'bf16', {}, 191944360),
+    ('deepep', 'combine', 'dgx-h100', 8, 1, 'bf16', {}, 11671782),
+    ('deepep', 'combine', 'dgx-h100', 8, 128, 'bf16', {}, 81380636),
+    ('deepep', 'combine', 'hgx-h800', 4, 16, 'bf16', {}, 15913772),
+    ('deepep', 'combine', 'dgx-h100', 2, 1024, 'bf16', {}, 192157898),
+    ('deepep-ll', 'dispatch', 'dgx-h100', 8, 1, 'bf16', {}, 30161690),
+    ('deepep-ll', 'dispatch', 'dgx-h100', 8, 128, 'bf16', {}, 77857582),
+    ('deepep-ll', 'dispatch', 'hgx-h800', 4, 16, 'bf16', {}, 37653120),
+    ('deepep-ll', 'dispatch', 'dgx-h100', 2, 1024, 'bf16', {}, 281469130),
+    ('deepep-ll', 'combine', 'dgx-h100', 8, 1, 'bf16', {}, 29801570),
+    ('deepep-ll', 'combine', 'dgx-h100', 8, 128, 'bf16', {}, 74276946),
+    ('deepep-ll', 'combine', 'hgx-h800', 4, 16, 'bf16', {}, 38646149),
+    ('deepep-ll', 'combine', 'dgx-h100', 2, 1024, 'bf16', {}, 268325759),
+    ('deepep', 'dispatch', 'hgx-h800', 8, 128, 'fp8', {}, 56747169),
+    ('deepep-ll', 'dispatch', 'hgx-h800', 8, 128, 'fp8', {}, 75692612),
+    ('deepep', 'dispatch', 'dgx-h100', 8, 64, 'bf16', {'host_sync': True, 'chunk': 10}, 62671778),
+    ('nccl', 'dispatch', 'dgx-h100', 4, 64, 'bf16', {'host_sync': True, 'routing': 'powerlaw'}, 45218560),
+    ('deepep-ll', 'combine', 'dgx-h100', 8, 32, 'bf16', {'routing': 'lognormal', 'seed': 3}, 52827580),
+    ('deepep', 'combine', 'hgx-h800', 8, 48, 'bf16', {'routing': 'uniform', 'n_group': 8, 'topk_group': 4, 'sms': 20}, 43819336),
+    ('nccl', 'combine', 'dgx-h100', 8, 40, 'bf16', {'capacity_factor': 1.0, 'capacity': 'drop'}, 21304160),
+    ('ep-switch', 'dispatch', 'dgx-h100', 8, 64, 'bf16', {}, 17975705),
+    ('ep-switch', 'combine', 'dgx-h100', 8, 64, 'bf16', {}, 57527474),
+    ('ep-switch-sw', 'dispatch', 'dgx-h100', 8, 64, 'bf16', {}, 49125713),
+    ('ep-switch-sw', 'combine', 'dgx-h100', 8, 64, 'bf16', {}, 59073946),
 ]
 
 #: (ranks, tokens, experts, top-k, seed, generator, n_group, topk_group) -> sha256 prefix of
@@ -84,14 +85,14 @@ ROUTINGS: list[tuple[tuple[int, int, int, int, int, str, int, int], str]] = [
 #: qwen3-30b-a3b, 32 tokens per GPU (batch 1), attention data parallel, dgx-h100: the
 #: period's total (us) under each shipped EP scheme
 LAYERS: list[tuple[str, str, float]] = [
-    ('ep-nccl', 'train', 915.946575),
-    ('ep-nccl', 'decode', 240.103421),
+    ('ep-nccl', 'train', 915.125587),
+    ('ep-nccl', 'decode', 239.994621),
     ('ep-allgather', 'train', 921.58514),
     ('ep-allgather', 'decode', 234.33652),
-    ('ep-deepep', 'train', 895.534824),
-    ('ep-deepep', 'decode', 218.573055),
-    ('ep-deepep-ll', 'train', 883.571469),
-    ('ep-deepep-ll', 'decode', 215.694327),
+    ('ep-deepep', 'train', 896.347747),
+    ('ep-deepep', 'decode', 218.694111),
+    ('ep-deepep-ll', 'train', 896.786307),
+    ('ep-deepep-ll', 'decode', 223.718986),
 ]
 
 

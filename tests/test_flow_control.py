@@ -240,10 +240,13 @@ def test_ring_steps_are_fenced_and_flagged_on_the_wire(h100) -> None:
     for gpu, k in zip(m.gpus, build(m, CollectiveSpec("allreduce", "ring", size // 2))):
         gpu.launch(k)
     m.run()
-    sync_vc, ack_vc, data_vc = m.vcmap.vc(Kind.FLAG), m.vcmap.vc(Kind.WRITE_ACK), m.vcmap.vc(Kind.WRITE)
-    assert len({sync_vc, ack_vc, data_vc}) == 3
-    for vc in (sync_vc, ack_vc, data_vc):  # flags, write responses and data all crossed every GPU's links
-        assert all(max(ch.credits.peak[vc] for ch in row) > 0 for row in m.fabric.up)
+    # GPU 0's ring peer is GPU 1 (its write responses come back from GPU n - 1): under the presets'
+    # VC per destination its flags ride with its data, as a release must, and responses apart
+    at, back = {"src": 0, "dst": 1, "n": m.n}, {"src": 0, "dst": m.n - 1, "n": m.n}
+    sync_vc, ack_vc, data_vc = m.vcmap.vc(Kind.FLAG, **at), m.vcmap.vc(Kind.WRITE_ACK, **back), m.vcmap.vc(Kind.WRITE, **at)
+    assert m.vcmap.policy == "destination" and sync_vc == data_vc != ack_vc
+    for vc in (sync_vc, ack_vc, data_vc):  # flags, write responses and data all crossed GPU 0's links
+        assert max(ch.credits.peak[vc] for ch in m.fabric.up[0]) > 0
     data = sum(ch.payload_bytes for ch in m.fabric.up[0])
     assert data == 2 * (m.n - 1) * size // m.n
     assert sum(ch.wire_bytes for ch in m.fabric.up[0]) > data * 160 // 128  # headers, byte enables, sync

@@ -376,7 +376,8 @@ def test_small_nccl_sends_run_ll_and_it_changes_the_time(monkeypatch: pytest.Mon
 
 def test_the_ll_combine_diagnosis_in_the_docs_is_the_scripts_output() -> None:
     """docs/moe.md's head-of-line blocking figures come from scripts/ll_combine_hol.py
-    on the current code; the counterfactual (a VC per destination) must be faster."""
+    on the current code; the presets' VC per destination must be faster than a VC per
+    class, whose telemetry shows the blocking."""
     import importlib.util
     import re
     from pathlib import Path
@@ -389,11 +390,11 @@ def test_the_ll_combine_diagnosis_in_the_docs_is_the_scripts_output() -> None:
     d = hol.diagnose(128)
     page = (root / "docs" / "moe.md").read_text()
     said = dict(re.findall(r"<!-- hol:(\w+) -->(.*?)<!-- /hol -->", page))
-    assert said == {"combine": f"{d['combine_us']:.1f}", "busy": f"{d['busy_destinations_first_half']:.1f}",
+    assert said == {"combine": f"{d['combine_by_class_us']:.1f}", "busy": f"{d['busy_destinations_first_half']:.1f}",
                     "busiest": f"{100 * d['busiest_down_link_first_half']:.0f}",
                     "full": f"{d['input_vcs_full']} of {d['input_vcs_used']}",
-                    "voq": f"{d['combine_per_destination_vc_us']:.1f}"}
-    assert d["combine_per_destination_vc_us"] < 0.7 * d["combine_us"]
+                    "voq": f"{d['combine_us']:.1f}"}
+    assert d["combine_us"] < 0.7 * d["combine_by_class_us"]
     assert d["busy_destinations_first_half"] < 4 and d["input_vcs_full"] > 0
 
 
