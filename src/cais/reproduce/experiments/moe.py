@@ -112,26 +112,26 @@ def moe_analyse(ctx: Context, rows: pd.DataFrame) -> tuple[pd.DataFrame, Section
     sec.p("Each EP kernel of the registry runs a dispatch and then a combine of DeepSeek-V3's rows (hidden 7,168, "
           "top-8, (256 // EP) x EP experts as DeepEP's tests pick them, uniform routing, BF16 both ways) per "
           "(system, EP degree, tokens per rank); the winner has the least dispatch + combine time, 'margin' is "
-          "the runner-up's time over the winner's. DeepEP's kernels are fitted on hgx-h800 (docs/moe.md); the "
-          "low-latency combine is a known miss there (+116 %), which weighs against deepep-ll wherever it runs; "
-          "on dgx-h100 the normal kernels are 2.3x slower than the one published H100 run (held out: dispatch "
-          "-57 %, combine -51 %), which weighs against deepep at every dgx-h100 point, so the all-gather "
+          "the runner-up's time over the winner's. DeepEP's kernels are fitted on hgx-h800 (docs/moe.md; the "
+          "low-latency combine, within 9 %, chose the switch's queue per destination); on dgx-h100 the normal "
+          "kernels are 2.3x slower than the one published H100 run (held out: dispatch -59 %, combine -53 %), "
+          "which weighs against deepep at every dgx-h100 point, so the all-gather "
           "dispatcher's wins there at EP 8 rest on that miss (at EP 2-4, top-8 of 256 experts sends nearly every "
           "token to every rank, and the all-gather moves no more than an all-to-all); "
           f"deepep-ll runs up to {LL_MAX_TOKENS:,} tokens per rank (its buffers are sized for decode batches); "
-          "nvl72 and gh200-nvl32 are not calibrated for EP; nccl is checked on one nccl-tests all-to-all (+8.5 %).")
+          "nvl72 and gh200-nvl32 are not calibrated for EP; nccl is checked on one nccl-tests all-to-all (+7.0 %).")
     nodes = t[~t["system"].isin(list(RACKS))]
     small, large = nodes[nodes["tokens"] <= DECODE_MAX], nodes[nodes["tokens"] >= PREFILL_MIN]
     wide = t[t["ep"] >= 8]
     lines = [
         _claim_line(sec, "DeepEP's low-latency kernels are fastest at decode sizes on one node", small, "deepep-ll",
-                    f"at <= {DECODE_MAX} tokens per rank, EP 2-8, one node"),
+                    f"at <= {DECODE_MAX} tokens per rank, EP 2-8"),
         _claim_line(sec, "DeepEP's normal kernels are fastest at prefill sizes on one node", large, "deepep",
-                    f"at >= {PREFILL_MIN:,} tokens per rank, EP 2-8, one node"),
+                    f"at >= {PREFILL_MIN:,} tokens per rank, EP 2-8"),
     ]
     a2a = wide.assign(winner=wide["winner"].where(wide["winner"] == "allgather", "all-to-all"))
     lines.append(_claim_line(sec, "an all-to-all kernel beats the all-gather dispatcher from EP 8", a2a, "all-to-all",
-                             "at EP >= 8 (nccl, deepep or deepep-ll)"))
+                             "at EP >= 8"))
     for system, part in t.groupby("system", sort=False):
         counts = part["winner"].value_counts()
         lines.append(f"On {system} (EP {', '.join(map(str, sorted(part['ep'].unique())))}): "
