@@ -32,7 +32,7 @@ from cais.limits import EVENTS_PER_TRAIN, check_events
 from cais.kernels import ep_deepep, ep_deepep_ll, ep_nccl, ep_switch
 from cais.kernels.collectives import CollectiveSpec, build
 from cais.kernels.ep_common import EP_DTYPES, EP_OPS, EpCall, EpConstants, ep_constants
-from cais.kernels.ep_registry import EP_KERNELS, EpKernels, on_switch
+from cais.kernels.ep_registry import EP_KERNELS, EpKernels, expert_tp_form, on_switch
 from cais.machine import Machine
 from cais.workload.moe import MoeSpec
 from cais.workload.numerics import swiglu
@@ -385,6 +385,12 @@ def expert_block_check(cfg: SystemConfig, kernel: str, moe: MoeSpec, routing: Ro
     if expert_tp == 1:
         return functional_check(cfg, kernel, call, seed, x, expert)
     fl, per = f // expert_tp, rt.per_rank  # one slot's FFN width; local experts per GPU (as per EP rank)
+    group = expert_tp_form(EP_KERNELS[kernel], expert_tp, kernel) == "group"  # else the combine adds the slots
+    if not group and rt.topk % expert_tp == 0:  # a token's slots of one expert carry its one gate weight
+        w = rt.weights.reshape(rt.ranks, rt.tokens, -1, expert_tp)[..., :1]
+        w = np.repeat(w, expert_tp, axis=3).reshape(rt.weights.shape)
+        rt = Routing(rt.topk_idx, w, rt.experts, rt.pad_rows, rt.source)
+        call = EpCall("dispatch", rt, h, "bf16")
 
     def real(v: int) -> int:  # virtual expert (EP rank r's slot j, local l) -> its expert
         return v // per // expert_tp * per + v % per
@@ -401,4 +407,4 @@ def expert_block_check(cfg: SystemConfig, kernel: str, moe: MoeSpec, routing: Ro
             seen[g, t, e] = True
             ref[g, t] += rt.weights[g, t, k] * expert(e, x[g, t])
     return functional_check(cfg, kernel, call, seed, x, lambda v, row: partial(v // per % expert_tp, real(v), row),
-                            ref, expert_tp, lambda j, v, row: partial(j, real(v), row))
+                            ref, expert_tp if group else 1, lambda j, v, row: partial(j, real(v), row))
