@@ -600,14 +600,15 @@ def _overlap_us(run: LayerRun, period: Period) -> float:
 
 def moe_breakdown(period: Period, segs: dict[str, float], sch: Scheme, attention: str) -> dict[str, object]:
     """A MoE layer's expert block: the EP kernel, how attention ran, the EP degree and
-    expert TP, the tokens each GPU routes (the model's experts and top-k), the time (us, first kernel start to last end over the GPUs) of its
-    dispatches and combines (the backward's included: a combine's backward is a
-    dispatch), of its grouped GEMMs, of its fused blocks (an in-switch kernel's dispatch,
-    experts and combine in one kernel: ``fused_us``; its dispatch and combine are then 0)
-    of the shared experts and of the expert-TP collectives (``expert_tp_us``), and the
-    routing's send matrices (over the GPUs: at expert TP > 1, over the (expert, slot)
-    pairs the kernel sends) with their imbalance (busiest endpoint over the mean): one row per
-    (token, destination rank) and per (token, expert)."""
+    expert TP, the tokens each GPU routes (the model's experts and top-k), the time
+    (us, first kernel start to last end over the GPUs) of its dispatches and combines
+    (the backward's included: a combine's backward is a dispatch), of its grouped GEMMs,
+    of its fused blocks (an in-switch kernel's dispatch, experts and combine in one
+    kernel: ``fused_us``; its dispatch and combine are then 0), of the shared experts
+    and of the expert-TP collectives (``expert_tp_us``), and the routing's send matrices
+    (over the GPUs; at expert TP > 1 over the (expert, slot) pairs the kernel sends)
+    with their imbalance (busiest endpoint over the mean): one row per (token,
+    destination rank) and per (token, expert)."""
     rt = period.routing
     assert rt is not None
     steps = [s for s in period.segments if isinstance(s, MoeStep)]

@@ -340,7 +340,6 @@ def ring_kernels(m: Machine, spec: CollectiveSpec) -> list[Kernel]:
     unit = m.cfg.unit_for(slot_elems * spec.elem_bytes)
     key = m.flag_key() * 1_000_003  # the flags of this collective: one per channel and slot
     state = _RingState(m.fabric.mirror)
-    kernels = []
     for gpu in m.gpus:  # the staging slots every channel writes into on its next GPU
         if gpu.memory.functional and spec.staging not in gpu.memory.buffers:
             gpu.memory.alloc(spec.staging, len(plans) * cfg.ring_slots * slot_elems)
@@ -350,8 +349,7 @@ def ring_kernels(m: Machine, spec: CollectiveSpec) -> list[Kernel]:
             tbs = [_ring_tb(m, spec, ring, rank, ch, plan, state, slot_elems, unit, key, proto, threads)
                    for ch, plan in enumerate(plans) if plan]
             by_gpu[g] = Kernel(f"ring-{spec.op}", tbs, spec.sms, role="communication")
-    kernels.extend(by_gpu[g] for g in range(m.n))
-    return kernels
+    return [by_gpu[g] for g in range(m.n)]
 
 
 def production_spec(m: Machine, spec: CollectiveSpec) -> ProductionAr:
