@@ -179,3 +179,24 @@ def test_cli_expert_tp(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "--model", "qwen3-30b-a3b", "--scheme", "ep-deepep-ll", "--mode", "decode",
                  "--expert-tp", "2"]) == 2
     assert capsys.readouterr().err.startswith("cais: error: --expert-tp: EP kernel 'deepep-ll'")
+
+
+def test_the_docs_table_is_the_scripts_output() -> None:
+    """docs/moe.md's expert-TP example is scripts/expert_tp_doc.py --doc on the current
+    code; expert TP 2 costs ep-nccl its rings and ep-deepep its doubled exchange there."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("expert_tp_doc", root / "scripts" / "expert_tp_doc.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows = mod.rows()
+    page = (root / "docs" / "moe.md").read_text()
+    block = page.split("<!-- etp:table -->", 1)[1].split("<!-- /etp:table -->", 1)[0].strip()
+    assert block == mod.doc(rows)
+    by = {(r["kernel"], r["expert_tp"]): r for r in rows}
+    assert by[("nccl", 2)]["expert-TP collectives"] > 0 and by[("nccl", 2)]["bytes"] > 0
+    assert by[("deepep", 2)]["dispatch"] > by[("deepep", 1)]["dispatch"]
+    assert by[("allgather", 2)]["bytes"] == by[("deepep", 2)]["bytes"] == 0
