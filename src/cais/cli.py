@@ -548,7 +548,7 @@ def _print_moe(r: LayerResult) -> None:
     """A MoE layer's expert block: its EP kernel, times and routing imbalance."""
     mo = r.moe or {}
     etp = f" x expert TP {mo['expert_tp']} (expert-TP collectives {mo['expert_tp_us']:,.1f} us)" \
-        if mo.get("expert_tp", 1) > 1 else ""
+        if int(str(mo.get("expert_tp", 1))) > 1 else ""
     Console().print(f"experts: EP {mo['ep']}{etp} with the '{mo['kernel']}' kernel, attention {mo['attention']}, "
                     f"{mo['tokens_per_rank']} tokens per GPU, top-{mo['topk']} of {mo['experts']}; dispatch "
                     f"{mo['dispatch_us']:,.1f} us, combine {mo['combine_us']:,.1f} us, grouped GEMMs "

@@ -100,7 +100,8 @@ def ep_plan(moe: MoeSpec, n: int, expert_tp: int = 1) -> EpPlan:
         what = "EP ranks" if expert_tp == 1 else f"EP ranks ({n} GPUs / expert_tp {expert_tp})"
         raise UserError(f"gpus: {n // expert_tp} {what} do not divide {moe.name}'s {moe.experts} experts; "
                         f"allowed: {', '.join(map(str, allowed))}")
-    return EpPlan(gpus=n, ep=n // expert_tp, expert_tp=expert_tp).check(moe)
+    # the experts' split only: attention's (TP over every GPU or data parallel) is moe_dims' to check
+    return EpPlan(gpus=n, ep=n // expert_tp, expert_tp=expert_tp, attention_tp=1).check(moe)
 
 
 def build_moe_graph(moe: MoeSpec, n: int, mode: str, attention: str = "tp", seed: int = 0,
