@@ -164,7 +164,7 @@ class _MoeBuilder:
 
     # ---- forward ---------------------------------------------------------------------
     def forward(self) -> None:
-        d, T, h, rl, F, E = self.g.dims, self.T, self.h, self.rl, self.F, self.E
+        d, T, h, rl, E = self.g.dims, self.T, self.h, self.rl, self.E
         qkv_w = (d.heads_l + 2 * d.kv_l) * d.head_dim
         for name, local in (("qkv", (T, qkv_w)), ("a", (T, d.q_l)), ("wo", (d.q_l, h)), ("w_router", (h, E)),
                             ("logits", (rl, E)), ("topk", (rl, 2 * self.K)), ("xp", (self.sel, h)),
@@ -231,7 +231,7 @@ class _MoeBuilder:
 
     # ---- backward --------------------------------------------------------------------
     def backward(self) -> None:
-        d, T, h, rl, F, E = self.g.dims, self.T, self.h, self.rl, self.F, self.E
+        d, T, h, rl, E = self.g.dims, self.T, self.h, self.rl, self.E
         qkv_w = (d.heads_l + 2 * d.kv_l) * d.head_dim
         Fl, gs = self.Fl, self.gsel
         for name, local in (("dqkv_next", (T, qkv_w)), ("dwqkv_next", (h, qkv_w)), ("dcb", (self.sel, h)),
