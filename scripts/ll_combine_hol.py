@@ -8,7 +8,7 @@ per traffic class, the presets' VC per destination, and a time budget.
   how many of the 8 destination GPUs' down-links are busy (over half the bin) at a
   time, the busiest down-link's utilisation, and how many of the switch input VCs in
   use sit full (at least 95 % of their buffer) over most of the first 80 us.
-* The presets (``link.vc_policy`` = destination, 16 VCs: every switch input queues per
+* The presets (``link.vc_policy`` = destination, 18 VCs: every switch input queues per
   destination): if head-of-line blocking in the class queues is the cause, the time
   falls.
 * Budget (``--budget``): what the combine takes with the fabric at link rate (launch,
@@ -40,7 +40,7 @@ from cais.workload.routing import generate
 BIN_PS = 2_000_000
 
 
-#: a VC per traffic class on the presets' 16 VCs' half (the presets before the destination policy)
+#: a VC per traffic class on 8 VCs (the presets before the destination policy)
 BY_CLASS = {"link.vc_policy": "class", "link.vcs": "8"}
 
 
@@ -113,11 +113,12 @@ def diagnose(tokens: int = 128) -> dict[str, float]:
 
 #: the budget's cases: (name, config overrides on hgx-h800)
 BUDGET_CASES: tuple[tuple[str, dict[str, str]], ...] = (
-    ("presets", {}),  # 16 VCs, a VC per destination (8 request VCs: loads 1, the 7 peers 7)
+    ("presets", {}),  # 18 VCs, a VC per destination (9 request VCs: loads, flags, the 7 peers)
     ("class_8", BY_CLASS),  # a VC per class on 8 VCs
-    ("class_16", {"link.vc_policy": "class"}),  # twice the VCs (and buffer), still one per class
-    ("destination_8", {"link.vcs": "8"}),  # 4 request VCs: loads 1, so the 7 peers share 3
-    ("destination_same_buffer", {"link.vc_depth_flits": "512"}),  # class_8's buffer per link
+    ("class_18", {"link.vc_policy": "class"}),  # the presets' VCs (and buffer), one per class
+    ("destination_16", {"link.vcs": "16"}),  # 8 request VCs: 6 for the 7 peers, so two share
+    ("destination_8", {"link.vcs": "8"}),  # 4 request VCs: 2 for the 7 peers
+    ("destination_same_buffer", {"link.vc_depth_flits": "455"}),  # class_8's buffer per link over 18 VCs
     ("destination_window_16k", {"collective.outstanding_bytes_per_sm": "16384"}),
     ("destination_window_unbounded", {"collective.outstanding_bytes_per_sm": str(1 << 30)}),
 )
@@ -166,11 +167,12 @@ def budget(tokens: int = 128) -> dict[str, dict[str, float]]:
 
 #: what docs/moe.md calls each budget case
 CASE_NAMES = {
-    "presets": "the presets (a VC per destination, 16 VCs of 1,024 flits)",
+    "presets": "the presets (a VC per destination, 18 VCs of 1,024 flits)",
     "class_8": "a VC per traffic class, 8 VCs (the presets before)",
-    "class_16": "a VC per traffic class, 16 VCs",
-    "destination_8": "a VC per destination on 8 VCs (the 7 peers share 3 request VCs)",
-    "destination_same_buffer": "a VC per destination, 512 flits per VC (the class presets' buffer per link)",
+    "class_18": "a VC per traffic class, 18 VCs",
+    "destination_16": "a VC per destination on 16 VCs (the 7 peers share 6 request VCs)",
+    "destination_8": "a VC per destination on 8 VCs (the 7 peers share 2 request VCs)",
+    "destination_same_buffer": "a VC per destination, 455 flits per VC (the class presets' buffer per link)",
     "destination_window_16k": "a VC per destination, in-flight window per block 16 KB (presets: 64 KB)",
     "destination_window_unbounded": "a VC per destination, in-flight window unbounded",
 }

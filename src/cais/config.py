@@ -401,7 +401,7 @@ class CollectiveConfig(_Strict):
     release_drain: bool = knob(True, description="vLLM's two-shot: its release between the stages first waits for "
                                                  "the block's last stage-1 sums to be written (the last window's "
                                                  "stores at the block's share of HBM bandwidth), beyond fence_us")
-    multimem_sync_us: float = knob(1.5, ge=0, description="PyTorch symmetric memory's cross-GPU syncs "
+    multimem_sync_us: float = knob(2.5, ge=0, description="PyTorch symmetric memory's cross-GPU syncs "
                                                           "(sync_remote_blocks: put_signal / wait_signal on the "
                                                           "signal pads at system scope, acquire at the start, "
                                                           "release at the end) in the multimem all-reduce: their "

@@ -48,12 +48,14 @@ pub(crate) struct PacketBook {
     vcmap: Py<PyAny>,
     wires: Memo<(i64, i64)>,
     vcs: Memo<i64>,
-    /// `Some(VCs per set)` under the `destination` policy (`VcMap`: a unicast packet's
-    /// VC by its destination's place among the sender's peers; read requests keep
-    /// theirs).
+    /// `Some(VCs per set)` under the `destination` policy (`VcMap`: a bulk request's
+    /// VC by its destination's place among the sender's peers; read requests and flags
+    /// keep theirs).
     per_destination: Option<i64>,
-    /// The VC read requests keep under `destination` (`Traffic.LOAD` in the request set).
-    load_vc: i64,
+    /// The request VCs read requests and flags keep under `destination`.
+    kept: (i64, i64),
+    /// The request VCs bulk requests spread over, by destination, under `destination`.
+    bulk: Vec<i64>,
     /// GPUs in the system (a destination's place among a sender's peers is modulo this).
     gpus: i64,
 }
@@ -67,14 +69,19 @@ impl PacketBook {
         } else {
             None
         };
-        let load_vc = map.getattr("load_vc")?.extract::<i64>()?;
+        let kept = (
+            map.getattr("load_vc")?.extract::<i64>()?,
+            map.getattr("sync_vc")?.extract::<i64>()?,
+        );
+        let bulk = map.getattr("bulk_vcs")?.extract::<Vec<i64>>()?;
         Ok(PacketBook {
             pk,
             vcmap,
             wires: Memo::new(),
             vcs: Memo::new(),
             per_destination,
-            load_vc,
+            kept,
+            bulk,
             gpus: gpus.max(1),
         })
     }
@@ -108,10 +115,10 @@ impl PacketBook {
         let peer = (dst - src - 1).rem_euclid(self.gpus);
         if vc >= half {
             half + peer % half
-        } else if vc == self.load_vc || half == 1 {
+        } else if vc == self.kept.0 || vc == self.kept.1 || self.bulk.is_empty() {
             vc
         } else {
-            1 + peer % (half - 1)
+            self.bulk[(peer as usize) % self.bulk.len()]
         }
     }
 

@@ -102,20 +102,25 @@ class VcMap:
     share when the set has more VCs than classes.
 
     ``destination`` gives every switch input a queue per output, as far as the VCs
-    go: a unicast packet's VC is picked by its destination's place among the
-    sender's peers, ``(dst - src - 1) mod n``, modulo the VCs it may use. Read
-    requests keep a VC of their own (the set's first), so loads never wait behind
-    stores or reductions (CAIS's traffic control holds under it); other requests use
-    the rest, responses the whole set. A multicast (no one destination) keeps its
-    class's VC, as under ``class``."""
+    go, for the bulk requests (stores, reductions and the release flags and fences that
+    must follow them): such a packet's VC is picked by its destination's place among
+    the sender's peers, ``(dst - src - 1) mod n``, modulo the request VCs left once read
+    requests and synchronisation (flags) keep a VC each, as under ``class`` (so loads
+    never wait behind stores or reductions, CAIS's traffic control, and a flag never
+    waits behind bulk data it does not follow). Responses use the whole response set
+    by destination. A multicast (no one destination) keeps its class's VC."""
 
-    __slots__ = ("policy", "half", "by_destination", "load_vc", "_table")
+    __slots__ = ("policy", "half", "by_destination", "load_vc", "sync_vc", "bulk_vcs", "_table")
 
     def __init__(self, link: LinkConfig) -> None:
         self.policy = link.vc_policy
         self.half = max(1, link.vcs // 2)
         self.by_destination = self.policy == "destination"
-        self.load_vc = int(Traffic.LOAD) % self.half  # the VC read requests keep under ``destination``
+        # under ``destination``: the request VCs loads and flags keep, and the rest, per destination
+        self.load_vc = int(Traffic.LOAD) % self.half
+        self.sync_vc = int(Traffic.SYNC) % self.half
+        kept = {self.load_vc, self.sync_vc}
+        self.bulk_vcs = tuple(v for v in range(self.half) if v not in kept) or (self.half - 1,)
         self._table: dict[tuple[int, int], int] = {}
 
     def at(self, vc: int, src: int, dst: int, n: int) -> int:
@@ -127,9 +132,9 @@ class VcMap:
         peer = (dst - src - 1) % n
         if vc >= self.half:  # a response
             return self.half + peer % self.half
-        if vc == self.load_vc or self.half == 1:  # read requests keep their VC
+        if vc in (self.load_vc, self.sync_vc):  # read requests and flags keep their VCs
             return vc
-        return 1 + peer % (self.half - 1)
+        return self.bulk_vcs[peer % len(self.bulk_vcs)]
 
     def vc(self, kind: int, traffic: int | None = None, stream: int = 0, src: int = -1, dst: int = -1,
            n: int = 1) -> int:
