@@ -477,11 +477,14 @@ def cmd_run(args: argparse.Namespace) -> None:
     from cais.workload.moe import MoeSpec
 
     spec = LayerSpec(args.model, args.scheme, args.mode, _system_spec(args), args.sms, args.batch, args.seq,
-                     sim=args.sim, attention=args.attention or "tp")
+                     sim=args.sim, attention=args.attention or "tp", expert_tp=args.expert_tp or 1)
     cfg, overrides, model = built = spec.build()
     if args.attention and not isinstance(model, MoeSpec):
         raise UserError(f"attention: it sets a mixture-of-experts layer's attention; {model.name} is dense "
                         "(its attention is under the scheme's TP)")
+    if args.expert_tp and not isinstance(model, MoeSpec):
+        raise UserError(f"expert_tp: it splits a mixture-of-experts layer's experts; {model.name} is dense "
+                        "(its MLP is under the scheme's TP)")
     _check_outputs(args)
     rec = _recorder(args)
     with _progress(args) as progress, _offer_mirror(args, cfg, lambda: replace(spec, sim="mirror").check(built)):
@@ -544,7 +547,9 @@ def _print_layer(system: str, model: ModelSpec | MoeSpec, r: LayerResult) -> Non
 def _print_moe(r: LayerResult) -> None:
     """A MoE layer's expert block: its EP kernel, times and routing imbalance."""
     mo = r.moe or {}
-    Console().print(f"experts: EP {mo['ep']} with the '{mo['kernel']}' kernel, attention {mo['attention']}, "
+    etp = f" x expert TP {mo['expert_tp']} (expert-TP collectives {mo['expert_tp_us']:,.1f} us)" \
+        if int(str(mo.get("expert_tp", 1))) > 1 else ""
+    Console().print(f"experts: EP {mo['ep']}{etp} with the '{mo['kernel']}' kernel, attention {mo['attention']}, "
                     f"{mo['tokens_per_rank']} tokens per GPU, top-{mo['topk']} of {mo['experts']}; dispatch "
                     f"{mo['dispatch_us']:,.1f} us, combine {mo['combine_us']:,.1f} us, grouped GEMMs "
                     f"{mo['grouped_gemm_us']:,.1f} us, shared experts {mo['shared_us']:,.1f} us (backward included); "
@@ -1024,7 +1029,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--seq", type=_positive_int, default=None, help="tokens per sequence (default: the model preset's)")
     r.add_argument("--attention", choices=("tp", "dp"), default=None,
                    help="a mixture-of-experts model's attention: tp (TP over the GPUs with sequence parallelism; "
-                        "default) or dp (each GPU its own batch); its experts run EP over every GPU (docs/moe.md)")
+                        "default) or dp (each GPU its own batch) (docs/moe.md)")
+    r.add_argument("--expert-tp", type=_positive_int, default=None, metavar="N",
+                   help="a mixture-of-experts model's expert tensor parallelism: each expert's FFN split over N GPUs, "
+                        "EP over the GPUs / N (default 1; nccl, allgather and deepep kernels; docs/moe.md)")
     r.add_argument("--json", action="store_true", help="print the result (every metric) as JSON instead of a table")
     _sim_option(r)
     _launch_option(r, "Default: the system's (fitted on every preset); a --set gpu.launch wins")

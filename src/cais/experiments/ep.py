@@ -30,8 +30,9 @@ from cais.engine.sim import fewer_collections
 from cais.errors import UserError
 from cais.limits import EVENTS_PER_TRAIN, check_events
 from cais.kernels import ep_deepep, ep_deepep_ll, ep_nccl, ep_switch
+from cais.kernels.collectives import CollectiveSpec, build
 from cais.kernels.ep_common import EP_DTYPES, EP_OPS, EpCall, EpConstants, ep_constants
-from cais.kernels.ep_registry import EP_KERNELS, EpKernels, on_switch
+from cais.kernels.ep_registry import EP_KERNELS, EpKernels, expert_tp_form, on_switch
 from cais.machine import Machine
 from cais.workload.moe import MoeSpec
 from cais.workload.numerics import swiglu
@@ -208,12 +209,18 @@ def _run(cfg: SystemConfig, mod: EpKernels, call: EpCall, fill: dict[str, list[n
 
 
 def functional_check(cfg: SystemConfig, kernel: str, call: EpCall, seed: int = 0, x: np.ndarray | None = None,
-                     expert: Callable[[int, np.ndarray], np.ndarray] | None = None) -> bool:
+                     expert: Callable[[int, np.ndarray], np.ndarray] | None = None,
+                     reference: np.ndarray | None = None, expert_tp: int = 1,
+                     partial: Callable[[int, int, np.ndarray], np.ndarray] | None = None) -> bool:
     """Dispatch ``x`` ([ranks, tokens, hidden]; default integer-valued) with ``kernel``,
     apply each rank's experts (``expert(e, row)``; default ``row @ A_e``, integer-valued,
     so every sum is exact) to what arrived, combine, and compare every rank's output
-    with the unsharded layer's ``sum_k w_k expert(e_k, x)``; also that every (token,
-    rank) or (token, expert) row arrived once (conservation)."""
+    with ``reference`` (default: the layer's ``sum_k w_k expert(e_k, x)`` over the
+    call's routing); also that every (token, rank) or (token, expert) row arrived once
+    (conservation). With ``expert_tp`` > 1 under ``nccl`` (the routing over expert-TP
+    slots, cais.workload.routing ``group`` form), the rows arrived at each expert-TP
+    group go through the group's ring AllGather, each GPU's slot of the experts
+    (``partial(slot, e, rows)``) and the ring ReduceScatter (:func:`expert_tp_rows`)."""
     mod = check_args(kernel, call.op, call.dtype)
     cfg = on_switch(cfg, mod)
     rt, n, T, K, h = call.routing, cfg.gpus, call.routing.tokens, call.routing.topk, call.hidden
@@ -225,13 +232,15 @@ def functional_check(cfg: SystemConfig, kernel: str, call: EpCall, seed: int = 0
 
         def expert(e: int, row: np.ndarray) -> np.ndarray:
             return row @ A[e]
-    ref = np.zeros((n, T, h))
-    for g in range(n):
-        for t in range(T):
-            for k in range(K):
-                e = rt.topk_idx[g, t, k]
-                if e >= 0:
-                    ref[g, t] += rt.weights[g, t, k] * expert(int(e), x[g, t])
+    ref = reference
+    if ref is None:
+        ref = np.zeros((n, T, h))
+        for g in range(n):
+            for t in range(T):
+                for k in range(K):
+                    e = rt.topk_idx[g, t, k]
+                    if e >= 0:
+                        ref[g, t] += rt.weights[g, t, k] * expert(int(e), x[g, t])
     d = EpCall("dispatch", rt, h, call.dtype, call.sms, call.host_sync, call.constants)
     c = EpCall("combine", rt, h, "bf16", call.sms, call.host_sync, call.constants)
     m1 = _run(cfg, mod, d, {"x": list(x)})
@@ -248,7 +257,19 @@ def functional_check(cfg: SystemConfig, kernel: str, call: EpCall, seed: int = 0
 
     outs: list[np.ndarray] = []
     ok = True
-    for r in range(n):
+    if expert_tp > 1 and kernel == "nccl":
+        assert partial is not None
+        layouts = ep_nccl.recv_layout(d)
+        for r in range(n):
+            ok &= all(np.array_equal(recv[r][i], x[g, t]) for i, (g, t, _) in enumerate(layouts[r]))
+        rows = [recv[r][:len(layouts[r])] for r in range(n)]
+        experts = [[int(rt.topk_idx[g, t, k]) for g, t, k in layouts[r]] for r in range(n)]
+        full = expert_tp_rows(cfg, rows, experts, expert_tp, partial)
+        outs = [np.array([rt.weights[g, t, k] * full[r][i] for i, (g, t, k) in enumerate(layouts[r])]).reshape(-1)
+                for r in range(n)]
+    elif expert_tp > 1:
+        raise ValueError(f"expert_tp {expert_tp}: only the nccl kernel runs the expert-TP group's collectives")
+    for r in range(n if not outs else 0):
         if kernel == "deepep":
             layout = ep_deepep.recv_layout(d)[r]
             ok &= all(np.array_equal(recv[r][i], x[g, t]) for i, (g, t) in enumerate(layout))
@@ -286,12 +307,54 @@ def functional_check(cfg: SystemConfig, kernel: str, call: EpCall, seed: int = 0
     return ok
 
 
+def expert_tp_rows(cfg: SystemConfig, rows: list[np.ndarray], experts: list[list[int]], tp: int,
+                   partial: Callable[[int, int, np.ndarray], np.ndarray]) -> list[np.ndarray]:
+    """Expert TP's part of a functional run (Megatron-Core's all-to-all dispatcher,
+    module cais.workload.moe_dataflow): every GPU's received ``rows`` (its ``experts``,
+    one per row) all-gathered over its expert-TP group (``tp`` consecutive GPUs) by
+    NCCL's ring, each GPU's slot ``g % tp`` of every gathered row's expert
+    (``partial(slot, e, row)``: a partial sum), and the ring ReduceScatter of those
+    back to the GPU that received the row: each GPU's rows, summed over the slots. The
+    collectives are the layer's (kernels/collectives.py ring over ``groups``), every
+    shard padded to the most rows a GPU received."""
+    n = len(rows)
+    h = rows[0].shape[1] if rows and rows[0].ndim == 2 else 0
+    most = max(1, max(len(r) for r in rows))
+    groups = tuple(tuple(range(first, first + tp)) for first in range(0, n, tp))
+
+    def ring(op: str, fill: list[np.ndarray], out_elems: int) -> list[np.ndarray]:
+        m = Machine(cfg, functional=True)
+        count = tp * most * h
+        for g in range(n):
+            m.gpus[g].memory.alloc("tp_in", fill[g].size, fill=fill[g])
+            m.gpus[g].memory.alloc("tp_out", out_elems)
+        spec = CollectiveSpec(op, "ring", count, 2, "tp_in", "tp_out", groups=groups)
+        for gpu, k in zip(m.gpus, build(m, spec)):
+            gpu.launch(k, m.launch_ps)
+        m.run()
+        return [m.gpus[g].memory.buffers["tp_out"].reshape(-1, h) for g in range(n)]
+
+    padded = [np.vstack([r.reshape(-1, h), np.zeros((most - len(r), h))]) for r in rows]
+    gathered = ring("allgather", padded, tp * most * h)
+    partials = []
+    for g in range(n):
+        first = g - g % tp
+        out = np.zeros((tp * most, h))
+        for member in range(tp):
+            for i, e in enumerate(experts[first + member]):
+                out[member * most + i] = partial(g % tp, e, gathered[g][member * most + i])
+        partials.append(out)
+    reduced = ring("reducescatter", partials, most * h)
+    return [reduced[g][:len(rows[g])] for g in range(n)]
+
+
 #: the largest expert block (experts x hidden x expert FFN) functional mode runs: real
 #: data for every expert's weights
 FUNCTIONAL_EXPERT_ELEMS = 1 << 22
 
 
-def expert_block_check(cfg: SystemConfig, kernel: str, moe: MoeSpec, routing: Routing, seed: int = 0) -> bool:
+def expert_block_check(cfg: SystemConfig, kernel: str, moe: MoeSpec, routing: Routing, seed: int = 0,
+                       expert_tp: int = 1) -> bool:
     """Functional mode of a MoE layer's expert block under ``kernel``: every GPU's
     routed rows (``routing``, the layer period's: tokens, top-k, group-limited experts;
     gate weights made multiples of 1/4) on the Q10 grid of the dense path's functional
@@ -299,8 +362,12 @@ def expert_block_check(cfg: SystemConfig, kernel: str, moe: MoeSpec, routing: Ro
     experts (gate/up GEMM, ``swiglu`` rounded to the grid, down GEMM, weights on the
     grid) and the combine; every GPU's output must equal the unsharded block's
     ``sum_k w_k expert_k(x)`` bit for bit (the shared experts are local: no exchange),
-    every row arriving once (:func:`functional_check`). A UserError for a block too
-    large to hold in numpy (:data:`FUNCTIONAL_EXPERT_ELEMS`)."""
+    every row arriving once (:func:`functional_check`). With ``expert_tp`` > 1 the
+    routing is over expert-TP slots (cais.workload.routing.expert_tp_routing) and each
+    slot computes its share of the expert's FFN (gate/up columns, down rows: a partial
+    sum), reduced by the expert-TP group's ReduceScatter or by the combine as the
+    kernel's stack does it; the output must still equal the unsharded block's. A
+    UserError for a block too large to hold in numpy (:data:`FUNCTIONAL_EXPERT_ELEMS`)."""
     h, f = moe.hidden, moe.expert_ffn_hidden
     if moe.experts * h * f > FUNCTIONAL_EXPERT_ELEMS:
         raise UserError(f"functional: {moe.name}'s experts hold {moe.experts * h * f:,} weights of each kind, over "
@@ -315,4 +382,29 @@ def expert_block_check(cfg: SystemConfig, kernel: str, moe: MoeSpec, routing: Ro
         gu = row @ w1[e]
         return swiglu(gu[:f], gu[f:]) @ w2[e]
     call = EpCall("dispatch", rt, h, "bf16")
-    return functional_check(cfg, kernel, call, seed, x, expert)
+    if expert_tp == 1:
+        return functional_check(cfg, kernel, call, seed, x, expert)
+    fl, per = f // expert_tp, rt.per_rank  # one slot's FFN width; local experts per GPU (as per EP rank)
+    group = expert_tp_form(EP_KERNELS[kernel], expert_tp, kernel) == "group"  # else the combine adds the slots
+    if not group and rt.topk % expert_tp == 0:  # a token's slots of one expert carry its one gate weight
+        w = rt.weights.reshape(rt.ranks, rt.tokens, -1, expert_tp)[..., :1]
+        w = np.repeat(w, expert_tp, axis=3).reshape(rt.weights.shape)
+        rt = Routing(rt.topk_idx, w, rt.experts, rt.pad_rows, rt.source)
+        call = EpCall("dispatch", rt, h, "bf16")
+
+    def real(v: int) -> int:  # virtual expert (EP rank r's slot j, local l) -> its expert
+        return v // per // expert_tp * per + v % per
+
+    def partial(j: int, e: int, row: np.ndarray) -> np.ndarray:  # slot j of expert e: its FFN units j*fl..
+        cols = slice(j * fl, (j + 1) * fl)
+        gu = row @ w1[e]
+        return swiglu(gu[:f][cols], gu[f:][cols]) @ w2[e][cols]
+    ref = np.zeros((rt.ranks, rt.tokens, h))  # the unsharded block over the tokens' experts
+    seen = np.zeros((rt.ranks, rt.tokens, moe.experts), dtype=bool)
+    for g, t, k in zip(*np.nonzero(rt.topk_idx >= 0)):
+        e = real(int(rt.topk_idx[g, t, k]))
+        if not seen[g, t, e]:  # the all form lists each expert once per slot, with the same weight
+            seen[g, t, e] = True
+            ref[g, t] += rt.weights[g, t, k] * expert(e, x[g, t])
+    return functional_check(cfg, kernel, call, seed, x, lambda v, row: partial(v // per % expert_tp, real(v), row),
+                            ref, expert_tp if group else 1, lambda j, v, row: partial(j, real(v), row))

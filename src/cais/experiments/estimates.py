@@ -173,6 +173,8 @@ def moe_period_events(cfg: SystemConfig, period: Period, dtype_bytes: int, modul
                 tbs += sms
             elif seg.kind == "expert_act":
                 tbs += row_tbs(seg.m or rows)
+            elif seg.kind == "expert_tp":  # a ring over the expert-TP group: the rows it gathers or reduces
+                moved += period.expert_tp * rows * d.hidden * dtype_bytes
             else:  # route, permute: a copy on at most every SM
                 tbs += sms
         elif isinstance(seg, Chain):

@@ -22,6 +22,7 @@ from cais.experiments.ep import expert_block_check
 from cais.experiments.token import TokenTime, token_time
 from cais.results import LinkUtil, Recorder, RunMetrics, run_metrics
 from cais.results.metrics import mirrored
+from cais.kernels.ep_registry import EP_KERNELS, expert_tp_form
 from cais.schemes import MOE_FAMILY, get_scheme, moe_schemes
 from cais.schemes.base import LayerRun, Scheme
 from cais.schemes.ep import FUSED_MARK
@@ -29,7 +30,7 @@ from cais.workload import reference as ref
 from cais.workload.footprint import Footprint, check_fits, footprint
 from cais.workload.graph import Chain, MoeStep, Period, build_period
 from cais.workload.moe import MoeSpec
-from cais.workload.moe_dataflow import attention_model, build_moe_period
+from cais.workload.moe_dataflow import attention_model, build_moe_period, ep_plan
 from cais.workload.routing import imbalance
 from cais.provenance import Provenance
 from cais.workload.models import ModelSpec
@@ -354,7 +355,7 @@ def mode_notes(sch: Scheme, cfg: SystemConfig, mode: str) -> dict[str, str]:
 
 
 def check_layer(cfg: SystemConfig, model: ModelSpec | MoeSpec, scheme: str, mode: str, sms: int | None = None,
-                sim: str = "full", attention: str = "tp") -> None:
+                sim: str = "full", attention: str = "tp", expert_tp: int = 1) -> None:
     """Raise the UserError :func:`run_layer` would raise before simulating anything (an
     unknown scheme or mode, a bad ``sms``, a switch model the scheme cannot run on
     (``SwitchMismatch``), ``sim='mirror'`` on a run that is not symmetric, a model that
@@ -364,8 +365,9 @@ def check_layer(cfg: SystemConfig, model: ModelSpec | MoeSpec, scheme: str, mode
     _check_sms(cfg, sms)
     _check_family(sch, model)
     if isinstance(model, MoeSpec):
-        _check_moe(cfg, model, sch, mode, sim, attention)
+        _check_moe(cfg, model, sch, mode, sim, attention, expert_tp)
         return
+    _check_dense_expert_tp(model, expert_tp)
     switch = sch.switch_model(cfg.switch.model)  # a scheme on a switch without what it needs (SwitchMismatch)
     sch.vc_policy_for(cfg.link.vc_policy)  # a VC policy that undoes the scheme (VcMismatch)
     keep = _keeps_inputs(sch, cfg, mode)  # a weight-gradient dataflow it cannot run (WgradMismatch)
@@ -379,19 +381,21 @@ def check_layer(cfg: SystemConfig, model: ModelSpec | MoeSpec, scheme: str, mode
 def run_layer(cfg: SystemConfig, model: ModelSpec | MoeSpec, scheme: str, mode: str, sms: int | None = None,
               functional: bool = False, seed: int = 0, p_drop: float = 0.1, regather: bool = True,
               recorder: Recorder | None = None, progress: RunProgress | None = None,
-              sim: str = "full", attention: str = "tp") -> LayerResult:
+              sim: str = "full", attention: str = "tp", expert_tp: int = 1) -> LayerResult:
     """Simulate one period of ``model`` under ``scheme`` on ``cfg`` (``sms`` per GPU); a
     ``recorder``, if given, records the run (each GPU's part of every segment is marked
     on its ``segments`` track). A MoE model (:class:`~cais.workload.moe.MoeSpec`) runs
     under an EP scheme (cais.schemes.ep), its attention under TP or data parallel
-    (``attention``: cais.workload.moe_dataflow)."""
+    (``attention``) and its experts split ``expert_tp`` ways (cais.workload.moe_dataflow)."""
     sch = get_scheme(scheme)
     _check_sms(cfg, sms)
     if sms is not None:
         cfg = cfg.with_overrides(gpu={**cfg.gpu.model_dump(), "sms": sms})
     _check_family(sch, model)
     if isinstance(model, MoeSpec):
-        return _run_moe(cfg, model, sch, mode, functional, seed, p_drop, recorder, progress, sim, attention)
+        return _run_moe(cfg, model, sch, mode, functional, seed, p_drop, recorder, progress, sim, attention,
+                        expert_tp)
+    _check_dense_expert_tp(model, expert_tp)
     switch = sch.switch_model(cfg.switch.model)  # auto resolved; a switch it cannot run on refused
     if switch != cfg.switch.model:
         cfg = cfg.with_overrides(switch={**cfg.switch.model_dump(), "model": switch})
@@ -463,37 +467,57 @@ def _check_family(sch: Scheme, model: ModelSpec | MoeSpec) -> None:
                         "scheme (see 'cais schemes')")
 
 
-def moe_period(cfg: SystemConfig, model: MoeSpec, mode: str, attention: str, seed: int) -> Period:
+def _check_dense_expert_tp(model: ModelSpec, expert_tp: int) -> None:
+    if expert_tp != 1:
+        raise UserError(f"expert_tp: it splits a mixture-of-experts layer's experts; {model.name} is dense (got "
+                        f"{expert_tp}; allowed: 1)")
+
+
+def moe_period(cfg: SystemConfig, model: MoeSpec, mode: str, attention: str, seed: int, expert_tp: int = 1,
+               form: str = "group") -> Period:
     """The MoE period a run of ``model`` on ``cfg`` simulates, its routing drawn as the
     system's ``moe`` settings say (:class:`cais.config.MoeConfig`: the generator, its
-    seed (default: the run's ``seed``) and skew)."""
+    seed (default: the run's ``seed``) and skew), its experts split ``expert_tp`` ways
+    as the EP kernel's stack sends them (``form``: cais.workload.routing.expert_tp_routing)."""
     rc = cfg.moe
-    return build_moe_period(model, cfg.gpus, mode, attention, seed, rc.routing, rc.seed, **rc.generator_kwargs())
+    return build_moe_period(model, cfg.gpus, mode, attention, seed, rc.routing, rc.seed, expert_tp, form,
+                            **rc.generator_kwargs())
 
 
-def _check_moe(cfg: SystemConfig, model: MoeSpec, sch: Scheme, mode: str, sim: str, attention: str) -> Period:
+def _expert_tp_form(sch: Scheme, model: MoeSpec, n: int, expert_tp: int) -> str:
+    """How ``sch``'s EP kernel runs ``expert_tp`` (a UserError where the plan does not
+    split ``model`` over ``n`` GPUs, or no stack runs the kernel with expert TP)."""
+    ep_plan(model, n, expert_tp)
+    module = EP_KERNELS[getattr(sch, "kernel", "")]
+    return expert_tp_form(module, expert_tp, getattr(sch, "kernel", ""))
+
+
+def _check_moe(cfg: SystemConfig, model: MoeSpec, sch: Scheme, mode: str, sim: str, attention: str,
+               expert_tp: int = 1) -> Period:
     """The MoE period to run; a UserError (one line) for what a MoE run cannot do."""
     if sim != "full":
         raise UserError(f"sim: a MoE layer runs every GPU ('full'); got '{sim}'")
-    period = moe_period(cfg, model, mode, attention, 0)
+    form = _expert_tp_form(sch, model, cfg.gpus, expert_tp)
+    period = moe_period(cfg, model, mode, attention, 0, expert_tp, form)
     dm = attention_model(model)
     _check_size(cfg, dm, sch, mode, period)
     return period
 
 
 def _run_moe(cfg: SystemConfig, model: MoeSpec, sch: Scheme, mode: str, functional: bool, seed: int, p_drop: float,
-             recorder: Recorder | None, progress: RunProgress | None, sim: str, attention: str) -> LayerResult:
+             recorder: Recorder | None, progress: RunProgress | None, sim: str, attention: str,
+             expert_tp: int = 1) -> LayerResult:
     """:func:`run_layer` for a MoE layer: its period (cais.workload.moe_dataflow) on the
     dense path's machine, LayerRun and kernels, run by the EP scheme."""
     switch = sch.switch_model(cfg.switch.model)
     if switch != cfg.switch.model:
         cfg = cfg.with_overrides(switch={**cfg.switch.model_dump(), "model": switch})
-    _check_moe(cfg, model, sch, mode, sim, attention)
-    period = moe_period(cfg, model, mode, attention, seed)
+    _check_moe(cfg, model, sch, mode, sim, attention, expert_tp)
+    period = moe_period(cfg, model, mode, attention, seed, expert_tp, _expert_tp_form(sch, model, cfg.gpus, expert_tp))
     bad: list[str] = []
     if functional:  # the expert block's data, exactly (its attention part is the dense path's, checked there)
         assert period.routing is not None
-        if not expert_block_check(cfg, getattr(sch, "kernel", ""), model, period.routing, seed):
+        if not expert_block_check(cfg, getattr(sch, "kernel", ""), model, period.routing, seed, expert_tp):
             bad.append("expert_block")
     dm = attention_model(model)
     if progress is not None:
@@ -530,7 +554,22 @@ def _run_moe(cfg: SystemConfig, model: MoeSpec, sch: Scheme, mode: str, function
         collectives_ran={f"{a}/{p}": k for (a, p), k in sorted(run.choices.items())},
         mismatches=bad, checked=1 if functional else 0,
         adjusted=dict(m.adjusted), moe={**moe_breakdown(period, segs, sch, attention),
-                                        "shared_overlap_us": _overlap_us(run, period), **group_tables(m)})
+                                        "shared_overlap_us": _overlap_us(run, period), **group_tables(m),
+                                        **_expert_tp_bytes(run, sch, period)})
+
+
+def _expert_tp_bytes(run: LayerRun, sch: Scheme, period: Period) -> dict[str, int]:
+    """The payload bytes one GPU's expert-TP collectives send (a ring AllGather or
+    ReduceScatter of ``count`` elements over ``expert_tp`` GPUs: ``(expert_tp - 1) /
+    expert_tp`` of it; 0 where the kernel's exchange does it or at expert TP 1)."""
+    tp, total = period.expert_tp, 0
+    spec_of = getattr(sch, "expert_tp_spec", None)
+    for seg in period.segments:
+        if isinstance(seg, MoeStep) and seg.kind == "expert_tp" and spec_of is not None:
+            spec = spec_of(run, seg)
+            if spec is not None:
+                total += (tp - 1) * (spec.count // tp) * spec.elem_bytes
+    return {"expert_tp_bytes": total}
 
 
 def group_tables(m: Machine) -> dict[str, int]:
@@ -560,14 +599,16 @@ def _overlap_us(run: LayerRun, period: Period) -> float:
 
 
 def moe_breakdown(period: Period, segs: dict[str, float], sch: Scheme, attention: str) -> dict[str, object]:
-    """A MoE layer's expert block: the EP kernel, how attention ran, the tokens each GPU
-    routes, the time (us, first kernel start to last end over the GPUs) of its
-    dispatches and combines (the backward's included: a combine's backward is a
-    dispatch), of its grouped GEMMs, of its fused blocks (an in-switch kernel's dispatch,
-    experts and combine in one kernel: ``fused_us``; its dispatch and combine are then 0)
-    and of the shared experts, and the routing's send
-    matrices with their imbalance (busiest endpoint over the mean): one row per
-    (token, destination rank) and per (token, expert)."""
+    """A MoE layer's expert block: the EP kernel, how attention ran, the EP degree and
+    expert TP, the tokens each GPU routes (the model's experts and top-k), the time
+    (us, first kernel start to last end over the GPUs) of its dispatches and combines
+    (the backward's included: a combine's backward is a dispatch), of its grouped GEMMs,
+    of its fused blocks (an in-switch kernel's dispatch, experts and combine in one
+    kernel: ``fused_us``; its dispatch and combine are then 0), of the shared experts
+    and of the expert-TP collectives (``expert_tp_us``), and the routing's send matrices
+    (over the GPUs; at expert TP > 1 over the (expert, slot) pairs the kernel sends)
+    with their imbalance (busiest endpoint over the mean): one row per (token,
+    destination rank) and per (token, expert)."""
     rt = period.routing
     assert rt is not None
     steps = [s for s in period.segments if isinstance(s, MoeStep)]
@@ -576,11 +617,15 @@ def moe_breakdown(period: Period, segs: dict[str, float], sch: Scheme, attention
         return sum(segs.get(name, 0.0) for name in names)
     per_rank, per_expert = rt.matrix("rank"), rt.matrix("expert")
     received = rt.expert_rows().sum(axis=0).reshape(rt.ranks, rt.per_rank).sum(axis=1)
-    return {"kernel": getattr(sch, "kernel", ""), "attention": attention, "ep": rt.ranks, "routing": rt.source,
-            "tokens_per_rank": rt.tokens, "experts": rt.experts, "topk": rt.topk,
+    tp = period.expert_tp
+    slots = tp if tp > 1 and expert_tp_form(EP_KERNELS[getattr(sch, "kernel", "")], tp) == "all" else 1
+    return {"kernel": getattr(sch, "kernel", ""), "attention": attention, "ep": rt.ranks // tp, "expert_tp": tp,
+            "routing": rt.source,
+            "tokens_per_rank": rt.tokens, "experts": rt.experts // tp, "topk": rt.topk // slots,
             "dispatch_us": total([s.name for s in steps if s.kind == "exchange" and s.kernel == "dispatch"]),
             "combine_us": total([s.name for s in steps if s.kind == "exchange" and s.kernel == "combine"]),
             "grouped_gemm_us": total([s.name for s in steps if s.kind == "grouped_gemm"]),
+            "expert_tp_us": total([s.name for s in steps if s.kind == "expert_tp"]),
             "fused_us": total([name for name in segs if FUSED_MARK in name]),
             "shared_us": total([s.name for s in period.segments if getattr(s, "side", False)]),
             "received_rows": received.tolist(),

@@ -83,6 +83,9 @@ class CollectiveSpec:
     staged: bool = False  # NVLS AllReduce through NCCL's staging buffers (kernels/nvls_staged.py)
     registered: bool = False  # custom*: the input is in vLLM's registered buffer (else copied into it first)
     row_elems: int = 4096  # fused*: elements per token row (sets the tokens, hence the path and the grid)
+    # Disjoint rings over subsets of the GPUs (an MoE layer's expert-TP groups), each running this collective
+    # (``count``: one group's buffer) at once; ring only. None: one ring over every GPU.
+    groups: tuple[tuple[int, ...], ...] | None = None
 
     def full(self, n: int, start: int) -> int:
         """Element offset in the whole-buffer side of logical element ``start``."""
@@ -218,20 +221,21 @@ def _ring_plan(spec: CollectiveSpec, n: int, channels: int, step: int) -> list[l
     return plans
 
 
-def _ring_tb(m: Machine, spec: CollectiveSpec, gpu: int, ch: int, plan: list[list[tuple[int, int]]],
-             state: _RingState, slot_elems: int, unit: int, key: int, proto: Protocol,
-             threads: int | None = None) -> TbProgram:
-    n, eb, isa, sim = m.n, spec.elem_bytes, m.isa, m.sim
+def _ring_tb(m: Machine, spec: CollectiveSpec, ring: tuple[int, ...], rank: int, ch: int,
+             plan: list[list[tuple[int, int]]], state: _RingState, slot_elems: int, unit: int, key: int,
+             proto: Protocol, threads: int | None = None) -> TbProgram:
+    """Channel ``ch`` of the GPU at position ``rank`` of ``ring`` (the GPUs in ring order)."""
+    n, eb, isa, sim = len(ring), spec.elem_bytes, m.isa, m.sim
+    gpu, nxt, prv = ring[rank], ring[(rank + 1) % n], ring[(rank - 1) % n]
     mem = m.gpus[gpu].memory
-    nxt, prv = (gpu + 1) % n, (gpu - 1) % n
     slots = m.cfg.collective.ring_slots
     op = spec.op
     steps = 2 * n - 2 if op == "allreduce" else n - 1
-    own = shard_bounds(spec.count, n)[gpu][0]
+    own = shard_bounds(spec.count, n)[rank][0]
     staging_base = ch * slots * slot_elems  # channels use distinct staging addresses
 
     def chunk_of(j: int) -> int:
-        return (gpu - j - 1) % n if op == "reducescatter" else (gpu - j) % n
+        return (rank - j - 1) % n if op == "reducescatter" else (rank - j) % n
 
     def slot(s: int, cnt: int) -> Region:
         return Region(spec.staging, staging_base + (s % slots) * slot_elems, cnt, eb)
@@ -315,14 +319,17 @@ def _ring_tb(m: Machine, spec: CollectiveSpec, gpu: int, ch: int, plan: list[lis
                 else:
                     post()
                 s_send += 1
-            start, cnt = chunks[chunk_of(steps)] if op != "reducescatter" else chunks[gpu]
+            start, cnt = chunks[chunk_of(steps)] if op != "reducescatter" else chunks[rank]
             data = yield from receive(steps - 1, start, cnt)
             mem.write(out(start, cnt), data)
     return program
 
 
 def ring_kernels(m: Machine, spec: CollectiveSpec) -> list[Kernel]:
-    n, cfg = m.n, m.cfg.collective
+    """One ring kernel per GPU: a ring over every GPU, or one per group of ``spec.groups``
+    (the same collective on each, at once; its flags and traffic apart)."""
+    rings = spec.groups or (tuple(range(m.n)),)
+    n, cfg = len(rings[0]), m.cfg.collective
     proto = protocol(spec.protocol)
     step = max(1, (cfg.ring_step_bytes if proto is SIMPLE else proto.step_bytes) // spec.elem_bytes)
     channels, threads = spec.channels or cfg.ring_channels, None
@@ -333,15 +340,16 @@ def ring_kernels(m: Machine, spec: CollectiveSpec) -> list[Kernel]:
     unit = m.cfg.unit_for(slot_elems * spec.elem_bytes)
     key = m.flag_key() * 1_000_003  # the flags of this collective: one per channel and slot
     state = _RingState(m.fabric.mirror)
-    kernels = []
     for gpu in m.gpus:  # the staging slots every channel writes into on its next GPU
         if gpu.memory.functional and spec.staging not in gpu.memory.buffers:
             gpu.memory.alloc(spec.staging, len(plans) * cfg.ring_slots * slot_elems)
-    for g in range(n):
-        tbs = [_ring_tb(m, spec, g, ch, plan, state, slot_elems, unit, key, proto, threads)
-               for ch, plan in enumerate(plans) if plan]
-        kernels.append(Kernel(f"ring-{spec.op}", tbs, spec.sms, role="communication"))
-    return kernels
+    by_gpu: dict[int, Kernel] = {}
+    for ring in rings:
+        for rank, g in enumerate(ring):
+            tbs = [_ring_tb(m, spec, ring, rank, ch, plan, state, slot_elems, unit, key, proto, threads)
+                   for ch, plan in enumerate(plans) if plan]
+            by_gpu[g] = Kernel(f"ring-{spec.op}", tbs, spec.sms, role="communication")
+    return [by_gpu[g] for g in range(m.n)]
 
 
 def production_spec(m: Machine, spec: CollectiveSpec) -> ProductionAr:
@@ -375,6 +383,10 @@ def build(m: Machine, spec: CollectiveSpec) -> list[Kernel]:
     (:mod:`cais.kernels.algorithms`), after checking the operation and protocol."""
     if spec.full_stride is not None and (spec.op == "allreduce" or spec.count % m.n):
         raise ValueError("a strided layout needs ReduceScatter or AllGather with equal shards")
+    if spec.groups is not None:
+        members = sorted(g for ring in spec.groups for g in ring)
+        if spec.algo != "ring" or members != list(range(m.n)) or len({len(r) for r in spec.groups}) != 1:
+            raise ValueError("groups: equal rings that partition the GPUs, under the ring algorithm")
     if spec.op not in OPS:
         raise UserError(f"op: unknown collective '{spec.op}'; valid: {', '.join(OPS)}")
     algo = algorithm(spec.algo)

@@ -27,6 +27,10 @@ from cais.machine import Machine
 PERMUTE = "receiver"
 #: Megatron-Core's shared-expert overlap is not offered with the all-gather dispatcher
 SHARED_OVERLAP = False
+#: expert TP > 1 as Megatron-Core's all-gather dispatcher runs it (NVIDIA/Megatron-LM@d98e8a64,
+#: ``MoEAllGatherTokenDispatcher``: its AllGather and ReduceScatter span the TP x EP group, so
+#: the ReduceScatter also adds the expert-TP partial sums; cais.workload.routing.expert_tp_routing)
+EXPERT_TP = "all"
 
 #: the NCCL collective each op is (for the event estimate, cais.experiments.estimates)
 COLLECTIVES = {"dispatch": "allgather", "combine": "reducescatter"}

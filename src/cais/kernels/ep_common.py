@@ -85,6 +85,7 @@ class EpCall:
     host_sync: bool = False
     constants: EpConstants | None = None
     chunk: int | None = None  # DeepEP normal: tokens per send round (None: its default config)
+    comm_ranks: int | None = None  # ranks of the kernel's communicator (expert TP's EP group); None: the routing's
 
     def __post_init__(self) -> None:
         if self.op not in EP_OPS:

@@ -57,6 +57,11 @@ PERMUTE = "receiver"
 #: the stacks that run DeepEP's normal kernels overlap the shared experts with the
 #: dispatch on the SMs the kernel leaves (the reason its SM count is a knob)
 SHARED_OVERLAP = True
+#: expert TP > 1 as Megatron-Core's flex dispatcher runs DeepEP (NVIDIA/Megatron-LM@d98e8a64,
+#: ``MoEFlexTokenDispatcher`` with ``_DeepepManager`` over the TP x EP group: the routing map
+#: expanded to every expert-TP slot, top-k x TP of experts x TP; the combine adds the partial
+#: sums; cais.workload.routing.expert_tp_routing)
+EXPERT_TP = "all"
 
 def recv_layout(call: EpCall) -> list[list[tuple[int, int]]]:
     """For each rank, its ``recv_x`` rows as (source rank, token): by source, then token

@@ -44,6 +44,11 @@ from cais.machine import Machine
 
 #: Megatron permutes the tokens by expert before the all-to-all (module doc)
 PERMUTE = "sender"
+#: expert TP > 1 as Megatron-Core's all-to-all dispatcher runs it
+#: (NVIDIA/Megatron-LM@d98e8a64, ``MoEAlltoAllTokenDispatcher``): the all-to-all among the
+#: EP ranks of one expert-TP slot, then the expert-TP group's AllGather and
+#: ReduceScatter (cais.workload.routing.expert_tp_routing)
+EXPERT_TP = "group"
 #: Megatron-Core overlaps the shared experts with the all-to-all dispatcher's communication
 #: (``moe_shared_expert_overlap``)
 SHARED_OVERLAP = True
@@ -127,7 +132,8 @@ def messages(cfg: SystemConfig, call: EpCall) -> list[tuple[int, int, int, bool]
                 continue
             chunks = -(-rows // step_rows)
             nbytes = rows * call.row_bytes
-            ll = p2p_protocol(nbytes, rt.ranks, call.consts.nccl_channels, cfg.collective.ring_step_bytes) == "ll"
+            ll = p2p_protocol(nbytes, call.comm_ranks or rt.ranks, call.consts.nccl_channels,
+                              cfg.collective.ring_step_bytes) == "ll"
             each = (2 if ll else 1) * nbytes // chunks
             out += [(chunks, each, cfg.unit_for(each), not ll), (0 if ll else chunks, 8, 8, False)]
     return out
@@ -174,7 +180,8 @@ def kernels(m: Machine, call: EpCall) -> list[Kernel]:
                 rows = range(r0, r0 + int(counts[peer, g]))
                 dst0 = int(seg[peer, g]) if len(rows) else 0
                 src_buf, dst_buf = "expert_out", "a2a_back"
-            proto = p2p_protocol(len(rows) * call.row_bytes, n, chans, m.cfg.collective.ring_step_bytes)
+            proto = p2p_protocol(len(rows) * call.row_bytes, call.comm_ranks or n, chans,
+                                 m.cfg.collective.ring_step_bytes)
             for a in range(0, len(rows), step_rows):
                 per_chan[j % chans].append(Move(g, peer, src_buf, rows[a:a + step_rows], dst_buf, dst0 + a,
                                                 protocol=proto if peer != g else ""))

@@ -12,7 +12,10 @@ EP kernel"):
   (after it, the rows a rank received; the default) or ``none`` (the kernel writes the
   experts' layout itself);
 * optional ``SHARED_OVERLAP``: whether the stacks that run it overlap the shared
-  experts with the dispatch on a side stream (default False).
+  experts with the dispatch on a side stream (default False);
+* optional ``EXPERT_TP``: how the stack that runs it runs expert TP > 1
+  (cais.workload.routing ``EXPERT_TP_FORMS``: ``group`` or ``all``); absent, the kernel
+  runs expert TP 1 only (no stack runs it with expert TP).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from cais.hw.switches import switch_model
 from cais.kernels import ep_allgather, ep_deepep, ep_deepep_ll, ep_nccl, ep_switch
 from cais.kernels.ep_common import EpCall
 from cais.machine import Machine
+from cais.workload.routing import EXPERT_TP_FORMS
 
 
 class EpKernels(Protocol):
@@ -81,3 +85,19 @@ def on_switch(cfg: SystemConfig, module: EpKernels) -> SystemConfig:
 def shared_overlap(module: EpKernels) -> bool:
     """Whether the stacks running ``module`` overlap the shared experts with its dispatch."""
     return bool(getattr(module, "SHARED_OVERLAP", False))
+
+
+def expert_tp_form(module: EpKernels, expert_tp: int, name: str = "") -> str:
+    """How the stack running ``module`` runs ``expert_tp`` (its ``EXPERT_TP``; ``group``
+    at expert TP 1, where the forms agree); a UserError (one line, naming ``expert_tp``
+    and the kernels that run it) where no stack runs the kernel with expert TP."""
+    form = getattr(module, "EXPERT_TP", None)
+    if form is not None and form not in EXPERT_TP_FORMS:
+        raise ValueError(f"{_name(module)}.EXPERT_TP: '{form}'; valid: {', '.join(EXPERT_TP_FORMS)}")
+    if expert_tp == 1:
+        return str(form or "group")
+    if form is None:
+        ok = [k for k, mod in EP_KERNELS.items() if getattr(mod, "EXPERT_TP", None)]
+        raise UserError(f"expert_tp: EP kernel '{name or _name(module)}' runs expert_tp 1 only (no stack runs it with "
+                        f"expert TP); expert_tp {expert_tp} runs with {', '.join(ok)}")
+    return str(form)

@@ -21,11 +21,26 @@ stacks overlap the shared experts with the dispatch
 (``SHARED_OVERLAP``), the shared experts run on a side stream on the SMs the EP kernel
 leaves, and the step after the dispatch waits for them (the experts' grouped GEMMs run
 after both, as the stacks order them); elsewhere in program order.
+
+Expert TP > 1 (the period's ``expert_tp``; cais.workload.moe_dataflow): the routing is
+over the GPUs' (expert, expert-TP slot) pairs, in the form the kernel's stack sends
+them (its ``EXPERT_TP``, cais.kernels.ep_registry). ``group`` (``nccl``: Megatron-Core's
+all-to-all dispatcher): the all-to-all stays among the EP ranks of one slot, and the
+expert-TP steps are NCCL's ring AllGather / ReduceScatter (kernels/collectives.py,
+one ring per expert-TP group, all at once; NCCL's protocol by size for a ring of
+``expert_tp``; the simulator's NVLS kernels span every GPU, so not NVLS) over the rows
+the group's GPUs received, every shard the largest any GPU received (Megatron passes
+the uneven split sizes; the padding is this model's); the experts' GEMMs take the
+group's rows. ``all`` (``allgather``, ``deepep``: Megatron-Core's all-gather and flex
+dispatchers): the exchange itself carries a token's rows to every slot and its combine
+adds the partial sums, so the expert-TP steps run nothing. Other kernels refuse
+expert TP > 1 (a UserError naming ``expert_tp``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -34,9 +49,11 @@ from cais.errors import UserError
 from cais.hw.gpu import Kernel
 from cais.kernels.activation import rows_activation_kernel
 from cais.kernels.ep_common import EpCall
-from cais.kernels.ep_registry import EP_KERNELS, EpKernels, permute_place, shared_overlap, switch_of
+from cais.kernels.collectives import CollectiveSpec, build
+from cais.kernels.ep_registry import EP_KERNELS, EpKernels, expert_tp_form, permute_place, shared_overlap, switch_of
 from cais.kernels.grouped_gemm import (GroupedGemm, grouped_bytes, grouped_gemm_ps, grouped_kernel,
                                        kgrouped_gemm_ps)
+from cais.kernels.tuning import choose
 from cais.schemes.base import NCCL_CHOICE, Deps, LayerRun, Scheme
 from cais.workload.graph import Chain, Gather, Local, MoeStep, Reduce, Segment
 from cais.workload.routing import Routing
@@ -66,7 +83,8 @@ class EpScheme(Scheme):
         if rt is None:
             raise UserError(f"scheme: '{self.name}' runs MoE layers; {r.model.name} is dense (use a dense scheme, "
                             "see 'cais schemes')")
-        counts = _received(rt)
+        tp = r.period.expert_tp
+        counts = _received(rt, tp if expert_tp_form(self.module, tp, self.kernel) == "group" else 1)
         sim, n = r.m.sim, r.m.n
         ready: Deps = [Signal() for _ in range(n)]
         for s in ready:
@@ -122,6 +140,8 @@ class EpScheme(Scheme):
         if isinstance(seg, Local):
             return self.local(r, seg, deps)
         assert isinstance(seg, MoeStep)
+        if seg.kind == "expert_tp":
+            return self.expert_tp_step(r, seg, deps)
         out = []
         for g in range(n):
             built = self._moe_kernel(r, g, seg, counts, sm_set)
@@ -160,10 +180,41 @@ class EpScheme(Scheme):
             return grouped_kernel(r.cm, seg.name, t - r.cm.kernel_overhead_ps, nbytes, sms, sm_set)
         raise ValueError(f"MoE step {seg.name}: unknown kind '{seg.kind}'")
 
+    def expert_tp_spec(self, r: LayerRun, seg: MoeStep) -> CollectiveSpec | None:
+        """The collective of expert-TP step ``seg`` (module doc): NCCL's ring over each
+        expert-TP group, every shard the largest number of rows a GPU received, in
+        NCCL's protocol by size for a ring of ``expert_tp``; None where the kernel's
+        exchange does it (the ``all`` form) or at expert TP 1."""
+        rt, tp = r.period.routing, r.period.expert_tp
+        assert rt is not None
+        if tp == 1 or expert_tp_form(self.module, tp, self.kernel) != "group":
+            return None
+        n, h, eb, c = r.m.n, r.d.hidden, r.model.dtype_bytes, r.m.cfg
+        rows = max(1, int(_received(rt).sum(axis=1).max()))
+        count = tp * rows * h
+        pick = choose(seg.kernel, count * eb, tp, sum(c.switch.links_per_gpu), c.collective.ring_channels,
+                      c.collective.nvls_channels, c.collective.tuning, "ring")
+        groups = tuple(tuple(range(first, first + tp)) for first in range(0, n, tp))
+        return CollectiveSpec(seg.kernel, "ring", count, eb, f"{seg.name}.in", f"{seg.name}.out",
+                              protocol=pick.protocol, groups=groups)
+
+    def expert_tp_step(self, r: LayerRun, seg: MoeStep, deps: Deps) -> Deps:
+        """Expert-TP step ``seg`` on every GPU after ``deps``: its ring collectives
+        (:meth:`expert_tp_spec`; counted in the run's choices), or nothing."""
+        spec = self.expert_tp_spec(r, seg)
+        if spec is None:
+            return deps
+        r.collectives += 1
+        r.choices[("ring", spec.protocol)] = r.choices.get(("ring", spec.protocol), 0) + 1
+        spec = replace(spec, staging=f"stage{r.collectives}", stream=r.collectives)
+        return [r.submit(g, k, [deps[g]], r.m.launch_ps, seg.name) for g, k in enumerate(build(r.m, spec))]
+
     def _exchange_kernels(self, r: LayerRun, seg: MoeStep, rt: Routing) -> list[Kernel]:
         """The EP kernel's dispatch or combine of ``hidden``-wide BF16 rows, one kernel
         per GPU; the forward dispatch waits for the receive counts on the host."""
-        call = EpCall(seg.kernel, rt, r.d.hidden, "bf16", None, host_sync=seg.name == "dispatch")
+        tp = r.period.expert_tp
+        comm = r.m.n // tp if tp > 1 and expert_tp_form(self.module, tp, self.kernel) == "group" else None
+        call = EpCall(seg.kernel, rt, r.d.hidden, "bf16", None, host_sync=seg.name == "dispatch", comm_ranks=comm)
         kernels = self.module.kernels(r.m, call)
         if len(kernels) != r.m.n:
             raise ValueError(f"EP kernel {self.kernel}: {len(kernels)} kernels for {r.m.n} GPUs")
@@ -237,10 +288,16 @@ def fused_name(dispatch: str, combine: str) -> str:
     return f"{dispatch}{FUSED_MARK}{combine}"
 
 
-def _received(rt: Routing) -> np.ndarray:
-    """[ranks, experts per rank]: the (token, expert) rows each rank's experts receive."""
+def _received(rt: Routing, tp: int = 1) -> np.ndarray:
+    """[ranks, experts per rank]: the (token, expert) rows each rank's experts receive;
+    with ``tp`` > 1, those its expert-TP group's GPUs (``tp`` consecutive ranks, each
+    holding a slot of the same experts) received together: the rows after the group's
+    AllGather."""
     per_expert = rt.expert_rows().sum(axis=0)
-    return per_expert.reshape(rt.ranks, rt.per_rank)
+    out = per_expert.reshape(rt.ranks, rt.per_rank)
+    if tp > 1:
+        out = np.repeat(out.reshape(rt.ranks // tp, tp, rt.per_rank).sum(axis=1), tp, axis=0)
+    return out
 
 
 def _permute_rows(place: str, rt: Routing, g: int, received: int) -> int:

@@ -26,7 +26,7 @@ from cais.workload.models import ModelSpec
 
 SHARDINGS = ("rows", "cols", "replicated", "partial", "heads")
 #: the kinds of a MoE period's expert block (cais.workload.moe_dataflow; graph.MoeStep)
-MOE_KINDS = ("route", "permute", "exchange", "grouped_gemm", "expert_act")
+MOE_KINDS = ("route", "permute", "exchange", "grouped_gemm", "expert_act", "expert_tp")
 OP_KINDS = ("gemm", "rowop", "attention", "activation", "reduce", "gather", *MOE_KINDS)
 
 

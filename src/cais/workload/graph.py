@@ -136,7 +136,9 @@ class MoeStep:
     ``route`` (top-k over the router's logits, or its backward), ``permute`` (token rows
     into or out of expert order), ``exchange`` (an EP dispatch or combine: ``kernel``),
     ``grouped_gemm`` (the experts' GEMMs; ``role`` fwd, dgrad: ``n`` x ``k`` per row;
-    wgrad: ``m`` x ``n`` per expert, K its rows) or ``expert_act`` (their activation).
+    wgrad: ``m`` x ``n`` per expert, K its rows), ``expert_act`` (their activation) or
+    ``expert_tp`` (expert TP's collective in each expert-TP group: ``kernel`` allgather
+    or reducescatter of the rows its GPUs received).
     Its rows on each GPU come from the period's routing; ``side``: on a side stream."""
 
     name: str
@@ -164,6 +166,7 @@ class Period:
     buffers: dict[str, tuple[int, int]] = field(default_factory=dict)
     graph: LayerGraph | None = field(default=None, compare=False, repr=False)  # what it was derived from
     routing: Routing | None = field(default=None, compare=False, repr=False)  # a MoE period's token routing
+    expert_tp: int = 1  # a MoE period's expert TP (its routing is then over (expert, slot) pairs: moe_dataflow)
 
     @property
     def chains(self) -> list[Chain]:

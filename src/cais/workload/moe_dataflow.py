@@ -9,7 +9,24 @@ Attention runs as the dense path runs it, under tensor parallelism over every GP
 ReduceScatter leaves each GPU ``T / n`` token rows, which it routes, and an AllGather
 before the next layer's QKV) or data parallel (``"dp"``: every GPU its own ``batch``
 sequences, whole heads, no collective outside the experts). The experts are split
-``ep`` = every GPU ways (expert TP 1).
+over ``ep`` = GPUs / ``expert_tp`` EP ranks, each expert's FFN ``expert_tp`` ways
+(expert tensor parallelism, as Megatron-Core's ``expert_tensor_parallel_size``:
+gate/up split by columns, down by rows, so the grouped GEMMs run ``F / expert_tp``
+wide and the down projection leaves partial sums). The GPUs are laid out as
+Megatron-Core's expert rank order ``tp-ep`` (expert TP fastest): GPU ``g`` is EP rank
+``g // expert_tp``, expert-TP slot ``g % expert_tp``; an expert-TP group is
+``expert_tp`` consecutive GPUs (cais.workload.routing.expert_tp_routing).
+
+With expert TP > 1 the forward adds, as Megatron-Core's all-to-all dispatcher
+(NVIDIA/Megatron-LM@d98e8a64, ``megatron/core/transformer/moe/token_dispatcher.py``,
+``MoEAlltoAllTokenDispatcher.dispatch_postprocess`` / ``combine_preprocess``; the
+experts' split in ``experts.py``), an AllGather of the received rows over the
+expert-TP group after the dispatch (``expert_tp_gather``) and a ReduceScatter of the
+down projection's partial sums before the combine (``expert_tp_reduce``); in training
+their conjugates (``*_bwd``: the ReduceScatter's backward an AllGather, the
+AllGather's a ReduceScatter). A kernel whose stack exchanges over every GPU at once
+(the ``all`` form: the all-gather and flex dispatchers) runs no such step: its
+exchange carries the rows to every slot and its combine adds the partial sums.
 
 Forward (program order; ``side``: the shared experts, on a side stream a scheme may
 overlap with the dispatch)::
@@ -39,8 +56,8 @@ from cais.workload.dataflow import GemmOperands, LayerGraph, Op
 from cais.workload.dims import MODES, Dims, dims_for
 from cais.workload.graph import Period, period_of
 from cais.workload.models import ModelSpec
-from cais.workload.moe import MoeSpec
-from cais.workload.routing import Routing, generate
+from cais.workload.moe import EpPlan, MoeSpec
+from cais.workload.routing import Routing, expert_tp_routing, generate
 
 ATTENTION_MODES = ("tp", "dp")
 
@@ -71,43 +88,66 @@ def routed_rows(d: Dims, attention: str) -> int:
     return d.rows_l if attention == "tp" else d.tokens
 
 
-def build_moe_graph(moe: MoeSpec, n: int, mode: str, attention: str = "tp", seed: int = 0) -> LayerGraph:
-    """The period of ``moe``'s MoE layer on ``n`` GPUs (EP over all of them) in ``mode``
-    (module doc)."""
-    if moe.experts % n:
+def ep_plan(moe: MoeSpec, n: int, expert_tp: int = 1) -> EpPlan:
+    """The split of ``moe``'s experts over ``n`` GPUs at ``expert_tp`` (EP over the rest);
+    a UserError (one line, naming the field and what it allows) where it does not split."""
+    if expert_tp <= 0 or n % expert_tp:
+        allowed = [k for k in range(1, n + 1) if n % k == 0 and moe.experts % (n // k) == 0
+                   and moe.expert_ffn_hidden % k == 0]
+        raise UserError(f"expert_tp: {expert_tp} does not divide the {n} GPUs; allowed: {', '.join(map(str, allowed))}")
+    if moe.experts % (n // expert_tp):
         allowed = [k for k in range(1, moe.experts + 1) if moe.experts % k == 0 and k <= 1024]
-        raise UserError(f"gpus: {n} EP ranks do not divide {moe.name}'s {moe.experts} experts; "
+        what = "EP ranks" if expert_tp == 1 else f"EP ranks ({n} GPUs / expert_tp {expert_tp})"
+        raise UserError(f"gpus: {n // expert_tp} {what} do not divide {moe.name}'s {moe.experts} experts; "
                         f"allowed: {', '.join(map(str, allowed))}")
+    # the experts' split only: attention's (TP over every GPU or data parallel) is moe_dims' to check
+    return EpPlan(gpus=n, ep=n // expert_tp, expert_tp=expert_tp, attention_tp=1).check(moe)
+
+
+def build_moe_graph(moe: MoeSpec, n: int, mode: str, attention: str = "tp", seed: int = 0,
+                    expert_tp: int = 1) -> LayerGraph:
+    """The period of ``moe``'s MoE layer on ``n`` GPUs (EP over ``n / expert_tp`` ranks,
+    each expert split ``expert_tp`` ways) in ``mode`` (module doc)."""
+    ep_plan(moe, n, expert_tp)
     d = moe_dims(moe, n, mode, attention)
     g = LayerGraph(d, mode, moe=True)
-    _MoeBuilder(g, moe, attention, seed).forward()
+    _MoeBuilder(g, moe, attention, seed, expert_tp).forward()
     if mode == "train":
-        _MoeBuilder(g, moe, attention, seed).backward()
+        _MoeBuilder(g, moe, attention, seed, expert_tp).backward()
     return g
 
 
 def build_moe_period(moe: MoeSpec, n: int, mode: str, attention: str = "tp", seed: int = 0,
-                     routing: str = "uniform", routing_seed: int | None = None, **routing_kwargs: float) -> Period:
+                     routing: str = "uniform", routing_seed: int | None = None, expert_tp: int = 1,
+                     form: str = "group", **routing_kwargs: float) -> Period:
     """The period a scheme runs (:func:`build_moe_graph`), with its tokens' routing drawn
     by ``routing`` (cais.workload.routing; DeepEP's tests' ``uniform`` by default, its
     skew in ``routing_kwargs``: ``alpha``, ``sigma``) from ``routing_seed`` (default:
-    ``seed``): each GPU routes :func:`routed_rows` tokens."""
-    graph = build_moe_graph(moe, n, mode, attention, seed)
+    ``seed``): each GPU routes :func:`routed_rows` tokens. At ``expert_tp`` > 1 the
+    routing is over the GPUs' (expert, expert-TP slot) pairs as the EP kernel's stack
+    sends them (``form``: cais.workload.routing.expert_tp_routing); the draw is the
+    same at every ``expert_tp``."""
+    graph = build_moe_graph(moe, n, mode, attention, seed, expert_tp)
     rows = routed_rows(graph.dims, attention)
+    ep = n // expert_tp
     rt: Routing = generate(routing, n, rows, moe.experts, moe.topk, seed if routing_seed is None else routing_seed,
-                           n_group=moe.n_group, topk_group=moe.topk_group, **routing_kwargs)  # type: ignore[arg-type]
-    return replace(period_of(graph), routing=rt)
+                           n_group=moe.n_group, topk_group=moe.topk_group, ep=ep,
+                           **routing_kwargs)  # type: ignore[arg-type]
+    return replace(period_of(graph), routing=expert_tp_routing(rt, ep, expert_tp, form), expert_tp=expert_tp)
 
 
 class _MoeBuilder:
     """Adds one MoE period's tensors and ops to a graph (module doc)."""
 
-    def __init__(self, g: LayerGraph, moe: MoeSpec, attention: str, seed: int) -> None:
+    def __init__(self, g: LayerGraph, moe: MoeSpec, attention: str, seed: int, expert_tp: int = 1) -> None:
         self.g, self.moe, self.tp, self.seed = g, moe, attention == "tp", seed
         d = g.dims
         self.T, self.h, self.rl = d.tokens, d.hidden, routed_rows(d, attention)
         self.F, self.E, self.K, self.S = moe.expert_ffn_hidden, moe.experts, moe.topk, moe.shared_experts
         self.sel = self.rl * self.K  # (token, expert) selections one GPU routes; the mean one receives
+        self.etp = expert_tp
+        self.Fl = self.F // expert_tp  # one GPU's slice of an expert's FFN width
+        self.gsel = self.sel * expert_tp  # the rows one GPU's expert GEMMs take (its expert-TP group's)
         self.rows_sh = "rows" if self.tp else "replicated"
 
     def t(self, name: str, local: tuple[int, int], sharding: str | None = None,
@@ -124,14 +164,17 @@ class _MoeBuilder:
 
     # ---- forward ---------------------------------------------------------------------
     def forward(self) -> None:
-        d, T, h, rl, F, E = self.g.dims, self.T, self.h, self.rl, self.F, self.E
+        d, T, h, rl, E = self.g.dims, self.T, self.h, self.rl, self.E
         qkv_w = (d.heads_l + 2 * d.kv_l) * d.head_dim
         for name, local in (("qkv", (T, qkv_w)), ("a", (T, d.q_l)), ("wo", (d.q_l, h)), ("w_router", (h, E)),
                             ("logits", (rl, E)), ("topk", (rl, 2 * self.K)), ("xp", (self.sel, h)),
-                            ("recv", (self.sel, h)), ("we1", (h, 2 * F)), ("ef", (self.sel, 2 * F)),
-                            ("eg", (self.sel, F)), ("we2", (F, h)), ("eo", (self.sel, h)), ("cb", (self.sel, h)),
+                            ("recv", (self.sel, h)), ("cb", (self.sel, h)),
                             ("wqkv_next", (h, qkv_w)), ("qkv_next", (T, qkv_w))):
             self.t(name, local)
+        Fl, gs = self.Fl, self.gsel
+        for name, local, split in (("we1", (h, 2 * Fl), "cols"), ("ef", (gs, 2 * Fl), "cols"),
+                                   ("eg", (gs, Fl), "cols"), ("we2", (Fl, h), "rows"), ("eo", (gs, h), "partial")):
+            self.t(name, local, "replicated" if self.etp == 1 else split)
         for name in ("x1", "zo", "x2", "n2", "zf", "x3", "n1"):
             self.t(name, (rl, h), self.rows_sh)
         attn_in = {"qkv": "qkv"}
@@ -155,10 +198,19 @@ class _MoeBuilder:
             self._shared_forward()
         self.step("permute", "permute", {"x": "n2", "topk": "topk"}, {"y": "xp"}, "permute")
         self.step("dispatch", "exchange", {"x": "xp"}, {"y": "recv"}, "dispatch")
-        self.step("expert_fc1", "grouped_gemm", {"a": "recv", "b": "we1"}, {"c": "ef"}, "fc1", "fwd", 0, 2 * F, h)
-        self.step("expert_act", "expert_act", {"f": "ef"}, {"g": "eg"}, "act", "fwd", 0, F)
-        self.step("expert_fc2", "grouped_gemm", {"a": "eg", "b": "we2"}, {"c": "eo"}, "fc2", "fwd", 0, h, F)
-        self.step("combine", "exchange", {"x": "eo"}, {"y": "cb"}, "combine")
+        xin, out = "recv", "eo"
+        if self.etp > 1:  # the expert-TP group's rows in, its partial sums reduced back out (module doc)
+            xin, out = "recv_g", "eo_r"
+            self.t("recv_g", (self.gsel, h))
+            self.t("eo_r", (self.sel, h))
+            self.step("expert_tp_gather", "expert_tp", {"x": "recv"}, {"y": "recv_g"}, "allgather")
+        Fl = self.Fl
+        self.step("expert_fc1", "grouped_gemm", {"a": xin, "b": "we1"}, {"c": "ef"}, "fc1", "fwd", 0, 2 * Fl, h)
+        self.step("expert_act", "expert_act", {"f": "ef"}, {"g": "eg"}, "act", "fwd", 0, Fl)
+        self.step("expert_fc2", "grouped_gemm", {"a": "eg", "b": "we2"}, {"c": "eo"}, "fc2", "fwd", 0, h, Fl)
+        if self.etp > 1:
+            self.step("expert_tp_reduce", "expert_tp", {"x": "eo"}, {"y": "eo_r"}, "reducescatter")
+        self.step("combine", "exchange", {"x": out}, {"y": "cb"}, "combine")
         self.step("unpermute", "permute", {"x": "cb", "topk": "topk"}, {"y": "zf"}, "unpermute")
         z = {"x": "x2", "z": "zf", **({"s": "so"} if self.S else {})}
         self.g.add(Op("add_ln1", "rowop", z, {"x": "x3", "n": "n1"}, "residual_norm", norm="ln1n",
@@ -179,11 +231,12 @@ class _MoeBuilder:
 
     # ---- backward --------------------------------------------------------------------
     def backward(self) -> None:
-        d, T, h, rl, F, E = self.g.dims, self.T, self.h, self.rl, self.F, self.E
+        d, T, h, rl, E = self.g.dims, self.T, self.h, self.rl, self.E
         qkv_w = (d.heads_l + 2 * d.kv_l) * d.head_dim
+        Fl, gs = self.Fl, self.gsel
         for name, local in (("dqkv_next", (T, qkv_w)), ("dwqkv_next", (h, qkv_w)), ("dcb", (self.sel, h)),
-                            ("deo", (self.sel, h)), ("deg", (self.sel, F)), ("dwe2", (F, h)),
-                            ("def", (self.sel, 2 * F)), ("dwe1", (h, 2 * F)), ("drecv", (self.sel, h)),
+                            ("deo", (gs, h)), ("deg", (gs, Fl)), ("dwe2", (Fl, h)),
+                            ("def", (gs, 2 * Fl)), ("dwe1", (h, 2 * Fl)), ("drecv", (gs, h)),
                             ("dxp", (self.sel, h)), ("dlogits", (rl, E)), ("dw_router", (h, E)),
                             ("da", (T, d.q_l)), ("dwo", (d.q_l, h)), ("dqkv", (T, qkv_w))):
             self.t(name, local)
@@ -201,16 +254,26 @@ class _MoeBuilder:
         if self.S:
             self._shared_backward()
         # the combine's backward: the output gradient's rows go where the experts are (a dispatch)
-        self.step("combine_bwd", "exchange", {"x": "dcb"}, {"y": "deo"}, "dispatch")
-        self.step("expert_fc2_dgrad", "grouped_gemm", {"a": "deo", "b": "we2"}, {"c": "deg"}, "fc2", "dgrad", 0, F, h)
-        self.step("expert_fc2_wgrad", "grouped_gemm", {"a": "eg", "b": "deo"}, {"c": "dwe2"}, "fc2", "wgrad", F, h)
-        self.step("expert_act_bwd", "expert_act", {"dg": "deg", "f": "ef"}, {"df": "def"}, "act_bwd", "dgrad", 0, F)
+        dout, din, xin = "deo", "drecv", "recv"
+        if self.etp > 1:
+            dout, din, xin = "deo_r", "drecv_r", "recv_g"
+            self.t("deo_r", (self.sel, h))
+            self.t("drecv_r", (self.sel, h))
+        self.step("combine_bwd", "exchange", {"x": "dcb"}, {"y": dout}, "dispatch")
+        if self.etp > 1:  # the ReduceScatter's backward: the group's output-gradient rows gathered
+            self.step("expert_tp_reduce_bwd", "expert_tp", {"x": dout}, {"y": "deo"}, "allgather")
+        self.step("expert_fc2_dgrad", "grouped_gemm", {"a": "deo", "b": "we2"}, {"c": "deg"}, "fc2", "dgrad", 0, Fl,
+                  h)
+        self.step("expert_fc2_wgrad", "grouped_gemm", {"a": "eg", "b": "deo"}, {"c": "dwe2"}, "fc2", "wgrad", Fl, h)
+        self.step("expert_act_bwd", "expert_act", {"dg": "deg", "f": "ef"}, {"df": "def"}, "act_bwd", "dgrad", 0, Fl)
         self.step("expert_fc1_dgrad", "grouped_gemm", {"a": "def", "b": "we1"}, {"c": "drecv"}, "fc1", "dgrad", 0, h,
-                  2 * F)
-        self.step("expert_fc1_wgrad", "grouped_gemm", {"a": "recv", "b": "def"}, {"c": "dwe1"}, "fc1", "wgrad", h,
-                  2 * F)
+                  2 * Fl)
+        self.step("expert_fc1_wgrad", "grouped_gemm", {"a": xin, "b": "def"}, {"c": "dwe1"}, "fc1", "wgrad", h,
+                  2 * Fl)
+        if self.etp > 1:  # the AllGather's backward: the input gradient's partial sums reduced
+            self.step("expert_tp_gather_bwd", "expert_tp", {"x": "drecv"}, {"y": din}, "reducescatter")
         # the dispatch's backward: the input gradient's rows go back to their tokens (a combine)
-        self.step("dispatch_bwd", "exchange", {"x": "drecv"}, {"y": "dxp"}, "combine")
+        self.step("dispatch_bwd", "exchange", {"x": din}, {"y": "dxp"}, "combine")
         self.step("permute_bwd", "permute", {"x": "dxp", "topk": "topk"}, {"y": "dn2"}, "permute_bwd")
         self.step("topk_bwd", "route", {"topk": "topk", "logits": "logits"}, {"d": "dlogits"}, "topk_bwd")
         self.t("dn2r", (rl, h))

@@ -150,9 +150,11 @@ def _topk(scores: np.ndarray, k: int) -> np.ndarray:
 
 def generate(kind: str, ranks: int, tokens: int, experts: int, topk: int, seed: int = 0, alpha: float = 1.0,
              sigma: float = 1.0, n_group: int = 1, topk_group: int = 1, trace: str | None = None,
-             capacity_factor: float | None = None, capacity: str = "none") -> Routing:
+             capacity_factor: float | None = None, capacity: str = "none", ep: int | None = None) -> Routing:
     """A seeded routing of ``tokens`` tokens on each of ``ranks`` ranks (module doc);
-    UserError (one line, naming the field) on bad input."""
+    UserError (one line, naming the field) on bad input. ``ep``: the ranks the experts
+    split over when fewer than ``ranks`` (expert TP: :func:`expert_tp_routing` maps the
+    draw onto the GPUs; the draw does not depend on it)."""
     if kind not in GENERATORS:
         raise UserError(f"routing: unknown '{kind}'; valid: {', '.join(GENERATORS)}")
     if capacity not in CAPACITY_MODES:
@@ -160,8 +162,9 @@ def generate(kind: str, ranks: int, tokens: int, experts: int, topk: int, seed: 
     for name, value in (("ranks", ranks), ("tokens", tokens), ("experts", experts), ("topk", topk)):
         if value <= 0:
             raise UserError(f"{name}: must be positive, got {value}")
-    if experts % ranks:
-        raise UserError(f"experts: {experts} experts do not split over {ranks} ranks (must be a multiple of {ranks})")
+    if experts % (ep or ranks):
+        owners = ep or ranks
+        raise UserError(f"experts: {experts} experts do not split over {owners} ranks (must be a multiple of {owners})")
     if topk > experts:
         raise UserError(f"topk: {topk} exceeds experts ({experts})")
     if n_group <= 0 or experts % n_group or not 0 < topk_group <= n_group:
@@ -240,3 +243,50 @@ def _read_trace(path: str | None, ranks: int, tokens: int, experts: int, topk: i
     if arr.max() >= experts or arr.min() < -1:
         raise UserError(f"trace: {path}: expert ids must lie in -1..{experts - 1}")
     return arr[:ranks * tokens].reshape(ranks, tokens, topk)
+
+
+#: how an EP kernel's stack runs expert TP (:func:`expert_tp_routing`): ``group``
+#: (Megatron-Core's all-to-all dispatcher: the all-to-all among the EP ranks of one
+#: expert-TP index, then an AllGather and a ReduceScatter in each expert-TP group) or
+#: ``all`` (its all-gather and flex dispatchers: one exchange over every GPU, a token's
+#: rows to every GPU of its expert's expert-TP group, the partial sums added by the
+#: combine)
+EXPERT_TP_FORMS = ("group", "all")
+
+
+def expert_tp_routing(rt: Routing, ep: int, tp: int, form: str) -> Routing:
+    """``rt`` (drawn over ``ep * tp`` GPUs, each routing its own tokens, the experts split
+    over ``ep`` EP ranks) as a routing over the GPUs' (expert, expert-TP slot) pairs, the
+    virtual experts an EP kernel runs. Layout (Megatron-Core's expert rank order
+    ``tp-ep``, expert TP fastest): GPU ``g`` is EP rank ``g // tp``, expert-TP slot
+    ``g % tp``; virtual expert ``(r * tp + j) * per + l`` is local expert ``l`` of EP rank
+    ``r``'s slot ``j`` (``per = experts / ep``), so it lives on GPU ``r * tp + j``.
+    ``group``: a token of GPU ``g`` selects its experts' slot ``g % tp`` (the all-to-all
+    stays among the GPUs of that slot); ``all``: every slot of each of its experts
+    (top-k x ``tp``, the same gate weight each: Megatron's flex dispatcher expands its
+    routing map so). Dropped selections stay dropped; padding rows go with the slot."""
+    if form not in EXPERT_TP_FORMS:
+        raise ValueError(f"form: '{form}'; valid: {', '.join(EXPERT_TP_FORMS)}")
+    if rt.ranks != ep * tp or rt.experts % ep:
+        raise ValueError(f"a routing over {rt.ranks} ranks and {rt.experts} experts is not EP {ep} x expert TP {tp}")
+    if tp == 1:
+        return rt
+    per = rt.experts // ep
+    idx = rt.topk_idx
+    slot_of = (np.arange(rt.ranks) % tp)[:, None, None]
+
+    def virtual(j: np.ndarray | int) -> np.ndarray:
+        return np.where(idx >= 0, (idx // per * tp + j) * per + idx % per, -1)
+    if form == "group":
+        vidx, weights = virtual(slot_of), rt.weights
+    else:
+        vidx = np.stack([virtual(j) for j in range(tp)], axis=3).reshape(rt.ranks, rt.tokens, rt.topk * tp)
+        weights = np.repeat(rt.weights, tp, axis=2)
+    pad = np.zeros((0, 0), dtype=np.int64)
+    if rt.pad_rows.size:
+        pad = np.zeros((rt.ranks, rt.experts * tp), dtype=np.int64)
+        e = np.arange(rt.experts)
+        for g in range(rt.ranks):
+            for j in ([g % tp] if form == "group" else range(tp)):
+                pad[g, (e // per * tp + j) * per + e % per] = rt.pad_rows[g]
+    return Routing(vidx.astype(np.int64), weights, rt.experts * tp, pad, rt.source)
