@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cais.config import load_system
+from cais.config import apply_overrides, load_system
 from cais.cost import group_table as G
 from cais.experiments import ep_table as E
 from cais.cost import merge_unit as M
@@ -163,15 +163,22 @@ def test_the_page_holds_the_stored_runs_and_a_stored_rung_reruns_alike() -> None
     small = [r for r in data["rungs"] if r["system"] == "dgx-h100" and r["tokens"] == min(
         x["tokens"] for x in data["rungs"]) and r["routing"] == "uniform" and r["kernel"] in ("deepep", "ep-switch")]
     assert len(small) == 2
-    cfg = load_system("dgx-h100")
+    made = data["made_on"]  # the fabric and EP constants the stored runs were made on
+    cfg = apply_overrides(load_system("dgx-h100"), made["sets"])
+    consts = ep_constants().model_copy(update=made["ep_constants"])
     for r in small:
-        again = run_rung(cfg, r["kernel"], MoeBlock(r["tokens"]), r["routing"])
+        again = run_rung(cfg, r["kernel"], MoeBlock(r["tokens"]), r["routing"], constants=consts)
         assert again.time_us == pytest.approx(r["time_us"], rel=1e-9), r["kernel"]
 
 
-def test_the_ladder_per_mode_is_on_the_page_and_a_stored_layer_run_reruns_alike() -> None:
+def test_the_ladder_per_mode_is_on_the_page_and_a_stored_layer_run_reruns_alike(monkeypatch) -> None:
+    from cais.kernels import ep_common
+
     lad = runpy.run_path(str(ROOT / "scripts" / "ep_switch_ladder.py"))
     modes = json.loads(lad["MODES_STORE"].read_text())
+    made = modes["made_on"]  # the fabric and EP constants the stored runs were made on
+    then = ep_common.ep_constants().model_copy(update=made["ep_constants"])
+    monkeypatch.setattr(ep_common, "ep_constants", lambda path=None: then)
     runs = modes["runs"]
     want = {(s, m, k) for s in lad["MODE_SYSTEMS"] for m in ("decode", "prefill") for k in lad["MODE_RUNGS"]}
     assert want <= {(r["system"], r["mode"], r["scheme"]) for r in runs}  # every rung, both systems, both modes
@@ -182,7 +189,7 @@ def test_the_ladder_per_mode_is_on_the_page_and_a_stored_layer_run_reruns_alike(
              and r["scheme"] in ("ep-deepep", "ep-switch")]
     assert len(point) == 2
     for r in point:
-        again = lad["layer_point"](r["system"], r["scheme"], r["mode"])
+        again = lad["layer_point"](r["system"], r["scheme"], r["mode"], made["sets"])
         assert again["layer_us"] == pytest.approx(r["layer_us"], rel=1e-9), r["scheme"]
         assert again["dispatch_us"] + again["combine_us"] == pytest.approx(r["dispatch_us"] + r["combine_us"],
                                                                          rel=1e-9)

@@ -308,11 +308,16 @@ def test_the_moe_page_is_its_runs() -> None:
     assert ladder.groupby("system")["model"].nunique().to_dict() == {"dgx-h100": 2, "gh200-nvl32": 2, "nvl72": 1}
     assert ladder.groupby("system")["ep"].first().to_dict() == {"dgx-h100": 8, "gh200-nvl32": 32, "nvl72": 64}
     # what the page's prose ("What the runs say") reads from it: power-law routing shrinks the multicast's gain at
-    # every case; where DeepEP low-latency is the best software off one node, ep-switch's layer outside its
-    # expert block is longer than the low-latency one's
+    # every case off one node and moves it by -0.7 to +1.2 points on dgx-h100 (up at 9 of 12); where DeepEP
+    # low-latency is the best software off one node, ep-switch's layer outside its expert block is longer than
+    # the low-latency one's
     wide = ladder.pivot_table(index=["system", "model", "mode", "tokens"], columns="routing",
                               values="multicast (block)")
-    assert len(wide) and (wide["powerlaw"] < wide["uniform"]).all()
+    off = wide.drop(index="dgx-h100", level="system")
+    node = wide.xs("dgx-h100", level="system")
+    assert len(off) and (off["powerlaw"] < off["uniform"]).all()
+    moved = node["powerlaw"] - node["uniform"]
+    assert len(node) == 12 and (moved > 0).sum() == 9 and -0.0075 <= moved.min() and moved.max() <= 0.0125
     ll = ladder[(ladder["system"] != "dgx-h100") & (ladder["best software"] == "ep-deepep-ll")]
     assert len(ll) and ((ll["ep-switch (us)"] - ll["ep-switch block (us)"])
                         > (ll["ep-deepep-ll (us)"] - ll["ep-deepep-ll block (us)"])).all()
@@ -525,19 +530,19 @@ def _block(tag: str) -> str:
 
 def test_the_ll_combine_budget_in_the_docs_is_the_scripts_output() -> None:
     """docs/moe.md's budget of the low-latency combine is scripts/ll_combine_hol.py
-    --budget on the current code; a queue per destination (one request VC each) takes
-    the combine far below the presets and below the paired-VC counterfactual, more VCs
-    used per class change nothing, and the receive side is the same in every case."""
+    --budget on the current code; the presets' queue per destination takes the combine
+    far below a VC per class and below queues shared by peers, more VCs used per class
+    change nothing, and the receive side is the same in every case."""
     hol = _script("ll_combine_hol")
     bound, rows = hol.link_bound_us(128), hol.budget(128)
     assert _block("llb:budget") == hol.budget_doc(bound, rows)
     t = {k: v["combine_us"] for k, v in rows.items()}
-    assert t["presets_16_vcs"] == t["presets"]
-    assert t["vc_per_destination_8"] < t["vc_per_destination_4"] < 0.7 * t["presets"]
-    assert t["vc_per_destination_8"] < t["vc_per_destination_8_same_buffer"]
-    assert len({round(v["after_sent_us"], 3) for v in rows.values()}) == 1
+    assert t["class_18"] == t["class_8"]  # more VCs, still one per class, change nothing
+    assert t["presets"] < t["destination_16"] < t["destination_8"] < 0.8 * t["class_8"]  # fewer shared queues
+    assert t["presets"] < t["destination_same_buffer"]  # each queue needs its depth
+    assert len({round(v["after_sent_us"], 2) for v in rows.values()}) == 1
     ideal = bound["launch_us"] + bound["fixed_us"] + bound["links_us"] + bound["reduce_us"]
-    assert ideal < t["vc_per_destination_8"] < 1.05 * min(ideal, 114.0)  # 114 us: DeepEP's published combine
+    assert ideal < t["presets"] < 1.1 * 114.0  # 114 us: DeepEP's published combine, its fit row's 10 %
 
 
 def test_the_write_response_table_in_the_docs_is_the_scripts_output() -> None:
