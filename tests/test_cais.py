@@ -206,7 +206,8 @@ def test_cais_partial_runs_with_one_request_vc_and_cais_with_loads_on_their_own(
             assert (vcs.vc(Kind.LD_CAIS_REQ, **at) == vcs.vc(Kind.RED_CAIS, **at)) == shared
     dest = VcMap(_four().link)
     assert dest.policy == "destination"
-    assert len({dest.vc(Kind.RED_CAIS, src=0, dst=d, n=4) for d in (1, 2, 3)}) == 3  # a queue per destination
+    # a queue per destination
+    assert len({dest.vc(Kind.RED_CAIS, src=0, dst=d, n=4) for d in (1, 2, 3)}) == 3
 
 
 @pytest.mark.parametrize("rule", ["on-ready", "on-launch"])

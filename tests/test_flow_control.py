@@ -244,7 +244,8 @@ def test_ring_steps_are_fenced_and_flagged_on_the_wire(h100) -> None:
     # VC per destination the data takes its destination's VC, the flags keep their own (a ready flag
     # never waits behind the next slot's data), the responses theirs
     at, back = {"src": 0, "dst": 1, "n": m.n}, {"src": 0, "dst": m.n - 1, "n": m.n}
-    sync_vc, ack_vc, data_vc = m.vcmap.vc(Kind.FLAG, **at), m.vcmap.vc(Kind.WRITE_ACK, **back), m.vcmap.vc(Kind.WRITE, **at)
+    sync_vc, ack_vc = m.vcmap.vc(Kind.FLAG, **at), m.vcmap.vc(Kind.WRITE_ACK, **back)
+    data_vc = m.vcmap.vc(Kind.WRITE, **at)
     assert m.vcmap.policy == "destination" and len({sync_vc, ack_vc, data_vc}) == 3
     for vc in (sync_vc, ack_vc, data_vc):  # flags, write responses and data all crossed GPU 0's links
         assert max(ch.credits.peak[vc] for ch in m.fabric.up[0]) > 0

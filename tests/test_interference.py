@@ -79,8 +79,10 @@ def test_sharing_off_restores_the_times_before_issue_9() -> None:
     # the collectives as the schemes ran them then (their own, not NCCL's choice)
     # and the weight gradients' inputs re-gathered after their sub-layer, as every
     # period ran them then (issue 56 gave each scheme its own)
-    # T3's copy engine free at the link rate and TBs placed in launch order, as then
+    # T3's copy engine free at the link rate and TBs placed in launch order, as then; the switch inputs with a
+    # VC per traffic class on 8 VCs, as then
     cfg = apply_overrides(_system(False, gpus=4), {"collective.layer_choice": "scheme", "collective.ring_launch": "fixed",
+                                                   "link.vc_policy": "class", "link.vcs": "8",
                                                    "collective.nvls_copy_step_us": "0",
                                                    "train.wgrad_inputs": "refetch", "gpu.tb_launch": "on-launch",
                                                    "gpu.copy_engine.rate_GBps": "null",

@@ -50,7 +50,8 @@ def test_staged_is_deterministic_and_mirror_agrees_with_full() -> None:
     b = run_collective(cfg, "allreduce", "nvls", 2 * MIB)
     assert (a.time_us, a.events) == (b.time_us, b.events)
     mirror = run_collective(cfg, "allreduce", "nvls", 2 * MIB, sim="mirror")
-    assert mirror.time_us == pytest.approx(a.time_us, rel=0.01)
+    # 0.01 with a VC per traffic class (docs/validation.md, "The fast path: mirror mode")
+    assert mirror.time_us == pytest.approx(a.time_us, rel=0.025)
 
 
 def test_only_allreduce_is_staged() -> None:
@@ -112,8 +113,8 @@ def test_fences_and_multicast_flags_are_built_and_counted_in_the_core(monkeypatc
             return
         acked = self._counter(len(paths), done)
         wire, last = self.pk.wire(Kind.FLAG, FLAG_BYTES)
-        vc = self.vcmap.vc(Kind.FLAG, traffic)
-        for d, c in paths:
+        for d, c in paths:  # each on its destination's VC (the presets queue per destination)
+            vc = self.vcmap.vc(Kind.FLAG, traffic, src=src, dst=d, n=self.n)
             probe = isa_mod.Train(0, wire, last, kind=Kind.FLAG, src=src, dst=d, chip=c, vc=vc, cls=traffic)
             probe.fence = acked
             self.fab.inject(probe)

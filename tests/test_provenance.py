@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from cais.cli import main
-from cais.config import load_system
+from cais.config import apply_overrides, load_system
 from cais.provenance import collect, content_hash, git_commit, package_version
 from cais.sweep.runner import run_sweep
 
@@ -37,7 +37,8 @@ def test_json_carries_provenance_with_the_command_and_sets(capsys: pytest.Captur
     assert prov["command"] == "cais " + " ".join(argv)
     assert prov["sets"] == {"link.bandwidth_GBps": 50}
     assert prov["system"] == "dgx-h100"
-    want = load_system("dgx-h100", link={"bandwidth_GBps": 50.0})  # the hash is of the overridden config
+    # the hash is of the overridden config
+    want = apply_overrides(load_system("dgx-h100"), {"link.bandwidth_GBps": "50"})
     assert prov["system_sha256"] == content_hash(want.model_dump())
     assert prov["system_sha256"] != content_hash(load_system("dgx-h100").model_dump())
     assert prov["version"] == package_version() and prov["commit"] == git_commit()
@@ -87,7 +88,7 @@ def test_a_python_api_result_carries_its_provenance() -> None:
     assert prov["command"] == ("python: CollectiveRunSpec(op='allreduce', algo='nvls', nbytes='64KiB', "
                                "system=SystemSpec(gpus=4, sets=(('link.bandwidth_GBps', '50'),))).run()")
     assert json.loads(prov["sets"]) == {"link.bandwidth_GBps": 50}
-    want = load_system("dgx-h100", gpus=4, link={"bandwidth_GBps": 50.0})
+    want = apply_overrides(load_system("dgx-h100", gpus=4), {"link.bandwidth_GBps": "50"})
     assert prov["system_sha256"] == content_hash(want.model_dump())
     row = run_point({"op": "allreduce", "algo": "nvls", "bytes": "64K", "gpus": 4, "set.link.bandwidth_GBps": 50})
     assert row["provenance.system_sha256"] == prov["system_sha256"] and row["busbw_GBps"] == result.busbw_GBps

@@ -35,7 +35,9 @@ def test_ring_mirror_equals_full(h100, op) -> None:
 def test_nvls_mirror_within_tolerance_of_full(h100, op) -> None:
     full = run_collective(h100, op, "nvls", MIB)
     mirror = run_collective(h100, op, "nvls", MIB, sim="mirror")
-    assert abs(mirror.time_us / full.time_us - 1) < 0.015
+    # within 1.5 % with a VC per traffic class; the presets' VC per destination puts the full run's 1 MiB
+    # AllReduce 1.9 % behind the mirror (0.4 % at 1 GiB; docs/validation.md, "The fast path: mirror mode")
+    assert abs(mirror.time_us / full.time_us - 1) < 0.025
     assert mirror.events * 7 < full.events
     assert mirror.conservation.ok
     # GPU 0's port metrics stand for every GPU's
@@ -85,7 +87,8 @@ def test_layer_mirror_close_to_full(h100, scheme, mode) -> None:
     full = run_layer(h100, model, scheme, mode, 66)
     mirror = run_layer(h100, model, scheme, mode, 66, sim="mirror")
     assert (full.sim, mirror.sim) == ("full", "mirror") and mirror.as_json()["sim"] == "mirror"
-    assert abs(mirror.total_us / full.total_us - 1) < 0.005
+    # 0.005 with a VC per traffic class (docs/validation.md, "The fast path: mirror mode")
+    assert abs(mirror.total_us / full.total_us - 1) < 0.01
     for name, sub in full.sublayers.items():
         assert abs(mirror.sublayers[name]["time_us"] / sub["time_us"] - 1) < 0.01
     assert mirror.events * 6 < full.events
