@@ -720,7 +720,7 @@ impl Endpoint {
             for chip in 0..chips {
                 let mut t = TrainState::blank(0, wire, last, FLAG, src, dst);
                 t.chip = chip;
-                t.vc = slf.st().packets.at(vc, src, dst);
+                t.vc = slf.st().packets.at(py, vc, src, dst)?;
                 t.cls = cls;
                 t.fence = opt(acked.clone_ref(py), py);
                 let probe = slf.st().sim.get().new_train(py, t)?;

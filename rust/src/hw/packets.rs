@@ -48,40 +48,24 @@ pub(crate) struct PacketBook {
     vcmap: Py<PyAny>,
     wires: Memo<(i64, i64)>,
     vcs: Memo<i64>,
-    /// `Some(VCs per set)` under the `destination` policy (`VcMap`: a bulk request's
-    /// VC by its destination's place among the sender's peers; read requests and flags
-    /// keep theirs).
-    per_destination: Option<i64>,
-    /// The request VCs read requests and flags keep under `destination`.
-    kept: (i64, i64),
-    /// The request VCs bulk requests spread over, by destination, under `destination`.
-    bulk: Vec<i64>,
-    /// GPUs in the system (a destination's place among a sender's peers is modulo this).
+    /// `VcMap.at`'s answers by (VC, source x GPUs + destination); asked only under the
+    /// `destination` policy (under the others a packet's VC is its kind's).
+    ats: Memo<i64>,
+    by_destination: bool,
+    /// GPUs in the system (the key's stride).
     gpus: i64,
 }
 
 impl PacketBook {
     pub(crate) fn new(py: Python<'_>, pk: Py<PyAny>, vcmap: Py<PyAny>, gpus: i64) -> PyResult<Self> {
-        let map = vcmap.bind(py);
-        let half = map.getattr("half")?.extract::<i64>()?;
-        let per_destination = if map.getattr("by_destination")?.extract::<bool>()? {
-            Some(half)
-        } else {
-            None
-        };
-        let kept = (
-            map.getattr("load_vc")?.extract::<i64>()?,
-            map.getattr("sync_vc")?.extract::<i64>()?,
-        );
-        let bulk = map.getattr("bulk_vcs")?.extract::<Vec<i64>>()?;
+        let by_destination = vcmap.bind(py).getattr("by_destination")?.extract::<bool>()?;
         Ok(PacketBook {
             pk,
             vcmap,
             wires: Memo::new(),
             vcs: Memo::new(),
-            per_destination,
-            kept,
-            bulk,
+            ats: Memo::new(),
+            by_destination,
             gpus: gpus.max(1),
         })
     }
@@ -104,28 +88,21 @@ impl PacketBook {
     }
 
     /// The VC of a packet from GPU `src` to GPU `dst` (-1: a switch or a multicast)
-    /// whose kind, class and stream give VC `vc` (`VcMap.at`).
-    pub(crate) fn at(&self, vc: i64, src: i64, dst: i64) -> i64 {
-        let Some(half) = self.per_destination else {
-            return vc;
-        };
-        if dst < 0 || src < 0 {
-            return vc;
+    /// whose kind, class and stream give VC `vc`: `VcMap.at`'s answer, remembered.
+    pub(crate) fn at(&mut self, py: Python<'_>, vc: i64, src: i64, dst: i64) -> PyResult<i64> {
+        if !self.by_destination || src < 0 || dst < 0 {
+            return Ok(vc);
         }
-        let peer = (dst - src - 1).rem_euclid(self.gpus);
-        if vc >= half {
-            half + peer % half
-        } else if vc == self.kept.0 || vc == self.kept.1 || self.bulk.is_empty() {
-            vc
-        } else {
-            self.bulk[(peer as usize) % self.bulk.len()]
-        }
+        let (vcmap, n) = (&self.vcmap, self.gpus);
+        self.ats.get((vc, src * n + dst), || {
+            vcmap.bind(py).call_method1("at", (vc, src, dst, n))?.extract()
+        })
     }
 
     /// [`Self::vc`] of a packet from GPU `src` to GPU `dst`.
     pub(crate) fn vc_to(&mut self, py: Python<'_>, kind: i64, stream: i64, src: i64, dst: i64) -> PyResult<i64> {
         let vc = self.vc(py, kind, stream)?;
-        Ok(self.at(vc, src, dst))
+        self.at(py, vc, src, dst)
     }
 
     pub(crate) fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {

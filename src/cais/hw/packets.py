@@ -115,7 +115,7 @@ class VcMap:
     def __init__(self, link: LinkConfig) -> None:
         self.policy = link.vc_policy
         self.half = max(1, link.vcs // 2)
-        self.by_destination = self.policy == "destination"
+        self.by_destination = self.policy == "destination"  # the core asks :meth:`at` only then
         # under ``destination``: the request VCs loads and flags keep, and the rest, per destination
         self.load_vc = int(Traffic.LOAD) % self.half
         self.sync_vc = int(Traffic.SYNC) % self.half
