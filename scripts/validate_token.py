@@ -140,6 +140,32 @@ def table(selected: list[TokenRow], results: list[LayerResult | None]) -> str:
     return "\n".join(lines)
 
 
+def growth_split(scored: list[tuple[TokenRow, LayerResult]]) -> str | None:
+    """How the step grows from batch 1 to each model's largest scored batch, split over
+    two models with different layer counts as ``a + layers x b`` (``a`` per token, ``b``
+    per layer), published and ours: which kind of cost the larger batches add. None
+    unless exactly two models have both a batch-1 and a larger scored row."""
+    growth: dict[str, tuple[int, float, float]] = {}  # model -> (layers, published, ours)
+    for model in sorted({row.model for row, _ in scored}):
+        rows_ = sorted(((row, r) for row, r in scored if row.model == model and r.token), key=lambda x: x[0].batch)
+        if len(rows_) < 2 or rows_[0][0].batch != 1:
+            continue
+        (r1, o1), (rb, ob) = rows_[0], rows_[-1]
+        assert o1.token is not None and ob.token is not None
+        growth[model] = (o1.token.layers, rb.time_us - r1.time_us, ob.token.token_us - o1.token.token_us)
+    if len(growth) != 2:
+        return None
+    (m1, (l1, p1, o1_)), (m2, (l2, p2, o2_)) = sorted(growth.items(), key=lambda kv: kv[1][0])
+    if l1 == l2:
+        return None
+    parts = []
+    for what, g1, g2 in (("published", p1, p2), ("ours", o1_, o2_)):
+        b = (g2 - g1) / (l2 - l1)
+        parts.append(f"{what} a {g1 - l1 * b:+,.0f} us, b {b:+.1f} us per layer")
+    return (f"growth from batch 1 to the largest scored batch ({m1} {p1:+,.0f} / ours {o1_:+,.0f} us, "
+            f"{m2} {p2:+,.0f} / ours {o2_:+,.0f} us) as a + layers x b: " + "; ".join(parts))
+
+
 def main() -> None:
     every = rows()
     results = [ours(r) if runnable(r) else None for r in every]
@@ -156,6 +182,9 @@ def main() -> None:
         gaps = [f"{short(row)} {(row.time_us - r.token.token_us) / r.token.layers:+.1f} us"
                 for row, r in scored if r.token]
         print(f"(published - ours) / layers, each scored row: {', '.join(gaps)}")
+        split = growth_split(scored)
+        if split is not None:
+            print(split)
         low, high = LAUNCH_CONSTANTS["gpu.kernel_gap_us"]
         for what, kw in (("every GEMM data-parallel (gpu.split_gemms=false)", {"split": False}),
                          (f"gpu.kernel_gap_us at its sourced range's low end ({low:g} us)",
