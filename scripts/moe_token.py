@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from cais.config import apply_overrides, load_system
 from cais.experiments.layer import run_layer
+from cais.experiments.token import MoeTokenTime
 from cais.workload.moe import load_moe_model
 
 MODELS = ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3")
@@ -37,12 +38,12 @@ def main() -> None:
                 model = load_moe_model(name, batch=per * n, seq=KV)
                 r = run_layer(cfg, model, scheme, "decode")
                 t, mo = r.token, r.moe
-                assert t is not None and mo is not None
-                dense = getattr(t, "dense_layers", 0)
-                first = f"{dense} x {t.dense_layer_us:,.1f}" if dense else "-"
+                assert isinstance(t, MoeTokenTime) and mo is not None
+                first = f"{t.dense_layers} x {t.dense_layer_us:,.1f}" if t.dense_layers else "-"
                 print(f"| {name} | {scheme} | {launch} | {per} | {t.token_us:,.0f} | {t.layers} x {t.layer_us:,.1f} | "
                       f"{first} | {t.tail_us:,.1f} | {t.tail['lm_head']:,.1f} | {t.tail['logits_gather']:,.1f} | "
-                      f"{r.segments['attention']:,.1f} | {mo['dispatch_us']:,.1f} | {mo['combine_us']:,.1f} | {mo['grouped_gemm_us']:,.1f} |")
+                      f"{r.segments['attention']:,.1f} | {mo['dispatch_us']:,.1f} | {mo['combine_us']:,.1f} | "
+                      f"{mo['grouped_gemm_us']:,.1f} |")
     # the nearest published step (docs/moe.md): SGLang v0.4.1.post2 (PR #2643), DeepSeek-V3 FP8 on 8 x H200,
     # experts under TP 8 (not EP), CUDA graph, batch 1, input 128, output 256: 30.29 tokens/s
     published_us = 1e6 / 30.29
