@@ -44,8 +44,9 @@ def main() -> None:
                       f"{first} | {t.tail_us:,.1f} | {t.tail['lm_head']:,.1f} | {t.tail['logits_gather']:,.1f} | "
                       f"{r.segments['attention']:,.1f} | {mo['dispatch_us']:,.1f} | {mo['combine_us']:,.1f} | "
                       f"{mo['grouped_gemm_us']:,.1f} |")
-    # the nearest published step (docs/moe.md): SGLang v0.4.1.post2 (PR #2643), DeepSeek-V3 FP8 on 8 x H200,
-    # experts under TP 8 (not EP), CUDA graph, batch 1, input 128, output 256: 30.29 tokens/s
+    # the nearest published step (docs/moe.md): SGLang v0.4.1.post2 (PR #2643), DeepSeek-V3 FP8 at TP 8 on one
+    # node (GPU not named: more than 80 GB each), experts under TP (not EP), CUDA graph, batch 1, input 128,
+    # output 256: 30.29 tokens/s
     published_us = 1e6 / 30.29
     cfg = apply_overrides(load_system("dgx-h200"), {"gpu.launch": "graph"})
     r = run_layer(cfg, load_moe_model("deepseek-v3", batch=1, seq=128 + 256 // 2), "ep-deepep-ll", "decode")
