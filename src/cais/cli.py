@@ -525,9 +525,16 @@ def _print_layer(system: str, model: ModelSpec | MoeSpec, r: LayerResult) -> Non
     if r.token is not None:
         t = r.token
         parts = ", ".join(f"{k.replace('_', ' ')} {v:,.1f}" for k, v in t.tail.items())
-        Console().print(f"per output token: {t.token_us:,.1f} us = {t.layers} layers x {t.layer_us:,.1f} us + tail "
-                        f"{t.tail_us:,.1f} us ({parts}); the host's own step is not included "
-                        "(docs/compute-model.md, \"The decode step\")", highlight=False)
+        dense = getattr(t, "dense_layers", None)
+        if dense is None:
+            Console().print(f"per output token: {t.token_us:,.1f} us = {t.layers} layers x {t.layer_us:,.1f} us + "
+                            f"tail {t.tail_us:,.1f} us ({parts}); the host's own step is not included "
+                            "(docs/compute-model.md, \"The decode step\")", highlight=False)
+        else:
+            first = f" + {dense} dense layers x {t.dense_layer_us:,.1f} us ({t.dense_scheme})" if dense else ""
+            Console().print(f"per output token: {t.token_us:,.1f} us = {t.layers} MoE layers x {t.layer_us:,.1f} us"
+                            f"{first} + tail {t.tail_us:,.1f} us ({parts}); the host's own step is not included "
+                            "(docs/moe.md, \"The decode step per output token\")", highlight=False)
     Console().print(f"link utilisation: mean {100 * r.link_util.mean:.1f} % (GPU directions), busiest port "
                     f"direction {100 * r.link_util.max:.1f} % ({r.link_util.busiest}), over the period; "
                     f"{r.events:,} events in {r.wall_s:.1f} s; simulation: "

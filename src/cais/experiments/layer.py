@@ -19,7 +19,7 @@ from cais.engine.sim import fewer_collections
 from cais.machine import Machine, Stalled
 from cais.experiments.collective import SIM_MODES, check_mirror, mirror_misfit
 from cais.experiments.ep import expert_block_check
-from cais.experiments.token import TokenTime, token_time
+from cais.experiments.token import TokenTime, moe_token_time, token_time
 from cais.results import LinkUtil, Recorder, RunMetrics, run_metrics
 from cais.results.metrics import mirrored
 from cais.kernels.ep_registry import EP_KERNELS, expert_tp_form
@@ -30,7 +30,7 @@ from cais.workload import reference as ref
 from cais.workload.footprint import Footprint, check_fits, footprint
 from cais.workload.graph import Chain, MoeStep, Period, build_period
 from cais.workload.moe import MoeSpec
-from cais.workload.moe_dataflow import attention_model, build_moe_period, ep_plan
+from cais.workload.moe_dataflow import attention_model, build_moe_period, dense_layer_model, ep_plan
 from cais.workload.routing import imbalance
 from cais.provenance import Provenance
 from cais.workload.models import ModelSpec
@@ -508,7 +508,9 @@ def _run_moe(cfg: SystemConfig, model: MoeSpec, sch: Scheme, mode: str, function
              recorder: Recorder | None, progress: RunProgress | None, sim: str, attention: str,
              expert_tp: int = 1) -> LayerResult:
     """:func:`run_layer` for a MoE layer: its period (cais.workload.moe_dataflow) on the
-    dense path's machine, LayerRun and kernels, run by the EP scheme."""
+    dense path's machine, LayerRun and kernels, run by the EP scheme; in decode also the
+    time per output token (:func:`moe_decode_token`)."""
+    asked = cfg
     switch = sch.switch_model(cfg.switch.model)
     if switch != cfg.switch.model:
         cfg = cfg.with_overrides(switch={**cfg.switch.model_dump(), "model": switch})
@@ -553,9 +555,50 @@ def _run_moe(cfg: SystemConfig, model: MoeSpec, sch: Scheme, mode: str, function
         collective_choice=cfg.collective.layer_choice,
         collectives_ran={f"{a}/{p}": k for (a, p), k in sorted(run.choices.items())},
         mismatches=bad, checked=1 if functional else 0,
+        token=moe_decode_token(asked, cm, model, attention, seed, end / PS_PER_US) if mode == "decode" else None,
         adjusted=dict(m.adjusted), moe={**moe_breakdown(period, segs, sch, attention),
                                         "shared_overlap_us": _overlap_us(run, period), **group_tables(m),
                                         **_expert_tp_bytes(run, sch, period)})
+
+
+#: the dense scheme a MoE model's dense first layers run under (:func:`dense_first_us`)
+DENSE_FIRST_SCHEME = "sp-nccl"
+
+
+def dense_first_us(cfg: SystemConfig, model: MoeSpec, attention: str, seed: int = 0) -> float:
+    """One decode period (us) of one of ``model``'s first ``dense_layers`` layers, simulated:
+    the MoE layer's attention with the dense MLP of ``dense_ffn_hidden``
+    (cais.workload.moe_dataflow.dense_layer_model), at the MoE run's KV length, under
+    :data:`DENSE_FIRST_SCHEME` over every GPU of ``cfg`` (as the system was asked for,
+    before an in-switch EP scheme's switch).
+
+    The decision: every EP scheme runs its attention as Megatron-Core's TP with sequence
+    parallelism, the output projection's ReduceScatter and the next QKV's AllGather
+    NCCL's by size (cais.schemes.ep); ``sp-nccl`` is that dense layer, so the dense
+    layers pay the collectives the MoE layers' attention pays. Attention under TP: the
+    MoE run's ``batch`` sequences over the GPUs. Attention data parallel (``dp``):
+    the simulator has no TP-1 dense layer (a system has 2 GPUs or more), so the dense
+    layers run TP over every GPU with the data-parallel ranks' sequences together
+    (GPUs x ``batch``), as SGLang runs a dense MLP under DP attention by default (the
+    tokens gathered to the full TP group; its ``moe_dense_tp_size``); their attention
+    then runs TP too, where SGLang keeps it data parallel (docs/moe.md)."""
+    batch = model.batch if attention == "tp" else model.batch * cfg.gpus
+    r = run_layer(cfg, dense_layer_model(model, batch), DENSE_FIRST_SCHEME, "decode", seed=seed)
+    return r.total_us
+
+
+def moe_decode_token(cfg: SystemConfig, cm: ComputeModel, model: MoeSpec, attention: str, seed: int,
+                     layer_us: float) -> TokenTime:
+    """A MoE model's decode time per output token (experiments/token.py): its MoE layers
+    at ``layer_us``, its dense first layers at :func:`dense_first_us` (none run where
+    ``dense_layers`` is 0), and the tail with the model's hidden and vocabulary, its
+    lm_head split over the attention's TP group (every GPU under ``tp``; each GPU its
+    own whole vocabulary and batch under ``dp``, no logits gather)."""
+    dense_us = dense_first_us(cfg, model, attention, seed) if model.dense_layers else 0.0
+    tp = cfg.gpus if attention == "tp" else 1
+    batch = model.batch  # tp: the sequences over the GPUs; dp: one GPU's own sequences
+    return moe_token_time(cfg, cm, attention_model(model), model.moe_layers, batch, cfg.gpu.sms, layer_us, tp,
+                          model.dense_layers, dense_us, DENSE_FIRST_SCHEME if model.dense_layers else "")
 
 
 def _expert_tp_bytes(run: LayerRun, sch: Scheme, period: Period) -> dict[str, int]:

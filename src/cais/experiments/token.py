@@ -17,6 +17,13 @@ Each kernel pays its launch as the layer's kernels do (the dependent-kernel gap 
 ``graph``, the host's issue under ``eager``, the fitted overhead under ``fitted``).
 Not included: the host's own step (scheduling, input preparation, detokenisation),
 which a published per-token latency includes unless the stack overlaps it.
+
+A mixture-of-experts model (:class:`MoeTokenTime`, :func:`moe_token_time`) adds its
+first ``dense_layers`` layers at their own simulated period (experiments/layer.py runs
+them: the MoE layer's attention with the dense MLP, under the dense scheme its EP
+stack's attention collectives are) to its MoE layers at the simulated MoE period, and
+its tail is split over the attention's TP group (docs/moe.md, "The decode step per
+output token").
 """
 
 from __future__ import annotations
@@ -99,17 +106,21 @@ def _collective_us(cfg: SystemConfig, op: str, nbytes: int) -> float:
     return max(0.0, own) + _launch_us(cfg, cfg.gpu.kernel_launch_us)
 
 
-def decode_tail_us(cfg: SystemConfig, cm: ComputeModel, model: ModelSpec, batch: int, sms: int) -> dict[str, float]:
-    """The tail of one decode step (module doc), us per part. A model without a
+def decode_tail_us(cfg: SystemConfig, cm: ComputeModel, model: ModelSpec, batch: int, sms: int,
+                   tp: int | None = None) -> dict[str, float]:
+    """The tail of one decode step (module doc), us per part, its vocabulary split over
+    ``tp`` ranks (default: every GPU; 1: each GPU holds the whole vocabulary, and the
+    embedding's all-reduce and the logits gather have no peer: 0). A model without a
     vocabulary size has no lm_head, logits or sampling to time: those parts are 0."""
-    n, h, eb = cfg.gpus, model.hidden, model.dtype_bytes
+    n, h, eb = cfg.gpus if tp is None else tp, model.hidden, model.dtype_bytes
     rows = batch * h * eb
-    tail = {"embedding": _small_us(cfg, cm, 2 * rows, sms) + _collective_us(cfg, "allreduce", rows),
+    reduce_us = _collective_us(cfg, "allreduce", rows) if n > 1 else 0.0
+    tail = {"embedding": _small_us(cfg, cm, 2 * rows, sms) + reduce_us,
             "final_norm": _small_us(cfg, cm, 2 * rows, sms), "lm_head": 0.0, "logits_gather": 0.0, "sampling": 0.0}
     if model.vocab:
         shard = -(-model.vocab // n)
         tail["lm_head"] = _gemm_us(cfg, cm, batch, shard, h, sms)
-        tail["logits_gather"] = _collective_us(cfg, "allgather", batch * shard * n * eb)
+        tail["logits_gather"] = _collective_us(cfg, "allgather", batch * shard * n * eb) if n > 1 else 0.0
         logits = batch * model.vocab
         tail["sampling"] = _small_us(cfg, cm, logits * (eb + FP32), sms) + _small_us(cfg, cm, logits * FP32, sms)
     return tail
@@ -119,3 +130,35 @@ def token_time(cfg: SystemConfig, cm: ComputeModel, model: ModelSpec, batch: int
                layer_us: float) -> TokenTime:
     """The whole model's time per output token at the simulated ``layer_us``."""
     return TokenTime(model.layers, layer_us, decode_tail_us(cfg, cm, model, batch, sms))
+
+
+@dataclass(frozen=True)
+class MoeTokenTime(TokenTime):
+    """A mixture-of-experts model's time per output token (us): ``layers`` MoE layers x
+    the simulated MoE period ``layer_us``, plus ``dense_layers`` dense first layers x
+    their own simulated period ``dense_layer_us`` (run under ``dense_scheme``; none and
+    0 without dense layers), plus the tail's parts."""
+
+    dense_layers: int = 0
+    dense_layer_us: float = 0.0
+    dense_scheme: str = ""
+
+    @property
+    def token_us(self) -> float:
+        return self.layers * self.layer_us + self.dense_layers * self.dense_layer_us + self.tail_us
+
+    def as_json(self) -> dict[str, object]:
+        return {**super().as_json(), "moe_layers": self.layers, "dense_layers": self.dense_layers,
+                "dense_layer_us": self.dense_layer_us, "dense_layers_us": self.dense_layers * self.dense_layer_us,
+                "dense_scheme": self.dense_scheme}
+
+
+def moe_token_time(cfg: SystemConfig, cm: ComputeModel, model: ModelSpec, moe_layers: int, batch: int, sms: int,
+                   layer_us: float, attention_tp: int, dense_layers: int = 0, dense_layer_us: float = 0.0,
+                   dense_scheme: str = "") -> MoeTokenTime:
+    """A MoE model's time per output token: ``moe_layers`` x ``layer_us`` + ``dense_layers``
+    x ``dense_layer_us`` (both simulated by the caller) + the tail of ``model`` (the MoE
+    layer's attention model: its hidden and vocabulary) over ``batch`` sequences per
+    attention group, the vocabulary split over ``attention_tp`` ranks."""
+    return MoeTokenTime(moe_layers, layer_us, decode_tail_us(cfg, cm, model, batch, sms, attention_tp),
+                        dense_layers, dense_layer_us, dense_scheme)

@@ -72,6 +72,17 @@ def attention_model(moe: MoeSpec) -> ModelSpec:
                      batch=moe.batch, dtype_bytes=moe.dtype_bytes, vocab=moe.vocab)
 
 
+def dense_layer_model(moe: MoeSpec, batch: int | None = None) -> ModelSpec:
+    """One of ``moe``'s first ``dense_layers`` layers as a dense model: the MoE layer's
+    attention, norms and run shape (:func:`attention_model`) with the dense SwiGLU MLP
+    of ``dense_ffn_hidden`` (DeepSeek-V3's ``first_k_dense_replace`` layers), ``layers``
+    its ``dense_layers``; ``batch`` sequences (default: the model's)."""
+    dm = attention_model(moe)
+    data = {**dm.model_dump(), "ffn_hidden": moe.dense_ffn_hidden, "layers": max(1, moe.dense_layers),
+            "batch": moe.batch if batch is None else batch}
+    return ModelSpec.model_validate(data)
+
+
 def moe_dims(moe: MoeSpec, n: int, mode: str, attention: str) -> Dims:
     """The attention part's per-GPU sizes: TP over ``n`` GPUs with sequence parallelism,
     or one GPU's own sequences (``dp``)."""
