@@ -6,6 +6,8 @@ path), and the refusals (docs/moe.md, "MoE layers")."""
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -585,3 +587,19 @@ def test_the_write_response_table_in_the_docs_is_the_scripts_output() -> None:
     page = (Path(__file__).resolve().parents[1] / "docs" / "moe.md").read_text()
     said = dict(re.findall(r"<!-- wack:prod_(\w+) -->(.*?)<!-- /wack -->", page))
     assert said == {v: f"{100 * w.production_table(v)['scored']['mean_error']:.1f}" for v in ("posted", "ack2")}
+
+
+def test_a_combines_span_holds_its_wait_for_the_slowest_ranks_experts() -> None:
+    """docs/moe.md's figures for deepseek-v3 decode at one token per rank under ep-deepep:
+    the combine's span (first start to last end over the GPUs) is mostly the wait for the
+    ranks' grouped GEMMs, its kernel's own TB time a small part of it."""
+    cfg = load_system("dgx-h100")
+    r = run_layer(cfg, load_moe_model("deepseek-v3", batch=8), "ep-deepep", "decode")
+    assert r.moe is not None and r.moe["tokens_per_rank"] == 1
+    span = float(r.moe["combine_us"])
+    tb = r.kernel_tbs["deepep-combine"]["tb_us"] if "deepep-combine" in r.kernel_tbs else None
+    assert tb is not None and 0 < tb < span / 5
+    text = (Path(__file__).resolve().parents[1] / "docs" / "moe.md").read_text()
+    m = re.search(r"under ep-deepep reads ([\d.]+) us of combine, of which its kernel's TBs take ([\d.]+) us", text)
+    assert m, "docs/moe.md no longer states the combine's span"
+    assert (float(m[1]), float(m[2])) == (round(span, 1), round(tb, 1))
