@@ -27,7 +27,8 @@ from cais.schemes import MOE_FAMILY, get_scheme, moe_schemes
 from cais.schemes.base import LayerRun, Scheme
 from cais.schemes.ep import FUSED_MARK
 from cais.workload import reference as ref
-from cais.workload.footprint import Footprint, check_fits, footprint
+from cais.workload.footprint import Footprint, check_fits, footprint, over_capacity
+from cais.workload.moe_footprint import moe_footprint
 from cais.workload.graph import Chain, MoeStep, Period, build_period
 from cais.workload.moe import MoeSpec
 from cais.workload.moe_dataflow import attention_model, build_moe_period, dense_layer_model, ep_plan
@@ -507,6 +508,21 @@ def _check_moe(cfg: SystemConfig, model: MoeSpec, sch: Scheme, mode: str, sim: s
     return period
 
 
+def moe_memory(cfg: SystemConfig, model: MoeSpec, mode: str, attention: str, period: Period) -> tuple[Footprint, str]:
+    """A MoE run's per-GPU HBM footprint (cais.workload.moe_footprint, docs/memory.md
+    "MoE runs"), its receive-side tensors those of the busiest GPU of ``period``'s
+    routing, and the warning to give where it exceeds ``gpu.hbm_capacity_GB`` ("" where
+    it fits): over capacity the MoE path warns and runs (a full-size layer's timing is
+    the point of many runs), where the dense path refuses."""
+    rt = period.routing
+    assert rt is not None
+    received = rt.expert_rows().sum(axis=0).reshape(rt.ranks, rt.per_rank).sum(axis=1)
+    fp = moe_footprint(model, cfg.gpus, mode, attention, period.expert_tp, [int(r) for r in received])
+    line = over_capacity(fp, cfg.gpu.hbm_capacity_GB, cfg.gpu.name, f"batch {model.batch:,} and seq {model.seq:,}",
+                         fp.split)
+    return fp, "" if line is None else f"{line.removeprefix('memory: ')} (run and timed as asked)"
+
+
 def _run_moe(cfg: SystemConfig, model: MoeSpec, sch: Scheme, mode: str, functional: bool, seed: int, p_drop: float,
              recorder: Recorder | None, progress: RunProgress | None, sim: str, attention: str,
              expert_tp: int = 1) -> LayerResult:
@@ -519,6 +535,7 @@ def _run_moe(cfg: SystemConfig, model: MoeSpec, sch: Scheme, mode: str, function
         cfg = cfg.with_overrides(switch={**cfg.switch.model_dump(), "model": switch})
     _check_moe(cfg, model, sch, mode, sim, attention, expert_tp)
     period = moe_period(cfg, model, mode, attention, seed, expert_tp, _expert_tp_form(sch, model, cfg.gpus, expert_tp))
+    memory, over = moe_memory(cfg, model, mode, attention, period)
     bad: list[str] = []
     if functional:  # the expert block's data, exactly (its attention part is the dense path's, checked there)
         assert period.routing is not None
@@ -557,9 +574,9 @@ def _run_moe(cfg: SystemConfig, model: MoeSpec, sch: Scheme, mode: str, function
         vc_policy=cfg.link.vc_policy, tokens=period.dims.real_tokens, padded_tokens=period.dims.tokens, sim=sim,
         collective_choice=cfg.collective.layer_choice,
         collectives_ran={f"{a}/{p}": k for (a, p), k in sorted(run.choices.items())},
-        mismatches=bad, checked=1 if functional else 0,
+        mismatches=bad, checked=1 if functional else 0, memory=memory, hbm_capacity_GB=cfg.gpu.hbm_capacity_GB,
         token=moe_decode_token(asked, cm, model, attention, seed, end / PS_PER_US) if mode == "decode" else None,
-        adjusted=dict(m.adjusted), moe={**moe_breakdown(period, segs, sch, attention),
+        adjusted={**m.adjusted, **({"memory": over} if over else {})}, moe={**moe_breakdown(period, segs, sch, attention),
                                         "shared_overlap_us": _overlap_us(run, period), **group_tables(m),
                                         **_expert_tp_bytes(run, sch, period)})
 

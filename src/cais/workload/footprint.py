@@ -109,7 +109,7 @@ def stored_activation_bytes(model: ModelSpec, d: Dims, keep_inputs: bool = False
     return d.rows_l * per_row + d.tokens * sharded + gathered
 
 
-def _weight_tensors(g: LayerGraph) -> set[str]:
+def weight_tensors(g: LayerGraph) -> set[str]:
     """The period's weights (B operand of a forward or dgrad GEMM) and weight gradients
     (C of a wgrad GEMM)."""
     out: set[str] = set()
@@ -119,12 +119,13 @@ def _weight_tensors(g: LayerGraph) -> set[str]:
     return out
 
 
-def live_activation_bytes(g: LayerGraph, dtype_bytes: int) -> int:
+def live_activation_bytes(g: LayerGraph, dtype_bytes: int, weights: frozenset[str] = frozenset()) -> int:
     """The peak, over the period's ops in program order, of the activation tensors one
     GPU holds (weights, weight gradients and the KV cache left out): a tensor is live
     from its first write (the period's start for an input) to its last read (the end
-    for an output)."""
-    skip = _weight_tensors(g)
+    for an output). ``weights``: further tensors that are weights or weight gradients
+    (operands of steps that are not GEMM ops, such as a MoE layer's grouped GEMMs)."""
+    skip = weight_tensors(g) | weights
     last = len(g.ops) - 1
     spans: list[tuple[int, int, int]] = []
     for name, t in g.tensors.items():
@@ -162,15 +163,25 @@ def footprint(model: ModelSpec, gpus: int, mode: str, sp: bool, keep_inputs: boo
     return Footprint(model.name, mode, gpus, params * b, kv, act, grads, optim)
 
 
+def over_capacity(fp: Footprint, capacity_GB: float, gpu: str, shape: str = "", split: str = "") -> str | None:
+    """One line saying that ``fp`` needs more than ``capacity_GB`` per GPU (its parts,
+    the GPU ``gpu``, the run ``shape`` such as ``batch 1 and seq 10,000,000``, the
+    ``split`` over the GPUs (default ``TP <gpus>``) and what to change, naming
+    ``gpu.hbm_capacity_GB``); None where it fits."""
+    if fp.total <= capacity_GB * GB:
+        return None
+    state = fp.weights + fp.gradients + fp.optimizer
+    advice = "use more GPUs" if state > capacity_GB * GB else "reduce seq or batch, use more GPUs"
+    at = f" with {shape}" if shape else ""
+    return (f"memory: {fp.model} {fp.mode}{at} needs {fp.total / GB:,.1f} GB per GPU ({fp.describe()}) at "
+            f"{split or f'TP {fp.gpus}'}, beyond the {capacity_GB:,g} GB of HBM of one {gpu}; {advice}, or set "
+            "gpu.hbm_capacity_GB")
+
+
 def check_fits(fp: Footprint, capacity_GB: float, gpu: str, shape: str = "") -> None:
     """MemoryCapacityError (one line, naming the parts and ``gpu.hbm_capacity_GB``) if
     ``fp`` needs more than ``capacity_GB`` per GPU; ``gpu`` names the GPU and
     ``shape`` the run shape (``batch 1 and seq 10,000,000``) in the message."""
-    if fp.total <= capacity_GB * GB:
-        return
-    state = fp.weights + fp.gradients + fp.optimizer
-    advice = "use more GPUs" if state > capacity_GB * GB else "reduce seq or batch, use more GPUs"
-    at = f" with {shape}" if shape else ""
-    raise MemoryCapacityError(
-        f"memory: {fp.model} {fp.mode}{at} needs {fp.total / GB:,.1f} GB per GPU ({fp.describe()}) at TP "
-        f"{fp.gpus}, beyond the {capacity_GB:,g} GB of HBM of one {gpu}; {advice}, or set gpu.hbm_capacity_GB")
+    line = over_capacity(fp, capacity_GB, gpu, shape)
+    if line is not None:
+        raise MemoryCapacityError(line)

@@ -13,11 +13,14 @@ Presets live in ``cais/data/moe-models/`` (:func:`list_moe_models`); ``cais mode
 lists them beside the dense presets. The dense path (:mod:`cais.workload.models`) is
 unchanged: it still refuses a MoE ``config.json`` rather than import it as one dense MLP.
 
-DeepSeek's multi-head latent attention (MLA) is approximated here as multi-head
-attention of ``heads`` heads of ``head_dim`` = ``qk_nope_head_dim + qk_rope_head_dim``
-(192): the per-head score and value widths of MLA's prefill form. The low-rank
-projections (``q_lora_rank``, ``kv_lora_rank``) are recorded but not yet timed; the EP
-kernels, which this part models, do not depend on attention. docs/moe.md.
+DeepSeek's multi-head latent attention (MLA) is timed here as multi-head attention of
+``heads`` heads of ``head_dim`` = ``qk_nope_head_dim + qk_rope_head_dim`` (192): the
+per-head score and value widths of MLA's prefill form. Its real shape (``q_lora_rank``,
+``kv_lora_rank``, ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``) is
+recorded and counted by the memory footprint (cais.workload.moe_footprint: MLA's
+weights and its latent KV cache), not timed. ``weight_dtype_bytes`` is the weights'
+dtype as the model is released (DeepSeek-V3: FP8, 1), used by the footprint only; the
+simulated kernels run ``dtype_bytes`` (BF16). docs/moe.md, docs/memory.md.
 """
 
 from __future__ import annotations
@@ -31,6 +34,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from cais.errors import looks_like_path
 from cais.workload.models import MOE_KEYS, AttentionShape, ModelError, _one_line
+
+
+#: the fields an MLA model must give (DeepSeek's config.json names; q_lora_rank may be None)
+MLA_FIELDS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 
 
 class MoeSpec(AttentionShape, BaseModel):
@@ -57,11 +64,16 @@ class MoeSpec(AttentionShape, BaseModel):
     topk_group: int = Field(1, gt=0, description="groups a token may route into")
     dense_layers: int = Field(0, ge=0, description="first layers with a dense MLP")
     attention: Literal["mha", "gqa", "mla"] = "gqa"
-    q_lora_rank: int | None = Field(None, gt=0)
-    kv_lora_rank: int | None = Field(None, gt=0)
+    q_lora_rank: int | None = Field(None, gt=0, description="MLA: the query's low rank (None: a full query)")
+    kv_lora_rank: int | None = Field(None, gt=0, description="MLA: the compressed KV latent's width")
+    qk_nope_head_dim: int | None = Field(None, gt=0, description="MLA: a head's query/key width without RoPE")
+    qk_rope_head_dim: int | None = Field(None, gt=0, description="MLA: the shared RoPE key's width")
+    v_head_dim: int | None = Field(None, gt=0, description="MLA: a head's value width")
     seq: int = Field(4096, gt=0)
     batch: int = Field(1, gt=0)
     dtype_bytes: int = Field(2, gt=0)
+    weight_dtype_bytes: int = Field(2, gt=0, description="bytes per weight as released (FP8: 1); the "
+                                                         "memory footprint's only")
 
     @model_validator(mode="after")
     def _check(self) -> "MoeSpec":
@@ -77,6 +89,9 @@ class MoeSpec(AttentionShape, BaseModel):
             raise ValueError(f"kv_heads ({self.kv}) must divide heads ({self.heads})")
         if self.dense_layers >= self.layers:
             raise ValueError(f"dense_layers ({self.dense_layers}) must be fewer than layers ({self.layers})")
+        missing = [f for f in MLA_FIELDS if getattr(self, f) is None]
+        if self.attention == "mla" and missing:
+            raise ValueError(f"attention 'mla' needs {', '.join(missing)}")
         return self
 
     @property
@@ -217,8 +232,10 @@ def from_hf_moe_config(cfg: dict, name: str = "hf-moe", where: str = "hf config"
       width, rounded up);
     * DeepSeek-V2/V3: ``n_routed_experts``, ``num_experts_per_tok``,
       ``moe_intermediate_size``, ``n_shared_experts``, ``n_group``, ``topk_group``,
-      ``first_k_dense_replace``, ``q_lora_rank``, ``kv_lora_rank``,
-      ``qk_nope_head_dim + qk_rope_head_dim`` (MLA, approximated: module doc).
+      ``first_k_dense_replace``, ``q_lora_rank``, ``kv_lora_rank``, ``qk_nope_head_dim``,
+      ``qk_rope_head_dim``, ``v_head_dim`` (MLA: timed as MHA of ``qk_nope_head_dim +
+      qk_rope_head_dim``, counted as itself by the footprint: module doc); a
+      ``quantization_config`` of ``quant_method`` ``fp8`` sets ``weight_dtype_bytes`` 1.
     """
     if "text_config" in cfg and "hidden_size" not in cfg and isinstance(cfg["text_config"], dict):
         cfg = cfg["text_config"]
@@ -242,8 +259,14 @@ def from_hf_moe_config(cfg: dict, name: str = "hf-moe", where: str = "hf config"
         width = get("shared_expert_intermediate_size", default=0) or 0
         shared = -(-width // expert_ffn) if width else 0
     head_dim = get("head_dim", default=None)
+    mla_dims: dict[str, Any] = {}
     if mla:
-        head_dim = get("qk_nope_head_dim", default=128) + get("qk_rope_head_dim", default=64)
+        nope, rope = get("qk_nope_head_dim", default=128), get("qk_rope_head_dim", default=64)
+        head_dim = nope + rope
+        mla_dims = dict(q_lora_rank=get("q_lora_rank", default=None), kv_lora_rank=get("kv_lora_rank"),
+                        qk_nope_head_dim=nope, qk_rope_head_dim=rope, v_head_dim=get("v_head_dim", default=nope))
+    quant = cfg.get("quantization_config")
+    fp8 = isinstance(quant, dict) and str(quant.get("quant_method", "")).lower() == "fp8"
     data = dict(
         name=name, family=family,
         description=f"Imported from Hugging Face config ({family})"
@@ -255,9 +278,8 @@ def from_hf_moe_config(cfg: dict, name: str = "hf-moe", where: str = "hf config"
         expert_ffn_hidden=expert_ffn, shared_experts=shared,
         n_group=get("n_group", default=1) or 1, topk_group=get("topk_group", default=1) or 1,
         dense_layers=get("first_k_dense_replace", default=0) or 0,
-        attention="mla" if mla else "gqa",
-        q_lora_rank=get("q_lora_rank", default=None) if mla else None,
-        kv_lora_rank=get("kv_lora_rank", default=None) if mla else None, seq=seq, batch=batch,
+        attention="mla" if mla else "gqa", **mla_dims, seq=seq, batch=batch,
+        weight_dtype_bytes=1 if fp8 else 2,
     )
     try:
         return MoeSpec.model_validate(data)
@@ -265,5 +287,5 @@ def from_hf_moe_config(cfg: dict, name: str = "hf-moe", where: str = "hf config"
         raise _one_line(exc, where) from None
 
 
-__all__ = ["EpPlan", "MoeSpec", "from_hf_moe_config", "is_moe_config", "is_moe_model", "list_moe_models",
+__all__ = ["MLA_FIELDS", "EpPlan", "MoeSpec", "from_hf_moe_config", "is_moe_config", "is_moe_model", "list_moe_models",
            "load_moe_model"]
