@@ -588,16 +588,17 @@ class TrainConfig(_Strict):
 #: the routings a MoE layer run may draw (cais.workload.routing's seeded generators)
 MOE_ROUTINGS = ("uniform", "powerlaw", "lognormal")
 MoeRouting = Literal["uniform", "powerlaw", "lognormal"]
+MoeDispatchDtype = Literal["bf16", "fp8"]
 
 
 class MoeConfig(_Strict):
     """How the tokens of a MoE layer run pick their experts (``cais run`` on a MoE
     model; docs/moe.md, "MoE layers under cais run"): the seeded generator of
     :mod:`cais.workload.routing` the layer path draws its period's routing from, with
-    its seed and skew. Not hardware: a run setting, as ``train`` is, set with
-    ``--set moe.routing=powerlaw``; a dense model's run ignores it. The defaults are
-    the layer path's routing before this section existed (DeepEP's tests' uniform
-    draw, the run's seed)."""
+    its seed and skew, and the dtype its forward dispatch sends. Not hardware: a run
+    setting, as ``train`` is, set with ``--set moe.routing=powerlaw``; a dense model's
+    run ignores it. The defaults are the layer path's before this section existed
+    (DeepEP's tests' uniform draw, the run's seed, BF16)."""
 
     routing: MoeRouting = knob("uniform", description="uniform (DeepEP's tests' draw, group-limited where the model "
                                                       "is), powerlaw (expert popularity ~ rank ** -alpha) or "
@@ -606,6 +607,11 @@ class MoeConfig(_Strict):
     alpha: float = knob(1.2, ge=0, description="routing=powerlaw: the exponent (1.2, as the kernel-level in-switch "
                                                "ladder draws it; 0 is uniform popularity)")
     sigma: float = knob(1.0, ge=0, description="routing=lognormal: the spread of the log popularity")
+    dispatch_dtype: MoeDispatchDtype = knob("bf16", description="the forward dispatch's payload: bf16 (the model's "
+                                                                "dtype) or fp8 (1 B per element plus one FP32 scale "
+                                                                "per 128, as DeepEP sends it; kernels that take it "
+                                                                "only); combine and the backward's exchanges stay "
+                                                                "bf16")
 
     def generator_kwargs(self) -> dict[str, float]:
         """The skew parameter :func:`cais.workload.routing.generate` takes for this routing."""

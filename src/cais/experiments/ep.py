@@ -95,7 +95,11 @@ def _counted(kernel: str, call: EpCall) -> tuple[int, str]:
     return int(rows * per_row), "DeepEP test_intranode.py: rank 0's rows, one per (token, rank), x row bytes"
 
 
-def _own_bytes(kernel: str, call: EpCall) -> int:
+def own_bytes(kernel: str, call: EpCall) -> int:
+    """Payload bytes rank 0 sends to other ranks in ``call`` (FP8: its elements plus
+    their scales, ``EpCall.row_bytes``): the kernel's own count where it has one
+    (``own_bytes``), every token to every peer for ``allgather``, else a row per
+    (token, rank) for ``deepep`` and per (token, expert) for the others."""
     rt = call.routing
     own = getattr(EP_KERNELS[kernel], "own_bytes", None)
     if own is not None:
@@ -157,7 +161,7 @@ def run_ep(cfg: SystemConfig, kernel: str, op: str, tokens: int, hidden: int, to
     mat = rt.matrix(getattr(mod, "per", None) or ("rank" if kernel in ("deepep", "allgather") else "expert"))
     t_us = end / PS_PER_US
     return EpResult(kernel, op, cfg.gpus, tokens, hidden, topk, experts, dtype, t_us,
-                    nbytes / (end / 1e12) / 1e9, nbytes, how, _own_bytes(kernel, call), mat.tolist(),
+                    nbytes / (end / 1e12) / 1e9, nbytes, how, own_bytes(kernel, call), mat.tolist(),
                     imbalance(mat), rt.dropped(), m.sim.events, time.perf_counter() - t0, correct)
 
 

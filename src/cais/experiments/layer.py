@@ -18,11 +18,11 @@ from cais.limits import check_events, check_machine
 from cais.engine.sim import fewer_collections
 from cais.machine import Machine, Stalled
 from cais.experiments.collective import SIM_MODES, check_mirror, mirror_misfit
-from cais.experiments.ep import expert_block_check
+from cais.experiments.ep import expert_block_check, own_bytes
 from cais.experiments.token import TokenTime, moe_token_time, token_time
 from cais.results import LinkUtil, Recorder, RunMetrics, run_metrics
 from cais.results.metrics import mirrored
-from cais.kernels.ep_registry import EP_KERNELS, expert_tp_form
+from cais.kernels.ep_registry import EP_KERNELS, check_dispatch_dtype, expert_tp_form
 from cais.schemes import MOE_FAMILY, get_scheme, moe_schemes
 from cais.schemes.base import LayerRun, Scheme
 from cais.schemes.ep import FUSED_MARK
@@ -349,9 +349,9 @@ def mode_notes(sch: Scheme, cfg: SystemConfig, mode: str) -> dict[str, str]:
                                       f"dataflow, and {mode} has no backward (it applies to training only)"
                       for key in ("wgrad_inputs", "wgrad_grads") if getattr(cfg.train, key) != "scheme"})
     unset = MoeConfig()
-    notes.update({f"moe.{key}": f"'{getattr(cfg.moe, key)}' has no effect: it sets a MoE layer's routing, and this "
-                                "layer is dense" for key in MoeConfig.model_fields
-                  if getattr(cfg.moe, key) != getattr(unset, key)})
+    notes.update({f"moe.{key}": f"'{getattr(cfg.moe, key)}' has no effect: it sets a MoE layer's "
+                                f"{'dispatch' if key == 'dispatch_dtype' else 'routing'}, and this layer is dense"
+                  for key in MoeConfig.model_fields if getattr(cfg.moe, key) != getattr(unset, key)})
     return notes
 
 
@@ -501,6 +501,8 @@ def _check_moe(cfg: SystemConfig, model: MoeSpec, sch: Scheme, mode: str, sim: s
     """The MoE period to run; a UserError (one line) for what a MoE run cannot do."""
     if sim != "full":
         raise UserError(f"sim: a MoE layer runs every GPU ('full'); got '{sim}'")
+    kernel = getattr(sch, "kernel", "")
+    check_dispatch_dtype(EP_KERNELS[kernel], cfg.moe.dispatch_dtype, kernel)
     form = _expert_tp_form(sch, model, cfg.gpus, expert_tp)
     period = moe_period(cfg, model, mode, attention, 0, expert_tp, form)
     dm = attention_model(model)
@@ -578,7 +580,8 @@ def _run_moe(cfg: SystemConfig, model: MoeSpec, sch: Scheme, mode: str, function
         token=moe_decode_token(asked, cm, model, attention, seed, end / PS_PER_US) if mode == "decode" else None,
         adjusted={**m.adjusted, **({"memory": over} if over else {})}, moe={**moe_breakdown(period, segs, sch, attention),
                                         "shared_overlap_us": _overlap_us(run, period), **group_tables(m),
-                                        **_expert_tp_bytes(run, sch, period)})
+                                        **_expert_tp_bytes(run, sch, period),
+                                        **exchange_bytes(run, sch, period)})
 
 
 #: the dense scheme a MoE model's dense first layers run under (:func:`dense_first_us`)
@@ -638,6 +641,24 @@ def _expert_tp_bytes(run: LayerRun, sch: Scheme, period: Period) -> dict[str, in
             if spec is not None:
                 total += (tp - 1) * (spec.count // tp) * spec.elem_bytes
     return {"expert_tp_bytes": total}
+
+
+def exchange_bytes(run: LayerRun, sch: Scheme, period: Period) -> dict[str, object]:
+    """The forward dispatch's dtype (``moe.dispatch_dtype``) and the payload bytes GPU 0
+    sends to other GPUs in the period's dispatches (the forward's, and in training the
+    combine's backward) and combines (the combine, and the dispatch's backward), each
+    call counted as ``cais ep`` counts it (cais.experiments.ep ``own_bytes``: FP8 rows
+    with their scales)."""
+    rt, kernel = period.routing, getattr(sch, "kernel", "")
+    call_of = getattr(sch, "exchange_call", None)
+    out: dict[str, object] = {"dispatch_dtype": run.m.cfg.moe.dispatch_dtype, "dispatch_bytes": 0, "combine_bytes": 0}
+    if rt is None or call_of is None:
+        return out
+    for seg in period.segments:
+        if isinstance(seg, MoeStep) and seg.kind == "exchange":
+            key = f"{seg.kernel}_bytes"
+            out[key] = int(out[key]) + own_bytes(kernel, call_of(run, seg, rt))  # type: ignore[call-overload]
+    return out
 
 
 def group_tables(m: Machine) -> dict[str, int]:

@@ -62,6 +62,11 @@ SHARED_OVERLAP = True
 #: expanded to every expert-TP slot, top-k x TP of experts x TP; the combine adds the partial
 #: sums; cais.workload.routing.expert_tp_routing)
 EXPERT_TP = "all"
+#: the dispatch takes BF16 rows or FP8 rows with one FP32 scale per 128 channels
+#: (``Buffer.dispatch``'s ``x``: a tensor, or a tuple of the ``float8_e4m3fn`` rows and their
+#: ``[tokens, hidden / 128]`` float scales), as SGLang's DeepEP dispatcher sends DeepSeek's
+#: tokens; its combine takes BF16 only
+DISPATCH_DTYPES = ("bf16", "fp8")
 
 def recv_layout(call: EpCall) -> list[list[tuple[int, int]]]:
     """For each rank, its ``recv_x`` rows as (source rank, token): by source, then token

@@ -47,6 +47,9 @@ UNIT = 1024
 #: the dispatch writes the masked (packed per expert) layout itself
 PERMUTE = "none"
 SHARED_OVERLAP = False
+#: ``Buffer.low_latency_dispatch(..., use_fp8=True)`` casts each message to FP8 with its
+#: scales in the kernel (DeepEP's default and SGLang's in decode); its combine sends BF16
+DISPATCH_DTYPES = ("bf16", "fp8")
 
 def launch_shape(experts: int, device_sms: int) -> tuple[int, int]:
     """(blocks, warp groups per block) as the source launches the kernels."""

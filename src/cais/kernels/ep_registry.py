@@ -15,7 +15,11 @@ EP kernel"):
   experts with the dispatch on a side stream (default False);
 * optional ``EXPERT_TP``: how the stack that runs it runs expert TP > 1
   (cais.workload.routing ``EXPERT_TP_FORMS``: ``group`` or ``all``); absent, the kernel
-  runs expert TP 1 only (no stack runs it with expert TP).
+  runs expert TP 1 only (no stack runs it with expert TP);
+* optional ``DISPATCH_DTYPES``: the dtypes its stack dispatches a MoE layer's tokens in
+  (``cais.kernels.ep_common.EP_DTYPES``; default ``("bf16",)``: the model's dtype, as
+  Megatron-Core's dispatchers send it). Its combine and a training step's backward
+  exchanges run BF16 whatever this says.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from cais.errors import UserError
 from cais.hw.gpu import Kernel
 from cais.hw.switches import switch_model
 from cais.kernels import ep_allgather, ep_deepep, ep_deepep_ll, ep_nccl, ep_switch
-from cais.kernels.ep_common import EpCall
+from cais.kernels.ep_common import EP_DTYPES, EpCall
 from cais.machine import Machine
 from cais.workload.routing import EXPERT_TP_FORMS
 
@@ -85,6 +89,29 @@ def on_switch(cfg: SystemConfig, module: EpKernels) -> SystemConfig:
 def shared_overlap(module: EpKernels) -> bool:
     """Whether the stacks running ``module`` overlap the shared experts with its dispatch."""
     return bool(getattr(module, "SHARED_OVERLAP", False))
+
+
+def dispatch_dtypes(module: EpKernels) -> tuple[str, ...]:
+    """The dtypes the stack running ``module`` dispatches in (its ``DISPATCH_DTYPES``;
+    default BF16 only)."""
+    dtypes = tuple(getattr(module, "DISPATCH_DTYPES", ("bf16",)))
+    bad = [d for d in dtypes if d not in EP_DTYPES]
+    if bad:
+        raise ValueError(f"{_name(module)}.DISPATCH_DTYPES: {bad}; valid: {', '.join(EP_DTYPES)}")
+    return dtypes
+
+
+def check_dispatch_dtype(module: EpKernels, dtype: str, name: str = "") -> str:
+    """``dtype`` if the stack running ``module`` dispatches in it; else a UserError (one
+    line, naming ``moe.dispatch_dtype`` and the kernels that take it)."""
+    if dtype not in EP_DTYPES:
+        raise UserError(f"moe.dispatch_dtype: unknown '{dtype}'; valid: {', '.join(EP_DTYPES)}")
+    if dtype in dispatch_dtypes(module):
+        return dtype
+    ok = [k for k, mod in EP_KERNELS.items() if dtype in dispatch_dtypes(mod)]
+    raise UserError(f"moe.dispatch_dtype: EP kernel '{name or _name(module)}' dispatches "
+                    f"{', '.join(dispatch_dtypes(module))} only (its stack sends the model's dtype); {dtype} "
+                    f"runs with {', '.join(ok)}")
 
 
 def expert_tp_form(module: EpKernels, expert_tp: int, name: str = "") -> str:

@@ -60,6 +60,9 @@ TILE_ROWS = 128
 #: group-binding orders: the groups that save the most copies first, or in token order
 GROUP_ORDERS = ("frequent", "first")
 
+#: bytes per element of a combine's rows (BF16, whatever the dispatch sent)
+COMBINE_BYTES = 2
+
 
 @dataclass(frozen=True)
 class ExpertFfn:
@@ -94,6 +97,9 @@ class EpSwitchKernel:
     per: str = "rank"  # the routing matrix it moves: one row per (token, rank)
     #: a design this project derives (docs/moe.md), not a kernel a production stack ships
     proposed = True
+    #: its dispatch stores rows as DeepEP's do, BF16 or FP8 with their scales (``st.mc.dyn``
+    #: carries either); its combine reduces BF16 partials (the merge unit adds BF16)
+    DISPATCH_DTYPES = ("bf16", "fp8")
 
     @property
     def switch(self) -> str:
@@ -216,6 +222,7 @@ def _build(m: Machine, call: EpCall, k: EpSwitchKernel, ffn: ExpertFfn | None) -
         alloc_rows(m, g, "expert_out", n * T, call)
         alloc_rows(m, g, "combined", T, call)
     unit = m.cfg.unit_for(call.row_bytes)
+    combine_unit = m.cfg.unit_for(call.hidden * COMBINE_BYTES)  # the combine's rows are BF16 after an FP8 dispatch
     B = len(plan.blocks)
     C = sms // 2  # senders per phase: DeepEP's normal kernels' count (its other half receives)
     dispatch = call.op == "dispatch" or ffn is not None
@@ -233,7 +240,7 @@ def _build(m: Machine, call: EpCall, k: EpSwitchKernel, ffn: ExpertFfn | None) -
             tbs += [_dispatch_tb(m, g, call, k, plan, c, C, landed, unit) for c in range(C)]
         tbs.append(_experts_tb(m, g, call, plan, landed[g], ready[g], ffn, sms, dispatch, combine))
         if combine:
-            tbs += [_combine_tb(m, g, call, k, plan, c, C, ready[g], home, sig_key, unit) for c in range(C)]
+            tbs += [_combine_tb(m, g, call, k, plan, c, C, ready[g], home, sig_key, combine_unit) for c in range(C)]
             tbs.append(_home_tb(m, g, call, k, plan, home[g], sig_key))
         out.append(Kernel(f"{k.name}-{call.op if ffn is None else 'layer'}", tbs, None, role="communication"))
     return out
@@ -391,7 +398,9 @@ def _combine_tb(m: Machine, g: int, call: EpCall, k: EpSwitchKernel, plan: Plan,
 
     def program(sm: int, busy: int) -> ProgramGen:
         port = isa.sm_port(call.consts.sm_copy_GBps)
-        win = Window(sim, k.red_window_bytes if k.reduce and k.red_window_bytes else max(m.cfg.collective.outstanding_bytes_per_sm, 2 * call.row_bytes))
+        row = h * COMBINE_BYTES
+        win = Window(sim, k.red_window_bytes if k.reduce and k.red_window_bytes
+                     else max(m.cfg.collective.outstanding_bytes_per_sm, 2 * row))
         sent = _Outstanding()
         for b, (t0, tc) in enumerate(plan.blocks):
             if not ready[b].fired:
@@ -400,7 +409,7 @@ def _combine_tb(m: Machine, g: int, call: EpCall, k: EpSwitchKernel, plan: Plan,
                 for src in range(n):
                     if not plan.hit[src, t, g]:
                         continue
-                    region = Region("combined", t * h, h, 2)
+                    region = Region("combined", t * h, h, COMBINE_BYTES)
                     data = _rows(mem.buffers["expert_out"], h, src * T + t).copy() if mem.functional else None
                     if src == g:
                         yield pause(sim, round(region.nbytes * port.ps_per_byte))

@@ -209,12 +209,21 @@ class EpScheme(Scheme):
         spec = replace(spec, staging=f"stage{r.collectives}", stream=r.collectives)
         return [r.submit(g, k, [deps[g]], r.m.launch_ps, seg.name) for g, k in enumerate(build(r.m, spec))]
 
-    def _exchange_kernels(self, r: LayerRun, seg: MoeStep, rt: Routing) -> list[Kernel]:
-        """The EP kernel's dispatch or combine of ``hidden``-wide BF16 rows, one kernel
-        per GPU; the forward dispatch waits for the receive counts on the host."""
+    def exchange_call(self, r: LayerRun, seg: MoeStep, rt: Routing) -> EpCall:
+        """The EP call of exchange step ``seg``: ``hidden``-wide rows, the forward
+        dispatch in the run's ``moe.dispatch_dtype`` (BF16 or FP8 with its scales; a
+        kernel that does not take it was refused before the run) and waiting for the
+        receive counts on the host; every other exchange (the combine, the backward's)
+        BF16."""
         tp = r.period.expert_tp
         comm = r.m.n // tp if tp > 1 and expert_tp_form(self.module, tp, self.kernel) == "group" else None
-        call = EpCall(seg.kernel, rt, r.d.hidden, "bf16", None, host_sync=seg.name == "dispatch", comm_ranks=comm)
+        forward = seg.name == "dispatch"
+        dtype = r.m.cfg.moe.dispatch_dtype if forward else "bf16"
+        return EpCall(seg.kernel, rt, r.d.hidden, dtype, None, host_sync=forward, comm_ranks=comm)
+
+    def _exchange_kernels(self, r: LayerRun, seg: MoeStep, rt: Routing) -> list[Kernel]:
+        """The EP kernel's dispatch or combine (:meth:`exchange_call`), one kernel per GPU."""
+        call = self.exchange_call(r, seg, rt)
         kernels = self.module.kernels(r.m, call)
         if len(kernels) != r.m.n:
             raise ValueError(f"EP kernel {self.kernel}: {len(kernels)} kernels for {r.m.n} GPUs")
@@ -254,7 +263,7 @@ class EpScheme(Scheme):
 
         acts = [s for s in inner if s.kind == "expert_act"]
         act = 0.0 if not acts else (2.0 if acts[0].kernel == "act_bwd" else 1.0)
-        call = EpCall("dispatch", rt, r.d.hidden, "bf16", None, host_sync=seg.name == "dispatch")
+        call = self.exchange_call(r, seg, rt)  # the dispatch's: its combine runs BF16 (kernels/ep_switch.py)
         ffn = ExpertFfn(r.model.ffn_hidden, "bf16", act)
         kernels = self.module.layer_kernels(r.m, call, ffn)  # type: ignore[attr-defined]
         if len(kernels) != r.m.n:
