@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FILES = ("README.md", "docs/cais.md", "docs/validation.md", "docs/compute-model.md", "docs/moe.md")
+FILES = ("README.md", "docs/cais.md", "docs/validation.md", "docs/compute-model.md", "docs/moe.md", "docs/memory.md")
 MARK = re.compile(r"^<!-- sample: (?P<cmd>.+?) -->\n```text\n(?P<body>.*?)^```$", re.M | re.S)
 TABLE = re.compile(r"^<!-- table: (?P<cmd>.+?) -->\n(?P<body>.*?)^<!-- /table -->$", re.M | re.S)
 WIDTH = 110
