@@ -578,10 +578,9 @@ def _run_moe(cfg: SystemConfig, model: MoeSpec, sch: Scheme, mode: str, function
         collectives_ran={f"{a}/{p}": k for (a, p), k in sorted(run.choices.items())},
         mismatches=bad, checked=1 if functional else 0, memory=memory, hbm_capacity_GB=cfg.gpu.hbm_capacity_GB,
         token=moe_decode_token(asked, cm, model, attention, seed, end / PS_PER_US) if mode == "decode" else None,
-        adjusted={**m.adjusted, **({"memory": over} if over else {})}, moe={**moe_breakdown(period, segs, sch, attention),
-                                        "shared_overlap_us": _overlap_us(run, period), **group_tables(m),
-                                        **_expert_tp_bytes(run, sch, period),
-                                        **exchange_bytes(run, sch, period)})
+        adjusted={**m.adjusted, **({"memory": over} if over else {})},
+        moe={**moe_breakdown(period, segs, sch, attention), "shared_overlap_us": _overlap_us(run, period),
+             **group_tables(m), **_expert_tp_bytes(run, sch, period), **exchange_bytes(run, sch, period)})
 
 
 #: the dense scheme a MoE model's dense first layers run under (:func:`dense_first_us`)
