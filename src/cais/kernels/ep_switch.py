@@ -222,7 +222,6 @@ def _build(m: Machine, call: EpCall, k: EpSwitchKernel, ffn: ExpertFfn | None) -
         alloc_rows(m, g, "expert_out", n * T, call)
         alloc_rows(m, g, "combined", T, call)
     unit = m.cfg.unit_for(call.row_bytes)
-    combine_unit = m.cfg.unit_for(call.hidden * COMBINE_BYTES)  # the combine's rows are BF16 after an FP8 dispatch
     B = len(plan.blocks)
     C = sms // 2  # senders per phase: DeepEP's normal kernels' count (its other half receives)
     dispatch = call.op == "dispatch" or ffn is not None
@@ -240,7 +239,7 @@ def _build(m: Machine, call: EpCall, k: EpSwitchKernel, ffn: ExpertFfn | None) -
             tbs += [_dispatch_tb(m, g, call, k, plan, c, C, landed, unit) for c in range(C)]
         tbs.append(_experts_tb(m, g, call, plan, landed[g], ready[g], ffn, sms, dispatch, combine))
         if combine:
-            tbs += [_combine_tb(m, g, call, k, plan, c, C, ready[g], home, sig_key, combine_unit) for c in range(C)]
+            tbs += [_combine_tb(m, g, call, k, plan, c, C, ready[g], home, sig_key, unit) for c in range(C)]
             tbs.append(_home_tb(m, g, call, k, plan, home[g], sig_key))
         out.append(Kernel(f"{k.name}-{call.op if ffn is None else 'layer'}", tbs, None, role="communication"))
     return out
@@ -398,9 +397,10 @@ def _combine_tb(m: Machine, g: int, call: EpCall, k: EpSwitchKernel, plan: Plan,
 
     def program(sm: int, busy: int) -> ProgramGen:
         port = isa.sm_port(call.consts.sm_copy_GBps)
-        row = h * COMBINE_BYTES
+        # the transfer unit and this window are sized on the dispatch's row (``call.row_bytes``: an FP8
+        # row's after an FP8 dispatch, though the partials are BF16), as the stored ladder was made
         win = Window(sim, k.red_window_bytes if k.reduce and k.red_window_bytes
-                     else max(m.cfg.collective.outstanding_bytes_per_sm, 2 * row))
+                     else max(m.cfg.collective.outstanding_bytes_per_sm, 2 * call.row_bytes))
         sent = _Outstanding()
         for b, (t0, tc) in enumerate(plan.blocks):
             if not ready[b].fired:
