@@ -147,3 +147,25 @@ def test_the_dense_path_still_refuses() -> None:
     with pytest.raises(MemoryCapacityError, match=r"at TP 8, beyond the 80 GB"):
         run_layer(cfg, big, "tp-nvls", "decode")
     assert footprint(big, 8, "decode", False).total > 80 * GB
+
+
+def test_the_docs_tables_are_checked_against_their_scripts() -> None:
+    """docs/memory.md's MoE table and docs/moe.md's FP8 table are ``<!-- table: -->`` blocks of
+    pages tests/test_samples.py reruns (scripts/samples.py ``FILES``); the memory table says
+    DeepSeek-V3 is over an H100 and under an H200."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("samples", root / "scripts" / "samples.py")
+    assert spec and spec.loader
+    mod = sys.modules.get("samples") or importlib.util.module_from_spec(spec)
+    if "samples" not in sys.modules:
+        sys.modules["samples"] = mod
+        spec.loader.exec_module(mod)
+    assert "docs/memory.md" in mod.FILES and "docs/moe.md" in mod.FILES
+    found = {s.command for s in mod.samples([root / "docs/memory.md", root / "docs/moe.md"])}
+    assert {"python scripts/moe_memory_doc.py", "python scripts/fp8_dispatch_doc.py"} <= found
+    page = (root / "docs" / "memory.md").read_text()
+    assert "| deepseek-v3 | dgx-h100 | prefill |" in page and "over 80: warned |" in page and "under 141 |" in page

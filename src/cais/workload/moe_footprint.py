@@ -32,8 +32,7 @@ layer path runs it (cais.workload.moe_dataflow). The dense footprint's conventio
   the GPU holds (no data-parallel sharding).
 
 Not counted, beyond the dense list: DeepEP's and NCCL's communication buffers (fixed
-allocations of the library, not the model), the routing's index tensors' own
-metadata.
+allocations of the library, not the model).
 """
 
 from __future__ import annotations
