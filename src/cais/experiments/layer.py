@@ -368,7 +368,7 @@ def check_layer(cfg: SystemConfig, model: ModelSpec | MoeSpec, scheme: str, mode
     if isinstance(model, MoeSpec):
         _check_moe(cfg, model, sch, mode, sim, attention, expert_tp, attention_tp)
         return
-    _check_dense_expert_tp(model, expert_tp, attention_tp)
+    _check_dense_parallelism(model, expert_tp, attention_tp)
     switch = sch.switch_model(cfg.switch.model)  # a scheme on a switch without what it needs (SwitchMismatch)
     sch.vc_policy_for(cfg.link.vc_policy)  # a VC policy that undoes the scheme (VcMismatch)
     keep = _keeps_inputs(sch, cfg, mode)  # a weight-gradient dataflow it cannot run (WgradMismatch)
@@ -400,7 +400,7 @@ def run_layer(cfg: SystemConfig, model: ModelSpec | MoeSpec, scheme: str, mode: 
     if isinstance(model, MoeSpec):
         return _run_moe(cfg, model, sch, mode, functional, seed, p_drop, recorder, progress, sim, attention,
                         expert_tp, attention_tp)
-    _check_dense_expert_tp(model, expert_tp, attention_tp)
+    _check_dense_parallelism(model, expert_tp, attention_tp)
     switch = sch.switch_model(cfg.switch.model)  # auto resolved; a switch it cannot run on refused
     if switch != cfg.switch.model:
         cfg = cfg.with_overrides(switch={**cfg.switch.model_dump(), "model": switch})
@@ -472,7 +472,7 @@ def _check_family(sch: Scheme, model: ModelSpec | MoeSpec) -> None:
                         "scheme (see 'cais schemes')")
 
 
-def _check_dense_expert_tp(model: ModelSpec, expert_tp: int, attention_tp: int | None = None) -> None:
+def _check_dense_parallelism(model: ModelSpec, expert_tp: int, attention_tp: int | None = None) -> None:
     """A UserError (one line) for a MoE layer's parallelism asked of a dense model."""
     if expert_tp != 1:
         raise UserError(f"expert_tp: it splits a mixture-of-experts layer's experts; {model.name} is dense (got "

@@ -146,7 +146,7 @@ def ep_plan(moe: MoeSpec, n: int, expert_tp: int = 1) -> EpPlan:
         what = "EP ranks" if expert_tp == 1 else f"EP ranks ({n} GPUs / expert_tp {expert_tp})"
         raise UserError(f"gpus: {n // expert_tp} {what} do not divide {moe.name}'s {moe.experts} experts; "
                         f"allowed: {', '.join(map(str, allowed))}")
-    # the experts' split only: attention's (TP over every GPU or data parallel) is moe_dims' to check
+    # the experts' split only: attention's (its TP group, every GPU, or data parallel) is attention_group's
     return EpPlan(gpus=n, ep=n // expert_tp, expert_tp=expert_tp, attention_tp=1).check(moe)
 
 
