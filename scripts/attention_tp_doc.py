@@ -55,7 +55,7 @@ def doc(table: list[dict[str, object]]) -> str:
              + " | ".join(f"{p} (us)" for p in parts) + " | attention collectives | token (us) |",
              "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(parts) + "---|---:|"]
     for row in table:
-        layer, seqs = float(row["layer"]), int(row["sequences"])  # type: ignore[arg-type]
+        layer, seqs = float(str(row["layer"])), int(str(row["sequences"]))
         cells = " | ".join(f"{float(row[p]):,.1f}" for p in parts)  # type: ignore[arg-type]
         token = "-" if row["token"] is None else f"{float(row['token']):,.0f}"  # type: ignore[arg-type]
         lines.append(f"| {row['mode']} | {row['attention_tp']} | {row['groups']} | {seqs:,} | {row['rows']:,} "

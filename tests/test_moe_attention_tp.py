@@ -156,7 +156,8 @@ def test_layer_spec_and_sweep_point_thread_it() -> None:
              "attention_tp": 4, "expert_tp": 2}
     spec = prepare(point)
     assert isinstance(spec, LayerSpec) and spec.attention_tp == 4 and spec.expert_tp == 2
-    assert prepare({k: v for k, v in point.items() if k not in ("attention_tp", "expert_tp")}).attention_tp is None
+    plain = prepare({k: v for k, v in point.items() if k not in ("attention_tp", "expert_tp")})
+    assert isinstance(plain, LayerSpec) and plain.attention_tp is None and plain.expert_tp == 1
     row = run_point(point)
     assert row["moe.attention_tp"] == 4 and row["moe.expert_tp"] == 2 and row["moe.tokens_per_rank"] == 16
     with pytest.raises(UserError) as err:
