@@ -219,3 +219,21 @@ def test_cli_attention_tp(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "--model", "llama3-8b", "--scheme", "tp-nvls", "--mode", "prefill", "--attention-tp",
                  "4"]) == 2
     assert capsys.readouterr().err.startswith("cais: error: --attention-tp: it sets a mixture-of-experts")
+
+
+@pytest.mark.parametrize("n,attention,batch", [(8, "tp", 2), (4, "tp", 4), (2, "tp", 8), (1, "dp", 2)])
+def test_the_dense_first_layers_take_the_groups_sequences_together(n: int, attention: str, batch: int,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decode step's dense first layers run TP over every GPU with the groups' GPUs / N
+    x ``batch`` sequences (under ``dp`` the dense path multiplies by the GPUs itself)."""
+    from cais.experiments import layer
+
+    calls: list[tuple[str, int]] = []
+
+    def fake(cfg, model, attention, seed=0):  # type: ignore[no-untyped-def]
+        calls.append((attention, model.batch))
+        return 1000.0
+    monkeypatch.setattr(layer, "dense_first_us", fake)
+    run_layer(load_system("dgx-h100"), load_moe_model("deepseek-v3", batch=2, seq=64), "ep-deepep", "decode",
+              attention_tp=n)
+    assert calls == [(attention, batch)]

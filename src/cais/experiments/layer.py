@@ -589,8 +589,7 @@ def attention_plan(model: MoeSpec, n: int, attention: str, attention_tp: int | N
     return ("tp" if group > 1 else "dp"), group
 
 
-def dense_first_us(cfg: SystemConfig, model: MoeSpec, attention: str, seed: int = 0,
-                   attention_tp: int | None = None) -> float:
+def dense_first_us(cfg: SystemConfig, model: MoeSpec, attention: str, seed: int = 0) -> float:
     """One decode period (us) of one of ``model``'s first ``dense_layers`` layers, simulated:
     the MoE layer's attention with the dense MLP of ``dense_ffn_hidden``
     (cais.workload.moe_dataflow.dense_layer_model), at the MoE run's KV length, under
@@ -607,14 +606,13 @@ def dense_first_us(cfg: SystemConfig, model: MoeSpec, attention: str, seed: int 
     (GPUs x ``batch``), as SGLang runs a dense MLP under DP attention by default (the
     tokens gathered to the full TP group; its ``moe_dense_tp_size``); their attention
     then runs TP too, where SGLang keeps it data parallel (docs/moe.md). Attention in
-    TP groups of ``attention_tp`` GPUs: likewise, the groups' sequences together (GPUs /
-    ``attention_tp`` x ``batch``).
+    TP groups: likewise, the groups' sequences together (:func:`moe_decode_token` passes
+    them as the batch of a ``tp`` run).
 
     The dense layer is timed, not checked against the HBM: it is one part of the MoE
     model, whose footprint is the MoE run's (and its attention's MHA stand-in for MLA
     would count a KV cache many times MLA's latent one)."""
-    group = attention_plan(model, cfg.gpus, attention, attention_tp)[1]
-    batch = model.batch * (cfg.gpus // group)
+    batch = model.batch if attention == "tp" else model.batch * cfg.gpus
     r = run_layer(cfg, dense_layer_model(model, batch), DENSE_FIRST_SCHEME, "decode", seed=seed,
                   check_capacity=False)
     return r.total_us
@@ -628,8 +626,11 @@ def moe_decode_token(cfg: SystemConfig, cm: ComputeModel, model: MoeSpec, attent
     lm_head split over the attention's TP group (every GPU under ``tp``; each group's
     ``attention_tp`` GPUs under TP groups, its tail's collectives within it; each GPU
     its own whole vocabulary and batch under ``dp``, no logits gather)."""
-    dense_us = dense_first_us(cfg, model, attention, seed, attention_tp) if model.dense_layers else 0.0
     tp = attention_plan(model, cfg.gpus, attention, attention_tp)[1]
+    dense_model, dense_attention = model, attention
+    if 1 < tp < cfg.gpus:  # the groups' sequences together, TP over every GPU (as under dp: dense_first_us)
+        dense_model, dense_attention = model.model_copy(update={"batch": model.batch * (cfg.gpus // tp)}), "tp"
+    dense_us = dense_first_us(cfg, dense_model, dense_attention, seed) if model.dense_layers else 0.0
     batch = model.batch  # per attention group: tp, the sequences over the GPUs; dp, one GPU's own
     return moe_token_time(cfg, cm, attention_model(model), model.moe_layers, batch, cfg.gpu.sms, layer_us, tp,
                           model.dense_layers, dense_us, DENSE_FIRST_SCHEME if model.dense_layers else "")
