@@ -477,11 +477,15 @@ def cmd_run(args: argparse.Namespace) -> None:
     from cais.workload.moe import MoeSpec
 
     spec = LayerSpec(args.model, args.scheme, args.mode, _system_spec(args), args.sms, args.batch, args.seq,
-                     sim=args.sim, attention=args.attention or "tp", expert_tp=args.expert_tp or 1)
+                     sim=args.sim, attention=args.attention or "tp", expert_tp=args.expert_tp or 1,
+                     attention_tp=args.attention_tp)
     cfg, overrides, model = built = spec.build()
     if args.attention and not isinstance(model, MoeSpec):
         raise UserError(f"attention: it sets a mixture-of-experts layer's attention; {model.name} is dense "
                         "(its attention is under the scheme's TP)")
+    if args.attention_tp is not None and not isinstance(model, MoeSpec):
+        raise UserError(f"attention_tp: it sets a mixture-of-experts layer's attention TP groups; {model.name} is "
+                        "dense (its attention is under the scheme's TP over every GPU)")
     if args.expert_tp and not isinstance(model, MoeSpec):
         raise UserError(f"expert_tp: it splits a mixture-of-experts layer's experts; {model.name} is dense "
                         "(its MLP is under the scheme's TP)")
@@ -556,7 +560,9 @@ def _print_moe(r: LayerResult) -> None:
     mo = r.moe or {}
     etp = f" x expert TP {mo['expert_tp']} (expert-TP collectives {mo['expert_tp_us']:,.1f} us)" \
         if int(str(mo.get("expert_tp", 1))) > 1 else ""
-    Console().print(f"experts: EP {mo['ep']}{etp} with the '{mo['kernel']}' kernel, attention {mo['attention']}, "
+    group = int(str(mo.get("attention_tp") or 0))
+    attn = f"{mo['attention']} in groups of {group} GPUs" if 1 < group < r.gpus else str(mo["attention"])
+    Console().print(f"experts: EP {mo['ep']}{etp} with the '{mo['kernel']}' kernel, attention {attn}, "
                     f"{mo['tokens_per_rank']} tokens per GPU, top-{mo['topk']} of {mo['experts']}; dispatch "
                     f"{mo['dispatch_us']:,.1f} us, combine {mo['combine_us']:,.1f} us, grouped GEMMs "
                     f"{mo['grouped_gemm_us']:,.1f} us, shared experts {mo['shared_us']:,.1f} us (backward included); "
@@ -1040,6 +1046,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--expert-tp", type=_positive_int, default=None, metavar="N",
                    help="a mixture-of-experts model's expert tensor parallelism: each expert's FFN split over N GPUs, "
                         "EP over the GPUs / N (default 1; nccl, allgather and deepep kernels; docs/moe.md)")
+    r.add_argument("--attention-tp", type=int, default=None, metavar="N",
+                   help="a mixture-of-experts model's attention in TP groups of N GPUs (N divides the GPUs), each "
+                        "group its own --batch sequences: N = GPUs is --attention tp, 1 is dp (docs/moe.md)")
     r.add_argument("--json", action="store_true", help="print the result (every metric) as JSON instead of a table")
     _sim_option(r)
     _launch_option(r, "Default: the system's (fitted on every preset); a --set gpu.launch wins")

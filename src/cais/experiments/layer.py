@@ -31,7 +31,7 @@ from cais.workload.footprint import Footprint, check_fits, footprint, over_capac
 from cais.workload.moe_footprint import moe_footprint
 from cais.workload.graph import Chain, MoeStep, Period, build_period
 from cais.workload.moe import MoeSpec
-from cais.workload.moe_dataflow import attention_model, build_moe_period, dense_layer_model, ep_plan
+from cais.workload.moe_dataflow import attention_group, attention_model, build_moe_period, dense_layer_model, ep_plan
 from cais.workload.routing import imbalance
 from cais.provenance import Provenance
 from cais.workload.models import ModelSpec
@@ -356,7 +356,8 @@ def mode_notes(sch: Scheme, cfg: SystemConfig, mode: str) -> dict[str, str]:
 
 
 def check_layer(cfg: SystemConfig, model: ModelSpec | MoeSpec, scheme: str, mode: str, sms: int | None = None,
-                sim: str = "full", attention: str = "tp", expert_tp: int = 1) -> None:
+                sim: str = "full", attention: str = "tp", expert_tp: int = 1,
+                attention_tp: int | None = None) -> None:
     """Raise the UserError :func:`run_layer` would raise before simulating anything (an
     unknown scheme or mode, a bad ``sms``, a switch model the scheme cannot run on
     (``SwitchMismatch``), ``sim='mirror'`` on a run that is not symmetric, a model that
@@ -366,9 +367,9 @@ def check_layer(cfg: SystemConfig, model: ModelSpec | MoeSpec, scheme: str, mode
     _check_sms(cfg, sms)
     _check_family(sch, model)
     if isinstance(model, MoeSpec):
-        _check_moe(cfg, model, sch, mode, sim, attention, expert_tp)
+        _check_moe(cfg, model, sch, mode, sim, attention, expert_tp, attention_tp)
         return
-    _check_dense_expert_tp(model, expert_tp)
+    _check_dense_parallelism(model, expert_tp, attention_tp)
     switch = sch.switch_model(cfg.switch.model)  # a scheme on a switch without what it needs (SwitchMismatch)
     sch.vc_policy_for(cfg.link.vc_policy)  # a VC policy that undoes the scheme (VcMismatch)
     keep = _keeps_inputs(sch, cfg, mode)  # a weight-gradient dataflow it cannot run (WgradMismatch)
@@ -383,12 +384,13 @@ def run_layer(cfg: SystemConfig, model: ModelSpec | MoeSpec, scheme: str, mode: 
               functional: bool = False, seed: int = 0, p_drop: float = 0.1, regather: bool = True,
               recorder: Recorder | None = None, progress: RunProgress | None = None,
               sim: str = "full", attention: str = "tp", expert_tp: int = 1,
-              check_capacity: bool = True) -> LayerResult:
+              check_capacity: bool = True, attention_tp: int | None = None) -> LayerResult:
     """Simulate one period of ``model`` under ``scheme`` on ``cfg`` (``sms`` per GPU); a
     ``recorder``, if given, records the run (each GPU's part of every segment is marked
     on its ``segments`` track). A MoE model (:class:`~cais.workload.moe.MoeSpec`) runs
     under an EP scheme (cais.schemes.ep), its attention under TP or data parallel
-    (``attention``) and its experts split ``expert_tp`` ways (cais.workload.moe_dataflow).
+    (``attention``; under TP in groups of ``attention_tp`` GPUs where given) and its
+    experts split ``expert_tp`` ways (cais.workload.moe_dataflow).
     ``check_capacity``: refuse a dense run whose footprint exceeds the HBM (off where the
     layer times a part of a larger run whose memory is that run's to judge)."""
     sch = get_scheme(scheme)
@@ -398,8 +400,8 @@ def run_layer(cfg: SystemConfig, model: ModelSpec | MoeSpec, scheme: str, mode: 
     _check_family(sch, model)
     if isinstance(model, MoeSpec):
         return _run_moe(cfg, model, sch, mode, functional, seed, p_drop, recorder, progress, sim, attention,
-                        expert_tp)
-    _check_dense_expert_tp(model, expert_tp)
+                        expert_tp, attention_tp)
+    _check_dense_parallelism(model, expert_tp, attention_tp)
     switch = sch.switch_model(cfg.switch.model)  # auto resolved; a switch it cannot run on refused
     if switch != cfg.switch.model:
         cfg = cfg.with_overrides(switch={**cfg.switch.model_dump(), "model": switch})
@@ -471,21 +473,27 @@ def _check_family(sch: Scheme, model: ModelSpec | MoeSpec) -> None:
                         "scheme (see 'cais schemes')")
 
 
-def _check_dense_expert_tp(model: ModelSpec, expert_tp: int) -> None:
+def _check_dense_parallelism(model: ModelSpec, expert_tp: int, attention_tp: int | None = None) -> None:
+    """A UserError (one line) for a MoE layer's parallelism asked of a dense model."""
     if expert_tp != 1:
         raise UserError(f"expert_tp: it splits a mixture-of-experts layer's experts; {model.name} is dense (got "
                         f"{expert_tp}; allowed: 1)")
+    if attention_tp is not None:
+        raise UserError(f"attention_tp: it sets a mixture-of-experts layer's attention TP groups; {model.name} is "
+                        f"dense, its attention under the scheme's TP over every GPU (got {attention_tp}; allowed: "
+                        "none)")
 
 
 def moe_period(cfg: SystemConfig, model: MoeSpec, mode: str, attention: str, seed: int, expert_tp: int = 1,
-               form: str = "group") -> Period:
+               form: str = "group", attention_tp: int | None = None) -> Period:
     """The MoE period a run of ``model`` on ``cfg`` simulates, its routing drawn as the
     system's ``moe`` settings say (:class:`cais.config.MoeConfig`: the generator, its
     seed (default: the run's ``seed``) and skew), its experts split ``expert_tp`` ways
-    as the EP kernel's stack sends them (``form``: cais.workload.routing.expert_tp_routing)."""
+    as the EP kernel's stack sends them (``form``: cais.workload.routing.expert_tp_routing),
+    its attention under TP in groups of ``attention_tp`` GPUs where given."""
     rc = cfg.moe
     return build_moe_period(model, cfg.gpus, mode, attention, seed, rc.routing, rc.seed, expert_tp, form,
-                            **rc.generator_kwargs())
+                            attention_tp, **rc.generator_kwargs())
 
 
 def _expert_tp_form(sch: Scheme, model: MoeSpec, n: int, expert_tp: int) -> str:
@@ -497,20 +505,22 @@ def _expert_tp_form(sch: Scheme, model: MoeSpec, n: int, expert_tp: int) -> str:
 
 
 def _check_moe(cfg: SystemConfig, model: MoeSpec, sch: Scheme, mode: str, sim: str, attention: str,
-               expert_tp: int = 1) -> Period:
+               expert_tp: int = 1, attention_tp: int | None = None) -> Period:
     """The MoE period to run; a UserError (one line) for what a MoE run cannot do."""
     if sim != "full":
         raise UserError(f"sim: a MoE layer runs every GPU ('full'); got '{sim}'")
     kernel = getattr(sch, "kernel", "")
     check_dispatch_dtype(EP_KERNELS[kernel], cfg.moe.dispatch_dtype, kernel)
+    attention, attention_tp = attention_plan(model, cfg.gpus, attention, attention_tp)
     form = _expert_tp_form(sch, model, cfg.gpus, expert_tp)
-    period = moe_period(cfg, model, mode, attention, 0, expert_tp, form)
+    period = moe_period(cfg, model, mode, attention, 0, expert_tp, form, attention_tp)
     dm = attention_model(model)
     _check_size(cfg, dm, sch, mode, period)
     return period
 
 
-def moe_memory(cfg: SystemConfig, model: MoeSpec, mode: str, attention: str, period: Period) -> tuple[Footprint, str]:
+def moe_memory(cfg: SystemConfig, model: MoeSpec, mode: str, attention: str, period: Period,
+               attention_tp: int | None = None) -> tuple[Footprint, str]:
     """A MoE run's per-GPU HBM footprint (cais.workload.moe_footprint, docs/memory.md
     "MoE runs"), its receive-side tensors those of the busiest GPU of ``period``'s
     routing, and the warning to give where it exceeds ``gpu.hbm_capacity_GB`` ("" where
@@ -519,7 +529,7 @@ def moe_memory(cfg: SystemConfig, model: MoeSpec, mode: str, attention: str, per
     rt = period.routing
     assert rt is not None
     received = rt.expert_rows().sum(axis=0).reshape(rt.ranks, rt.per_rank).sum(axis=1)
-    fp = moe_footprint(model, cfg.gpus, mode, attention, period.expert_tp, [int(r) for r in received])
+    fp = moe_footprint(model, cfg.gpus, mode, attention, period.expert_tp, [int(r) for r in received], attention_tp)
     line = over_capacity(fp, cfg.gpu.hbm_capacity_GB, cfg.gpu.name, f"batch {model.batch:,} and seq {model.seq:,}",
                          fp.split)
     return fp, "" if line is None else f"{line.removeprefix('memory: ')} (run and timed as asked)"
@@ -527,7 +537,7 @@ def moe_memory(cfg: SystemConfig, model: MoeSpec, mode: str, attention: str, per
 
 def _run_moe(cfg: SystemConfig, model: MoeSpec, sch: Scheme, mode: str, functional: bool, seed: int, p_drop: float,
              recorder: Recorder | None, progress: RunProgress | None, sim: str, attention: str,
-             expert_tp: int = 1) -> LayerResult:
+             expert_tp: int = 1, attention_tp: int | None = None) -> LayerResult:
     """:func:`run_layer` for a MoE layer: its period (cais.workload.moe_dataflow) on the
     dense path's machine, LayerRun and kernels, run by the EP scheme; in decode also the
     time per output token (:func:`moe_decode_token`)."""
@@ -535,9 +545,11 @@ def _run_moe(cfg: SystemConfig, model: MoeSpec, sch: Scheme, mode: str, function
     switch = sch.switch_model(cfg.switch.model)
     if switch != cfg.switch.model:
         cfg = cfg.with_overrides(switch={**cfg.switch.model_dump(), "model": switch})
-    _check_moe(cfg, model, sch, mode, sim, attention, expert_tp)
-    period = moe_period(cfg, model, mode, attention, seed, expert_tp, _expert_tp_form(sch, model, cfg.gpus, expert_tp))
-    memory, over = moe_memory(cfg, model, mode, attention, period)
+    _check_moe(cfg, model, sch, mode, sim, attention, expert_tp, attention_tp)
+    attention, attention_tp = attention_plan(model, cfg.gpus, attention, attention_tp)
+    period = moe_period(cfg, model, mode, attention, seed, expert_tp, _expert_tp_form(sch, model, cfg.gpus, expert_tp),
+                        attention_tp)
+    memory, over = moe_memory(cfg, model, mode, attention, period, attention_tp)
     bad: list[str] = []
     if functional:  # the expert block's data, exactly (its attention part is the dense path's, checked there)
         assert period.routing is not None
@@ -577,7 +589,8 @@ def _run_moe(cfg: SystemConfig, model: MoeSpec, sch: Scheme, mode: str, function
         collective_choice=cfg.collective.layer_choice,
         collectives_ran={f"{a}/{p}": k for (a, p), k in sorted(run.choices.items())},
         mismatches=bad, checked=1 if functional else 0, memory=memory, hbm_capacity_GB=cfg.gpu.hbm_capacity_GB,
-        token=moe_decode_token(asked, cm, model, attention, seed, end / PS_PER_US) if mode == "decode" else None,
+        token=moe_decode_token(asked, cm, model, attention, seed, end / PS_PER_US, attention_tp)
+        if mode == "decode" else None,
         adjusted={**m.adjusted, **({"memory": over} if over else {})},
         moe={**moe_breakdown(period, segs, sch, attention), "shared_overlap_us": _overlap_us(run, period),
              **group_tables(m), **_expert_tp_bytes(run, sch, period), **exchange_bytes(run, sch, period)})
@@ -585,6 +598,15 @@ def _run_moe(cfg: SystemConfig, model: MoeSpec, sch: Scheme, mode: str, function
 
 #: the dense scheme a MoE model's dense first layers run under (:func:`dense_first_us`)
 DENSE_FIRST_SCHEME = "sp-nccl"
+
+
+def attention_plan(model: MoeSpec, n: int, attention: str, attention_tp: int | None) -> tuple[str, int]:
+    """(attention, its TP group's GPUs) of a MoE run on ``n`` GPUs
+    (cais.workload.moe_dataflow.attention_group; a UserError where they do not agree):
+    a group of one is ``dp``, any larger group ``tp``, so a run given ``attention_tp`` =
+    GPUs or 1 is the ``tp`` or ``dp`` run."""
+    group = attention_group(model, n, attention, attention_tp)
+    return ("tp" if group > 1 else "dp"), group
 
 
 def dense_first_us(cfg: SystemConfig, model: MoeSpec, attention: str, seed: int = 0) -> float:
@@ -603,7 +625,9 @@ def dense_first_us(cfg: SystemConfig, model: MoeSpec, attention: str, seed: int 
     layers run TP over every GPU with the data-parallel ranks' sequences together
     (GPUs x ``batch``), as SGLang runs a dense MLP under DP attention by default (the
     tokens gathered to the full TP group; its ``moe_dense_tp_size``); their attention
-    then runs TP too, where SGLang keeps it data parallel (docs/moe.md).
+    then runs TP too, where SGLang keeps it data parallel (docs/moe.md). Attention in
+    TP groups: likewise, the groups' sequences together (:func:`moe_decode_token` passes
+    them as the batch of a ``tp`` run).
 
     The dense layer is timed, not checked against the HBM: it is one part of the MoE
     model, whose footprint is the MoE run's (and its attention's MHA stand-in for MLA
@@ -615,15 +639,19 @@ def dense_first_us(cfg: SystemConfig, model: MoeSpec, attention: str, seed: int 
 
 
 def moe_decode_token(cfg: SystemConfig, cm: ComputeModel, model: MoeSpec, attention: str, seed: int,
-                     layer_us: float) -> TokenTime:
+                     layer_us: float, attention_tp: int | None = None) -> TokenTime:
     """A MoE model's decode time per output token (experiments/token.py): its MoE layers
     at ``layer_us``, its dense first layers at :func:`dense_first_us` (none run where
     ``dense_layers`` is 0), and the tail with the model's hidden and vocabulary, its
-    lm_head split over the attention's TP group (every GPU under ``tp``; each GPU its
-    own whole vocabulary and batch under ``dp``, no logits gather)."""
-    dense_us = dense_first_us(cfg, model, attention, seed) if model.dense_layers else 0.0
-    tp = cfg.gpus if attention == "tp" else 1
-    batch = model.batch  # tp: the sequences over the GPUs; dp: one GPU's own sequences
+    lm_head split over the attention's TP group (every GPU under ``tp``; each group's
+    ``attention_tp`` GPUs under TP groups, its tail's collectives within it; each GPU
+    its own whole vocabulary and batch under ``dp``, no logits gather)."""
+    tp = attention_plan(model, cfg.gpus, attention, attention_tp)[1]
+    dense_model, dense_attention = model, attention
+    if 1 < tp < cfg.gpus:  # the groups' sequences together, TP over every GPU (as under dp: dense_first_us)
+        dense_model, dense_attention = model.model_copy(update={"batch": model.batch * (cfg.gpus // tp)}), "tp"
+    dense_us = dense_first_us(cfg, dense_model, dense_attention, seed) if model.dense_layers else 0.0
+    batch = model.batch  # per attention group: tp, the sequences over the GPUs; dp, one GPU's own
     return moe_token_time(cfg, cm, attention_model(model), model.moe_layers, batch, cfg.gpu.sms, layer_us, tp,
                           model.dense_layers, dense_us, DENSE_FIRST_SCHEME if model.dense_layers else "")
 
@@ -687,8 +715,9 @@ def _overlap_us(run: LayerRun, period: Period) -> float:
 
 
 def moe_breakdown(period: Period, segs: dict[str, float], sch: Scheme, attention: str) -> dict[str, object]:
-    """A MoE layer's expert block: the EP kernel, how attention ran, the EP degree and
-    expert TP, the tokens each GPU routes (the model's experts and top-k), the time
+    """A MoE layer's expert block: the EP kernel, how attention ran (``attention_tp``:
+    its TP group's GPUs), the EP degree and expert TP, the tokens each GPU routes (the
+    model's experts and top-k), the time
     (us, first kernel start to last end over the GPUs) of its dispatches and combines
     (the backward's included: a combine's backward is a dispatch), of its grouped GEMMs,
     of its fused blocks (an in-switch kernel's dispatch, experts and combine in one
@@ -707,7 +736,8 @@ def moe_breakdown(period: Period, segs: dict[str, float], sch: Scheme, attention
     received = rt.expert_rows().sum(axis=0).reshape(rt.ranks, rt.per_rank).sum(axis=1)
     tp = period.expert_tp
     slots = tp if tp > 1 and expert_tp_form(EP_KERNELS[getattr(sch, "kernel", "")], tp) == "all" else 1
-    return {"kernel": getattr(sch, "kernel", ""), "attention": attention, "ep": rt.ranks // tp, "expert_tp": tp,
+    return {"kernel": getattr(sch, "kernel", ""), "attention": attention, "attention_tp": period.attention_tp,
+            "ep": rt.ranks // tp, "expert_tp": tp,
             "routing": rt.source,
             "tokens_per_rank": rt.tokens, "experts": rt.experts // tp, "topk": rt.topk // slots,
             "dispatch_us": total([s.name for s in steps if s.kind == "exchange" and s.kernel == "dispatch"]),

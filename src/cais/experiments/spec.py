@@ -121,6 +121,7 @@ class LayerSpec:
     sim: str = "full"
     attention: str = "tp"  # a MoE layer's attention: tensor parallel or data parallel (cais.workload.moe_dataflow)
     expert_tp: int = 1  # a MoE layer's expert tensor parallelism (EP over the GPUs / expert_tp; moe_dataflow)
+    attention_tp: int | None = None  # a MoE layer's attention TP group's GPUs (None: from attention; moe_dataflow)
 
     def workload(self) -> ModelSpec | MoeSpec:
         """The model with this run's shape (ModelError, one line): a MoE model (a MoE
@@ -143,7 +144,8 @@ class LayerSpec:
         """Everything :meth:`run` would refuse, without simulating (UserError); on
         ``built``, if the caller built it already."""
         cfg, _, model = built or self.build()
-        check_layer(cfg, model, self.scheme, self.mode, self.sms, self.sim, self.attention, self.expert_tp)
+        check_layer(cfg, model, self.scheme, self.mode, self.sms, self.sim, self.attention, self.expert_tp,
+                    self.attention_tp)
 
     def same_run_as(self, built: tuple[SystemConfig, dict[str, Any], ModelSpec | MoeSpec] | None = None) -> str:
         """The scheme whose run of this period is this one's, event for event
@@ -162,7 +164,7 @@ class LayerSpec:
         cfg, overrides, model = built or self.build()
         return _stamped(run_layer(cfg, model, self.scheme, self.mode, self.sms, functional=functional, seed=seed,
                                   recorder=recorder, progress=progress, sim=self.sim, attention=self.attention,
-                                  expert_tp=self.expert_tp), self, cfg, overrides)
+                                  expert_tp=self.expert_tp, attention_tp=self.attention_tp), self, cfg, overrides)
 
 
 def ep_kernels(shipped_only: bool = False) -> tuple[str, ...]:

@@ -95,32 +95,46 @@ def _gemm_us(cfg: SystemConfig, cm: ComputeModel, m: int, n: int, k: int, sms: i
     return work / PS_PER_US + _launch_us(cfg, cm.kernel_overhead_ps / PS_PER_US)
 
 
-def _collective_us(cfg: SystemConfig, op: str, nbytes: int) -> float:
+def _collective_us(cfg: SystemConfig, op: str, nbytes: int, group: int | None = None) -> float:
     """NCCL's choice by size for ``op`` on ``nbytes``, simulated, with its launch as the
-    tail's other kernels have it."""
+    tail's other kernels have it; over a ``group`` of fewer GPUs than ``cfg``'s (a MoE
+    layer's attention TP group), NCCL's ring over that many GPUs of the system, its
+    protocol by size, as the layer's group collectives run (schemes/ep.py: no NVLS
+    kernel over a subset of the GPUs here)."""
     from cais.experiments.collective import run_collective
 
-    r = run_collective(cfg, op, "auto", nbytes, protocol="auto")
+    if group is not None and group < cfg.gpus:
+        r = run_collective(_first_gpus(cfg, group), op, "ring", nbytes, protocol="auto")
+    else:
+        r = run_collective(cfg, op, "auto", nbytes, protocol="auto")
     # its own time: without the standalone call's launch and host cost (run_collective charges them)
     own = r.time_us - cfg.gpu.kernel_launch_us - cfg.collective.host_us
     return max(0.0, own) + _launch_us(cfg, cfg.gpu.kernel_launch_us)
 
 
+def _first_gpus(cfg: SystemConfig, gpus: int) -> SystemConfig:
+    """``cfg`` with its first ``gpus`` GPUs (one attention group's; their slowdowns kept)."""
+    data = cfg.model_dump()
+    data.update(gpus=gpus, gpu_slowdown={g: f for g, f in cfg.gpu_slowdown.items() if g < gpus})
+    return SystemConfig(**data)
+
+
 def decode_tail_us(cfg: SystemConfig, cm: ComputeModel, model: ModelSpec, batch: int, sms: int,
                    tp: int | None = None) -> dict[str, float]:
     """The tail of one decode step (module doc), us per part, its vocabulary split over
-    ``tp`` ranks (default: every GPU; 1: each GPU holds the whole vocabulary, and the
-    embedding's all-reduce and the logits gather have no peer: 0). A model without a
+    ``tp`` ranks (default: every GPU; fewer: a MoE layer's attention TP group, its
+    collectives within the group (:func:`_collective_us`); 1: each GPU holds the whole
+    vocabulary, and the embedding's all-reduce and the logits gather have no peer: 0). A model without a
     vocabulary size has no lm_head, logits or sampling to time: those parts are 0."""
     n, h, eb = cfg.gpus if tp is None else tp, model.hidden, model.dtype_bytes
     rows = batch * h * eb
-    reduce_us = _collective_us(cfg, "allreduce", rows) if n > 1 else 0.0
+    reduce_us = _collective_us(cfg, "allreduce", rows, n) if n > 1 else 0.0
     tail = {"embedding": _small_us(cfg, cm, 2 * rows, sms) + reduce_us,
             "final_norm": _small_us(cfg, cm, 2 * rows, sms), "lm_head": 0.0, "logits_gather": 0.0, "sampling": 0.0}
     if model.vocab:
         shard = -(-model.vocab // n)
         tail["lm_head"] = _gemm_us(cfg, cm, batch, shard, h, sms)
-        tail["logits_gather"] = _collective_us(cfg, "allgather", batch * shard * n * eb) if n > 1 else 0.0
+        tail["logits_gather"] = _collective_us(cfg, "allgather", batch * shard * n * eb, n) if n > 1 else 0.0
         logits = batch * model.vocab
         tail["sampling"] = _small_us(cfg, cm, logits * (eb + FP32), sms) + _small_us(cfg, cm, logits * FP32, sms)
     return tail

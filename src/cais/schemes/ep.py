@@ -35,6 +35,14 @@ group's rows. ``all`` (``allgather``, ``deepep``: Megatron-Core's all-gather and
 dispatchers): the exchange itself carries a token's rows to every slot and its combine
 adds the partial sums, so the expert-TP steps run nothing. Other kernels refuse
 expert TP > 1 (a UserError naming ``expert_tp``).
+
+Attention TP groups smaller than the GPUs (the period's ``attention_tp``, 1 < N < GPUs;
+cais.workload.moe_dataflow): the attention's ReduceScatter and AllGather run within each
+group of N consecutive GPUs, all groups at once, as NCCL's ring over the group's GPUs
+(kernels/collectives.py ``groups``) in NCCL's protocol by size for a ring of N: the
+simulator's NVLS kernels multicast over every GPU, and no NVLS kernel over a subset
+exists here (NCCL itself would pick NVLS by size for a group's communicator where the
+switch allows it).
 """
 
 from __future__ import annotations
@@ -208,6 +216,37 @@ class EpScheme(Scheme):
         r.choices[("ring", spec.protocol)] = r.choices.get(("ring", spec.protocol), 0) + 1
         spec = replace(spec, staging=f"stage{r.collectives}", stream=r.collectives)
         return [r.submit(g, k, [deps[g]], r.m.launch_ps, seg.name) for g, k in enumerate(build(r.m, spec))]
+
+    def collective_step(self, r: LayerRun, op: str, src: str, dst: str, deps: Deps, segment: str,
+                        sm_sets: Sequence[frozenset[int] | None] | None = None, rows: tuple[int, int] | None = None,
+                        channels: int | None = None, launch: int | None = None, algo: str | None = None) -> Deps:
+        """The attention's collective after ``deps``: within each attention group where
+        the groups are smaller than the GPUs (:meth:`attention_group_spec`), else over
+        every GPU as the dense path runs it."""
+        spec = self.attention_group_spec(r, op, src, dst)
+        if spec is None:
+            return super().collective_step(r, op, src, dst, deps, segment, sm_sets, rows, channels, launch, algo)
+        r.collectives += 1
+        r.choices[("ring", spec.protocol)] = r.choices.get(("ring", spec.protocol), 0) + 1
+        r.last_algo = "ring"
+        spec = replace(spec, staging=f"stage{r.collectives}", stream=r.collectives)
+        launch = r.m.launch_ps if launch is None else launch
+        return [r.submit(g, k, [deps[g]], launch, segment) for g, k in enumerate(build(r.m, spec))]
+
+    def attention_group_spec(self, r: LayerRun, op: str, src: str, dst: str) -> CollectiveSpec | None:
+        """The attention collective ``op`` (ReduceScatter or AllGather of the group's
+        token rows) as NCCL's ring within each attention group of ``attention_tp``
+        consecutive GPUs, in NCCL's protocol by size for a ring of that many (module
+        doc); None where the group is every GPU (or one: data parallel, no collective)."""
+        tp, n = r.period.attention_tp, r.m.n
+        if tp is None or not 1 < tp < n:
+            return None
+        c, eb = r.m.cfg, r.model.dtype_bytes
+        count = r.d.tokens * r.d.hidden  # one group's buffer: its token rows
+        pick = choose(op, count * eb, tp, sum(c.switch.links_per_gpu), c.collective.ring_channels,
+                      c.collective.nvls_channels, c.collective.tuning, "ring")
+        groups = tuple(tuple(range(first, first + tp)) for first in range(0, n, tp))
+        return CollectiveSpec(op, "ring", count, eb, src, dst, protocol=pick.protocol, groups=groups)
 
     def exchange_call(self, r: LayerRun, seg: MoeStep, rt: Routing) -> EpCall:
         """The EP call of exchange step ``seg``: ``hidden``-wide rows, the forward

@@ -13,6 +13,11 @@ key                meaning (as the ``cais run`` / ``cais collective`` option)
                    for a mixture-of-experts model an EP scheme (``ep-<kernel>``)
 ``mode``           layer: ``train``, ``prefill`` or ``decode`` (required)
 ``attention``      layer, a mixture-of-experts model: ``tp`` (default) or ``dp``
+``attention_tp``   layer, a mixture-of-experts model: its attention's TP group
+                   (GPUs dividing the system's; default: every GPU under ``tp``,
+                   1 under ``dp``; docs/moe.md "Attention TP groups")
+``expert_tp``      layer, a mixture-of-experts model: each expert's FFN split over
+                   this many GPUs, EP over the rest (default 1)
 ``sms``            layer: SMs per GPU
 ``batch``/``seq``  layer: run shape (default: the model's)
 ``op``/``algo``    collective: ``allreduce|allgather|reducescatter``, ``ring|nvls``
@@ -38,7 +43,7 @@ if TYPE_CHECKING:
     from cais.experiments.spec import CollectiveRunSpec, LayerSpec
 
 COMMON_KEYS = ("kind", "system", "gpus")
-LAYER_KEYS = ("model", "scheme", "mode", "sms", "batch", "seq", "attention")
+LAYER_KEYS = ("model", "scheme", "mode", "sms", "batch", "seq", "attention", "attention_tp", "expert_tp")
 COLLECTIVE_KEYS = ("op", "algo", "bytes", "unit")
 KINDS = ("layer", "collective")
 MODES = ("train", "prefill", "decode")
@@ -83,6 +88,13 @@ def _positive(key: str, value: Any) -> int | None:
     raise UserError(f"key '{key}': expected a positive whole number, got {json.dumps(value)}")
 
 
+def _whole(key: str, value: Any) -> int | None:
+    """A whole number (or None: unset); its range is the run's to check (naming what it allows)."""
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    raise UserError(f"key '{key}': expected a whole number, got {json.dumps(value)}")
+
+
 def _choice(key: str, value: Any, allowed: Sequence[str]) -> str:
     if value not in allowed:
         raise UserError(f"key '{key}': unknown value {json.dumps(value)}; allowed: {', '.join(allowed)}")
@@ -118,9 +130,11 @@ def prepare(point: Mapping[str, Any]) -> LayerSpec | CollectiveRunSpec:
         if not isinstance(point["model"], str):
             raise UserError(f"key 'model': expected a preset name or a file, got {json.dumps(point['model'])}")
         sms, batch, seq = (_positive(key, point.get(key)) for key in ("sms", "batch", "seq"))
+        attention_tp, expert_tp = (_whole(key, point.get(key)) for key in ("attention_tp", "expert_tp"))
         sets = tuple(config_sets(point).items())
         return LayerSpec(point["model"], scheme, mode, SystemSpec(system, gpus, sets, None, *_LABELS), sms, batch,
-                         seq, attention=attention)
+                         seq, attention=attention, expert_tp=1 if expert_tp is None else expert_tp,
+                         attention_tp=attention_tp)
     from cais.kernels.algorithms import names
     from cais.kernels.collectives import OPS
 

@@ -167,6 +167,9 @@ class Period:
     graph: LayerGraph | None = field(default=None, compare=False, repr=False)  # what it was derived from
     routing: Routing | None = field(default=None, compare=False, repr=False)  # a MoE period's token routing
     expert_tp: int = 1  # a MoE period's expert TP (its routing is then over (expert, slot) pairs: moe_dataflow)
+    # a MoE period's attention TP group (GPUs; 1: data parallel; every GPU: TP over all), its collectives within
+    # each group of consecutive GPUs (moe_dataflow); None: a dense period's, TP over every GPU
+    attention_tp: int | None = None
 
     @property
     def chains(self) -> list[Chain]:

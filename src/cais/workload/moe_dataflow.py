@@ -8,7 +8,14 @@ Attention runs as the dense path runs it, under tensor parallelism over every GP
 (``attention="tp"``: Megatron's TP with sequence parallelism: the output projection's
 ReduceScatter leaves each GPU ``T / n`` token rows, which it routes, and an AllGather
 before the next layer's QKV) or data parallel (``"dp"``: every GPU its own ``batch``
-sequences, whole heads, no collective outside the experts). The experts are split
+sequences, whole heads, no collective outside the experts), or under TP groups smaller
+than the GPUs (``attention_tp`` N, 1 < N < GPUs: "DP x TP attention", as SGLang and vLLM
+run DP attention with a TP group per DP rank): GPUs / N attention groups of N
+consecutive GPUs, each its own ``batch`` sequences under TP over its N GPUs with
+sequence parallelism, the out-projection's ReduceScatter and the next QKV's AllGather
+within the group; each GPU routes its ``T / N`` rows. ``batch`` is per attention group
+(so N = GPUs is ``tp``, whose ``batch`` is over every GPU, and N = 1 is ``dp``, whose
+``batch`` is per GPU: :func:`attention_group`). The experts are split
 over ``ep`` = GPUs / ``expert_tp`` EP ranks, each expert's FFN ``expert_tp`` ways
 (expert tensor parallelism, as Megatron-Core's ``expert_tensor_parallel_size``:
 gate/up split by columns, down by rows, so the grouped GEMMs run ``F / expert_tp``
@@ -83,20 +90,48 @@ def dense_layer_model(moe: MoeSpec, batch: int | None = None) -> ModelSpec:
     return ModelSpec.model_validate(data)
 
 
-def moe_dims(moe: MoeSpec, n: int, mode: str, attention: str) -> Dims:
-    """The attention part's per-GPU sizes: TP over ``n`` GPUs with sequence parallelism,
-    or one GPU's own sequences (``dp``)."""
+def attention_group(moe: MoeSpec, n: int, attention: str, attention_tp: int | None = None) -> int:
+    """The GPUs of one attention TP group on ``n`` GPUs (module doc): ``attention_tp``
+    where given (it must divide the GPUs and ``moe``'s heads; under ``dp`` it must be 1),
+    else every GPU under ``tp`` and 1 under ``dp``. A UserError (one line, naming the
+    field and what it allows) otherwise."""
     if attention not in ATTENTION_MODES:
         raise UserError(f"attention: unknown '{attention}'; valid: {', '.join(ATTENTION_MODES)}")
+    if attention_tp is None:
+        return n if attention == "tp" else 1
+    allowed = [k for k in range(1, n + 1) if n % k == 0 and _splits_heads(moe, k)]
+    if isinstance(attention_tp, bool) or not isinstance(attention_tp, int) or attention_tp < 1 or n % attention_tp:
+        raise UserError(f"attention_tp: {attention_tp} does not divide the {n} GPUs; allowed: "
+                        f"{', '.join(map(str, allowed))}")
+    if attention == "dp" and attention_tp != 1:
+        raise UserError(f"attention_tp: {attention_tp} runs attention TP over groups of {attention_tp} GPUs, but "
+                        "attention is 'dp' (data parallel: groups of 1); allowed with dp: 1 (or attention tp)")
+    if not _splits_heads(moe, attention_tp):
+        raise UserError(f"attention_tp: {attention_tp} does not divide {moe.name}'s heads ({moe.heads}) and kv_heads "
+                        f"({moe.kv}); allowed: {', '.join(map(str, allowed))}")
+    return attention_tp
+
+
+def _splits_heads(moe: MoeSpec, k: int) -> bool:
+    """Whether TP over ``k`` GPUs splits ``moe``'s heads (its KV heads split or replicated)."""
+    return k == 1 or (moe.heads % k == 0 and (moe.kv < k or moe.kv % k == 0))
+
+
+def moe_dims(moe: MoeSpec, n: int, mode: str, attention: str, attention_tp: int | None = None) -> Dims:
+    """The attention part's per-GPU sizes: TP over the attention group's GPUs
+    (:func:`attention_group`: every GPU under ``tp``) with sequence parallelism, its
+    ``batch`` sequences, or one GPU's own sequences (a group of 1: ``dp``)."""
+    group = attention_group(moe, n, attention, attention_tp)
     if mode not in MODES:
         raise UserError(f"mode: unknown mode '{mode}'; valid: {', '.join(MODES)}")
     model = attention_model(moe)
-    return dims_for(model, n, mode, True) if attention == "tp" else dims_for(model, 1, mode, False)
+    return dims_for(model, group, mode, True) if group > 1 else dims_for(model, 1, mode, False)
 
 
-def routed_rows(d: Dims, attention: str) -> int:
-    """Token rows one GPU routes: its sequence-parallel shard (``tp``) or its own tokens (``dp``)."""
-    return d.rows_l if attention == "tp" else d.tokens
+def routed_rows(d: Dims) -> int:
+    """Token rows one GPU routes: its sequence-parallel shard of its attention group's
+    tokens (TP), or its own tokens (data parallel)."""
+    return d.rows_l if d.sp else d.tokens
 
 
 def ep_plan(moe: MoeSpec, n: int, expert_tp: int = 1) -> EpPlan:
@@ -111,49 +146,53 @@ def ep_plan(moe: MoeSpec, n: int, expert_tp: int = 1) -> EpPlan:
         what = "EP ranks" if expert_tp == 1 else f"EP ranks ({n} GPUs / expert_tp {expert_tp})"
         raise UserError(f"gpus: {n // expert_tp} {what} do not divide {moe.name}'s {moe.experts} experts; "
                         f"allowed: {', '.join(map(str, allowed))}")
-    # the experts' split only: attention's (TP over every GPU or data parallel) is moe_dims' to check
+    # the experts' split only: attention's (its TP group, every GPU, or data parallel) is attention_group's
     return EpPlan(gpus=n, ep=n // expert_tp, expert_tp=expert_tp, attention_tp=1).check(moe)
 
 
 def build_moe_graph(moe: MoeSpec, n: int, mode: str, attention: str = "tp", seed: int = 0,
-                    expert_tp: int = 1) -> LayerGraph:
+                    expert_tp: int = 1, attention_tp: int | None = None) -> LayerGraph:
     """The period of ``moe``'s MoE layer on ``n`` GPUs (EP over ``n / expert_tp`` ranks,
-    each expert split ``expert_tp`` ways) in ``mode`` (module doc)."""
+    each expert split ``expert_tp`` ways; attention over groups of ``attention_tp``
+    GPUs, :func:`attention_group`) in ``mode`` (module doc)."""
     ep_plan(moe, n, expert_tp)
-    d = moe_dims(moe, n, mode, attention)
+    d = moe_dims(moe, n, mode, attention, attention_tp)
     g = LayerGraph(d, mode, moe=True)
-    _MoeBuilder(g, moe, attention, seed, expert_tp).forward()
+    _MoeBuilder(g, moe, seed, expert_tp).forward()
     if mode == "train":
-        _MoeBuilder(g, moe, attention, seed, expert_tp).backward()
+        _MoeBuilder(g, moe, seed, expert_tp).backward()
     return g
 
 
 def build_moe_period(moe: MoeSpec, n: int, mode: str, attention: str = "tp", seed: int = 0,
                      routing: str = "uniform", routing_seed: int | None = None, expert_tp: int = 1,
-                     form: str = "group", **routing_kwargs: float) -> Period:
+                     form: str = "group", attention_tp: int | None = None, **routing_kwargs: float) -> Period:
     """The period a scheme runs (:func:`build_moe_graph`), with its tokens' routing drawn
     by ``routing`` (cais.workload.routing; DeepEP's tests' ``uniform`` by default, its
     skew in ``routing_kwargs``: ``alpha``, ``sigma``) from ``routing_seed`` (default:
     ``seed``): each GPU routes :func:`routed_rows` tokens. At ``expert_tp`` > 1 the
     routing is over the GPUs' (expert, expert-TP slot) pairs as the EP kernel's stack
     sends them (``form``: cais.workload.routing.expert_tp_routing); the draw is the
-    same at every ``expert_tp``."""
-    graph = build_moe_graph(moe, n, mode, attention, seed, expert_tp)
-    rows = routed_rows(graph.dims, attention)
+    same at every ``expert_tp``. The period's ``attention_tp`` is its attention group's
+    GPUs (:func:`attention_group`)."""
+    group = attention_group(moe, n, attention, attention_tp)
+    graph = build_moe_graph(moe, n, mode, attention, seed, expert_tp, group)
+    rows = routed_rows(graph.dims)
     ep = n // expert_tp
     rt: Routing = generate(routing, n, rows, moe.experts, moe.topk, seed if routing_seed is None else routing_seed,
                            n_group=moe.n_group, topk_group=moe.topk_group, ep=ep,
                            **routing_kwargs)  # type: ignore[arg-type]
-    return replace(period_of(graph), routing=expert_tp_routing(rt, ep, expert_tp, form), expert_tp=expert_tp)
+    return replace(period_of(graph), routing=expert_tp_routing(rt, ep, expert_tp, form), expert_tp=expert_tp,
+                   attention_tp=group)
 
 
 class _MoeBuilder:
     """Adds one MoE period's tensors and ops to a graph (module doc)."""
 
-    def __init__(self, g: LayerGraph, moe: MoeSpec, attention: str, seed: int, expert_tp: int = 1) -> None:
-        self.g, self.moe, self.tp, self.seed = g, moe, attention == "tp", seed
+    def __init__(self, g: LayerGraph, moe: MoeSpec, seed: int, expert_tp: int = 1) -> None:
+        self.g, self.moe, self.tp, self.seed = g, moe, g.dims.sp, seed  # attention under TP (its group's GPUs)
         d = g.dims
-        self.T, self.h, self.rl = d.tokens, d.hidden, routed_rows(d, attention)
+        self.T, self.h, self.rl = d.tokens, d.hidden, routed_rows(d)
         self.F, self.E, self.K, self.S = moe.expert_ffn_hidden, moe.experts, moe.topk, moe.shared_experts
         self.sel = self.rl * self.K  # (token, expert) selections one GPU routes; the mean one receives
         self.etp = expert_tp

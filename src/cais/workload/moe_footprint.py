@@ -45,7 +45,8 @@ from cais.workload.dims import Dims, dims_for
 from cais.workload.footprint import (ADAM_STATES, FP32_BYTES, Footprint, kv_cache_bytes, live_activation_bytes,
                                      stored_activation_bytes, weight_tensors)
 from cais.workload.moe import MoeSpec
-from cais.workload.moe_dataflow import attention_model, build_moe_graph, dense_layer_model, ep_plan, moe_dims
+from cais.workload.moe_dataflow import (attention_group, attention_model, build_moe_graph, dense_layer_model, ep_plan,
+                                        moe_dims)
 
 #: the expert block's weight tensors and weight gradients (grouped-GEMM steps' operands)
 EXPERT_WEIGHTS = frozenset({"we1", "we2", "dwe1", "dwe2"})
@@ -147,40 +148,44 @@ def kept_for_backward(g: LayerGraph, forward_ops: int, dtype_bytes: int) -> int:
     return sum(t.local[0] * t.local[1] * dtype_bytes for t in kept if t.sharding != "heads")
 
 
-def split_name(gpus: int, attention: str, expert_tp: int) -> str:
-    """How the run splits the model, for messages: ``EP 8, attention TP 8``."""
+def split_name(gpus: int, group: int, expert_tp: int) -> str:
+    """How the run splits the model, for messages: ``EP 8, attention TP 8`` (``group``:
+    the attention TP group's GPUs, 1 data parallel)."""
     ep = f"EP {gpus // expert_tp}" + (f" x expert TP {expert_tp}" if expert_tp > 1 else "")
-    return f"{ep}, attention {'TP ' + str(gpus) if attention == 'tp' else 'data parallel'}"
+    return f"{ep}, attention {'TP ' + str(group) if group > 1 else 'data parallel'}"
 
 
 def moe_footprint(model: MoeSpec, gpus: int, mode: str, attention: str = "tp", expert_tp: int = 1,
-                  received: Sequence[int] | None = None) -> MoeFootprint:
+                  received: Sequence[int] | None = None, attention_tp: int | None = None) -> MoeFootprint:
     """The per-GPU footprint of MoE ``model`` in ``mode`` (train, prefill, decode) over
     ``gpus`` GPUs, attention under ``attention`` (``tp``, ``dp``), experts split
     ``expert_tp`` ways (module doc); ``received``: the rows each GPU's experts receive
-    under the run's routing (None: the mean, every GPU alike). A split that does not
-    fit the model is a UserError naming the field."""
+    under the run's routing (None: the mean, every GPU alike); ``attention_tp``: the
+    attention's TP groups (cais.workload.moe_dataflow.attention_group; None: every GPU
+    under ``tp``, one under ``dp``). A split that does not fit the model is a UserError
+    naming the field."""
     ep_plan(model, gpus, expert_tp)
-    d = moe_dims(model, gpus, mode, attention)
+    group = attention_group(model, gpus, attention, attention_tp)
+    d = moe_dims(model, gpus, mode, attention, attention_tp)
     b = model.dtype_bytes
     parts = weight_parts(model, gpus, d)
     params = sum(parts.values())
     by_part = weight_bytes(model, parts, mode)
     kv = moe_kv_cache_bytes(model, d) if mode in ("prefill", "decode") else 0
-    g = with_busiest(build_moe_graph(model, gpus, mode, attention, 0, expert_tp), received)
+    g = with_busiest(build_moe_graph(model, gpus, mode, attention, 0, expert_tp, attention_tp), received)
     act = live_activation_bytes(g, b, EXPERT_WEIGHTS)
     grads = optim = 0
     if mode == "train":
-        fwd_ops = len(build_moe_graph(model, gpus, "prefill", attention, 0, expert_tp).ops)
+        fwd_ops = len(build_moe_graph(model, gpus, "prefill", attention, 0, expert_tp, attention_tp).ops)
         act += (model.moe_layers - 1) * kept_for_backward(g, fwd_ops, b)
         if model.dense_layers:
-            dm = dense_layer_model(model, model.batch if attention == "tp" else model.batch * gpus)
+            dm = dense_layer_model(model, model.batch * (gpus // group))  # every group's sequences, TP over all
             act += model.dense_layers * stored_activation_bytes(dm, dims_for(dm, gpus, "train", True))
         grads = params * b
         master = FP32_BYTES if b < FP32_BYTES else 0
         optim = params * (ADAM_STATES * FP32_BYTES + master)
     return MoeFootprint(model.name, mode, gpus, sum(by_part.values()), kv, act, grads, optim, weight_parts=by_part,
-                        split=split_name(gpus, attention, expert_tp))
+                        split=split_name(gpus, group, expert_tp))
 
 
 __all__ = ["EXPERT_WEIGHTS", "MoeFootprint", "RECEIVED", "WEIGHT_PARTS", "attention_params", "kept_for_backward",
