@@ -11,8 +11,9 @@ at its own batch (docs/validation.md, "What grows with the batch, from the sourc
 
 One Markdown row per scored row above batch 1: the graph's batch, the published time
 and its growth from the same model's batch-1 row, ours at the row's batch and with the
-graph's batch in the graph, and what is still missing per layer. Under the table, ours'
-one-shot all-reduce per call at batch 1 and at the padded batch 8, per model.
+graph's batch in the graph, and what is still missing per layer. Under the table, per
+model, ours' one-shot all-reduce per call and the period's segments at batch 1 and at
+the padded batch 8.
 
     .venv/bin/python scripts/decode_batch_growth.py
 """
@@ -103,6 +104,8 @@ def main() -> None:
         a1, a8 = all_reduce_per_call_us(one), all_reduce_per_call_us(eight)
         print(f"ours' one-shot all-reduce per call, {model}: {a1:.2f} us at 1 sequence, {a8:.2f} us at 8 "
               f"({a8 - a1:+.2f} us per call, {2 * (a8 - a1):+.2f} us per layer)")
+        moved = ", ".join(f"{k} {one.segments[k]:.1f} -> {eight.segments[k]:.1f}" for k in one.segments)
+        print(f"ours' period segments, {model}, 1 -> 8 sequences (us): {moved}")
 
 
 if __name__ == "__main__":
