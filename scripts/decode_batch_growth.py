@@ -11,9 +11,10 @@ at its own batch (docs/validation.md, "What grows with the batch, from the sourc
 
 One Markdown row per scored row above batch 1: the graph's batch, the published time
 and its growth from the same model's batch-1 row, ours at the row's batch and with the
-graph's batch in the graph, and what is still missing per layer. Under the table, per
-model, ours' one-shot all-reduce per call and the period's segments at batch 1 and at
-the padded batch 8.
+graph's batch in the graph, and what is still missing per layer. Under the table, the
+scored rows' mean |error| both ways (the batch-1 rows as they are), and per model ours'
+one-shot all-reduce per call and the period's segments at batch 1 and at the padded
+batch 8.
 
     .venv/bin/python scripts/decode_batch_growth.py
 """
@@ -89,6 +90,11 @@ def main() -> None:
           "ours, graph's batch in the graph (us) | padding adds (us) | ours' growth, padded (us) | "
           "still missing per layer (us) |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    errors: dict[str, list[tuple[float, float]]] = {}  # use -> (|error| as run, |error| padded), each row
+    for row in scored:
+        if row.batch == 1:
+            e = abs(token_us(vt.ours(row)) / row.time_us - 1)
+            errors.setdefault(row.use, []).append((e, e))
     for row in sorted((r for r in scored if r.batch > 1 and r.model in base), key=lambda r: (r.model, r.batch)):
         real = vt.ours(row)
         g = graph_batch(row.batch)
@@ -96,9 +102,14 @@ def main() -> None:
         tp = padded_token_us(real, vt.ours(replace(row, batch=g))) if g != row.batch else t
         grown = row.time_us - base[row.model].time_us
         ours_grown = tp - base_us[row.model]
+        errors.setdefault(row.use, []).append((abs(t / row.time_us - 1), abs(tp / row.time_us - 1)))
         print(f"| {row.model} | {row.batch} | {g} | {row.time_us:,.0f} | {grown:+,.0f} | {t:,.0f} | {tp:,.0f} | "
               f"{tp - t:+,.0f} | {ours_grown:+,.0f} | {(grown - ours_grown) / vt.load_model(row.model).layers:+.1f} |")
     print()
+    for use, pairs in sorted(errors.items()):
+        run, padded = (100 * sum(p[i] for p in pairs) / len(pairs) for i in (0, 1))
+        print(f"{use} rows: {len(pairs)}, mean |error| {run:.1f} % as run, {padded:.1f} % with the graph's batch "
+              "in the graph")
     for model, row in sorted(base.items()):
         one, eight = vt.ours(row), vt.ours(replace(row, batch=8))
         a1, a8 = all_reduce_per_call_us(one), all_reduce_per_call_us(eight)
