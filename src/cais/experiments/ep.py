@@ -109,7 +109,8 @@ def own_bytes(kernel: str, call: EpCall) -> int:
     """Payload bytes rank 0 sends to other ranks in ``call`` (FP8: its elements plus
     their scales, ``EpCall.row_bytes``): the kernel's own count where it has one
     (``own_bytes``), every token to every peer for ``allgather``, else a row per
-    (token, rank) for ``deepep`` and per (token, expert) for the others."""
+    (token, rank) for ``deepep`` and per (token, expert) for the others (capacity
+    ``pad``: the padding rows included, ``Routing.matrix``)."""
     rt = call.routing
     own = getattr(EP_KERNELS[kernel], "own_bytes", None)
     if own is not None:
