@@ -448,6 +448,8 @@ def cmd_ep(args: argparse.Namespace) -> None:
         ("bytes counted", f"{r.bytes_counted:,} ({r.counted_as})"), ("bytes the kernel moved from rank 0",
                                                                      f"{r.own_bytes:,}"),
         ("imbalance (busiest endpoint / mean)", f"{r.imbalance:.3f}"), ("dropped (token, expert)", str(r.dropped)),
+        *([("padding rows (capacity pad), bytes sent of them", f"{r.padded:,}, {r.pad_bytes:,}")]
+          if args.capacity == "pad" else []),
         ("functional check", "-" if r.correct is None else ("exact" if r.correct else "WRONG")),
         ("simulated events", f"{r.events:,}"), ("wall time", f"{r.wall_s:.2f} s")])
 

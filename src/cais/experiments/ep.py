@@ -14,10 +14,17 @@ Bytes counted (``algbw_GBps``), as DeepEP's tests count them on rank 0
 * ``deepep-ll`` (``test_low_latency.py``): rank 0's valid (token, expert) selections
   times the message's bytes (FP8: ``hidden + hidden/128 * 4 + 16``; BF16:
   ``2 * hidden``).
+
+Capacity ``pad`` (``nccl``, ``allgather``; cais.kernels.ep_registry ``CAPACITY_PAD``):
+padding rows are not counted in ``algbw_GBps`` (they carry no token: the count stays
+the real rows', so padding shows as a lower algbw); ``own_bytes`` includes the ones
+the kernel sends, and ``pad_bytes`` is what every GPU sent of them (0 for
+``allgather``, whose padding is made after the exchange).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,12 +39,12 @@ from cais.limits import EVENTS_PER_TRAIN, check_events
 from cais.kernels import ep_deepep, ep_deepep_ll, ep_nccl, ep_switch
 from cais.kernels.collectives import CollectiveSpec, build
 from cais.kernels.ep_common import EP_DTYPES, EP_OPS, EpCall, EpConstants, ep_constants
-from cais.kernels.ep_registry import EP_KERNELS, EpKernels, expert_tp_form, on_switch
+from cais.kernels.ep_registry import EP_KERNELS, EpKernels, capacity_pad, check_capacity, expert_tp_form, on_switch
 from cais.machine import Machine
 from cais.workload.moe import MoeSpec
 from cais.workload.numerics import swiglu
 from cais.workload.reference import _grid
-from cais.workload.routing import CAPACITY_MODES, GENERATORS, Routing, generate, imbalance
+from cais.workload.routing import GENERATORS, Routing, generate, imbalance
 
 __all__ = ["EP_KERNELS", "EpResult", "check_args", "check_ep_size", "expert_block_check", "functional_check", "on_switch", "run_ep",
            "run_ep_tuned"]
@@ -46,8 +53,9 @@ __all__ = ["EP_KERNELS", "EpResult", "check_args", "check_ep_size", "expert_bloc
 @dataclass(frozen=True)
 class EpResult:
     """One EP call's time, its bandwidth as DeepEP's tests count it, what the kernel
-    itself moved, the routing's per-rank matrix and imbalance, and (functional) whether
-    the data arrived right."""
+    itself moved, the routing's per-rank matrix and imbalance, its padding rows
+    (capacity ``pad``: ``padded`` over every rank, ``pad_bytes`` the kernel sent of them
+    between GPUs), and (functional) whether the data arrived right."""
 
     kernel: str
     op: str
@@ -68,6 +76,8 @@ class EpResult:
     events: int
     wall_s: float
     correct: bool | None = None
+    padded: int = 0
+    pad_bytes: int = 0
 
     def as_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -99,7 +109,8 @@ def own_bytes(kernel: str, call: EpCall) -> int:
     """Payload bytes rank 0 sends to other ranks in ``call`` (FP8: its elements plus
     their scales, ``EpCall.row_bytes``): the kernel's own count where it has one
     (``own_bytes``), every token to every peer for ``allgather``, else a row per
-    (token, rank) for ``deepep`` and per (token, expert) for the others."""
+    (token, rank) for ``deepep`` and per (token, expert) for the others (capacity
+    ``pad``: the padding rows included, ``Routing.matrix``)."""
     rt = call.routing
     own = getattr(EP_KERNELS[kernel], "own_bytes", None)
     if own is not None:
@@ -134,13 +145,15 @@ def run_ep(cfg: SystemConfig, kernel: str, op: str, tokens: int, hidden: int, to
     check_ep_size(cfg, tokens, topk)
     if routing not in GENERATORS:
         raise UserError(f"routing: unknown '{routing}'; valid: {', '.join(GENERATORS)}")
-    if capacity not in CAPACITY_MODES:
-        raise UserError(f"capacity: unknown '{capacity}'; valid: {', '.join(CAPACITY_MODES)}")
-    if capacity == "pad":
-        raise UserError("capacity: 'pad' is reported by the routing (cais.workload.routing) but not yet "
-                        "moved by the EP kernels; use drop or none")
+    check_capacity(mod, capacity, kernel)
+    rows = tokens * topk  # the (token, expert) rows a rank holds at most, padding included
+    if capacity == "pad" and capacity_factor is not None and capacity_factor > 0:
+        rows = max(rows, experts * padded_capacity(capacity_factor, tokens, topk, experts))
+        if capacity_pad(mod) == "exchanged":
+            check_events(EVENTS_PER_TRAIN * cfg.gpus * rows, f"capacity_factor: {capacity_factor} pads every rank "
+                         f"to {rows:,} rows", "use a smaller capacity_factor or fewer tokens per rank")
     if functional:
-        _check_functional_size(cfg.gpus, tokens, hidden, topk, experts)
+        _check_functional_size(cfg.gpus, tokens, hidden, rows, experts)
     rt = drawn if drawn is not None else generate(routing, cfg.gpus, tokens, experts, topk, seed, alpha, sigma,
                                                   n_group, topk_group, trace, capacity_factor, capacity)
     call = EpCall(op, rt, hidden, dtype, sms, host_sync, constants or ep_constants(), chunk)
@@ -162,20 +175,41 @@ def run_ep(cfg: SystemConfig, kernel: str, op: str, tokens: int, hidden: int, to
     t_us = end / PS_PER_US
     return EpResult(kernel, op, cfg.gpus, tokens, hidden, topk, experts, dtype, t_us,
                     nbytes / (end / 1e12) / 1e9, nbytes, how, own_bytes(kernel, call), mat.tolist(),
-                    imbalance(mat), rt.dropped(), m.sim.events, time.perf_counter() - t0, correct)
+                    imbalance(mat), rt.dropped(), m.sim.events, time.perf_counter() - t0, correct,
+                    int(rt.pad_rows.sum()) if rt.pad_rows.size else 0, pad_bytes(mod, call))
 
 
-def _check_functional_size(ranks: int, tokens: int, hidden: int, topk: int, experts: int) -> None:
+def pad_bytes(mod: EpKernels, call: EpCall) -> int:
+    """Bytes of capacity padding rows ``call``'s kernel sends from one GPU to another, over
+    every GPU: the routing's padding rows to other ranks' experts when its stack pads
+    before the exchange (``CAPACITY_PAD`` ``exchanged``), else 0."""
+    rt = call.routing
+    if not rt.pad_rows.size or capacity_pad(mod) != "exchanged":
+        return 0
+    owners = np.arange(rt.experts) // rt.per_rank
+    remote = owners[None, :] != np.arange(rt.ranks)[:, None]
+    return int(rt.pad_rows[remote].sum()) * call.row_bytes
+
+
+def padded_capacity(capacity_factor: float, tokens: int, topk: int, experts: int) -> int:
+    """The rows capacity ``pad`` fills each (rank, expert) to: ``ceil(cf x tokens x
+    top-k / experts)``, as cais.workload.routing.generate draws it."""
+    return math.ceil(capacity_factor * tokens * topk / experts)
+
+
+def _check_functional_size(ranks: int, tokens: int, hidden: int, rows: int, experts: int) -> None:
     """A one-line UserError for a functional run too large to hold in numpy: its experts'
-    matrices (``experts x hidden x hidden``) or its rows (``ranks x tokens x topk x
-    hidden``, what the layouts hold at most) past :data:`FUNCTIONAL_EXPERT_ELEMS`."""
-    weights, rows = experts * hidden * hidden, ranks * tokens * max(1, topk) * hidden
+    matrices (``experts x hidden x hidden``) or its rows (``ranks x rows x hidden``,
+    ``rows`` a rank's (token, expert) rows, padding included: what the layouts hold at
+    most) past :data:`FUNCTIONAL_EXPERT_ELEMS`."""
+    weights, elems = experts * hidden * hidden, ranks * max(1, rows) * hidden
     if weights > FUNCTIONAL_EXPERT_ELEMS:
         raise UserError(f"hidden: functional mode's {experts} experts of {hidden} x {hidden} hold {weights:,} "
                         f"values, over {FUNCTIONAL_EXPERT_ELEMS:,}; use a smaller hidden or fewer experts")
-    if rows > FUNCTIONAL_EXPERT_ELEMS:
-        raise UserError(f"tokens: functional mode's rows ({ranks} ranks x {tokens} tokens x top-{topk} x hidden "
-                        f"{hidden}) hold {rows:,} values, over {FUNCTIONAL_EXPERT_ELEMS:,}; use fewer tokens")
+    if elems > FUNCTIONAL_EXPERT_ELEMS:
+        raise UserError(f"tokens: functional mode's rows ({ranks} ranks x {tokens} tokens, {rows} (token, expert) "
+                        f"rows each with padding, x hidden {hidden}) hold {elems:,} values, over "
+                        f"{FUNCTIONAL_EXPERT_ELEMS:,}; use fewer tokens")
 
 
 def run_ep_tuned(cfg: SystemConfig, kernel: str, op: str, tokens: int, hidden: int, topk: int, experts: int,
@@ -261,6 +295,10 @@ def functional_check(cfg: SystemConfig, kernel: str, call: EpCall, seed: int = 0
 
     outs: list[np.ndarray] = []
     ok = True
+    if kernel == "nccl":
+        ok &= nccl_rows_conserved(d)
+    if expert_tp > 1 and rt.pad_rows.size and rt.pad_rows.any():
+        raise ValueError("capacity pad with expert TP: functional mode does not run it")
     if expert_tp > 1 and kernel == "nccl":
         assert partial is not None
         layouts = ep_nccl.recv_layout(d)
@@ -278,12 +316,17 @@ def functional_check(cfg: SystemConfig, kernel: str, call: EpCall, seed: int = 0
             layout = ep_deepep.recv_layout(d)[r]
             ok &= all(np.array_equal(recv[r][i], x[g, t]) for i, (g, t) in enumerate(layout))
             outs.append(np.array([expert_sum(r, g, t, recv[r][i]) for i, (g, t) in enumerate(layout)]).reshape(-1))
-        elif kernel in ("deepep-ll", "nccl"):
-            layout = (ep_deepep_ll if kernel == "deepep-ll" else ep_nccl).recv_layout(d)[r]
-            ok &= all(np.array_equal(recv[r][i], x[g, t]) for i, (g, t, _) in enumerate(layout))
-            scale = (lambda g, t, k: 1.0) if kernel == "deepep-ll" else (lambda g, t, k: rt.weights[g, t, k])
-            outs.append(np.array([scale(g, t, k) * expert(int(rt.topk_idx[g, t, k]), recv[r][i])
-                                  for i, (g, t, k) in enumerate(layout)]).reshape(-1))
+        elif kernel == "nccl":  # a padding row (token T: capacity pad) arrives zero and weighs 0
+            rows_in = ep_nccl.recv_layout(d)[r]
+            ok &= all(np.array_equal(recv[r][i], x[g, t] if t < T else np.zeros(h))
+                      for i, (g, t, _) in enumerate(rows_in))
+            outs.append(np.array([rt.weights[g, t, k] * expert(int(rt.topk_idx[g, t, k]), recv[r][i]) if t < T
+                                  else np.zeros(h) for i, (g, t, k) in enumerate(rows_in)]).reshape(-1))
+        elif kernel == "deepep-ll":
+            rows_in = ep_deepep_ll.recv_layout(d)[r]
+            ok &= all(np.array_equal(recv[r][i], x[g, t]) for i, (g, t, _) in enumerate(rows_in))
+            outs.append(np.array([expert(int(rt.topk_idx[g, t, k]), recv[r][i])
+                                  for i, (g, t, k) in enumerate(rows_in)]).reshape(-1))
         elif kernel in ep_switch.VARIANTS:  # a slot per (source, token) on every rank; the others stay empty
             slots = np.zeros((n * T, h))
             filled = np.zeros(n * T, dtype=bool)
@@ -300,15 +343,38 @@ def functional_check(cfg: SystemConfig, kernel: str, call: EpCall, seed: int = 0
     m2 = _run(cfg, mod, c, {"expert_out": outs})
     for g in range(n):
         mem = m2.gpus[g].memory.buffers
-        if kernel == "nccl":  # the stack's unpermute: sum each token's rows
+        if kernel == "nccl":  # the stack's unpermute: sum each token's rows (padding rows: token T, dropped)
             back = mem["a2a_back"].reshape(-1, h)
-            got = np.zeros((T, h))
+            got = np.zeros((T + 1, h))
             for i, (t, _k) in enumerate(ep_nccl.send_layout(d)[g]):
                 got[t] += back[i]
+            got = got[:T]
         else:
             got = mem["combined"].reshape(-1, h)[:T]
         ok &= bool(np.array_equal(got, ref[g]))
     return ok
+
+
+def nccl_rows_conserved(call: EpCall) -> bool:
+    """Whether the nccl kernel's receive layouts (cais.kernels.ep_nccl.recv_layout) hold
+    every valid (token, expert) selection of ``call``'s routing once, on its expert's
+    rank, and, from each source rank, exactly the padding rows the routing gives that
+    rank's experts (capacity ``pad``; none otherwise)."""
+    rt = call.routing
+    T, owners = rt.tokens, np.arange(rt.experts) // rt.per_rank
+    pads = rt.pad_rows if rt.pad_rows.size else np.zeros((rt.ranks, rt.experts), dtype=np.int64)
+    real: list[tuple[int, int, int]] = []
+    for r, layout in enumerate(ep_nccl.recv_layout(call)):
+        for g, t, k in layout:
+            if t < T:
+                if rt.topk_idx[g, t, k] < 0 or owners[rt.topk_idx[g, t, k]] != r:
+                    return False
+                real.append((g, t, k))
+        for g in range(rt.ranks):
+            if sum(1 for s, t, _ in layout if s == g and t == T) != int(pads[g, owners == r].sum()):
+                return False
+    want = sorted(zip(*(a.tolist() for a in np.nonzero(rt.topk_idx >= 0))))
+    return sorted(real) == want
 
 
 def expert_tp_rows(cfg: SystemConfig, rows: list[np.ndarray], experts: list[list[int]], tp: int,

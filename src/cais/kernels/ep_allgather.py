@@ -11,6 +11,13 @@ outputs (its local experts' weighted sums, zero for tokens that did not visit th
 Both are the simulator's NCCL collectives (kernels/collectives.py), the algorithm and
 protocol NCCL's choice by size (kernels/tuning.py), with NCCL's host cost. The
 payload is ``dtype`` elements; FP8 scales are not sent (Megatron gathers BF16).
+
+**Capacity ``pad``** (Megatron-Core's ``moe_pad_expert_input_to_capacity``,
+NVIDIA/Megatron-LM@d98e8a64, ``moe_utils.py`` ``apply_router_token_dropping``): the
+router's padded routing map travels with the gathered tokens, and each rank's local
+permute picks its experts' rows, padding included, from the rows every rank has
+after the AllGather. Padding is made after the exchange: rows its grouped GEMM
+computes (``Routing.expert_rows``), no bytes this kernel moves.
 """
 
 from __future__ import annotations
@@ -31,6 +38,10 @@ SHARED_OVERLAP = False
 #: ``MoEAllGatherTokenDispatcher``: its AllGather and ReduceScatter span the TP x EP group, so
 #: the ReduceScatter also adds the expert-TP partial sums; cais.workload.routing.expert_tp_routing)
 EXPERT_TP = "all"
+
+#: capacity padding is picked locally from the gathered rows (module doc): ``local``
+#: (cais.kernels.ep_registry)
+CAPACITY_PAD = "local"
 
 #: the NCCL collective each op is (for the event estimate, cais.experiments.estimates)
 COLLECTIVES = {"dispatch": "allgather", "combine": "reducescatter"}

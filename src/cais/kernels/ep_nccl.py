@@ -27,6 +27,16 @@ device-to-host sync for the splits) and NCCL's all-to-all, which is a group of
 
 Combine is the same all-to-all backwards (expert outputs to their tokens' ranks,
 one row per (token, expert)); the weighted unpermute after it is the stack's local op.
+
+**Capacity ``pad``** (Megatron-Core's ``moe_pad_expert_input_to_capacity``,
+NVIDIA/Megatron-LM@d98e8a64, ``moe_utils.py`` ``apply_router_token_dropping`` and
+``token_dispatcher.py`` ``MoEAlltoAllTokenDispatcher.preprocess``): every source rank
+fills each expert's segment of its permuted rows up to the capacity its own tokens
+give (``Routing.pad_rows``), and the all-to-all sends equal splits of ``capacity x
+local experts`` rows to every rank, so the padding rows cross the wire both ways.
+Here a padding row is a zero row (``x``'s row ``tokens``, after the real ones) with
+gate weight 0, after the expert's real rows; Megatron's padding rows are other tokens
+the router picked with probability 0, which move the same bytes and add nothing.
 """
 
 from __future__ import annotations
@@ -53,43 +63,64 @@ EXPERT_TP = "group"
 #: (``moe_shared_expert_overlap``)
 SHARED_OVERLAP = True
 
+#: Megatron-Core pads each (source rank, expert) up to capacity before its all-to-all, and
+#: the padding rows are sent (module doc): ``exchanged`` (cais.kernels.ep_registry)
+CAPACITY_PAD = "exchanged"
+
+
+def pad_flat(call: EpCall) -> int:
+    """The flat index a padding row has in :func:`send_order`: ``tokens x top-k``, whose
+    token is ``tokens`` (the zero row after ``x``'s real rows) and slot 0."""
+    return call.routing.tokens * call.routing.topk
+
+
+def _permuted(call: EpCall, g: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rank ``g``'s permuted send rows: (flat indices, their experts), by expert, each
+    expert's real rows in token order and then its padding rows (:func:`pad_flat`)."""
+    rt = call.routing
+    idx = rt.topk_idx[g].reshape(-1)
+    valid = np.flatnonzero(idx >= 0)
+    flat, experts = valid, idx[valid]
+    if rt.pad_rows.size and rt.pad_rows[g].any():
+        pads = np.repeat(np.arange(rt.experts), rt.pad_rows[g])
+        flat = np.concatenate([flat, np.full(pads.size, pad_flat(call), dtype=np.int64)])
+        experts = np.concatenate([experts, pads])
+    by = np.argsort(experts, kind="stable")
+    return flat[by], experts[by]
+
+
 def send_order(call: EpCall) -> list[np.ndarray]:
     """Each rank's permuted send rows as flat (token x top-k + slot) indices, by expert
     then token (a stable sort of the valid selections by expert: token order within
-    one expert)."""
-    rt = call.routing
-    out = []
-    for g in range(rt.ranks):
-        idx = rt.topk_idx[g].reshape(-1)
-        valid = np.flatnonzero(idx >= 0)
-        out.append(valid[np.argsort(idx[valid], kind="stable")])
-    return out
+    one expert), each expert's padding rows (capacity ``pad``: :func:`pad_flat`) last."""
+    return [_permuted(call, g)[0] for g in range(call.routing.ranks)]
 
 
-def send_counts(call: EpCall, order: list[np.ndarray]) -> np.ndarray:
-    """[ranks, ranks]: rows rank g sends rank r (one per (token, expert)); rank g's rows
-    for r are the ``[g, r]``-th contiguous segment of ``order[g]`` (owners rise with the
-    expert)."""
+def send_counts(call: EpCall) -> np.ndarray:
+    """[ranks, ranks]: rows rank g sends rank r (one per (token, expert), padding rows
+    included); rank g's rows for r are the ``[g, r]``-th contiguous segment of its
+    :func:`send_order` (owners rise with the expert)."""
     rt = call.routing
     out = np.zeros((rt.ranks, rt.ranks), dtype=np.int64)
     for g in range(rt.ranks):
-        owners = rt.topk_idx[g].reshape(-1)[order[g]] // rt.per_rank
-        out[g] = np.bincount(owners, minlength=rt.ranks)
+        out[g] = np.bincount(_permuted(call, g)[1] // rt.per_rank, minlength=rt.ranks)
     return out
 
 
 def send_layout(call: EpCall) -> list[list[tuple[int, int]]]:
-    """Each rank's permuted send rows as (token, top-k slot), by expert then token."""
+    """Each rank's permuted send rows as (token, top-k slot), by expert then token; a
+    padding row is (``tokens``, 0)."""
     K = call.routing.topk
     return [[(int(f) // K, int(f) % K) for f in order] for order in send_order(call)]
 
 
 def recv_layout(call: EpCall) -> list[list[tuple[int, int, int]]]:
     """Each rank's received rows as (source rank, token, top-k slot): by source, then
-    expert, then token (before Megatron's local ``sort_chunks_by_idxs``)."""
+    expert, then token (before Megatron's local ``sort_chunks_by_idxs``); a padding row
+    is (source, ``tokens``, 0)."""
     rt, K = call.routing, call.routing.topk
     order = send_order(call)
-    counts = send_counts(call, order)
+    counts = send_counts(call)
     start = np.cumsum(counts, axis=1) - counts  # [g, r]: first row of g's segment for r
     return [[(g, int(f) // K, int(f) % K) for g in range(rt.ranks)
              for f in order[g][start[g, r]:start[g, r] + counts[g, r]]] for r in range(rt.ranks)]
@@ -150,12 +181,13 @@ def kernels(m: Machine, call: EpCall) -> list[Kernel]:
         raise UserError("sms: NCCL chooses its own channels; leave sms unset (EpConstants.nccl_channels)")
     K = rt.topk
     order = send_order(call)
-    counts = send_counts(call, order)
+    counts = send_counts(call)
     seg = np.cumsum(counts, axis=1) - counts  # [g, r]: g's rows for r start here in its send order
     recv_at = np.cumsum(counts, axis=0) - counts  # [g, r]: g's rows start here in r's receive order
     tokens_of = [(o // K).tolist() for o in order]  # each send row's token
+    pad_row = 1 if rt.pad_rows.size and rt.pad_rows.any() else 0  # the zero row padding rows are sent from
     for g in range(n):
-        alloc_rows(m, g, "x", rt.tokens, call)
+        alloc_rows(m, g, "x", rt.tokens + pad_row, call)
         alloc_rows(m, g, "recv_x", int(counts[:, g].sum()), call)
         alloc_rows(m, g, "expert_out", int(counts[:, g].sum()), call)
         alloc_rows(m, g, "a2a_back", int(counts[g].sum()), call)

@@ -19,7 +19,12 @@ EP kernel"):
 * optional ``DISPATCH_DTYPES``: the dtypes its stack dispatches a MoE layer's tokens in
   (``cais.kernels.ep_common.EP_DTYPES``; default ``("bf16",)``: the model's dtype, as
   Megatron-Core's dispatchers send it). Its combine and a training step's backward
-  exchanges run BF16 whatever this says.
+  exchanges run BF16 whatever this says;
+* optional ``CAPACITY_PAD``: where the stack running it pads each expert's input to
+  capacity (capacity ``pad``: Megatron-Core's ``moe_pad_expert_input_to_capacity``):
+  ``exchanged`` (before the exchange, per (source rank, expert): the padding rows are
+  sent like real ones) or ``local`` (after it: rows the experts compute, nothing
+  sent); absent, no stack pads its input and capacity ``pad`` is refused.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from cais.hw.switches import switch_model
 from cais.kernels import ep_allgather, ep_deepep, ep_deepep_ll, ep_nccl, ep_switch
 from cais.kernels.ep_common import EP_DTYPES, EpCall
 from cais.machine import Machine
-from cais.workload.routing import EXPERT_TP_FORMS
+from cais.workload.routing import CAPACITY_MODES, EXPERT_TP_FORMS
 
 
 class EpKernels(Protocol):
@@ -128,3 +133,29 @@ def expert_tp_form(module: EpKernels, expert_tp: int, name: str = "") -> str:
         raise UserError(f"expert_tp: EP kernel '{name or _name(module)}' runs expert_tp 1 only (no stack runs it with "
                         f"expert TP); expert_tp {expert_tp} runs with {', '.join(ok)}")
     return str(form)
+
+
+#: where a stack pads its experts' input to capacity (``CAPACITY_PAD``, module doc)
+CAPACITY_PAD_PLACES = ("exchanged", "local")
+
+
+def capacity_pad(module: EpKernels) -> str | None:
+    """Where the stack running ``module`` pads each expert's input to capacity (its
+    ``CAPACITY_PAD``); None where no stack pads it."""
+    place = getattr(module, "CAPACITY_PAD", None)
+    if place is not None and place not in CAPACITY_PAD_PLACES:
+        raise ValueError(f"{_name(module)}.CAPACITY_PAD: '{place}'; valid: {', '.join(CAPACITY_PAD_PLACES)}")
+    return None if place is None else str(place)
+
+
+def check_capacity(module: EpKernels, capacity: str, name: str = "") -> str:
+    """``capacity`` if the stack running ``module`` takes it (``none`` and ``drop``: every
+    kernel; ``pad``: those with a ``CAPACITY_PAD``); else a UserError (one line, naming
+    ``capacity`` and the kernels that take it)."""
+    if capacity not in CAPACITY_MODES:
+        raise UserError(f"capacity: unknown '{capacity}'; valid: {', '.join(CAPACITY_MODES)}")
+    if capacity != "pad" or capacity_pad(module) is not None:
+        return capacity
+    ok = [k for k, mod in EP_KERNELS.items() if capacity_pad(mod) is not None]
+    raise UserError(f"capacity: EP kernel '{name or _name(module)}' has no capacity padding (its stack does not pad "
+                    f"the experts' input); 'pad' runs with {', '.join(ok)}; use drop or none")
