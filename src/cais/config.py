@@ -589,6 +589,7 @@ class TrainConfig(_Strict):
 MOE_ROUTINGS = ("uniform", "powerlaw", "lognormal")
 MoeRouting = Literal["uniform", "powerlaw", "lognormal"]
 MoeDispatchDtype = Literal["bf16", "fp8"]
+MoeCapacity = Literal["none", "drop", "pad"]
 
 
 class MoeConfig(_Strict):
@@ -612,6 +613,29 @@ class MoeConfig(_Strict):
                                                                 "per 128, as DeepEP sends it; kernels that take it "
                                                                 "only); combine and the backward's exchanges stay "
                                                                 "bf16")
+
+    capacity_factor: float | None = knob(None, gt=0, allow_inf_nan=False,
+                                         description="each expert's capacity from one rank: ceil(F x tokens x top-k "
+                                                     "/ experts) rows (Megatron-Core's moe_expert_capacity_factor); "
+                                                     "null: no limit")
+    capacity: MoeCapacity = knob("none", description="past capacity: none (with a capacity_factor: drop, as Megatron "
+                                                     "drops whenever the factor is set), drop (the selections past "
+                                                     "it, in token order) or pad (drop, and fill every expert up to "
+                                                     "capacity: moe_pad_expert_input_to_capacity); drop and pad "
+                                                     "need a capacity_factor")
+
+    @model_validator(mode="after")
+    def _check_capacity(self) -> MoeConfig:
+        if self.capacity != "none" and self.capacity_factor is None:
+            raise ValueError(f"moe.capacity: '{self.capacity}' needs moe.capacity_factor (a positive number); "
+                             "allowed without one: none")
+        return self
+
+    def capacity_mode(self) -> str:
+        """The capacity the routing runs: ``capacity``, except that a factor with
+        ``none`` drops (Megatron-Core drops whenever ``moe_expert_capacity_factor`` is
+        set and pads only with ``moe_pad_expert_input_to_capacity``)."""
+        return "drop" if self.capacity == "none" and self.capacity_factor is not None else self.capacity
 
     def generator_kwargs(self) -> dict[str, float]:
         """The skew parameter :func:`cais.workload.routing.generate` takes for this routing."""
