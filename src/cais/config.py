@@ -596,10 +596,11 @@ class MoeConfig(_Strict):
     """How the tokens of a MoE layer run pick their experts (``cais run`` on a MoE
     model; docs/moe.md, "MoE layers under cais run"): the seeded generator of
     :mod:`cais.workload.routing` the layer path draws its period's routing from, with
-    its seed and skew, and the dtype its forward dispatch sends. Not hardware: a run
+    its seed and skew, the capacity that bounds each GPU's rows to one expert (dropped
+    or padded past it), and the dtype its forward dispatch sends. Not hardware: a run
     setting, as ``train`` is, set with ``--set moe.routing=powerlaw``; a dense model's
     run ignores it. The defaults are the layer path's before this section existed
-    (DeepEP's tests' uniform draw, the run's seed, BF16)."""
+    (DeepEP's tests' uniform draw, the run's seed, no capacity, BF16)."""
 
     routing: MoeRouting = knob("uniform", description="uniform (DeepEP's tests' draw, group-limited where the model "
                                                       "is), powerlaw (expert popularity ~ rank ** -alpha) or "

@@ -768,7 +768,8 @@ def moe_breakdown(period: Period, segs: dict[str, float], sch: Scheme, attention
             "received_rows": received.tolist(),
             "send_matrix_rank": per_rank.tolist(), "imbalance_rank": imbalance(per_rank),
             "send_matrix_expert": per_expert.tolist(), "imbalance_expert": imbalance(per_expert),
-            "dropped": rt.dropped() // slots, "padded_rows": (int(rt.pad_rows.sum()) if rt.pad_rows.size else 0) // slots}
+            "dropped": rt.dropped() // slots,
+            "padded_rows": (int(rt.pad_rows.sum()) if rt.pad_rows.size else 0) // slots}
 
 
 def _mark_segments(run: LayerRun) -> None:
