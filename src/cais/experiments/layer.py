@@ -350,8 +350,9 @@ def mode_notes(sch: Scheme, cfg: SystemConfig, mode: str) -> dict[str, str]:
                                       f"dataflow, and {mode} has no backward (it applies to training only)"
                       for key in ("wgrad_inputs", "wgrad_grads") if getattr(cfg.train, key) != "scheme"})
     unset = MoeConfig()
+    what = {"dispatch_dtype": "dispatch", "capacity_factor": "expert capacity", "capacity": "expert capacity"}
     notes.update({f"moe.{key}": f"'{getattr(cfg.moe, key)}' has no effect: it sets a MoE layer's "
-                                f"{'dispatch' if key == 'dispatch_dtype' else 'routing'}, and this layer is dense"
+                                f"{what.get(key, 'routing')}, and this layer is dense"
                   for key in MoeConfig.model_fields if getattr(cfg.moe, key) != getattr(unset, key)})
     return notes
 
@@ -561,7 +562,7 @@ def _run_moe(cfg: SystemConfig, model: MoeSpec, sch: Scheme, mode: str, function
         assert period.routing is not None
         if expert_tp > 1 and period.routing.pad_rows.any():
             raise UserError(f"moe.capacity: functional mode does not check 'pad' with expert_tp {expert_tp} "
-                            "(its expert-TP collectives' padding rows); allowed with --functional: none, drop, or "
+                            "(its expert-TP collectives' padding rows); allowed in functional mode: none, drop, or "
                             "pad at expert_tp 1")
         if not expert_block_check(cfg, getattr(sch, "kernel", ""), model, period.routing, seed, expert_tp):
             bad.append("expert_block")
