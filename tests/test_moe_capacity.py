@@ -226,3 +226,12 @@ def test_functional_pad_with_expert_tp_is_refused_in_one_line() -> None:
     with pytest.raises(UserError) as e:
         run_layer(cfg, MoeSpec.model_validate(TINY), "ep-nccl", "prefill", functional=True, expert_tp=2)
     assert "\n" not in str(e.value) and str(e.value).startswith("moe.capacity: ")
+
+
+def test_a_dense_run_notes_the_capacity_has_no_effect() -> None:
+    from cais.experiments.layer import mode_notes
+    from cais.schemes import get_scheme
+
+    notes = mode_notes(get_scheme("tp-nvls"), _cfg(capacity_factor="1.5", capacity="pad"), "prefill")
+    assert set(notes) >= {"moe.capacity_factor", "moe.capacity"}
+    assert all("expert capacity" in notes[k] and "dense" in notes[k] for k in ("moe.capacity_factor", "moe.capacity"))
