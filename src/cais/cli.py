@@ -570,6 +570,10 @@ def _print_moe(r: LayerResult) -> None:
                     f"{mo['grouped_gemm_us']:,.1f} us, shared experts {mo['shared_us']:,.1f} us (backward included); "
                     f"send imbalance (busiest endpoint / mean) {mo['imbalance_rank']:.3f} per (token, rank), "
                     f"{mo['imbalance_expert']:.3f} per (token, expert)", highlight=False)
+    if mo.get("capacity", "none") != "none":
+        Console().print(f"capacity: {mo['capacity']} at factor {mo['capacity_factor']} (moe.capacity_factor): "
+                        f"{mo['dropped']:,} (token, expert) selections dropped, {mo['padded_rows']:,} padding rows "
+                        "added, over every GPU", highlight=False)
 
 
 def _ran_text(r: LayerResult) -> str:

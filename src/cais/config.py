@@ -589,16 +589,18 @@ class TrainConfig(_Strict):
 MOE_ROUTINGS = ("uniform", "powerlaw", "lognormal")
 MoeRouting = Literal["uniform", "powerlaw", "lognormal"]
 MoeDispatchDtype = Literal["bf16", "fp8"]
+MoeCapacity = Literal["none", "drop", "pad"]
 
 
 class MoeConfig(_Strict):
     """How the tokens of a MoE layer run pick their experts (``cais run`` on a MoE
     model; docs/moe.md, "MoE layers under cais run"): the seeded generator of
     :mod:`cais.workload.routing` the layer path draws its period's routing from, with
-    its seed and skew, and the dtype its forward dispatch sends. Not hardware: a run
+    its seed and skew, the capacity that bounds each GPU's rows to one expert (dropped
+    or padded past it), and the dtype its forward dispatch sends. Not hardware: a run
     setting, as ``train`` is, set with ``--set moe.routing=powerlaw``; a dense model's
     run ignores it. The defaults are the layer path's before this section existed
-    (DeepEP's tests' uniform draw, the run's seed, BF16)."""
+    (DeepEP's tests' uniform draw, the run's seed, no capacity, BF16)."""
 
     routing: MoeRouting = knob("uniform", description="uniform (DeepEP's tests' draw, group-limited where the model "
                                                       "is), powerlaw (expert popularity ~ rank ** -alpha) or "
@@ -612,6 +614,29 @@ class MoeConfig(_Strict):
                                                                 "per 128, as DeepEP sends it; kernels that take it "
                                                                 "only); combine and the backward's exchanges stay "
                                                                 "bf16")
+
+    capacity_factor: float | None = knob(None, gt=0, allow_inf_nan=False,
+                                         description="each expert's capacity from one rank: ceil(F x tokens x top-k "
+                                                     "/ experts) rows (Megatron-Core's moe_expert_capacity_factor); "
+                                                     "null: no limit")
+    capacity: MoeCapacity = knob("none", description="past capacity: none (with a capacity_factor: drop, as Megatron "
+                                                     "drops whenever the factor is set), drop (the selections past "
+                                                     "it, in token order) or pad (drop, and fill every expert up to "
+                                                     "capacity: moe_pad_expert_input_to_capacity); drop and pad "
+                                                     "need a capacity_factor")
+
+    @model_validator(mode="after")
+    def _check_capacity(self) -> MoeConfig:
+        if self.capacity != "none" and self.capacity_factor is None:
+            raise ValueError(f"moe.capacity: '{self.capacity}' needs moe.capacity_factor (a positive number); "
+                             "allowed without one: none")
+        return self
+
+    def capacity_mode(self) -> str:
+        """The capacity the routing runs: ``capacity``, except that a factor with
+        ``none`` drops (Megatron-Core drops whenever ``moe_expert_capacity_factor`` is
+        set and pads only with ``moe_pad_expert_input_to_capacity``)."""
+        return "drop" if self.capacity == "none" and self.capacity_factor is not None else self.capacity
 
     def generator_kwargs(self) -> dict[str, float]:
         """The skew parameter :func:`cais.workload.routing.generate` takes for this routing."""

@@ -23,6 +23,7 @@ from cais.experiments.token import TokenTime, moe_token_time, token_time
 from cais.results import LinkUtil, Recorder, RunMetrics, run_metrics
 from cais.results.metrics import mirrored
 from cais.kernels.ep_registry import EP_KERNELS, check_dispatch_dtype, expert_tp_form
+from cais.kernels.ep_registry import check_capacity as check_capacity_mode
 from cais.schemes import MOE_FAMILY, get_scheme, moe_schemes
 from cais.schemes.base import LayerRun, Scheme
 from cais.schemes.ep import FUSED_MARK
@@ -293,15 +294,15 @@ def _estimate(cfg: SystemConfig, period: Period, dtype_bytes: int, sch: Scheme) 
 
 
 def _check_size(cfg: SystemConfig, model: ModelSpec, sch: Scheme, mode: str, period: Period,
-                mirror: bool = False) -> None:
-    """UserError (one line) if the period is estimated beyond what the simulator can
-    finish (cais.limits; mirror mode simulates one GPU's share)."""
+                mirror: bool = False, hint: str = "use a smaller batch or seq") -> None:
+    """UserError (one line, ending in ``hint``) if the period is estimated beyond what
+    the simulator can finish (cais.limits; mirror mode simulates one GPU's share)."""
     scheme = sch.name
     estimate = _estimate(cfg, period, model.dtype_bytes, sch) / (cfg.gpus if mirror else 1)
     check_machine(cfg, estimate)
     check_events(estimate,
                  f"{model.name} {mode} under {scheme} with batch {model.batch} and seq {model.seq} on {cfg.gpus} GPUs",
-                 "use a smaller batch or seq")
+                 hint)
 
 
 def check_memory(cfg: SystemConfig, model: ModelSpec, mode: str, sp: bool, keep_inputs: bool = False) -> Footprint:
@@ -349,8 +350,9 @@ def mode_notes(sch: Scheme, cfg: SystemConfig, mode: str) -> dict[str, str]:
                                       f"dataflow, and {mode} has no backward (it applies to training only)"
                       for key in ("wgrad_inputs", "wgrad_grads") if getattr(cfg.train, key) != "scheme"})
     unset = MoeConfig()
+    what = {"dispatch_dtype": "dispatch", "capacity_factor": "expert capacity", "capacity": "expert capacity"}
     notes.update({f"moe.{key}": f"'{getattr(cfg.moe, key)}' has no effect: it sets a MoE layer's "
-                                f"{'dispatch' if key == 'dispatch_dtype' else 'routing'}, and this layer is dense"
+                                f"{what.get(key, 'routing')}, and this layer is dense"
                   for key in MoeConfig.model_fields if getattr(cfg.moe, key) != getattr(unset, key)})
     return notes
 
@@ -490,10 +492,12 @@ def moe_period(cfg: SystemConfig, model: MoeSpec, mode: str, attention: str, see
     system's ``moe`` settings say (:class:`cais.config.MoeConfig`: the generator, its
     seed (default: the run's ``seed``) and skew), its experts split ``expert_tp`` ways
     as the EP kernel's stack sends them (``form``: cais.workload.routing.expert_tp_routing),
-    its attention under TP in groups of ``attention_tp`` GPUs where given."""
+    its attention under TP in groups of ``attention_tp`` GPUs where given, each GPU's
+    rows to one expert bounded by ``moe.capacity_factor`` (dropped or padded as
+    ``MoeConfig.capacity_mode`` says)."""
     rc = cfg.moe
     return build_moe_period(model, cfg.gpus, mode, attention, seed, rc.routing, rc.seed, expert_tp, form,
-                            attention_tp, **rc.generator_kwargs())
+                            attention_tp, rc.capacity_factor, rc.capacity_mode(), **rc.generator_kwargs())
 
 
 def _expert_tp_form(sch: Scheme, model: MoeSpec, n: int, expert_tp: int) -> str:
@@ -511,11 +515,14 @@ def _check_moe(cfg: SystemConfig, model: MoeSpec, sch: Scheme, mode: str, sim: s
         raise UserError(f"sim: a MoE layer runs every GPU ('full'); got '{sim}'")
     kernel = getattr(sch, "kernel", "")
     check_dispatch_dtype(EP_KERNELS[kernel], cfg.moe.dispatch_dtype, kernel)
+    check_capacity_mode(EP_KERNELS[kernel], cfg.moe.capacity_mode(), kernel, "moe.capacity")
     attention, attention_tp = attention_plan(model, cfg.gpus, attention, attention_tp)
     form = _expert_tp_form(sch, model, cfg.gpus, expert_tp)
     period = moe_period(cfg, model, mode, attention, 0, expert_tp, form, attention_tp)
     dm = attention_model(model)
-    _check_size(cfg, dm, sch, mode, period)
+    padded = cfg.moe.capacity_mode() == "pad"  # padding rows to every expert: the factor sizes the period too
+    _check_size(cfg, dm, sch, mode, period, hint="use a smaller moe.capacity_factor, batch or seq" if padded
+                else "use a smaller batch or seq")
     return period
 
 
@@ -553,6 +560,10 @@ def _run_moe(cfg: SystemConfig, model: MoeSpec, sch: Scheme, mode: str, function
     bad: list[str] = []
     if functional:  # the expert block's data, exactly (its attention part is the dense path's, checked there)
         assert period.routing is not None
+        if expert_tp > 1 and period.routing.pad_rows.any():
+            raise UserError(f"moe.capacity: functional mode does not check 'pad' with expert_tp {expert_tp} "
+                            "(its expert-TP collectives' padding rows); allowed in functional mode: none, drop, or "
+                            "pad at expert_tp 1")
         if not expert_block_check(cfg, getattr(sch, "kernel", ""), model, period.routing, seed, expert_tp):
             bad.append("expert_block")
     dm = attention_model(model)
@@ -592,7 +603,8 @@ def _run_moe(cfg: SystemConfig, model: MoeSpec, sch: Scheme, mode: str, function
         token=moe_decode_token(asked, cm, model, attention, seed, end / PS_PER_US, attention_tp)
         if mode == "decode" else None,
         adjusted={**m.adjusted, **({"memory": over} if over else {})},
-        moe={**moe_breakdown(period, segs, sch, attention), "shared_overlap_us": _overlap_us(run, period),
+        moe={**moe_breakdown(period, segs, sch, attention), **capacity_report(cfg),
+             "shared_overlap_us": _overlap_us(run, period),
              **group_tables(m), **_expert_tp_bytes(run, sch, period), **exchange_bytes(run, sch, period)})
 
 
@@ -654,6 +666,12 @@ def moe_decode_token(cfg: SystemConfig, cm: ComputeModel, model: MoeSpec, attent
     batch = model.batch  # per attention group: tp, the sequences over the GPUs; dp, one GPU's own
     return moe_token_time(cfg, cm, attention_model(model), model.moe_layers, batch, cfg.gpu.sms, layer_us, tp,
                           model.dense_layers, dense_us, DENSE_FIRST_SCHEME if model.dense_layers else "")
+
+
+def capacity_report(cfg: SystemConfig) -> dict[str, object]:
+    """The capacity a MoE run's routing ran (``MoeConfig.capacity_mode``: ``none``,
+    ``drop`` or ``pad``) and its ``moe.capacity_factor`` (None: no limit)."""
+    return {"capacity": cfg.moe.capacity_mode(), "capacity_factor": cfg.moe.capacity_factor}
 
 
 def _expert_tp_bytes(run: LayerRun, sch: Scheme, period: Period) -> dict[str, int]:
@@ -725,7 +743,9 @@ def moe_breakdown(period: Period, segs: dict[str, float], sch: Scheme, attention
     and of the expert-TP collectives (``expert_tp_us``), and the routing's send matrices
     (over the GPUs; at expert TP > 1 over the (expert, slot) pairs the kernel sends)
     with their imbalance (busiest endpoint over the mean): one row per (token,
-    destination rank) and per (token, expert)."""
+    destination rank) and per (token, expert), the (token, expert) selections capacity
+    dropped (``dropped``) and the padding rows it added (``padded_rows``, over every
+    GPU; in the ``all`` expert-TP form counted once, not once per slot)."""
     rt = period.routing
     assert rt is not None
     steps = [s for s in period.segments if isinstance(s, MoeStep)]
@@ -749,7 +769,8 @@ def moe_breakdown(period: Period, segs: dict[str, float], sch: Scheme, attention
             "received_rows": received.tolist(),
             "send_matrix_rank": per_rank.tolist(), "imbalance_rank": imbalance(per_rank),
             "send_matrix_expert": per_expert.tolist(), "imbalance_expert": imbalance(per_expert),
-            "dropped": rt.dropped()}
+            "dropped": rt.dropped() // slots,
+            "padded_rows": (int(rt.pad_rows.sum()) if rt.pad_rows.size else 0) // slots}
 
 
 def _mark_segments(run: LayerRun) -> None:

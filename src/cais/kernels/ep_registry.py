@@ -148,14 +148,14 @@ def capacity_pad(module: EpKernels) -> str | None:
     return None if place is None else str(place)
 
 
-def check_capacity(module: EpKernels, capacity: str, name: str = "") -> str:
+def check_capacity(module: EpKernels, capacity: str, name: str = "", key: str = "capacity") -> str:
     """``capacity`` if the stack running ``module`` takes it (``none`` and ``drop``: every
     kernel; ``pad``: those with a ``CAPACITY_PAD``); else a UserError (one line, naming
-    ``capacity`` and the kernels that take it)."""
+    ``key``, the setting that asked for it, and the kernels that take it)."""
     if capacity not in CAPACITY_MODES:
-        raise UserError(f"capacity: unknown '{capacity}'; valid: {', '.join(CAPACITY_MODES)}")
+        raise UserError(f"{key}: unknown '{capacity}'; valid: {', '.join(CAPACITY_MODES)}")
     if capacity != "pad" or capacity_pad(module) is not None:
         return capacity
     ok = [k for k, mod in EP_KERNELS.items() if capacity_pad(mod) is not None]
-    raise UserError(f"capacity: EP kernel '{name or _name(module)}' has no capacity padding (its stack does not pad "
+    raise UserError(f"{key}: EP kernel '{name or _name(module)}' has no capacity padding (its stack does not pad "
                     f"the experts' input); 'pad' runs with {', '.join(ok)}; use drop or none")

@@ -350,10 +350,12 @@ def _received(rt: Routing, tp: int = 1) -> np.ndarray:
 
 def _permute_rows(place: str, rt: Routing, g: int, received: int) -> int:
     """Rows GPU ``g`` moves in a permute: its own (token, expert) selections where the
-    stack permutes before sending, the rows its experts received where after, none
-    where the kernel writes the experts' layout."""
+    stack permutes before sending (with its padding rows under capacity ``pad``:
+    Megatron-Core's ``permute(..., drop_and_pad=True)`` writes ``capacity`` rows per
+    expert), the rows its experts received where after (padding included), none where
+    the kernel writes the experts' layout."""
     if place == "sender":
-        return int((rt.topk_idx[g] >= 0).sum())
+        return int((rt.topk_idx[g] >= 0).sum()) + (int(rt.pad_rows[g].sum()) if rt.pad_rows.size else 0)
     return received if place == "receiver" else 0
 
 

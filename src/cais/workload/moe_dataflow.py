@@ -166,7 +166,8 @@ def build_moe_graph(moe: MoeSpec, n: int, mode: str, attention: str = "tp", seed
 
 def build_moe_period(moe: MoeSpec, n: int, mode: str, attention: str = "tp", seed: int = 0,
                      routing: str = "uniform", routing_seed: int | None = None, expert_tp: int = 1,
-                     form: str = "group", attention_tp: int | None = None, **routing_kwargs: float) -> Period:
+                     form: str = "group", attention_tp: int | None = None, capacity_factor: float | None = None,
+                     capacity: str = "none", **routing_kwargs: float) -> Period:
     """The period a scheme runs (:func:`build_moe_graph`), with its tokens' routing drawn
     by ``routing`` (cais.workload.routing; DeepEP's tests' ``uniform`` by default, its
     skew in ``routing_kwargs``: ``alpha``, ``sigma``) from ``routing_seed`` (default:
@@ -174,14 +175,18 @@ def build_moe_period(moe: MoeSpec, n: int, mode: str, attention: str = "tp", see
     routing is over the GPUs' (expert, expert-TP slot) pairs as the EP kernel's stack
     sends them (``form``: cais.workload.routing.expert_tp_routing); the draw is the
     same at every ``expert_tp``. The period's ``attention_tp`` is its attention group's
-    GPUs (:func:`attention_group`)."""
+    GPUs (:func:`attention_group`). ``capacity_factor`` and ``capacity`` bound what each
+    GPU sends one expert (cais.workload.routing.generate: ``drop`` leaves the selections
+    past capacity at -1, ``pad`` also fills every expert up to it, ``Routing.pad_rows``),
+    applied to the draw before the expert-TP mapping, from the GPU's own routed tokens
+    as Megatron-Core's ``get_capacity`` counts them."""
     group = attention_group(moe, n, attention, attention_tp)
     graph = build_moe_graph(moe, n, mode, attention, seed, expert_tp, group)
     rows = routed_rows(graph.dims)
     ep = n // expert_tp
     rt: Routing = generate(routing, n, rows, moe.experts, moe.topk, seed if routing_seed is None else routing_seed,
-                           n_group=moe.n_group, topk_group=moe.topk_group, ep=ep,
-                           **routing_kwargs)  # type: ignore[arg-type]
+                           n_group=moe.n_group, topk_group=moe.topk_group, ep=ep, capacity_factor=capacity_factor,
+                           capacity=capacity, **routing_kwargs)  # type: ignore[arg-type]
     return replace(period_of(graph), routing=expert_tp_routing(rt, ep, expert_tp, form), expert_tp=expert_tp,
                    attention_tp=group)
 
