@@ -21,7 +21,7 @@ batch 8.
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -34,14 +34,12 @@ IN_GRAPH_TAIL = ("embedding", "final_norm")
 
 
 def _validate_token() -> ModuleType:
-    """scripts/validate_token.py, whose rows and runs this what-if reuses."""
-    path = Path(__file__).resolve().parent / "validate_token.py"
-    spec = importlib.util.spec_from_file_location("validate_token", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up
-    spec.loader.exec_module(module)
-    return module
+    """scripts/validate_token.py, whose rows and runs this what-if reuses (imported
+    from this script's folder, where it lives beside it)."""
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    return importlib.import_module("validate_token")
 
 
 def graph_batch(batch: int) -> int:

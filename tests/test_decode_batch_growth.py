@@ -4,25 +4,16 @@ rest of the tail at the real one) and ours' all-reduce per call."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
+from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
-
 
 @pytest.fixture(scope="module")
-def dbg() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("decode_batch_growth", SCRIPTS / "decode_batch_growth.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+def dbg(load_script: Callable[[str], ModuleType]) -> ModuleType:
+    return load_script("decode_batch_growth")
 
 
 def test_graph_batches_are_vllm_06s_captured_sizes(dbg: ModuleType) -> None:

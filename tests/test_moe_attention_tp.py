@@ -174,8 +174,8 @@ ERRORS = [
     ({"attention_tp": 3}, "attention_tp: 3 does not divide the 8 GPUs; allowed: 1, 2, 4, 8"),
     ({"attention_tp": 0}, "attention_tp: 0 does not divide the 8 GPUs; allowed: 1, 2, 4, 8"),
     ({"attention_tp": -2}, "attention_tp: -2 does not divide the 8 GPUs; allowed: 1, 2, 4, 8"),
-    ({"attention": "dp", "attention_tp": 4}, "attention_tp: 4 runs attention TP over groups of 4 GPUs, but "
-                                             "attention is 'dp'"),
+    ({"attention": "dp", "attention_tp": 4}, ("attention_tp: 4 runs attention TP over groups of 4 GPUs, but "
+                                              "attention is 'dp'")),
 ]
 
 

@@ -6,27 +6,18 @@ its ours is the simulated step's ``token_us``; the breakdown beside it adds up t
 from __future__ import annotations
 
 import csv
-import importlib.util
-import sys
+from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 from cais.config import load_system
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
-
 
 @pytest.fixture(scope="module")
-def vt() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("validate_token", SCRIPTS / "validate_token.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up
-    spec.loader.exec_module(module)
-    return module
+def vt(load_script: Callable[[str], ModuleType]) -> ModuleType:
+    return load_script("validate_token")
 
 
 def test_every_row_parses_with_its_harness_and_source(vt: ModuleType) -> None:

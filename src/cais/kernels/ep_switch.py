@@ -188,7 +188,7 @@ class Plan:
 
 
 def _build(m: Machine, call: EpCall, k: EpSwitchKernel, ffn: ExpertFfn | None) -> list[Kernel]:
-    rt, n, T, h = call.routing, m.n, call.routing.tokens, call.hidden
+    rt, n, T = call.routing, m.n, call.routing.tokens
     if rt.ranks != n:
         raise UserError(f"gpus: the routing has {rt.ranks} ranks, the system {n} GPUs")
     if k.group_order not in GROUP_ORDERS:
