@@ -589,6 +589,7 @@ class TrainConfig(_Strict):
 MOE_ROUTINGS = ("uniform", "powerlaw", "lognormal")
 MoeRouting = Literal["uniform", "powerlaw", "lognormal"]
 MoeDispatchDtype = Literal["bf16", "fp8"]
+MoeExpertDtype = Literal["bf16", "fp8"]
 MoeCapacity = Literal["none", "drop", "pad"]
 
 
@@ -614,6 +615,10 @@ class MoeConfig(_Strict):
                                                                 "per 128, as DeepEP sends it; kernels that take it "
                                                                 "only); combine and the backward's exchanges stay "
                                                                 "bf16")
+    expert_dtype: MoeExpertDtype = knob("bf16", description="the routed experts' grouped GEMMs' operands: bf16 "
+                                                            "(the model's dtype) or fp8 (DeepGEMM's FP8 grouped "
+                                                            "GEMMs with the weights in FP8, as DeepSeek-V3 ships "
+                                                            "them; in inference, behind an fp8 dispatch)")
 
     capacity_factor: float | None = knob(None, gt=0, allow_inf_nan=False,
                                          description="each expert's capacity from one rank: ceil(F x tokens x top-k "

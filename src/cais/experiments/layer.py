@@ -350,7 +350,8 @@ def mode_notes(sch: Scheme, cfg: SystemConfig, mode: str) -> dict[str, str]:
                                       f"dataflow, and {mode} has no backward (it applies to training only)"
                       for key in ("wgrad_inputs", "wgrad_grads") if getattr(cfg.train, key) != "scheme"})
     unset = MoeConfig()
-    what = {"dispatch_dtype": "dispatch", "capacity_factor": "expert capacity", "capacity": "expert capacity"}
+    what = {"dispatch_dtype": "dispatch", "expert_dtype": "experts' GEMMs", "capacity_factor": "expert capacity",
+            "capacity": "expert capacity"}
     notes.update({f"moe.{key}": f"'{getattr(cfg.moe, key)}' has no effect: it sets a MoE layer's "
                                 f"{what.get(key, 'routing')}, and this layer is dense"
                   for key in MoeConfig.model_fields if getattr(cfg.moe, key) != getattr(unset, key)})
@@ -515,6 +516,7 @@ def _check_moe(cfg: SystemConfig, model: MoeSpec, sch: Scheme, mode: str, sim: s
         raise UserError(f"sim: a MoE layer runs every GPU ('full'); got '{sim}'")
     kernel = getattr(sch, "kernel", "")
     check_dispatch_dtype(EP_KERNELS[kernel], cfg.moe.dispatch_dtype, kernel)
+    check_expert_dtype(cfg.moe.expert_dtype, cfg.moe.dispatch_dtype, mode)
     check_capacity_mode(EP_KERNELS[kernel], cfg.moe.capacity_mode(), kernel, "moe.capacity")
     attention, attention_tp = attention_plan(model, cfg.gpus, attention, attention_tp)
     form = _expert_tp_form(sch, model, cfg.gpus, expert_tp)
@@ -688,6 +690,22 @@ def _expert_tp_bytes(run: LayerRun, sch: Scheme, period: Period) -> dict[str, in
     return {"expert_tp_bytes": total}
 
 
+def check_expert_dtype(expert_dtype: str, dispatch_dtype: str, mode: str) -> None:
+    """A UserError (one line, naming ``moe.expert_dtype``) where FP8 experts cannot run:
+    in training (the backward's GEMMs and FP8 training recipes are not modelled) or
+    behind a BF16 dispatch (the stacks that run DeepGEMM's FP8 grouped GEMMs, SGLang's
+    and vLLM's DeepEP paths, dispatch the rows already quantized; a BF16 dispatch would
+    need a quantizing pass this path does not run)."""
+    if expert_dtype != "fp8":
+        return
+    if mode == "train":
+        raise UserError("moe.expert_dtype: 'fp8' runs in prefill and decode; training's experts are bf16 here "
+                        "(allowed in train: bf16)")
+    if dispatch_dtype != "fp8":
+        raise UserError(f"moe.expert_dtype: 'fp8' needs moe.dispatch_dtype=fp8 (the rows arrive quantized, as "
+                        f"DeepEP's FP8 dispatch sends them); got moe.dispatch_dtype={dispatch_dtype}")
+
+
 def exchange_bytes(run: LayerRun, sch: Scheme, period: Period) -> dict[str, object]:
     """The forward dispatch's dtype (``moe.dispatch_dtype``) and the payload bytes GPU 0
     sends to other GPUs in the period's dispatches (the forward's, and in training the
@@ -696,7 +714,8 @@ def exchange_bytes(run: LayerRun, sch: Scheme, period: Period) -> dict[str, obje
     with their scales)."""
     rt, kernel = period.routing, getattr(sch, "kernel", "")
     call_of = getattr(sch, "exchange_call", None)
-    out: dict[str, object] = {"dispatch_dtype": run.m.cfg.moe.dispatch_dtype, "dispatch_bytes": 0, "combine_bytes": 0}
+    out: dict[str, object] = {"dispatch_dtype": run.m.cfg.moe.dispatch_dtype, "dispatch_bytes": 0, "combine_bytes": 0,
+                              "expert_dtype": run.m.cfg.moe.expert_dtype}
     if rt is None or call_of is None:
         return out
     for seg in period.segments:

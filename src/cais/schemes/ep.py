@@ -182,9 +182,10 @@ class EpScheme(Scheme):
                 t = kgrouped_gemm_ps(r.cm, seg.m, seg.n, mine.tolist(), use)
                 nbytes = grouped_bytes(mine.tolist(), seg.m, 1) + grouped_bytes(mine.tolist(), seg.n, 1)
             else:
-                gg = GroupedGemm(tuple(int(c) for c in mine), seg.n, seg.k, "bf16", layout)
+                dtype = r.m.cfg.moe.expert_dtype if seg.role == "fwd" else "bf16"  # FP8 in inference only
+                gg = GroupedGemm(tuple(int(c) for c in mine), seg.n, seg.k, dtype, layout)
                 t = grouped_gemm_ps(r.cm, gg, use)
-                nbytes = grouped_bytes(gg.ms, seg.n, seg.k)
+                nbytes = grouped_bytes(gg.ms, seg.n, seg.k, dtype)
             return grouped_kernel(r.cm, seg.name, t - r.cm.kernel_overhead_ps, nbytes, sms, sm_set)
         raise ValueError(f"MoE step {seg.name}: unknown kind '{seg.kind}'")
 
@@ -303,7 +304,7 @@ class EpScheme(Scheme):
         acts = [s for s in inner if s.kind == "expert_act"]
         act = 0.0 if not acts else (2.0 if acts[0].kernel == "act_bwd" else 1.0)
         call = self.exchange_call(r, seg, rt)  # the dispatch's: its combine runs BF16 (kernels/ep_switch.py)
-        ffn = ExpertFfn(r.model.ffn_hidden, "bf16", act)
+        ffn = ExpertFfn(r.model.ffn_hidden, r.m.cfg.moe.expert_dtype, act)
         kernels = self.module.layer_kernels(r.m, call, ffn)  # type: ignore[attr-defined]
         if len(kernels) != r.m.n:
             raise ValueError(f"EP kernel {self.kernel}: {len(kernels)} fused kernels for {r.m.n} GPUs")
