@@ -387,14 +387,14 @@ def run_layer(cfg: SystemConfig, model: ModelSpec | MoeSpec, scheme: str, mode: 
               functional: bool = False, seed: int = 0, p_drop: float = 0.1, regather: bool = True,
               recorder: Recorder | None = None, progress: RunProgress | None = None,
               sim: str = "full", attention: str = "tp", expert_tp: int = 1,
-              check_capacity: bool = True, attention_tp: int | None = None) -> LayerResult:
+              check_hbm: bool = True, attention_tp: int | None = None) -> LayerResult:
     """Simulate one period of ``model`` under ``scheme`` on ``cfg`` (``sms`` per GPU); a
     ``recorder``, if given, records the run (each GPU's part of every segment is marked
     on its ``segments`` track). A MoE model (:class:`~cais.workload.moe.MoeSpec`) runs
     under an EP scheme (cais.schemes.ep), its attention under TP or data parallel
     (``attention``; under TP in groups of ``attention_tp`` GPUs where given) and its
     experts split ``expert_tp`` ways (cais.workload.moe_dataflow).
-    ``check_capacity``: refuse a dense run whose footprint exceeds the HBM (off where the
+    ``check_hbm``: refuse a dense run whose footprint exceeds the HBM (off where the
     layer times a part of a larger run whose memory is that run's to judge)."""
     sch = get_scheme(scheme)
     _check_sms(cfg, sms)
@@ -415,7 +415,7 @@ def run_layer(cfg: SystemConfig, model: ModelSpec | MoeSpec, scheme: str, mode: 
     mirror = _mirror_mode(cfg, scheme, sim, functional)
     period = build_period(model, cfg.gpus, mode, sch.sp, seed, regather)
     _check_size(cfg, model, sch, mode, period, mirror)
-    memory = check_memory(cfg, model, mode, sch.sp, keep) if check_capacity else None
+    memory = check_memory(cfg, model, mode, sch.sp, keep) if check_hbm else None
     if progress is not None:
         progress.begin(period_events(cfg, period, model.dtype_bytes, sch.switch) / (cfg.gpus if mirror else 1),
                        f"{model.name} {mode} under {scheme} on {cfg.gpus} GPUs")
@@ -648,7 +648,7 @@ def dense_first_us(cfg: SystemConfig, model: MoeSpec, attention: str, seed: int 
     would count a KV cache many times MLA's latent one)."""
     batch = model.batch if attention == "tp" else model.batch * cfg.gpus
     r = run_layer(cfg, dense_layer_model(model, batch), DENSE_FIRST_SCHEME, "decode", seed=seed,
-                  check_capacity=False)
+                  check_hbm=False)
     return r.total_us
 
 
