@@ -33,8 +33,8 @@ from cais.reproduce.experiments.production import LAUNCH_CONSTANTS
 from cais.workload.models import load_model
 
 CSV = Path(__file__).resolve().parents[1] / "src/cais/data/published/decode_token.csv"
-COLUMNS = ("model", "gpus", "system", "batch", "prompt", "output", "dtype", "stack", "scheme", "launch", "time_us",
-           "what", "use", "source", "note")
+COLUMNS = ("model", "gpus", "system", "batch", "prompt", "output", "dtype", "stack", "scheme", "launch", "sets",
+           "time_us", "what", "use", "source", "note")
 #: fit: the row gpu.kernel_gap_us is chosen on (scripts/fit_production.py); held-out:
 #: never used to choose a value; unscored: listed beside them, the note says why
 USES = ("fit", "held-out", "unscored")
@@ -56,11 +56,21 @@ class TokenRow:
     stack: str
     scheme: str
     launch: str
+    sets: str
     time_us: float
     what: str
     use: str
     source: str
     note: str
+
+    @property
+    def overrides(self) -> dict[str, str]:
+        """The settings that stand for the stack's own decode step (its ``sets`` column,
+        ``key=value`` pairs separated by ``;``: vLLM 0.6's rows ``decode.stack=vllm-0.6``)."""
+        pairs = [p.split("=", 1) for p in self.sets.split(";") if p.strip()]
+        if any(len(p) != 2 for p in pairs):
+            raise ValueError(f"sets '{self.sets}': expected key=value pairs separated by ';'")
+        return {k.strip(): v.strip() for k, v in pairs}
 
     @property
     def kv(self) -> int:
@@ -88,7 +98,7 @@ def ours(row: TokenRow, split: bool = True, sets: Mapping[str, object] | None = 
     """Our decode step for ``row`` under the stack its harness ran (its ``token`` is the
     time per output token); ``split`` False runs every GEMM data-parallel
     (``gpu.split_gemms=false``); ``sets``: further overrides (key -> value)."""
-    pairs = {"gpu.launch": row.launch, **{k: str(v) for k, v in (sets or {}).items()}}
+    pairs = {"gpu.launch": row.launch, **row.overrides, **{k: str(v) for k, v in (sets or {}).items()}}
     if not split:
         pairs["gpu.split_gemms"] = "false"
     cfg = apply_overrides(load_system(row.system, gpus=row.gpus), pairs)

@@ -154,3 +154,66 @@ def test_split_gemms_off_gives_the_data_parallel_decode_layer() -> None:
     t_on = run_layer(on, model, "tp-vllm", "decode", 132).total_us
     t_off = run_layer(off, model, "tp-vllm", "decode", 132).total_us
     assert t_off > 1.3 * t_on
+
+
+def test_graph_batch_pads_to_the_captured_sizes() -> None:
+    """The captured sizes vLLM and SGLang share: 1, 2, 4, then multiples of 8 (of 16
+    past 256); a batch past the largest runs as it is."""
+    from cais.experiments.token import graph_batch
+
+    got = {b: graph_batch(b) for b in (1, 2, 3, 4, 5, 6, 8, 9, 17, 256, 257, 512, 513)}
+    assert got == {1: 1, 2: 2, 3: 4, 4: 4, 5: 8, 6: 8, 8: 8, 9: 16, 17: 24, 256: 256, 257: 272, 512: 512, 513: 513}
+    with pytest.raises(ValueError):
+        graph_batch(0)
+
+
+def test_a_decode_graph_runs_the_padded_batch_and_the_tail_outside_it_the_real_one() -> None:
+    """Batch 6 under a CUDA graph runs the graph of 8: the layer's rows are 8 (6 real),
+    the KV bytes stay the real sequences' (the padding sequences hold one token), the
+    in-graph tail parts run 8 rows and the lm_head, gather and sampler 6; with
+    ``decode.graph_padding`` off the same run is the graph of 6."""
+    from cais.config import apply_overrides
+    from cais.experiments.token import IN_GRAPH, graph_padded
+
+    cfg = apply_overrides(load_system("dgx-h100"), {"gpu.launch": "graph"})
+    model = load_model("llama3-8b").with_run(6, 133)
+    padded = run_layer(cfg, model, "tp-custom-ar", "decode", 132)
+    exact = run_layer(apply_overrides(cfg, {"decode.graph_padding": "false"}), model, "tp-custom-ar", "decode", 132)
+    eight = run_layer(cfg, graph_padded(model, 8), "tp-custom-ar", "decode", 132)
+    assert padded.token is not None and exact.token is not None and eight.token is not None
+    assert (padded.tokens, padded.padded_tokens, padded.token.graph_batch) == (6, 8, 8)
+    assert (exact.tokens, exact.padded_tokens, exact.token.graph_batch) == (6, 6, 0)
+    assert "graph_batch" in padded.as_json()["token"] and "graph_batch" not in exact.as_json()["token"]
+    kv = graph_padded(model, 8)
+    assert abs(kv.batch * kv.seq - (6 * 133 + 2)) <= kv.batch / 2  # the real cache plus one token per padding row
+    assert padded.total_us == eight.total_us > exact.total_us  # the period is the graph of 8's
+    for part in IN_GRAPH:
+        assert padded.token.tail[part] == eight.token.tail[part]
+    for part in ("lm_head", "logits_gather", "sampling"):
+        assert padded.token.tail[part] == exact.token.tail[part] < eight.token.tail[part] + 1e-9
+    assert padded.token.tail["sampling"] < eight.token.tail["sampling"]  # 6 rows' logits, not 8
+
+
+def test_the_vllm_06_stack_adds_its_kernels_to_the_decode_step() -> None:
+    """``decode.stack`` = vllm-0.6: the attention's output copy runs as a kernel of its
+    own after attention in every layer, and the tail has vLLM 0.6's parts in order,
+    each at least one small kernel's floor; the generic stack's tail keeps its parts."""
+    from cais.config import apply_overrides
+    from cais.experiments.token import PARTS, VLLM06_PARTS
+
+    cfg = apply_overrides(load_system("dgx-h100"), {"gpu.launch": "graph"})
+    model = load_model("llama3-8b").with_run(1, 610)
+    generic = run_layer(cfg, model, "tp-custom-ar", "decode", 132)
+    vllm = run_layer(apply_overrides(cfg, {"decode.stack": "vllm-0.6"}), model, "tp-custom-ar", "decode", 132)
+    assert generic.token is not None and vllm.token is not None
+    assert "attn_out_copy" in vllm.kernel_tbs and "attn_out_copy" not in generic.kernel_tbs
+    grew = vllm.segments["attention"] - generic.segments["attention"]
+    assert cfg.gpu.small_kernel_us <= grew <= cfg.gpu.small_kernel_us + 2 * cfg.gpu.kernel_gap_us
+    assert tuple(generic.token.tail) == PARTS and tuple(vllm.token.tail) == VLLM06_PARTS
+    for part in ("graph_inputs", "prune", "token_broadcast", "advance_step"):
+        assert vllm.token.tail[part] >= cfg.gpu.small_kernel_us
+    for part in ("embedding", "final_norm", "lm_head"):
+        assert vllm.token.tail[part] == generic.token.tail[part]
+    # six more sampler kernels, each at least its floor; the concatenation after the gather
+    assert vllm.token.tail["sampling"] - generic.token.tail["sampling"] >= 6 * cfg.gpu.small_kernel_us
+    assert vllm.token.tail["logits_gather"] - generic.token.tail["logits_gather"] >= cfg.gpu.small_kernel_us

@@ -101,3 +101,23 @@ def test_the_step_grows_with_the_kernel_gap(vt: ModuleType) -> None:
     assert low is not None and high is not None
     # every dependent kernel of the step waits the gap: at least 10 per layer
     assert high.token_us - low.token_us >= 10 * low.layers * 1.0
+
+
+def test_the_vllm_06_rows_run_vllm_06s_decode_step(vt: ModuleType) -> None:
+    """A row's ``sets`` stand for its stack's own decode step: the vLLM 0.6 rows run
+    ``decode.stack=vllm-0.6`` (its tail's parts, the attention output's copy), the
+    SGLang rows the generic step; a malformed ``sets`` is refused."""
+    from cais.experiments.token import PARTS, VLLM06_PARTS
+
+    rows = vt.rows()
+    vllm = [r for r in rows if r.stack.startswith("vLLM 0.6")]
+    other = [r for r in rows if not r.stack.startswith("vLLM 0.6") and vt.runnable(r)]
+    assert vllm and other
+    assert all(r.overrides == {"decode.stack": "vllm-0.6"} for r in vllm)
+    assert all(r.overrides == {} for r in other)
+    ran = vt.ours(vllm[0])
+    assert ran.token is not None and tuple(ran.token.tail) == VLLM06_PARTS and "attn_out_copy" in ran.kernel_tbs
+    plain = vt.ours(other[0])
+    assert plain.token is not None and tuple(plain.token.tail) == PARTS
+    with pytest.raises(ValueError, match="key=value"):
+        replace(vllm[0], sets="decode.stack").overrides

@@ -585,6 +585,39 @@ class TrainConfig(_Strict):
                               "sub-layer (remote-load schemes)")
 
 
+#: the serving stacks whose decode step is modelled beyond the layer's kernels (DecodeConfig.stack)
+DECODE_STACKS = ("generic", "vllm-0.6")
+DecodeStack = Literal["generic", "vllm-0.6"]
+
+
+class DecodeConfig(_Strict):
+    """The decode step as a serving stack runs it around the layer's kernels
+    (experiments/token.py; docs/compute-model.md, "The decode step"): what a stack
+    adds per layer and per token, and the batch its CUDA graph runs.
+
+    ``stack`` ``generic`` is the step every stack runs (the layer's kernels; the tail's
+    embedding, final norm, lm_head, logits all-gather and a greedy sampler's cast and
+    arg-max). ``vllm-0.6`` is vLLM 0.6.x's multi-step decode as its v0.6.1 source runs
+    it: the FlashAttention backend copies the attention's output into the layer's
+    tensor (a kernel per layer), the CUDA-graph runner copies five inputs into the
+    graph's buffers before each replay, the logits processor prunes the hidden rows
+    (``index_select``) and gathers the vocabulary shards to the driver (a gather and a
+    concatenation), the greedy sampler runs eight kernels (cast, temperature division,
+    softmax, log-softmax, an index cast, a row gather, arg-max, an index put), and the
+    multi-step runner advances the step's inputs on the GPU (``advance_step``)."""
+
+    stack: DecodeStack = knob("generic", description="the serving stack whose decode step is modelled: generic = "
+                                                     "the kernels every stack runs; vllm-0.6 = vLLM 0.6.x's "
+                                                     "multi-step decode (the section's description)")
+    graph_padding: bool = knob(True, description="launch=graph, decode: the CUDA graph runs the batch padded up to "
+                                                 "the next captured size (1, 2, 4, then multiples of 8 to 256, then "
+                                                 "of 16 to 512), as vLLM 0.6 (_BATCH_SIZES_TO_CAPTURE), vLLM V1 "
+                                                 "(vllm/config/vllm.py) and SGLang (cuda_graph_runner.py) capture "
+                                                 "and pad; the layers, embedding and final norm run at the padded "
+                                                 "batch, the lm_head, logits and sampler at the real one; false = "
+                                                 "every batch its own graph")
+
+
 #: the routings a MoE layer run may draw (cais.workload.routing's seeded generators)
 MOE_ROUTINGS = ("uniform", "powerlaw", "lognormal")
 MoeRouting = Literal["uniform", "powerlaw", "lognormal"]
@@ -668,6 +701,8 @@ class SystemConfig(_Strict):
     remote_read: RemoteReadConfig = RemoteReadConfig()
     train: TrainConfig = TrainConfig()
     moe: MoeConfig = knob(MoeConfig(), description="a MoE layer run's routing (MoeConfig); a dense run ignores it")
+    decode: DecodeConfig = knob(DecodeConfig(), description="the decode step as a serving stack runs it around "
+                                                           "the layer (DecodeConfig)")
     gpu_slowdown: dict[int, float] = Field(default_factory=dict,
                                            description="GPU index -> factor on the time its TBs compute (a "
                                                        "straggler, for experiments); absent GPUs run at 1")

@@ -19,7 +19,7 @@ from cais.engine.sim import fewer_collections
 from cais.machine import Machine, Stalled
 from cais.experiments.collective import SIM_MODES, check_mirror, mirror_misfit
 from cais.experiments.ep import expert_block_check, own_bytes
-from cais.experiments.token import TokenTime, moe_token_time, token_time
+from cais.experiments.token import TokenTime, graph_batch, graph_padded, moe_token_time, token_time
 from cais.results import LinkUtil, Recorder, RunMetrics, run_metrics
 from cais.results.metrics import mirrored
 from cais.kernels.ep_registry import EP_KERNELS, check_dispatch_dtype, expert_tp_form
@@ -413,6 +413,9 @@ def run_layer(cfg: SystemConfig, model: ModelSpec | MoeSpec, scheme: str, mode: 
     if vc_policy != cfg.link.vc_policy:
         cfg = cfg.with_overrides(link={**cfg.link.model_dump(), "vc_policy": vc_policy})
     mirror = _mirror_mode(cfg, scheme, sim, functional)
+    batch = model.batch  # the real sequences; a decode CUDA graph may run more
+    if mode == "decode" and cfg.gpu.launch == "graph" and cfg.decode.graph_padding and graph_batch(batch) != batch:
+        model = graph_padded(model, graph_batch(batch))
     period = build_period(model, cfg.gpus, mode, sch.sp, seed, regather)
     _check_size(cfg, model, sch, mode, period, mirror)
     memory = check_memory(cfg, model, mode, sch.sp, keep) if check_hbm else None
@@ -456,12 +459,14 @@ def run_layer(cfg: SystemConfig, model: ModelSpec | MoeSpec, scheme: str, mode: 
         sublayers=subs, segments=segs, metrics=mirrored(metrics, m.n) if mirror else metrics,
         events=m.sim.events, wall_s=time.perf_counter() - t0, kernel_us=kernel_split(run),
         kernel_tbs=kernel_tb_times(run), mismatches=bad,
-        checked=checked, switch=cfg.switch.model, vc_policy=cfg.link.vc_policy, tokens=period.dims.real_tokens,
+        checked=checked, switch=cfg.switch.model, vc_policy=cfg.link.vc_policy,
+        tokens=batch if mode == "decode" else period.dims.real_tokens,  # a decode graph's padding rows are padding
         padded_tokens=period.dims.tokens, sim=sim, memory=memory, hbm_capacity_GB=cfg.gpu.hbm_capacity_GB,
         collective_choice=cfg.collective.layer_choice,
         collectives_ran={f"{a}/{p}": k for (a, p), k in sorted(run.choices.items())},
         adjusted={**m.adjusted, **mode_notes(sch, cfg, mode)},
-        token=token_time(cfg, cm, model, period.dims.batch, cfg.gpu.sms, end / PS_PER_US) if mode == "decode" else None)
+        token=token_time(cfg, cm, model, batch, cfg.gpu.sms, end / PS_PER_US, period.dims.batch)
+        if mode == "decode" else None)
 
 
 def _check_family(sch: Scheme, model: ModelSpec | MoeSpec) -> None:

@@ -18,6 +18,23 @@ Each kernel pays its launch as the layer's kernels do (the dependent-kernel gap 
 Not included: the host's own step (scheduling, input preparation, detokenisation),
 which a published per-token latency includes unless the stack overlaps it.
 
+A stack adds to this (``decode.stack``, :class:`~cais.config.DecodeConfig`): vLLM 0.6's
+multi-step decode (``vllm-0.6``, read from its v0.6.1 source) also runs
+``graph_inputs`` (the CUDA-graph runner's five copies into the graph's input buffers
+before each replay: ``CUDAGraphRunner.forward``, ``prepare_graph_input_buffers``),
+``prune`` (the logits processor's ``index_select`` of the rows to sample), a
+concatenation after its logits gather (``GroupCoordinator.gather``: an NCCL gather to
+the driver, timed as the all-gather of the same shards), six more sampler kernels
+(``Sampler.forward`` at greedy: the temperature division, softmax and log-softmax
+beside the cast, then ``_sample_with_torch``'s index cast, row gather and index put
+beside the arg-max), ``token_broadcast`` (the driver's sampled ids to the other TP
+workers, ``broadcast_tensor_dict`` in ``MultiStepWorker``: an NCCL broadcast, timed as
+the all-gather of the same ids) and ``advance_step`` (``advance_step_flashattn``).
+
+Under a CUDA graph (``gpu.launch`` = graph, ``decode.graph_padding``) the graph runs
+the batch padded up to its captured size (:func:`graph_batch`): the layers, the
+embedding and the final norm (:data:`IN_GRAPH`) at that batch, the rest at the real one.
+
 A mixture-of-experts model (:class:`MoeTokenTime`, :func:`moe_token_time`) adds its
 first ``dense_layers`` layers at their own simulated period (experiments/layer.py runs
 them: the MoE layer's attention with the dense MLP, under the dense scheme its EP
@@ -36,17 +53,39 @@ from cais.kernels.gemm import gemm_shape, tile_work_ps
 from cais.workload.models import ModelSpec
 
 FP32 = 4
-#: the tail's parts, in the order the step runs them
+INT64 = 8
+#: the tail's parts every stack runs, in the order the step runs them
 PARTS = ("embedding", "final_norm", "lm_head", "logits_gather", "sampling")
+#: the tail's parts of vLLM 0.6's multi-step decode (``decode.stack`` = vllm-0.6), in order
+VLLM06_PARTS = ("graph_inputs", "embedding", "final_norm", "prune", "lm_head", "logits_gather", "sampling",
+                "token_broadcast", "advance_step")
+#: the tail's parts inside the decode CUDA graph (the rest run outside it, on the real rows)
+IN_GRAPH = ("embedding", "final_norm")
+#: the batch sizes a decode CUDA graph is captured for, as vLLM and SGLang capture them
+#: (DecodeConfig.graph_padding): 1, 2, 4, then multiples of 8 to 256, then of 16 to 512
+GRAPH_SIZES = (1, 2, 4, *range(8, 257, 8), *range(272, 513, 16))
+
+
+def graph_batch(batch: int) -> int:
+    """The batch a decode CUDA graph runs for ``batch`` sequences: the smallest captured
+    size (:data:`GRAPH_SIZES`) that holds them (vLLM 0.6's ``_get_graph_batch_size``,
+    SGLang's ``bisect_left`` over ``capture_bs``); above the largest, ``batch`` itself
+    (the stacks run such a batch outside a graph: not modelled, its launch mode kept)."""
+    if batch < 1:
+        raise ValueError(f"batch {batch}: at least 1 sequence")
+    return next((g for g in GRAPH_SIZES if g >= batch), batch)
 
 
 @dataclass(frozen=True)
 class TokenTime:
-    """The time per output token (us): ``layers`` x ``layer_us`` + the tail's parts."""
+    """The time per output token (us): ``layers`` x ``layer_us`` + the tail's parts;
+    ``graph_batch``: the batch the decode CUDA graph ran when it padded the real one
+    (0: not padded)."""
 
     layers: int
     layer_us: float
     tail: dict[str, float]
+    graph_batch: int = 0
 
     @property
     def tail_us(self) -> float:
@@ -58,7 +97,8 @@ class TokenTime:
 
     def as_json(self) -> dict[str, object]:
         return {"token_us": self.token_us, "layers": self.layers, "layer_us": self.layer_us,
-                "layers_us": self.layers * self.layer_us, "tail_us": self.tail_us, "tail": self.tail}
+                "layers_us": self.layers * self.layer_us, "tail_us": self.tail_us, "tail": self.tail,
+                **({"graph_batch": self.graph_batch} if self.graph_batch else {})}
 
 
 def _launch_us(cfg: SystemConfig, fitted_us: float) -> float:
@@ -120,30 +160,64 @@ def _first_gpus(cfg: SystemConfig, gpus: int) -> SystemConfig:
 
 
 def decode_tail_us(cfg: SystemConfig, cm: ComputeModel, model: ModelSpec, batch: int, sms: int,
-                   tp: int | None = None) -> dict[str, float]:
+                   tp: int | None = None, graph_rows: int | None = None) -> dict[str, float]:
     """The tail of one decode step (module doc), us per part, its vocabulary split over
     ``tp`` ranks (default: every GPU; fewer: a MoE layer's attention TP group, its
     collectives within the group (:func:`_collective_us`); 1: each GPU holds the whole
     vocabulary, and the embedding's all-reduce and the logits gather have no peer: 0). A model without a
-    vocabulary size has no lm_head, logits or sampling to time: those parts are 0."""
+    vocabulary size has no lm_head, logits or sampling to time: those parts are 0.
+    ``graph_rows``: the batch the CUDA graph runs (:func:`graph_batch`; default
+    ``batch``): the parts inside it (:data:`IN_GRAPH`) run that many rows. The parts are
+    :data:`PARTS`, or :data:`VLLM06_PARTS` under ``decode.stack`` = vllm-0.6."""
     n, h, eb = cfg.gpus if tp is None else tp, model.hidden, model.dtype_bytes
-    rows = batch * h * eb
-    reduce_us = _collective_us(cfg, "allreduce", rows, n) if n > 1 else 0.0
-    tail = {"embedding": _small_us(cfg, cm, 2 * rows, sms) + reduce_us,
-            "final_norm": _small_us(cfg, cm, 2 * rows, sms), "lm_head": 0.0, "logits_gather": 0.0, "sampling": 0.0}
+    rows, graph = batch * h * eb, (batch if graph_rows is None else graph_rows) * h * eb
+    reduce_us = _collective_us(cfg, "allreduce", graph, n) if n > 1 else 0.0
+    tail = {"embedding": _small_us(cfg, cm, 2 * graph, sms) + reduce_us,
+            "final_norm": _small_us(cfg, cm, 2 * graph, sms), "lm_head": 0.0, "logits_gather": 0.0, "sampling": 0.0}
+    logits = batch * (model.vocab or 0)
     if model.vocab:
         shard = -(-model.vocab // n)
         tail["lm_head"] = _gemm_us(cfg, cm, batch, shard, h, sms)
         tail["logits_gather"] = _collective_us(cfg, "allgather", batch * shard * n * eb, n) if n > 1 else 0.0
-        logits = batch * model.vocab
         tail["sampling"] = _small_us(cfg, cm, logits * (eb + FP32), sms) + _small_us(cfg, cm, logits * FP32, sms)
+    if cfg.decode.stack == "vllm-0.6":
+        tail = _vllm06_tail(cfg, cm, tail, batch, rows, logits, eb, n, sms)
     return tail
 
 
+def _vllm06_tail(cfg: SystemConfig, cm: ComputeModel, tail: dict[str, float], batch: int, rows: int, logits: int,
+                 eb: int, n: int, sms: int) -> dict[str, float]:
+    """``tail`` (every stack's parts) with what vLLM 0.6's multi-step decode adds (module
+    doc), in :data:`VLLM06_PARTS`' order: ``rows`` the bytes of the batch's hidden rows,
+    ``logits`` the batch's logits (elements, the whole vocabulary)."""
+    ids = batch * INT64
+    small = _small_us(cfg, cm, 2 * ids, sms)  # a kernel over a few int tensors of the batch: its floor
+    extra = {"graph_inputs": 5 * small, "prune": _small_us(cfg, cm, 2 * rows, sms),
+             "token_broadcast": _collective_us(cfg, "allgather", ids * n, n) if n > 1 else 0.0,
+             "advance_step": small}
+    if logits:
+        concat = _small_us(cfg, cm, 2 * logits * eb, sms) if n > 1 else 0.0
+        rw32 = _small_us(cfg, cm, 2 * logits * FP32, sms)  # an fp32 [batch, vocab] read and written
+        tail = {**tail, "logits_gather": tail["logits_gather"] + concat,
+                "sampling": tail["sampling"] + 4 * rw32 + 2 * small}  # div, softmax, log-softmax, row gather; long, put
+    return {k: ({**tail, **extra}[k]) for k in VLLM06_PARTS}
+
+
+def graph_padded(model: ModelSpec, rows: int) -> ModelSpec:
+    """``model``'s decode run (``batch`` sequences over a KV cache of ``seq``) as the
+    CUDA graph of ``rows`` sequences runs it: the padding sequences hold one cached
+    token each (vLLM 0.6's builder pads the sequence lengths with 1), and the run's one
+    KV length is the mean over the ``rows``, so the KV bytes read stay the real ones."""
+    b, kv = model.batch, model.seq
+    return model.with_run(rows, max(1, round((b * kv + (rows - b)) / rows)))
+
+
 def token_time(cfg: SystemConfig, cm: ComputeModel, model: ModelSpec, batch: int, sms: int,
-               layer_us: float) -> TokenTime:
-    """The whole model's time per output token at the simulated ``layer_us``."""
-    return TokenTime(model.layers, layer_us, decode_tail_us(cfg, cm, model, batch, sms))
+               layer_us: float, graph_rows: int | None = None) -> TokenTime:
+    """The whole model's time per output token at the simulated ``layer_us`` (the layers
+    run at ``graph_rows`` sequences when the CUDA graph pads ``batch``)."""
+    padded = graph_rows if graph_rows is not None and graph_rows != batch else 0
+    return TokenTime(model.layers, layer_us, decode_tail_us(cfg, cm, model, batch, sms, graph_rows=graph_rows), padded)
 
 
 @dataclass(frozen=True)
@@ -175,4 +249,4 @@ def moe_token_time(cfg: SystemConfig, cm: ComputeModel, model: ModelSpec, moe_la
     layer's attention model: its hidden and vocabulary) over ``batch`` sequences per
     attention group, the vocabulary split over ``attention_tp`` ranks."""
     return MoeTokenTime(moe_layers, layer_us, decode_tail_us(cfg, cm, model, batch, sms, attention_tp),
-                        dense_layers, dense_layer_us, dense_scheme)
+                        dense_layers=dense_layers, dense_layer_us=dense_layer_us, dense_scheme=dense_scheme)

@@ -371,6 +371,18 @@ class LayerRun:
         kv = d.batch * 2 * d.kv_l * d.head_dim * eb
         return [self.small_kernel("rotary", 2 * qk), self.small_kernel("kv_write", 2 * kv)]
 
+    def decode_epilogue(self, g: int) -> list[Kernel]:
+        """The decode step's kernels between attention and the output projection that a
+        stack adds (``decode.stack``): vLLM 0.6's FlashAttention backend writes the
+        decode attention's output into a tensor of its own and copies it into the
+        layer's (``output[num_prefill_tokens:] = flash_attn_with_kvcache(...)``,
+        vllm/attention/backends/flash_attn.py at v0.6.1), read and written; none
+        otherwise (today's backends pass the layer's tensor as the kernel's output)."""
+        if self.m.cfg.decode.stack != "vllm-0.6":
+            return []
+        d, eb = self.d, self.model.dtype_bytes
+        return [self.small_kernel("attn_out_copy", 2 * d.batch * d.q_l * eb)]
+
     def nccl_call(self, op: str, algo: str, nbytes: int) -> tuple[str, str]:
         """(algorithm, protocol) one of the layer's NCCL collectives runs, counted in
         :attr:`choices`. ``algo`` is the scheme's: an algorithm it names (``ring``,
@@ -623,7 +635,11 @@ class Scheme:
                 k, over = self.local_gemm(r, g, seg.gemm), r.cm.kernel_overhead_ps
             else:
                 k, over = r.local_kernel(g, seg)
-            out.append(r.submit(g, k, [deps[g]], over, seg.name))
+            done = r.submit(g, k, [deps[g]], over, seg.name)
+            if seg.kind == "attention" and r.decode_small:  # a stack's copy of the output after it
+                for k in r.decode_epilogue(g):
+                    done = r.submit(g, k, [done], r.cm_mem_overhead_ps, seg.name)
+            out.append(done)
         return out
 
     def local_gemm(self, r: LayerRun, g: int, gemm: Gemm) -> Kernel:
