@@ -18,6 +18,9 @@ runs the low-latency kernel at every token count.
 Targets (issue 66): the one-node sweep in seconds, an nvl72 EP-72 layer in minutes.
 The table says for each row whether it met its target (the sweep: under 60 s a kernel);
 the sweep's total is the sum of its points run one after the other in one process.
+``--workers N`` (default: the machine's CPUs; 0: none) then runs the whole sweep again in
+a pool of N processes, as ``cais reproduce moe`` runs its points, and prints its wall
+time and its longest point, which bounds it for any number of workers.
 """
 
 from __future__ import annotations
@@ -65,6 +68,38 @@ def sweep(system: str, tokens: Sequence[int], ll_all: bool) -> dict[str, dict[st
                 row["events"] += int(r["events"])
                 row["points"] += 1
     return out
+
+
+def points(systems: Sequence[str], tokens: Sequence[int], ll_all: bool) -> list[dict[str, object]]:
+    """The one-node sweep's points over ``systems``, as :func:`sweep` runs them."""
+    from cais.experiments.spec import ep_kernels
+    from cais.reproduce.experiments.moe import LL_MAX_TOKENS
+    return [{"system": system, "gpus": ep, "kernel": kernel, "tokens": t, "sets": "{}"}
+            for system in systems for kernel in ep_kernels(shipped_only=True) for ep in EPS for t in tokens
+            if not (kernel == "deepep-ll" and t > LL_MAX_TOKENS and not ll_all)]
+
+
+def _timed_point(point: dict[str, object]) -> tuple[float, int]:
+    """One point in a worker: (its wall seconds, its simulated events)."""
+    from cais.reproduce.points import ep_point
+    t0 = time.perf_counter()
+    r = ep_point(point)
+    return time.perf_counter() - t0, int(r["events"])
+
+
+def pooled(systems: Sequence[str], tokens: Sequence[int], ll_all: bool, workers: int) -> dict[str, float]:
+    """The whole one-node sweep in a pool of ``workers`` processes, as ``cais reproduce
+    moe`` runs its points (one pool, ``--workers``, default the machine's CPUs), the
+    longest points first: its wall seconds, points, events and its longest point (no
+    pool of any size finishes sooner)."""
+    from concurrent.futures import ProcessPoolExecutor
+    todo = points(systems, tokens, ll_all)
+    todo.sort(key=lambda p: -int(p["tokens"]) * int(p["gpus"]))  # the long points first, as a scheduler would
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        done = list(pool.map(_timed_point, todo))
+    return {"wall_s": time.perf_counter() - t0, "points": len(todo), "events": sum(e for _, e in done),
+            "longest_s": max(w for w, _ in done)}
 
 
 def sweep_elsewhere(src: Path, system: str, tokens: Sequence[int], ll_all: bool) -> dict[str, dict[str, float]]:
@@ -139,10 +174,18 @@ def main() -> None:
     ap.add_argument("--layer-seq", type=int, default=64, help="tokens per sequence of the layer runs (batch 1)")
     ap.add_argument("--no-layers", action="store_true", help="the one-node sweep only")
     ap.add_argument("--no-sweep", action="store_true", help="the layers only")
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                    help="also run the whole sweep in a pool of this many processes (default: the CPUs; 0: no)")
     args = ap.parse_args()
     console = Console(width=160)
     if not args.no_sweep:
         console.print(sweep_table(args))
+        if args.workers > 0:
+            p = pooled(args.systems, args.tokens, args.ll_all, args.workers)
+            console.print(f"The whole sweep in a pool of {args.workers} worker(s), as `cais reproduce moe "
+                          f"--workers {args.workers}` runs it: {p['wall_s']:.1f} s for {p['points']:.0f} points "
+                          f"and {p['events']:,.0f} events; its longest point {p['longest_s']:.1f} s (no pool "
+                          f"finishes sooner)")
     table = Table(title="MoE layers (this machine, one process)")
     for col in ("what", "events", "wall (s)", "events/s", "target"):
         table.add_column(col, justify="right")
