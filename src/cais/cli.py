@@ -533,8 +533,9 @@ def _print_layer(system: str, model: ModelSpec | MoeSpec, r: LayerResult) -> Non
         parts = ", ".join(f"{k.replace('_', ' ')} {v:,.1f}" for k, v in t.tail.items())
         dense = getattr(t, "dense_layers", None)
         if dense is None:
-            Console().print(f"per output token: {t.token_us:,.1f} us = {t.layers} layers x {t.layer_us:,.1f} us + "
-                            f"tail {t.tail_us:,.1f} us ({parts}); the host's own step is not included "
+            graph = f" (the CUDA graph of {t.graph_batch} sequences)" if t.graph_batch else ""
+            Console().print(f"per output token: {t.token_us:,.1f} us = {t.layers} layers x {t.layer_us:,.1f} us"
+                            f"{graph} + tail {t.tail_us:,.1f} us ({parts}); the host's own step is not included "
                             "(docs/compute-model.md, \"The decode step\")", highlight=False)
         else:
             first = f" + {dense} dense layers x {t.dense_layer_us:,.1f} us ({t.dense_scheme})" if dense else ""
