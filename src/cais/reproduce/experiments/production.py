@@ -288,9 +288,8 @@ def _sensitivity(t: pd.DataFrame, sens: pd.DataFrame) -> list[str]:
                 + " (docs/validation.md).")] if (edges := at_edge()) else []),
             "Decode's GEMMs are split as CUTLASS splits them (fix-up fitted on published skinny cuBLAS GEMMs); its "
             "small kernels have sourced floors.",
-            "The whole decode step is checked against published per-token latencies (vLLM 0.6 on 8 x H100, "
-            "Llama-3-8B and -70B at TP 8, batch 1-6, run with vLLM 0.6's own decode kernels; docs/validation.md "
-            "has each row's error); the host's pass once per 10 steps is not modelled."]
+            "The whole decode step is checked against vLLM 0.6's per-token latencies (Llama-3-8B and -70B, TP 8, "
+            "batch 1-6; docs/validation.md); its host pass per 10 steps is not modelled."]
 
 
 def _why(t: pd.DataFrame) -> str:
