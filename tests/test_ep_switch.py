@@ -3,9 +3,11 @@ docs/moe.md, "In-switch expert parallelism")."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import runpy
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -105,6 +107,51 @@ def test_lookup_latency_and_fusion_change_the_time() -> None:
     fused = run_rung(cfg, "ep-switch", b, block_tokens=64)
     unfused = run_rung(cfg, "ep-switch-unfused", b)
     assert fused.time_us != unfused.time_us
+
+
+def _recording_unit(send: Any, seen: set[int]) -> Any:
+    """``send`` (an Isa method), adding the transfer unit of each call to ``seen``."""
+    sig = inspect.signature(send)
+
+    def wrapped(*a: object, **kw: object) -> None:
+        seen.add(sig.bind(*a, **kw).arguments["unit"])
+        send(*a, **kw)
+    return wrapped
+
+
+def test_the_fused_combine_is_sized_on_its_bf16_partials_after_an_fp8_dispatch(monkeypatch) -> None:
+    """After an FP8 dispatch the fused kernel's combine sends BF16 partials: its transfer
+    unit and in-flight window are a BF16 row's, its dispatch's an FP8 row's."""
+    base = load_system("dgx-h100")
+    cfg = base.with_overrides(collective={**base.collective.model_dump(), "outstanding_bytes_per_sm": 1024})
+    limits: list[int] = []
+
+    class Recording(ep_switch.Window):
+        def __init__(self, sim: object, limit: int) -> None:
+            limits.append(limit)
+            super().__init__(sim, limit)  # type: ignore[arg-type]
+    monkeypatch.setattr(ep_switch, "Window", Recording)
+    rt = generate("uniform", cfg.gpus, 32, 16, 4, 3)
+    call = EpCall("dispatch", rt, 7168, "fp8", None, False, ep_constants())
+    row = ep_switch.combine_row_bytes(call)
+    assert call.fp8 and call.row_bytes == 7392 < row == 14336  # the FP8 path: the dispatch's row is the smaller
+    ran = []
+    for kernel, sends in (("ep-switch", ("st_mc_dyn", "red_cais")), ("ep-switch-sw", ("st", "red"))):
+        k = ep_switch.VARIANTS[kernel]
+        m = Machine(on_switch(cfg, k))
+        units: dict[str, set[int]] = {name: set() for name in sends}
+        for name in sends:  # record the transfer unit each send is cut in
+            monkeypatch.setattr(m.isa, name, _recording_unit(getattr(m.isa, name), units[name]))
+        limits.clear()
+        ks = k.layer_kernels(m, call, ep_switch.ExpertFfn(256, "fp8"))
+        for gpu, kern in zip(m.gpus, ks):
+            gpu.launch(kern, m.launch_ps)
+        m.run()
+        dispatch, combine = sends
+        assert units[dispatch] == {cfg.unit_for(call.row_bytes)} != units[combine] == {cfg.unit_for(row)}, kernel
+        assert set(limits) == {2 * call.row_bytes, 2 * row}, kernel  # each a TB's window: dispatch's, combine's
+        ran.append(kernel)
+    assert len(ran) == 2
 
 
 def test_group_table_binds_until_full_and_counts() -> None:
