@@ -218,6 +218,41 @@ def test_the_page_holds_the_stored_runs_and_a_stored_rung_reruns_alike() -> None
         assert again.time_us == pytest.approx(r["time_us"], rel=1e-9), r["kernel"]
 
 
+def test_a_partial_ladder_rerun_runs_only_its_rungs_on_the_stores_settings(load_script, monkeypatch) -> None:
+    """``--kernels``: only the named rungs (and their one-knob, links-bind and break-even
+    runs) run again, on the fabric and EP constants the store was made on, stamped with
+    the commit; the others are kept with theirs, in the stored order."""
+    from cais.experiments.ep_ladder import RungResult
+
+    lad = load_script("ep_switch_ladder")
+    data = json.loads(lad.STORE.read_text())
+    made = data["made_on"]
+    calls: list[tuple[str, str, float, dict]] = []
+
+    def fake(cfg, kernel, b, routing="uniform", constants=None, **knobs):  # type: ignore[no-untyped-def]
+        calls.append((kernel, cfg.link.vc_policy, constants.sm_copy_GBps, knobs))
+        return RungResult(kernel, routing, b.tokens, -1.0, None, None, None, 0, 0, 0, 0.0)
+    monkeypatch.setattr(lad, "run_rung", fake)
+    monkeypatch.setattr(lad, "commit", lambda: "rerun")
+    out = lad.rerun_world(data, None, ("ep-switch-red",))
+    key = [(r["world"], r["tokens"], r["routing"], r["kernel"]) for r in data["rungs"]]
+    assert [(r["world"], r["tokens"], r["routing"], r["kernel"]) for r in out["rungs"]] == key
+    again = [r for r in out["rungs"] if r["kernel"] == "ep-switch-red"]
+    assert len(calls) == len(again) == sum(k[3] == "ep-switch-red" for k in key) > 1
+    assert all(r["time_us"] == -1.0 and r["commit"] == "rerun" for r in again)
+    assert [r for r in out["rungs"] if r["kernel"] != "ep-switch-red"] == [
+        r for r in data["rungs"] if r["kernel"] != "ep-switch-red"]
+    assert {c[1:3] for c in calls} == {(made["sets"]["link.vc_policy"], made["ep_constants"]["sm_copy_GBps"])}
+    calls.clear()
+    out = lad.rerun_sensitivity(data, ("ep-switch-red",))
+    assert out["sensitivity"] == data["sensitivity"] and out["break_even"] == data["break_even"]
+    assert out["break_even_ref"]["commit"] == "rerun" and out["break_even_ref"]["time_us"] == -1.0
+    moved = [x for x in out["links_bind"] if x.get("commit") == "rerun"]
+    assert {x["kernel"] for x in moved} == {"ep-switch-red"} and len(moved) == 2
+    assert len(out["links_bind"]) == len(data["links_bind"])
+    assert {c[2] for c in calls if c[0] == "ep-switch-red" and not c[3]} >= {lad.UNBOUNDED_GBPS}
+
+
 def test_the_ladder_per_mode_is_on_the_page_and_a_stored_layer_run_reruns_alike(monkeypatch) -> None:
     from cais.kernels import ep_common
 
