@@ -3,14 +3,23 @@ parallelism: results"), from real runs.
 
     python scripts/ep_switch_ladder.py --run [--quick]   # simulate the grid, store it
     python scripts/ep_switch_ladder.py --world gh200-nvl32  # rerun one world's rungs, keep the rest
+    python scripts/ep_switch_ladder.py --kernels ep-switch ep-switch-red  # rerun these rungs (every world)
     python scripts/ep_switch_ladder.py --modes           # run the layer schemes per mode, store them
-    python scripts/ep_switch_ladder.py --sensitivity     # rerun the one-knob changes and links-bind rungs
+    python scripts/ep_switch_ladder.py --sensitivity     # rerun the one-knob changes, links-bind rungs, break-even
     python scripts/ep_switch_ladder.py                   # print the section from the stored runs
     python scripts/ep_switch_ladder.py --write-doc       # put it between the markers of docs/moe.md
 
 The runs are stored in ``src/cais/data/ep_switch/ladder.json``, each rung with the commit
 it ran at; the section is made from them alone, and tests/test_ep_switch.py checks that the
-page holds it and reruns one stored rung. ``--quick`` keeps the dgx-h100 grid only."""
+page holds it and reruns one stored rung. ``--quick`` keeps the dgx-h100 grid only.
+
+A partial rerun (``--world``, ``--kernels``, ``--sensitivity``) keeps the other stored runs
+with their commits and runs on the settings the store was made on (``made_on`` in the
+file: config overrides and EP constants; none: the current ones), so that what it keeps and
+what it reruns compare; ``--kernels`` limits it to those rungs (and, with
+``--sensitivity``, to the one-knob, links-bind and break-even runs of those kernels), as
+when a change can move only some of them. ``--run`` remakes everything on the current
+settings."""
 
 from __future__ import annotations
 
@@ -22,11 +31,11 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from cais.config import SystemConfig, load_system
+from cais.config import SystemConfig, apply_overrides, load_system
 from cais.cost.group_table import CAIS_TABLE_BYTES, lookup_cost, packets_per_ns
 from cais.experiments.ep_table import table_need
 from cais.experiments.ep_ladder import LADDER, MoeBlock, run_rung
-from cais.kernels.ep_common import ep_constants
+from cais.kernels.ep_common import EpConstants, ep_constants
 from cais.kernels.ep_switch import TILE_ROWS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,9 +60,22 @@ NEED = (((8, 256), (32, 256), (72, 288)), (128, 1024, 8192), ("uniform", "powerl
 NEED_SEEDS = {8: 100, 32: 20, 72: 10}
 
 
-def system(name: str, gpus: int) -> SystemConfig:
-    cfg = load_system(name)
+def system(name: str, gpus: int, sets: dict[str, str] | None = None) -> SystemConfig:
+    """Preset ``name`` at ``gpus`` GPUs, with the config overrides ``sets`` (:func:`made_on`)."""
+    cfg = apply_overrides(load_system(name), sets) if sets else load_system(name)
     return cfg if cfg.gpus == gpus else cfg.with_overrides(gpus=gpus)
+
+
+def made_on(data: dict | None) -> tuple[dict[str, str], EpConstants]:
+    """The config overrides and EP constants the stored runs ``data`` were made on (its
+    ``made_on``; none, or no data: the current ones)."""
+    made = (data or {}).get("made_on") or {}
+    return dict(made.get("sets", {})), ep_constants().model_copy(update=made.get("ep_constants", {}))
+
+
+def stamp() -> dict[str, str]:
+    """The commit and date a run is made at, as each stored run records them."""
+    return {"commit": commit(), "date": time.strftime("%Y-%m-%d")}
 
 
 def commit() -> str:
@@ -64,46 +86,53 @@ def commit() -> str:
         return "unknown"
 
 
-def world_rungs(world: tuple) -> list[dict]:
-    """One GRID world's rungs, each stamped with the commit and date it ran at."""
+def world_rungs(world: tuple, made: dict | None = None, kernels: tuple[str, ...] | None = None) -> list[dict]:
+    """One GRID world's rungs (``kernels``: only these), each stamped with the commit and
+    date it ran at, on the settings of ``made`` (stored runs whose ``made_on`` to keep;
+    none: the current ones)."""
     label, name, gpus, experts, tokens, routings, rungs = world
-    cfg = system(name, gpus)
-    stamp = {"commit": commit(), "date": time.strftime("%Y-%m-%d")}
+    sets, consts = made_on(made)
+    cfg = system(name, gpus, sets)
+    at = stamp()
     out = []
     for T in tokens:
         for rout in routings:
             for k in rungs:
-                if k == "deepep-ll" and T > LL_MAX_TOKENS:
+                if k == "deepep-ll" and T > LL_MAX_TOKENS or kernels is not None and k not in kernels:
                     continue
-                r = run_rung(cfg, k, MoeBlock(T, experts=experts), rout)
-                out.append({"world": label, "system": name, "gpus": gpus, **asdict(r), **stamp})
+                r = run_rung(cfg, k, MoeBlock(T, experts=experts), rout, constants=consts)
+                out.append({"world": label, "system": name, "gpus": gpus, **asdict(r), **at})
                 print(label, T, rout, k, f"{r.time_us:.1f} us", f"{r.wall_s:.1f} s", flush=True)
     return out
 
 
-def rerun_world(data: dict, label: str) -> dict:
-    """``data`` with the rungs of GRID's world ``label`` run again; the others' kept, and
-    the stored rungs of worlds no longer in GRID dropped."""
+def rerun_world(data: dict, label: str | None, kernels: tuple[str, ...] | None = None) -> dict:
+    """``data`` with the rungs of GRID's world ``label`` (None: every world), or only its
+    ``kernels``' rungs, run again on the settings ``data`` was made on; the others kept
+    with their commits, and the stored rungs of worlds no longer in GRID dropped."""
     worlds = {w[0]: w for w in GRID}
-    if label not in worlds:
+    if label is not None and label not in worlds:
         raise SystemExit(f"--world: unknown '{label}'; valid: {', '.join(worlds)}")
-    kept = [r for r in data["rungs"] if r["world"] in worlds and r["world"] != label]
-    fresh = world_rungs(worlds[label])
-    order = list(worlds)
-    return {**data, "rungs": sorted(kept + fresh, key=lambda r: order.index(r["world"]))}
+    again = [label] if label is not None else list(worlds)
+
+    def rerun(r: dict) -> bool:
+        return r["world"] in again and (kernels is None or r["kernel"] in kernels)
+    kept = [r for r in data["rungs"] if r["world"] in worlds and not rerun(r)]
+    fresh = [r for w in again for r in world_rungs(worlds[w], data, kernels)]
+
+    def key(r: dict) -> tuple[int, ...]:
+        w = worlds[r["world"]]
+        return (list(worlds).index(r["world"]), w[4].index(r["tokens"]), w[5].index(r["routing"]),
+                w[6].index(r["kernel"]))
+    return {**data, "rungs": sorted(kept + fresh, key=key)}
 
 
 def run(quick: bool) -> dict:
-    out: dict = {"commit": commit(), "date": time.strftime("%Y-%m-%d"), "rungs": [], "break_even": [], "need": []}
+    """The grid and the table's need, on the current settings (the break-even sweep, the
+    one-knob changes and the links-bind rungs: :func:`rerun_sensitivity`)."""
+    out: dict = {**stamp(), "rungs": [], "need": []}
     for w in GRID[:1] if quick else GRID:
         out["rungs"] += world_rungs(w)
-    world, T, rout = BREAK_EVEN_POINT
-    cfg = system(world, 8)
-    for ns in LOOKUP_NS:
-        r = run_rung(cfg, "ep-switch", MoeBlock(T), rout, lookup_ns=ns)
-        out["break_even"].append({"lookup_ns": ns, "time_us": r.time_us})
-    ref = run_rung(cfg, "ep-switch-red", MoeBlock(T), rout)
-    out["break_even_ref"] = {"kernel": "ep-switch-red", "time_us": ref.time_us}
     (ranks_experts, tokens, routings) = NEED
     for ranks, experts in ranks_experts:
         for T in tokens:
@@ -120,16 +149,34 @@ SENSITIVITY = (("64-token blocks", {"block_tokens": 64}), ("one combine row in f
 SENSITIVITY_POINT = ("dgx-h100", 1024, "uniform")
 
 
-def sensitivity() -> list[dict]:
+def break_even_runs(made: dict | None) -> tuple[list[dict], dict]:
+    """ep-switch at each lookup latency of LOOKUP_NS and ep-switch-red (no multicast) at
+    BREAK_EVEN_POINT, on the settings of ``made`` (as :func:`world_rungs`)."""
+    world, T, rout = BREAK_EVEN_POINT
+    sets, consts = made_on(made)
+    cfg, at = system(world, 8, sets), stamp()
+    out = []
+    for ns in LOOKUP_NS:
+        r = run_rung(cfg, "ep-switch", MoeBlock(T), rout, constants=consts, lookup_ns=ns)
+        out.append({"lookup_ns": ns, "time_us": r.time_us, **at})
+        print("break-even", f"{ns:g} ns", f"{r.time_us:.1f} us", flush=True)
+    ref = run_rung(cfg, "ep-switch-red", MoeBlock(T), rout, constants=consts)
+    return out, {"kernel": "ep-switch-red", "time_us": ref.time_us, **at}
+
+
+def sensitivity(made: dict | None = None) -> list[dict]:
+    """ep-switch at SENSITIVITY_POINT by default and with each one-knob change, on the
+    settings of ``made`` (as :func:`world_rungs`)."""
     world, T, rout = SENSITIVITY_POINT
-    cfg = system(world, 8)
-    base = run_rung(cfg, "ep-switch", MoeBlock(T), rout)
+    sets, consts = made_on(made)
+    cfg, at = system(world, 8, sets), stamp()
+    base = run_rung(cfg, "ep-switch", MoeBlock(T), rout, constants=consts)
     out = [{"label": "default", "time_us": base.time_us, "group_peak": base.group_peak, "overflows": base.overflows,
-            "merged": base.merged, "evicted": base.evicted}]
+            "merged": base.merged, "evicted": base.evicted, **at}]
     for label, knobs in SENSITIVITY:
-        r = run_rung(cfg, "ep-switch", MoeBlock(T), rout, **knobs)
+        r = run_rung(cfg, "ep-switch", MoeBlock(T), rout, constants=consts, **knobs)
         out.append({"label": label, "time_us": r.time_us, "group_peak": r.group_peak, "overflows": r.overflows,
-                    "merged": r.merged, "evicted": r.evicted})
+                    "merged": r.merged, "evicted": r.evicted, **at})
         print("sensitivity", label, f"{r.time_us:.1f} us", flush=True)
     return out
 
@@ -140,17 +187,40 @@ LINKS_BIND = ("deepep", "ep-switch-sw", "ep-switch-mcast", "ep-switch-red", "ep-
 UNBOUNDED_GBPS = 1000.0
 
 
-def links_bind() -> list[dict]:
-    world, T, rout = SENSITIVITY_POINT
-    cfg = system(world, 8)
-    consts = ep_constants().model_copy(update={"sm_copy_GBps": UNBOUNDED_GBPS})
+def links_bind(made: dict | None = None, kernels: tuple[str, ...] | None = None) -> list[dict]:
+    """The LINKS_BIND rungs (``kernels``: only these) with the SM copy loop unbounded, on
+    the settings of ``made`` (as :func:`world_rungs`)."""
+    world, T0, rout = SENSITIVITY_POINT
+    sets, consts = made_on(made)
+    cfg, at = system(world, 8, sets), stamp()
+    fast = consts.model_copy(update={"sm_copy_GBps": UNBOUNDED_GBPS})
     out = []
-    for T in (T, 4096):
+    for T in (T0, 4096):
         for k in LINKS_BIND:
-            r = run_rung(cfg, k, MoeBlock(T), rout, constants=consts)
+            if kernels is not None and k not in kernels:
+                continue
+            r = run_rung(cfg, k, MoeBlock(T), rout, constants=fast)
             out.append({"kernel": k, "tokens": T, "time_us": r.time_us, "dispatch_us": r.dispatch_us,
-                        "combine_us": r.combine_us})
+                        "combine_us": r.combine_us, **at})
             print("links bind", T, k, f"{r.time_us:.1f} us", flush=True)
+    return out
+
+
+def rerun_sensitivity(data: dict, kernels: tuple[str, ...] | None = None) -> dict:
+    """``data`` with its one-knob changes and break-even sweep (ep-switch's; the sweep's
+    reference is ep-switch-red) and its links-bind rungs run again on the settings it was
+    made on, only those of ``kernels`` when given; the others kept."""
+    out = dict(data)
+    if kernels is None or "ep-switch" in kernels:
+        out["sensitivity"] = sensitivity(data)
+    fresh = links_bind(data, kernels)
+    old = {(x["kernel"], x["tokens"]): x for x in data.get("links_bind", [])}
+    new = {(x["kernel"], x["tokens"]): x for x in fresh}
+    out["links_bind"] = [new.get(key, old.get(key)) for key in dict.fromkeys([*old, *new])]
+    if kernels is None or {"ep-switch", "ep-switch-red"} & set(kernels):
+        be, ref = break_even_runs(data)
+        out["break_even"] = be if kernels is None or "ep-switch" in kernels else data["break_even"]
+        out["break_even_ref"] = ref if kernels is None or "ep-switch-red" in kernels else data["break_even_ref"]
     return out
 
 
@@ -285,12 +355,15 @@ def _parts(rows: list[dict]) -> list[str]:
 
 def section(data: dict, modes: dict | None = None) -> str:
     rows = data["rungs"]
-    ran = dict.fromkeys(f"{r.get('commit', data['commit'])}, {r.get('date', data['date'])}" for r in rows)
+    runs = [*rows, *data.get("sensitivity", []), *data.get("links_bind", []), *data["break_even"],
+            data["break_even_ref"]]
+    ran = dict.fromkeys(f"{r.get('commit', data['commit'])}, {r.get('date', data['date'])}" for r in runs)
     made = data.get("made_on")
     on = (" Made with a VC per traffic class at the switch inputs (8 VCs) and the EP constants of then "
           "(sm_copy_GBps 14.5, ll_fixed_us 11.6), before the NVSwitch presets queued per destination "
-          "(docs/fabric-model.md); the stored runs rerun alike with those settings (`made_on` in the file), "
-          "and `scripts/ep_switch_ladder.py` remakes them on the current ones." if made else "")
+          "(docs/fabric-model.md); the stored runs rerun alike with those settings (`made_on` in the file; a "
+          "partial rerun of the script keeps them), and `scripts/ep_switch_ladder.py --run` remakes them on the "
+          "current ones." if made else "")
     lines = [f"Generated by `scripts/ep_switch_ladder.py` from the runs stored in "
              f"`src/cais/data/ep_switch/ladder.json` (commit {'; '.join(ran)}).{on} "
              "DeepSeek-V3's MoE shape: hidden 7,168, top-8 of the experts, expert FFN 2,048, FP8 dispatch and "
@@ -391,22 +464,25 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="with --run: the dgx-h100 grid only")
     ap.add_argument("--world", choices=[w[0] for w in GRID],
                     help="rerun this world's rungs only and keep the other stored runs")
+    ap.add_argument("--kernels", nargs="+", choices=LADDER,
+                    help="rerun only these rungs (in --world's world, else in every world; with --sensitivity, "
+                         "only their one-knob, links-bind and break-even runs) and keep the other stored runs")
     ap.add_argument("--modes", nargs="*", choices=tuple(MODE_SHAPES),
                     help="run the ladder's layer schemes per mode (default: all) and store them")
     ap.add_argument("--sensitivity", action="store_true",
-                    help="rerun the one-knob changes and the links-bind rungs and store them")
+                    help="rerun the one-knob changes, the links-bind rungs and the break-even sweep and store them")
     ap.add_argument("--write-doc", action="store_true", help="write the section into docs/moe.md")
     args = ap.parse_args()
     if args.run:
         STORE.parent.mkdir(parents=True, exist_ok=True)
         STORE.write_text(json.dumps(run(args.quick), indent=1) + "\n")
     data = json.loads(STORE.read_text())
-    if args.world:
-        data = rerun_world(data, args.world)
+    kernels = tuple(args.kernels) if args.kernels else None
+    if args.world or kernels is not None and not args.run:
+        data = rerun_world(data, args.world, kernels)
         STORE.write_text(json.dumps(data, indent=1) + "\n")
     if args.run or args.sensitivity:
-        data["sensitivity"] = sensitivity()
-        data["links_bind"] = links_bind()
+        data = rerun_sensitivity(data, None if args.run else kernels)
         STORE.write_text(json.dumps(data, indent=1) + "\n")
     if args.modes is not None:
         MODES_STORE.write_text(json.dumps(run_modes(tuple(args.modes or MODE_SHAPES)), indent=1) + "\n")

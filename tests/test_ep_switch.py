@@ -3,9 +3,11 @@ docs/moe.md, "In-switch expert parallelism")."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import runpy
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -107,6 +109,51 @@ def test_lookup_latency_and_fusion_change_the_time() -> None:
     assert fused.time_us != unfused.time_us
 
 
+def _recording_unit(send: Any, seen: set[int]) -> Any:
+    """``send`` (an Isa method), adding the transfer unit of each call to ``seen``."""
+    sig = inspect.signature(send)
+
+    def wrapped(*a: object, **kw: object) -> None:
+        seen.add(sig.bind(*a, **kw).arguments["unit"])
+        send(*a, **kw)
+    return wrapped
+
+
+def test_the_fused_combine_is_sized_on_its_bf16_partials_after_an_fp8_dispatch(monkeypatch) -> None:
+    """After an FP8 dispatch the fused kernel's combine sends BF16 partials: its transfer
+    unit and in-flight window are a BF16 row's, its dispatch's an FP8 row's."""
+    base = load_system("dgx-h100")
+    cfg = base.with_overrides(collective={**base.collective.model_dump(), "outstanding_bytes_per_sm": 1024})
+    limits: list[int] = []
+
+    class Recording(ep_switch.Window):
+        def __init__(self, sim: object, limit: int) -> None:
+            limits.append(limit)
+            super().__init__(sim, limit)  # type: ignore[arg-type]
+    monkeypatch.setattr(ep_switch, "Window", Recording)
+    rt = generate("uniform", cfg.gpus, 32, 16, 4, 3)
+    call = EpCall("dispatch", rt, 7168, "fp8", None, False, ep_constants())
+    row = ep_switch.combine_row_bytes(call)
+    assert call.fp8 and call.row_bytes == 7392 < row == 14336  # the FP8 path: the dispatch's row is the smaller
+    ran = []
+    for kernel, sends in (("ep-switch", ("st_mc_dyn", "red_cais")), ("ep-switch-sw", ("st", "red"))):
+        k = ep_switch.VARIANTS[kernel]
+        m = Machine(on_switch(cfg, k))
+        units: dict[str, set[int]] = {name: set() for name in sends}
+        for name in sends:  # record the transfer unit each send is cut in
+            monkeypatch.setattr(m.isa, name, _recording_unit(getattr(m.isa, name), units[name]))
+        limits.clear()
+        ks = k.layer_kernels(m, call, ep_switch.ExpertFfn(256, "fp8"))
+        for gpu, kern in zip(m.gpus, ks):
+            gpu.launch(kern, m.launch_ps)
+        m.run()
+        dispatch, combine = sends
+        assert units[dispatch] == {cfg.unit_for(call.row_bytes)} != units[combine] == {cfg.unit_for(row)}, kernel
+        assert set(limits) == {2 * call.row_bytes, 2 * row}, kernel  # each a TB's window: dispatch's, combine's
+        ran.append(kernel)
+    assert len(ran) == 2
+
+
 def test_group_table_binds_until_full_and_counts() -> None:
     t = GroupTable(2)
     assert t.bind(1, (1, 2)) and t.bind(2, (3, 4)) and not t.bind(3, (5, 6))
@@ -169,6 +216,41 @@ def test_the_page_holds_the_stored_runs_and_a_stored_rung_reruns_alike() -> None
     for r in small:
         again = run_rung(cfg, r["kernel"], MoeBlock(r["tokens"]), r["routing"], constants=consts)
         assert again.time_us == pytest.approx(r["time_us"], rel=1e-9), r["kernel"]
+
+
+def test_a_partial_ladder_rerun_runs_only_its_rungs_on_the_stores_settings(load_script, monkeypatch) -> None:
+    """``--kernels``: only the named rungs (and their one-knob, links-bind and break-even
+    runs) run again, on the fabric and EP constants the store was made on, stamped with
+    the commit; the others are kept with theirs, in the stored order."""
+    from cais.experiments.ep_ladder import RungResult
+
+    lad = load_script("ep_switch_ladder")
+    data = json.loads(lad.STORE.read_text())
+    made = data["made_on"]
+    calls: list[tuple[str, str, float, dict]] = []
+
+    def fake(cfg, kernel, b, routing="uniform", constants=None, **knobs):  # type: ignore[no-untyped-def]
+        calls.append((kernel, cfg.link.vc_policy, constants.sm_copy_GBps, knobs))
+        return RungResult(kernel, routing, b.tokens, -1.0, None, None, None, 0, 0, 0, 0.0)
+    monkeypatch.setattr(lad, "run_rung", fake)
+    monkeypatch.setattr(lad, "commit", lambda: "rerun")
+    out = lad.rerun_world(data, None, ("ep-switch-red",))
+    key = [(r["world"], r["tokens"], r["routing"], r["kernel"]) for r in data["rungs"]]
+    assert [(r["world"], r["tokens"], r["routing"], r["kernel"]) for r in out["rungs"]] == key
+    again = [r for r in out["rungs"] if r["kernel"] == "ep-switch-red"]
+    assert len(calls) == len(again) == sum(k[3] == "ep-switch-red" for k in key) > 1
+    assert all(r["time_us"] == -1.0 and r["commit"] == "rerun" for r in again)
+    assert [r for r in out["rungs"] if r["kernel"] != "ep-switch-red"] == [
+        r for r in data["rungs"] if r["kernel"] != "ep-switch-red"]
+    assert {c[1:3] for c in calls} == {(made["sets"]["link.vc_policy"], made["ep_constants"]["sm_copy_GBps"])}
+    calls.clear()
+    out = lad.rerun_sensitivity(data, ("ep-switch-red",))
+    assert out["sensitivity"] == data["sensitivity"] and out["break_even"] == data["break_even"]
+    assert out["break_even_ref"]["commit"] == "rerun" and out["break_even_ref"]["time_us"] == -1.0
+    moved = [x for x in out["links_bind"] if x.get("commit") == "rerun"]
+    assert {x["kernel"] for x in moved} == {"ep-switch-red"} and len(moved) == 2
+    assert len(out["links_bind"]) == len(data["links_bind"])
+    assert {c[2] for c in calls if c[0] == "ep-switch-red" and not c[3]} >= {lad.UNBOUNDED_GBPS}
 
 
 def test_the_ladder_per_mode_is_on_the_page_and_a_stored_layer_run_reruns_alike(monkeypatch) -> None:

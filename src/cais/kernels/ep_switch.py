@@ -64,6 +64,14 @@ GROUP_ORDERS = ("frequent", "first")
 COMBINE_BYTES = 2
 
 
+def combine_row_bytes(call: EpCall) -> int:
+    """Bytes of one of the combine's partials (a BF16 row of ``call.hidden``), whatever
+    row the dispatch sent (``call.row_bytes``: an FP8 row and its scales after an FP8
+    dispatch): what the combine's transfer unit, in-flight window and byte counts are
+    sized on."""
+    return call.hidden * COMBINE_BYTES
+
+
 @dataclass(frozen=True)
 class ExpertFfn:
     """The experts' FFN a fused layer runs between dispatch and combine: SwiGLU of width
@@ -123,7 +131,7 @@ class EpSwitchKernel:
         combine sends what the unicast one does: a partial per (token, rank))."""
         plan = Plan.of(call, self, call.routing.ranks, None)
         if call.op == "combine":  # a partial per (token of another rank, this rank)
-            return int(plan.hit[1:, :, 0].sum()) * call.row_bytes
+            return int(plan.hit[1:, :, 0].sum()) * combine_row_bytes(call)
         return plan.sent_rows(0) * call.row_bytes
 
 
@@ -221,7 +229,8 @@ def _build(m: Machine, call: EpCall, k: EpSwitchKernel, ffn: ExpertFfn | None) -
         alloc_rows(m, g, "recv_x", n * T, call)
         alloc_rows(m, g, "expert_out", n * T, call)
         alloc_rows(m, g, "combined", T, call)
-    unit = m.cfg.unit_for(call.row_bytes)
+    unit = m.cfg.unit_for(call.row_bytes)  # the dispatch's rows (FP8 and its scales after an FP8 dispatch)
+    combine_unit = m.cfg.unit_for(combine_row_bytes(call))  # the combine's BF16 partials
     B = len(plan.blocks)
     C = sms // 2  # senders per phase: DeepEP's normal kernels' count (its other half receives)
     dispatch = call.op == "dispatch" or ffn is not None
@@ -239,7 +248,7 @@ def _build(m: Machine, call: EpCall, k: EpSwitchKernel, ffn: ExpertFfn | None) -
             tbs += [_dispatch_tb(m, g, call, k, plan, c, C, landed, unit) for c in range(C)]
         tbs.append(_experts_tb(m, g, call, plan, landed[g], ready[g], ffn, sms, dispatch, combine))
         if combine:
-            tbs += [_combine_tb(m, g, call, k, plan, c, C, ready[g], home, sig_key, unit) for c in range(C)]
+            tbs += [_combine_tb(m, g, call, k, plan, c, C, ready[g], home, sig_key, combine_unit) for c in range(C)]
             tbs.append(_home_tb(m, g, call, k, plan, home[g], sig_key))
         out.append(Kernel(f"{k.name}-{call.op if ffn is None else 'layer'}", tbs, None, role="communication"))
     return out
@@ -390,17 +399,18 @@ def _combine_tb(m: Machine, g: int, call: EpCall, k: EpSwitchKernel, plan: Plan,
     """Sender ``c`` of GPU ``g``'s combine: per block, once its outputs are ready, the
     partial of every slot it holds (every ``C``-th token) to the token's rank: by
     ``red.cais.dyn`` (the contributor count: the token's remote ranks), else by a
-    unicast ``red``; the token's own rank adds its partial locally."""
+    unicast ``red``; the token's own rank adds its partial locally. Its transfer unit
+    (``unit``) and in-flight window are sized on the partial's BF16 row
+    (:func:`combine_row_bytes`), not on the dispatch's."""
     isa, sim = m.isa, m.sim
     mem = m.gpus[g].memory
     h, T, n = call.hidden, call.routing.tokens, m.n
+    row = combine_row_bytes(call)
 
     def program(sm: int, busy: int) -> ProgramGen:
         port = isa.sm_port(call.consts.sm_copy_GBps)
-        # the transfer unit and this window are sized on the dispatch's row (``call.row_bytes``: an FP8
-        # row's after an FP8 dispatch, though the partials are BF16), as the stored ladder was made
         win = Window(sim, k.red_window_bytes if k.reduce and k.red_window_bytes
-                     else max(m.cfg.collective.outstanding_bytes_per_sm, 2 * call.row_bytes))
+                     else max(m.cfg.collective.outstanding_bytes_per_sm, 2 * row))
         sent = _Outstanding()
         for b, (t0, tc) in enumerate(plan.blocks):
             if not ready[b].fired:
@@ -447,7 +457,7 @@ def _home_tb(m: Machine, g: int, call: EpCall, k: EpSwitchKernel, plan: Plan, ho
     """GPU ``g`` as the tokens' rank: waits until every block's combined rows are in
     (the in-switch reduction: its signal word counts the contributions' bytes)."""
     sim = m.sim
-    row = call.hidden * 2
+    row = combine_row_bytes(call)
 
     def program(sm: int, busy: int) -> ProgramGen:
         for b in range(len(plan.blocks)):
