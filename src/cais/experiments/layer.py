@@ -650,9 +650,12 @@ def dense_first_us(cfg: SystemConfig, model: MoeSpec, attention: str, seed: int 
 
     The dense layer is timed, not checked against the HBM: it is one part of the MoE
     model, whose footprint is the MoE run's (and its attention's MHA stand-in for MLA
-    would count a KV cache many times MLA's latent one)."""
+    would count a KV cache many times MLA's latent one). It runs the batch as given, as the
+    MoE layers do (the MoE path has no CUDA-graph batch padding: ``decode.graph_padding``
+    is for dense models)."""
     batch = model.batch if attention == "tp" else model.batch * cfg.gpus
-    r = run_layer(cfg, dense_layer_model(model, batch), DENSE_FIRST_SCHEME, "decode", seed=seed,
+    exact = cfg.with_overrides(decode={**cfg.decode.model_dump(), "graph_padding": False})
+    r = run_layer(exact, dense_layer_model(model, batch), DENSE_FIRST_SCHEME, "decode", seed=seed,
                   check_hbm=False)
     return r.total_us
 
