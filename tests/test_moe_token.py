@@ -106,3 +106,22 @@ def test_cli_decode_reports_token_us(name: str, capsys: pytest.CaptureFixture[st
     text = " ".join(capsys.readouterr().out.split())
     assert "per output token:" in text and "MoE layers x" in text
     assert ("dense layers x" in text) == (name == "deepseek-v3")
+
+
+def test_a_too_big_dense_first_layer_leaves_the_layer_without_token_us(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the dense first layers' run is beyond the event limit (a MoE decode on many
+    GPUs with data-parallel attention runs them over every GPU's sequences), the MoE
+    layer's result stands, without ``token_us``, and says why in ``adjusted``."""
+    from cais.limits import TooBig
+
+    ran = []
+
+    def too_big(*args: object, **kwargs: object) -> float:
+        ran.append(1)
+        raise TooBig("deepseek-v3 decode under sp-nccl is estimated at 1e9 simulated events (a run of hours)")
+
+    monkeypatch.setattr(layer, "dense_first_us", too_big)
+    r = run_layer(_graph(), load_moe_model("deepseek-v3", batch=8, seq=KV), "ep-deepep-ll", "decode")
+    assert ran and r.token is None and r.total_us > 0
+    assert r.adjusted["token"].startswith("token_us not computed") and "1e9" in r.adjusted["token"]
+    assert "token_us" not in r.as_json() and r.as_json()["adjusted"]["token"] == r.adjusted["token"]

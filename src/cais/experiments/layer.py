@@ -14,7 +14,7 @@ from cais.errors import UserError
 from cais.workload.dims import MODES
 from cais.config import PS_PER_US, MoeConfig, SystemConfig
 from cais.experiments.estimates import moe_period_events, period_events
-from cais.limits import check_events, check_machine
+from cais.limits import TooBig, check_events, check_machine
 from cais.engine.sim import fewer_collections
 from cais.machine import Machine, Stalled
 from cais.experiments.collective import SIM_MODES, check_mirror, mirror_misfit
@@ -599,6 +599,12 @@ def _run_moe(cfg: SystemConfig, model: MoeSpec, sch: Scheme, mode: str, function
     segs = {name: (sp.end - (sp.start or 0)) / PS_PER_US for name, sp in run.spans.items()}
     if m.recorder is not None:
         _mark_segments(run)
+    token, no_token = None, ""
+    if mode == "decode":
+        try:
+            token = moe_decode_token(asked, cm, model, attention, seed, end / PS_PER_US, attention_tp)
+        except TooBig as exc:  # the layer stands; only the per-token time's dense first layers are too big to run
+            no_token = f"token_us not computed: its dense first layers' run is too big ({str(exc).split(' (')[0]})"
     return LayerResult(
         model=model.name, scheme=sch.name, mode=mode, gpus=cfg.gpus, sms=cfg.gpu.sms, total_us=end / PS_PER_US,
         sublayers=subs, segments=segs, metrics=metrics, events=m.sim.events, wall_s=time.perf_counter() - t0,
@@ -607,9 +613,8 @@ def _run_moe(cfg: SystemConfig, model: MoeSpec, sch: Scheme, mode: str, function
         collective_choice=cfg.collective.layer_choice,
         collectives_ran={f"{a}/{p}": k for (a, p), k in sorted(run.choices.items())},
         mismatches=bad, checked=1 if functional else 0, memory=memory, hbm_capacity_GB=cfg.gpu.hbm_capacity_GB,
-        token=moe_decode_token(asked, cm, model, attention, seed, end / PS_PER_US, attention_tp)
-        if mode == "decode" else None,
-        adjusted={**m.adjusted, **({"memory": over} if over else {})},
+        token=token,
+        adjusted={**m.adjusted, **({"memory": over} if over else {}), **({"token": no_token} if no_token else {})},
         moe={**moe_breakdown(period, segs, sch, attention), **capacity_report(cfg),
              "shared_overlap_us": _overlap_us(run, period),
              **group_tables(m), **_expert_tp_bytes(run, sch, period), **exchange_bytes(run, sch, period)})
