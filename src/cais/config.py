@@ -624,6 +624,9 @@ MoeRouting = Literal["uniform", "powerlaw", "lognormal"]
 MoeDispatchDtype = Literal["bf16", "fp8"]
 MoeExpertDtype = Literal["bf16", "fp8"]
 MoeCapacity = Literal["none", "drop", "pad"]
+#: how a MoE layer times multi-head latent attention (MoeConfig.mla_timing)
+MLA_TIMINGS = ("mha", "mla")
+MlaTiming = Literal["mha", "mla"]
 
 
 class MoeConfig(_Strict):
@@ -653,6 +656,13 @@ class MoeConfig(_Strict):
                                                             "GEMMs with the weights in FP8, as DeepSeek-V3 ships "
                                                             "them; in inference, behind an fp8 dispatch)")
 
+    mla_timing: MlaTiming = knob("mha", description="an MLA model's attention (DeepSeek-V2/V3): mha = the stand-in "
+                                                     "every result so far ran, MHA of heads x (nope + rope) with "
+                                                     "heads K/V heads; mla = MLA's own ops as SGLang runs them "
+                                                     "(replicated qkv_a, latent norms, q_b; kv_b and MHA widths "
+                                                     "192/128 in prefill and train; absorbed q/v and MQA over the "
+                                                     "latent cache in decode: docs/moe.md, Models); a dense or "
+                                                     "non-MLA model ignores it")
     capacity_factor: float | None = knob(None, gt=0, allow_inf_nan=False,
                                          description="each expert's capacity from one rank: ceil(F x tokens x top-k "
                                                      "/ experts) rows (Megatron-Core's moe_expert_capacity_factor); "
