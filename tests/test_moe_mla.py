@@ -182,3 +182,40 @@ def test_cli_json_reports_mla_segments(capsys: pytest.CaptureFixture[str]) -> No
                  "8", "--seq", "1024", "--set", "moe.mla_timing=mla", "--json"]) in (0, None)
     seg = json.loads(capsys.readouterr().out)["segments_us"]
     assert {"qkv_a", "q_b", "q_absorb", "v_absorb"} <= set(seg) and "qkv" not in seg
+
+
+def test_the_pages_prose_holds_against_its_table() -> None:
+    """docs/moe.md's "MLA timed as MLA" quotes its generated table (re-run by
+    tests/test_samples.py) and the weights it compares; both as the code gives them."""
+    from pathlib import Path
+
+    from cais.hw.compute import ComputeModel
+    from cais.workload.mla import mla_dims
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "moe.md").read_text()
+    block = page.split("<!-- table: python scripts/mla_timing_doc.py -->", 1)[1].split("<!-- /table -->", 1)[0]
+    prose = " ".join(page.split("<!-- table: python scripts/mla_timing_doc.py -->", 1)[1].split(
+        "<!-- /table -->", 1)[1].split("\n### ", 1)[0].split())
+    rows = [[c.strip() for c in r.split("|")[1:-1]] for r in block.strip().splitlines()[2:]]
+    assert len(rows) == 8
+    vs = {(r[0], r[2]): r[9] for r in rows if r[3] == "mla"}
+    assert "0.70x of the stand-in's at KV 1,024 and 0.50x at 4,096" in prose
+    assert (vs[("decode", "1,024")], vs[("decode", "4,096")]) == ("0.70x", "0.50x")
+    assert f"({vs[('prefill', '512')]}, {vs[('train', '512')]})" == "(0.75x, 0.72x)" and "(0.75x, 0.72x)" in prose
+    other = {(r[0], r[2], r[3]): float(r[8].replace(",", "")) for r in rows}
+    for mode, seq in (("decode", "1,024"), ("decode", "4,096")):
+        assert other[(mode, seq, "mha")] == other[(mode, seq, "mla")]
+    for mode in ("prefill", "train"):
+        assert abs(other[(mode, "512", "mla")] / other[(mode, "512", "mha")] - 1) < 0.002
+    model = load_moe_model(V3)
+    lat = mla_dims(model, model.heads)
+    assert lat is not None
+    stand_in = model.hidden * (model.heads + 2 * model.kv) * model.head_dim
+    mla_in = model.hidden * lat.qkv_a + lat.q_lora * lat.q_width + lat.nope * lat.heads_l * lat.kv_lora
+    assert f"7,168 x 73,728: {stand_in / 1e6:.1f} M values" in prose
+    assert f"W_UK: {mla_in / 1e6:.1f} M, {stand_in / mla_in:.1f}x fewer" in prose
+    cm = ComputeModel.for_gpu(load_system("dgx-h100").gpu)
+    assert f"({cm.attn_efficiency_fwd:.3f} of the tensor-core peak)" in page.replace("\n", " ")
+    roof = {r[2]: r[11] for r in rows if r[0] == "decode" and r[3] == "mla"}
+    attn = {r[2]: r[5] for r in rows if r[0] == "decode" and r[3] == "mla"}
+    assert float(roof["4,096"]) > float(attn["4,096"])  # "at KV 4,096 ... exceeds the memory-bound time"
