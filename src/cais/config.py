@@ -637,7 +637,9 @@ class MoeConfig(_Strict):
     or padded past it), and the dtype its forward dispatch sends. Not hardware: a run
     setting, as ``train`` is, set with ``--set moe.routing=powerlaw``; a dense model's
     run ignores it. The defaults are the layer path's before this section existed
-    (DeepEP's tests' uniform draw, the run's seed, no capacity, BF16)."""
+    (DeepEP's tests' uniform draw, the run's seed, no capacity, BF16). ``mla_timing``
+    says how an MLA model's attention is timed: the MHA stand-in (default) or MLA's own
+    ops (cais.workload.mla; docs/moe.md, "MLA timed as MLA")."""
 
     routing: MoeRouting = knob("uniform", description="uniform (DeepEP's tests' draw, group-limited where the model "
                                                       "is), powerlaw (expert popularity ~ rank ** -alpha) or "
