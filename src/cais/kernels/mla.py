@@ -64,21 +64,23 @@ def latent_width(kind: str, mla: MlaDims) -> int:
     return mla.q_lora if NORM_KINDS[kind] == "q" else mla.kv_lora
 
 
+def latent_norm_bytes(kind: str, rows: int, mla: MlaDims) -> int:
+    """HBM bytes of a latent RMSNorm (``kind`` in :data:`NORM_KINDS`) over ``rows`` token
+    rows: the latent read and written (its backward: the gradient and the latent read,
+    the gradient written, counted as twice the forward's, as the activation's backward)."""
+    return (2 if kind.endswith("_bwd") else 1) * 2 * rows * latent_width(kind, mla) * BF16
+
+
 def latent_norm_kernel(cm: ComputeModel, name: str, kind: str, rows: int, mla: MlaDims, total_sms: int,
-                       sm_set: frozenset[int] | None = None, small_ps: int | None = None) -> tuple[Kernel, int]:
+                       sm_set: frozenset[int] | None = None) -> tuple[Kernel, int]:
     """(kernel, its fixed overhead in ps) of a latent RMSNorm (``kind`` in
-    :data:`NORM_KINDS`) over ``rows`` token rows on one GPU: a memory-bound RMSNorm of
-    the calibrated model (its backward twice its traffic, as the activation's); with
-    ``small_ps`` (decode under the graph and eager launches) a small kernel of the decode
-    step instead: that floor plus its bytes (read and written) at the HBM rate. Timing only."""
+    :data:`NORM_KINDS`) over ``rows`` token rows on one GPU, a memory-bound RMSNorm of
+    the calibrated model (its backward twice its time, as the activation's). (In decode
+    under the graph and eager launches it is instead a small kernel of the decode step:
+    ``LayerRun.small_kernel`` of :func:`latent_norm_bytes`.) Timing only."""
     sms = len(sm_set) if sm_set else total_sms
     over = cm.memory_time_ps(0, sms, total_sms)
-    width = latent_width(kind, mla)
-    scale = 2 if kind.endswith("_bwd") else 1
+    t = (2 if kind.endswith("_bwd") else 1) * (cm.elementwise_time_ps("rmsnorm", rows, latent_width(kind, mla), sms,
+                                                                      total_sms) - over)
     tbs = len(row_blocks(rows))
-    if small_ps is not None:
-        nbytes = scale * 2 * rows * width * BF16
-        work = small_ps + max(0, cm.memory_time_ps(nbytes, sms, total_sms) - over)
-        return even_kernel(name, work, tbs, sms, None, sm_set, nbytes), over
-    t = scale * (cm.elementwise_time_ps("rmsnorm", rows, width, sms, total_sms) - over)
     return even_kernel(name, t, tbs, sms, None, sm_set, t * cm.hbm_bytes_per_ps(sms, total_sms)), over

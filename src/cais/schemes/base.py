@@ -349,8 +349,10 @@ class LayerRun:
             if local.kind in mla.KINDS:
                 return mla.mla_attention_kernel(self.cm, local.name, local.kind, self.d, dims, self.period.mode,
                                                 self.sms, sm_set, floor)
-            return mla.latent_norm_kernel(self.cm, local.name, local.kind, self.d.tokens, dims, self.sms, sm_set,
-                                          round(gpu.small_kernel_us * 1_000_000) if small else None)
+            if small:  # a small kernel of the decode step, as its rotary and KV write
+                nbytes = mla.latent_norm_bytes(local.kind, self.d.tokens, dims)
+                return self.small_kernel(local.name, nbytes), self.cm_mem_overhead_ps
+            return mla.latent_norm_kernel(self.cm, local.name, local.kind, self.d.tokens, dims, self.sms, sm_set)
         return activation.activation_kernel(self.cm, mem, local.name, local.kind, self.d, self.sms, sm_set,
                                             round(gpu.small_kernel_us * 1_000_000) if small else 0)
 
