@@ -222,3 +222,18 @@ def test_the_pages_prose_holds_against_its_table() -> None:
     roof = {r[2]: r[11] for r in rows if r[0] == "decode" and r[3] == "mla"}
     attn = {r[2]: r[5] for r in rows if r[0] == "decode" and r[3] == "mla"}
     assert float(roof["4,096"]) > float(attn["4,096"])  # "at KV 4,096 ... exceeds the memory-bound time"
+
+
+@pytest.mark.parametrize("mode", ["decode", "prefill", "train"])
+def test_without_a_query_latent_the_query_is_q_proj(mode: str) -> None:
+    """DeepSeek-V2-Lite's form (no q_lora_rank): a column-parallel q_proj from the normed
+    rows, no query norm; the replicated projection is the KV latent's alone."""
+    model = MoeSpec.model_validate({**TINY_MLA, "q_lora_rank": None})
+    period = build_moe_period(model, 8, mode, "tp", mla_timing="mla")
+    gemms = _gemms(period)
+    assert gemms["qkv_a"] == (8 if mode == "decode" else 48, 32 + 8, 128)  # decode: 2 sequences padded to 8 rows
+    assert gemms["q_proj"][1:] == (1 * (16 + 8), 128) and "q_b" not in gemms
+    assert not any(isinstance(s, Local) and s.kind.startswith("q_a_norm") for s in period.segments)
+    assert build_moe_graph(model, 8, mode, "tp", mla_timing="mla").problems() == []
+    r = run_layer(_cfg("mla"), model, "ep-deepep", mode)
+    assert "q_proj" in r.segments and r.total_us > 0
