@@ -35,6 +35,13 @@ AllGather's a ReduceScatter). A kernel whose stack exchanges over every GPU at o
 (the ``all`` form: the all-gather and flex dispatchers) runs no such step: its
 exchange carries the rows to every slot and its combine adds the partial sums.
 
+An MLA model's attention (DeepSeek) is the dense path's MHA stand-in unless the run asks
+for MLA's own ops (``mla_timing`` = ``mla``, :func:`graph_mla`; cais.workload.mla): then
+the period starts with MLA's attention (decode: the absorbed MQA over the latent cache
+and ``v_absorb``) and ends with the next layer's ``qkv_a`` (replicated), the latent
+norms, ``q_b`` and ``kv_b`` (decode: ``q_absorb``) where the stand-in has its QKV GEMM;
+the backward has their gradients where the stand-in has the QKV's.
+
 Forward (program order; ``side``: the shared experts, on a side stream a scheme may
 overlap with the dispatch)::
 
