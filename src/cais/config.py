@@ -624,6 +624,9 @@ MoeRouting = Literal["uniform", "powerlaw", "lognormal"]
 MoeDispatchDtype = Literal["bf16", "fp8"]
 MoeExpertDtype = Literal["bf16", "fp8"]
 MoeCapacity = Literal["none", "drop", "pad"]
+#: how a MoE layer times multi-head latent attention (MoeConfig.mla_timing)
+MLA_TIMINGS = ("mha", "mla")
+MlaTiming = Literal["mha", "mla"]
 
 
 class MoeConfig(_Strict):
@@ -634,7 +637,9 @@ class MoeConfig(_Strict):
     or padded past it), and the dtype its forward dispatch sends. Not hardware: a run
     setting, as ``train`` is, set with ``--set moe.routing=powerlaw``; a dense model's
     run ignores it. The defaults are the layer path's before this section existed
-    (DeepEP's tests' uniform draw, the run's seed, no capacity, BF16)."""
+    (DeepEP's tests' uniform draw, the run's seed, no capacity, BF16). ``mla_timing``
+    says how an MLA model's attention is timed: the MHA stand-in (default) or MLA's own
+    ops (cais.workload.mla; docs/moe.md, "MLA timed as MLA")."""
 
     routing: MoeRouting = knob("uniform", description="uniform (DeepEP's tests' draw, group-limited where the model "
                                                       "is), powerlaw (expert popularity ~ rank ** -alpha) or "
@@ -653,6 +658,13 @@ class MoeConfig(_Strict):
                                                             "GEMMs with the weights in FP8, as DeepSeek-V3 ships "
                                                             "them; in inference, behind an fp8 dispatch)")
 
+    mla_timing: MlaTiming = knob("mha", description="an MLA model's attention (DeepSeek-V2/V3): mha = the stand-in "
+                                                     "every result so far ran, MHA of heads x (nope + rope) with "
+                                                     "heads K/V heads; mla = MLA's own ops as SGLang runs them "
+                                                     "(replicated qkv_a, latent norms, q_b; kv_b and MHA widths "
+                                                     "192/128 in prefill and train; absorbed q/v and MQA over the "
+                                                     "latent cache in decode: docs/moe.md, Models); a dense or "
+                                                     "non-MLA model ignores it")
     capacity_factor: float | None = knob(None, gt=0, allow_inf_nan=False,
                                          description="each expert's capacity from one rank: ceil(F x tokens x top-k "
                                                      "/ experts) rows (Megatron-Core's moe_expert_capacity_factor); "

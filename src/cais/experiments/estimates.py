@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from cais.config import SystemConfig
+from cais.kernels import mla
 from cais.kernels.attention import attention_tbs
 from cais.kernels.gemm import nominal_tiles
 from cais.kernels.local import row_tbs
@@ -187,6 +188,8 @@ def moe_period_events(cfg: SystemConfig, period: Period, dtype_bytes: int, modul
             tbs += nominal_tiles(seg.gemm.m, seg.gemm.n)
         elif isinstance(seg, Local) and seg.kind.startswith("attention"):
             tbs += attention_tbs(d)
+        elif isinstance(seg, Local) and seg.kind in mla.KINDS and period.mla is not None:
+            tbs += mla.mla_attention_tbs(d, period.mla)
         else:
             tbs += row_tbs(d.tokens)
     unit = min(cfg.transfer_unit_bytes, cfg.collective_unit_bytes)

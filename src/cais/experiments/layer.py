@@ -500,10 +500,12 @@ def moe_period(cfg: SystemConfig, model: MoeSpec, mode: str, attention: str, see
     as the EP kernel's stack sends them (``form``: cais.workload.routing.expert_tp_routing),
     its attention under TP in groups of ``attention_tp`` GPUs where given, each GPU's
     rows to one expert bounded by ``moe.capacity_factor`` (dropped or padded as
-    ``MoeConfig.capacity_mode`` says)."""
+    ``MoeConfig.capacity_mode`` says), an MLA model's attention timed as
+    ``moe.mla_timing`` says (cais.workload.mla)."""
     rc = cfg.moe
     return build_moe_period(model, cfg.gpus, mode, attention, seed, rc.routing, rc.seed, expert_tp, form,
-                            attention_tp, rc.capacity_factor, rc.capacity_mode(), **rc.generator_kwargs())
+                            attention_tp, rc.capacity_factor, rc.capacity_mode(), rc.mla_timing,
+                            **rc.generator_kwargs())
 
 
 def _expert_tp_form(sch: Scheme, model: MoeSpec, n: int, expert_tp: int) -> str:

@@ -239,37 +239,60 @@ class ComputeModel:
 
     # ---- attention ----------------------------------------------------------------
     def attention_time_ps(self, heads: int, kv_heads: int, head_dim: int, batch: int, seq: int,
-                          passes: str, sms: int, total_sms: int, causal: bool = True) -> int:
+                          passes: str, sms: int, total_sms: int, causal: bool = True,
+                          v_dim: int | None = None) -> int:
         """FlashAttention-style prefill/training attention of one GPU's heads (GQA: ``kv_heads``
-        K/V heads).  Compute scales with ``sms`` SMs; HBM traffic is a floor."""
+        K/V heads).  Compute scales with ``sms`` SMs; HBM traffic is a floor. ``v_dim``: the
+        value (and output) width where it differs from the score width ``head_dim`` (MLA's
+        prefill form: 192 and 128); the score product costs ``head_dim``, the value product
+        ``v_dim`` per key."""
         if passes not in ATTENTION_PASSES:
             raise ValueError(f"unknown attention passes '{passes}'; valid: {', '.join(ATTENTION_PASSES)}")
-        _positive(heads=heads, kv_heads=kv_heads, head_dim=head_dim, batch=batch, seq=seq)
-        flops = 4 * batch * heads * seq * seq * head_dim * (0.5 if causal else 1.0)
+        vd = head_dim if v_dim is None else v_dim
+        _positive(heads=heads, kv_heads=kv_heads, head_dim=head_dim, batch=batch, seq=seq, v_dim=vd)
+        flops = 2 * batch * heads * seq * seq * (head_dim + vd) * (0.5 if causal else 1.0)
         flop_per_ps = self.peak_tflops * sms / self.sms
         bw = self._hbm_bytes_per_ps(sms, total_sms)
-        qo, kv = self._qo_kv(heads, kv_heads, head_dim, batch, seq)
         t = 0.0
         if passes in ("fwd", "fwd+bwd"):  # read Q K V, write O
             t += self.attn_overhead_fwd_ns * PS_PER_NS + max(
-                flops / (self.attn_efficiency_fwd * flop_per_ps), (2 * qo + 2 * kv) / bw)
+                flops / (self.attn_efficiency_fwd * flop_per_ps),
+                self.attention_hbm_bytes(heads, kv_heads, head_dim, batch, seq, "fwd", v_dim) / bw)
         if passes in ("bwd", "fwd+bwd"):  # read Q K V O dO, write dQ dK dV
             t += self.attn_overhead_bwd_ns * PS_PER_NS + max(
-                BWD_FLOP_RATIO * flops / (self.attn_efficiency_bwd * flop_per_ps), (4 * qo + 4 * kv) / bw)
+                BWD_FLOP_RATIO * flops / (self.attn_efficiency_bwd * flop_per_ps),
+                self.attention_hbm_bytes(heads, kv_heads, head_dim, batch, seq, "bwd", v_dim) / bw)
         return round(t)
 
     @staticmethod
-    def _qo_kv(heads: int, kv_heads: int, head_dim: int, batch: int, seq: int) -> tuple[int, int]:
-        """Bytes of one Q-sized and one K-sized tensor."""
-        return BF16 * batch * seq * heads * head_dim, BF16 * batch * seq * kv_heads * head_dim
+    def _qkvo(heads: int, kv_heads: int, head_dim: int, batch: int, seq: int,
+              v_dim: int) -> tuple[int, int, int, int]:
+        """Bytes of Q, K (score width ``head_dim``), V and O (``v_dim``)."""
+        rows = BF16 * batch * seq
+        return rows * heads * head_dim, rows * kv_heads * head_dim, rows * kv_heads * v_dim, rows * heads * v_dim
 
     def attention_hbm_bytes(self, heads: int, kv_heads: int, head_dim: int, batch: int, seq: int,
-                            passes: str) -> int:
+                            passes: str, v_dim: int | None = None) -> int:
         """HBM bytes of the attention passes: fwd reads Q K V and writes O; bwd reads
-        Q K V O dO and writes dQ dK dV (the floor :meth:`attention_time_ps` uses)."""
-        qo, kv = self._qo_kv(heads, kv_heads, head_dim, batch, seq)
-        return (2 * qo + 2 * kv if passes in ("fwd", "fwd+bwd") else 0) + \
-            (4 * qo + 4 * kv if passes in ("bwd", "fwd+bwd") else 0)
+        Q K V O dO and writes dQ dK dV (the floor :meth:`attention_time_ps` uses);
+        ``v_dim``: V's and O's width where not ``head_dim``."""
+        q, k, v, o = self._qkvo(heads, kv_heads, head_dim, batch, seq, head_dim if v_dim is None else v_dim)
+        return (q + k + v + o if passes in ("fwd", "fwd+bwd") else 0) + \
+            (2 * (q + k + v + o) if passes in ("bwd", "fwd+bwd") else 0)
+
+    @staticmethod
+    def mla_decode_bytes(heads: int, latent: int, kv_lora: int, batch: int, kv_len: int) -> int:
+        """HBM bytes of one decode step's absorbed MLA attention (MQA over the latent
+        cache, as FlashMLA runs it): each sequence's ``kv_len`` x ``latent`` cache (the
+        KV latent and the shared RoPE key) read once for all ``heads``, the absorbed
+        query (``heads`` x ``latent``) read and the output (``heads`` x ``kv_lora``) written."""
+        return BF16 * batch * (kv_len * latent + heads * latent + heads * kv_lora)
+
+    @staticmethod
+    def mla_decode_flops(heads: int, latent: int, kv_lora: int, batch: int, kv_len: int) -> int:
+        """FLOPs of one decode step's absorbed MLA attention: per sequence and head, the
+        scores over ``kv_len`` keys of width ``latent`` and the values of width ``kv_lora``."""
+        return 2 * batch * heads * kv_len * (latent + kv_lora)
 
     @staticmethod
     def attention_decode_bytes(heads: int, kv_heads: int, head_dim: int, batch: int, kv_len: int) -> int:

@@ -22,7 +22,7 @@ from cais.config import TrainConfig
 from cais.hw.gpu import Kernel
 from cais.hw.memory import Memory
 from cais.machine import Machine
-from cais.kernels import activation, attention, fused_workers, remote_copy, remote_gemm, rowop, sync
+from cais.kernels import activation, attention, fused_workers, mla, remote_copy, remote_gemm, rowop, sync
 from cais.kernels.algorithms import algorithm
 from cais.kernels.collectives import ALGOS, CollectiveSpec, build
 from cais.kernels.production_ar import ProductionAr, production_kernels
@@ -333,14 +333,26 @@ class LayerRun:
 
     def local_kernel(self, g: int, local: Local, sm_set: frozenset[int] | None = None) -> tuple[Kernel, int]:
         """(kernel, its fixed overhead) for attention, activations and their backwards
-        (kernels/attention.py, kernels/activation.py)."""
+        (kernels/attention.py, kernels/activation.py), and a MoE period's MLA attention and
+        latent norms (kernels/mla.py, the period's ``mla`` widths)."""
         mem = self._memory(g)
         gpu = self.m.cfg.gpu
         small = self.decode_small
+        floor = (round(gpu.attn_decode_floor_us * 1_000_000), gpu.attn_decode_bw_fraction) if small else None
         if local.kind in attention.KINDS:
-            floor = (round(gpu.attn_decode_floor_us * 1_000_000), gpu.attn_decode_bw_fraction) if small else None
             return attention.attention_kernel(self.cm, mem, local.name, local.kind, self.d, self.period.mode,
                                               self.sms, sm_set, floor)
+        if local.kind in mla.KINDS or local.kind in mla.NORM_KINDS:
+            dims = self.period.mla
+            if dims is None:
+                raise ValueError(f"segment {local.name}: an MLA kernel ({local.kind}) in a period without MLA widths")
+            if local.kind in mla.KINDS:
+                return mla.mla_attention_kernel(self.cm, local.name, local.kind, self.d, dims, self.period.mode,
+                                                self.sms, sm_set, floor)
+            if small:  # a small kernel of the decode step, as its rotary and KV write
+                nbytes = mla.latent_norm_bytes(local.kind, self.d.tokens, dims)
+                return self.small_kernel(local.name, nbytes), self.cm_mem_overhead_ps
+            return mla.latent_norm_kernel(self.cm, local.name, local.kind, self.d.tokens, dims, self.sms, sm_set)
         return activation.activation_kernel(self.cm, mem, local.name, local.kind, self.d, self.sms, sm_set,
                                             round(gpu.small_kernel_us * 1_000_000) if small else 0)
 
@@ -365,10 +377,17 @@ class LayerRun:
     def decode_prologue(self, g: int) -> list[Kernel]:
         """The decode step's kernels between the QKV GEMM and attention, as vLLM runs them:
         rotary on the new token's Q and K (read and written), then the new K and V written
-        into the paged KV cache (read and written)."""
-        d, eb = self.d, self.model.dtype_bytes
-        qk = d.batch * (d.heads_l + d.kv_l) * d.head_dim * eb
-        kv = d.batch * 2 * d.kv_l * d.head_dim * eb
+        into the paged KV cache (read and written). Timing MLA (the period's ``mla``):
+        rotary on the query's RoPE part (heads x rope) and the shared RoPE key (rope), then
+        the latent (kv_lora + rope) written into the cache, as SGLang's absorbed decode
+        (``forward_absorb_prepare``, then the backend's ``set_kv_buffer``)."""
+        d, eb, lat = self.d, self.model.dtype_bytes, self.period.mla
+        if lat is not None:
+            qk = d.batch * (lat.heads_l + 1) * lat.rope * eb
+            kv = d.batch * lat.latent * eb
+        else:
+            qk = d.batch * (d.heads_l + d.kv_l) * d.head_dim * eb
+            kv = d.batch * 2 * d.kv_l * d.head_dim * eb
         return [self.small_kernel("rotary", 2 * qk), self.small_kernel("kv_write", 2 * kv)]
 
     def decode_epilogue(self, g: int) -> list[Kernel]:
@@ -380,8 +399,9 @@ class LayerRun:
         otherwise (today's backends pass the layer's tensor as the kernel's output)."""
         if self.m.cfg.decode.stack != "vllm-0.6":
             return []
-        d, eb = self.d, self.model.dtype_bytes
-        return [self.small_kernel("attn_out_copy", 2 * d.batch * d.q_l * eb)]
+        d, eb, lat = self.d, self.model.dtype_bytes, self.period.mla
+        width = d.q_l if lat is None else lat.o_latent  # timing MLA: the absorbed attention's latent output
+        return [self.small_kernel("attn_out_copy", 2 * d.batch * width * eb)]
 
     def nccl_call(self, op: str, algo: str, nbytes: int) -> tuple[str, str]:
         """(algorithm, protocol) one of the layer's NCCL collectives runs, counted in
@@ -462,6 +482,9 @@ class LayerRun:
         return production_kernels(self.m, replace(spec, stream=self.collectives,
                                                   staging=f"{spec.staging}{self.collectives}"))
 
+
+#: the forward attention kernels' kinds (the dense path's, MLA's): the decode prologue and epilogue go around them
+FORWARD_ATTENTION = (attention.KINDS[0], mla.KINDS[0])
 
 #: the methods through which a scheme runs a period besides :meth:`Scheme.allreduce`, and
 #: the settings it runs them with (what :meth:`Scheme.same_run_as` compares)
@@ -625,7 +648,8 @@ class Scheme:
     # ---- building blocks, bulk synchronous ---------------------------------------
     def local(self, r: LayerRun, seg: Local, deps: Deps) -> Deps:
         out = []
-        if seg.kind == "attention" and r.decode_small:  # rotary and the KV-cache write first
+        fwd_attention = seg.kind in FORWARD_ATTENTION
+        if fwd_attention and r.decode_small:  # rotary and the KV-cache write first
             deps = list(deps)
             for g in range(r.m.n):
                 for k in r.decode_prologue(g):
@@ -636,7 +660,7 @@ class Scheme:
             else:
                 k, over = r.local_kernel(g, seg)
             done = r.submit(g, k, [deps[g]], over, seg.name)
-            if seg.kind == "attention" and r.decode_small:  # a stack's copy of the output after it
+            if fwd_attention and r.decode_small:  # a stack's copy of the output after it
                 for k in r.decode_epilogue(g):
                     done = r.submit(g, k, [done], r.cm_mem_overhead_ps, seg.name)
             out.append(done)

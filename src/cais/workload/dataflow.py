@@ -27,7 +27,7 @@ from cais.workload.models import ModelSpec
 SHARDINGS = ("rows", "cols", "replicated", "partial", "heads")
 #: the kinds of a MoE period's expert block (cais.workload.moe_dataflow; graph.MoeStep)
 MOE_KINDS = ("route", "permute", "exchange", "grouped_gemm", "expert_act", "expert_tp")
-OP_KINDS = ("gemm", "rowop", "attention", "activation", "reduce", "gather", *MOE_KINDS)
+OP_KINDS = ("gemm", "rowop", "attention", "activation", "norm", "reduce", "gather", *MOE_KINDS)
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,9 @@ class Op:
 
     ``kind`` is one of :data:`OP_KINDS`; ``kernel`` the variant that runs it
     (rowop: ``residual_norm`` | ``norm_bwd``; attention: ``attention`` |
-    ``attention_bwd``; activation: ``act`` | ``act_bwd``; reduce: ``reducescatter`` |
+    ``attention_bwd`` (MLA's: ``mla_attention`` | ``mla_attention_bwd``); activation:
+    ``act`` | ``act_bwd``; norm (a norm without a residual, MLA's latent RMSNorms):
+    ``q_a_norm`` | ``kv_a_norm`` and their ``*_bwd``; reduce: ``reducescatter`` |
     ``allreduce``; gather: ``allgather``; gemm: ``gemm``). ``inputs`` and ``outputs``
     map the op's roles to tensor names (a GEMM's are ``a``, ``b`` and ``c``; a reduce's
     and a gather's ``x`` and ``y``). A GEMM also has its per-GPU ``m``, ``n``, ``k``,

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from cais.workload.dataflow import MOE_KINDS, GemmOperands, GraphChain, LayerGraph, Op, build_graph
 from cais.workload.dims import MODES, Dims, dims_for
+from cais.workload.mla import MlaDims
 from cais.workload.models import ModelSpec
 from cais.workload.routing import Routing
 
@@ -98,11 +99,13 @@ class Chain:
 class Local:
     """A GPU-local kernel: attention, activation, their backwards, or a GEMM that
     needs no communication (weight gradients); in a MoE period also a row-wise op
-    outside a sub-layer (``kind`` ``rowop``, its ``rowop``). ``side``: it runs on a
+    outside a sub-layer (``kind`` ``rowop``, its ``rowop``) and, timing MLA, its
+    attention and latent norms (``kind`` ``mla_attention``, ``q_a_norm``, ...: the
+    period's ``mla`` gives their widths). ``side``: it runs on a
     side stream beside the main one (a MoE layer's shared experts)."""
 
     name: str
-    kind: str  # attention, attention_bwd, act, act_bwd, gemm, rowop
+    kind: str  # attention, attention_bwd, act, act_bwd, gemm, rowop; MLA's (kernels/mla.py)
     gemm: Gemm | None = None
     rowop: RowOp | None = None
     side: bool = False
@@ -170,6 +173,9 @@ class Period:
     # a MoE period's attention TP group (GPUs; 1: data parallel; every GPU: TP over all), its collectives within
     # each group of consecutive GPUs (moe_dataflow); None: a dense period's, TP over every GPU
     attention_tp: int | None = None
+    # a MoE period's MLA widths where it times MLA's own ops (moe.mla_timing = mla; cais.workload.mla); None:
+    # attention as the dense path's (MHA/GQA, MLA's stand-in)
+    mla: MlaDims | None = None
 
     @property
     def chains(self) -> list[Chain]:
@@ -207,7 +213,7 @@ def period_of(graph: LayerGraph) -> Period:
             continue
         elif op.kind == "gemm":
             segments.append(Local(op.name, "gemm", _gemm(op), side=op.side))
-        elif op.kind in ("attention", "activation"):
+        elif op.kind in ("attention", "activation", "norm"):
             segments.append(Local(op.name, op.kernel, side=op.side))
         elif op.kind == "gather":
             segments.append(Gather(op.name, op.inputs["x"], op.outputs["y"], regather=op.role != "feed"))

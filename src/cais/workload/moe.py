@@ -13,12 +13,13 @@ Presets live in ``cais/data/moe-models/`` (:func:`list_moe_models`); ``cais mode
 lists them beside the dense presets. The dense path (:mod:`cais.workload.models`) is
 unchanged: it still refuses a MoE ``config.json`` rather than import it as one dense MLP.
 
-DeepSeek's multi-head latent attention (MLA) is timed here as multi-head attention of
-``heads`` heads of ``head_dim`` = ``qk_nope_head_dim + qk_rope_head_dim`` (192): the
+DeepSeek's multi-head latent attention (MLA) is timed by default as multi-head attention
+of ``heads`` heads of ``head_dim`` = ``qk_nope_head_dim + qk_rope_head_dim`` (192): the
 per-head score and value widths of MLA's prefill form. Its real shape (``q_lora_rank``,
 ``kv_lora_rank``, ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``) is
 recorded and counted by the memory footprint (cais.workload.moe_footprint: MLA's
-weights and its latent KV cache), not timed. ``weight_dtype_bytes`` is the weights'
+weights and its latent KV cache), and timed where a run asks for MLA's own ops
+(``moe.mla_timing`` = ``mla``: cais.workload.mla, cais.workload.moe_dataflow). ``weight_dtype_bytes`` is the weights'
 dtype as the model is released (DeepSeek-V3: FP8, 1), used by the footprint only; the
 simulated kernels run ``dtype_bytes`` (BF16). docs/moe.md, docs/memory.md.
 """
@@ -234,7 +235,8 @@ def from_hf_moe_config(cfg: dict, name: str = "hf-moe", where: str = "hf config"
       ``moe_intermediate_size``, ``n_shared_experts``, ``n_group``, ``topk_group``,
       ``first_k_dense_replace``, ``q_lora_rank``, ``kv_lora_rank``, ``qk_nope_head_dim``,
       ``qk_rope_head_dim``, ``v_head_dim`` (MLA: timed as MHA of ``qk_nope_head_dim +
-      qk_rope_head_dim``, counted as itself by the footprint: module doc); a
+      qk_rope_head_dim`` by default, as itself under ``moe.mla_timing`` = ``mla``; counted
+      as itself by the footprint: module doc); a
       ``quantization_config`` of ``quant_method`` ``fp8`` sets ``weight_dtype_bytes`` 1.
     """
     if "text_config" in cfg and "hidden_size" not in cfg and isinstance(cfg["text_config"], dict):

@@ -35,6 +35,13 @@ AllGather's a ReduceScatter). A kernel whose stack exchanges over every GPU at o
 (the ``all`` form: the all-gather and flex dispatchers) runs no such step: its
 exchange carries the rows to every slot and its combine adds the partial sums.
 
+An MLA model's attention (DeepSeek) is the dense path's MHA stand-in unless the run asks
+for MLA's own ops (``mla_timing`` = ``mla``, :func:`graph_mla`; cais.workload.mla): then
+the period starts with MLA's attention (decode: the absorbed MQA over the latent cache
+and ``v_absorb``) and ends with the next layer's ``qkv_a`` (replicated), the latent
+norms, ``q_b`` and ``kv_b`` (decode: ``q_absorb``) where the stand-in has its QKV GEMM;
+the backward has their gradients where the stand-in has the QKV's.
+
 Forward (program order; ``side``: the shared experts, on a side stream a scheme may
 overlap with the dispatch)::
 
@@ -62,11 +69,14 @@ from cais.errors import UserError
 from cais.workload.dataflow import GemmOperands, LayerGraph, Op
 from cais.workload.dims import MODES, Dims, dims_for
 from cais.workload.graph import Period, period_of
+from cais.workload.mla import MlaDims, mla_dims
 from cais.workload.models import ModelSpec
 from cais.workload.moe import EpPlan, MoeSpec
 from cais.workload.routing import Routing, expert_tp_routing, generate
 
 ATTENTION_MODES = ("tp", "dp")
+#: how an MLA model's attention is timed (``moe.mla_timing``; module doc)
+MLA_TIMINGS = ("mha", "mla")
 
 
 def attention_model(moe: MoeSpec) -> ModelSpec:
@@ -150,24 +160,36 @@ def ep_plan(moe: MoeSpec, n: int, expert_tp: int = 1) -> EpPlan:
     return EpPlan(gpus=n, ep=n // expert_tp, expert_tp=expert_tp, attention_tp=1).check(moe)
 
 
+def graph_mla(moe: MoeSpec, d: Dims, mla_timing: str) -> MlaDims | None:
+    """The MLA widths a period of ``moe`` with dims ``d`` times its attention with:
+    ``moe``'s own where ``mla_timing`` is ``mla`` and its attention is MLA, None (the
+    dense path's attention: MLA's MHA stand-in) otherwise. A UserError (one line, naming
+    ``moe.mla_timing``) for a value not in :data:`MLA_TIMINGS`."""
+    if mla_timing not in MLA_TIMINGS:
+        raise UserError(f"moe.mla_timing: unknown '{mla_timing}'; allowed: {', '.join(MLA_TIMINGS)}")
+    return mla_dims(moe, d.heads_l) if mla_timing == "mla" else None
+
+
 def build_moe_graph(moe: MoeSpec, n: int, mode: str, attention: str = "tp", seed: int = 0,
-                    expert_tp: int = 1, attention_tp: int | None = None) -> LayerGraph:
+                    expert_tp: int = 1, attention_tp: int | None = None, mla_timing: str = "mha") -> LayerGraph:
     """The period of ``moe``'s MoE layer on ``n`` GPUs (EP over ``n / expert_tp`` ranks,
     each expert split ``expert_tp`` ways; attention over groups of ``attention_tp``
-    GPUs, :func:`attention_group`) in ``mode`` (module doc)."""
+    GPUs, :func:`attention_group`) in ``mode`` (module doc); an MLA model's attention
+    as MLA's own ops where ``mla_timing`` is ``mla`` (:func:`graph_mla`)."""
     ep_plan(moe, n, expert_tp)
     d = moe_dims(moe, n, mode, attention, attention_tp)
+    mla = graph_mla(moe, d, mla_timing)
     g = LayerGraph(d, mode, moe=True)
-    _MoeBuilder(g, moe, seed, expert_tp).forward()
+    _MoeBuilder(g, moe, seed, expert_tp, mla).forward()
     if mode == "train":
-        _MoeBuilder(g, moe, seed, expert_tp).backward()
+        _MoeBuilder(g, moe, seed, expert_tp, mla).backward()
     return g
 
 
 def build_moe_period(moe: MoeSpec, n: int, mode: str, attention: str = "tp", seed: int = 0,
                      routing: str = "uniform", routing_seed: int | None = None, expert_tp: int = 1,
                      form: str = "group", attention_tp: int | None = None, capacity_factor: float | None = None,
-                     capacity: str = "none", **routing_kwargs: float) -> Period:
+                     capacity: str = "none", mla_timing: str = "mha", **routing_kwargs: float) -> Period:
     """The period a scheme runs (:func:`build_moe_graph`), with its tokens' routing drawn
     by ``routing`` (cais.workload.routing; DeepEP's tests' ``uniform`` by default, its
     skew in ``routing_kwargs``: ``alpha``, ``sigma``) from ``routing_seed`` (default:
@@ -179,23 +201,25 @@ def build_moe_period(moe: MoeSpec, n: int, mode: str, attention: str = "tp", see
     GPU sends one expert (cais.workload.routing.generate: ``drop`` leaves the selections
     past capacity at -1, ``pad`` also fills every expert up to it, ``Routing.pad_rows``),
     applied to the draw before the expert-TP mapping, from the GPU's own routed tokens
-    as Megatron-Core's ``get_capacity`` counts them."""
+    as Megatron-Core's ``get_capacity`` counts them. ``mla_timing``: :func:`graph_mla`
+    (the period's ``mla``: its MLA widths where it times MLA's own ops)."""
     group = attention_group(moe, n, attention, attention_tp)
-    graph = build_moe_graph(moe, n, mode, attention, seed, expert_tp, group)
+    graph = build_moe_graph(moe, n, mode, attention, seed, expert_tp, group, mla_timing)
     rows = routed_rows(graph.dims)
     ep = n // expert_tp
     rt: Routing = generate(routing, n, rows, moe.experts, moe.topk, seed if routing_seed is None else routing_seed,
                            n_group=moe.n_group, topk_group=moe.topk_group, ep=ep, capacity_factor=capacity_factor,
                            capacity=capacity, **routing_kwargs)  # type: ignore[arg-type]
     return replace(period_of(graph), routing=expert_tp_routing(rt, ep, expert_tp, form), expert_tp=expert_tp,
-                   attention_tp=group)
+                   attention_tp=group, mla=graph_mla(moe, graph.dims, mla_timing))
 
 
 class _MoeBuilder:
     """Adds one MoE period's tensors and ops to a graph (module doc)."""
 
-    def __init__(self, g: LayerGraph, moe: MoeSpec, seed: int, expert_tp: int = 1) -> None:
+    def __init__(self, g: LayerGraph, moe: MoeSpec, seed: int, expert_tp: int = 1, mla: MlaDims | None = None) -> None:
         self.g, self.moe, self.tp, self.seed = g, moe, g.dims.sp, seed  # attention under TP (its group's GPUs)
+        self.mla = mla  # MLA's own ops (cais.workload.mla) where set, else the dense path's attention
         d = g.dims
         self.T, self.h, self.rl = d.tokens, d.hidden, routed_rows(d)
         self.F, self.E, self.K, self.S = moe.expert_ffn_hidden, moe.experts, moe.topk, moe.shared_experts
@@ -221,10 +245,13 @@ class _MoeBuilder:
     def forward(self) -> None:
         d, T, h, rl, E = self.g.dims, self.T, self.h, self.rl, self.E
         qkv_w = (d.heads_l + 2 * d.kv_l) * d.head_dim
-        for name, local in (("qkv", (T, qkv_w)), ("a", (T, d.q_l)), ("wo", (d.q_l, h)), ("w_router", (h, E)),
-                            ("logits", (rl, E)), ("topk", (rl, 2 * self.K)), ("xp", (self.sel, h)),
-                            ("recv", (self.sel, h)), ("cb", (self.sel, h)),
-                            ("wqkv_next", (h, qkv_w)), ("qkv_next", (T, qkv_w))):
+        ow = d.q_l if self.mla is None else self.mla.out  # the attention output's width: the out-proj's K
+        mha = self.mla is None
+        for name, local in ((("qkv", (T, qkv_w)),) if mha else ()) + (
+                ("a", (T, ow)), ("wo", (ow, h)), ("w_router", (h, E)),
+                ("logits", (rl, E)), ("topk", (rl, 2 * self.K)), ("xp", (self.sel, h)),
+                ("recv", (self.sel, h)), ("cb", (self.sel, h))) + (
+                (("wqkv_next", (h, qkv_w)), ("qkv_next", (T, qkv_w))) if mha else ()):
             self.t(name, local)
         Fl, gs = self.Fl, self.gsel
         for name, local, split in (("we1", (h, 2 * Fl), "cols"), ("ef", (gs, 2 * Fl), "cols"),
@@ -232,20 +259,23 @@ class _MoeBuilder:
             self.t(name, local, "replicated" if self.etp == 1 else split)
         for name in ("x1", "zo", "x2", "n2", "zf", "x3", "n1"):
             self.t(name, (rl, h), self.rows_sh)
-        attn_in = {"qkv": "qkv"}
-        if self.g.mode == "decode":
-            for name in ("kcache", "vcache"):
-                self.t(name, (d.batch * d.kv_l * d.kv_len, d.head_dim), "heads")
-                attn_in[name] = name
-        self.g.add(Op("attention", "attention", attn_in, {"a": "a"}, "attention"))
+        if mha:
+            attn_in = {"qkv": "qkv"}
+            if self.g.mode == "decode":
+                for name in ("kcache", "vcache"):
+                    self.t(name, (d.batch * d.kv_l * d.kv_len, d.head_dim), "heads")
+                    attn_in[name] = name
+            self.g.add(Op("attention", "attention", attn_in, {"a": "a"}, "attention"))
+        else:
+            self._mla_attention()
         ln2 = Op("dropout_add_ln2", "rowop", {"x": "x1", "z": "zo"}, {"x": "x2", "n": "n2"}, "residual_norm",
                  norm="ln2", seed=self.seed)
         if self.tp:  # out-proj -> ReduceScatter -> LN2 -> router: the dense path's sub-layer L1
             self.t("zo_p", (T, h), "partial")
-            self.g.add(replace(Op.gemm("out_proj", T, h, d.q_l, GemmOperands("a", "wo", "zo_p"), "fwd"), sublayer="L1"))
+            self.g.add(replace(Op.gemm("out_proj", T, h, ow, GemmOperands("a", "wo", "zo_p"), "fwd"), sublayer="L1"))
             self.g.add(Op("L1.reduce", "reduce", {"x": "zo_p"}, {"y": "zo"}, "reducescatter", "L1"))
         else:
-            self.gemm("out_proj", T, h, d.q_l, GemmOperands("a", "wo", "zo"), "fwd")
+            self.gemm("out_proj", T, h, ow, GemmOperands("a", "wo", "zo"), "fwd")
         self.g.add(ln2)
         self.gemm("router", rl, E, h, GemmOperands("n2", "w_router", "logits"), "fwd")
         self.step("topk", "route", {"logits": "logits"}, {"topk": "topk"}, "topk")
@@ -273,7 +303,67 @@ class _MoeBuilder:
         if self.tp:
             self.t("n1g", (T, h))
             self.g.add(Op("gather_n1", "gather", {"x": "n1"}, {"y": "n1g"}, "allgather", role="feed"))
-        self.gemm("qkv", T, qkv_w, h, GemmOperands("n1g" if self.tp else "n1", "wqkv_next", "qkv_next"), "fwd")
+        if mha:
+            self.gemm("qkv", T, qkv_w, h, GemmOperands("n1g" if self.tp else "n1", "wqkv_next", "qkv_next"), "fwd")
+        else:
+            self._mla_projections("n1g" if self.tp else "n1")
+
+    # ---- MLA (cais.workload.mla) ----------------------------------------------------
+    def _mla_attention(self) -> None:
+        """MLA's attention at the period's start: in decode the absorbed form (MQA over
+        the latent cache, then W_UV per head: ``v_absorb``), else MHA over the expanded
+        K and V (score width nope + rope, value width v). The queries and keys it reads
+        are the previous layer's (the period ends with the next layer's projections)."""
+        mla, d, T = self.mla, self.g.dims, self.T
+        assert mla is not None
+        if self.g.mode == "decode":
+            # the latent cache of the GPU's sequences: every GPU of an attention TP group holds all of it
+            for name, local in (("q_abs", (T, mla.q_latent)), ("ckv_cache", (d.batch * d.kv_len, mla.latent)),
+                                ("o_lat", (T, mla.o_latent)), ("o_head", (T, mla.kv_lora)),
+                                ("w_uv", (mla.kv_lora, mla.out))):
+                self.t(name, local)
+            self.g.add(Op("attention", "attention", {"q": "q_abs", "cache": "ckv_cache"}, {"o": "o_lat"},
+                          "mla_attention"))
+            # W_UV as one GEMM of every head's weights and FLOPs (A: one head's [T, kv_lora] view)
+            self.gemm("v_absorb", T, mla.out, mla.kv_lora, GemmOperands("o_head", "w_uv", "a"), "fwd")
+            return
+        for name, local in (("q", (T, mla.q_width)), ("kv", (T, mla.kv_b))):
+            self.t(name, local)
+        self.g.add(Op("attention", "attention", {"q": "q", "kv": "kv"}, {"a": "a"}, "mla_attention"))
+
+    def _mla_projections(self, src: str) -> None:
+        """The next layer's MLA input side from the normed rows ``src`` (the attention
+        group's gathered rows under TP): the replicated ``qkv_a`` GEMM (every GPU of a
+        group on all the group's rows), the latent RMSNorms, the column-parallel ``q_b``
+        (``q_proj`` from ``src`` without a query latent), then ``q_absorb`` (W_UK per head)
+        in decode or ``kv_b`` otherwise."""
+        mla, T, h = self.mla, self.T, self.h
+        assert mla is not None
+        for name, local in (("w_qkv_a", (h, mla.qkv_a)), ("qkv_a_next", (T, mla.qkv_a)), ("ckv", (T, mla.kv_lora)),
+                            ("ckvn", (T, mla.kv_lora)), ("w_q_b", (mla.q_lora or h, mla.q_width)),
+                            ("q_next", (T, mla.q_width))):
+            self.t(name, local)
+        self.gemm("qkv_a", T, mla.qkv_a, h, GemmOperands(src, "w_qkv_a", "qkv_a_next"), "fwd")
+        if mla.q_lora:
+            for name in ("cq", "cqn"):
+                self.t(name, (T, mla.q_lora))
+            self.g.add(Op("q_a_norm", "norm", {"x": "cq"}, {"y": "cqn"}, "q_a_norm"))
+        self.g.add(Op("kv_a_norm", "norm", {"x": "ckv"}, {"y": "ckvn"}, "kv_a_norm"))
+        if mla.q_lora:
+            self.gemm("q_b", T, mla.q_width, mla.q_lora, GemmOperands("cqn", "w_q_b", "q_next"), "fwd")
+        else:
+            self.gemm("q_proj", T, mla.q_width, h, GemmOperands(src, "w_q_b", "q_next"), "fwd")
+        if self.g.mode == "decode":
+            # W_UK as one GEMM of every head's weights and FLOPs (A: one head's [T, nope] view of q)
+            for name, local in (("q_nope", (T, mla.nope)), ("w_uk", (mla.nope, mla.heads_l * mla.kv_lora)),
+                                ("q_abs_next", (T, mla.heads_l * mla.kv_lora))):
+                self.t(name, local)
+            self.gemm("q_absorb", T, mla.heads_l * mla.kv_lora, mla.nope, GemmOperands("q_nope", "w_uk", "q_abs_next"),
+                      "fwd")
+        else:
+            for name, local in (("w_kv_b", (mla.kv_lora, mla.kv_b)), ("kv_next", (T, mla.kv_b))):
+                self.t(name, local)
+            self.gemm("kv_b", T, mla.kv_b, mla.kv_lora, GemmOperands("ckvn", "w_kv_b", "kv_next"), "fwd")
 
     def _shared_forward(self) -> None:
         rl, h, w = self.rl, self.h, self.S * self.F
@@ -289,20 +379,25 @@ class _MoeBuilder:
         d, T, h, rl, E = self.g.dims, self.T, self.h, self.rl, self.E
         qkv_w = (d.heads_l + 2 * d.kv_l) * d.head_dim
         Fl, gs = self.Fl, self.gsel
-        for name, local in (("dqkv_next", (T, qkv_w)), ("dwqkv_next", (h, qkv_w)), ("dcb", (self.sel, h)),
-                            ("deo", (gs, h)), ("deg", (gs, Fl)), ("dwe2", (Fl, h)),
-                            ("def", (gs, 2 * Fl)), ("dwe1", (h, 2 * Fl)), ("drecv", (gs, h)),
-                            ("dxp", (self.sel, h)), ("dlogits", (rl, E)), ("dw_router", (h, E)),
-                            ("da", (T, d.q_l)), ("dwo", (d.q_l, h)), ("dqkv", (T, qkv_w))):
+        mha = self.mla is None
+        ow = d.q_l if self.mla is None else self.mla.out
+        for name, local in ((("dqkv_next", (T, qkv_w)), ("dwqkv_next", (h, qkv_w))) if mha else ()) + (
+                ("dcb", (self.sel, h)), ("deo", (gs, h)), ("deg", (gs, Fl)), ("dwe2", (Fl, h)),
+                ("def", (gs, 2 * Fl)), ("dwe1", (h, 2 * Fl)), ("drecv", (gs, h)),
+                ("dxp", (self.sel, h)), ("dlogits", (rl, E)), ("dw_router", (h, E)),
+                ("da", (T, ow)), ("dwo", (ow, h))) + ((("dqkv", (T, qkv_w)),) if mha else ()):
             self.t(name, local)
         for name in ("dx3_res", "dn1", "dx3", "dzf", "dn2", "dx2", "dzo"):
             self.t(name, (rl, h), self.rows_sh)
+        dn1 = "dn1_p" if self.tp else "dn1"
         if self.tp:
             self.t("dn1_p", (T, h), "partial")
-            self.gemm("qkv_dgrad", T, h, qkv_w, GemmOperands("dqkv_next", "wqkv_next", "dn1_p", tb=True), "dgrad")
-            self.g.add(Op("bwd.reduce", "reduce", {"x": "dn1_p"}, {"y": "dn1"}, "reducescatter"))
+        if mha:
+            self.gemm("qkv_dgrad", T, h, qkv_w, GemmOperands("dqkv_next", "wqkv_next", dn1, tb=True), "dgrad")
         else:
-            self.gemm("qkv_dgrad", T, h, qkv_w, GemmOperands("dqkv_next", "wqkv_next", "dn1", tb=True), "dgrad")
+            self._mla_projections_dgrad(dn1)
+        if self.tp:
+            self.g.add(Op("bwd.reduce", "reduce", {"x": "dn1_p"}, {"y": "dn1"}, "reducescatter"))
         self.g.add(Op("ln1_bwd", "rowop", {"dres": "dx3_res", "dz": "dn1", "x": "x3"}, {"dx": "dx3", "dzo": "dzf"},
                       "norm_bwd", norm="ln1n", seed=self.seed + 1))
         self.step("unpermute_bwd", "permute", {"x": "dzf", "topk": "topk"}, {"y": "dcb"}, "unpermute_bwd")
@@ -342,11 +437,62 @@ class _MoeBuilder:
             self.t("dzog", (T, h))
             self.g.add(Op("gather_dzo", "gather", {"x": "dzo"}, {"y": "dzog"}, "allgather", role="feed"))
             grad = "dzog"
-        self.gemm("out_proj_dgrad", T, d.q_l, h, GemmOperands(grad, "wo", "da", tb=True), "dgrad")
-        self.gemm("qkv_wgrad", h, qkv_w, T, GemmOperands("n1g" if self.tp else "n1", "dqkv_next", "dwqkv_next",
-                                                          ta=True), "wgrad")
-        self.gemm("out_proj_wgrad", d.q_l, h, T, GemmOperands("a", grad, "dwo", ta=True), "wgrad")
-        self.g.add(Op("attention_bwd", "attention", {"da": "da", "qkv": "qkv"}, {"dqkv": "dqkv"}, "attention_bwd"))
+        self.gemm("out_proj_dgrad", T, ow, h, GemmOperands(grad, "wo", "da", tb=True), "dgrad")
+        if mha:
+            self.gemm("qkv_wgrad", h, qkv_w, T, GemmOperands("n1g" if self.tp else "n1", "dqkv_next", "dwqkv_next",
+                                                              ta=True), "wgrad")
+        else:
+            self._mla_projections_wgrad("n1g" if self.tp else "n1")
+        self.gemm("out_proj_wgrad", ow, h, T, GemmOperands("a", grad, "dwo", ta=True), "wgrad")
+        if mha:
+            self.g.add(Op("attention_bwd", "attention", {"da": "da", "qkv": "qkv"}, {"dqkv": "dqkv"},
+                          "attention_bwd"))
+        else:
+            self.g.add(Op("attention_bwd", "attention", {"da": "da", "q": "q", "kv": "kv"}, {"dq": "dq", "dkv": "dkv"},
+                          "mla_attention_bwd"))
+
+    def _mla_projections_dgrad(self, dst: str) -> None:
+        """The data gradients of the next layer's MLA input side, into ``dst`` (partial
+        sums over the group's heads under TP, reduced after as the QKV's are): ``kv_b``'s
+        and ``q_b``'s (column parallel: partial latent gradients), the latent norms'
+        backwards, then the replicated ``qkv_a``'s (``q_proj``'s beside it without a
+        query latent)."""
+        mla, T, h = self.mla, self.T, self.h
+        assert mla is not None
+        for name, local in (("dkv_next", (T, mla.kv_b)), ("dq_next", (T, mla.q_width)), ("dckvn", (T, mla.kv_lora)),
+                            ("dckv", (T, mla.kv_lora)), ("dqkv_a", (T, mla.qkv_a)), ("dq", (T, mla.q_width)),
+                            ("dkv", (T, mla.kv_b))):
+            self.t(name, local)
+        self.gemm("kv_b_dgrad", T, mla.kv_lora, mla.kv_b, GemmOperands("dkv_next", "w_kv_b", "dckvn", tb=True), "dgrad")
+        if mla.q_lora:
+            for name in ("dcqn", "dcq"):
+                self.t(name, (T, mla.q_lora))
+            self.gemm("q_b_dgrad", T, mla.q_lora, mla.q_width, GemmOperands("dq_next", "w_q_b", "dcqn", tb=True),
+                      "dgrad")
+            self.g.add(Op("q_a_norm_bwd", "norm", {"dy": "dcqn", "x": "cq"}, {"dx": "dcq"}, "q_a_norm_bwd"))
+        self.g.add(Op("kv_a_norm_bwd", "norm", {"dy": "dckvn", "x": "ckv"}, {"dx": "dckv"}, "kv_a_norm_bwd"))
+        self.gemm("qkv_a_dgrad", T, h, mla.qkv_a, GemmOperands("dqkv_a", "w_qkv_a", dst, tb=True), "dgrad")
+        if not mla.q_lora:  # the full query's data gradient adds into the same rows
+            self.gemm("q_proj_dgrad", T, h, mla.q_width, GemmOperands("dq_next", "w_q_b", dst, tb=True), "dgrad")
+
+    def _mla_projections_wgrad(self, src: str) -> None:
+        """The weight gradients of the next layer's MLA input side (``src``: the rows its
+        ``qkv_a`` read): ``qkv_a``'s (replicated: each GPU of a group its copy's, summed
+        with the data-parallel gradients, outside the period), ``q_b``'s (``q_proj``'s) and
+        ``kv_b``'s."""
+        mla, T, h = self.mla, self.T, self.h
+        assert mla is not None
+        for name, local in (("dw_qkv_a", (h, mla.qkv_a)), ("dw_q_b", (mla.q_lora or h, mla.q_width)),
+                            ("dw_kv_b", (mla.kv_lora, mla.kv_b))):
+            self.t(name, local)
+        self.gemm("qkv_a_wgrad", h, mla.qkv_a, T, GemmOperands(src, "dqkv_a", "dw_qkv_a", ta=True), "wgrad")
+        if mla.q_lora:
+            self.gemm("q_b_wgrad", mla.q_lora, mla.q_width, T, GemmOperands("cqn", "dq_next", "dw_q_b", ta=True),
+                      "wgrad")
+        else:
+            self.gemm("q_proj_wgrad", h, mla.q_width, T, GemmOperands(src, "dq_next", "dw_q_b", ta=True), "wgrad")
+        self.gemm("kv_b_wgrad", mla.kv_lora, mla.kv_b, T, GemmOperands("ckvn", "dkv_next", "dw_kv_b", ta=True),
+                  "wgrad")
 
     def _shared_backward(self) -> None:
         rl, h, w = self.rl, self.h, self.S * self.F
