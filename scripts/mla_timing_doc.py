@@ -43,8 +43,8 @@ def rows() -> list[dict[str, object]]:
     the sum of its other segments' spans (us: the expert block, the residual norms, the
     router; the shared experts' overlap the dispatch's, so the sums are not the period),
     in decode the time per output token (us) and, for MLA's decode, its attention's FLOPs
-    at the fitted forward attention efficiency of the tensor-core peak (us: not part of
-    its time, which is the decode attention's memory-bound model)."""
+    at the fitted forward attention efficiency of the tensor-core peak (us: the kernel
+    takes the longer of these and its cache read, kernels/mla.py)."""
     system = load_system(SYSTEM)
     cm = ComputeModel.for_gpu(system.gpu)
     out: list[dict[str, object]] = []
@@ -62,7 +62,7 @@ def rows() -> list[dict[str, object]]:
                                       "token": r.token.token_us if r.token is not None else None,
                                       "roof": None}
             lat = mla_dims(model, model.heads)  # attention dp: every head on each GPU
-            if timing == "mla" and mode == "decode" and lat is not None:  # the FLOPs the time leaves out
+            if timing == "mla" and mode == "decode" and lat is not None:  # the FLOPs' time, beside the read
                 flops = cm.mla_decode_flops(lat.heads_l, lat.latent, lat.kv_lora, batch, seq)
                 row["roof"] = flops / (cm.attn_efficiency_fwd * cm.peak_tflops) / 1e6  # 1 TFLOP/s = 1 FLOP/ps
             for part, names in PARTS.items():
@@ -76,7 +76,7 @@ def doc(table: list[dict[str, object]]) -> str:
     period against the stand-in's of the same shape."""
     parts = list(PARTS)
     lines = ["| mode | batch | seq / KV | timing | layer (us) | " + " | ".join(f"{p} (us)" for p in parts)
-             + " | other segments (us) | layer vs mha | token (us) | MLA attention's FLOPs at the roof (us) |",
+             + " | other segments (us) | layer vs mha | token (us) | MLA attention's FLOPs' time (us) |",
              "|---|---:|---:|---|---:|" + "---:|" * len(parts) + "---:|---:|---:|---:|"]
     mha: dict[tuple[object, ...], float] = {}
     for row in table:

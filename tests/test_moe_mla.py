@@ -206,10 +206,8 @@ def test_the_pages_prose_holds_against_its_table() -> None:
     assert (vs[("decode", "1,024")], vs[("decode", "4,096")]) == ("0.70x", "0.50x")
     assert f"({vs[('prefill', '512')]}, {vs[('train', '512')]})" == "(0.75x, 0.72x)" and "(0.75x, 0.72x)" in prose
     other = {(r[0], r[2], r[3]): float(r[8].replace(",", "")) for r in rows}
-    for mode, seq in (("decode", "1,024"), ("decode", "4,096")):
-        assert other[(mode, seq, "mha")] == other[(mode, seq, "mla")]
-    for mode in ("prefill", "train"):
-        assert abs(other[(mode, "512", "mla")] / other[(mode, "512", "mha")] - 1) < 0.002
+    for mode, seq in (("decode", "1,024"), ("decode", "4,096"), ("prefill", "512"), ("train", "512")):
+        assert abs(other[(mode, seq, "mla")] / other[(mode, seq, "mha")] - 1) < 0.002
     model = load_moe_model(V3)
     lat = mla_dims(model, model.heads)
     assert lat is not None
@@ -218,10 +216,11 @@ def test_the_pages_prose_holds_against_its_table() -> None:
     assert f"7,168 x 73,728: {stand_in / 1e6:.1f} M values" in prose
     assert f"W_UK: {mla_in / 1e6:.1f} M, {stand_in / mla_in:.1f}x fewer" in prose
     cm = ComputeModel.for_gpu(load_system("dgx-h100").gpu)
-    assert f"({cm.attn_efficiency_fwd:.3f} of the tensor-core peak)" in page.replace("\n", " ")
-    roof = {r[2]: r[11] for r in rows if r[0] == "decode" and r[3] == "mla"}
-    attn = {r[2]: r[5] for r in rows if r[0] == "decode" and r[3] == "mla"}
-    assert float(roof["4,096"]) > float(attn["4,096"])  # "at KV 4,096 ... exceeds the memory-bound time"
+    assert f"({cm.attn_efficiency_fwd:.3f} of the tensor-core peak;" in " ".join(page.split())
+    roof = {r[2]: float(r[11]) for r in rows if r[0] == "decode" and r[3] == "mla"}
+    attn = {r[2]: float(r[5]) for r in rows if r[0] == "decode" and r[3] == "mla"}
+    assert all(attn[kv] >= roof[kv] - 0.05 for kv in roof) and len(roof) == 2  # never below its FLOPs' time
+    assert abs(attn["4,096"] - roof["4,096"]) < 0.05  # "compute-bound at long caches (KV 4,096 under dp)"
 
 
 @pytest.mark.parametrize("mode", ["decode", "prefill", "train"])

@@ -8,8 +8,11 @@ Attention in prefill and training is FlashAttention's MHA with score width nope 
 and value width v (``ComputeModel.attention_time_ps`` with ``v_dim``); in decode it is
 the absorbed form FlashMLA runs: MQA of ``heads_l`` query heads over the latent cache,
 whose ``kv_len`` x (kv_lora + rope) entries per sequence are read once for all heads
-(``ComputeModel.mla_decode_bytes``; its FLOPs, ``mla_decode_flops``, are reported, not
-timed: the kernel is timed as the decode attention is, memory bound). None of them
+(``ComputeModel.mla_decode_bytes``), timed as the decode attention is (its floor plus
+the cache read at its rate) unless its FLOPs (``mla_decode_flops``: 128 query heads over
+one latent make it compute-heavy at long caches) take longer at the compute model's
+fitted forward attention efficiency, which then replace the read (an assumption:
+FlashMLA's own rate is not calibrated here). None of them
 carries data in functional mode (the MoE functional check is the expert block's).
 """
 
@@ -45,11 +48,13 @@ def mla_attention_kernel(cm: ComputeModel, name: str, kind: str, d: Dims, mla: M
     over = cm.memory_time_ps(0, sms, total_sms)
     if mode == "decode":
         nbytes = cm.mla_decode_bytes(mla.heads_l, mla.latent, mla.kv_lora, d.batch, d.kv_len)
+        compute = round(cm.mla_decode_flops(mla.heads_l, mla.latent, mla.kv_lora, d.batch, d.kv_len)
+                        / (cm.attn_efficiency_fwd * cm.peak_tflops * sms / cm.sms))
         if decode_floor is not None:
             floor_ps, frac = decode_floor
-            t = over + floor_ps + round(nbytes / (frac * cm.hbm_bytes_per_ps(sms, total_sms)))
+            t = over + floor_ps + max(compute, round(nbytes / (frac * cm.hbm_bytes_per_ps(sms, total_sms))))
         else:
-            t = cm.memory_time_ps(nbytes, sms, total_sms)
+            t = max(cm.memory_time_ps(nbytes, sms, total_sms), over + compute)
     else:
         passes = "fwd" if kind == "mla_attention" else "bwd"
         t = cm.attention_time_ps(mla.heads_l, mla.heads_l, mla.qk, d.batch, d.seq, passes, sms, total_sms,
