@@ -169,3 +169,29 @@ def test_the_docs_tables_are_checked_against_their_scripts() -> None:
     assert {"python scripts/moe_memory_doc.py", "python scripts/fp8_dispatch_doc.py"} <= found
     page = (root / "docs" / "memory.md").read_text()
     assert "| deepseek-v3 | dgx-h100 | prefill |" in page and "over 80: warned |" in page and "under 141 |" in page
+
+
+def test_the_activations_follow_mla_timing_and_the_latent_cache_is_kv_not_activation() -> None:
+    """``moe.mla_timing=mla``: an MLA model's activations are its own graph's (they
+    differ from the stand-in's), its latent cache stays the KV cache (counted once, not
+    again among the activations), and weights and KV cache do not move; a model
+    without MLA is the same either way."""
+    v3 = load_moe_model("deepseek-v3", batch=16, seq=1024)
+    for mode in ("decode", "prefill", "train"):
+        mha, mla = moe_footprint(v3, 8, mode, "dp"), moe_footprint(v3, 8, mode, "dp", mla_timing="mla")
+        assert mla.activations != mha.activations
+        assert (mla.weights, mla.kv_cache) == (mha.weights, mha.kv_cache)
+    decode = moe_footprint(v3, 8, "decode", "dp", mla_timing="mla")
+    latent = 16 * 1024 * (512 + 64) * 2  # one GPU's 16 sequences of the latent cache, bf16
+    assert 0 < decode.activations < latent  # the cache is not among the activations
+    q = load_moe_model("qwen3-30b-a3b")
+    assert moe_footprint(q, 8, "prefill", mla_timing="mla") == moe_footprint(q, 8, "prefill")
+    base = load_system("dgx-h100")
+    small = load_moe_model("deepseek-v3", batch=2, seq=256)
+    runs = {t: run_layer(apply_overrides(base, {"moe.mla_timing": t}), small, "ep-deepep", "decode", attention="dp")
+            for t in ("mha", "mla")}
+    assert "qkv_a" in runs["mla"].segments and "qkv_a" not in runs["mha"].segments  # each path was taken
+    mems = {t: r.memory for t, r in runs.items()}
+    assert mems["mha"] is not None and mems["mla"] is not None
+    assert mems["mla"].activations != mems["mha"].activations  # the run's setting reached its footprint
+    assert mems["mla"].kv_cache == mems["mha"].kv_cache

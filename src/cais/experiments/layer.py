@@ -545,7 +545,8 @@ def moe_memory(cfg: SystemConfig, model: MoeSpec, mode: str, attention: str, per
     rt = period.routing
     assert rt is not None
     received = rt.expert_rows().sum(axis=0).reshape(rt.ranks, rt.per_rank).sum(axis=1)
-    fp = moe_footprint(model, cfg.gpus, mode, attention, period.expert_tp, [int(r) for r in received], attention_tp)
+    fp = moe_footprint(model, cfg.gpus, mode, attention, period.expert_tp, [int(r) for r in received], attention_tp,
+                       cfg.moe.mla_timing)
     line = over_capacity(fp, cfg.gpu.hbm_capacity_GB, cfg.gpu.name, f"batch {model.batch:,} and seq {model.seq:,}",
                          fp.split)
     return fp, "" if line is None else f"{line.removeprefix('memory: ')} (run and timed as asked)"

@@ -50,6 +50,8 @@ from cais.workload.moe_dataflow import (attention_group, attention_model, build_
 
 #: the expert block's weight tensors and weight gradients (grouped-GEMM steps' operands)
 EXPERT_WEIGHTS = frozenset({"we1", "we2", "dwe1", "dwe2"})
+#: MLA's latent cache in its own graph (``moe.mla_timing=mla``): the KV cache, counted as such
+LATENT_CACHE = frozenset({"ckv_cache"})
 #: the tensors whose rows are the rows a GPU's experts received (forward and backward)
 RECEIVED = ("recv", "recv_g", "ef", "eg", "eo", "eo_r", "deo", "deo_r", "deg", "def", "drecv", "drecv_r")
 #: weight parts in the order docs/memory.md lists them
@@ -156,14 +158,17 @@ def split_name(gpus: int, group: int, expert_tp: int) -> str:
 
 
 def moe_footprint(model: MoeSpec, gpus: int, mode: str, attention: str = "tp", expert_tp: int = 1,
-                  received: Sequence[int] | None = None, attention_tp: int | None = None) -> MoeFootprint:
+                  received: Sequence[int] | None = None, attention_tp: int | None = None,
+                  mla_timing: str = "mha") -> MoeFootprint:
     """The per-GPU footprint of MoE ``model`` in ``mode`` (train, prefill, decode) over
     ``gpus`` GPUs, attention under ``attention`` (``tp``, ``dp``), experts split
     ``expert_tp`` ways (module doc); ``received``: the rows each GPU's experts receive
     under the run's routing (None: the mean, every GPU alike); ``attention_tp``: the
     attention's TP groups (cais.workload.moe_dataflow.attention_group; None: every GPU
-    under ``tp``, one under ``dp``). A split that does not fit the model is a UserError
-    naming the field."""
+    under ``tp``, one under ``dp``); ``mla_timing``: the graph whose activations are
+    counted for an MLA model (``moe.mla_timing``: ``mha``, the stand-in's; ``mla``, MLA's
+    own ops, its latent cache counted as the KV cache, not as an activation). A split
+    that does not fit the model is a UserError naming the field."""
     ep_plan(model, gpus, expert_tp)
     group = attention_group(model, gpus, attention, attention_tp)
     d = moe_dims(model, gpus, mode, attention, attention_tp)
@@ -172,11 +177,11 @@ def moe_footprint(model: MoeSpec, gpus: int, mode: str, attention: str = "tp", e
     params = sum(parts.values())
     by_part = weight_bytes(model, parts, mode)
     kv = moe_kv_cache_bytes(model, d) if mode in ("prefill", "decode") else 0
-    g = with_busiest(build_moe_graph(model, gpus, mode, attention, 0, expert_tp, attention_tp), received)
-    act = live_activation_bytes(g, b, EXPERT_WEIGHTS)
+    g = with_busiest(build_moe_graph(model, gpus, mode, attention, 0, expert_tp, attention_tp, mla_timing), received)
+    act = live_activation_bytes(g, b, EXPERT_WEIGHTS | LATENT_CACHE)
     grads = optim = 0
     if mode == "train":
-        fwd_ops = len(build_moe_graph(model, gpus, "prefill", attention, 0, expert_tp, attention_tp).ops)
+        fwd_ops = len(build_moe_graph(model, gpus, "prefill", attention, 0, expert_tp, attention_tp, mla_timing).ops)
         act += (model.moe_layers - 1) * kept_for_backward(g, fwd_ops, b)
         if model.dense_layers:
             dm = dense_layer_model(model, model.batch * (gpus // group))  # every group's sequences, TP over all
@@ -188,5 +193,5 @@ def moe_footprint(model: MoeSpec, gpus: int, mode: str, attention: str = "tp", e
                         split=split_name(gpus, group, expert_tp))
 
 
-__all__ = ["EXPERT_WEIGHTS", "MoeFootprint", "RECEIVED", "WEIGHT_PARTS", "attention_params", "kept_for_backward",
+__all__ = ["EXPERT_WEIGHTS", "LATENT_CACHE", "MoeFootprint", "RECEIVED", "WEIGHT_PARTS", "attention_params", "kept_for_backward",
            "mla_attention_params", "moe_footprint", "moe_kv_cache_bytes", "weight_parts"]
