@@ -29,7 +29,7 @@ pub mod kernels;
 
 use engine::{channel, completion, credits, sim, train, unit, wait, yardstick};
 use hw::{gpu, hbm, interleave, kinds, merge, region, sm_port, switch, tb_dispatch};
-use isa::{kept, red_form, reduce_stream, stream};
+use isa::{copy_loop, kept, red_form, reduce_stream, store_chain, stream};
 
 /// The units Python may hand to the engine as such (a channel's far end, a
 /// process's pacer, a buffer's waiter), the most frequent first.
@@ -82,6 +82,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<kernels::core_tb::CoreTb>()?;
     m.add_class::<reduce_stream::ReduceStream>()?;
     m.add_class::<reduce_stream::ReducedPiece>()?;
+    m.add_class::<store_chain::StoreChains>()?;
+    m.add_class::<store_chain::ChainStep>()?;
+    m.add_class::<copy_loop::CopyLoop>()?;
+    m.add_class::<copy_loop::CopyStep>()?;
     m.add_class::<channel::Channel>()?;
     m.add_class::<credits::Credits>()?;
     m.add_class::<switch::SwitchChip>()?;

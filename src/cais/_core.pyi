@@ -30,6 +30,10 @@ __all__ = [
     "CoreTb",
     "ReduceStream",
     "ReducedPiece",
+    "StoreChains",
+    "ChainStep",
+    "CopyLoop",
+    "CopyStep",
     "Channel",
     "Credits",
     "SwitchChip",
@@ -274,6 +278,39 @@ class ReduceStream:
 class ReducedPiece:
     """A piece of a :class:`ReduceStream` in flight (its completion's callback)."""
     def __call__(self, data: Any) -> None: ...
+
+@final
+class StoreChains:
+    """A sender SM's chunked stores (DeepEP's normal sender, timing mode): per
+    destination ``(dst, (chip, vc, wire, last), chunks)``, each chunk ``(parts, nbytes,
+    landed)``; a chunk's tail flag follows its write responses, then the next chunk;
+    ``start`` returns the signal that fires when every chain has released its last."""
+    issued: int
+    def __new__(cls, gpu: Endpoint, sim: Simulator, port: SmPort, src: int,
+                chains: list[tuple[int, tuple[int, int, int, int],
+                                   list[tuple[list[list[tuple[Region, int]]], int, list[Countdown]]]]]) -> Self: ...
+    def start(self) -> Signal: ...
+
+@final
+class ChainStep:
+    """A chunk of a :class:`StoreChains` in flight (its completions' unit)."""
+
+@final
+class CopyLoop:
+    """An SM's windowed copy loop (``kernels/ep_common.copy_tb``, timing mode): moves
+    ``(dst, protocol, parts, pause, landed)`` in order, ``protocol`` one of "local",
+    "plain", "ll", "simple"; ``start`` returns the signal that fires once every move has
+    gone out and landed."""
+    used: int
+    def __new__(cls, gpu: Endpoint, sim: Simulator, src: int,
+                moves: list[tuple[int, str, list[tuple[list[tuple[Region, int]], int]], int, list[Countdown]]],
+                port: SmPort, ll_port: SmPort, ll_encoding: float,
+                flag_wire: Callable[[int], tuple[int, int, int, int]], stream: int, limit: int) -> Self: ...
+    def start(self) -> Signal: ...
+
+@final
+class CopyStep:
+    """A part or move of a :class:`CopyLoop` in flight (its completions' unit)."""
 
 @final
 class Train:

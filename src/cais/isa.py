@@ -43,7 +43,8 @@ import numpy as np
 from cais.engine import ArrivePerGpu, Bound, Completion, Countdown, Signal, Simulator, TbPlan, Train
 from cais.config import SystemConfig
 from cais.hw.fabric import Fabric
-from cais.hw.gpu import Gpu, KeptLines, LoadPlan, LoadStream, RedPlan, RedStream, ReduceStream, SmPort
+from cais.hw.gpu import (CopyLoop, Gpu, KeptLines, LoadPlan, LoadStream, RedPlan, RedStream, ReduceStream, SmPort,
+                         StoreChains)
 from cais.hw.memory import Region, as_run
 from cais.hw.packets import Kind, Packetizer, VcMap
 
@@ -61,6 +62,14 @@ StreamRed = tuple[int, int, list[tuple[Region, int]], list[np.ndarray | None] | 
 # An item of a TB's epilogue: an add into the GPU's own memory (called in its turn),
 # or a piece of partial rows for an owner, (its bytes, its reductions).
 StreamItem = Callable[[], None] | tuple[int, list[StreamRed]]
+# One destination of a sender SM's chunked stores, as :meth:`Isa.store_chains` takes it:
+# (destination GPU, its tail flag's :meth:`Isa.flag_wire`, its chunks: (the stripes of
+# each of the chunk's stores, its bytes, the countdowns its landing counts into)).
+StoreChain = tuple[int, tuple[int, int, int, int], list[tuple[list[list[tuple[Region, int]]], int, list[Countdown]]]]
+# One move of an SM's copy loop, as :meth:`Isa.copy_loop` takes it: (destination GPU,
+# protocol, its stores' (stripes, bytes), the loop's time for a local move, the
+# countdowns its landing counts into).
+CopyMove = tuple[int, str, list[tuple[list[tuple[Region, int]], int]], int, list[Countdown]]
 
 
 class IsaHost(Protocol):
@@ -368,6 +377,35 @@ class Isa:
         self.m.gpus[src].issue_pieces(Kind.MC_LDRED_REQ, -1, pieces, self._gather(region, pieces, done), None, stream,
                                       True)
 
+    def store_chains(self, src: int, chains: list[StoreChain], port: SmPort) -> Signal:
+        """A sender SM's chunked stores to its peers, issued by the core (timing mode;
+        :class:`cais._core.StoreChains`): per destination, in the order of ``chains``,
+        ``(dst, flag_wire, chunks)``, each chunk ``(parts, nbytes, landed)``: the
+        :meth:`stripes` of each of its stores, its bytes and the countdowns it counts
+        into. A destination's chunks go out one at a time through ``port`` as
+        :meth:`st` with ``fenced``: once a chunk's write responses are back its tail
+        goes out as :meth:`flag` (``flag_wire``: :meth:`flag_wire`), its landing
+        counting into ``landed``, and the next chunk follows. A chunk to ``src``
+        itself takes the port's time for its bytes, then counts in. The signal
+        returned fires once every destination's last chunk has been released."""
+        return StoreChains(self.m.gpus[src], self.sim, port, src, chains).start()
+
+    def copy_loop(self, src: int, moves: list[CopyMove], port: SmPort, ll_port: SmPort, ll_encoding: float,
+                  flag_wire: Callable[[int], tuple[int, int, int, int]], stream: int, limit: int) -> Signal:
+        """An SM's copy loop, issued by the core (timing mode; :class:`cais._core.CopyLoop`):
+        ``moves`` in order, each ``(dst, protocol, parts, pause, landed)``. A "local"
+        move holds the loop for ``pause`` ps; a remote one's parts (``(stripes, nbytes)``,
+        :meth:`stripes` each) go out as :meth:`st` through ``port`` ("plain"), through
+        ``ll_port`` in LL's line format ("ll", ``ll_encoding``) or, "simple", as
+        :meth:`st` with ``fenced`` followed by :meth:`flag` (``flag_wire(dst)`` is
+        called as each such part goes out: a new flag's :meth:`flag_wire`), each part
+        first taking its bytes in a window of ``limit`` bytes (soft: admitted whenever
+        nothing is in flight). A part lands with its stores or, Simple, its flag; its
+        bytes are given back, then a move whose parts have all landed counts into
+        ``landed``. The signal returned fires once every move has gone out and landed."""
+        return CopyLoop(self.m.gpus[src], self.sim, src, moves, port, ll_port, ll_encoding, flag_wire, stream,
+                        limit).start()
+
     def ld_reduce_stream(self, src: int, pieces: list[Region], out: str, limit: int, port: SmPort, stream: int = 0,
                          unit: int | None = None) -> Signal:
         """The reduce warps of a staged NVLS AllReduce step, issued by the core
@@ -395,10 +433,15 @@ class Isa:
         if src == dst:
             self._local(lambda: None, landed)
             return
-        kind = Kind.FLAG
-        train = Train(0, *self.pk.wire(kind, FLAG_BYTES), kind=kind, src=src, dst=dst,
-                      chip=self.flag_chip(key), done=lambda _t: landed(), vc=self.vcmap.vc(kind, src=src, dst=dst, n=self.n))
+        chip, vc, wire, last = self.flag_wire(src, dst, key)
+        train = Train(0, wire, last, kind=Kind.FLAG, src=src, dst=dst, chip=chip, done=lambda _t: landed(), vc=vc)
         self.fab.inject(train)
+
+    def flag_wire(self, src: int, dst: int, key: int) -> tuple[int, int, int, int]:
+        """How :meth:`flag` sends flag ``key`` from GPU ``src`` to ``dst``: (the chip its
+        address maps to, its VC, its train's wire bytes, its last packet's)."""
+        kind = Kind.FLAG
+        return (self.flag_chip(key), self.vcmap.vc(kind, src=src, dst=dst, n=self.n), *self.pk.wire(kind, FLAG_BYTES))
 
     def flag_multicast(self, src: int, key: int, landed: Callable[[int], None]) -> None:
         """``multimem.red`` on a flag: the switch adds it into every GPU's copy of the

@@ -325,7 +325,7 @@ impl Endpoint {
     }
 
     /// Put a train on this GPU's port to `train.chip` (head and tail default to now).
-    fn inject_train(
+    pub(crate) fn inject_train(
         slf: &Bound<'_, Self>,
         train: Bound<'_, Train>,
         head: Option<i64>,

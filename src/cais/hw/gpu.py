@@ -9,16 +9,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
-from cais._core import (Endpoint, KeptLines, LoadPlan, LoadStream, RedForm, RedPlan, RedStream, ReduceStream, RowBlocks,
-                        SmPort, TbDispatcher)
+from cais._core import (CopyLoop, Endpoint, KeptLines, LoadPlan, LoadStream, RedForm, RedPlan, RedStream, ReduceStream,
+                        RowBlocks, SmPort, StoreChains, TbDispatcher)
 from cais.engine import Bound, Signal, Simulator
 from cais.engine.sim import ProgramGen, TbPlan
 from cais.config import SystemConfig
 from cais.hw.hbm import HbmShare
 from cais.hw.memory import Memory
 from cais.hw.packets import Packetizer, VcMap
-__all__ = ["Gpu", "KeptLines", "Kernel", "LoadPlan", "LoadStream", "RedForm", "RedPlan", "RedStream", "ReduceStream", "RowBlocks",
-           "SmPort", "TbProgram"]
+__all__ = ["CopyLoop", "Gpu", "KeptLines", "Kernel", "LoadPlan", "LoadStream", "RedForm", "RedPlan", "RedStream", "ReduceStream", "RowBlocks",
+           "SmPort", "StoreChains", "TbProgram"]
 
 # A TB program: called with (sm index, SMs busy when it starts) it returns the
 # generator the SM runs, or the TB's plan for the core to execute (a TbPlan).

@@ -36,8 +36,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from cais.engine import Countdown, Signal, Simulator
 from cais.engine.sim import ProgramGen
 from cais.errors import UserError
-from cais.hw.gpu import TbProgram
+from cais.hw.gpu import SmPort, TbProgram
 from cais.hw.memory import Region
+from cais.isa import CopyMove
 from cais.kernels.common import Window, pause
 from cais.kernels.protocols import LL
 from cais.machine import Machine
@@ -148,12 +149,15 @@ def alloc_rows(m: Machine, g: int, name: str, rows: int, call: EpCall) -> None:
 def copy_tb(m: Machine, g: int, call: EpCall, moves: Sequence[Move], before: Sequence[Signal] = (),
             after: Callable[[], ProgramGen] | None = None, start_ps: int = 0, stream: int = 0,
             unit_bytes: int | None = None, window_bytes: int | None = None,
-            rate_GBps: float | None = None) -> TbProgram:
+            rate_GBps: float | None = None, compiled_loop: bool = True) -> TbProgram:
     """A TB on GPU ``g`` that waits for ``before``, spends ``start_ps``, then copies
     ``moves`` in order through one SM port (module doc) and waits for them to land;
     ``after`` (a generator factory) runs then (a receive phase). ``unit_bytes`` and
     ``window_bytes`` override the transfer unit and the in-flight bound (experiments);
-    ``rate_GBps``: the copy loop's payload rate (default: ``EpConstants.sm_copy_GBps``)."""
+    ``rate_GBps``: the copy loop's payload rate (default: ``EpConstants.sm_copy_GBps``).
+    In timing mode the loop runs in the core (:meth:`cais.isa.Isa.copy_loop`), unless
+    ``compiled_loop`` is off (the same loop in Python, which functional mode runs to
+    carry the rows)."""
     isa, sim = m.isa, m.sim
     mem = m.gpus[g].memory
     h, eb, se = call.hidden, call.elem_bytes, call.scale_elems
@@ -167,6 +171,26 @@ def copy_tb(m: Machine, g: int, call: EpCall, moves: Sequence[Move], before: Seq
         mat = mem.buffers[buf].reshape(-1, width)
         return mat[np.asarray(mv.rows, dtype=np.int64)].reshape(-1)
 
+    def compiled(port: SmPort, ll_port: SmPort) -> Signal:
+        """The loop in the core (timing mode: no rows' data to carry)."""
+        loop: list[CopyMove] = []
+        for mv in moves:
+            if not mv.rows:
+                continue
+            nr = len(mv.rows)
+            if mv.dst == g:
+                loop.append((g, "local", [], round(nr * call.row_bytes * port.ps_per_byte), mv.landed))
+                continue
+            regions = [Region(mv.dst_buf, mv.dst_row * h, nr * h, eb)]
+            if se:
+                regions.append(Region(f"{mv.dst_buf}.scales", mv.dst_row * se, nr * se, 4))
+            loop.append((mv.dst, mv.protocol or "plain", [(isa.stripes(r, unit), r.nbytes) for r in regions], 0,
+                         mv.landed))
+
+        def flag_wire(dst: int) -> tuple[int, int, int, int]:
+            return isa.flag_wire(g, dst, m.flag_key())
+        return isa.copy_loop(g, loop, port, ll_port, LL.encoding, flag_wire, stream, limit)
+
     def program(sm: int, busy: int) -> ProgramGen:
         for sig in before:
             yield sig
@@ -174,6 +198,12 @@ def copy_tb(m: Machine, g: int, call: EpCall, moves: Sequence[Move], before: Seq
             yield pause(sim, start_ps)
         port = isa.sm_port(rate_GBps or call.consts.sm_copy_GBps)
         ll_port = isa.sm_port(m.cfg.collective.ll_channel_GBps) if any(mv.protocol == "ll" for mv in moves) else port
+        if not mem.functional and compiled_loop:
+            if any(mv.rows for mv in moves):
+                yield compiled(port, ll_port)
+            if after is not None:
+                yield from after()
+            return
         win = Window(sim, limit)
         remote = [mv for mv in moves if mv.dst != g and mv.rows]
         fin = Countdown(len(remote) * (2 if se else 1))

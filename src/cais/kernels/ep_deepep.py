@@ -39,8 +39,9 @@ from cais.config import PS_PER_US, SystemConfig
 from cais.engine import Countdown, Signal
 from cais.engine.sim import ProgramGen
 from cais.errors import UserError
-from cais.hw.gpu import Kernel, TbProgram
+from cais.hw.gpu import Kernel, SmPort, TbProgram
 from cais.hw.memory import Region
+from cais.isa import StoreChain
 from cais.kernels.common import split
 from cais.kernels.ep_common import EpCall, Move, alloc_rows
 from cais.machine import Machine
@@ -192,11 +193,15 @@ def kernels(m: Machine, call: EpCall) -> list[Kernel]:
     return out
 
 
-def _sender(m: Machine, g: int, call: EpCall, moves: list[Move], ready: list[Signal]) -> TbProgram:
+def _sender(m: Machine, g: int, call: EpCall, moves: list[Move], ready: list[Signal],
+            compiled_loop: bool = True) -> TbProgram:
     """A channel's sender on GPU ``g``: one stream per destination rank (its warp
     group), all on the SM's one copy port; a stream copies a chunk, waits for its
     stores to be acknowledged and stores the queue's tail on the destination
-    (``st_release_sys_global``: a release at system scope), then takes its next chunk."""
+    (``st_release_sys_global``: a release at system scope), then takes its next chunk.
+    In timing mode the loop runs in the core (:class:`cais._core.StoreChains`), unless
+    ``compiled_loop`` is off (the same loop in Python, which functional mode runs to
+    carry the rows)."""
     isa, sim = m.isa, m.sim
     mem = m.gpus[g].memory
     h, eb, se = call.hidden, call.elem_bytes, call.scale_elems
@@ -204,7 +209,8 @@ def _sender(m: Machine, g: int, call: EpCall, moves: list[Move], ready: list[Sig
     for mv in moves:
         if mv.rows:
             streams.setdefault(mv.dst, []).append(mv)
-    unit = m.cfg.unit_for(max([len(mv.rows) * call.row_bytes for mv in moves] or [call.row_bytes]))
+    rb = call.row_bytes
+    unit = m.cfg.unit_for(max([len(mv.rows) * rb for mv in moves] or [rb]))
     key = m.flag_key() * 1_000_003
 
     def rows_of(mv: Move, buf: str, width: int) -> np.ndarray | None:
@@ -212,10 +218,32 @@ def _sender(m: Machine, g: int, call: EpCall, moves: list[Move], ready: list[Sig
             return None
         return mem.buffers[buf].reshape(-1, width)[np.asarray(mv.rows, dtype=np.int64)].reshape(-1)
 
+    order = sorted(streams, key=lambda d: (d - g) % m.n)
+
+    def compiled(port: SmPort) -> Signal:
+        """The streams' loop in the core (timing mode: no rows' data to carry)."""
+        chains: list[StoreChain] = []
+        for dst in order:
+            chunks = []
+            for mv in streams[dst]:
+                nr = len(mv.rows)
+                parts = []
+                if dst != g:
+                    parts.append(isa.stripes(Region(mv.dst_buf, mv.dst_row * h, nr * h, eb), unit))
+                    if se:
+                        parts.append(isa.stripes(Region(f"{mv.dst_buf}.scales", mv.dst_row * se, nr * se, 4), unit))
+                chunks.append((parts, nr * rb, mv.landed))
+            chains.append((dst, isa.flag_wire(g, dst, key + dst), chunks))
+        return isa.store_chains(g, chains, port)
+
     def program(sm: int, busy: int) -> ProgramGen:
         for sig in ready:
             yield sig
         port = isa.sm_port(call.consts.sm_copy_GBps)
+        if not mem.functional and compiled_loop:
+            if streams:
+                yield compiled(port)
+            return
         done = Countdown(len(streams))
 
         def step(dst: int, i: int) -> None:
@@ -240,7 +268,7 @@ def _sender(m: Machine, g: int, call: EpCall, moves: list[Move], ready: list[Sig
                         mem.write(region, data)
                     tail_seen()
                     step(dst, i + 1)
-                _, end = port.push(sim.now, nr * call.row_bytes)  # the SM's copy port, as a peer's chunk
+                _, end = port.push(sim.now, nr * rb)  # the SM's copy port, as a peer's chunk
                 sim.after(max(0, end - sim.now), local)
                 return
             def release(_v: object = None) -> None:
@@ -254,7 +282,7 @@ def _sender(m: Machine, g: int, call: EpCall, moves: list[Move], ready: list[Sig
             for region, data in parts:
                 isa.st(g, dst, region, data, None, port, 0, unit, fenced=fenced)
 
-        for dst in sorted(streams, key=lambda d: (d - g) % m.n):
+        for dst in order:
             step(dst, 0)
         if streams:
             yield done
