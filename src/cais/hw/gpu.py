@@ -17,8 +17,8 @@ from cais.config import SystemConfig
 from cais.hw.hbm import HbmShare
 from cais.hw.memory import Memory
 from cais.hw.packets import Packetizer, VcMap
-__all__ = ["CopyLoop", "Gpu", "KeptLines", "Kernel", "LoadPlan", "LoadStream", "RedForm", "RedPlan", "RedStream", "ReduceStream", "RowBlocks",
-           "SmPort", "StoreChains", "TbProgram"]
+__all__ = ["CopyLoop", "Gpu", "KeptLines", "Kernel", "LoadPlan", "LoadStream", "RedForm", "RedPlan", "RedStream",
+           "ReduceStream", "RowBlocks", "SmPort", "StoreChains", "TbProgram"]
 
 # A TB program: called with (sm index, SMs busy when it starts) it returns the
 # generator the SM runs, or the TB's plan for the core to execute (a TbPlan).
