@@ -187,6 +187,7 @@ def main() -> None:
                           f"and {p['events']:,.0f} events; its longest point {p['longest_s']:.1f} s (no pool "
                           f"finishes sooner)")
     table = Table(title="MoE layers (this machine, one process)")
+    refused: list[str] = []
     for col in ("what", "events", "wall (s)", "events/s", "target"):
         table.add_column(col, justify="right")
     if not args.no_layers:
@@ -205,13 +206,16 @@ def main() -> None:
             t0 = time.perf_counter()
             try:
                 layer = run_layer(cfg, model, f"ep-{kernel}", mode, attention="dp")
-            except UserError as exc:  # a run the simulator's event limit refuses: say so, with its estimate
-                table.add_row(what, "-", "-", "-", f"refused: {str(exc).split(' (')[0][-60:]}")
+            except UserError as exc:  # a run the simulator refuses (its event limit, a split): said under the table
+                refused.append(f"{what}: {exc}")
+                table.add_row(what, "-", "-", "-", f"refused ({len(refused)}, below)")
                 continue
             wall = time.perf_counter() - t0
             table.add_row(what, f"{layer.events:,}", f"{wall:.1f}", f"{layer.events / wall:,.0f}",
                           "minutes: " + ("met" if wall < 600 else "MISSED"))
         console.print(table)
+        for i, why in enumerate(refused, 1):
+            console.print(f"refused ({i}) {why}")
 
 
 if __name__ == "__main__":

@@ -11,10 +11,11 @@ from pydantic import ValidationError
 
 from cais.config import apply_overrides, load_system
 from cais.experiments.layer import moe_memory, moe_period, run_layer
-from cais.workload.footprint import GB, MemoryCapacityError, footprint
+from cais.workload.footprint import GB, MemoryCapacityError, footprint, stored_activation_bytes
 from cais.workload.models import load_model
 from cais.workload.moe import MoeSpec, from_hf_moe_config, load_moe_model
-from cais.workload.moe_dataflow import moe_dims
+from cais.workload.dims import dims_for
+from cais.workload.moe_dataflow import dense_layer_model, moe_dims
 from cais.workload.moe_footprint import WEIGHT_PARTS, mla_attention_params, moe_footprint, weight_parts
 
 V3_HF = {"model_type": "deepseek_v3", "hidden_size": 7168, "intermediate_size": 18432,
@@ -195,3 +196,16 @@ def test_the_activations_follow_mla_timing_and_the_latent_cache_is_kv_not_activa
     assert mems["mha"] is not None and mems["mla"] is not None
     assert mems["mla"].activations != mems["mha"].activations  # the run's setting reached its footprint
     assert mems["mla"].kv_cache == mems["mha"].kv_cache
+
+
+def test_train_footprint_counts_dense_layers_that_do_not_split_over_every_gpu() -> None:
+    """On 72 GPUs DeepSeek-V3's dense first layers run TP 8 (128 heads do not split over
+    72): the training footprint counts their stored activations at that split, one
+    group's 8 sequences (attention data parallel), instead of refusing the run."""
+    model = load_moe_model("deepseek-v3", seq=64, batch=1, experts=288)
+    with_dense = moe_footprint(model, 72, "train", "dp")
+    moe_only = model.model_copy(update={"dense_layers": 0, "layers": model.layers - model.dense_layers})
+    assert moe_only.moe_layers == model.moe_layers
+    dense = with_dense.activations - moe_footprint(moe_only, 72, "train", "dp").activations
+    dm = dense_layer_model(model, 8)
+    assert dense == model.dense_layers * stored_activation_bytes(dm, dims_for(dm, 8, "train", True)) > 0

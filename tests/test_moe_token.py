@@ -17,7 +17,7 @@ from cais.config import apply_overrides, load_system
 from cais.experiments.layer import DENSE_FIRST_SCHEME, run_layer
 from cais.experiments.token import PARTS, MoeTokenTime
 from cais.workload.moe import load_moe_model
-from cais.workload.moe_dataflow import dense_layer_model
+from cais.workload.moe_dataflow import dense_layer_model, dense_tp_group
 
 KV = 256
 
@@ -125,3 +125,17 @@ def test_a_too_big_dense_first_layer_leaves_the_layer_without_token_us(monkeypat
     assert ran and r.token is None and r.total_us > 0
     assert r.adjusted["token"].startswith("token_us not computed") and "1e9" in r.adjusted["token"]
     assert "token_us" not in r.as_json() and r.as_json()["adjusted"]["token"] == r.adjusted["token"]
+
+
+def test_dense_layers_that_do_not_split_over_every_gpu_run_in_groups() -> None:
+    """DeepSeek-V3's 128 heads do not split over nvl72's 72 GPUs: its dense first layers
+    run TP over groups of 8 (the largest it splits over that divides 72), and one
+    group's period is the dense layer's on 8 GPUs of the system with its share of the
+    sequences (8 GPUs' under data-parallel attention)."""
+    model = load_moe_model("deepseek-v3", batch=1, seq=KV, experts=288)
+    assert dense_tp_group(model, 72) == 8 and dense_tp_group(model, 64) == 64
+    nvl72 = load_system("nvl72")
+    us = layer.dense_first_us(nvl72, model, "dp")
+    group = run_layer(nvl72.with_overrides(gpus=8, decode={**nvl72.decode.model_dump(), "graph_padding": False}),
+                      dense_layer_model(model, 8), DENSE_FIRST_SCHEME, "decode", check_hbm=False)
+    assert us == group.total_us > 0

@@ -32,7 +32,8 @@ from cais.workload.footprint import Footprint, check_fits, footprint, over_capac
 from cais.workload.moe_footprint import moe_footprint
 from cais.workload.graph import Chain, MoeStep, Period, build_period
 from cais.workload.moe import MoeSpec
-from cais.workload.moe_dataflow import attention_group, attention_model, build_moe_period, dense_layer_model, ep_plan
+from cais.workload.moe_dataflow import (attention_group, attention_model, build_moe_period, dense_layer_model,
+                                        dense_tp_group, ep_plan)
 from cais.workload.routing import imbalance
 from cais.provenance import Provenance
 from cais.workload.models import ModelSpec
@@ -654,7 +655,11 @@ def dense_first_us(cfg: SystemConfig, model: MoeSpec, attention: str, seed: int 
     tokens gathered to the full TP group; its ``moe_dense_tp_size``); their attention
     then runs TP too, where SGLang keeps it data parallel (docs/moe.md). Attention in
     TP groups: likewise, the groups' sequences together (:func:`moe_decode_token` passes
-    them as the batch of a ``tp`` run).
+    them as the batch of a ``tp`` run). Where the dense layer does not split over every
+    GPU (DeepSeek-V3's 128 heads over nvl72's 72), it runs TP over the largest group that
+    it splits over and that divides the GPUs (cais.workload.moe_dataflow.dense_tp_group:
+    9 groups of 8 there), the groups side by side: one group is timed, on that many GPUs
+    of the system, with its share of the sequences.
 
     The dense layer is timed, not checked against the HBM: it is one part of the MoE
     model, whose footprint is the MoE run's (and its attention's MHA stand-in for MLA
@@ -662,6 +667,9 @@ def dense_first_us(cfg: SystemConfig, model: MoeSpec, attention: str, seed: int 
     MoE layers do (the MoE path has no CUDA-graph batch padding: ``decode.graph_padding``
     is for dense models)."""
     batch = model.batch if attention == "tp" else model.batch * cfg.gpus
+    group = dense_tp_group(model, cfg.gpus)
+    if group < cfg.gpus:  # one of the dense layers' TP groups, with its share of the sequences
+        batch, cfg = max(1, batch * group // cfg.gpus), cfg.with_overrides(gpus=group)
     exact = cfg.with_overrides(decode={**cfg.decode.model_dump(), "graph_padding": False})
     r = run_layer(exact, dense_layer_model(model, batch), DENSE_FIRST_SCHEME, "decode", seed=seed,
                   check_hbm=False)

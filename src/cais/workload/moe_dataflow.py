@@ -70,7 +70,7 @@ from cais.workload.dataflow import GemmOperands, LayerGraph, Op
 from cais.workload.dims import MODES, Dims, dims_for
 from cais.workload.graph import Period, period_of
 from cais.workload.mla import MlaDims, mla_dims
-from cais.workload.models import ModelSpec
+from cais.workload.models import ModelError, ModelSpec
 from cais.workload.moe import EpPlan, MoeSpec
 from cais.workload.routing import Routing, expert_tp_routing, generate
 
@@ -98,6 +98,25 @@ def dense_layer_model(moe: MoeSpec, batch: int | None = None) -> ModelSpec:
     data = {**dm.model_dump(), "ffn_hidden": moe.dense_ffn_hidden, "layers": max(1, moe.dense_layers),
             "batch": moe.batch if batch is None else batch}
     return ModelSpec.model_validate(data)
+
+
+def dense_tp_group(moe: MoeSpec, n: int) -> int:
+    """The GPUs one TP group of ``moe``'s dense first layers spans on ``n`` GPUs: all
+    ``n`` where the dense layer (:func:`dense_layer_model`) splits over them, else the
+    largest TP degree it splits over that divides ``n``, the groups side by side, each
+    with its share of the sequences. DeepSeek-V3's 128 heads do not split over 72 GPUs:
+    on nvl72 its dense layers run as 9 groups of TP 8."""
+    dm = dense_layer_model(moe)
+    return max(k for k in range(1, n + 1) if n % k == 0 and _fits(dm, k))
+
+
+def _fits(model: ModelSpec, k: int) -> bool:
+    """Whether ``model``'s layer splits over ``k`` TP ranks (``ModelSpec.check_tp``)."""
+    try:
+        model.check_tp(k)
+    except ModelError:
+        return False
+    return True
 
 
 def attention_group(moe: MoeSpec, n: int, attention: str, attention_tp: int | None = None) -> int:

@@ -45,8 +45,8 @@ from cais.workload.dims import Dims, dims_for
 from cais.workload.footprint import (ADAM_STATES, FP32_BYTES, Footprint, kv_cache_bytes, live_activation_bytes,
                                      stored_activation_bytes, weight_tensors)
 from cais.workload.moe import MoeSpec
-from cais.workload.moe_dataflow import (attention_group, attention_model, build_moe_graph, dense_layer_model, ep_plan,
-                                        moe_dims)
+from cais.workload.moe_dataflow import (attention_group, attention_model, build_moe_graph, dense_layer_model,
+                                        dense_tp_group, ep_plan, moe_dims)
 
 #: the expert block's weight tensors and weight gradients (grouped-GEMM steps' operands)
 EXPERT_WEIGHTS = frozenset({"we1", "we2", "dwe1", "dwe2"})
@@ -183,9 +183,10 @@ def moe_footprint(model: MoeSpec, gpus: int, mode: str, attention: str = "tp", e
     if mode == "train":
         fwd_ops = len(build_moe_graph(model, gpus, "prefill", attention, 0, expert_tp, attention_tp, mla_timing).ops)
         act += (model.moe_layers - 1) * kept_for_backward(g, fwd_ops, b)
-        if model.dense_layers:
-            dm = dense_layer_model(model, model.batch * (gpus // group))  # every group's sequences, TP over all
-            act += model.dense_layers * stored_activation_bytes(dm, dims_for(dm, gpus, "train", True))
+        if model.dense_layers:  # TP over every GPU (or the largest group it splits over), its groups' sequences
+            tp = dense_tp_group(model, gpus)
+            dm = dense_layer_model(model, model.batch * max(1, tp // group))
+            act += model.dense_layers * stored_activation_bytes(dm, dims_for(dm, tp, "train", True))
         grads = params * b
         master = FP32_BYTES if b < FP32_BYTES else 0
         optim = params * (ADAM_STATES * FP32_BYTES + master)
