@@ -658,9 +658,9 @@ class MoeConfig(_Strict):
                                                             "GEMMs with the weights in FP8, as DeepSeek-V3 ships "
                                                             "them; in inference, behind an fp8 dispatch)")
 
-    mla_timing: MlaTiming = knob("mha", description="an MLA model's attention (DeepSeek-V2/V3): mha = the stand-in "
-                                                     "every result so far ran, MHA of heads x (nope + rope) with "
-                                                     "heads K/V heads; mla = MLA's own ops as SGLang runs them "
+    mla_timing: MlaTiming = knob("mla", description="an MLA model's attention (DeepSeek-V2/V3): mha = the stand-in "
+                                                     "the results before MLA's own ops ran, MHA of heads x (nope + "
+                                                     "rope) with heads K/V heads; mla = MLA's own ops as SGLang runs them "
                                                      "(replicated qkv_a, latent norms, q_b; kv_b and MHA widths "
                                                      "192/128 in prefill and train; absorbed q/v and MQA over the "
                                                      "latent cache in decode: docs/moe.md, Models); a dense or "

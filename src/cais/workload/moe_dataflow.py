@@ -35,9 +35,9 @@ AllGather's a ReduceScatter). A kernel whose stack exchanges over every GPU at o
 (the ``all`` form: the all-gather and flex dispatchers) runs no such step: its
 exchange carries the rows to every slot and its combine adds the partial sums.
 
-An MLA model's attention (DeepSeek) is the dense path's MHA stand-in unless the run asks
-for MLA's own ops (``mla_timing`` = ``mla``, :func:`graph_mla`; cais.workload.mla): then
-the period starts with MLA's attention (decode: the absorbed MQA over the latent cache
+An MLA model's attention (DeepSeek) runs MLA's own ops (``mla_timing`` = ``mla``, the
+default, :func:`graph_mla`; cais.workload.mla), or the dense path's MHA stand-in where the
+run asks for it (``mha``, as every result before MLA's ops ran): under ``mla`` the period starts with MLA's attention (decode: the absorbed MQA over the latent cache
 and ``v_absorb``) and ends with the next layer's ``qkv_a`` (replicated), the latent
 norms, ``q_b`` and ``kv_b`` (decode: ``q_absorb``) where the stand-in has its QKV GEMM;
 the backward has their gradients where the stand-in has the QKV's.
@@ -190,7 +190,7 @@ def graph_mla(moe: MoeSpec, d: Dims, mla_timing: str) -> MlaDims | None:
 
 
 def build_moe_graph(moe: MoeSpec, n: int, mode: str, attention: str = "tp", seed: int = 0,
-                    expert_tp: int = 1, attention_tp: int | None = None, mla_timing: str = "mha") -> LayerGraph:
+                    expert_tp: int = 1, attention_tp: int | None = None, mla_timing: str = "mla") -> LayerGraph:
     """The period of ``moe``'s MoE layer on ``n`` GPUs (EP over ``n / expert_tp`` ranks,
     each expert split ``expert_tp`` ways; attention over groups of ``attention_tp``
     GPUs, :func:`attention_group`) in ``mode`` (module doc); an MLA model's attention
@@ -208,7 +208,7 @@ def build_moe_graph(moe: MoeSpec, n: int, mode: str, attention: str = "tp", seed
 def build_moe_period(moe: MoeSpec, n: int, mode: str, attention: str = "tp", seed: int = 0,
                      routing: str = "uniform", routing_seed: int | None = None, expert_tp: int = 1,
                      form: str = "group", attention_tp: int | None = None, capacity_factor: float | None = None,
-                     capacity: str = "none", mla_timing: str = "mha", **routing_kwargs: float) -> Period:
+                     capacity: str = "none", mla_timing: str = "mla", **routing_kwargs: float) -> Period:
     """The period a scheme runs (:func:`build_moe_graph`), with its tokens' routing drawn
     by ``routing`` (cais.workload.routing; DeepEP's tests' ``uniform`` by default, its
     skew in ``routing_kwargs``: ``alpha``, ``sigma``) from ``routing_seed`` (default:

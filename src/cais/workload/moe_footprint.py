@@ -159,7 +159,7 @@ def split_name(gpus: int, group: int, expert_tp: int) -> str:
 
 def moe_footprint(model: MoeSpec, gpus: int, mode: str, attention: str = "tp", expert_tp: int = 1,
                   received: Sequence[int] | None = None, attention_tp: int | None = None,
-                  mla_timing: str = "mha") -> MoeFootprint:
+                  mla_timing: str = "mla") -> MoeFootprint:
     """The per-GPU footprint of MoE ``model`` in ``mode`` (train, prefill, decode) over
     ``gpus`` GPUs, attention under ``attention`` (``tp``, ``dp``), experts split
     ``expert_tp`` ways (module doc); ``received``: the rows each GPU's experts receive
