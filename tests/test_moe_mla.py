@@ -141,14 +141,17 @@ def test_prefill_and_train_run(mode: str, attention: str) -> None:
 
 @pytest.mark.parametrize("mode, attention, scheme", [("decode", "dp", "ep-deepep"), ("prefill", "tp", "ep-nccl"),
                                                      ("train", "dp", "ep-deepep")])
-def test_the_default_is_the_stand_in_unchanged(mode: str, attention: str, scheme: str) -> None:
+def test_the_default_is_mla_and_the_stand_in_is_asked_for(mode: str, attention: str, scheme: str) -> None:
     model = load_moe_model(V3, seq=128, batch=8 if mode == "decode" else 1)
     unset = run_layer(_cfg(), model, scheme, mode, attention=attention)
+    mla = run_layer(_cfg("mla"), model, scheme, mode, attention=attention)
     mha = run_layer(_cfg("mha"), model, scheme, mode, attention=attention)
-    assert _cfg().moe.mla_timing == "mha"
-    assert (unset.total_us, unset.events, unset.segments) == (mha.total_us, mha.events, mha.segments)
-    assert "qkv" in unset.segments and "qkv_a" not in unset.segments
-    assert build_moe_period(model, 8, mode, attention).mla is None
+    assert _cfg().moe.mla_timing == "mla"
+    assert (unset.total_us, unset.events, unset.segments) == (mla.total_us, mla.events, mla.segments)
+    assert "qkv_a" in unset.segments and "qkv" not in unset.segments
+    assert "qkv" in mha.segments and "qkv_a" not in mha.segments and mha.total_us != mla.total_us
+    assert build_moe_period(model, 8, mode, attention).mla is not None
+    assert build_moe_period(model, 8, mode, attention, mla_timing="mha").mla is None
 
 
 @pytest.mark.parametrize("mode", ["decode", "prefill"])
