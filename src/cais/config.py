@@ -660,8 +660,8 @@ class MoeConfig(_Strict):
 
     mla_timing: MlaTiming = knob("mla", description="an MLA model's attention (DeepSeek-V2/V3): mha = the stand-in "
                                                      "the results before MLA's own ops ran, MHA of heads x (nope + "
-                                                     "rope) with heads K/V heads; mla = MLA's own ops as SGLang runs them "
-                                                     "(replicated qkv_a, latent norms, q_b; kv_b and MHA widths "
+                                                     "rope) with heads K/V heads; mla = MLA's own ops as SGLang runs "
+                                                     "them (replicated qkv_a, latent norms, q_b; kv_b and MHA widths "
                                                      "192/128 in prefill and train; absorbed q/v and MQA over the "
                                                      "latent cache in decode: docs/moe.md, Models); a dense or "
                                                      "non-MLA model ignores it")

@@ -37,7 +37,8 @@ exchange carries the rows to every slot and its combine adds the partial sums.
 
 An MLA model's attention (DeepSeek) runs MLA's own ops (``mla_timing`` = ``mla``, the
 default, :func:`graph_mla`; cais.workload.mla), or the dense path's MHA stand-in where the
-run asks for it (``mha``, as every result before MLA's ops ran): under ``mla`` the period starts with MLA's attention (decode: the absorbed MQA over the latent cache
+run asks for it (``mha``, as every result before MLA's ops ran): under ``mla`` the
+period starts with MLA's attention (decode: the absorbed MQA over the latent cache
 and ``v_absorb``) and ends with the next layer's ``qkv_a`` (replicated), the latent
 norms, ``q_b`` and ``kv_b`` (decode: ``q_absorb``) where the stand-in has its QKV GEMM;
 the backward has their gradients where the stand-in has the QKV's.
