@@ -20,7 +20,7 @@ use crate::engine::wait::{Countdown, Signal};
 use crate::hw::gpu::Endpoint;
 use crate::hw::sm_port::SmPort;
 
-use super::store_chain::{fence_count, issue_stores, send_flag, FlagWire};
+use super::store_chain::{arrive_each, fence_count, issue_stores, send_flag, FlagWire};
 
 /// How a move is sent (`cais.kernels.ep_common.Move.protocol`).
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -243,9 +243,7 @@ impl CopyLoop {
             me.in_flight -= 1;
             (me.sim.clone_ref(py), counts)
         };
-        for c in counts {
-            Countdown::arrive(c.bind(py), sim.bind(py), 1)?;
-        }
+        arrive_each(sim.bind(py), counts)?;
         CopyLoop::maybe_finish(slf)
     }
 
@@ -271,9 +269,7 @@ impl CopyLoop {
             let counts: Vec<Py<Countdown>> = me.moves[m].landed.iter().map(|c| c.clone_ref(py)).collect();
             (me.sim.clone_ref(py), counts)
         };
-        for c in counts {
-            Countdown::arrive(c.bind(py), sim.bind(py), 1)?;
-        }
+        arrive_each(sim.bind(py), counts)?;
         CopyLoop::advance(slf)
     }
 }

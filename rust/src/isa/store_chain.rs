@@ -96,6 +96,14 @@ pub(crate) fn issue_stores(
     Endpoint::issue_stripes(gpu, &op, stripes, done, carry)
 }
 
+/// One arrival on each of `counts` (what a landing counts into), in order.
+pub(crate) fn arrive_each(sim: &Bound<'_, Simulator>, counts: Vec<Py<Countdown>>) -> PyResult<()> {
+    for count in counts {
+        Countdown::arrive(count.bind(sim.py()), sim, 1)?;
+    }
+    Ok(())
+}
+
 /// A flag from GPU `src` to `dst` as `cais.isa.Isa.flag` sends it (`flag`: its wire),
 /// `done` its completion when it lands.
 pub(crate) fn send_flag(
@@ -264,10 +272,7 @@ impl StoreChains {
             let counts: Vec<Py<Countdown>> = me.chains[c].chunks[k].landed.iter().map(|x| x.clone_ref(py)).collect();
             (me.sim.clone_ref(py), counts)
         };
-        for count in counts {
-            Countdown::arrive(count.bind(py), sim.bind(py), 1)?;
-        }
-        Ok(())
+        arrive_each(sim.bind(py), counts)
     }
 }
 
