@@ -239,3 +239,17 @@ def test_without_a_query_latent_the_query_is_q_proj(mode: str) -> None:
     assert build_moe_graph(model, 8, mode, "tp", mla_timing="mla").problems() == []
     r = run_layer(_cfg("mla"), model, "ep-deepep", mode)
     assert "q_proj" in r.segments and r.total_us > 0
+
+
+def test_the_report_says_mla_was_timed(capsys: pytest.CaptureFixture[str]) -> None:
+    """--json's ``moe.mla`` and the text report's attention say whether MLA's own ops ran."""
+    from cais.cli import main
+
+    args = ["run", "--model", V3, "--scheme", "ep-deepep", "--mode", "decode", "--batch", "2", "--seq", "256",
+            "--attention", "dp"]
+    main([*args, "--json"])
+    assert json.loads(capsys.readouterr().out)["moe"]["mla"] is True
+    main([*args, "--set", "moe.mla_timing=mha", "--json"])
+    assert json.loads(capsys.readouterr().out)["moe"]["mla"] is False
+    main(args)
+    assert "attention dp (MLA's own ops)" in " ".join(capsys.readouterr().out.split())  # however it wraps

@@ -565,6 +565,7 @@ def _print_moe(r: LayerResult) -> None:
         if int(str(mo.get("expert_tp", 1))) > 1 else ""
     group = int(str(mo.get("attention_tp") or 0))
     attn = f"{mo['attention']} in groups of {group} GPUs" if 1 < group < r.gpus else str(mo["attention"])
+    attn += " (MLA's own ops)" if mo.get("mla") else ""
     Console().print(f"experts: EP {mo['ep']}{etp} with the '{mo['kernel']}' kernel, attention {attn}, "
                     f"{mo['tokens_per_rank']} tokens per GPU, top-{mo['topk']} of {mo['experts']}; dispatch "
                     f"{mo['dispatch_us']:,.1f} us, combine {mo['combine_us']:,.1f} us, grouped GEMMs "

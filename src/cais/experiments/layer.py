@@ -777,7 +777,7 @@ def _overlap_us(run: LayerRun, period: Period) -> float:
 
 def moe_breakdown(period: Period, segs: dict[str, float], sch: Scheme, attention: str) -> dict[str, object]:
     """A MoE layer's expert block: the EP kernel, how attention ran (``attention_tp``:
-    its TP group's GPUs), the EP degree and expert TP, the tokens each GPU routes (the
+    its TP group's GPUs; ``mla``: MLA's own ops, ``moe.mla_timing``), the EP degree and expert TP, the tokens each GPU routes (the
     model's experts and top-k), the time
     (us, first kernel start to last end over the GPUs) of its dispatches and combines
     (the backward's included: a combine's backward is a dispatch), of its grouped GEMMs,
@@ -800,7 +800,7 @@ def moe_breakdown(period: Period, segs: dict[str, float], sch: Scheme, attention
     tp = period.expert_tp
     slots = tp if tp > 1 and expert_tp_form(EP_KERNELS[getattr(sch, "kernel", "")], tp) == "all" else 1
     return {"kernel": getattr(sch, "kernel", ""), "attention": attention, "attention_tp": period.attention_tp,
-            "ep": rt.ranks // tp, "expert_tp": tp,
+            "mla": period.mla is not None, "ep": rt.ranks // tp, "expert_tp": tp,
             "routing": rt.source,
             "tokens_per_rank": rt.tokens, "experts": rt.experts // tp, "topk": rt.topk // slots,
             "dispatch_us": total([s.name for s in steps if s.kind == "exchange" and s.kernel == "dispatch"]),
