@@ -777,8 +777,8 @@ def _overlap_us(run: LayerRun, period: Period) -> float:
 
 def moe_breakdown(period: Period, segs: dict[str, float], sch: Scheme, attention: str) -> dict[str, object]:
     """A MoE layer's expert block: the EP kernel, how attention ran (``attention_tp``:
-    its TP group's GPUs; ``mla``: MLA's own ops, ``moe.mla_timing``), the EP degree and expert TP, the tokens each GPU routes (the
-    model's experts and top-k), the time
+    its TP group's GPUs; ``mla``: whether MLA's own ops ran, ``moe.mla_timing``), the EP
+    degree and expert TP, the tokens each GPU routes (the model's experts and top-k), the time
     (us, first kernel start to last end over the GPUs) of its dispatches and combines
     (the backward's included: a combine's backward is a dispatch), of its grouped GEMMs,
     of its fused blocks (an in-switch kernel's dispatch, experts and combine in one
